@@ -1,0 +1,6 @@
+//! The pure domain: CPU sets, topology, pools, state, allocation and effect planning.
+//!
+//! Nothing here does I/O, reads a clock or awaits. The engine feeds it requests and executes the
+//! effects it returns through the host side.
+pub mod cpuset;
+pub mod topology;
