@@ -2,3 +2,4 @@
 //! through cgroup v2 and systemd.
 #![forbid(unsafe_code)]
 pub mod core;
+pub mod host;

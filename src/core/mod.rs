@@ -4,3 +4,7 @@
 //! effects it returns through the host side.
 pub mod cpuset;
 pub mod topology;
+pub mod alloc;
+pub mod pool;
+pub mod state;
+pub mod plan;

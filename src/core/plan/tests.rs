@@ -1,0 +1,189 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::core::pool::{Pool, Smt};
+use crate::core::state::{AssignSpec, Size};
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
+}
+fn cg(s: &str) -> Key {
+    Key::Cgroup(CgroupPath::new(s).unwrap_or_else(|e| panic!("{e}")))
+}
+fn place(cpus: &str, role: Role) -> Placement {
+    Placement { cpus: set(cpus), mems: set("0"), role }
+}
+
+/// Replays `effects` from `before`, checking after every step that no two conflicting
+/// placements overlap and that children stay inside their parents; returns the final sets.
+fn replay(before: &Layout, after: &Layout, effects: &[Effect]) -> Result<BTreeMap<Key, CpuSet>, String> {
+    let mut cur: BTreeMap<Key, CpuSet> = before.iter().map(|(k, p)| (k.clone(), p.cpus.clone())).collect();
+    // A placement keeps its old role until it is first written.
+    let mut roles: BTreeMap<Key, Role> = before.iter().map(|(k, p)| (k.clone(), p.role.clone())).collect();
+    for (i, e) in effects.iter().enumerate() {
+        match e {
+            Effect::CreateCgroup(p) => {
+                cur.insert(Key::Cgroup(p.clone()), CpuSet::new());
+            }
+            Effect::RemoveCgroup(p) => {
+                cur.remove(&Key::Cgroup(p.clone()));
+            }
+            Effect::SetCpus { key, cpus, .. } => {
+                if cpus.is_empty() && !after.contains_key(key) {
+                    cur.remove(key);
+                } else {
+                    cur.insert(key.clone(), cpus.clone());
+                    if let Some(p) = after.get(key) {
+                        roles.insert(key.clone(), p.role.clone());
+                    }
+                }
+            }
+            Effect::SetMems { .. } => {}
+        }
+        for (a, ca) in &cur {
+            for (b, cb) in &cur {
+                let (Some(ra), Some(rb)) = (roles.get(a), roles.get(b)) else { continue };
+                if a < b && ra.conflicts(rb) && !ca.is_disjoint(cb) {
+                    return Err(format!("after effect {i} ({e:?}): {a} {ca} overlaps {b} {cb}"));
+                }
+            }
+        }
+    }
+    Ok(cur)
+}
+
+fn check(before: &Layout, after: &Layout) -> Vec<Effect> {
+    let effects = plan(before, after);
+    let fin = replay(before, after, &effects).unwrap_or_else(|e| panic!("{e}\n{effects:#?}"));
+    let want: BTreeMap<Key, CpuSet> = after.iter().map(|(k, p)| (k.clone(), p.cpus.clone())).collect();
+    assert_eq!(fin, want, "{effects:#?}");
+    effects
+}
+
+#[test]
+fn shrink_before_grow_on_resize() {
+    let before = Layout::from([
+        (cg("cpupool.slice"), place("0-3", Role::Parent)),
+        (cg("cpupool.slice/cpupool-a.slice"), place("0-1", Role::Pool(PoolKind::Exclusive))),
+        (cg("cpupool.slice/cpupool-b.slice"), place("2-3", Role::Pool(PoolKind::Exclusive))),
+    ]);
+    let mut after = before.clone();
+    after.insert(cg("cpupool.slice/cpupool-a.slice"), place("0-2", Role::Pool(PoolKind::Exclusive)));
+    after.insert(cg("cpupool.slice/cpupool-b.slice"), place("3", Role::Pool(PoolKind::Exclusive)));
+    let effects = check(&before, &after);
+    assert_eq!(
+        effects,
+        vec![
+            Effect::SetCpus { key: cg("cpupool.slice/cpupool-b.slice"), cpus: set("3"), optional: false },
+            Effect::SetCpus { key: cg("cpupool.slice/cpupool-a.slice"), cpus: set("0-2"), optional: false },
+        ]
+    );
+}
+
+#[test]
+fn swap_breaks_the_cycle_by_emptying_one_set() {
+    let before = Layout::from([
+        (cg("p/a"), place("1", Role::Pool(PoolKind::Exclusive))),
+        (cg("p/b"), place("2", Role::Pool(PoolKind::Exclusive))),
+    ]);
+    let after = Layout::from([
+        (cg("p/a"), place("2", Role::Pool(PoolKind::Exclusive))),
+        (cg("p/b"), place("1", Role::Pool(PoolKind::Exclusive))),
+    ]);
+    let effects = check(&before, &after);
+    assert_eq!(effects.len(), 3);
+}
+
+#[test]
+fn new_pool_slices_are_created_parent_first_and_released_targets_cleared() {
+    let before = Layout::from([(cg("x/ctr"), place("2", Role::Exclusive))]);
+    let after = Layout::from([
+        (cg("cpupool.slice"), place("0-3", Role::Parent)),
+        (cg("cpupool.slice/cpupool-a.slice"), place("2-3", Role::Pool(PoolKind::Exclusive))),
+        (Key::Pid(9), place("2", Role::Exclusive)),
+    ]);
+    let effects = check(&before, &after);
+    assert_eq!(effects[0], Effect::CreateCgroup(CgroupPath::new("cpupool.slice").unwrap_or_else(|e| panic!("{e}"))));
+    assert_eq!(effects[2], Effect::SetCpus { key: cg("x/ctr"), cpus: CpuSet::new(), optional: true });
+    let pid_at = effects.iter().position(|e| matches!(e, Effect::SetCpus { key: Key::Pid(9), .. }));
+    assert!(pid_at > Some(2), "{effects:#?}");
+    let last_mems = effects.iter().rposition(|e| matches!(e, Effect::SetMems { .. }));
+    assert_eq!(last_mems, Some(effects.len() - 1));
+}
+
+#[test]
+fn layout_from_state() {
+    let t = Topology::synthetic(1, 4, 1, 1);
+    let n = |s: &str| PoolName::new(s).unwrap_or_else(|e| panic!("{e}"));
+    let mut s = State::with_pools(vec![
+        Pool { name: n("sys"), kind: PoolKind::Reserved, cpus: set("0"), smt: Smt::Threads, isolate: false, kubelet: false },
+        Pool { name: n("dp"), kind: PoolKind::Exclusive, cpus: set("2-3"), smt: Smt::Threads, isolate: true, kubelet: true },
+        Pool { name: n("web"), kind: PoolKind::Shared, cpus: set("1"), smt: Smt::Threads, isolate: false, kubelet: true },
+    ]);
+    let target = Target::parse("cgroup:k/ctr").unwrap_or_else(|e| panic!("{e}"));
+    s.assign(&t, &AssignSpec { pool: "dp".into(), target, size: Size::Cpus(1), id: None })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let host = [CgroupPath::new("system.slice").unwrap_or_else(|e| panic!("{e}"))];
+    let l = layout(&s, &t, &host);
+    assert_eq!(l[&cg("cpupool.slice")].cpus, set("0-3"));
+    assert_eq!(l[&cg("cpupool.slice/cpupool-dp.slice")].cpus, set("2-3"));
+    assert_eq!(l[&cg("system.slice")].cpus, set("0"));
+    assert_eq!(l[&cg("system.slice")].role, Role::Host);
+    assert_eq!(l[&cg("k/ctr")].cpus, set("2"));
+    assert_eq!(l.len(), 6);
+    check(&Layout::new(), &l);
+    check(&l, &Layout::new());
+}
+
+fn roles() -> impl Strategy<Value = Role> {
+    prop_oneof![
+        Just(Role::Pool(PoolKind::Exclusive)),
+        Just(Role::Pool(PoolKind::Shared)),
+        Just(Role::Host),
+        Just(Role::Exclusive),
+        Just(Role::Shared),
+    ]
+}
+
+/// A random valid layout: placements of conflicting roles never overlap.
+fn layout_strategy() -> impl Strategy<Value = Layout> {
+    proptest::collection::vec((0u32..6, roles(), proptest::collection::btree_set(0u32..16, 1..5)), 0..8)
+        .prop_map(|items| {
+            let mut l = Layout::new();
+            for (i, role, cpus) in items {
+                let cpus: CpuSet = cpus.into_iter().collect();
+                // Only assignments target processes; pool and host placements are cgroups.
+                let assignment = matches!(role, Role::Exclusive | Role::Shared);
+                let key = if i % 3 == 0 && assignment { Key::Pid(i + 1) } else { cg(&format!("g/c{i}")) };
+                let clash = l.iter().any(|(k, p)| *k != key && p.role.conflicts(&role) && !p.cpus.is_disjoint(&cpus));
+                if !clash {
+                    l.insert(key, Placement { cpus, mems: set("0"), role });
+                }
+            }
+            l
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn plans_never_overlap_midway_and_reach_the_target(before in layout_strategy(), after in layout_strategy()) {
+        // Pid placements cannot be emptied mid-way, and in the daemon an exclusive assignment's
+        // CPUs never change: keep pids stable across before/after, as the engine does.
+        let mut after = after;
+        after.retain(|k, _| !matches!(k, Key::Pid(_)));
+        for (k, p) in &before {
+            if matches!(k, Key::Pid(_)) {
+                let clash = after.iter().any(|(_, q)| q.role.conflicts(&p.role) && !q.cpus.is_disjoint(&p.cpus));
+                if !clash { after.insert(k.clone(), p.clone()); }
+            }
+        }
+        let effects = plan(&before, &after);
+        let fin = replay(&before, &after, &effects).map_err(TestCaseError::fail)?;
+        let want: BTreeMap<Key, CpuSet> = after.iter().map(|(k, p)| (k.clone(), p.cpus.clone())).collect();
+        prop_assert_eq!(fin, want);
+        // A plan from a layout to itself does nothing.
+        prop_assert!(plan(&after, &after).is_empty());
+    }
+}

@@ -1,0 +1,682 @@
+//! The state the daemon owns: the resolved pools and the assignments made from them.
+//!
+//! Every mutation is a method that either returns an error and leaves the state untouched, or
+//! changes it and says whether anything changed ([`Outcome`]), so callers signal only real
+//! changes. Per-pool usage is cached and rebuilt on load, never persisted, so a corrupt cache
+//! cannot outlive a restart.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::alloc::{self, PickError};
+use super::cpuset::CpuSet;
+use super::pool::{Pool, PoolKind, PoolName};
+use super::topology::Topology;
+
+/// Longest assignment id.
+pub const MAX_ID: usize = 128;
+/// Longest cgroup target path.
+pub const MAX_CGROUP_PATH: usize = 4096;
+/// Longest systemd unit name (systemd's `UNIT_NAME_MAX` is 256 including the NUL).
+pub const MAX_UNIT_NAME: usize = 255;
+
+/// An assignment id: `[A-Za-z0-9_.:@-]{1,128}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AssignmentId(String);
+
+impl AssignmentId {
+    /// Validates an id.
+    pub fn new(id: &str) -> Result<Self, Error> {
+        let ok = !id.is_empty()
+            && id.len() <= MAX_ID
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.:@-".contains(&b));
+        if ok {
+            Ok(AssignmentId(id.to_owned()))
+        } else {
+            Err(Error::InvalidArgument {
+                arg: "id",
+                reason: format!("`{}` must be 1-{MAX_ID} characters of A-Z a-z 0-9 _ . : @ -", id.escape_debug()),
+            })
+        }
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for AssignmentId {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self, Error> {
+        AssignmentId::new(&s)
+    }
+}
+
+impl From<AssignmentId> for String {
+    fn from(i: AssignmentId) -> String {
+        i.0
+    }
+}
+
+impl fmt::Display for AssignmentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A cgroup path relative to the cgroup root. By construction it has no `.`/`..` component, no
+/// empty component, no leading `/` and no NUL, so joining it to a root can never leave the root.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CgroupPath(String);
+
+impl CgroupPath {
+    /// Validates a path. A single trailing `/` is tolerated and dropped.
+    pub fn new(path: &str) -> Result<Self, Error> {
+        let bad = |reason: &str| Error::InvalidArgument {
+            arg: "target",
+            reason: format!("cgroup path `{}` {reason}", path.escape_debug()),
+        };
+        let p = path.strip_suffix('/').unwrap_or(path);
+        if p.is_empty() {
+            return Err(bad("is empty (the cgroup root itself cannot be a target)"));
+        }
+        if p.len() > MAX_CGROUP_PATH {
+            return Err(bad("is too long"));
+        }
+        if p.starts_with('/') {
+            return Err(bad("must be relative to the cgroup root (no leading /)"));
+        }
+        for comp in p.split('/') {
+            match comp {
+                "" => return Err(bad("has an empty component")),
+                "." | ".." => return Err(bad("may not contain . or .. components")),
+                _ if comp.bytes().any(|b| b == 0 || b.is_ascii_control()) => {
+                    return Err(bad("contains control characters"))
+                }
+                _ if comp.len() > 255 => return Err(bad("has a component longer than 255 bytes")),
+                _ => {}
+            }
+        }
+        Ok(CgroupPath(p.to_owned()))
+    }
+
+    /// The path, relative, `/`-separated.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The enclosing cgroups, outermost first, not including `self`.
+    pub fn ancestors(&self) -> Vec<CgroupPath> {
+        let mut out = Vec::new();
+        let mut end = 0;
+        while let Some(i) = self.0[end..].find('/') {
+            end += i;
+            out.push(CgroupPath(self.0[..end].to_owned()));
+            end += 1;
+        }
+        out
+    }
+
+    /// Number of components.
+    pub fn depth(&self) -> usize {
+        self.0.split('/').count()
+    }
+
+    /// `self/child`; `child` must be one valid component.
+    pub fn join(&self, child: &str) -> Result<CgroupPath, Error> {
+        CgroupPath::new(&format!("{}/{child}", self.0))
+    }
+}
+
+impl TryFrom<String> for CgroupPath {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self, Error> {
+        CgroupPath::new(&s)
+    }
+}
+
+impl From<CgroupPath> for String {
+    fn from(p: CgroupPath) -> String {
+        p.0
+    }
+}
+
+impl fmt::Display for CgroupPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What an assignment applies to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Target {
+    /// A systemd unit (`unit:foo.service`).
+    Unit(String),
+    /// A cgroup, relative to the cgroup root (`cgroup:kubepods/pod1/ctr`).
+    Cgroup(CgroupPath),
+    /// A process (`pid:1234`).
+    Pid(u32),
+}
+
+impl Target {
+    /// Parses `unit:NAME`, `cgroup:PATH` or `pid:N`.
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        let bad = |reason: String| Error::InvalidArgument { arg: "target", reason };
+        let Some((kind, rest)) = s.split_once(':') else {
+            return Err(bad(format!(
+                "`{}` must be unit:NAME, cgroup:PATH or pid:N",
+                s.escape_debug()
+            )));
+        };
+        match kind {
+            "unit" => {
+                let ok = !rest.is_empty()
+                    && rest.len() <= MAX_UNIT_NAME
+                    && rest.contains('.')
+                    && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b));
+                if ok {
+                    Ok(Target::Unit(rest.to_owned()))
+                } else {
+                    Err(bad(format!("`{}` is not a valid systemd unit name", rest.escape_debug())))
+                }
+            }
+            "cgroup" => Ok(Target::Cgroup(CgroupPath::new(rest)?)),
+            "pid" => match rest.parse::<u32>() {
+                Ok(pid) if pid > 0 && pid <= 4_194_304 => Ok(Target::Pid(pid)),
+                _ => Err(bad(format!("`{}` is not a process id (1-4194304)", rest.escape_debug()))),
+            },
+            other => Err(bad(format!(
+                "unknown target kind `{}` (use unit:, cgroup: or pid:)",
+                other.escape_debug()
+            ))),
+        }
+    }
+}
+
+impl TryFrom<String> for Target {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self, Error> {
+        Target::parse(&s)
+    }
+}
+
+impl From<Target> for String {
+    fn from(t: Target) -> String {
+        t.to_string()
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Unit(u) => write!(f, "unit:{u}"),
+            Target::Cgroup(p) => write!(f, "cgroup:{p}"),
+            Target::Pid(p) => write!(f, "pid:{p}"),
+        }
+    }
+}
+
+/// How much an assignment asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Size {
+    /// Whole CPUs.
+    Cpus(u32),
+    /// Thousandths of a CPU (shared pools only, or whole thousands).
+    Millicpus(u64),
+}
+
+/// A request for CPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssignSpec {
+    /// The pool to take from.
+    pub pool: String,
+    /// What the CPUs are for.
+    pub target: Target,
+    /// How much.
+    pub size: Size,
+    /// The caller's id for idempotent retries; one is made up when absent.
+    pub id: Option<AssignmentId>,
+}
+
+/// CPUs given to a target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Its id.
+    pub id: AssignmentId,
+    /// The pool it came from.
+    pub pool: PoolName,
+    /// The pool's kind when it was made.
+    pub kind: PoolKind,
+    /// What it applies to.
+    pub target: Target,
+    /// The CPUs the target may run on (exclusive: owned; shared: the pool's CPUs).
+    pub cpus: CpuSet,
+    /// Capacity it holds, in millicpus (exclusive: 1000 per CPU).
+    pub millicpus: u64,
+}
+
+/// Whether a mutation changed anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The state already was as asked (an idempotent repeat).
+    Identity(T),
+    /// The state changed.
+    Changed(T),
+}
+
+impl<T> Outcome<T> {
+    /// The value, changed or not.
+    pub fn into_inner(self) -> T {
+        match self {
+            Outcome::Identity(t) | Outcome::Changed(t) => t,
+        }
+    }
+    /// Whether the state changed.
+    pub fn changed(&self) -> bool {
+        matches!(self, Outcome::Changed(_))
+    }
+}
+
+/// Errors of state operations. The API maps each variant to its own D-Bus / varlink error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// No such pool.
+    #[error("pool `{pool}` does not exist")]
+    NoSuchPool {
+        /// The name asked for.
+        pool: String,
+    },
+    /// No such assignment.
+    #[error("assignment `{id}` does not exist")]
+    NoSuchAssignment {
+        /// The id asked for.
+        id: String,
+    },
+    /// The pool has not enough free capacity.
+    #[error("pool `{pool}` has {free} {unit} free, {requested} requested")]
+    InsufficientCapacity {
+        /// The pool.
+        pool: String,
+        /// Amount asked for.
+        requested: u64,
+        /// Amount free.
+        free: u64,
+        /// `cpus` or `millicpus`.
+        unit: &'static str,
+    },
+    /// The id is taken by an assignment with another spec.
+    #[error("assignment `{id}` already exists with a different pool, target or size")]
+    DuplicateId {
+        /// The id.
+        id: String,
+    },
+    /// The target already holds an assignment from this pool.
+    #[error("target `{target}` already holds assignment `{id}` from pool `{pool}`")]
+    TargetBusy {
+        /// The target.
+        target: String,
+        /// Its assignment.
+        id: String,
+        /// The pool.
+        pool: String,
+    },
+    /// An argument is malformed or not allowed here.
+    #[error("invalid {arg}: {reason}")]
+    InvalidArgument {
+        /// The argument's name.
+        arg: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The reserved pool is not handed out.
+    #[error("pool `{pool}` is the reserved pool; it is not assigned from")]
+    ReservedPool {
+        /// The pool.
+        pool: String,
+    },
+    /// A full-cores pool cannot give exactly the number asked for.
+    #[error("pool `{pool}` hands out whole cores: {requested} CPUs is not a whole number of free cores")]
+    NotWholeCores {
+        /// The pool.
+        pool: String,
+        /// CPUs asked for.
+        requested: u64,
+    },
+}
+
+/// Usage of one pool, derived from the assignments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPUs owned by exclusive assignments.
+    pub taken: CpuSet,
+    /// Millicpus held.
+    pub millicpus: u64,
+    /// Number of assignments.
+    pub count: usize,
+}
+
+/// Pools and assignments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StateData", into = "StateData")]
+pub struct State {
+    data: StateData,
+    usage: BTreeMap<PoolName, Usage>,
+}
+
+/// The persisted part of [`State`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct StateData {
+    /// Pools by name.
+    pub pools: BTreeMap<PoolName, Pool>,
+    /// Assignments by id.
+    pub assignments: BTreeMap<AssignmentId, Assignment>,
+    /// Counter for made-up ids.
+    pub next_id: u64,
+}
+
+impl From<StateData> for State {
+    fn from(data: StateData) -> Self {
+        let mut s = State { data, usage: BTreeMap::new() };
+        s.rebuild_usage();
+        s
+    }
+}
+
+impl From<State> for StateData {
+    fn from(s: State) -> Self {
+        s.data
+    }
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State::from(StateData::default())
+    }
+}
+
+impl State {
+    /// A state with `pools` and no assignment.
+    pub fn with_pools(pools: Vec<Pool>) -> Self {
+        State::from(StateData {
+            pools: pools.into_iter().map(|p| (p.name.clone(), p)).collect(),
+            ..StateData::default()
+        })
+    }
+
+    fn rebuild_usage(&mut self) {
+        self.usage = self.data.pools.keys().map(|n| (n.clone(), Usage::default())).collect();
+        let assignments: Vec<Assignment> = self.data.assignments.values().cloned().collect();
+        for a in &assignments {
+            self.add_usage(a);
+        }
+    }
+
+    fn add_usage(&mut self, a: &Assignment) {
+        let exclusive = a.kind == PoolKind::Exclusive;
+        let u = self.usage.entry(a.pool.clone()).or_default();
+        if exclusive {
+            u.taken = u.taken.union(&a.cpus);
+        }
+        u.millicpus += a.millicpus;
+        u.count += 1;
+    }
+
+    fn remove_usage(&mut self, a: &Assignment) {
+        let exclusive = a.kind == PoolKind::Exclusive;
+        if let Some(u) = self.usage.get_mut(&a.pool) {
+            if exclusive {
+                u.taken = u.taken.difference(&a.cpus);
+            }
+            u.millicpus = u.millicpus.saturating_sub(a.millicpus);
+            u.count = u.count.saturating_sub(1);
+        }
+    }
+
+    /// The persisted data.
+    pub fn data(&self) -> &StateData {
+        &self.data
+    }
+
+    /// Pools by name.
+    pub fn pools(&self) -> &BTreeMap<PoolName, Pool> {
+        &self.data.pools
+    }
+
+    /// Assignments by id.
+    pub fn assignments(&self) -> &BTreeMap<AssignmentId, Assignment> {
+        &self.data.assignments
+    }
+
+    /// A pool's usage.
+    pub fn usage(&self, pool: &PoolName) -> Usage {
+        self.usage.get(pool).cloned().unwrap_or_default()
+    }
+
+    /// A pool's free CPUs: for exclusive pools the CPUs no assignment owns, for the others
+    /// all of them (shared capacity is counted in millicpus).
+    pub fn free_cpus(&self, pool: &Pool) -> CpuSet {
+        pool.cpus.difference(&self.usage(&pool.name).taken)
+    }
+
+    /// A pool's free millicpus.
+    pub fn free_millis(&self, pool: &Pool) -> u64 {
+        match pool.kind {
+            PoolKind::Exclusive => self.free_cpus(pool).len() as u64 * 1000,
+            _ => pool.capacity_millis().saturating_sub(self.usage(&pool.name).millicpus),
+        }
+    }
+
+    fn pool(&self, name: &str) -> Result<&Pool, Error> {
+        PoolName::new(name)
+            .ok()
+            .and_then(|n| self.data.pools.get(&n))
+            .ok_or_else(|| Error::NoSuchPool { pool: name.to_owned() })
+    }
+
+    /// Assigns CPUs. Repeating a request with the same id and spec returns the existing
+    /// assignment unchanged.
+    pub fn assign(&mut self, topo: &Topology, spec: &AssignSpec) -> Result<Outcome<Assignment>, Error> {
+        let pool = self.pool(&spec.pool)?.clone();
+        if let Some(id) = &spec.id {
+            if let Some(existing) = self.data.assignments.get(id) {
+                let same_size = match (pool.kind, spec.size) {
+                    (PoolKind::Exclusive, Size::Cpus(n)) => existing.cpus.len() as u64 == u64::from(n),
+                    (_, Size::Cpus(n)) => existing.millicpus == u64::from(n) * 1000,
+                    (_, Size::Millicpus(m)) => existing.millicpus == m,
+                };
+                if existing.pool == pool.name && existing.target == spec.target && same_size {
+                    return Ok(Outcome::Identity(existing.clone()));
+                }
+                return Err(Error::DuplicateId { id: id.to_string() });
+            }
+        }
+        if let Some(a) = self
+            .data
+            .assignments
+            .values()
+            .find(|a| a.target == spec.target && a.pool == pool.name)
+        {
+            return Err(Error::TargetBusy {
+                target: spec.target.to_string(),
+                id: a.id.to_string(),
+                pool: pool.name.to_string(),
+            });
+        }
+        let (cpus, millicpus) = match pool.kind {
+            PoolKind::Reserved => return Err(Error::ReservedPool { pool: pool.name.to_string() }),
+            PoolKind::Exclusive => {
+                let n = match spec.size {
+                    Size::Cpus(n) => u64::from(n),
+                    Size::Millicpus(m) if m % 1000 == 0 => m / 1000,
+                    Size::Millicpus(m) => {
+                        return Err(Error::InvalidArgument {
+                            arg: "millicpus",
+                            reason: format!(
+                                "pool `{}` is exclusive and hands out whole CPUs; {m} is not a multiple of 1000 (use cpus)",
+                                pool.name
+                            ),
+                        })
+                    }
+                };
+                if n == 0 {
+                    return Err(Error::InvalidArgument { arg: "cpus", reason: "must be at least 1".into() });
+                }
+                let free = self.free_cpus(&pool);
+                let cpus = match alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt) {
+                    Ok(c) => c,
+                    Err(PickError::Insufficient { available, .. }) => {
+                        return Err(Error::InsufficientCapacity {
+                            pool: pool.name.to_string(),
+                            requested: n,
+                            free: available as u64,
+                            unit: "cpus",
+                        })
+                    }
+                    Err(PickError::NotWholeCores { .. }) => {
+                        return Err(Error::NotWholeCores { pool: pool.name.to_string(), requested: n })
+                    }
+                };
+                (cpus, n * 1000)
+            }
+            PoolKind::Shared => {
+                let m = match spec.size {
+                    Size::Cpus(n) => u64::from(n) * 1000,
+                    Size::Millicpus(m) => m,
+                };
+                if m == 0 {
+                    let arg = if matches!(spec.size, Size::Cpus(_)) { "cpus" } else { "millicpus" };
+                    return Err(Error::InvalidArgument { arg, reason: "must be at least 1".into() });
+                }
+                let free = self.free_millis(&pool);
+                if m > free {
+                    return Err(Error::InsufficientCapacity {
+                        pool: pool.name.to_string(),
+                        requested: m,
+                        free,
+                        unit: "millicpus",
+                    });
+                }
+                (pool.cpus.clone(), m)
+            }
+        };
+        let id = match &spec.id {
+            Some(id) => id.clone(),
+            None => loop {
+                self.data.next_id += 1;
+                let id = AssignmentId(format!("a{}", self.data.next_id));
+                if !self.data.assignments.contains_key(&id) {
+                    break id;
+                }
+            },
+        };
+        let a = Assignment {
+            id: id.clone(),
+            pool: pool.name.clone(),
+            kind: pool.kind,
+            target: spec.target.clone(), cpus, millicpus };
+        self.add_usage(&a);
+        self.data.assignments.insert(id, a.clone());
+        Ok(Outcome::Changed(a))
+    }
+
+    /// Releases an assignment, returning what it held.
+    pub fn release(&mut self, id: &str) -> Result<Assignment, Error> {
+        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: id.to_owned() })?;
+        let a = self
+            .data
+            .assignments
+            .remove(&key)
+            .ok_or_else(|| Error::NoSuchAssignment { id: id.to_owned() })?;
+        self.remove_usage(&a);
+        Ok(a)
+    }
+
+    /// Replaces the pools (a config reload). Assignments must still fit: each one's pool must
+    /// exist with the same kind and still contain its CPUs. Returns the assignments that do not
+    /// fit, without changing anything, when there are any.
+    pub fn set_pools(&mut self, pools: Vec<Pool>) -> Result<(), Vec<Misfit>> {
+        let new: BTreeMap<PoolName, Pool> = pools.into_iter().map(|p| (p.name.clone(), p)).collect();
+        let misfits = misfits(&new, self.data.assignments.values());
+        if !misfits.is_empty() {
+            return Err(misfits);
+        }
+        self.data.pools = new;
+        // Shared assignments see the whole pool: follow its new CPUs.
+        for a in self.data.assignments.values_mut() {
+            if let Some(p) = self.data.pools.get(&a.pool) {
+                if p.kind == PoolKind::Shared {
+                    a.cpus = p.cpus.clone();
+                }
+            }
+        }
+        self.rebuild_usage();
+        Ok(())
+    }
+}
+
+/// An assignment that no longer fits the configured pools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Misfit {
+    /// The assignment.
+    pub id: AssignmentId,
+    /// Its pool.
+    pub pool: PoolName,
+    /// Why it no longer fits.
+    pub reason: String,
+}
+
+impl fmt::Display for Misfit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "assignment `{}` (pool `{}`): {}", self.id, self.pool, self.reason)
+    }
+}
+
+/// The assignments that do not fit `pools`.
+pub fn misfits<'a>(
+    pools: &BTreeMap<PoolName, Pool>,
+    assignments: impl Iterator<Item = &'a Assignment>,
+) -> Vec<Misfit> {
+    let mut out = Vec::new();
+    let mut shared_use: BTreeMap<&PoolName, u64> = BTreeMap::new();
+    for a in assignments {
+        let misfit = |reason: String| Misfit { id: a.id.clone(), pool: a.pool.clone(), reason };
+        match pools.get(&a.pool) {
+            None => out.push(misfit("its pool no longer exists".into())),
+            Some(p) if p.kind != a.kind => {
+                out.push(misfit(format!("the pool changed kind from {} to {}", a.kind, p.kind)))
+            }
+            Some(p) if p.kind == PoolKind::Exclusive => {
+                let lost = a.cpus.difference(&p.cpus);
+                if !lost.is_empty() {
+                    out.push(misfit(format!("the pool no longer contains its CPUs {lost}")));
+                }
+            }
+            Some(p) => *shared_use.entry(&p.name).or_default() += a.millicpus,
+        }
+    }
+    for (name, used) in shared_use {
+        if let Some(p) = pools.get(name) {
+            if used > p.capacity_millis() {
+                out.push(Misfit {
+                    id: AssignmentId("*".into()),
+                    pool: name.clone(),
+                    reason: format!(
+                        "assignments hold {used} millicpus but the pool would only have {}",
+                        p.capacity_millis()
+                    ),
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,290 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::core::pool::{resolve, CpuSource, PoolSpec, Smt};
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn pool(name: &str, kind: PoolKind, cpus: &str, smt: Smt) -> Pool {
+    Pool {
+        name: PoolName::new(name).unwrap_or_else(|e| panic!("{e}")),
+        kind,
+        cpus: set(cpus),
+        smt,
+        isolate: false,
+        kubelet: true,
+    }
+}
+
+fn spec(pool: &str, target: &str, size: Size, id: Option<&str>) -> AssignSpec {
+    AssignSpec {
+        pool: pool.into(),
+        target: Target::parse(target).unwrap_or_else(|e| panic!("{e}")),
+        size,
+        id: id.map(|i| AssignmentId::new(i).unwrap_or_else(|e| panic!("{e}"))),
+    }
+}
+
+/// 1 socket, 4 cores, SMT-2: CPU c and c+4 are siblings.
+fn fixture() -> (Topology, State) {
+    let t = Topology::synthetic(1, 4, 2, 1);
+    let s = State::with_pools(vec![
+        pool("sys", PoolKind::Reserved, "0,4", Smt::Threads),
+        pool("dp", PoolKind::Exclusive, "1-2,5-6", Smt::FullCores),
+        pool("web", PoolKind::Shared, "3,7", Smt::Threads),
+    ]);
+    (t, s)
+}
+
+#[test]
+fn exclusive_assign_takes_whole_cores_and_release_restores() {
+    let (t, mut s) = fixture();
+    let before = s.clone();
+    let a = s
+        .assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(a.changed());
+    let a = a.into_inner();
+    assert_eq!(a.cpus, set("1,5"));
+    assert_eq!(a.millicpus, 2000);
+    let dp = s.pools()[&a.pool].clone();
+    assert_eq!(s.free_cpus(&dp), set("2,6"));
+    let released = s.release("x").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(released, a);
+    assert_eq!(s, before);
+}
+
+#[test]
+fn idempotent_repeat_and_conflicts() {
+    let (t, mut s) = fixture();
+    let first = s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x")));
+    let again = s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x")));
+    assert_eq!(again, Ok(Outcome::Identity(first.map(Outcome::into_inner).unwrap_or_else(|e| panic!("{e}")))));
+    let snapshot = s.clone();
+    assert_eq!(
+        s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(4), Some("x"))),
+        Err(Error::DuplicateId { id: "x".into() })
+    );
+    assert_eq!(
+        s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("y"))),
+        Err(Error::TargetBusy { target: "cgroup:a".into(), id: "x".into(), pool: "dp".into() })
+    );
+    assert_eq!(s, snapshot);
+}
+
+#[test]
+fn every_assign_error_leaves_state_unchanged() {
+    let (t, mut s) = fixture();
+    let snapshot = s.clone();
+    let cases = [
+        (spec("nope", "pid:1", Size::Cpus(1), None), "NoSuchPool"),
+        (spec("NOPE!", "pid:1", Size::Cpus(1), None), "NoSuchPool"),
+        (spec("sys", "pid:1", Size::Cpus(1), None), "ReservedPool"),
+        (spec("dp", "pid:1", Size::Cpus(6), None), "InsufficientCapacity"),
+        (spec("dp", "pid:1", Size::Cpus(1), None), "NotWholeCores"),
+        (spec("dp", "pid:1", Size::Cpus(0), None), "InvalidArgument"),
+        (spec("dp", "pid:1", Size::Millicpus(1500), None), "InvalidArgument"),
+        (spec("web", "pid:1", Size::Millicpus(2001), None), "InsufficientCapacity"),
+        (spec("web", "pid:1", Size::Millicpus(0), None), "InvalidArgument"),
+    ];
+    for (sp, want) in cases {
+        let err = s.assign(&t, &sp).err().unwrap_or_else(|| panic!("{sp:?} succeeded"));
+        let got = format!("{err:?}");
+        assert!(got.starts_with(want), "{sp:?}: {got}");
+        assert_eq!(s, snapshot);
+    }
+    assert_eq!(s.release("nope"), Err(Error::NoSuchAssignment { id: "nope".into() }));
+    assert_eq!(s.release("../x"), Err(Error::NoSuchAssignment { id: "../x".into() }));
+    assert_eq!(s, snapshot);
+    let msg = s
+        .assign(&t, &spec("web", "pid:1", Size::Millicpus(2001), None))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert_eq!(msg, "pool `web` has 2000 millicpus free, 2001 requested");
+}
+
+#[test]
+fn shared_pool_counts_millicpus_and_gives_the_whole_pool() {
+    let (t, mut s) = fixture();
+    let a = s.assign(&t, &spec("web", "pid:7", Size::Millicpus(1500), None)).map(Outcome::into_inner);
+    let a = a.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.cpus, set("3,7"));
+    assert_eq!(a.id.as_str(), "a1");
+    let b = s.assign(&t, &spec("web", "pid:8", Size::Cpus(1), None));
+    assert!(matches!(b, Err(Error::InsufficientCapacity { free: 500, requested: 1000, .. })));
+    let b = s.assign(&t, &spec("web", "pid:8", Size::Millicpus(500), None)).map(Outcome::into_inner);
+    assert_eq!(b.map(|b| b.id.to_string()), Ok("a2".to_string()));
+    assert_eq!(s.free_millis(&s.pools()[&a.pool].clone()), 0);
+}
+
+#[test]
+fn target_parsing() {
+    assert_eq!(Target::parse("unit:foo.service"), Ok(Target::Unit("foo.service".into())));
+    assert_eq!(Target::parse("pid:42"), Ok(Target::Pid(42)));
+    assert_eq!(Target::parse("cgroup:a/b/"), Ok(Target::Cgroup(CgroupPath("a/b".into()))));
+    for bad in [
+        "cgroup:../../etc",
+        "cgroup:a/../../etc",
+        "cgroup:/etc",
+        "cgroup:",
+        "cgroup:a//b",
+        "cgroup:./a",
+        "cgroup:a\0b",
+        "pid:0",
+        "pid:-1",
+        "pid:99999999999",
+        "unit:",
+        "unit:foo",
+        "unit:a/b.service",
+        "host:x",
+        "nothing",
+    ] {
+        assert!(matches!(Target::parse(bad), Err(Error::InvalidArgument { arg: "target", .. })), "{bad}");
+    }
+    let p = CgroupPath::new("a/b/c").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.ancestors().iter().map(|p| p.as_str()).collect::<Vec<_>>(), vec!["a", "a/b"]);
+    assert_eq!(p.depth(), 3);
+    assert!(AssignmentId::new(&"x".repeat(129)).is_err());
+    assert!(AssignmentId::new("a b").is_err());
+}
+
+#[test]
+fn set_pools_refuses_to_strand_assignments() {
+    let (t, mut s) = fixture();
+    s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x"))).unwrap_or_else(|e| panic!("{e}"));
+    s.assign(&t, &spec("web", "pid:3", Size::Millicpus(1500), Some("w"))).unwrap_or_else(|e| panic!("{e}"));
+    let snapshot = s.clone();
+    // dp shrinks away from the assigned core 1,5: refused.
+    let shrunk = vec![
+        pool("sys", PoolKind::Reserved, "0-1,4-5", Smt::Threads),
+        pool("dp", PoolKind::Exclusive, "2,6", Smt::FullCores),
+        pool("web", PoolKind::Shared, "3,7", Smt::Threads),
+    ];
+    let err = s.set_pools(shrunk).err().unwrap_or_default();
+    assert_eq!(err.len(), 1);
+    assert!(err[0].to_string().contains("no longer contains its CPUs 1,5"), "{}", err[0]);
+    // web shrinks below what is held: refused.
+    let err = s
+        .set_pools(vec![
+            pool("sys", PoolKind::Reserved, "0,4,7", Smt::Threads),
+            pool("dp", PoolKind::Exclusive, "1-2,5-6", Smt::FullCores),
+            pool("web", PoolKind::Shared, "3", Smt::Threads),
+        ])
+        .err()
+        .unwrap_or_default();
+    assert_eq!(err.len(), 1, "{err:?}");
+    assert_eq!(s, snapshot);
+    // Taking free CPUs from dp and growing web is fine; web's assignment follows the pool.
+    s.set_pools(vec![
+        pool("sys", PoolKind::Reserved, "0,4", Smt::Threads),
+        pool("dp", PoolKind::Exclusive, "1,5", Smt::FullCores),
+        pool("web", PoolKind::Shared, "2-3,6-7", Smt::Threads),
+    ])
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(s.assignments()[&AssignmentId::new("w").unwrap_or_else(|e| panic!("{e}"))].cpus, set("2-3,6-7"));
+}
+
+#[test]
+fn state_serde_round_trip_rebuilds_usage() {
+    let (t, mut s) = fixture();
+    s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), None)).unwrap_or_else(|e| panic!("{e}"));
+    let json = serde_json::to_string(&s).unwrap_or_default();
+    let back: State = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back, s);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Assign { pool: usize, size: u32, millis: bool },
+    Release { nth: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0usize..4, 0u32..6, any::<bool>()).prop_map(|(pool, size, millis)| Op::Assign { pool, size, millis }),
+        (0usize..64).prop_map(|nth| Op::Release { nth }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Random topologies, pools and assign/release sequences: no CPU is owned twice, shared
+    /// capacity is never exceeded, pools cover exactly the online CPUs, and a release restores
+    /// the exact free set from before the matching assign.
+    #[test]
+    fn assign_release_invariants(
+        sockets in 1u32..3, cores in 1u32..8, threads in 1u32..3, numa in 1u32..4,
+        dp_count in 1u32..6, web_count in 1u32..4, full in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..80),
+    ) {
+        let t = Topology::synthetic(sockets, cores, threads, numa);
+        let n = |s: &str| PoolName::new(s).unwrap_or_else(|e| panic!("{e}"));
+        let mut dp = PoolSpec::new(n("dp"), PoolKind::Exclusive, CpuSource::Request { count: dp_count * threads, numa: None });
+        dp.smt = if full { Smt::FullCores } else { Smt::Threads };
+        let specs = vec![
+            PoolSpec::new(n("sys"), PoolKind::Reserved, CpuSource::Request { count: 1, numa: None }),
+            dp,
+            PoolSpec::new(n("web"), PoolKind::Shared, CpuSource::Request { count: web_count, numa: None }),
+        ];
+        let Ok(pools) = resolve(&specs, &t) else { return Ok(()) };
+        let covered = pools.iter().fold(CpuSet::new(), |a, p| a.union(&p.cpus));
+        prop_assert_eq!(covered, t.online());
+        let names = ["sys", "dp", "web", "missing"];
+        let mut s = State::with_pools(pools);
+        let mut history: Vec<(AssignmentId, State)> = Vec::new();
+        for (i, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Assign { pool, size, millis } => {
+                    let before = s.clone();
+                    let size = if millis { Size::Millicpus(u64::from(size) * 250) } else { Size::Cpus(size) };
+                    let sp = spec(names[pool], &format!("pid:{}", i + 1), size, None);
+                    match s.assign(&t, &sp) {
+                        Ok(out) => history.push((out.into_inner().id, before)),
+                        Err(_) => prop_assert_eq!(&s, &before),
+                    }
+                }
+                Op::Release { nth } => {
+                    if history.is_empty() { continue; }
+                    // Release the newest assignment: the state must equal the one before it
+                    // was made, but for the id counter.
+                    if nth % 2 == 0 {
+                        let Some((id, before)) = history.pop() else { continue };
+                        s.release(id.as_str()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert_eq!(&s.data().assignments, &before.data().assignments);
+                        for p in s.pools().values() {
+                            prop_assert_eq!(s.free_cpus(p), before.free_cpus(p));
+                            prop_assert_eq!(s.free_millis(p), before.free_millis(p));
+                        }
+                    } else {
+                        let (id, _) = history.remove(nth % history.len());
+                        s.release(id.as_str()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        // Older snapshots include the removed one: drop them all.
+                        history.clear();
+                    }
+                }
+            }
+            // No CPU owned twice; exclusive CPUs inside their pool; shared capacity respected.
+            let mut owned = CpuSet::new();
+            let mut shared_used: BTreeMap<PoolName, u64> = BTreeMap::new();
+            for a in s.assignments().values() {
+                let p = &s.pools()[&a.pool];
+                prop_assert!(a.cpus.is_subset(&p.cpus));
+                match p.kind {
+                    PoolKind::Exclusive => {
+                        prop_assert!(owned.is_disjoint(&a.cpus), "{} owned twice", a.cpus);
+                        owned = owned.union(&a.cpus);
+                        if p.smt == Smt::FullCores { prop_assert!(t.is_whole_cores(&a.cpus)); }
+                    }
+                    _ => *shared_used.entry(a.pool.clone()).or_default() += a.millicpus,
+                }
+            }
+            for (name, used) in shared_used {
+                prop_assert!(used <= s.pools()[&name].capacity_millis());
+            }
+        }
+    }
+}
