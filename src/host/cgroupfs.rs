@@ -1,0 +1,307 @@
+//! The cgroupfs backend: executes planned effects by writing cgroup v2 files under a root, and
+//! process affinity through `sched_setaffinity` (tasks listed under a procfs root).
+//!
+//! It decides nothing: the planner chose the order, this only writes. Every error carries the
+//! path and the data written, e.g. "writing `2-3` to `/sys/fs/cgroup/x/cpuset.cpus`".
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::core::cpuset::CpuSet;
+use crate::core::plan::{Effect, Key};
+use crate::core::state::CgroupPath;
+
+/// A host operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// Writing a file failed.
+    #[error("writing `{data}` to `{}`", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// What was written.
+        data: String,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading a file failed.
+    #[error("reading `{}`", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// A file held something unexpected.
+    #[error("`{}` holds `{text}`, not a CPU list", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What it held.
+        text: String,
+    },
+    /// Creating or removing a cgroup failed.
+    #[error("{op} cgroup `{}`", path.display())]
+    Dir {
+        /// `creating` or `removing`.
+        op: &'static str,
+        /// The directory.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
+    /// Setting a thread's affinity failed.
+    #[error("setting CPU affinity of thread {tid} (process {pid}) to `{cpus}`")]
+    Affinity {
+        /// The process.
+        pid: u32,
+        /// The thread.
+        tid: u32,
+        /// The CPUs.
+        cpus: String,
+        /// Why it failed.
+        #[source]
+        source: nix::Error,
+    },
+    /// A systemd unit was targeted but no systemd connection exists.
+    #[error("unit `{0}`: unit targets need systemd (this daemon runs the cgroupfs backend)")]
+    NoSystemd(String),
+}
+
+/// Where processes' thread lists are read from.
+#[derive(Debug, Clone)]
+pub struct CgroupFs {
+    root: PathBuf,
+    proc_root: PathBuf,
+}
+
+impl CgroupFs {
+    /// A backend writing under `root` (normally `/sys/fs/cgroup`) and finding threads under
+    /// `proc_root` (normally `/proc`).
+    pub fn new(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
+        CgroupFs { root: root.into(), proc_root: proc_root.into() }
+    }
+
+    /// The cgroup root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn dir(&self, path: &CgroupPath) -> PathBuf {
+        // CgroupPath has no `..`, no leading `/` and no empty component: this stays under root.
+        self.root.join(path.as_str())
+    }
+
+    /// Whether a cgroup exists.
+    pub fn exists(&self, path: &CgroupPath) -> bool {
+        self.dir(path).is_dir()
+    }
+
+    /// Creates a cgroup and any missing parents, enabling the cpuset controller in each
+    /// parent's `cgroup.subtree_control` first (starting at the root).
+    pub fn create(&self, path: &CgroupPath) -> Result<(), HostError> {
+        let mut parents = vec![self.root.clone()];
+        parents.extend(path.ancestors().iter().map(|a| self.dir(a)));
+        let mut dirs = path.ancestors();
+        dirs.push(path.clone());
+        for (parent, dir) in parents.iter().zip(dirs) {
+            self.enable_cpuset(parent)?;
+            let dir = self.dir(&dir);
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(source) => return Err(HostError::Dir { op: "creating", path: dir, source }),
+            }
+        }
+        Ok(())
+    }
+
+    fn enable_cpuset(&self, dir: &Path) -> Result<(), HostError> {
+        let file = dir.join("cgroup.subtree_control");
+        let current = match fs::read_to_string(&file) {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(source) => return Err(HostError::Read { path: file, source }),
+        };
+        if current.split_whitespace().any(|c| c == "cpuset") {
+            return Ok(());
+        }
+        write_file(&file, "+cpuset")
+    }
+
+    /// Removes a cgroup the daemon created (it must hold no process).
+    pub fn remove(&self, path: &CgroupPath) -> Result<(), HostError> {
+        let dir = self.dir(path);
+        match fs::remove_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            // A simulated cgroupfs (the sandbox) holds plain files that the kernel would not
+            // let anyone create: remove them too.
+            Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty && !is_cgroupfs(&dir) => {
+                fs::remove_dir_all(&dir).map_err(|source| HostError::Dir { op: "removing", path: dir, source })
+            }
+            Err(source) => Err(HostError::Dir { op: "removing", path: dir, source }),
+        }
+    }
+
+    /// Reads a cgroup's configured `cpuset.cpus`; `None` if the cgroup does not exist.
+    pub fn read_cpus(&self, path: &CgroupPath) -> Result<Option<CpuSet>, HostError> {
+        if !self.exists(path) {
+            return Ok(None);
+        }
+        let file = self.dir(path).join("cpuset.cpus");
+        let text = match fs::read_to_string(&file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(CpuSet::new())),
+            Err(source) => return Err(HostError::Read { path: file, source }),
+        };
+        CpuSet::parse(&text).map(Some).map_err(|_| HostError::Parse { path: file, text })
+    }
+
+    /// Lists the pool slices that exist under `top` (to find stale ones).
+    pub fn children(&self, top: &CgroupPath) -> Vec<CgroupPath> {
+        let Ok(entries) = fs::read_dir(self.dir(top)) else { return Vec::new() };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().to_str().and_then(|n| top.join(n).ok()))
+            .collect()
+    }
+
+    /// Executes one planned effect.
+    pub fn apply(&self, effect: &Effect) -> Result<(), HostError> {
+        match effect {
+            Effect::CreateCgroup(path) => self.create(path),
+            Effect::RemoveCgroup(path) => self.remove(path),
+            Effect::SetCpus { key: Key::Cgroup(path), cpus, optional } => {
+                if *optional && !self.exists(path) {
+                    return Ok(());
+                }
+                write_file(&self.dir(path).join("cpuset.cpus"), &cpus.to_string())
+            }
+            Effect::SetMems { path, mems, optional } => {
+                if *optional && !self.exists(path) {
+                    return Ok(());
+                }
+                write_file(&self.dir(path).join("cpuset.mems"), &mems.to_string())
+            }
+            Effect::SetCpus { key: Key::Pid(pid), cpus, optional } => self.set_affinity(*pid, cpus, *optional),
+            Effect::SetCpus { key: Key::Unit(unit), .. } => Err(HostError::NoSystemd(unit.clone())),
+        }
+    }
+
+    /// Sets the affinity of every thread of `pid`. Empty `cpus` means every CPU (the kernel
+    /// still confines the threads to their cpuset). A process that is gone is not an error
+    /// when `optional`.
+    pub fn set_affinity(&self, pid: u32, cpus: &CpuSet, optional: bool) -> Result<(), HostError> {
+        let mut set = nix::sched::CpuSet::new();
+        let all = CpuSet::range(0, (nix::sched::CpuSet::count() as u32).saturating_sub(1));
+        let cpus = if cpus.is_empty() { &all } else { cpus };
+        for cpu in cpus.iter() {
+            // Beyond what the kernel's mask holds there is nothing to set.
+            let _ = set.set(cpu as usize);
+        }
+        let task_dir = self.proc_root.join(pid.to_string()).join("task");
+        let tids: Vec<u32> = match fs::read_dir(&task_dir) {
+            Ok(entries) => {
+                entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && optional => return Ok(()),
+            Err(source) => return Err(HostError::Read { path: task_dir, source }),
+        };
+        for tid in tids {
+            let tid_i = i32::try_from(tid).unwrap_or(i32::MAX);
+            match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid_i), &set) {
+                Ok(()) => {}
+                // A thread that exited between listing and setting is fine.
+                Err(nix::Error::ESRCH) => {}
+                Err(source) => {
+                    return Err(HostError::Affinity { pid, tid, cpus: cpus.to_string(), source })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The affinity of `pid`'s main thread, `None` if it is gone.
+    pub fn affinity(&self, pid: u32) -> Option<CpuSet> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).ok()?);
+        let set = nix::sched::sched_getaffinity(pid).ok()?;
+        Some((0..nix::sched::CpuSet::count()).filter(|c| set.is_set(*c).unwrap_or(false)).map(|c| c as u32).collect())
+    }
+}
+
+fn is_cgroupfs(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+        .unwrap_or(false)
+}
+
+/// Writes `data` in one `write(2)`, as cgroupfs expects.
+fn write_file(path: &Path, data: &str) -> Result<(), HostError> {
+    let err = |source| HostError::Write { path: path.to_owned(), data: data.to_owned(), source };
+    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).map_err(err)?;
+    f.write_all(data.as_bytes()).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cg(s: &str) -> CgroupPath {
+        CgroupPath::new(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn creates_with_cpuset_enabled_along_the_path_and_writes_files() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let fs_ = CgroupFs::new(dir.path(), "/proc");
+        let p = cg("cpupool.slice/cpupool-dp.slice");
+        fs_.apply(&Effect::CreateCgroup(p.clone())).unwrap_or_else(|e| panic!("{e}"));
+        for sub in ["", "cpupool.slice"] {
+            let ctl = fs::read_to_string(dir.path().join(sub).join("cgroup.subtree_control")).unwrap_or_default();
+            assert_eq!(ctl, "+cpuset", "{sub}");
+        }
+        let set = CpuSet::parse("2-3").unwrap_or_default();
+        fs_.apply(&Effect::SetCpus { key: Key::Cgroup(p.clone()), cpus: set.clone(), optional: false })
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs::read_to_string(dir.path().join(p.as_str()).join("cpuset.cpus")).unwrap_or_default(), "2-3");
+        assert_eq!(fs_.read_cpus(&p).ok().flatten(), Some(set));
+        assert_eq!(fs_.read_cpus(&cg("nope")).ok().flatten(), None);
+        assert_eq!(fs_.children(&cg("cpupool.slice")), vec![p.clone()]);
+        // Optional writes to missing cgroups are skipped; required ones fail naming path+data.
+        fs_.apply(&Effect::SetCpus { key: Key::Cgroup(cg("machine.slice")), cpus: CpuSet::range(0, 0), optional: true })
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = fs_
+            .apply(&Effect::SetCpus { key: Key::Cgroup(cg("missing/x")), cpus: CpuSet::range(0, 1), optional: false })
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.starts_with("writing `0-1` to `") && err.ends_with("missing/x/cpuset.cpus`"), "{err}");
+        fs_.apply(&Effect::RemoveCgroup(p.clone())).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!fs_.exists(&p));
+    }
+
+    #[test]
+    fn affinity_of_a_child_process() {
+        let fs_ = CgroupFs::new("/nonexistent", "/proc");
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
+        let pid = child.id();
+        let before = fs_.affinity(pid).unwrap_or_default();
+        let first = before.first().unwrap_or(0);
+        let one = CpuSet::range(first, first);
+        fs_.set_affinity(pid, &one, false).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs_.affinity(pid), Some(one));
+        // Empty lifts the restriction: back to every CPU the process may use.
+        fs_.set_affinity(pid, &CpuSet::new(), false).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs_.affinity(pid), Some(before));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(fs_.set_affinity(pid, &CpuSet::range(0, 0), true).is_ok());
+        assert!(fs_.set_affinity(pid, &CpuSet::range(0, 0), false).is_err());
+    }
+}
