@@ -1,5 +1,14 @@
 //! cpupoold: divides a host's CPUs into reserved, exclusive and shared pools and applies them
 //! through cgroup v2 and systemd.
+//!
+//! Data flows inward to one owner: adapters decode requests and send them to the [`engine`],
+//! which decides with the pure [`core`], executes effects through the [`host`] side, saves
+//! the state and publishes the result.
 #![forbid(unsafe_code)]
+pub mod config;
 pub mod core;
+pub mod daemon;
+pub mod engine;
 pub mod host;
+pub mod logging;
+pub mod sandbox;

@@ -1,1 +1,70 @@
-fn main() {}
+//! `cpupoold`: parse arguments, set up logging, run the daemon, print the error chain.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cpupoold::config::ConfigDirs;
+use cpupoold::daemon::{self, RunOptions};
+use cpupoold::sandbox::Sandbox;
+
+/// CPU pool daemon: reserved, exclusive and shared CPU pools applied through cgroup v2.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Run against a simulated host created (or reused) in DIR, unprivileged.
+    #[arg(long, value_name = "DIR")]
+    sandbox: Option<PathBuf>,
+    /// Sandbox topology: SOCKETSxCORESxTHREADS[:NUMA] (default 2x8x2:2).
+    #[arg(long, value_name = "SHAPE", requires = "sandbox")]
+    topology: Option<String>,
+    /// Configuration directory (config.toml and config.d/).
+    #[arg(long, value_name = "DIR", default_value = "/etc/cpupoold", conflicts_with = "sandbox")]
+    config_dir: PathBuf,
+    /// Vendor configuration directory (config.d/).
+    #[arg(long, value_name = "DIR", default_value = "/usr/lib/cpupoold", conflicts_with = "sandbox")]
+    vendor_config_dir: PathBuf,
+    /// If the state file is damaged, start from the previous good copy (the damaged file is
+    /// kept as state.json.corrupt).
+    #[arg(long)]
+    restore_previous_state: bool,
+    /// Log level (overrides daemon.log_level): error, warn, info, debug, trace.
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<log::LevelFilter>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    cpupoold::logging::init(args.log_level.unwrap_or(log::LevelFilter::Info));
+    let sandbox = match &args.sandbox {
+        Some(dir) => match Sandbox::prepare(dir, args.topology.as_deref()) {
+            Ok(sb) => Some(sb),
+            Err(e) => return fail(&e),
+        },
+        None => None,
+    };
+    let dirs = match &sandbox {
+        Some(sb) => sb.config_dirs(),
+        None => ConfigDirs { etc: args.config_dir.clone(), vendor: args.vendor_config_dir.clone() },
+    };
+    let opts = RunOptions { dirs, sandbox, restore_previous_state: args.restore_previous_state, proc_root: "/proc".into() };
+    if args.log_level.is_none() {
+        if let Ok(settings) = daemon::load_settings(&opts) {
+            log::set_max_level(settings.log_level);
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e),
+    };
+    match runtime.block_on(daemon::run(opts, std::future::pending())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &dyn std::error::Error) -> ExitCode {
+    log::error!("{}", cpupoold::engine::error_chain(e));
+    ExitCode::FAILURE
+}

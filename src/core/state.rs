@@ -317,8 +317,8 @@ pub enum Error {
         /// The id.
         id: String,
     },
-    /// The target already holds an assignment from this pool.
-    #[error("target `{target}` already holds assignment `{id}` from pool `{pool}`")]
+    /// The target already holds an assignment (a target has one cpuset).
+    #[error("target `{target}` already holds assignment `{id}` from pool `{pool}`; release it first")]
     TargetBusy {
         /// The target.
         target: String,
@@ -497,12 +497,8 @@ impl State {
                 return Err(Error::DuplicateId { id: id.to_string() });
             }
         }
-        if let Some(a) = self
-            .data
-            .assignments
-            .values()
-            .find(|a| a.target == spec.target && a.pool == pool.name)
-        {
+        // A target has one cpuset: it can hold one assignment, from whichever pool.
+        if let Some(a) = self.data.assignments.values().find(|a| a.target == spec.target) {
             return Err(Error::TargetBusy {
                 target: spec.target.to_string(),
                 id: a.id.to_string(),

@@ -150,10 +150,19 @@ impl CgroupFs {
 
     /// Reads a cgroup's configured `cpuset.cpus`; `None` if the cgroup does not exist.
     pub fn read_cpus(&self, path: &CgroupPath) -> Result<Option<CpuSet>, HostError> {
+        self.read_list(path, "cpuset.cpus")
+    }
+
+    /// Reads a cgroup's configured `cpuset.mems`; `None` if the cgroup does not exist.
+    pub fn read_mems(&self, path: &CgroupPath) -> Result<Option<CpuSet>, HostError> {
+        self.read_list(path, "cpuset.mems")
+    }
+
+    fn read_list(&self, path: &CgroupPath, name: &str) -> Result<Option<CpuSet>, HostError> {
         if !self.exists(path) {
             return Ok(None);
         }
-        let file = self.dir(path).join("cpuset.cpus");
+        let file = self.dir(path).join(name);
         let text = match fs::read_to_string(&file) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(CpuSet::new())),

@@ -1,0 +1,546 @@
+//! The engine: the one owner of the state.
+//!
+//! It runs on its own thread. Adapters send it [`Request`]s through a [`Handle`] and await the
+//! reply; reads never wait for it, because every committed state is published as an immutable
+//! [`Snapshot`] on a watch channel.
+//!
+//! A mutation is decided by the pure core on a copy of the state, turned into effects by the
+//! planner, executed by the backend, made durable by the store, and only then published and
+//! acknowledged. If an effect or the save fails, the effects already executed are undone by
+//! executing the reverse plan, and the caller is told.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+use crate::config::{ConfigError, Settings};
+use crate::core::plan::{self, Effect, Key, Layout, Placement, Role};
+use crate::core::pool::{PoolKind, PoolName};
+use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, CgroupPath, Outcome, State, StateData};
+use crate::core::topology::Topology;
+use crate::host::cgroupfs::{CgroupFs, HostError};
+use crate::host::store::{Loaded, Store, StoreError};
+use crate::host::sysfs::{self, SysfsError};
+
+/// A change other parties may want to hear about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A pool was added, removed, resized, or its free capacity changed.
+    PoolChanged(PoolName),
+    /// An assignment was added or removed.
+    AssignmentChanged {
+        /// The assignment.
+        id: AssignmentId,
+        /// What happened.
+        change: Change,
+    },
+}
+
+/// What happened to an assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Created.
+    Added,
+    /// Released.
+    Removed,
+}
+
+impl Change {
+    /// `added` or `removed`, as the APIs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Added => "added",
+            Change::Removed => "removed",
+        }
+    }
+}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The request itself was refused; nothing changed.
+    #[error(transparent)]
+    State(#[from] state::Error),
+    /// Applying the change to the host failed; it was rolled back.
+    #[error("applying the change failed and was rolled back")]
+    Apply(#[source] HostError),
+    /// The change could not be made durable; it was rolled back.
+    #[error("saving the state failed; the change was rolled back")]
+    Store(#[source] StoreError),
+    /// A new configuration is invalid; the running one stays.
+    #[error("the new configuration is invalid; the running one stays")]
+    Config(#[source] ConfigError),
+    /// A new configuration would take CPUs from live assignments; the running one stays.
+    #[error("the new configuration would strand assignments; the running one stays: {0}")]
+    Stranded(String),
+    /// Reading the topology failed.
+    #[error("reading the CPU topology failed")]
+    Topology(#[source] SysfsError),
+    /// The engine is gone (shutting down).
+    #[error("the daemon is shutting down")]
+    Stopped,
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Reading the topology failed.
+    #[error("reading the CPU topology")]
+    Topology(#[source] SysfsError),
+    /// The configuration is invalid.
+    #[error("the configuration is invalid")]
+    Config(#[source] ConfigError),
+    /// The state could not be opened, loaded or saved.
+    #[error("the state in the state directory cannot be used")]
+    Store(#[source] StoreError),
+}
+
+/// What the APIs read: one committed state, never torn.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Pools and assignments.
+    pub state: Arc<State>,
+    /// The host topology.
+    pub topology: Arc<Topology>,
+    /// The state file.
+    pub state_path: std::path::PathBuf,
+    /// Why the configuration on disk is not the one running, if it is not.
+    pub config_error: Option<String>,
+    /// Pools whose cgroups could not all be applied at the last reconcile.
+    pub degraded: Vec<String>,
+}
+
+impl Snapshot {
+    /// The one-line summary for `STATUS=` and logs.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} pools, {} assignments",
+            self.state.pools().len(),
+            self.state.assignments().len()
+        );
+        if self.config_error.is_some() {
+            s.push_str("; configuration on disk rejected, running the last good one");
+        }
+        s
+    }
+}
+
+/// A request to the engine.
+pub enum Request {
+    /// Assign CPUs.
+    Assign(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
+    /// Release an assignment.
+    Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
+    /// Apply a new configuration (SIGHUP).
+    Reload(Box<Settings>, oneshot::Sender<Result<bool, EngineError>>),
+    /// Answer, to prove the engine thread is alive (watchdog).
+    Ping(oneshot::Sender<()>),
+}
+
+/// How adapters reach the engine.
+#[derive(Clone)]
+pub struct Handle {
+    tx: mpsc::Sender<Request>,
+    snapshots: watch::Receiver<Snapshot>,
+    events: broadcast::Sender<Event>,
+}
+
+impl Handle {
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, EngineError>>) -> Request,
+    ) -> Result<T, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Assigns CPUs.
+    pub async fn assign(&self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        self.call(|tx| Request::Assign(spec, tx)).await
+    }
+
+    /// Releases an assignment.
+    pub async fn release(&self, id: &str) -> Result<Assignment, EngineError> {
+        let id = id.to_owned();
+        self.call(|tx| Request::Release(id, tx)).await
+    }
+
+    /// Applies a new configuration. `Ok(false)`: nothing changed.
+    pub async fn reload(&self, settings: Settings) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Reload(Box::new(settings), tx)).await
+    }
+
+    /// Waits until the engine thread answers.
+    pub async fn ping(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Request::Ping(tx)).await.map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// The current committed state.
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshots.borrow().clone()
+    }
+
+    /// A stream of committed changes.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+}
+
+/// What starting found and did.
+#[derive(Debug, Default)]
+pub struct StartReport {
+    /// Whether the state file was new.
+    pub fresh: bool,
+    /// Corrections made to the host to match the state.
+    pub corrections: usize,
+    /// Corrections that failed (logged).
+    pub failed_corrections: usize,
+}
+
+/// The engine. Build it with [`Engine::start`], then [`Engine::spawn`] it.
+pub struct Engine {
+    state: Arc<State>,
+    topo: Arc<Topology>,
+    store: Store,
+    backend: CgroupFs,
+    host_cgroups: Vec<CgroupPath>,
+    config_error: Option<String>,
+    degraded: Vec<String>,
+    events: broadcast::Sender<Event>,
+    snapshots: watch::Sender<Snapshot>,
+}
+
+impl Engine {
+    /// Reads the topology, resolves the pools, loads the state (or starts fresh), re-applies
+    /// the state to the host and saves it.
+    ///
+    /// Persisted assignments that the configuration would strand are not dropped: the
+    /// configuration is rejected, every stranded assignment is logged, and the persisted pools
+    /// keep running until the configuration is fixed.
+    pub fn start(
+        settings: &Settings,
+        backend: CgroupFs,
+        restore_previous: bool,
+    ) -> Result<(Engine, StartReport), StartError> {
+        let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
+        let pools = settings.resolve_pools(&topo).map_err(StartError::Config)?;
+        let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
+        let mut report = StartReport::default();
+        let mut config_error = None;
+        let loaded = match store.load::<StateData>() {
+            Err(_) if restore_previous => {
+                let data = store.restore_previous::<StateData>().map_err(StartError::Store)?;
+                log::warn!("state restored from the previous good copy `{}`", store.prev_path().display());
+                Loaded::State(data)
+            }
+            other => other.map_err(StartError::Store)?,
+        };
+        let state = match loaded {
+            Loaded::Fresh => {
+                report.fresh = true;
+                State::with_pools(pools)
+            }
+            Loaded::State(data) => {
+                let mut state = State::from(data);
+                if let Err(misfits) = state.set_pools(pools) {
+                    for m in &misfits {
+                        log::error!(
+                            POOL = m.pool.as_str(), ASSIGNMENT = m.id.as_str();
+                            "configuration rejected: {m}"
+                        );
+                    }
+                    let reasons: Vec<String> = misfits.iter().map(ToString::to_string).collect();
+                    config_error = Some(format!(
+                        "the configuration would strand assignments ({}); running the pools from the state file",
+                        reasons.join("; ")
+                    ));
+                }
+                state
+            }
+        };
+        let (events, _) = broadcast::channel(1024);
+        let snapshot = Snapshot {
+            state: Arc::new(state.clone()),
+            topology: Arc::new(topo.clone()),
+            state_path: store.path().to_owned(),
+            config_error: config_error.clone(),
+            degraded: Vec::new(),
+        };
+        let (snapshots, _) = watch::channel(snapshot);
+        let mut engine = Engine {
+            state: Arc::new(state),
+            topo: Arc::new(topo),
+            store,
+            backend,
+            host_cgroups: settings.host_cgroups.clone(),
+            config_error,
+            degraded: Vec::new(),
+            events,
+            snapshots,
+        };
+        let (done, failed) = engine.reconcile();
+        report.corrections = done;
+        report.failed_corrections = failed;
+        engine.store.save(engine.state.data()).map_err(StartError::Store)?;
+        engine.publish(Vec::new());
+        Ok((engine, report))
+    }
+
+    fn layout(&self, state: &State) -> Layout {
+        plan::layout(state, &self.topo, &self.host_cgroups)
+    }
+
+    /// Makes the host match the state: reads what each placement holds now and applies the
+    /// difference, logging each correction. Stale pool slices are removed.
+    fn reconcile(&mut self) -> (usize, usize) {
+        let desired = self.layout(&self.state);
+        let mut observed = Layout::new();
+        for (key, want) in &desired {
+            let now = match key {
+                Key::Cgroup(path) => match self.backend.read_cpus(path) {
+                    Ok(now) => now,
+                    Err(e) => {
+                        log::warn!("reconcile: {}", error_chain(&e));
+                        None
+                    }
+                },
+                Key::Pid(pid) => self.backend.affinity(*pid),
+                // Units are systemd's; the cgroupfs backend cannot read them.
+                Key::Unit(_) => Some(want.cpus.clone()),
+            };
+            if let Some(cpus) = now {
+                let mems = match key {
+                    Key::Cgroup(path) => self.backend.read_mems(path).ok().flatten().unwrap_or_default(),
+                    _ => want.mems.clone(),
+                };
+                observed.insert(key.clone(), Placement { cpus, mems, role: want.role.clone() });
+            }
+        }
+        if let Ok(top) = CgroupPath::new(plan::TOP_SLICE) {
+            for child in self.backend.children(&top) {
+                let key = Key::Cgroup(child.clone());
+                let ours = child.as_str().rsplit('/').next().is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
+                if ours && !desired.contains_key(&key) {
+                    let cpus = self.backend.read_cpus(&child).ok().flatten().unwrap_or_default();
+                    observed.insert(key, Placement { cpus, mems: Default::default(), role: Role::Pool(PoolKind::Shared) });
+                }
+            }
+        }
+        let effects = plan::plan(&observed, &desired);
+        let mut failed = 0;
+        let mut degraded = Vec::new();
+        for effect in &effects {
+            match self.backend.apply(effect) {
+                Ok(()) => log::info!("reconcile: {}", describe(effect)),
+                Err(e) => {
+                    failed += 1;
+                    degraded.push(format!("{}: {}", describe(effect), error_chain(&e)));
+                    log::error!("reconcile: {} failed: {}", describe(effect), error_chain(&e));
+                }
+            }
+        }
+        self.degraded = degraded;
+        (effects.len() - failed, failed)
+    }
+
+    /// Runs the engine on its own thread until every [`Handle`] is dropped.
+    pub fn spawn(self) -> (Handle, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(256);
+        let handle = Handle { tx, snapshots: self.snapshots.subscribe(), events: self.events.clone() };
+        let thread = std::thread::Builder::new()
+            .name("cpupoold-engine".into())
+            .spawn(move || self.run(rx))
+            .unwrap_or_else(|e| {
+                log::error!("cannot start the engine thread: {e}");
+                std::process::exit(1)
+            });
+        (handle, thread)
+    }
+
+    fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        while let Some(req) = rx.blocking_recv() {
+            match req {
+                Request::Assign(spec, reply) => {
+                    let _ = reply.send(self.assign(&spec));
+                }
+                Request::Release(id, reply) => {
+                    let _ = reply.send(self.release(&id));
+                }
+                Request::Reload(settings, reply) => {
+                    let _ = reply.send(self.reload(&settings));
+                }
+                Request::Ping(reply) => {
+                    let _ = reply.send(());
+                }
+            }
+        }
+    }
+
+    fn assign(&mut self, spec: &AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        let mut next = (*self.state).clone();
+        let out = next.assign(&self.topo, spec)?;
+        if let Outcome::Changed(a) = &out {
+            self.commit(next)?;
+            log::info!(
+                POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+                "assigned CPUs {} ({} millicpus) from pool {} to {}", a.cpus, a.millicpus, a.pool, a.target
+            );
+            self.publish(vec![
+                Event::AssignmentChanged { id: a.id.clone(), change: Change::Added },
+                Event::PoolChanged(a.pool.clone()),
+            ]);
+        }
+        Ok(out)
+    }
+
+    fn release(&mut self, id: &str) -> Result<Assignment, EngineError> {
+        let mut next = (*self.state).clone();
+        let a = next.release(id)?;
+        self.commit(next)?;
+        log::info!(
+            POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+            "released CPUs {} of pool {} from {}", a.cpus, a.pool, a.target
+        );
+        self.publish(vec![
+            Event::AssignmentChanged { id: a.id.clone(), change: Change::Removed },
+            Event::PoolChanged(a.pool.clone()),
+        ]);
+        Ok(a)
+    }
+
+    fn reload(&mut self, settings: &Settings) -> Result<bool, EngineError> {
+        let result = self.try_reload(settings);
+        match &result {
+            Ok(_) => self.config_error = None,
+            Err(e) => self.config_error = Some(error_chain(e)),
+        }
+        self.publish(Vec::new());
+        result
+    }
+
+    fn try_reload(&mut self, settings: &Settings) -> Result<bool, EngineError> {
+        let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(EngineError::Topology)?;
+        let pools = settings.resolve_pools(&topo).map_err(EngineError::Config)?;
+        let mut next = (*self.state).clone();
+        next.set_pools(pools).map_err(|m| {
+            EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+        })?;
+        let old_topo = std::mem::replace(&mut self.topo, Arc::new(topo));
+        let old_hosts = std::mem::replace(&mut self.host_cgroups, settings.host_cgroups.clone());
+        let before = plan::layout(&self.state, &old_topo, &old_hosts);
+        let after = self.layout(&next);
+        if before == after && next == *self.state {
+            return Ok(false);
+        }
+        let names: std::collections::BTreeSet<&PoolName> =
+            self.state.pools().keys().chain(next.pools().keys()).collect();
+        let changed: Vec<Event> = names
+            .into_iter()
+            .filter(|n| self.state.pools().get(*n) != next.pools().get(*n))
+            .map(|n| Event::PoolChanged(n.clone()))
+            .collect();
+        if let Err(e) = self.commit_layouts(&before, &after, &next) {
+            self.topo = old_topo;
+            self.host_cgroups = old_hosts;
+            return Err(e);
+        }
+        self.state = Arc::new(next);
+        for p in self.state.pools().values() {
+            log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
+        }
+        self.publish(changed);
+        Ok(true)
+    }
+
+    /// Applies and saves `next`; on failure undoes what was applied.
+    fn commit(&mut self, next: State) -> Result<(), EngineError> {
+        let before = self.layout(&self.state);
+        let after = self.layout(&next);
+        self.commit_layouts(&before, &after, &next)?;
+        self.state = Arc::new(next);
+        Ok(())
+    }
+
+    fn commit_layouts(&mut self, before: &Layout, after: &Layout, next: &State) -> Result<(), EngineError> {
+        for effect in plan::plan(before, after) {
+            if let Err(e) = self.backend.apply(&effect) {
+                log::warn!("{} failed: {}; rolling back", describe(&effect), error_chain(&e));
+                self.undo(after, before);
+                return Err(EngineError::Apply(e));
+            }
+        }
+        if let Err(e) = self.store.save(next.data()) {
+            log::error!("saving the state failed: {}; rolling back", error_chain(&e));
+            self.undo(after, before);
+            // The new file may already be in place (a failed directory fsync): write the old one.
+            if let Err(e2) = self.store.save(self.state.data()) {
+                log::error!("re-saving the previous state failed too: {}", error_chain(&e2));
+            }
+            return Err(EngineError::Store(e));
+        }
+        Ok(())
+    }
+
+    fn undo(&self, applied: &Layout, back_to: &Layout) {
+        for effect in plan::plan(applied, back_to) {
+            if let Err(e) = self.backend.apply(&effect) {
+                log::error!("rollback: {} failed: {}", describe(&effect), error_chain(&e));
+            }
+        }
+    }
+
+    fn publish(&self, events: Vec<Event>) {
+        let snap = Snapshot {
+            state: self.state.clone(),
+            topology: self.topo.clone(),
+            state_path: self.store.path().to_owned(),
+            config_error: self.config_error.clone(),
+            degraded: self.degraded.clone(),
+        };
+        self.snapshots.send_replace(snap);
+        for e in events {
+            // Nobody listening is fine.
+            let _ = self.events.send(e);
+        }
+    }
+}
+
+/// A human description of an effect, for logs.
+pub fn describe(effect: &Effect) -> String {
+    match effect {
+        Effect::CreateCgroup(p) => format!("create cgroup {p}"),
+        Effect::RemoveCgroup(p) => format!("remove cgroup {p}"),
+        Effect::SetCpus { key, cpus, .. } if cpus.is_empty() => format!("lift the CPU restriction of {key}"),
+        Effect::SetCpus { key, cpus, .. } => format!("set CPUs of {key} to {cpus}"),
+        Effect::SetMems { path, mems, .. } => format!("set memory nodes of cgroup {path} to {mems}"),
+    }
+}
+
+/// An error and its causes on one line: "a: b: c".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// How long the watchdog waits for the engine before it stops pinging.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Measures how long the engine takes to answer (used by the watchdog loop).
+pub async fn ping_within(handle: &Handle, timeout: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    tokio::time::timeout(timeout, handle.ping()).await.ok()?.ok()?;
+    Some(start.elapsed())
+}
+
+#[cfg(test)]
+mod tests;

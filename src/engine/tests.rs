@@ -1,0 +1,282 @@
+//! Engine tests against a sandbox host in a temp dir: real files, real store, real planner.
+
+use std::fs;
+use std::path::Path;
+
+use super::*;
+use crate::core::cpuset::CpuSet;
+use crate::core::state::{Size, Target};
+use crate::sandbox::Sandbox;
+
+const CONFIG: &str = r#"
+[pools.sys]
+kind = "reserved"
+cpus = "0,4"
+
+[pools.dp]
+kind = "exclusive"
+cpus = "1-2,5-6"
+
+[pools.web]
+kind = "shared"
+cpus = "3,7"
+"#;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    sb: Sandbox,
+}
+
+impl Fixture {
+    /// A 1x4x2 sandbox (CPU c and c+4 are siblings) with [`CONFIG`].
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let etc = dir.path().join("etc/cpupoold");
+        fs::create_dir_all(&etc).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(etc.join("config.toml"), CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        let sb = Sandbox::prepare(dir.path(), Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
+        Fixture { _dir: dir, sb }
+    }
+
+    fn settings(&self) -> Settings {
+        let mut s = crate::config::load(&self.sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
+        self.sb.confine(&mut s);
+        s
+    }
+
+    fn start(&self) -> (Engine, StartReport) {
+        let backend = CgroupFs::new(self.sb.cgroupfs(), "/proc");
+        Engine::start(&self.settings(), backend, false).unwrap_or_else(|e| panic!("{}", error_chain(&e)))
+    }
+
+    fn read(&self, rel: &str) -> String {
+        fs::read_to_string(self.sb.cgroupfs().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    }
+
+    fn write(&self, rel: &str, data: &str) {
+        let p = self.sb.cgroupfs().join(rel);
+        if let Some(parent) = p.parent() {
+            fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
+        }
+        fs::write(p, data).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn config(&self, text: &str) {
+        fs::write(self.sb.etc().join("config.toml"), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn state_file(&self) -> Vec<u8> {
+        fs::read(self.sb.state().join("state.json")).unwrap_or_default()
+    }
+}
+
+fn spec(pool: &str, target: &str, size: Size, id: Option<&str>) -> AssignSpec {
+    AssignSpec {
+        pool: pool.into(),
+        target: Target::parse(target).unwrap_or_else(|e| panic!("{e}")),
+        size,
+        id: id.map(|i| AssignmentId::new(i).unwrap_or_else(|e| panic!("{e}"))),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn fresh_start_applies_pool_slices_and_host_cgroups() {
+    let f = Fixture::new();
+    let (engine, report) = f.start();
+    assert!(report.fresh);
+    assert_eq!(report.failed_corrections, 0);
+    assert_eq!(f.read("cpupool.slice/cpuset.cpus"), "0-7");
+    assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), "1-2,5-6");
+    assert_eq!(f.read("cpupool.slice/cpupool-web.slice/cpuset.cpus"), "3,7");
+    assert_eq!(f.read("cpupool.slice/cpupool-sys.slice/cpuset.cpus"), "0,4");
+    assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.mems"), "0");
+    assert_eq!(f.read("cgroup.subtree_control"), "+cpuset");
+    assert_eq!(f.read("cpupool.slice/cgroup.subtree_control"), "+cpuset");
+    for host in ["system.slice", "user.slice", "init.scope"] {
+        assert_eq!(f.read(&format!("{host}/cpuset.cpus")), "0,4", "{host}");
+    }
+    assert!(!f.state_file().is_empty());
+    drop(engine);
+}
+
+#[test]
+fn assign_and_release_write_cgroups_save_state_and_signal() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    f.write("k/ctr/cpuset.cpus", "\n");
+    let (handle, thread) = engine.spawn();
+    let mut events = handle.subscribe();
+    rt().block_on(async {
+        let a = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await;
+        let a = a.unwrap_or_else(|e| panic!("{e}")).into_inner();
+        assert_eq!(a.cpus, CpuSet::parse("1,5").unwrap_or_default());
+        assert_eq!(f.read("k/ctr/cpuset.cpus"), "1,5");
+        assert_eq!(f.read("k/ctr/cpuset.mems"), "0");
+        assert_eq!(
+            events.recv().await.ok(),
+            Some(Event::AssignmentChanged { id: a.id.clone(), change: Change::Added })
+        );
+        assert!(String::from_utf8_lossy(&f.state_file()).contains("\"k/ctr\"") || String::from_utf8_lossy(&f.state_file()).contains("cgroup:k/ctr"));
+        // An idempotent repeat changes nothing and signals nothing.
+        let again = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await;
+        assert!(matches!(again, Ok(Outcome::Identity(_))));
+        let snap = handle.snapshot();
+        assert_eq!(snap.state.assignments().len(), 1);
+        let r = handle.release("x").await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.id, a.id);
+        assert_eq!(f.read("k/ctr/cpuset.cpus"), "");
+        assert_eq!(handle.snapshot().state.assignments().len(), 0);
+        assert!(matches!(handle.release("x").await, Err(EngineError::State(state::Error::NoSuchAssignment { .. }))));
+    });
+    drop(handle);
+    let _ = thread.join();
+}
+
+#[test]
+fn failed_apply_rolls_back_and_changes_nothing() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    let before_file = f.state_file();
+    let (handle, thread) = engine.spawn();
+    rt().block_on(async {
+        let err = handle.assign(spec("dp", "cgroup:does/not/exist", Size::Cpus(2), None)).await;
+        let Err(EngineError::Apply(e)) = err else { panic!("{err:?}") };
+        let msg = error_chain(&e);
+        assert!(msg.contains("writing `1,5` to `") && msg.contains("does/not/exist/cpuset.cpus"), "{msg}");
+    });
+    assert_eq!(handle.snapshot().state.assignments().len(), 0);
+    assert_eq!(f.state_file(), before_file);
+    drop(handle);
+    let _ = thread.join();
+}
+
+#[test]
+fn failed_save_rolls_back_the_cgroup_writes() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    f.write("k/ctr/cpuset.cpus", "\n");
+    let before_file = f.state_file();
+    // A directory where the store writes its temp file makes the save fail, even as root.
+    fs::create_dir(f.sb.state().join("state.json.tmp")).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(f.sb.state().join("state.json.tmp/x"), "").unwrap_or_else(|e| panic!("{e}"));
+    let (handle, thread) = engine.spawn();
+    rt().block_on(async {
+        let err = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), None)).await;
+        assert!(matches!(err, Err(EngineError::Store(_))), "{err:?}");
+    });
+    assert_eq!(f.read("k/ctr/cpuset.cpus"), "");
+    assert_eq!(handle.snapshot().state.assignments().len(), 0);
+    assert_eq!(f.state_file(), before_file);
+    drop(handle);
+    let _ = thread.join();
+}
+
+#[test]
+fn restart_keeps_assignments_and_restores_files_changed_behind_our_back() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    f.write("k/ctr/cpuset.cpus", "\n");
+    let (handle, thread) = engine.spawn();
+    rt().block_on(async {
+        handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await.unwrap_or_else(|e| panic!("{e}"));
+        let busy = handle.assign(spec("web", "cgroup:k/ctr", Size::Millicpus(700), Some("w"))).await;
+        assert!(matches!(busy, Err(EngineError::State(state::Error::TargetBusy { .. }))), "{busy:?}");
+    });
+    drop(handle);
+    let _ = thread.join();
+    // Someone rewrites our files and leaves a stale pool slice behind.
+    f.write("cpupool.slice/cpupool-dp.slice/cpuset.cpus", "0-7");
+    f.write("k/ctr/cpuset.cpus", "0-7");
+    f.write("system.slice/cpuset.cpus", "");
+    f.write("cpupool.slice/cpupool-old.slice/cpuset.cpus", "3");
+    let (engine, report) = f.start();
+    assert!(!report.fresh);
+    assert_eq!(report.corrections, 4, "{report:?}");
+    assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), "1-2,5-6");
+    assert_eq!(f.read("k/ctr/cpuset.cpus"), "1,5");
+    assert_eq!(f.read("system.slice/cpuset.cpus"), "0,4");
+    assert!(!f.sb.cgroupfs().join("cpupool.slice/cpupool-old.slice").exists());
+    let (handle, thread) = engine.spawn();
+    assert_eq!(handle.snapshot().state.assignments().len(), 1);
+    drop(handle);
+    let _ = thread.join();
+    // A clean restart corrects nothing.
+    let (_, report) = f.start();
+    assert_eq!(report.corrections, 0);
+}
+
+#[test]
+fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    f.write("k/ctr/cpuset.cpus", "\n");
+    let (handle, thread) = engine.spawn();
+    let mut events = handle.subscribe();
+    rt().block_on(async {
+        handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await.unwrap_or_else(|e| panic!("{e}"));
+        while events.try_recv().is_ok() {}
+        // dp gives its free core (2,6) to web.
+        f.config(&CONFIG.replace("1-2,5-6", "1,5").replace("3,7", "2-3,6-7"));
+        assert!(matches!(handle.reload(f.settings()).await, Ok(true)));
+        assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), "1,5");
+        assert_eq!(f.read("cpupool.slice/cpupool-web.slice/cpuset.cpus"), "2-3,6-7");
+        let mut changed = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            changed.push(e);
+        }
+        assert_eq!(changed.len(), 2, "{changed:?}");
+        assert!(matches!(handle.reload(f.settings()).await, Ok(false)));
+        // Taking the assigned core away is refused whole.
+        let snapshot = handle.snapshot().state.clone();
+        f.config(&CONFIG.replace("1-2,5-6", "2,6").replace("cpus = \"0,4\"", "cpus = \"0-1,4-5\""));
+        let err = handle.reload(f.settings()).await;
+        let Err(EngineError::Stranded(msg)) = err else { panic!("{err:?}") };
+        assert!(msg.contains("`x`") && msg.contains("1,5"), "{msg}");
+        assert_eq!(*handle.snapshot().state, *snapshot);
+        assert!(handle.snapshot().config_error.is_some());
+        assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), "1,5");
+    });
+    drop(handle);
+    let _ = thread.join();
+}
+
+#[test]
+fn start_with_a_stranding_config_keeps_the_persisted_pools() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    f.write("k/ctr/cpuset.cpus", "\n");
+    let (handle, thread) = engine.spawn();
+    rt().block_on(async {
+        handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await.unwrap_or_else(|e| panic!("{e}"));
+    });
+    drop(handle);
+    let _ = thread.join();
+    // The operator deletes the dp pool while it has an assignment.
+    f.config("[pools.sys]\nkind = \"reserved\"\ncpus = \"0-7\"\n");
+    let (engine, _) = f.start();
+    let (handle, thread) = engine.spawn();
+    let snap = handle.snapshot();
+    assert_eq!(snap.state.assignments().len(), 1);
+    assert_eq!(snap.state.pools().len(), 3);
+    let err = snap.config_error.clone().unwrap_or_default();
+    assert!(err.contains("`x`") && err.contains("no longer exists"), "{err}");
+    drop(handle);
+    let _ = thread.join();
+}
+
+#[test]
+fn sandbox_confines_every_root() {
+    let f = Fixture::new();
+    f.config(&format!(
+        "{CONFIG}\n[paths]\nstate_dir = \"/tmp/cpupoold-escape/state\"\ncgroup_root = \"/tmp/cpupoold-escape/cg\"\n"
+    ));
+    let s = f.settings();
+    for p in [&s.paths.sysfs_root, &s.paths.cgroup_root, &s.paths.state_dir, &s.paths.runtime_dir, &s.paths.kubelet_dir] {
+        assert!(p.starts_with(f.sb.root()), "{}", p.display());
+    }
+    assert!(!Path::new("/tmp/cpupoold-escape").exists());
+}
