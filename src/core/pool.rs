@@ -101,7 +101,7 @@ impl From<PoolName> for String {
 
 impl fmt::Display for PoolName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 

@@ -132,8 +132,8 @@ pub enum Request {
     Assign(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
     /// Release an assignment.
     Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
-    /// Apply a new configuration (SIGHUP).
-    Reload(Box<Settings>, oneshot::Sender<Result<bool, EngineError>>),
+    /// Apply a new configuration (SIGHUP), or record why it could not be read.
+    Reload(Result<Box<Settings>, ConfigError>, oneshot::Sender<Result<bool, EngineError>>),
     /// Answer, to prove the engine thread is alive (watchdog).
     Ping(oneshot::Sender<()>),
 }
@@ -167,9 +167,10 @@ impl Handle {
         self.call(|tx| Request::Release(id, tx)).await
     }
 
-    /// Applies a new configuration. `Ok(false)`: nothing changed.
-    pub async fn reload(&self, settings: Settings) -> Result<bool, EngineError> {
-        self.call(|tx| Request::Reload(Box::new(settings), tx)).await
+    /// Applies a new configuration, or records that the one on disk could not be read (it
+    /// shows in the status). `Ok(false)`: nothing changed.
+    pub async fn reload(&self, settings: Result<Settings, ConfigError>) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Reload(settings.map(Box::new), tx)).await
     }
 
     /// Waits until the engine thread answers.
@@ -371,7 +372,7 @@ impl Engine {
                     let _ = reply.send(self.release(&id));
                 }
                 Request::Reload(settings, reply) => {
-                    let _ = reply.send(self.reload(&settings));
+                    let _ = reply.send(self.reload(settings));
                 }
                 Request::Ping(reply) => {
                     let _ = reply.send(());
@@ -412,8 +413,8 @@ impl Engine {
         Ok(a)
     }
 
-    fn reload(&mut self, settings: &Settings) -> Result<bool, EngineError> {
-        let result = self.try_reload(settings);
+    fn reload(&mut self, settings: Result<Box<Settings>, ConfigError>) -> Result<bool, EngineError> {
+        let result = settings.map_err(EngineError::Config).and_then(|s| self.try_reload(&s));
         match &result {
             Ok(_) => self.config_error = None,
             Err(e) => self.config_error = Some(error_chain(e)),

@@ -221,7 +221,7 @@ fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
         while events.try_recv().is_ok() {}
         // dp gives its free core (2,6) to web.
         f.config(&CONFIG.replace("1-2,5-6", "1,5").replace("3,7", "2-3,6-7"));
-        assert!(matches!(handle.reload(f.settings()).await, Ok(true)));
+        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(true)));
         assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), "1,5");
         assert_eq!(f.read("cpupool.slice/cpupool-web.slice/cpuset.cpus"), "2-3,6-7");
         let mut changed = Vec::new();
@@ -229,11 +229,11 @@ fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
             changed.push(e);
         }
         assert_eq!(changed.len(), 2, "{changed:?}");
-        assert!(matches!(handle.reload(f.settings()).await, Ok(false)));
+        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(false)));
         // Taking the assigned core away is refused whole.
         let snapshot = handle.snapshot().state.clone();
         f.config(&CONFIG.replace("1-2,5-6", "2,6").replace("cpus = \"0,4\"", "cpus = \"0-1,4-5\""));
-        let err = handle.reload(f.settings()).await;
+        let err = handle.reload(Ok(f.settings())).await;
         let Err(EngineError::Stranded(msg)) = err else { panic!("{err:?}") };
         assert!(msg.contains("`x`") && msg.contains("1,5"), "{msg}");
         assert_eq!(*handle.snapshot().state, *snapshot);

@@ -1,0 +1,155 @@
+//! The real `cpupoold` binary on a sandbox host: readiness through a real `NOTIFY_SOCKET`
+//! datagram socket (as systemd provides it), reload on SIGHUP, a clean stop on SIGTERM, and a
+//! restart that re-applies the state.
+
+use std::fs;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    child: Child,
+    notify: UnixDatagram,
+}
+
+impl Daemon {
+    fn start(sandbox: &Path, extra: &[&str]) -> Daemon {
+        let sock = sandbox.with_extension("notify");
+        let _ = fs::remove_file(&sock);
+        let notify = UnixDatagram::bind(&sock).unwrap_or_else(|e| panic!("{e}"));
+        notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap_or_else(|e| panic!("{e}"));
+        let child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg("--sandbox")
+            .arg(sandbox)
+            .args(extra)
+            .env("NOTIFY_SOCKET", &sock)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        Daemon { child, notify }
+    }
+
+    /// Waits for a notification containing `what`; returns everything received until then.
+    fn wait_for(&self, what: &str) -> String {
+        let mut seen = String::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = self.notify.recv(&mut buf).unwrap_or_else(|e| panic!("waiting for {what}: {e}; got {seen:?}"));
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            seen.push_str(&msg);
+            seen.push('\n');
+            if msg.lines().any(|l| l == what) {
+                return seen;
+            }
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn wait_exit(mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "daemon did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn read(p: &Path) -> String {
+    fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn ready_reload_stop_and_restart() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let sb = dir.path().join("sb");
+    let d = Daemon::start(&sb, &["--topology", "2x8x2:2"]);
+    let ready = d.wait_for("READY=1");
+    assert!(ready.contains("STATUS=3 pools, 0 assignments"), "{ready}");
+    let dp = sb.join("cgroup/cpupool.slice/cpupool-dp.slice/cpuset.cpus");
+    assert_eq!(read(&dp), "8-14,24-30");
+
+    // Reload: shrink dp by one core; the CPUs go back to the reserved pool.
+    let cfg = sb.join("etc/cpupoold/config.toml");
+    fs::write(&cfg, read(&cfg).replace("count = 14", "count = 12")).unwrap_or_else(|e| panic!("{e}"));
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let reload = d.wait_for("READY=1");
+    assert!(reload.contains("RELOADING=1"), "{reload}");
+    assert_eq!(read(&dp), "8-13,24-29");
+
+    // A broken config is rejected whole; the running pools stay.
+    fs::write(&cfg, "[pools.x]\nkind = \"exclusive\"\n").unwrap_or_else(|e| panic!("{e}"));
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let rejected = d.wait_for("READY=1");
+    assert!(rejected.contains("configuration on disk rejected"), "{rejected}");
+    assert_eq!(read(&dp), "8-13,24-29");
+
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let stop = d.wait_for("STOPPING=1");
+    assert!(stop.contains("STOPPING=1"));
+    assert!(d.wait_exit().success());
+
+    // Restart on the same sandbox with the broken config: it refuses to start with an error
+    // naming the file and key, and changes nothing.
+    let before = read(&dp);
+    let out = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(&sb)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("config.toml") && err.contains("pools.x"), "{err}");
+    assert_eq!(read(&dp), before);
+
+    // Fixed config, and a cgroup file changed behind the daemon's back: restored at start.
+    fs::write(&cfg, "[pools.reserved]\nkind = \"reserved\"\ncount = 2\n\n[pools.dp]\nkind = \"exclusive\"\ncount = 12\nnuma = 1\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs::write(&dp, "0-31").unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start(&sb, &[]);
+    d.wait_for("READY=1");
+    assert_eq!(read(&dp), "8-13,24-29");
+    assert!(!sb.join("cgroup/cpupool.slice/cpupool-web.slice").exists(), "the removed pool's slice is gone");
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait_exit().success());
+}
+
+#[test]
+fn damaged_state_refuses_to_start_until_told_to_restore() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let sb = dir.path().join("sb");
+    let d = Daemon::start(&sb, &["--topology", "1x4x2:1"]);
+    d.wait_for("READY=1");
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait_exit().success());
+    // Second run writes state.json.prev.
+    let d = Daemon::start(&sb, &[]);
+    d.wait_for("READY=1");
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait_exit().success());
+
+    let state = sb.join("state/state.json");
+    let mut bytes = fs::read(&state).unwrap_or_default();
+    let last = bytes.len() - 2;
+    bytes[last] ^= 0x20;
+    fs::write(&state, &bytes).unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(env!("CARGO_BIN_EXE_cpupoold")).arg("--sandbox").arg(&sb).output();
+    let out = out.unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("state.json") && err.contains("--restore-previous-state"), "{err}");
+    assert_eq!(fs::read(&state).unwrap_or_default(), bytes, "the damaged file is left alone");
+
+    let d = Daemon::start(&sb, &["--restore-previous-state"]);
+    d.wait_for("READY=1");
+    assert!(sb.join("state/state.json.corrupt").exists());
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait_exit().success());
+}
