@@ -108,10 +108,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
 
 async fn reload(opts: &RunOptions, handle: &Handle) {
     notify(&[NotifyState::Reloading]);
-    let result = match load_settings(opts) {
-        Ok(settings) => handle.reload(settings).await,
-        Err(e) => Err(engine::EngineError::Config(e)),
-    };
+    let result = handle.reload(load_settings(opts)).await;
     match result {
         Ok(true) => log::info!("configuration reloaded: {}", handle.snapshot().summary()),
         Ok(false) => log::info!("configuration reloaded: nothing changed"),
