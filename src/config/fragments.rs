@@ -1,0 +1,152 @@
+//! Stage 1: finding the fragment files and parsing each one on its own.
+//!
+//! A fragment is one TOML file. Every field is optional here; whether the merged result is
+//! complete is the business of the later stages. Unknown keys are rejected so that a typo
+//! (`cont = 4`) fails loudly instead of silently keeping a default.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{ConfigDirs, ConfigError, TomlError};
+use crate::core::pool::{PoolKind, Smt};
+
+/// One parsed file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Fragment {
+    #[serde(default)]
+    pub paths: PathsFragment,
+    #[serde(default)]
+    pub daemon: DaemonFragment,
+    #[serde(default)]
+    pub pools: BTreeMap<String, PoolFragment>,
+}
+
+/// `[paths]` as written in one file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PathsFragment {
+    pub sysfs_root: Option<PathBuf>,
+    pub cgroup_root: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub runtime_dir: Option<PathBuf>,
+    pub kubelet_dir: Option<PathBuf>,
+}
+
+/// `[daemon]` as written in one file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DaemonFragment {
+    pub host_cgroups: Option<Vec<String>>,
+    pub admin_group: Option<String>,
+    pub log_level: Option<String>,
+}
+
+/// `[pools.NAME]` as written in one file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PoolFragment {
+    pub kind: Option<PoolKind>,
+    /// Kept as text here: the inputs stage parses it so the error can carry [`CpuSetError`].
+    ///
+    /// [`CpuSetError`]: crate::core::cpuset::CpuSetError
+    pub cpus: Option<String>,
+    pub count: Option<u32>,
+    pub numa: Option<u32>,
+    pub isolcpus: Option<bool>,
+    pub smt: Option<Smt>,
+    pub isolate: Option<bool>,
+    pub kubelet: Option<bool>,
+}
+
+impl PoolFragment {
+    /// Whether this fragment redefines where the pool's CPUs come from.
+    pub fn sets_source(&self) -> bool {
+        self.cpus.is_some() || self.count.is_some() || self.isolcpus.is_some()
+    }
+}
+
+/// Parses one fragment. `file` only names it in errors.
+pub(crate) fn parse(text: &str, file: &Path) -> Result<Fragment, ConfigError> {
+    let de = toml::Deserializer::new(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        // An error at the top level (TOML syntax) has no key; the path prints it as ".".
+        let key = if key == "." { String::new() } else { key };
+        let inner = e.into_inner();
+        let pos = inner.span().map(|span| line_col(text, span.start));
+        ConfigError::Parse { file: file.to_owned(), pos, key, source: TomlError(Box::new(inner)) }
+    })
+}
+
+/// 1-based line and column (in characters) of byte `offset`.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+/// Reads and parses every fragment, in merge order.
+pub(crate) fn read_all(dirs: &ConfigDirs) -> Result<Vec<(PathBuf, Fragment)>, ConfigError> {
+    files(dirs)?
+        .into_iter()
+        .map(|file| {
+            let text = fs::read_to_string(&file)
+                .map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+            let fragment = parse(&text, &file)?;
+            Ok((file, fragment))
+        })
+        .collect()
+}
+
+/// The fragment files that exist, in merge order. See the [module docs](super) for the order.
+pub(crate) fn files(dirs: &ConfigDirs) -> Result<Vec<PathBuf>, ConfigError> {
+    let etc_dropins = dropins(&dirs.etc.join("config.d"))?;
+    let masked: BTreeSet<&OsString> = etc_dropins.keys().collect();
+    let mut out: Vec<PathBuf> = dropins(&dirs.vendor.join("config.d"))?
+        .into_iter()
+        .filter(|(name, _)| !masked.contains(name))
+        .map(|(_, path)| path)
+        .collect();
+    let main = dirs.etc.join("config.toml");
+    match fs::metadata(&main) {
+        Ok(_) => out.push(main),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(ConfigError::Read { file: main, source }),
+    }
+    out.extend(etc_dropins.into_values());
+    Ok(out)
+}
+
+/// `dir/*.toml` by file name (so in lexical byte order). A missing directory has none. Hidden
+/// files (editor backups such as `.#x.toml`) and directories are skipped; anything else with the
+/// suffix counts, including a symlink to `/dev/null`, which masks a vendor file systemd style.
+fn dropins(dir: &Path) -> Result<BTreeMap<OsString, PathBuf>, ConfigError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(source) => return Err(ConfigError::ReadDir { dir: dir.to_owned(), source }),
+    };
+    let mut out = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| ConfigError::ReadDir { dir: dir.to_owned(), source })?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let hidden = name.as_encoded_bytes().first() == Some(&b'.');
+        if hidden || !matches!(path.extension(), Some(ext) if ext == "toml") {
+            continue;
+        }
+        // Follows symlinks; a dangling one is reported when it is read.
+        if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        out.insert(name, path);
+    }
+    Ok(out)
+}

@@ -1,0 +1,124 @@
+//! Stage 2: the fragments merged into one set of inputs, remembering which file set what.
+//!
+//! Scalars merge key by key: a later file's value replaces an earlier one, and a key a file does
+//! not mention keeps its earlier value. Arrays (`daemon.host_cgroups`) are replaced whole, never
+//! appended to, so a drop-in can shrink the list.
+//!
+//! A pool's CPU source is one unit: the latest fragment that sets any of `cpus`, `count` or
+//! `isolcpus` for a pool replaces all of them (and `numa`, which belongs to `count`) with what it
+//! says. A vendor `count = 4, numa = 1` overridden by an admin's `cpus = "2-5"` is therefore a
+//! list pool, not an error about two sources. A fragment that sets only `numa` moves the counted
+//! request it finds to that node.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::fragments::{DaemonFragment, Fragment, PathsFragment};
+use super::{pool_key, ConfigError, Origins};
+use crate::core::cpuset::CpuSet;
+use crate::core::pool::{PoolKind, Smt};
+
+/// The keys that together say where a pool's CPUs come from.
+const SOURCE_FIELDS: [&str; 4] = ["cpus", "count", "numa", "isolcpus"];
+
+/// Every fragment merged; not yet checked for completeness or consistency.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Inputs {
+    pub paths: PathsFragment,
+    pub daemon: DaemonFragment,
+    /// By name as written; names are validated in the settings stage.
+    pub pools: BTreeMap<String, PoolInput>,
+    /// Who set each key last.
+    pub origins: Origins,
+    /// The fragments merged, in order.
+    pub files: Vec<PathBuf>,
+}
+
+/// One pool's merged keys.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct PoolInput {
+    pub kind: Option<PoolKind>,
+    pub cpus: Option<CpuSet>,
+    pub count: Option<u32>,
+    pub numa: Option<u32>,
+    pub isolcpus: Option<bool>,
+    pub smt: Option<Smt>,
+    pub isolate: Option<bool>,
+    pub kubelet: Option<bool>,
+}
+
+impl Inputs {
+    /// Merges every fragment, first to last.
+    pub fn merge_all(fragments: Vec<(PathBuf, Fragment)>) -> Result<Self, ConfigError> {
+        let mut inputs = Inputs::default();
+        for (file, fragment) in fragments {
+            inputs.merge(&file, fragment)?;
+        }
+        Ok(inputs)
+    }
+
+    /// Lays `fragment` from `file` over what was merged so far.
+    pub fn merge(&mut self, file: &Path, fragment: Fragment) -> Result<(), ConfigError> {
+        self.files.push(file.to_owned());
+        let mut set = Setter { origins: &mut self.origins, file };
+
+        let Fragment { paths, daemon, pools } = fragment;
+        set.field(&mut self.paths.sysfs_root, paths.sysfs_root, "paths.sysfs_root");
+        set.field(&mut self.paths.cgroup_root, paths.cgroup_root, "paths.cgroup_root");
+        set.field(&mut self.paths.state_dir, paths.state_dir, "paths.state_dir");
+        set.field(&mut self.paths.runtime_dir, paths.runtime_dir, "paths.runtime_dir");
+        set.field(&mut self.paths.kubelet_dir, paths.kubelet_dir, "paths.kubelet_dir");
+        set.field(&mut self.daemon.host_cgroups, daemon.host_cgroups, "daemon.host_cgroups");
+        set.field(&mut self.daemon.admin_group, daemon.admin_group, "daemon.admin_group");
+        set.field(&mut self.daemon.log_level, daemon.log_level, "daemon.log_level");
+
+        for (name, p) in pools {
+            // Parsed even when a later file overrides it: a broken file is broken on its own.
+            let cpus = match &p.cpus {
+                Some(text) => Some(CpuSet::parse(text).map_err(|source| ConfigError::Cpus {
+                    file: file.to_owned(),
+                    key: pool_key(&name, "cpus"),
+                    source,
+                })?),
+                None => None,
+            };
+            let key = |field: &str| pool_key(&name, field);
+            set.origins.set(pool_key(&name, ""), file);
+            let sets_source = p.sets_source();
+            let pool = self.pools.entry(name.clone()).or_default();
+            if sets_source {
+                for field in SOURCE_FIELDS {
+                    set.origins.remove(&key(field));
+                }
+                pool.cpus = None;
+                pool.count = None;
+                pool.numa = None;
+                pool.isolcpus = None;
+                set.field(&mut pool.cpus, cpus, &key("cpus"));
+                set.field(&mut pool.count, p.count, &key("count"));
+                set.field(&mut pool.isolcpus, p.isolcpus, &key("isolcpus"));
+            }
+            set.field(&mut pool.numa, p.numa, &key("numa"));
+            set.field(&mut pool.kind, p.kind, &key("kind"));
+            set.field(&mut pool.smt, p.smt, &key("smt"));
+            set.field(&mut pool.isolate, p.isolate, &key("isolate"));
+            set.field(&mut pool.kubelet, p.kubelet, &key("kubelet"));
+        }
+        Ok(())
+    }
+}
+
+/// Overwrites a merged field with a fragment's value, if it has one, and records the file.
+struct Setter<'a> {
+    origins: &'a mut Origins,
+    file: &'a Path,
+}
+
+impl Setter<'_> {
+    fn field<T>(&mut self, slot: &mut Option<T>, value: Option<T>, key: &str) {
+        if let Some(value) = value {
+            *slot = Some(value);
+            self.origins.set(key.to_owned(), self.file);
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! Configuration, read in three stages so that every error can name the file and the key.
+//!
+//! 1. **Fragments** (`fragments`): each TOML file is parsed on its own, every key optional,
+//!    unknown keys rejected. A parse error names the file, the line and the key path
+//!    (`pools.dp.count`).
+//! 2. **Inputs** (`inputs`): the fragments merged in order, later files winning key by key, with
+//!    the file that last set each key recorded in [`Origins`]. A pool's CPU source (`cpus`,
+//!    `count` with its `numa`, `isolcpus`) is one unit: the last file that sets any of them
+//!    decides it.
+//! 3. **Settings** ([`Settings`]): the merged inputs validated and typed, defaults filled in.
+//!    [`Settings::resolve_pools`] then checks the pools against the host's topology.
+//!
+//! # Files and merge order
+//!
+//! With the default [`ConfigDirs`], fragments are merged in this order:
+//!
+//! 1. `/usr/lib/cpupoold/config.d/*.toml`, vendor drop-ins, in lexical order of file name. A
+//!    vendor drop-in is skipped (masked, as systemd does it) when `/etc/cpupoold/config.d/` has a
+//!    file of the same name; a symlink to `/dev/null` there masks it without replacing it.
+//! 2. `/etc/cpupoold/config.toml`, the main file.
+//! 3. `/etc/cpupoold/config.d/*.toml`, local drop-ins, in lexical order of file name.
+//!
+//! Missing directories and files are not errors. Only `*.toml` files are read; hidden files and
+//! directories are skipped. [`load_str`] reads a single fragment from memory (tests, and later a
+//! Kubernetes ConfigMap).
+//!
+//! ```toml
+//! [paths]
+//! state_dir = "/var/lib/cpupoold"
+//!
+//! [daemon]
+//! log_level = "debug"
+//!
+//! [pools.sys]
+//! kind = "reserved"
+//! count = 2
+//!
+//! [pools.dp]
+//! kind = "exclusive"
+//! count = 8
+//! numa = 1
+//! isolate = true
+//! ```
+#![deny(missing_docs)]
+
+mod fragments;
+mod inputs;
+mod settings;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use settings::{Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL};
+
+use crate::core::cpuset::CpuSetError;
+use crate::core::pool::PoolError;
+use crate::core::state;
+
+/// The directories fragments are read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigDirs {
+    /// The administrator's directory: `config.toml` and `config.d/` (`/etc/cpupoold`).
+    pub etc: PathBuf,
+    /// The package's directory: `config.d/` (`/usr/lib/cpupoold`).
+    pub vendor: PathBuf,
+}
+
+impl Default for ConfigDirs {
+    fn default() -> Self {
+        ConfigDirs { etc: "/etc/cpupoold".into(), vendor: "/usr/lib/cpupoold".into() }
+    }
+}
+
+impl ConfigDirs {
+    /// The fragment files that exist, in merge order (masked vendor drop-ins left out).
+    pub fn files(&self) -> Result<Vec<PathBuf>, ConfigError> {
+        fragments::files(self)
+    }
+}
+
+/// Reads, merges and validates every fragment under `dirs`.
+pub fn load(dirs: &ConfigDirs) -> Result<Settings, ConfigError> {
+    let fragments = fragments::read_all(dirs)?;
+    Settings::from_inputs(inputs::Inputs::merge_all(fragments)?)
+}
+
+/// Reads a single fragment held in memory; `name` stands for its file name in errors.
+pub fn load_str(text: &str, name: &str) -> Result<Settings, ConfigError> {
+    let file = Path::new(name);
+    let fragment = fragments::parse(text, file)?;
+    Settings::from_inputs(inputs::Inputs::merge_all(vec![(file.to_owned(), fragment)])?)
+}
+
+/// Which file last set each key.
+///
+/// Keys are dotted paths as written in TOML: `paths.state_dir`, `daemon.host_cgroups`,
+/// `pools.dp.count`. `pools.NAME` itself records the last file that mentioned the pool at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origins(BTreeMap<String, PathBuf>);
+
+impl Origins {
+    /// The file that last set `key`, if any file did.
+    pub fn get(&self, key: &str) -> Option<&Path> {
+        self.0.get(key).map(PathBuf::as_path)
+    }
+
+    /// Every key set by a file, with the file, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Path)> {
+        self.0.iter().map(|(k, f)| (k.as_str(), f.as_path()))
+    }
+
+    fn set(&mut self, key: String, file: &Path) {
+        self.0.insert(key, file.to_owned());
+    }
+
+    fn remove(&mut self, key: &str) {
+        self.0.remove(key);
+    }
+}
+
+/// `pools.NAME.field` (or `pools.NAME` for an empty field), quoting NAME when it is not a bare
+/// TOML key so the message shows what to look for in the file.
+pub(crate) fn pool_key(name: &str, field: &str) -> String {
+    let bare = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let name = if bare { name.to_owned() } else { format!("\"{}\"", name.escape_debug()) };
+    if field.is_empty() {
+        format!("pools.{name}")
+    } else {
+        format!("pools.{name}.{field}")
+    }
+}
+
+/// Why the configuration could not be loaded. Each variant names the file and the key first; the
+/// cause, where there is one, is the [`source`](std::error::Error::source).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A file could not be read.
+    #[error("`{}`: cannot read", file.display())]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A drop-in directory could not be listed.
+    #[error("`{}`: cannot list directory", dir.display())]
+    ReadDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A file is not valid TOML, has an unknown key, or a value of the wrong type.
+    #[error("{}", head(file, *pos, key))]
+    Parse {
+        /// The file.
+        file: PathBuf,
+        /// Line and column (1-based), when the parser knows them.
+        pos: Option<(usize, usize)>,
+        /// The key path (`pools.dp.count`); empty for a syntax error outside any key.
+        key: String,
+        /// The parser's message.
+        #[source]
+        source: TomlError,
+    },
+    /// A `cpus` value is not a CPU list.
+    #[error("{}", head(file, None, key))]
+    Cpus {
+        /// The file.
+        file: PathBuf,
+        /// `pools.NAME.cpus`.
+        key: String,
+        /// What is wrong with it, naming the bad token.
+        #[source]
+        source: CpuSetError,
+    },
+    /// A value is missing, malformed or contradicts another.
+    #[error("{}: {reason}", head(file, None, key))]
+    Invalid {
+        /// The file that set the key (or, for a missing key, that last mentioned its table).
+        file: PathBuf,
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A `[pools.NAME]` table whose NAME is not a valid pool name.
+    #[error("{}", head(file, None, key))]
+    PoolName {
+        /// The file that last mentioned the pool.
+        file: PathBuf,
+        /// `pools.NAME`.
+        key: String,
+        /// Why the name is invalid.
+        #[source]
+        source: PoolError,
+    },
+    /// A `daemon.host_cgroups` entry is not a relative cgroup path.
+    #[error("{}", head(file, None, key))]
+    HostCgroup {
+        /// The file.
+        file: PathBuf,
+        /// `daemon.host_cgroups[i]`.
+        key: String,
+        /// Why the path is invalid.
+        #[source]
+        source: state::Error,
+    },
+    /// No file defines a pool.
+    #[error("no pool is configured: at least a [pools.NAME] table with kind = \"reserved\" is needed (files read: {})", list(files))]
+    NoPools {
+        /// The files that were merged.
+        files: Vec<PathBuf>,
+    },
+    /// The pools do not resolve on this host.
+    #[error("{}", match file { Some(file) => head(file, None, key), None => key.clone() })]
+    Pool {
+        /// The file that set the key at fault; `None` when no single file is (no reserved pool).
+        file: Option<PathBuf>,
+        /// The key at fault (`pools.dp.count`), or `pools` for the set as a whole.
+        key: String,
+        /// The resolution error.
+        #[source]
+        source: PoolError,
+    },
+}
+
+impl ConfigError {
+    /// The file the error is about, if it is about one.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            ConfigError::Read { file, .. }
+            | ConfigError::Parse { file, .. }
+            | ConfigError::Cpus { file, .. }
+            | ConfigError::Invalid { file, .. }
+            | ConfigError::PoolName { file, .. }
+            | ConfigError::HostCgroup { file, .. } => Some(file),
+            ConfigError::ReadDir { dir, .. } => Some(dir),
+            ConfigError::Pool { file, .. } => file.as_deref(),
+            ConfigError::NoPools { .. } => None,
+        }
+    }
+
+    /// The key the error is about, if it is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Parse { key, .. }
+            | ConfigError::Cpus { key, .. }
+            | ConfigError::Invalid { key, .. }
+            | ConfigError::PoolName { key, .. }
+            | ConfigError::HostCgroup { key, .. }
+            | ConfigError::Pool { key, .. } => Some(key).filter(|k| !k.is_empty()).map(String::as_str),
+            ConfigError::Read { .. } | ConfigError::ReadDir { .. } | ConfigError::NoPools { .. } => None,
+        }
+    }
+}
+
+/// "`file`:line:column: key", leaving out what is unknown.
+fn head(file: &Path, pos: Option<(usize, usize)>, key: &str) -> String {
+    let mut s = format!("`{}`", file.display());
+    if let Some((line, col)) = pos {
+        s.push_str(&format!(":{line}:{col}"));
+    }
+    if !key.is_empty() {
+        s.push_str(": ");
+        s.push_str(key);
+    }
+    s
+}
+
+fn list(files: &[PathBuf]) -> String {
+    if files.is_empty() {
+        return "none".to_owned();
+    }
+    files.iter().map(|f| format!("`{}`", f.display())).collect::<Vec<_>>().join(", ")
+}
+
+/// A TOML parser error. It displays only the parser's message: the file, position and key are
+/// already in the [`ConfigError`] that holds it, and the parser's own rendering (a multi-line
+/// source excerpt) does not belong in a log line.
+#[derive(Debug)]
+pub struct TomlError(pub Box<toml::de::Error>);
+
+impl fmt::Display for TomlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Some messages span lines ("invalid table header\nexpected `.`, `]`"); keep one line.
+        let mut lines = self.0.message().lines().map(str::trim).filter(|l| !l.is_empty());
+        if let Some(first) = lines.next() {
+            f.write_str(first)?;
+        }
+        for line in lines {
+            write!(f, "; {line}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for TomlError {}
+
+#[cfg(test)]
+mod tests;

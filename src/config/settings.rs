@@ -1,0 +1,248 @@
+//! Stage 3: the merged inputs checked and turned into typed settings.
+//!
+//! Everything that can be checked without looking at the machine is checked here; what needs the
+//! topology (overlaps, offline CPUs, NUMA nodes, counts that do not fit) is checked by
+//! [`Settings::resolve_pools`], which still names the file that set the key at fault.
+
+use std::path::{Path, PathBuf};
+
+use super::inputs::{Inputs, PoolInput};
+use super::{pool_key, ConfigError, Origins};
+use crate::core::pool::{self, CpuSource, Pool, PoolError, PoolName, PoolSpec};
+use crate::core::state::CgroupPath;
+use crate::core::topology::Topology;
+
+/// Where the daemon reads and writes. Every path is absolute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paths {
+    /// sysfs mount point (`/sys`); topology is read below it.
+    pub sysfs_root: PathBuf,
+    /// cgroup v2 mount point (`/sys/fs/cgroup`).
+    pub cgroup_root: PathBuf,
+    /// Durable state (`/var/lib/cpupoold`).
+    pub state_dir: PathBuf,
+    /// Sockets and other runtime files (`/run/cpupoold`).
+    pub runtime_dir: PathBuf,
+    /// The kubelet's root directory (`/var/lib/kubelet`); device-plugin sockets go below it.
+    pub kubelet_dir: PathBuf,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            sysfs_root: "/sys".into(),
+            cgroup_root: "/sys/fs/cgroup".into(),
+            state_dir: "/var/lib/cpupoold".into(),
+            runtime_dir: "/run/cpupoold".into(),
+            kubelet_dir: "/var/lib/kubelet".into(),
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `[paths]`.
+    pub paths: Paths,
+    /// `daemon.host_cgroups`: cgroups confined to the reserved pool.
+    pub host_cgroups: Vec<CgroupPath>,
+    /// `daemon.admin_group`: the group allowed to change pools and assignments over the APIs.
+    pub admin_group: String,
+    /// `daemon.log_level`.
+    pub log_level: log::LevelFilter,
+    /// The configured pools, in name order; resolve them with [`Settings::resolve_pools`].
+    pub pools: Vec<PoolSpec>,
+    /// Which file set each key, for error messages.
+    pub origins: Origins,
+}
+
+/// `daemon.host_cgroups` when no file sets it.
+pub const DEFAULT_HOST_CGROUPS: [&str; 3] = ["system.slice", "user.slice", "init.scope"];
+/// `daemon.admin_group` when no file sets it.
+pub const DEFAULT_ADMIN_GROUP: &str = "cpupool";
+/// `daemon.log_level` when no file sets it.
+pub const DEFAULT_LOG_LEVEL: log::LevelFilter = log::LevelFilter::Info;
+
+impl Settings {
+    /// Validates merged inputs.
+    pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
+        let Inputs { paths, daemon, pools, origins, files } = inputs;
+        let invalid = |key: &str, reason: String| ConfigError::Invalid {
+            file: origins.file_for(key).unwrap_or_default(),
+            key: key.to_owned(),
+            reason,
+        };
+
+        let defaults = Paths::default();
+        let absolute = |value: Option<PathBuf>, default: PathBuf, key: &str| match value {
+            None => Ok(default),
+            Some(p) if p.is_absolute() => Ok(p),
+            Some(p) => Err(invalid(key, format!("`{}` must be an absolute path", p.display()))),
+        };
+        let paths = Paths {
+            sysfs_root: absolute(paths.sysfs_root, defaults.sysfs_root, "paths.sysfs_root")?,
+            cgroup_root: absolute(paths.cgroup_root, defaults.cgroup_root, "paths.cgroup_root")?,
+            state_dir: absolute(paths.state_dir, defaults.state_dir, "paths.state_dir")?,
+            runtime_dir: absolute(paths.runtime_dir, defaults.runtime_dir, "paths.runtime_dir")?,
+            kubelet_dir: absolute(paths.kubelet_dir, defaults.kubelet_dir, "paths.kubelet_dir")?,
+        };
+
+        let host_cgroups = match daemon.host_cgroups {
+            None => DEFAULT_HOST_CGROUPS.iter().filter_map(|s| CgroupPath::new(s).ok()).collect(),
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    CgroupPath::new(s).map_err(|source| ConfigError::HostCgroup {
+                        file: origins.file_for("daemon.host_cgroups").unwrap_or_default(),
+                        key: format!("daemon.host_cgroups[{i}]"),
+                        source,
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+
+        let admin_group = daemon.admin_group.unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned());
+        if admin_group.is_empty()
+            || admin_group.chars().any(|c| c == ':' || c == '/' || c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                "daemon.admin_group",
+                format!("`{}` is not a group name", admin_group.escape_debug()),
+            ));
+        }
+
+        let log_level = match daemon.log_level.as_deref() {
+            None => DEFAULT_LOG_LEVEL,
+            Some("error") => log::LevelFilter::Error,
+            Some("warn") => log::LevelFilter::Warn,
+            Some("info") => log::LevelFilter::Info,
+            Some("debug") => log::LevelFilter::Debug,
+            Some("trace") => log::LevelFilter::Trace,
+            Some(other) => {
+                return Err(invalid(
+                    "daemon.log_level",
+                    format!("`{}` is not one of error, warn, info, debug, trace", other.escape_debug()),
+                ))
+            }
+        };
+
+        if pools.is_empty() {
+            return Err(ConfigError::NoPools { files });
+        }
+        let pools = pools
+            .into_iter()
+            .map(|(name, input)| pool_spec(&name, input, &origins))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        Ok(Settings { paths, host_cgroups, admin_group, log_level, pools, origins })
+    }
+
+    /// Resolves the pools against the host's topology (see [`pool::resolve`]). An error names the
+    /// file that set the key at fault; `source()` is the [`PoolError`].
+    pub fn resolve_pools(&self, topo: &Topology) -> Result<Vec<Pool>, ConfigError> {
+        pool::resolve(&self.pools, topo).map_err(|source| {
+            let key = self.key_for(&source);
+            ConfigError::Pool { file: self.origins.file_for(&key), key, source }
+        })
+    }
+
+    /// The key a resolution error is about.
+    fn key_for(&self, err: &PoolError) -> String {
+        let source_key = |name: &PoolName| {
+            let field = match self.pools.iter().find(|p| &p.name == name).map(|p| &p.source) {
+                Some(CpuSource::List(_)) | None => "cpus",
+                Some(CpuSource::Request { .. }) => "count",
+                Some(CpuSource::Isolcpus) => "isolcpus",
+            };
+            pool_key(name.as_str(), field)
+        };
+        match err {
+            PoolError::InvalidName { name, .. } => pool_key(name, ""),
+            PoolError::Duplicate(name) => pool_key(name.as_str(), ""),
+            PoolError::NoReserved => "pools".to_owned(),
+            PoolError::TwoReserved(_, second) => pool_key(second.as_str(), "kind"),
+            // The later pool in claim order is the one that did not fit.
+            PoolError::Overlap { b, .. } => source_key(b),
+            PoolError::ReservedEmpty(name) => source_key(name),
+            PoolError::NotOnline { pool, .. } | PoolError::Empty(pool) => pool_key(pool.as_str(), "cpus"),
+            // A list or the isolated set that splits cores is the list's fault; a counted pool
+            // can only end up with part of a core because of what smt asks for.
+            PoolError::PartialCores { pool, .. } => match source_key(pool) {
+                key if key.ends_with(".count") => pool_key(pool.as_str(), "smt"),
+                key => key,
+            },
+            PoolError::IsolateNotExclusive(name) => pool_key(name.as_str(), "isolate"),
+            PoolError::IsolcpusNotExclusive(name) | PoolError::IsolcpusEmpty(name) => {
+                pool_key(name.as_str(), "isolcpus")
+            }
+            PoolError::ZeroCount(pool)
+            | PoolError::NotEnoughCpus { pool, .. }
+            | PoolError::CountNotWholeCores { pool, .. } => pool_key(pool.as_str(), "count"),
+            PoolError::UnknownNode { pool, .. } => pool_key(pool.as_str(), "numa"),
+        }
+    }
+}
+
+/// Checks one merged pool.
+fn pool_spec(name: &str, input: PoolInput, origins: &Origins) -> Result<PoolSpec, ConfigError> {
+    let at = |field: &str| {
+        let key = pool_key(name, field);
+        (origins.file_for(&key).unwrap_or_default(), key)
+    };
+    let invalid = |field: &str, reason: &str| {
+        let (file, key) = at(field);
+        ConfigError::Invalid { file, key, reason: reason.to_owned() }
+    };
+
+    let pool_name = PoolName::new(name).map_err(|source| {
+        let (file, key) = at("");
+        ConfigError::PoolName { file, key, source }
+    })?;
+    let kind = input
+        .kind
+        .ok_or_else(|| invalid("kind", "missing: set \"reserved\", \"exclusive\" or \"shared\""))?;
+
+    let isolcpus = input.isolcpus == Some(true);
+    let source = match (input.cpus, input.count, isolcpus) {
+        (Some(cpus), None, false) => CpuSource::List(cpus),
+        (None, Some(count), false) => CpuSource::Request { count, numa: input.numa },
+        (None, None, true) => CpuSource::Isolcpus,
+        (None, None, false) => {
+            return Err(invalid("", "no CPU source: set one of cpus, count or isolcpus = true"))
+        }
+        (cpus, _, _) => {
+            // All three come from one file (see the inputs stage), so any of them names it.
+            let field = if cpus.is_some() { "cpus" } else { "count" };
+            return Err(invalid(
+                field,
+                "set only one of cpus, count and isolcpus = true (they are alternatives)",
+            ));
+        }
+    };
+    match source {
+        CpuSource::Request { count: 0, .. } => return Err(invalid("count", "must be at least 1")),
+        CpuSource::Request { .. } => {}
+        _ if input.numa.is_some() => {
+            return Err(invalid("numa", "only applies to count (a list or isolcpus names its CPUs)"))
+        }
+        _ => {}
+    }
+
+    let mut spec = PoolSpec::new(pool_name, kind, source);
+    spec.smt = input.smt.unwrap_or(spec.smt);
+    spec.isolate = input.isolate.unwrap_or(spec.isolate);
+    spec.kubelet = input.kubelet.unwrap_or(spec.kubelet);
+    Ok(spec)
+}
+
+impl Origins {
+    /// The file for `key`, or failing that for the pool the key belongs to.
+    pub(crate) fn file_for(&self, key: &str) -> Option<PathBuf> {
+        let pool = key.strip_prefix("pools.").and_then(|rest| {
+            // `pools.NAME.field`: NAME may be quoted and contain dots, so cut at the last dot.
+            rest.rsplit_once('.').map(|(name, _)| format!("pools.{name}"))
+        });
+        self.get(key).or_else(|| pool.as_deref().and_then(|p| self.get(p))).map(Path::to_owned)
+    }
+}

@@ -1,0 +1,565 @@
+use std::fs;
+use std::path::Path;
+
+use super::*;
+use crate::core::cpuset::CpuSet;
+use crate::core::pool::{CpuSource, PoolKind, PoolName, Smt};
+use crate::core::topology::Topology;
+
+/// The error and its causes on one line, as main prints them.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn write(root: &Path, rel: &str, text: &str) {
+    let path = root.join(rel);
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{}: {e}", parent.display()));
+    }
+    fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+struct Tree {
+    _tmp: tempfile::TempDir,
+    dirs: ConfigDirs,
+}
+
+impl Tree {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dirs = ConfigDirs { etc: tmp.path().join("etc"), vendor: tmp.path().join("vendor") };
+        Tree { _tmp: tmp, dirs }
+    }
+    fn etc(&self, rel: &str, text: &str) -> &Self {
+        write(&self.dirs.etc, rel, text);
+        self
+    }
+    fn vendor(&self, rel: &str, text: &str) -> &Self {
+        write(&self.dirs.vendor, rel, text);
+        self
+    }
+    fn etc_path(&self, rel: &str) -> std::path::PathBuf {
+        self.dirs.etc.join(rel)
+    }
+    fn vendor_path(&self, rel: &str) -> std::path::PathBuf {
+        self.dirs.vendor.join(rel)
+    }
+    fn load(&self) -> Settings {
+        load(&self.dirs).unwrap_or_else(|e| panic!("{}", chain(&e)))
+    }
+    fn err(&self) -> ConfigError {
+        match load(&self.dirs) {
+            Ok(s) => panic!("expected an error, got {s:?}"),
+            Err(e) => e,
+        }
+    }
+}
+
+fn ok(text: &str) -> Settings {
+    load_str(text, "t.toml").unwrap_or_else(|e| panic!("{}", chain(&e)))
+}
+
+fn err(text: &str) -> ConfigError {
+    match load_str(text, "t.toml") {
+        Ok(s) => panic!("expected an error, got {s:?}"),
+        Err(e) => e,
+    }
+}
+
+fn pool<'a>(s: &'a Settings, name: &str) -> &'a crate::core::pool::PoolSpec {
+    s.pools
+        .iter()
+        .find(|p| p.name.as_str() == name)
+        .unwrap_or_else(|| panic!("no pool {name} in {:?}", s.pools))
+}
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+const RESERVED: &str = "[pools.sys]\nkind = \"reserved\"\ncount = 1\n";
+
+#[test]
+fn defaults() {
+    let s = ok("[pools.sys]\nkind = \"reserved\"\ncount = 1\n\
+                [pools.dp]\nkind = \"exclusive\"\ncpus = \"2-3\"\n\
+                [pools.web]\nkind = \"shared\"\ncount = 2\n");
+    assert_eq!(s.paths, Paths::default());
+    assert_eq!(s.paths.sysfs_root, Path::new("/sys"));
+    assert_eq!(s.paths.cgroup_root, Path::new("/sys/fs/cgroup"));
+    assert_eq!(s.paths.state_dir, Path::new("/var/lib/cpupoold"));
+    assert_eq!(s.paths.runtime_dir, Path::new("/run/cpupoold"));
+    assert_eq!(s.paths.kubelet_dir, Path::new("/var/lib/kubelet"));
+    let cgroups: Vec<&str> = s.host_cgroups.iter().map(|c| c.as_str()).collect();
+    assert_eq!(cgroups, ["system.slice", "user.slice", "init.scope"]);
+    assert_eq!(s.admin_group, "cpupool");
+    assert_eq!(s.log_level, log::LevelFilter::Info);
+    // Name order, kind defaults from PoolSpec::new.
+    let names: Vec<&str> = s.pools.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["dp", "sys", "web"]);
+    let sys = pool(&s, "sys");
+    assert_eq!(sys.source, CpuSource::Request { count: 1, numa: None });
+    assert_eq!((sys.smt, sys.isolate, sys.kubelet), (Smt::Threads, false, false));
+    let dp = pool(&s, "dp");
+    assert_eq!(dp.source, CpuSource::List(set("2-3")));
+    assert_eq!((dp.smt, dp.isolate, dp.kubelet), (Smt::FullCores, false, true));
+    let web = pool(&s, "web");
+    assert_eq!((web.smt, web.isolate, web.kubelet), (Smt::Threads, false, true));
+    assert_eq!(ConfigDirs::default().etc, Path::new("/etc/cpupoold"));
+    assert_eq!(ConfigDirs::default().vendor, Path::new("/usr/lib/cpupoold"));
+}
+
+#[test]
+fn every_key_is_read() {
+    let s = ok(r#"
+        [paths]
+        sysfs_root = "/s"
+        cgroup_root = "/c"
+        state_dir = "/st"
+        runtime_dir = "/r"
+        kubelet_dir = "/k"
+        [daemon]
+        host_cgroups = ["system.slice", "machine.slice/"]
+        admin_group = "wheel"
+        log_level = "trace"
+        [pools.sys]
+        kind = "reserved"
+        isolcpus = false
+        cpus = "0"
+        [pools.dp]
+        kind = "exclusive"
+        count = 4
+        numa = 1
+        smt = "threads"
+        isolate = true
+        kubelet = false
+        [pools.iso]
+        kind = "exclusive"
+        isolcpus = true
+    "#);
+    assert_eq!(
+        s.paths,
+        Paths {
+            sysfs_root: "/s".into(),
+            cgroup_root: "/c".into(),
+            state_dir: "/st".into(),
+            runtime_dir: "/r".into(),
+            kubelet_dir: "/k".into(),
+        }
+    );
+    let cgroups: Vec<&str> = s.host_cgroups.iter().map(|c| c.as_str()).collect();
+    assert_eq!(cgroups, ["system.slice", "machine.slice"]);
+    assert_eq!(s.admin_group, "wheel");
+    assert_eq!(s.log_level, log::LevelFilter::Trace);
+    assert_eq!(pool(&s, "sys").source, CpuSource::List(set("0")));
+    let dp = pool(&s, "dp");
+    assert_eq!(dp.source, CpuSource::Request { count: 4, numa: Some(1) });
+    assert_eq!((dp.smt, dp.isolate, dp.kubelet), (Smt::Threads, true, false));
+    assert_eq!(pool(&s, "iso").source, CpuSource::Isolcpus);
+    assert_eq!(s.origins.get("pools.dp.numa"), Some(Path::new("t.toml")));
+    assert_eq!(s.origins.get("daemon.log_level"), Some(Path::new("t.toml")));
+    assert_eq!(s.origins.get("daemon.admin_group"), Some(Path::new("t.toml")));
+}
+
+#[test]
+fn merge_order_and_masking() {
+    let t = Tree::new();
+    t.vendor("config.d/10-base.toml", "[daemon]\nlog_level = \"trace\"\nadmin_group = \"vendor\"\n")
+        .vendor("config.d/20-masked.toml", "[paths]\nstate_dir = \"/from-vendor\"\n")
+        .vendor("config.d/30-nulled.toml", "this is not toml")
+        .vendor("config.d/README", "not a fragment")
+        .vendor("config.d/.hidden.toml", "not toml either")
+        .etc("config.toml", &format!("{RESERVED}[daemon]\nlog_level = \"debug\"\n"))
+        .etc("config.d/20-masked.toml", "[paths]\nruntime_dir = \"/from-etc\"\n")
+        .etc("config.d/40-last.toml", "[daemon]\nlog_level = \"warn\"\n")
+        .etc("config.d/05-first.toml", "[daemon]\nlog_level = \"error\"\n")
+        .etc("config.d/notes.txt", "ignored");
+    fs::create_dir_all(t.etc_path("config.d/dir.toml")).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink("/dev/null", t.etc_path("config.d/30-nulled.toml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let files = t.dirs.files().unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(
+        files,
+        [
+            t.vendor_path("config.d/10-base.toml"),
+            t.etc_path("config.toml"),
+            t.etc_path("config.d/05-first.toml"),
+            t.etc_path("config.d/20-masked.toml"),
+            t.etc_path("config.d/30-nulled.toml"),
+            t.etc_path("config.d/40-last.toml"),
+        ]
+    );
+
+    let s = t.load();
+    // etc drop-ins come after config.toml, whatever their names.
+    assert_eq!(s.log_level, log::LevelFilter::Warn);
+    assert_eq!(s.origins.get("daemon.log_level"), Some(t.etc_path("config.d/40-last.toml").as_path()));
+    // A key only the vendor sets survives.
+    assert_eq!(s.admin_group, "vendor");
+    assert_eq!(s.origins.get("daemon.admin_group"), Some(t.vendor_path("config.d/10-base.toml").as_path()));
+    // The masked vendor file was not read at all.
+    assert_eq!(s.paths.state_dir, Path::new("/var/lib/cpupoold"));
+    assert_eq!(s.origins.get("paths.state_dir"), None);
+    assert_eq!(s.paths.runtime_dir, Path::new("/from-etc"));
+    assert_eq!(s.origins.get("pools.sys.kind"), Some(t.etc_path("config.toml").as_path()));
+}
+
+#[test]
+fn missing_directories_are_fine() {
+    let t = Tree::new();
+    assert_eq!(t.dirs.files().unwrap_or_else(|e| panic!("{}", chain(&e))), Vec::<PathBuf>::new());
+    let e = t.err();
+    assert!(matches!(e, ConfigError::NoPools { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "no pool is configured: at least a [pools.NAME] table with kind = \"reserved\" is needed \
+         (files read: none)"
+    );
+    // Only drop-ins, no config.toml.
+    t.vendor("config.d/50-pools.toml", RESERVED);
+    assert_eq!(t.load().pools.len(), 1);
+}
+
+#[test]
+fn pools_merge_field_by_field() {
+    let t = Tree::new();
+    t.vendor(
+        "config.d/50-dp.toml",
+        "[pools.dp]\nkind = \"exclusive\"\ncount = 4\nnuma = 1\nisolate = true\n\
+         [pools.web]\nkind = \"shared\"\ncount = 2\nnuma = 0\n\
+         [pools.moved]\nkind = \"shared\"\ncount = 2\nnuma = 0\n",
+    )
+    .etc("config.toml", RESERVED)
+    .etc("config.d/10-kubelet.toml", "[pools.dp]\nkubelet = false\n")
+    .etc("config.d/20-size.toml", "[pools.dp]\ncount = 6\n")
+    .etc("config.d/30-web.toml", "[pools.web]\ncpus = \"2-3\"\n")
+    .etc("config.d/40-moved.toml", "[pools.moved]\nnuma = 1\n");
+    let s = t.load();
+    let vendor = t.vendor_path("config.d/50-dp.toml");
+    let origin = |key: &str| s.origins.get(key).map(Path::to_owned);
+
+    let dp = pool(&s, "dp");
+    assert_eq!(dp.kind, PoolKind::Exclusive);
+    // count came with no numa, so the source is count = 6 anywhere.
+    assert_eq!(dp.source, CpuSource::Request { count: 6, numa: None });
+    assert!(dp.isolate);
+    assert!(!dp.kubelet);
+    assert_eq!(origin("pools.dp.kind"), Some(vendor.clone()));
+    assert_eq!(origin("pools.dp.isolate"), Some(vendor.clone()));
+    assert_eq!(origin("pools.dp.kubelet"), Some(t.etc_path("config.d/10-kubelet.toml")));
+    assert_eq!(origin("pools.dp.count"), Some(t.etc_path("config.d/20-size.toml")));
+    assert_eq!(origin("pools.dp.numa"), None);
+    assert_eq!(origin("pools.dp"), Some(t.etc_path("config.d/20-size.toml")));
+
+    // cpus replaces the vendor's count and numa instead of clashing with them.
+    let web = pool(&s, "web");
+    assert_eq!(web.source, CpuSource::List(set("2-3")));
+    assert_eq!(origin("pools.web.cpus"), Some(t.etc_path("config.d/30-web.toml")));
+    assert_eq!(origin("pools.web.count"), None);
+    assert_eq!(origin("pools.web.kind"), Some(vendor.clone()));
+
+    // numa alone moves the counted request.
+    assert_eq!(pool(&s, "moved").source, CpuSource::Request { count: 2, numa: Some(1) });
+    assert_eq!(origin("pools.moved.count"), Some(vendor));
+    assert_eq!(origin("pools.moved.numa"), Some(t.etc_path("config.d/40-moved.toml")));
+}
+
+#[test]
+fn display_puts_file_and_key_first() {
+    let t = Tree::new();
+    t.etc("config.toml", RESERVED).etc("config.d/10-dp.toml", "[pools.dp]\nkind = \"shared\"\ncount = 0\n");
+    let e = t.err();
+    assert_eq!(
+        e.to_string(),
+        format!("`{}`: pools.dp.count: must be at least 1", t.etc_path("config.d/10-dp.toml").display())
+    );
+    assert_eq!(e.file(), Some(t.etc_path("config.d/10-dp.toml").as_path()));
+    assert_eq!(e.key(), Some("pools.dp.count"));
+}
+
+/// Each case: the fragment, the key the error must name, and a piece of its message.
+#[test]
+fn every_validation_error_names_file_and_key() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("[pools.dp]\ncount = 2\n", "pools.dp.kind", "missing"),
+        ("[pools.dp]\nkind = \"shared\"\n", "pools.dp", "no CPU source"),
+        ("[pools.dp]\nkind = \"shared\"\nisolcpus = false\n", "pools.dp", "no CPU source"),
+        ("[pools.dp]\nkind = \"shared\"\ncount = 2\ncpus = \"1\"\n", "pools.dp.cpus", "only one of"),
+        ("[pools.dp]\nkind = \"exclusive\"\ncount = 2\nisolcpus = true\n", "pools.dp.count", "only one of"),
+        ("[pools.dp]\nkind = \"shared\"\ncpus = \"1\"\nnuma = 0\n", "pools.dp.numa", "only applies to count"),
+        ("[pools.dp]\nkind = \"exclusive\"\nisolcpus = true\nnuma = 0\n", "pools.dp.numa", "only applies"),
+        ("[pools.dp]\nkind = \"shared\"\ncount = 0\n", "pools.dp.count", "must be at least 1"),
+        ("[pools.\"Bad-Name\"]\nkind = \"shared\"\ncount = 1\n", "pools.Bad-Name", "only a-z, 0-9 and _"),
+        ("[pools.\"a.b\"]\nkind = \"shared\"\ncount = 1\n", "pools.\"a.b\"", "only a-z"),
+        ("[pools.dp]\nkind = \"shared\"\ncpus = \"0-3,x\"\n", "pools.dp.cpus", "`x` is not a CPU number"),
+        ("[pools.dp]\nkind = \"shared\"\ncpus = \"3-1\"\n", "pools.dp.cpus", "`3-1` is reversed"),
+        ("[paths]\nstate_dir = \"var/lib\"\n", "paths.state_dir", "`var/lib` must be an absolute path"),
+        ("[paths]\nsysfs_root = \"sys\"\n", "paths.sysfs_root", "absolute"),
+        ("[paths]\ncgroup_root = \".\"\n", "paths.cgroup_root", "absolute"),
+        ("[paths]\nruntime_dir = \"run\"\n", "paths.runtime_dir", "absolute"),
+        ("[paths]\nkubelet_dir = \"\"\n", "paths.kubelet_dir", "absolute"),
+        ("[daemon]\nhost_cgroups = [\"system.slice\", \"/abs\"]\n", "daemon.host_cgroups[1]", "no leading /"),
+        ("[daemon]\nhost_cgroups = [\"a/../b\"]\n", "daemon.host_cgroups[0]", ". or .."),
+        ("[daemon]\nlog_level = \"verbose\"\n", "daemon.log_level", "`verbose` is not one of"),
+        ("[daemon]\nadmin_group = \"\"\n", "daemon.admin_group", "not a group name"),
+        ("[daemon]\nadmin_group = \"a b\"\n", "daemon.admin_group", "not a group name"),
+    ];
+    for (text, key, reason) in cases {
+        // With a valid reserved pool beside it, the case's key is the only thing wrong.
+        let e = err(&format!("{RESERVED}{text}"));
+        let msg = chain(&e);
+        assert!(msg.starts_with(&format!("`t.toml`: {key}")), "{text:?}: {msg}");
+        assert_eq!(e.key(), Some(*key), "{text:?}: {msg}");
+        assert!(msg.contains(reason), "{text:?}: {msg}");
+    }
+}
+
+#[test]
+fn validation_errors_name_the_file_that_set_the_key() {
+    let t = Tree::new();
+    t.vendor("config.d/10-dp.toml", "[pools.dp]\nkind = \"shared\"\ncpus = \"1\"\n")
+        .etc("config.toml", RESERVED)
+        .etc("config.d/50-numa.toml", "[pools.dp]\nnuma = 1\n");
+    let e = t.err();
+    assert_eq!(e.file(), Some(t.etc_path("config.d/50-numa.toml").as_path()), "{e}");
+    assert_eq!(e.key(), Some("pools.dp.numa"));
+
+    // A pool an admin drop-in starts without a kind.
+    let t = Tree::new();
+    t.etc("config.toml", RESERVED).etc("config.d/50-new.toml", "[pools.new]\ncount = 1\n");
+    let e = t.err();
+    assert_eq!(e.file(), Some(t.etc_path("config.d/50-new.toml").as_path()), "{e}");
+    assert_eq!(e.key(), Some("pools.new.kind"));
+
+    // A bad cpus list is an error even when a later file overrides it.
+    let t = Tree::new();
+    t.vendor("config.d/10-dp.toml", "[pools.dp]\nkind = \"shared\"\ncpus = \"one\"\n")
+        .etc("config.toml", &format!("{RESERVED}[pools.dp]\ncount = 1\n"));
+    let e = t.err();
+    assert!(matches!(e, ConfigError::Cpus { .. }), "{e:?}");
+    assert_eq!(e.file(), Some(t.vendor_path("config.d/10-dp.toml").as_path()));
+    assert!(chain(&e).ends_with("pools.dp.cpus: `one` is not a CPU number or range (expected e.g. `0-3,8`)"));
+}
+
+#[test]
+fn unknown_fields_are_rejected_by_key() {
+    for (text, key, line) in [
+        ("[pools.dp]\nkind = \"shared\"\ncont = 4\n", "pools.dp.cont", 3),
+        ("[paths]\nstate = \"/x\"\n", "paths.state", 2),
+        ("[daemon]\nloglevel = \"info\"\n", "daemon.loglevel", 2),
+        ("\n[pool.dp]\nkind = \"shared\"\n", "pool", 2),
+    ] {
+        let e = err(text);
+        let ConfigError::Parse { file, pos, key: k, .. } = &e else { panic!("{e:?}") };
+        assert_eq!(file, Path::new("t.toml"));
+        assert_eq!(k, key);
+        assert_eq!(pos.map(|p| p.0), Some(line), "{}", chain(&e));
+        assert!(chain(&e).contains("unknown field"), "{}", chain(&e));
+    }
+    let e = err("[pools.dp]\nkind = \"shared\"\ncont = 4\n");
+    assert_eq!(
+        chain(&e),
+        "`t.toml`:3:1: pools.dp.cont: unknown field `cont`, expected one of `kind`, `cpus`, `count`, \
+         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`"
+    );
+}
+
+#[test]
+fn wrong_types_and_values_name_the_key() {
+    for (text, key, reason) in [
+        ("[pools.dp]\ncount = -1\n", "pools.dp.count", "expected u32"),
+        ("[pools.dp]\ncount = \"4\"\n", "pools.dp.count", "expected u32"),
+        ("[pools.dp]\nkind = \"big\"\n", "pools.dp.kind", "unknown variant `big`"),
+        ("[pools.dp]\nsmt = \"cores\"\n", "pools.dp.smt", "unknown variant `cores`"),
+        ("[pools.dp]\ncpus = 3\n", "pools.dp.cpus", "expected a string"),
+        ("[daemon]\nhost_cgroups = [\"a\", 3]\n", "daemon.host_cgroups[1]", "expected a string"),
+        ("[daemon]\nhost_cgroups = \"a\"\n", "daemon.host_cgroups", "expected a sequence"),
+    ] {
+        let e = err(text);
+        assert!(matches!(e, ConfigError::Parse { .. }), "{e:?}");
+        assert_eq!(e.key(), Some(key), "{}", chain(&e));
+        assert!(chain(&e).contains(reason), "{}", chain(&e));
+    }
+}
+
+#[test]
+fn bad_toml_names_the_file() {
+    let t = Tree::new();
+    t.etc("config.toml", RESERVED).etc("config.d/20-broken.toml", "[pools.dp\nkind = 1\n");
+    let e = t.err();
+    let file = t.etc_path("config.d/20-broken.toml");
+    assert_eq!(e.file(), Some(file.as_path()));
+    let msg = chain(&e);
+    assert!(msg.starts_with(&format!("`{}`:1:", file.display())), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+
+    // Duplicate keys are a syntax error too.
+    let e = err("[pools.dp]\ncount = 1\ncount = 2\n");
+    assert!(chain(&e).contains("duplicate key"), "{}", chain(&e));
+}
+
+#[test]
+fn unreadable_files_name_the_file() {
+    let t = Tree::new();
+    t.etc("config.toml", RESERVED);
+    fs::create_dir_all(t.etc_path("config.d")).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink("/nonexistent/x", t.etc_path("config.d/10-dangling.toml"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let e = t.err();
+    assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+    assert_eq!(e.file(), Some(t.etc_path("config.d/10-dangling.toml").as_path()));
+
+    // Not UTF-8.
+    let t = Tree::new();
+    t.etc("config.toml", "");
+    fs::write(t.etc_path("config.toml"), b"\xff\xfe").unwrap_or_else(|e| panic!("{e}"));
+    let e = t.err();
+    assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+    assert_eq!(e.file(), Some(t.etc_path("config.toml").as_path()));
+}
+
+#[test]
+fn resolve_errors_name_the_file_that_set_the_key() {
+    let topo = Topology::synthetic(1, 4, 2, 1); // CPUs 0-7, siblings c and c+4, node 0
+    let t = Tree::new();
+    t.vendor("config.d/10-dp.toml", "[pools.dp]\nkind = \"exclusive\"\ncount = 2\nnuma = 0\n")
+        .etc("config.toml", RESERVED)
+        .etc("config.d/50-numa.toml", "[pools.dp]\nnuma = 3\n");
+    let e = t.load().resolve_pools(&topo).err().unwrap_or_else(|| panic!("resolved"));
+    assert_eq!(e.file(), Some(t.etc_path("config.d/50-numa.toml").as_path()));
+    assert_eq!(e.key(), Some("pools.dp.numa"));
+    let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<PoolError>());
+    assert!(matches!(source, Some(PoolError::UnknownNode { node: 3, .. })), "{e:?}");
+    assert_eq!(
+        chain(&e),
+        format!(
+            "`{}`: pools.dp.numa: pool `dp`: numa: node 3 does not exist (nodes: 0)",
+            t.etc_path("config.d/50-numa.toml").display()
+        )
+    );
+
+    // One fragment per case: the key the error must name.
+    let cases: &[(&str, &str)] = &[
+        ("[pools.a]\nkind = \"shared\"\ncpus = \"6-9\"\n", "pools.a.cpus"),
+        ("[pools.a]\nkind = \"exclusive\"\ncpus = \"1-2\"\n", "pools.a.cpus"),
+        ("[pools.a]\nkind = \"shared\"\ncount = 9\n", "pools.a.count"),
+        ("[pools.a]\nkind = \"exclusive\"\ncount = 3\n", "pools.a.count"),
+        ("[pools.a]\nkind = \"shared\"\ncpus = \"1\"\nisolate = true\n", "pools.a.isolate"),
+        ("[pools.a]\nkind = \"shared\"\nisolcpus = true\n", "pools.a.isolcpus"),
+        ("[pools.a]\nkind = \"exclusive\"\nisolcpus = true\n", "pools.a.isolcpus"),
+        ("[pools.a]\nkind = \"shared\"\ncpus = \"\"\n", "pools.a.cpus"),
+        ("[pools.a]\nkind = \"reserved\"\ncount = 1\n", "pools.sys.kind"),
+        ("[pools.a]\nkind = \"shared\"\ncpus = \"0-7\"\n", "pools.sys.count"),
+        (
+            "[pools.a]\nkind = \"shared\"\ncpus = \"1-2\"\n[pools.b]\nkind = \"shared\"\ncpus = \"2-3\"\n",
+            "pools.b.cpus",
+        ),
+    ];
+    for (text, key) in cases {
+        let t = Tree::new();
+        t.etc("config.toml", RESERVED).etc("config.d/50-case.toml", text);
+        let s = t.load();
+        let e = s.resolve_pools(&topo).err().unwrap_or_else(|| panic!("{text:?} resolved"));
+        assert_eq!(e.key(), Some(*key), "{text:?}: {}", chain(&e));
+        let want = s.origins.get(key).map(Path::to_owned);
+        assert!(want.is_some(), "{key}");
+        assert_eq!(e.file(), want.as_deref(), "{text:?}: {}", chain(&e));
+    }
+
+    // No reserved pool: no single file is at fault.
+    let s = ok("[pools.a]\nkind = \"shared\"\ncount = 1\n");
+    let e = s.resolve_pools(&topo).err().unwrap_or_else(|| panic!("resolved"));
+    assert_eq!((e.file(), e.key()), (None, Some("pools")));
+    assert_eq!(chain(&e), "pools: no reserved pool: exactly one pool must have kind = \"reserved\"");
+
+    // Kernel-isolated CPUs that split cores: the isolcpus key is at fault.
+    let mut data = topo.data().clone();
+    data.isolated = set("1");
+    let odd = Topology::new(data);
+    let s = ok(&format!("{RESERVED}[pools.a]\nkind = \"exclusive\"\nisolcpus = true\n"));
+    let e = s.resolve_pools(&odd).err().unwrap_or_else(|| panic!("resolved"));
+    assert_eq!(e.key(), Some("pools.a.isolcpus"), "{}", chain(&e));
+}
+
+#[test]
+fn resolves() {
+    let s = ok(&format!(
+        "{RESERVED}[pools.dp]\nkind = \"exclusive\"\ncount = 2\n[pools.web]\nkind = \"shared\"\ncpus = \"3,7\"\n"
+    ));
+    let pools = s.resolve_pools(&Topology::synthetic(1, 4, 2, 1)).unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["dp", "sys", "web"]);
+    assert_eq!(pools.iter().map(|p| p.cpus.len()).sum::<usize>(), 8);
+    assert_eq!(pools[2].cpus, set("3,7"));
+    assert_eq!(pools[0].name, PoolName::new("dp").unwrap_or_else(|e| panic!("{e}")));
+}
+
+const SHIPPED: &str = include_str!("../../packaging/config.toml");
+
+#[test]
+fn shipped_config_loads_and_resolves() {
+    let s = load_str(SHIPPED, "/etc/cpupoold/config.toml").unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(s.pools.len(), 1);
+    let reserved = &s.pools[0];
+    assert_eq!(reserved.kind, PoolKind::Reserved);
+    for topo in [Topology::synthetic(1, 1, 1, 1), Topology::synthetic(2, 8, 2, 2)] {
+        let pools = s.resolve_pools(&topo).unwrap_or_else(|e| panic!("{}", chain(&e)));
+        assert_eq!(pools.len(), 1);
+        assert_eq!(pools[0].cpus, topo.online(), "leftover CPUs join the reserved pool");
+    }
+}
+
+/// Every `# key = value` and `# [table]` line in the shipped file is valid and shows the default:
+/// uncommenting them all still loads, and the defaults shown match the real ones.
+#[test]
+fn shipped_config_comments_are_valid() {
+    let uncommented: String = SHIPPED
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest)
+                if rest.starts_with('[')
+                    || rest.split_once(" = ").is_some_and(|(k, _)| {
+                        !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    }) =>
+            {
+                rest
+            }
+            _ => line,
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let s = load_str(&uncommented, "uncommented.toml").unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let defaults = ok(RESERVED);
+    assert_eq!(s.paths, defaults.paths);
+    assert_eq!(s.host_cgroups, defaults.host_cgroups);
+    assert_eq!(s.admin_group, defaults.admin_group);
+    assert_eq!(s.log_level, defaults.log_level);
+    for key in [
+        "paths.sysfs_root",
+        "paths.cgroup_root",
+        "paths.state_dir",
+        "paths.runtime_dir",
+        "paths.kubelet_dir",
+        "daemon.host_cgroups",
+        "daemon.admin_group",
+        "daemon.log_level",
+        "pools.dp.numa",
+        "pools.web.cpus",
+        "pools.dp.isolate",
+    ] {
+        assert!(s.origins.get(key).is_some(), "{key} is not shown in the shipped config");
+    }
+    let reserved = pool(&s, "reserved");
+    assert_eq!(reserved, pool(&load_str(SHIPPED, "x").unwrap_or_else(|e| panic!("{e}")), "reserved"));
+    assert!(pool(&s, "dp").isolate);
+    let pools = s.resolve_pools(&Topology::synthetic(1, 8, 2, 1)).unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(pools.len(), 3);
+}
