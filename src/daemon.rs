@@ -8,6 +8,7 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::api::varlink;
 use crate::config::{self, ConfigDirs, ConfigError, Settings};
 use crate::engine::{self, Engine, Handle, StartError};
 use crate::host::cgroupfs::CgroupFs;
@@ -38,6 +39,15 @@ pub enum DaemonError {
     /// Installing a signal handler failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
+    /// The varlink socket could not be bound.
+    #[error("binding the varlink socket `{}`", path.display())]
+    Varlink {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Loads the settings for `opts`, confined to the sandbox when there is one.
@@ -73,9 +83,22 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
     let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
 
+    let varlink_path = varlink::socket_path(&settings.paths.runtime_dir);
+    let listener = varlink::bind(&settings.paths.runtime_dir)
+        .map_err(|source| DaemonError::Varlink { path: varlink_path.clone(), source })?;
+    let auth = varlink::Authorizer {
+        admin_gid: admin_gid(&settings.admin_group),
+        // The sandbox belongs to whoever runs it.
+        owner_uid: opts.sandbox.as_ref().map(|_| nix::unistd::getuid().as_raw()),
+    };
+    let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
+    let api = tokio::spawn(varlink::serve(listener, handle.clone(), auth, async {
+        let _ = api_stopped.await;
+    }));
+
     notify(&[NotifyState::Ready, NotifyState::Status(&snap.summary())]);
     if let Some(sb) = &opts.sandbox {
-        print_banner(sb, &handle);
+        print_banner(sb, &handle, &varlink_path);
     }
 
     let mut usec = 0u64;
@@ -99,6 +122,11 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         }
     }
     notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    // The API holds engine handles: it must let go before the engine thread can end.
+    let _ = stop_api.send(());
+    if let Err(e) = api.await {
+        log::error!("the varlink server failed: {e}");
+    }
     drop(handle);
     if thread.join().is_err() {
         log::error!("the engine thread panicked");
@@ -123,7 +151,22 @@ fn notify(states: &[NotifyState<'_>]) {
     }
 }
 
-fn print_banner(sb: &Sandbox, handle: &Handle) {
+/// The admin group's gid; a missing group leaves mutations to root.
+fn admin_gid(name: &str) -> Option<u32> {
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(g)) => Some(g.gid.as_raw()),
+        Ok(None) => {
+            log::info!("admin group `{name}` does not exist; no group may change assignments over the APIs");
+            None
+        }
+        Err(e) => {
+            log::warn!("looking up admin group `{name}`: {e}; no group may change assignments over the APIs");
+            None
+        }
+    }
+}
+
+fn print_banner(sb: &Sandbox, handle: &Handle, varlink_path: &std::path::Path) {
     let snap = handle.snapshot();
     let mut out = format!(
         "cpupoold sandbox ready: {} CPUs ({}), {}\n",
@@ -135,10 +178,11 @@ fn print_banner(sb: &Sandbox, handle: &Handle) {
         out.push_str(&format!("  pool {:<12} {:<9} CPUs {}\n", p.name, p.kind.to_string(), p.cpus));
     }
     out.push_str(&format!(
-        "  config    {}\n  cgroupfs  {}\n  state     {}\n  reload    kill -HUP {}\n",
+        "  config    {}\n  cgroupfs  {}\n  state     {}\n  varlink   unix:{}\n  reload    kill -HUP {}\n",
         sb.etc().join("config.toml").display(),
         sb.cgroupfs().display(),
         snap.state_path.display(),
+        varlink_path.display(),
         std::process::id()
     ));
     println!("{out}READY");

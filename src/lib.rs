@@ -5,6 +5,7 @@
 //! which decides with the pure [`core`], executes effects through the [`host`] side, saves
 //! the state and publishes the result.
 #![forbid(unsafe_code)]
+pub mod api;
 pub mod config;
 pub mod core;
 pub mod daemon;

@@ -1,0 +1,421 @@
+//! The varlink API of the real `cpupoold` binary on a sandbox host, driven by the reference
+//! third-party client (`python3 -m varlink.cli`, PyPI package `varlink`): introspection, reads,
+//! an assignment applied to a cgroup and released, typed errors, authorization of an
+//! unprivileged caller, and a monitor stream. Each test stops the daemon with SIGTERM and
+//! expects a clean exit.
+//!
+//! The tests skip (with a message) when `python3 -c 'import varlink'` fails.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const IFACE: &str = "org.cpupool.Manager";
+
+fn have_python_varlink() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import varlink"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: `python3 -c 'import varlink'` failed; install it with `pip install varlink`");
+    }
+    ok
+}
+
+struct Daemon {
+    child: Child,
+    /// The sandbox directory.
+    sb: PathBuf,
+    /// The varlink socket, from the banner.
+    sock: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon on a fresh 1x4x2 sandbox in `dir` and waits for its READY banner.
+    /// The sample configuration gives: reserved 0,4; dp (exclusive, full cores) 2 CPUs;
+    /// web (shared) the 4 others.
+    fn start(dir: &Path) -> Daemon {
+        let sb = dir.join("sb");
+        let log = dir.join("daemon.log");
+        let log_file = fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg("--sandbox")
+            .arg(&sb)
+            .args(["--topology", "1x4x2:1"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        let mut sock = None;
+        let mut banner = String::new();
+        // Lines arrive when the daemon prints them; EOF means it died.
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap_or_else(|e| panic!("{e}"));
+            banner.push_str(&line);
+            banner.push('\n');
+            if let Some(p) = line.trim().strip_prefix("varlink").map(str::trim) {
+                sock = p.strip_prefix("unix:").map(PathBuf::from);
+            }
+            if line == "READY" {
+                break;
+            }
+        }
+        let mut d = Daemon { child, sb, sock: PathBuf::new(), log };
+        d.sock = sock.unwrap_or_else(|| panic!("no varlink line in the banner:\n{banner}\n{}", d.logs()));
+        assert!(d.sock.starts_with(&d.sb), "{}", d.sock.display());
+        d
+    }
+
+    fn logs(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn address(&self) -> String {
+        format!("unix:{}", self.sock.display())
+    }
+
+    /// Stops with SIGTERM and checks the exit status.
+    fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap_or_else(|e| panic!("{e}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "daemon exited with {status}:\n{}", self.logs());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // After a failed assertion: do not leave the daemon behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `python3 -m varlink.cli ARGS`, optionally under another command (`setpriv ...`).
+fn cli(wrapper: &[&str], python: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let (prog, rest) = match wrapper.split_first() {
+        Some((p, r)) => (*p, r),
+        None => (python, &[][..]),
+    };
+    let mut cmd = Command::new(prog);
+    cmd.args(rest);
+    if !wrapper.is_empty() {
+        cmd.arg(python);
+    }
+    cmd.args(["-m", "varlink.cli"]).args(args).envs(env.iter().copied());
+    cmd.output().unwrap_or_else(|e| panic!("running the varlink cli: {e}"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Calls a method; `Ok(reply parameters)` or `Err(the client's stderr)`, which names the error.
+fn call_as(
+    d: &Daemon,
+    wrapper: &[&str],
+    python: &str,
+    env: &[(&str, &str)],
+    method: &str,
+    params: Value,
+) -> Result<Value, String> {
+    let target = format!("{}/{IFACE}.{method}", d.address());
+    let out = cli(wrapper, python, env, &["call", &target, &params.to_string()]);
+    let stdout = text(&out.stdout);
+    if stdout.trim().is_empty() {
+        Err(format!("{}{}", text(&out.stderr), stdout))
+    } else {
+        serde_json::from_str(&stdout).map_err(|e| panic!("{method}: {e}: {stdout}"))
+    }
+}
+
+fn call(d: &Daemon, method: &str, params: Value) -> Result<Value, String> {
+    call_as(d, &[], "python3", &[], method, params)
+}
+
+fn ok(d: &Daemon, method: &str, params: Value) -> Value {
+    call(d, method, params).unwrap_or_else(|e| panic!("{method}: {e}\n{}", d.logs()))
+}
+
+fn pools(d: &Daemon) -> Value {
+    ok(d, "ListPools", json!({}))["pools"].clone()
+}
+
+fn pool<'a>(pools: &'a Value, name: &str) -> &'a Value {
+    pools
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no pool {name} in {pools}"))
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn introspection_reads_assign_release_and_errors() {
+    if !have_python_varlink() {
+        return;
+    }
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+
+    let info = cli(&[], "python3", &[], &["info", &d.address()]);
+    let info_text = text(&info.stdout);
+    assert!(
+        info_text.contains("Product: cpupoold") && info_text.contains(IFACE),
+        "{info_text}{}",
+        text(&info.stderr)
+    );
+
+    // The client fetches and parses the IDL; it prints it back.
+    let help = cli(&[], "python3", &[], &["help", &format!("{}/{IFACE}", d.address())]);
+    let help_text = text(&help.stdout);
+    assert!(help_text.contains("interface org.cpupool.Manager"), "{help_text}{}", text(&help.stderr));
+    assert!(help_text.contains("method Assign(") && help_text.contains("error NoSuchPool"), "{help_text}");
+
+    let before = pools(&d);
+    assert_eq!(before.as_array().map(Vec::len), Some(3), "{before}");
+    let dp = pool(&before, "dp");
+    assert_eq!(
+        (dp["kind"].as_str(), dp["free_millicpus"].as_u64(), dp["isolated"].as_bool()),
+        (Some("exclusive"), Some(2000), Some(true))
+    );
+    assert_eq!(pool(&before, "reserved")["cpus"], "0,4");
+    let topo = ok(&d, "GetTopology", json!({}));
+    assert_eq!((topo["online"].as_str(), topo["cpus"].as_array().map(Vec::len)), (Some("0-7"), Some(8)));
+    let status = ok(&d, "Status", json!({}));
+    assert_eq!((status["pools"].as_u64(), status["assignments"].as_u64()), (Some(3), Some(0)), "{status}");
+    assert!(
+        status["state_file"].as_str().is_some_and(|s| s.starts_with(&*d.sb.to_string_lossy())),
+        "{status}"
+    );
+
+    // Assign a core of dp to a cgroup; the daemon writes its cpuset.cpus.
+    let cg = d.sb.join("cgroup/work/app");
+    fs::create_dir_all(&cg).unwrap_or_else(|e| panic!("{e}"));
+    let a = ok(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/app", "cpus": 2, "id": "app-1" }))
+        ["assignment"]
+        .clone();
+    assert_eq!(
+        (a["id"].as_str(), a["pool"].as_str(), a["millicpus"].as_u64()),
+        (Some("app-1"), Some("dp"), Some(2000)),
+        "{a}"
+    );
+    assert_eq!(a["target"], "cgroup:work/app");
+    let cpus = a["cpus"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(fs::read_to_string(cg.join("cpuset.cpus")).unwrap_or_default().trim(), cpus);
+    // An idempotent repeat answers the same assignment.
+    let again =
+        ok(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/app", "cpus": 2, "id": "app-1" }));
+    assert_eq!(again["assignment"], a);
+    let listed = ok(&d, "ListAssignments", json!({ "pool": "dp" }));
+    assert_eq!(listed["assignments"], json!([a]));
+    assert_eq!(ok(&d, "GetAssignment", json!({ "id": "app-1" }))["assignment"], a);
+    let after = pools(&d);
+    assert_eq!(
+        (pool(&after, "dp")["free_millicpus"].as_u64(), pool(&after, "dp")["assignments"].as_u64()),
+        (Some(0), Some(1))
+    );
+
+    // Errors come back by name, and change nothing.
+    let e = call(&d, "Assign", json!({ "pool": "nope", "target": "cgroup:work/other", "cpus": 1 }));
+    assert!(
+        e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.NoSuchPool") && e.contains("nope")),
+        "{e:?}"
+    );
+    let e = call(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/other", "cpus": 2 }));
+    assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.InsufficientCapacity")), "{e:?}");
+    let e = call(&d, "GetPool", json!({ "name": "nope" }));
+    assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.NoSuchPool")), "{e:?}");
+    let e = call(&d, "Release", json!({ "id": "nope" }));
+    assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.NoSuchAssignment")), "{e:?}");
+    let e = call(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/other" }));
+    assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.InvalidArgument")), "{e:?}");
+    assert_eq!(pools(&d), after);
+    assert_eq!(ok(&d, "Status", json!({}))["assignments"], 1);
+
+    let released = ok(&d, "Release", json!({ "id": "app-1" }));
+    assert_eq!(released["assignment"], a);
+    assert_eq!(pools(&d), before);
+    assert_eq!(ok(&d, "ListAssignments", json!({}))["assignments"], json!([]));
+    assert_ne!(
+        fs::read_to_string(cg.join("cpuset.cpus")).unwrap_or_default().trim(),
+        cpus,
+        "the cgroup kept the exclusive CPUs"
+    );
+
+    d.stop();
+}
+
+/// A python interpreter and `PYTHONPATH` with which `nobody` can run the varlink client:
+/// the package is copied into `dir` (the installed one may sit under root's home).
+fn python_for_nobody(dir: &Path, setpriv: &[&str]) -> Option<(String, PathBuf)> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, os, varlink; print(sys.executable); print(os.path.dirname(varlink.__file__))",
+        ])
+        .output()
+        .ok()?;
+    let out = text(&out.stdout);
+    let mut lines = out.lines();
+    let (exe, pkg) = (lines.next()?.to_owned(), PathBuf::from(lines.next()?));
+    let lib = dir.join("pylib");
+    let dest = lib.join("varlink");
+    fs::create_dir_all(&dest).ok()?;
+    for entry in fs::read_dir(&pkg).ok()? {
+        let p = entry.ok()?.path();
+        if p.is_file() {
+            fs::copy(&p, dest.join(p.file_name()?)).ok()?;
+        }
+    }
+    for python in [exe.as_str(), "/usr/bin/python3", "/bin/python3"] {
+        let works = Command::new(setpriv[0])
+            .args(&setpriv[1..])
+            .args([python, "-c", "import varlink"])
+            .env("PYTHONPATH", &lib)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if works {
+            return Some((python.to_owned(), lib));
+        }
+    }
+    None
+}
+
+#[test]
+fn unprivileged_callers_may_read_but_not_assign() {
+    if !have_python_varlink() {
+        return;
+    }
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIPPED: running a client as another user needs root (setpriv)");
+        return;
+    }
+    let dir = tempdir();
+    // nobody must reach the socket through the temp dir.
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap_or_else(|e| panic!("{e}"));
+    let setpriv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
+    let Some((python, lib)) = python_for_nobody(dir.path(), &setpriv) else {
+        eprintln!("SKIPPED: no python3 that user nobody can run the varlink client with");
+        return;
+    };
+    let d = Daemon::start(dir.path());
+    let lib = lib.to_string_lossy().into_owned();
+    let env = [("PYTHONPATH", lib.as_str())];
+
+    let read = call_as(&d, &setpriv, &python, &env, "ListPools", json!({}));
+    assert_eq!(read.as_ref().ok().map(|r| r["pools"].as_array().map(Vec::len)), Some(Some(3)), "{read:?}");
+    let before = pools(&d);
+    let denied = call_as(
+        &d,
+        &setpriv,
+        &python,
+        &env,
+        "Assign",
+        json!({ "pool": "web", "target": "cgroup:work/denied", "millicpus": 500 }),
+    );
+    assert!(
+        denied.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.AccessDenied") && e.contains("65534")),
+        "{denied:?}"
+    );
+    let denied = call_as(&d, &setpriv, &python, &env, "Release", json!({ "id": "whatever" }));
+    assert!(denied.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.AccessDenied")), "{denied:?}");
+    assert_eq!(pools(&d), before);
+    assert_eq!(ok(&d, "Status", json!({}))["assignments"], 0);
+
+    d.stop();
+}
+
+#[test]
+fn monitor_streams_changes() {
+    if !have_python_varlink() {
+        return;
+    }
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let mut mon = Command::new("python3")
+        .args([
+            "-u",
+            "-m",
+            "varlink.cli",
+            "call",
+            "--more",
+            &format!("{}/{IFACE}.Monitor", d.address()),
+            "{}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = mon.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let (tx, rx) = mpsc::channel::<Value>();
+    // The client prints each reply as a JSON document as it arrives.
+    let reader = std::thread::spawn(move || {
+        for v in serde_json::Deserializer::from_reader(stdout).into_iter::<Value>() {
+            let Ok(v) = v else { break };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |what: &str| {
+        rx.recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("waiting for {what}: {e}\n{}", d.logs()))
+    };
+    // The replay of the current pools says the subscription is live.
+    let mut replay = Vec::new();
+    for _ in 0..3 {
+        let ev = next("the replay")["event"].clone();
+        assert_eq!((ev["kind"].as_str(), ev["change"].as_str()), (Some("pool"), Some("current")), "{ev}");
+        replay.push(ev["pool"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(replay, ["dp", "reserved", "web"]);
+
+    fs::create_dir_all(d.sb.join("cgroup/work/mon")).unwrap_or_else(|e| panic!("{e}"));
+    let a = ok(
+        &d,
+        "Assign",
+        json!({ "pool": "web", "target": "cgroup:work/mon", "millicpus": 250, "id": "mon-1" }),
+    );
+    assert_eq!(a["assignment"]["millicpus"], 250);
+    assert_eq!(
+        next("assignment added")["event"],
+        json!({ "kind": "assignment", "id": "mon-1", "change": "added" })
+    );
+    assert_eq!(next("pool changed")["event"], json!({ "kind": "pool", "pool": "web", "change": "changed" }));
+    ok(&d, "Release", json!({ "id": "mon-1" }));
+    assert_eq!(
+        next("assignment removed")["event"],
+        json!({ "kind": "assignment", "id": "mon-1", "change": "removed" })
+    );
+    assert_eq!(next("pool changed")["event"], json!({ "kind": "pool", "pool": "web", "change": "changed" }));
+
+    // Stopping the daemon with a monitor attached still exits cleanly.
+    d.stop();
+    let _ = mon.kill();
+    let _ = mon.wait();
+    let _ = reader.join();
+}
