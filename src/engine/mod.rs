@@ -70,7 +70,7 @@ pub enum EngineError {
     Store(#[source] StoreError),
     /// A new configuration is invalid; the running one stays.
     #[error("the new configuration is invalid; the running one stays")]
-    Config(#[source] ConfigError),
+    Config(#[source] Box<ConfigError>),
     /// A new configuration would take CPUs from live assignments; the running one stays.
     #[error("the new configuration would strand assignments; the running one stays: {0}")]
     Stranded(String),
@@ -90,7 +90,7 @@ pub enum StartError {
     Topology(#[source] SysfsError),
     /// The configuration is invalid.
     #[error("the configuration is invalid")]
-    Config(#[source] ConfigError),
+    Config(#[source] Box<ConfigError>),
     /// The state could not be opened, loaded or saved.
     #[error("the state in the state directory cannot be used")]
     Store(#[source] StoreError),
@@ -228,7 +228,7 @@ impl Engine {
         restore_previous: bool,
     ) -> Result<(Engine, StartReport), StartError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
-        let pools = settings.resolve_pools(&topo).map_err(StartError::Config)?;
+        let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         let mut report = StartReport::default();
         let mut config_error = None;
@@ -414,7 +414,7 @@ impl Engine {
     }
 
     fn reload(&mut self, settings: Result<Box<Settings>, ConfigError>) -> Result<bool, EngineError> {
-        let result = settings.map_err(EngineError::Config).and_then(|s| self.try_reload(&s));
+        let result = settings.map_err(|e| EngineError::Config(Box::new(e))).and_then(|s| self.try_reload(&s));
         match &result {
             Ok(_) => self.config_error = None,
             Err(e) => self.config_error = Some(error_chain(e)),
@@ -425,7 +425,7 @@ impl Engine {
 
     fn try_reload(&mut self, settings: &Settings) -> Result<bool, EngineError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(EngineError::Topology)?;
-        let pools = settings.resolve_pools(&topo).map_err(EngineError::Config)?;
+        let pools = settings.resolve_pools(&topo).map_err(|e| EngineError::Config(Box::new(e)))?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
