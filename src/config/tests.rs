@@ -7,16 +7,7 @@ use crate::core::pool::{CpuSource, PoolKind, PoolName, Smt};
 use crate::core::topology::Topology;
 
 /// The error and its causes on one line, as main prints them.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+use crate::engine::error_chain as chain;
 
 fn write(root: &Path, rel: &str, text: &str) {
     let path = root.join(rel);
