@@ -228,8 +228,14 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
     effects.extend(removed_owned.into_iter().map(Effect::RemoveCgroup));
 
     // Grow: each set once nothing conflicting holds what it adds and its parents hold it.
-    let mut pending: Vec<&Key> =
-        after.iter().filter(|(k, p)| current.get(k) != Some(&p.cpus)).map(|(k, _)| k).collect();
+    // A placement whose role alone changes is pending too: until its role switches, it may
+    // block others under the old one. The switch rewrites its (unchanged) CPUs, which is
+    // harmless and keeps every step visible in the plan.
+    let mut pending: Vec<&Key> = after
+        .iter()
+        .filter(|(k, p)| current.get(k) != Some(&p.cpus) || roles.get(k).is_some_and(|r| *r != p.role))
+        .map(|(k, _)| k)
+        .collect();
     pending.sort_by_key(|k| k.depth());
     while !pending.is_empty() {
         let ready = pending.iter().position(|k| {
