@@ -1,0 +1,293 @@
+//! From parsed arguments to output: pick the transport, call the daemon, print the result.
+//!
+//! `run` connects only for commands that talk to the daemon (`completions` and `manpage` work
+//! without one), calls one [`Manager`] method, fills the request's arguments into a D-Bus
+//! error's parameters (so both transports report alike), and writes either the human text or
+//! the JSON document to `out`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::CommandFactory;
+use serde_json::{json, Value};
+
+use crate::cli::{Cli, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK};
+use crate::client::Manager;
+use crate::dbus::{self, Bus};
+use crate::error::Error;
+use crate::output;
+use crate::varlink::{self, Address};
+use crate::wire::{Amount, AssignRequest, CpuSource, CreatePoolRequest};
+
+/// The hint when the packaged daemon cannot be reached.
+const SYSTEM_HINT: &str = "is cpupoold running? `systemctl status cpupoold`";
+
+/// How to reach the daemon, resolved from the global options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// varlink at this address.
+    Varlink(Address),
+    /// D-Bus on this bus.
+    Dbus(Bus),
+}
+
+/// Escapes a path for a D-Bus address value (`unix:path=...`): bytes outside the set the spec
+/// allows unescaped become `%XX`.
+pub fn dbus_escape(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    path.as_os_str()
+        .as_bytes()
+        .iter()
+        .map(|&b| match b {
+            b'-' | b'0'..=b'9' | b'A'..=b'Z' | b'a'..=b'z' | b'_' | b'/' | b'.' | b'\\' | b'*' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02x}"),
+        })
+        .collect()
+}
+
+/// The transport and address the options ask for, and what to tell the user if nothing
+/// answers there.
+pub fn target(g: &Global) -> (Target, String) {
+    let sandbox = g.sandbox.as_ref().map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone()));
+    let hint = match &sandbox {
+        Some(d) => format!("is `cpupoold --sandbox {}` running?", d.display()),
+        None => SYSTEM_HINT.to_owned(),
+    };
+    let target = if let Some(bus) = &g.bus {
+        Target::Dbus(bus.clone())
+    } else if g.dbus {
+        Target::Dbus(match &sandbox {
+            Some(d) => Bus::Address(format!("unix:path={}", dbus_escape(&d.join("run/bus.sock")))),
+            None => Bus::System,
+        })
+    } else {
+        Target::Varlink(match (&g.varlink_address, &sandbox) {
+            (Some(a), _) => a.clone(),
+            (None, Some(d)) => Address::Path(d.join("run/org.cpupool.Manager")),
+            (None, None) => Address::Path(PathBuf::from(DEFAULT_VARLINK.trim_start_matches("unix:"))),
+        })
+    };
+    (target, hint)
+}
+
+fn connect(g: &Global) -> Result<Box<dyn Manager>, Error> {
+    let (target, hint) = target(g);
+    Ok(match target {
+        Target::Varlink(a) => Box::new(varlink::Client::connect(&a, g.timeout.0, &hint)?),
+        Target::Dbus(b) => Box::new(dbus::Client::connect(&b, g.timeout.0, &hint)?),
+    })
+}
+
+fn source(s: &SourceArgs) -> CpuSource {
+    match (&s.cpus, s.count) {
+        (Some(list), _) => CpuSource::List(list.clone()),
+        // clap makes one of --cpus and --count present.
+        (None, count) => CpuSource::Count { count: count.unwrap_or_default(), numa: s.numa },
+    }
+}
+
+/// The request arguments a D-Bus error's parameters may be filled from.
+fn source_request(s: &CpuSource) -> Vec<(&'static str, Value)> {
+    match s {
+        CpuSource::List(l) => vec![("cpus", json!(l))],
+        CpuSource::Count { count, numa } => vec![("count", json!(count)), ("numa", json!(numa))],
+    }
+}
+
+/// Where results go: human text or a JSON document.
+struct Printer<'a> {
+    out: &'a mut dyn Write,
+    json: bool,
+}
+
+impl Printer<'_> {
+    fn print(&mut self, human: impl FnOnce() -> String, doc: impl FnOnce() -> Value) -> Result<(), Error> {
+        let text = if self.json { format!("{}\n", doc()) } else { human() };
+        self.write(&text)
+    }
+
+    fn write(&mut self, text: &str) -> Result<(), Error> {
+        self.out
+            .write_all(text.as_bytes())
+            .and_then(|()| self.out.flush())
+            .map_err(|source| Error::Local { what: "writing to stdout".into(), source })
+    }
+}
+
+/// Runs the command line, writing results to `out`.
+pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
+    let mut p = Printer { out, json: cli.global.json };
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut buf = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "cpupoolctl", &mut buf);
+            return p.write(&String::from_utf8_lossy(&buf));
+        }
+        Command::Manpage { dir: None } => {
+            let mut buf = Vec::new();
+            crate::manpage::render(Cli::command(), true, &mut buf)
+                .map_err(|source| Error::Local { what: "rendering the man page".into(), source })?;
+            return p.write(&String::from_utf8_lossy(&buf));
+        }
+        Command::Manpage { dir: Some(dir) } => {
+            let written = crate::manpage::write_all(Cli::command(), dir)?;
+            return p.print(
+                || written.iter().map(|f| format!("{}\n", f.display())).collect(),
+                || json!({ "written": written }),
+            );
+        }
+        _ => {}
+    }
+    let mut m = connect(&cli.global)?;
+    match &cli.command {
+        Command::Pool(PoolCommand::List) => {
+            let pools = m.list_pools()?;
+            p.print(|| output::pools(&pools), || output::pools_json(&pools))
+        }
+        Command::Pool(PoolCommand::Show { name }) => {
+            let pool = m.get_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
+            p.print(|| output::pool(&pool), || output::pool_json(&pool))
+        }
+        Command::Pool(PoolCommand::Assign(a)) => {
+            let amount = match (a.amount.cpus, a.amount.millicpus) {
+                (Some(n), _) => Amount::Cpus(n),
+                // clap makes exactly one of them present.
+                (None, m) => Amount::Millicpus(m.unwrap_or_default()),
+            };
+            let req =
+                AssignRequest { pool: a.pool.clone(), target: a.target.target(), amount, id: a.id.clone() };
+            let (requested, unit) = match amount {
+                Amount::Cpus(n) => (json!(n), "cpus"),
+                Amount::Millicpus(m) => (json!(m), "millicpus"),
+            };
+            let made = m.assign(&req).map_err(|e| {
+                e.with_request(&[
+                    ("pool", json!(req.pool)),
+                    ("target", json!(req.target)),
+                    ("id", json!(req.id)),
+                    ("requested", requested),
+                    ("unit", json!(unit)),
+                ])
+            })?;
+            p.print(|| output::assignment(&made), || output::assignment_json(&made))
+        }
+        Command::Pool(PoolCommand::Release { id }) => {
+            let gone = m.release(id).map_err(|e| e.with_request(&[("id", json!(id))]))?;
+            p.print(|| output::released(&gone), || output::assignment_json(&gone))
+        }
+        Command::Pool(PoolCommand::Create(c)) => {
+            let req = CreatePoolRequest {
+                name: c.name.clone(),
+                kind: c.kind.as_str().to_owned(),
+                source: source(&c.source),
+                smt: c.smt.map(|s| s.as_str().to_owned()),
+                isolate: c.isolate.then_some(true),
+                kubelet: c.no_kubelet.then_some(false),
+            };
+            let mut request = vec![("pool", json!(req.name))];
+            request.extend(source_request(&req.source));
+            let pool = m.create_pool(&req).map_err(|e| e.with_request(&request))?;
+            p.print(|| output::pool(&pool), || output::pool_json(&pool))
+        }
+        Command::Pool(PoolCommand::Resize(r)) => {
+            let src = source(&r.source);
+            let mut request = vec![("pool", json!(r.name))];
+            request.extend(source_request(&src));
+            let pool = m.resize_pool(&r.name, &src).map_err(|e| e.with_request(&request))?;
+            p.print(|| output::pool(&pool), || output::pool_json(&pool))
+        }
+        Command::Pool(PoolCommand::Delete { name }) => {
+            m.delete_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
+            p.print(|| output::deleted(name), || json!({}))
+        }
+        Command::Assignments { pool } => {
+            let list =
+                m.list_assignments(pool.as_deref()).map_err(|e| e.with_request(&[("pool", json!(pool))]))?;
+            p.print(|| output::assignments(&list, pool.as_deref()), || output::assignments_json(&list))
+        }
+        Command::Topology => {
+            let t = m.topology()?;
+            p.print(|| output::topology(&t), || json!(t))
+        }
+        Command::Status => {
+            let s = m.status()?;
+            p.print(|| output::status(&s), || json!(s))
+        }
+        Command::Monitor => {
+            let json = cli.global.json;
+            m.monitor(&mut |e| p.write(&if json { format!("{}\n", json!(e)) } else { output::event(&e) }))
+        }
+        Command::Completions { .. } | Command::Manpage { .. } => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn target_of(args: &[&str]) -> (Target, String) {
+        let cli =
+            Cli::try_parse_from(std::iter::once("cpupoolctl").chain(args.iter().copied()).chain(["status"]))
+                .unwrap();
+        target(&cli.global)
+    }
+
+    #[test]
+    fn transports_and_addresses() {
+        let (t, hint) = target_of(&[]);
+        assert_eq!(t, Target::Varlink(Address::Path("/run/cpupoold/org.cpupool.Manager".into())));
+        assert_eq!(hint, SYSTEM_HINT);
+        assert_eq!(
+            target_of(&["--varlink-address", "unix:/x"]).0,
+            Target::Varlink(Address::Path("/x".into()))
+        );
+        assert_eq!(target_of(&["--dbus"]).0, Target::Dbus(Bus::System));
+        assert_eq!(target_of(&["--bus", "session"]).0, Target::Dbus(Bus::Session));
+        assert_eq!(
+            target_of(&["--dbus", "--bus", "unix:path=/b"]).0,
+            Target::Dbus(Bus::Address("unix:path=/b".into()))
+        );
+        let (t, hint) = target_of(&["--sandbox", "/tmp/sb"]);
+        assert_eq!(t, Target::Varlink(Address::Path("/tmp/sb/run/org.cpupool.Manager".into())));
+        assert_eq!(hint, "is `cpupoold --sandbox /tmp/sb` running?");
+        assert_eq!(
+            target_of(&["--sandbox", "/tmp/s b", "--dbus"]).0,
+            Target::Dbus(Bus::Address("unix:path=/tmp/s%20b/run/bus.sock".into()))
+        );
+        // A relative sandbox is made absolute: the address must not depend on the daemon's cwd.
+        let (t, _) = target_of(&["--sandbox", "sb"]);
+        let Target::Varlink(Address::Path(p)) = t else { panic!("{t:?}") };
+        assert!(p.is_absolute() && p.ends_with("sb/run/org.cpupool.Manager"), "{}", p.display());
+    }
+
+    #[test]
+    fn completions_and_manpage_need_no_daemon() {
+        for args in [&["completions", "bash"][..], &["completions", "zsh"], &["manpage"]] {
+            let cli = Cli::try_parse_from(std::iter::once("cpupoolctl").chain(args.iter().copied())).unwrap();
+            let mut out = Vec::new();
+            run(&cli, &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            assert!(text.contains("cpupoolctl") && text.len() > 500, "{args:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn an_unreachable_daemon_exits_3_and_says_where() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("none");
+        let cli =
+            Cli::try_parse_from(["cpupoolctl", "--varlink-address", sock.to_str().unwrap(), "pool", "list"])
+                .unwrap();
+        let e = run(&cli, &mut Vec::new()).unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("unix:{}", sock.display())) && msg.contains("systemctl status cpupoold"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,411 @@
+//! One client-side error for both transports, and what it means for the user.
+//!
+//! The varlink client turns `{"error": "org.cpupool.Manager.NoSuchPool", "parameters": {..}}`
+//! into [`Error::Daemon`] with kind `NoSuchPool`; the D-Bus client turns
+//! `org.cpupool.Manager1.Error.NoSuchPool` (whose message is its only detail) into the same
+//! kind. The command layer then fills the parameters the D-Bus reply could not carry from the
+//! request ([`DaemonError::with_request`]), so the message, the `--json` error document and
+//! the exit code are the same whichever transport answered.
+//!
+//! Exit codes: [`EXIT_DAEMON`] for anything the daemon refused or failed (and for local
+//! failures such as a broken reply), [`EXIT_UNREACHABLE`] when no daemon answered; clap
+//! exits with 2 on usage errors itself.
+
+use serde_json::{json, Map, Value};
+
+/// The daemon answered with an error, or something else failed after arguments were parsed.
+pub const EXIT_DAEMON: u8 = 1;
+/// No daemon answered at the address tried.
+pub const EXIT_UNREACHABLE: u8 = 3;
+
+/// The varlink interface's error prefix.
+pub const VARLINK_PREFIX: &str = "org.cpupool.Manager.";
+/// The D-Bus interface's error prefix.
+pub const DBUS_PREFIX: &str = "org.cpupool.Manager1.Error.";
+
+/// A typed error answered by the daemon.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DaemonError {
+    /// The kind, e.g. `NoSuchPool` (the name without the interface prefix), or the whole
+    /// name for errors outside our interfaces (`org.varlink.service.MethodNotFound`).
+    pub kind: String,
+    /// The error's parameters (varlink), or those filled from the request (D-Bus).
+    pub parameters: Map<String, Value>,
+    /// The daemon's own message (D-Bus carries one, varlink does not).
+    pub detail: Option<String>,
+}
+
+/// Everything a command can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The daemon answered with an error.
+    #[error("{}", .0.message())]
+    Daemon(DaemonError),
+    /// Nothing answered at `address`.
+    #[error("cannot reach cpupoold at {address}: {reason}; {hint}")]
+    Unreachable {
+        /// The address tried, as the user would write it.
+        address: String,
+        /// What went wrong, e.g. "no socket there".
+        reason: String,
+        /// What to do about it.
+        hint: String,
+    },
+    /// The peer answered something that is not the protocol.
+    #[error("unexpected reply from {address}: {reason}")]
+    Protocol {
+        /// The address.
+        address: String,
+        /// What was wrong with the reply.
+        reason: String,
+    },
+    /// A local failure, e.g. writing a man page.
+    #[error("{what}: {source}")]
+    Local {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Unreachable { .. } => EXIT_UNREACHABLE,
+            Error::Daemon(_) | Error::Protocol { .. } | Error::Local { .. } => EXIT_DAEMON,
+        }
+    }
+
+    /// The name printed before the message and in the JSON document's `error`.
+    pub fn name(&self) -> &str {
+        match self {
+            Error::Daemon(e) => &e.kind,
+            Error::Unreachable { .. } => "Unreachable",
+            Error::Protocol { .. } => "ProtocolError",
+            Error::Local { .. } => "LocalError",
+        }
+    }
+
+    /// The `--json` error document: `{"error": name, "parameters": {..}, "message": ..}`.
+    pub fn to_json(&self) -> Value {
+        let parameters = match self {
+            Error::Daemon(e) => Value::Object(e.parameters.clone()),
+            Error::Unreachable { address, reason, .. } => json!({ "address": address, "reason": reason }),
+            Error::Protocol { address, reason } => json!({ "address": address, "reason": reason }),
+            Error::Local { what, source } => json!({ "what": what, "reason": source.to_string() }),
+        };
+        json!({ "error": self.name(), "parameters": parameters, "message": self.to_string() })
+    }
+
+    /// The line printed on stderr without `--json`.
+    pub fn human(&self) -> String {
+        match self {
+            Error::Daemon(e) => format!("error {}: {}", e.kind, e.message()),
+            other => format!("error: {other}"),
+        }
+    }
+
+    /// Fills parameters the daemon's reply did not carry from the request (see
+    /// [`DaemonError::with_request`]); other errors pass through.
+    pub fn with_request(self, request: &[(&str, Value)]) -> Error {
+        match self {
+            Error::Daemon(e) => Error::Daemon(e.with_request(request)),
+            other => other,
+        }
+    }
+}
+
+impl DaemonError {
+    /// An error from its wire name: the interface prefix (varlink or D-Bus) is dropped.
+    pub fn from_name(name: &str, parameters: Map<String, Value>, detail: Option<String>) -> DaemonError {
+        let kind =
+            name.strip_prefix(VARLINK_PREFIX).or_else(|| name.strip_prefix(DBUS_PREFIX)).unwrap_or(name);
+        // A nested name (org.cpupool.Manager.Foo.Bar) is not ours: keep it whole.
+        let kind = if kind.contains('.') { name } else { kind };
+        DaemonError { kind: kind.to_owned(), parameters, detail }
+    }
+
+    /// Fills the parameters that the kind declares and that are arguments of the request
+    /// (`pool`, `id`, `target`, ...), where the reply did not carry them. D-Bus errors carry
+    /// only a message; this makes their parameters match the varlink error's. Parameters
+    /// that name something other than the request's argument of the same name (`TargetBusy`'s
+    /// `id` is the assignment holding the target) are never filled.
+    pub fn with_request(mut self, request: &[(&str, Value)]) -> DaemonError {
+        let keys: &[&str] = match self.kind.as_str() {
+            "NoSuchPool" | "PoolExists" | "PoolInUse" | "ReservedPool" => &["pool"],
+            "NoSuchAssignment" | "DuplicateId" => &["id"],
+            "TargetBusy" => &["target"],
+            "NotWholeCores" => &["pool", "requested"],
+            "InsufficientCapacity" => &["pool", "requested", "unit"],
+            _ => &[],
+        };
+        for (key, value) in request {
+            if keys.contains(key) && !value.is_null() && !self.parameters.contains_key(*key) {
+                self.parameters.insert((*key).to_owned(), value.clone());
+            }
+        }
+        self
+    }
+
+    fn param(&self, key: &str) -> Option<String> {
+        match self.parameters.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        }
+    }
+
+    /// What happened and what to do about it.
+    pub fn message(&self) -> String {
+        let p = |k: &str| self.param(k);
+        // `what` needs the parameters; without them (a D-Bus error whose parameters could not
+        // be filled) the daemon's own message stands in for it.
+        let (what, hint): (Option<String>, String) = match self.kind.as_str() {
+            "NoSuchPool" => {
+                (p("pool").map(|x| format!("no pool `{x}`")), "`cpupoolctl pool list` shows the pools".into())
+            }
+            "PoolExists" => (
+                p("pool").map(|x| format!("a pool `{x}` exists already")),
+                "choose another name; `cpupoolctl pool list` shows the pools".into(),
+            ),
+            "PoolInUse" => {
+                let pool = p("pool").unwrap_or_else(|| "POOL".into());
+                (
+                    p("pool").map(|x| match p("assignments") {
+                        Some(n) => format!("pool `{x}` still has {n} assignment(s)"),
+                        None => format!("pool `{x}` still has assignments"),
+                    }),
+                    format!("release them first; `cpupoolctl assignments --pool {pool}` lists them"),
+                )
+            }
+            "NoSuchAssignment" => (
+                p("id").map(|x| format!("no assignment `{x}`")),
+                "`cpupoolctl assignments` lists the assignments".into(),
+            ),
+            "InsufficientCapacity" => {
+                let pool = p("pool").unwrap_or_else(|| "POOL".into());
+                let what = match (p("pool"), p("requested"), p("free"), p("unit")) {
+                    (Some(x), Some(r), Some(f), Some(u)) => {
+                        Some(format!("pool `{x}` has {f} {u} free, {r} asked"))
+                    }
+                    (Some(x), Some(r), None, Some(u)) => {
+                        Some(format!("pool `{x}` has fewer than {r} {u} free"))
+                    }
+                    _ => None,
+                };
+                (what, format!("ask for less or release an assignment; `cpupoolctl pool show {pool}` shows what is free"))
+            }
+            "DuplicateId" => (
+                p("id")
+                    .map(|x| format!("id `{x}` belongs to an assignment with another pool, target or size")),
+                "choose another --id, or release that assignment first (`cpupoolctl pool release ID`)".into(),
+            ),
+            "TargetBusy" => {
+                let what = match (p("target"), p("id"), p("pool")) {
+                    (Some(t), Some(i), Some(x)) => {
+                        Some(format!("target `{t}` already has assignment `{i}` from pool `{x}`"))
+                    }
+                    (Some(t), _, _) => Some(format!("target `{t}` already has an assignment")),
+                    _ => None,
+                };
+                let id = p("id").unwrap_or_else(|| "ID".into());
+                (
+                    what,
+                    format!(
+                        "a target holds one assignment: release it first (`cpupoolctl pool release {id}`)"
+                    ),
+                )
+            }
+            "InvalidArgument" => {
+                let what = match (p("argument"), p("reason")) {
+                    (Some(a), Some(r)) => Some(format!("invalid {a}: {r}")),
+                    _ => None,
+                };
+                (what, "`cpupoolctl --help` describes the arguments".into())
+            }
+            "ReservedPool" => (
+                p("pool").map(|x| format!("`{x}` is the reserved pool, which is not assigned from")),
+                "choose an exclusive or shared pool; `cpupoolctl pool list` shows the pools".into(),
+            ),
+            "NotWholeCores" => (
+                match (p("pool"), p("requested")) {
+                    (Some(x), Some(r)) => {
+                        Some(format!("pool `{x}` hands out whole cores, and {r} CPUs are not whole cores"))
+                    }
+                    (Some(x), None) => Some(format!("pool `{x}` hands out whole cores")),
+                    _ => None,
+                },
+                "ask for a multiple of the threads per core; `cpupoolctl topology` shows the cores".into(),
+            ),
+            "AccessDenied" => (
+                Some(match p("uid") {
+                    Some(uid) => format!("uid {uid} may not change pools or assignments"),
+                    None => "you may not change pools or assignments".into(),
+                }),
+                "run as root or as a member of the admin group (daemon.admin_group, default `cpupool`)"
+                    .into(),
+            ),
+            "ApplyFailed" => (
+                p("reason")
+                    .map(|r| format!("applying the change to the host failed, and it was rolled back: {r}")),
+                "the daemon's log says more (`journalctl -u cpupoold`)".into(),
+            ),
+            "NotDurable" => (
+                p("reason").map(|r| format!("the change could not be saved, and it was rolled back: {r}")),
+                "check the state directory and its disk (`journalctl -u cpupoold`)".into(),
+            ),
+            "ConfigRejected" => (
+                p("reason").map(|r| format!("the change is invalid, the running configuration stays: {r}")),
+                "`cpupoolctl pool list` and `cpupoolctl topology` show what there is".into(),
+            ),
+            "AssignmentsStranded" => (
+                p("reason").map(|r| format!("the change would take CPUs from live assignments: {r}")),
+                "release them first; `cpupoolctl assignments` lists them".into(),
+            ),
+            "TopologyFailed" => (
+                p("reason").map(|r| format!("reading the CPU topology failed: {r}")),
+                "the daemon's log says more (`journalctl -u cpupoold`)".into(),
+            ),
+            "ShuttingDown" => (
+                Some("the daemon is shutting down".into()),
+                "try again when it is back (`systemctl status cpupoold`)".into(),
+            ),
+            "Busy" => (Some("the daemon has too many connections".into()), "try again later".into()),
+            "org.varlink.service.MethodNotFound"
+            | "org.varlink.service.InterfaceNotFound"
+            | "UnknownMethod"
+            | "org.freedesktop.DBus.Error.UnknownMethod" => (
+                Some("the daemon does not know this call".into()),
+                "is it older than cpupoolctl? `cpupoolctl status` shows its version".into(),
+            ),
+            _ => {
+                let what = if self.parameters.is_empty() {
+                    format!("the daemon answered {}", self.kind)
+                } else {
+                    format!("the daemon answered {} {}", self.kind, Value::Object(self.parameters.clone()))
+                };
+                return match &self.detail {
+                    Some(d) => format!("{what}: {d}"),
+                    None => what,
+                };
+            }
+        };
+        match what.or_else(|| self.detail.clone()) {
+            Some(what) => format!("{what}; {hint}"),
+            None => hint,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn params(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    #[test]
+    fn names_lose_their_interface_prefix() {
+        let v = DaemonError::from_name("org.cpupool.Manager.NoSuchPool", Map::new(), None);
+        let d = DaemonError::from_name("org.cpupool.Manager1.Error.NoSuchPool", Map::new(), None);
+        assert_eq!((v.kind.as_str(), d.kind.as_str()), ("NoSuchPool", "NoSuchPool"));
+        let other = DaemonError::from_name("org.varlink.service.MethodNotFound", Map::new(), None);
+        assert_eq!(other.kind, "org.varlink.service.MethodNotFound");
+    }
+
+    #[test]
+    fn both_transports_give_the_same_message_and_json() {
+        let varlink =
+            DaemonError::from_name("org.cpupool.Manager.NoSuchPool", params(json!({"pool": "x"})), None);
+        let dbus = DaemonError::from_name(
+            "org.cpupool.Manager1.Error.NoSuchPool",
+            Map::new(),
+            Some("no pool `x`".into()),
+        )
+        .with_request(&[("pool", json!("x")), ("id", json!("a"))]);
+        assert_eq!(varlink.message(), "no pool `x`; `cpupoolctl pool list` shows the pools");
+        assert_eq!(dbus.message(), varlink.message());
+        let (v, d) = (Error::Daemon(varlink), Error::Daemon(dbus));
+        assert_eq!(v.to_json(), d.to_json());
+        assert_eq!(
+            v.to_json(),
+            json!({"error": "NoSuchPool", "parameters": {"pool": "x"},
+                   "message": "no pool `x`; `cpupoolctl pool list` shows the pools"})
+        );
+        assert_eq!((v.exit_code(), d.exit_code()), (EXIT_DAEMON, EXIT_DAEMON));
+        assert_eq!(v.human(), "error NoSuchPool: no pool `x`; `cpupoolctl pool list` shows the pools");
+    }
+
+    #[test]
+    fn request_fills_only_matching_parameters() {
+        // TargetBusy's id is the assignment holding the target, not the requested id.
+        let e = DaemonError::from_name("org.cpupool.Manager1.Error.TargetBusy", Map::new(), None)
+            .with_request(&[("pool", json!("dp")), ("id", json!("mine")), ("target", json!("unit:a"))]);
+        assert_eq!(Value::Object(e.parameters), json!({"target": "unit:a"}));
+        // Parameters from the reply win.
+        let e = DaemonError::from_name("org.cpupool.Manager.NoSuchPool", params(json!({"pool": "a"})), None)
+            .with_request(&[("pool", json!("b"))]);
+        assert_eq!(e.param("pool").as_deref(), Some("a"));
+        // Absent request arguments are not filled.
+        let e = DaemonError::from_name("DuplicateId", Map::new(), None).with_request(&[("id", Value::Null)]);
+        assert!(e.parameters.is_empty());
+    }
+
+    #[test]
+    fn messages_say_what_to_do() {
+        let m = |name: &str, p: Value, detail: Option<&str>| {
+            DaemonError::from_name(name, params(p), detail.map(str::to_owned)).message()
+        };
+        assert_eq!(
+            m("AccessDenied", json!({"uid": 65534}), None),
+            "uid 65534 may not change pools or assignments; run as root or as a member of the admin \
+             group (daemon.admin_group, default `cpupool`)"
+        );
+        assert!(m("AccessDenied", json!({}), Some("denied")).contains("daemon.admin_group"));
+        assert_eq!(
+            m("InsufficientCapacity", json!({"pool": "dp", "requested": 4, "free": 2, "unit": "cpus"}), None),
+            "pool `dp` has 2 cpus free, 4 asked; ask for less or release an assignment; \
+             `cpupoolctl pool show dp` shows what is free"
+        );
+        assert!(m("TargetBusy", json!({"target": "unit:a", "id": "x", "pool": "dp"}), None)
+            .contains("`cpupoolctl pool release x`"));
+        assert_eq!(
+            m("InvalidArgument", json!({"argument": "target", "reason": "empty"}), None),
+            "invalid target: empty; `cpupoolctl --help` describes the arguments"
+        );
+        // Without parameters the daemon's message is the first half.
+        assert_eq!(
+            m("ApplyFailed", json!({}), Some("writing `2` to x: EBUSY")),
+            "writing `2` to x: EBUSY; the daemon's log says more (`journalctl -u cpupoold`)"
+        );
+        // Unknown errors are shown as they came.
+        assert_eq!(
+            m("org.example.Odd", json!({"a": 1}), Some("why")),
+            "the daemon answered org.example.Odd {\"a\":1}: why"
+        );
+        assert!(m("org.varlink.service.MethodNotFound", json!({"method": "x"}), None).contains("older"));
+    }
+
+    #[test]
+    fn exit_codes() {
+        let unreachable = Error::Unreachable {
+            address: "unix:/x".into(),
+            reason: "no socket".into(),
+            hint: "start it".into(),
+        };
+        assert_eq!(unreachable.exit_code(), EXIT_UNREACHABLE);
+        assert_eq!(unreachable.to_string(), "cannot reach cpupoold at unix:/x: no socket; start it");
+        assert_eq!(unreachable.to_json()["error"], "Unreachable");
+        assert_eq!(unreachable.to_json()["parameters"]["address"], "unix:/x");
+        let protocol = Error::Protocol { address: "unix:/x".into(), reason: "not JSON".into() };
+        assert_eq!(protocol.exit_code(), EXIT_DAEMON);
+    }
+}

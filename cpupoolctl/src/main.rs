@@ -1,0 +1,50 @@
+//! `cpupoolctl`: the command-line client of cpupoold.
+//!
+//! Data flow: clap parses the arguments ([`cli`]; usage errors exit 2 there) → [`commands`]
+//! picks a transport from the global options and connects: [`varlink`] (a small synchronous
+//! client over the daemon's unix socket, the default) or [`dbus`] (zbus on a current-thread
+//! tokio runtime) → one call through the [`client::Manager`] trait, which both transports
+//! implement with the [`wire`] types → [`output`] prints a table or a JSON document. Errors
+//! from either transport become one [`error::Error`], printed with what to do and mapped to
+//! the exit code (1 daemon error, 3 daemon unreachable).
+//!
+//! The crate depends only on the wire contract (the varlink IDL and the D-Bus introspection
+//! XML), not on the daemon's crate.
+
+#![forbid(unsafe_code)]
+
+mod cli;
+mod client;
+mod commands;
+mod dbus;
+mod error;
+mod manpage;
+mod output;
+mod varlink;
+mod wire;
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // Usage errors, --help and --version exit here (2 for usage errors).
+    let cli = cli::Cli::parse();
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    match commands::run(&cli, &mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        // `cpupoolctl monitor | head`: the reader has gone, which is not a failure.
+        Err(error::Error::Local { source, .. }) if source.kind() == io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let line =
+                if cli.global.json { e.to_json().to_string() } else { format!("cpupoolctl: {}", e.human()) };
+            // If stderr is gone too there is nobody left to tell.
+            let _ = writeln!(io::stderr(), "{line}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Printing results: aligned tables and `key: value` blocks for people, JSON for scripts.
+//!
+//! Every function here is pure (values in, text out), so the exact output is unit-tested.
+//! The JSON documents mirror the varlink replies' parameters (`{"pools": [..]}`,
+//! `{"assignment": {..}}`, ...), whichever transport answered, so the IDL documents them.
+
+use serde_json::{json, Value};
+
+use crate::wire::{Assignment, Event, Pool, Status, Topology};
+
+/// Column alignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// Text.
+    Left,
+    /// Numbers.
+    Right,
+}
+
+/// A table with a header row; columns as wide as their widest cell, two spaces apart.
+pub struct Table {
+    headers: Vec<(&'static str, Align)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these columns.
+    pub fn new(headers: &[(&'static str, Align)]) -> Table {
+        Table { headers: headers.to_vec(), rows: Vec::new() }
+    }
+
+    /// Adds a row (one cell per column).
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// The table, each line ending in a newline and without trailing spaces.
+    pub fn render(&self) -> String {
+        let header: Vec<String> = self.headers.iter().map(|(h, _)| (*h).to_owned()).collect();
+        let all: Vec<&Vec<String>> = std::iter::once(&header).chain(&self.rows).collect();
+        let widths: Vec<usize> = (0..self.headers.len())
+            .map(|i| all.iter().map(|r| r.get(i).map_or(0, |c| c.chars().count())).max().unwrap_or(0))
+            .collect();
+        let mut out = String::new();
+        for row in all {
+            let mut line = String::new();
+            for (i, (_, align)) in self.headers.iter().enumerate() {
+                let cell = row.get(i).map(String::as_str).unwrap_or("");
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                match align {
+                    Align::Left => {
+                        line.push_str(cell);
+                        line.push_str(&" ".repeat(pad));
+                    }
+                    Align::Right => {
+                        line.push_str(&" ".repeat(pad));
+                        line.push_str(cell);
+                    }
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// `key: value` lines with the values aligned.
+fn block(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+    pairs.iter().map(|(k, v)| format!("{:<width$}  {v}\n", format!("{k}:")).replace(" \n", "\n")).collect()
+}
+
+/// Millicpus as people read them: `1500m`.
+pub fn millicpus(m: u64) -> String {
+    format!("{m}m")
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_owned()
+}
+
+/// An empty CPU list, shown as a dash so the columns stay readable.
+fn cpus(list: &str) -> String {
+    if list.is_empty() {
+        "-".to_owned()
+    } else {
+        list.to_owned()
+    }
+}
+
+/// Seconds as `2d 3h 4m 5s`, leaving out leading zero units.
+pub fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    let parts = [(d, "d"), (h, "h"), (m, "m"), (s, "s")];
+    let first = parts.iter().position(|(n, _)| *n > 0).unwrap_or(3);
+    parts[first..].iter().map(|(n, u)| format!("{n}{u}")).collect::<Vec<_>>().join(" ")
+}
+
+/// `pool list`.
+pub fn pools(pools: &[Pool]) -> String {
+    use Align::{Left, Right};
+    let mut t = Table::new(&[
+        ("NAME", Left),
+        ("KIND", Left),
+        ("CPUS", Left),
+        ("FREE CPUS", Left),
+        ("FREE", Right),
+        ("CAPACITY", Right),
+        ("ISOLATED", Left),
+        ("ASSIGNMENTS", Right),
+    ]);
+    for p in pools {
+        t.row(vec![
+            p.name.clone(),
+            p.kind.clone(),
+            cpus(&p.cpus),
+            cpus(&p.free_cpus),
+            millicpus(p.free_millicpus),
+            millicpus(p.capacity_millicpus),
+            yes_no(p.isolated),
+            p.assignments.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+/// `pool show`, `pool create`, `pool resize`.
+pub fn pool(p: &Pool) -> String {
+    block(&[
+        ("name", p.name.clone()),
+        ("kind", p.kind.clone()),
+        ("cpus", cpus(&p.cpus)),
+        ("free cpus", cpus(&p.free_cpus)),
+        ("free", format!("{} of {}", millicpus(p.free_millicpus), millicpus(p.capacity_millicpus))),
+        ("isolated", yes_no(p.isolated)),
+        ("assignments", p.assignments.to_string()),
+    ])
+}
+
+/// `assignments`.
+pub fn assignments(list: &[Assignment], pool: Option<&str>) -> String {
+    if list.is_empty() {
+        return match pool {
+            Some(p) => format!("no assignments in pool `{p}`\n"),
+            None => "no assignments\n".to_owned(),
+        };
+    }
+    use Align::{Left, Right};
+    let mut t =
+        Table::new(&[("ID", Left), ("POOL", Left), ("CPUS", Left), ("MILLICPUS", Right), ("TARGET", Left)]);
+    for a in list {
+        t.row(vec![a.id.clone(), a.pool.clone(), cpus(&a.cpus), millicpus(a.millicpus), a.target.clone()]);
+    }
+    t.render()
+}
+
+/// `pool assign`.
+pub fn assignment(a: &Assignment) -> String {
+    block(&[
+        ("id", a.id.clone()),
+        ("pool", a.pool.clone()),
+        ("cpus", cpus(&a.cpus)),
+        ("millicpus", millicpus(a.millicpus)),
+        ("target", a.target.clone()),
+    ])
+}
+
+/// `pool release`.
+pub fn released(a: &Assignment) -> String {
+    format!(
+        "released `{}`: pool {}, CPUs {}, {}, {}\n",
+        a.id,
+        a.pool,
+        cpus(&a.cpus),
+        millicpus(a.millicpus),
+        a.target
+    )
+}
+
+/// `pool delete`.
+pub fn deleted(name: &str) -> String {
+    format!("deleted pool `{name}`; its CPUs joined the reserved pool\n")
+}
+
+/// `topology`.
+pub fn topology(t: &Topology) -> String {
+    let mut out =
+        block(&[("online", cpus(&t.online)), ("offline", cpus(&t.offline)), ("isolated", cpus(&t.isolated))]);
+    out.push('\n');
+    let mut table = Table::new(&[
+        ("CPU", Align::Right),
+        ("CORE", Align::Right),
+        ("PACKAGE", Align::Right),
+        ("DIE", Align::Right),
+        ("NODE", Align::Right),
+        ("L3", Align::Right),
+    ]);
+    for c in &t.cpus {
+        table.row([c.cpu, c.core, c.package, c.die, c.node, c.l3].iter().map(u64::to_string).collect());
+    }
+    out.push_str(&table.render());
+    out
+}
+
+/// `status`.
+pub fn status(s: &Status) -> String {
+    block(&[
+        ("version", s.version.clone()),
+        ("uptime", duration(s.uptime_seconds)),
+        ("pools", s.pools.to_string()),
+        ("assignments", s.assignments.to_string()),
+        ("state file", s.state_file.clone()),
+        (
+            "configuration",
+            match &s.config_error {
+                None => "running as on disk".to_owned(),
+                Some(e) => format!("NOT the one on disk: {e}"),
+            },
+        ),
+    ])
+}
+
+/// One `monitor` line.
+pub fn event(e: &Event) -> String {
+    let subject = e.pool.as_deref().or(e.id.as_deref()).unwrap_or("-");
+    format!("{:<10}  {:<20}  {}\n", e.kind, subject, e.change.as_deref().unwrap_or("-")).replace("  \n", "\n")
+}
+
+/// The `--json` document of `pool list`.
+pub fn pools_json(pools: &[Pool]) -> Value {
+    json!({ "pools": pools })
+}
+
+/// The `--json` document of `pool show`, `create`, `resize`.
+pub fn pool_json(pool: &Pool) -> Value {
+    json!({ "pool": pool })
+}
+
+/// The `--json` document of `assignments`.
+pub fn assignments_json(list: &[Assignment]) -> Value {
+    json!({ "assignments": list })
+}
+
+/// The `--json` document of `pool assign` and `pool release`.
+pub fn assignment_json(a: &Assignment) -> Value {
+    json!({ "assignment": a })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::wire::Cpu;
+
+    fn dp() -> Pool {
+        Pool {
+            name: "dp".into(),
+            kind: "exclusive".into(),
+            cpus: "2-3,6-7".into(),
+            free_cpus: "".into(),
+            free_millicpus: 0,
+            capacity_millicpus: 4000,
+            isolated: true,
+            assignments: 2,
+        }
+    }
+
+    fn web() -> Pool {
+        Pool {
+            name: "web".into(),
+            kind: "shared".into(),
+            cpus: "1,5".into(),
+            free_cpus: "1,5".into(),
+            free_millicpus: 1750,
+            capacity_millicpus: 2000,
+            isolated: false,
+            assignments: 1,
+        }
+    }
+
+    #[test]
+    fn pool_table_is_aligned() {
+        assert_eq!(
+            pools(&[dp(), web()]),
+            "\
+NAME  KIND       CPUS     FREE CPUS   FREE  CAPACITY  ISOLATED  ASSIGNMENTS
+dp    exclusive  2-3,6-7  -             0m     4000m  yes                 2
+web   shared     1,5      1,5        1750m     2000m  no                  1
+"
+        );
+    }
+
+    #[test]
+    fn pool_block() {
+        assert_eq!(
+            pool(&web()),
+            "\
+name:         web
+kind:         shared
+cpus:         1,5
+free cpus:    1,5
+free:         1750m of 2000m
+isolated:     no
+assignments:  1
+"
+        );
+    }
+
+    #[test]
+    fn assignment_outputs() {
+        let a = Assignment {
+            id: "app-1".into(),
+            pool: "dp".into(),
+            cpus: "2,6".into(),
+            millicpus: 2000,
+            target: "cgroup:work/app".into(),
+        };
+        let b = Assignment {
+            id: "x".into(),
+            pool: "web".into(),
+            cpus: "1,5".into(),
+            millicpus: 250,
+            target: "pid:7".into(),
+        };
+        assert_eq!(
+            assignments(&[a.clone(), b], None),
+            "\
+ID     POOL  CPUS  MILLICPUS  TARGET
+app-1  dp    2,6       2000m  cgroup:work/app
+x      web   1,5        250m  pid:7
+"
+        );
+        assert_eq!(assignments(&[], None), "no assignments\n");
+        assert_eq!(assignments(&[], Some("dp")), "no assignments in pool `dp`\n");
+        assert_eq!(
+            assignment(&a),
+            "id:         app-1\npool:       dp\ncpus:       2,6\nmillicpus:  2000m\ntarget:     cgroup:work/app\n"
+        );
+        assert_eq!(released(&a), "released `app-1`: pool dp, CPUs 2,6, 2000m, cgroup:work/app\n");
+        assert_eq!(assignment_json(&a)["assignment"]["millicpus"], 2000);
+    }
+
+    #[test]
+    fn topology_and_status() {
+        let t = Topology {
+            online: "0-1".into(),
+            offline: "".into(),
+            isolated: "".into(),
+            cpus: vec![
+                Cpu { cpu: 0, core: 0, package: 0, die: 0, node: 0, l3: 0 },
+                Cpu { cpu: 1, core: 0, package: 0, die: 0, node: 0, l3: 0 },
+            ],
+        };
+        assert_eq!(
+            topology(&t),
+            "\
+online:    0-1
+offline:   -
+isolated:  -
+
+CPU  CORE  PACKAGE  DIE  NODE  L3
+  0     0        0    0     0   0
+  1     0        0    0     0   0
+"
+        );
+        let mut s = Status {
+            version: "0.1.0".into(),
+            uptime_seconds: 93784,
+            pools: 3,
+            assignments: 0,
+            state_file: "/var/lib/cpupoold/state.json".into(),
+            config_error: None,
+        };
+        let text = status(&s);
+        assert!(text.starts_with("version:        0.1.0\nuptime:         1d 2h 3m 4s\n"), "{text}");
+        assert!(text.ends_with("configuration:  running as on disk\n"), "{text}");
+        // config_error is always in the JSON document, null when absent.
+        assert_eq!(serde_json::to_value(&s).unwrap()["config_error"], Value::Null);
+        s.config_error = Some("pools.dp.count: must be at least 1".into());
+        assert!(status(&s).contains("NOT the one on disk: pools.dp.count"));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration(0), "0s");
+        assert_eq!(duration(59), "59s");
+        assert_eq!(duration(3600), "1h 0m 0s");
+        assert_eq!(duration(86400 + 5), "1d 0h 0m 5s");
+    }
+
+    #[test]
+    fn events() {
+        assert_eq!(event(&Event::pool("web", "changed")), "pool        web                   changed\n");
+        assert_eq!(event(&Event::assignment("a-1", "added")), "assignment  a-1                   added\n");
+        assert_eq!(
+            serde_json::to_value(Event::pool("web", "current")).unwrap(),
+            json!({"kind": "pool", "pool": "web", "change": "current"})
+        );
+    }
+
+    #[test]
+    fn json_documents_mirror_the_varlink_replies() {
+        let v = pools_json(&[web()]);
+        assert_eq!(v["pools"][0]["free_millicpus"], 1750);
+        assert_eq!(pool_json(&dp())["pool"]["isolated"], true);
+        assert_eq!(assignments_json(&[]), json!({"assignments": []}));
+    }
+}
