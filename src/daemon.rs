@@ -8,9 +8,10 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::api::dbus::{self, Bus};
 use crate::api::varlink;
-use crate::config::{self, ConfigDirs, ConfigError, Settings};
-use crate::engine::{self, Engine, Handle, StartError};
+use crate::config::{ConfigDirs, ConfigError, Settings};
+use crate::engine::{self, ConfigSource, Engine, Handle, StartError};
 use crate::host::cgroupfs::CgroupFs;
 use crate::sandbox::Sandbox;
 
@@ -25,6 +26,39 @@ pub struct RunOptions {
     pub restore_previous_state: bool,
     /// Where processes are found (normally `/proc`).
     pub proc_root: PathBuf,
+    /// Where to serve the D-Bus API.
+    pub bus: BusChoice,
+}
+
+/// Where the D-Bus API is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusChoice {
+    /// Not at all.
+    None,
+    /// On the sandbox's private bus (started if it is not running).
+    Private,
+    /// On this bus.
+    Bus(Bus),
+}
+
+impl std::str::FromStr for BusChoice {
+    type Err = String;
+
+    /// `system`, `session`, `private`, `none`, or a D-Bus address (`unix:path=...`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "none" => BusChoice::None,
+            "private" => BusChoice::Private,
+            "system" => BusChoice::Bus(Bus::System),
+            "session" => BusChoice::Bus(Bus::Session),
+            a if a.contains(':') => BusChoice::Bus(Bus::Address(a.to_owned())),
+            other => {
+                return Err(format!(
+                    "`{other}` is not system, session, private, none or a D-Bus address such as unix:path=/run/bus"
+                ))
+            }
+        })
+    }
 }
 
 /// Why the daemon stopped with an error.
@@ -39,6 +73,21 @@ pub enum DaemonError {
     /// Installing a signal handler failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
+    /// The D-Bus API could not be served.
+    #[error("serving the D-Bus API on {bus}")]
+    DBus {
+        /// The bus.
+        bus: String,
+        /// Why.
+        #[source]
+        source: zbus::Error,
+    },
+    /// `--bus private` without a sandbox.
+    #[error("--bus private needs --sandbox (the private bus lives in the sandbox directory)")]
+    PrivateBusWithoutSandbox,
+    /// The sandbox's private bus could not be started.
+    #[error("starting the sandbox's bus")]
+    PrivateBus(#[source] crate::sandbox::SandboxError),
     /// The varlink socket could not be bound.
     #[error("binding the varlink socket `{}`", path.display())]
     Varlink {
@@ -52,11 +101,20 @@ pub enum DaemonError {
 
 /// Loads the settings for `opts`, confined to the sandbox when there is one.
 pub fn load_settings(opts: &RunOptions) -> Result<Settings, ConfigError> {
-    let mut settings = config::load(&opts.dirs)?;
-    if let Some(sb) = &opts.sandbox {
-        sb.confine(&mut settings);
+    config_source(opts).load(None)
+}
+
+/// Where the engine reads the configuration again (SIGHUP, pool edits).
+fn config_source(opts: &RunOptions) -> ConfigSource {
+    let sandbox = opts.sandbox.clone();
+    ConfigSource {
+        dirs: opts.dirs.clone(),
+        adjust: Box::new(move |settings| {
+            if let Some(sb) = &sandbox {
+                sb.confine(settings);
+            }
+        }),
     }
-    Ok(settings)
 }
 
 /// Runs the daemon until `shutdown` completes or SIGTERM/SIGINT arrives.
@@ -66,7 +124,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let started = std::time::Instant::now();
     let (engine, report) =
         Engine::start(&settings, backend, opts.restore_previous_state).map_err(DaemonError::Start)?;
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.with_config(config_source(&opts)).spawn();
     let snap = handle.snapshot();
     log::info!(
         "started in {:.1} ms: {}{}; {} corrections applied, {} failed",
@@ -92,13 +150,38 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         owner_uid: opts.sandbox.as_ref().map(|_| nix::unistd::getuid().as_raw()),
     };
     let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
-    let api = tokio::spawn(varlink::serve(listener, handle.clone(), auth, async {
+    let api = tokio::spawn(varlink::serve(listener, handle.clone(), auth.clone(), async {
         let _ = api_stopped.await;
     }));
 
+    // The sandbox's own bus lives as long as this function (unless it was already running).
+    let mut _private_bus = None;
+    let bus = match &opts.bus {
+        BusChoice::None => None,
+        BusChoice::Bus(b) => Some(b.clone()),
+        BusChoice::Private => {
+            let sb = opts.sandbox.as_ref().ok_or(DaemonError::PrivateBusWithoutSandbox)?;
+            let pb = sb.private_bus().map_err(DaemonError::PrivateBus)?;
+            let address = pb.address.clone();
+            _private_bus = Some(pb);
+            Some(Bus::Address(address))
+        }
+    };
+    let dbus = match &bus {
+        Some(b) => Some(
+            dbus::serve(b, handle.clone(), auth)
+                .await
+                .map_err(|source| DaemonError::DBus { bus: b.to_string(), source })?,
+        ),
+        None => None,
+    };
+    if let Some(b) = &bus {
+        log::info!("serving {} on {b}", dbus::BUS_NAME);
+    }
+
     notify(&[NotifyState::Ready, NotifyState::Status(&snap.summary())]);
     if let Some(sb) = &opts.sandbox {
-        print_banner(sb, &handle, &varlink_path);
+        print_banner(sb, &handle, &varlink_path, bus.as_ref());
     }
 
     let mut usec = 0u64;
@@ -111,7 +194,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             _ = &mut shutdown => break,
             _ = term.recv() => { log::info!("SIGTERM: stopping"); break }
             _ = int.recv() => { log::info!("SIGINT: stopping"); break }
-            _ = hup.recv() => reload(&opts, &handle).await,
+            _ = hup.recv() => reload(&handle).await,
             _ = ticker.tick(), if watchdog => {
                 // Only a live engine keeps the watchdog fed: a stuck one gets us restarted.
                 match engine::ping_within(&handle, engine::PING_TIMEOUT).await {
@@ -122,7 +205,10 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         }
     }
     notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
-    // The API holds engine handles: it must let go before the engine thread can end.
+    // The APIs hold engine handles: they must let go before the engine thread can end.
+    if let Some(d) = dbus {
+        d.stop().await;
+    }
     let _ = stop_api.send(());
     if let Err(e) = api.await {
         log::error!("the varlink server failed: {e}");
@@ -134,9 +220,9 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     Ok(())
 }
 
-async fn reload(opts: &RunOptions, handle: &Handle) {
+async fn reload(handle: &Handle) {
     notify(&[NotifyState::Reloading]);
-    let result = handle.reload(load_settings(opts)).await;
+    let result = handle.reload_from_disk().await;
     match result {
         Ok(true) => log::info!("configuration reloaded: {}", handle.snapshot().summary()),
         Ok(false) => log::info!("configuration reloaded: nothing changed"),
@@ -166,7 +252,7 @@ fn admin_gid(name: &str) -> Option<u32> {
     }
 }
 
-fn print_banner(sb: &Sandbox, handle: &Handle, varlink_path: &std::path::Path) {
+fn print_banner(sb: &Sandbox, handle: &Handle, varlink_path: &std::path::Path, bus: Option<&Bus>) {
     let snap = handle.snapshot();
     let mut out = format!(
         "cpupoold sandbox ready: {} CPUs ({}), {}\n",
@@ -177,6 +263,13 @@ fn print_banner(sb: &Sandbox, handle: &Handle, varlink_path: &std::path::Path) {
     for p in snap.state.pools().values() {
         out.push_str(&format!("  pool {:<12} {:<9} CPUs {}\n", p.name, p.kind.to_string(), p.cpus));
     }
+    let dbus = match bus {
+        Some(Bus::Address(a)) => a.clone(),
+        Some(Bus::System) => "system bus".into(),
+        Some(Bus::Session) => "session bus".into(),
+        None => "off".into(),
+    };
+    out.push_str(&format!("  dbus      {dbus}\n"));
     out.push_str(&format!(
         "  config    {}\n  cgroupfs  {}\n  state     {}\n  varlink   unix:{}\n  reload    kill -HUP {}\n",
         sb.etc().join("config.toml").display(),

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use cpupoold::config::ConfigDirs;
-use cpupoold::daemon::{self, RunOptions};
+use cpupoold::daemon::{self, BusChoice, RunOptions};
 use cpupoold::sandbox::Sandbox;
 
 /// CPU pool daemon: reserved, exclusive and shared CPU pools applied through cgroup v2.
@@ -29,6 +29,11 @@ struct Args {
     /// kept as state.json.corrupt).
     #[arg(long)]
     restore_previous_state: bool,
+    /// Where to serve the D-Bus API: system, session, none, a D-Bus address
+    /// (unix:path=...), or private (a bus the sandbox starts in DIR/run/bus.sock). Default:
+    /// system; private with --sandbox.
+    #[arg(long, value_name = "BUS")]
+    bus: Option<BusChoice>,
     /// Log level (overrides daemon.log_level): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<log::LevelFilter>,
@@ -48,7 +53,14 @@ fn main() -> ExitCode {
         Some(sb) => sb.config_dirs(),
         None => ConfigDirs { etc: args.config_dir.clone(), vendor: args.vendor_config_dir.clone() },
     };
-    let opts = RunOptions { dirs, sandbox, restore_previous_state: args.restore_previous_state, proc_root: "/proc".into() };
+    let bus = args.bus.clone().unwrap_or(if sandbox.is_some() { BusChoice::Private } else { BusChoice::Bus(cpupoold::api::dbus::Bus::System) });
+    let opts = RunOptions {
+        dirs,
+        sandbox,
+        restore_previous_state: args.restore_previous_state,
+        proc_root: "/proc".into(),
+        bus,
+    };
     if args.log_level.is_none() {
         if let Ok(settings) = daemon::load_settings(&opts) {
             log::set_max_level(settings.log_level);

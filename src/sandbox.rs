@@ -9,6 +9,7 @@
 //! DIR/usr/lib/cpupoold/      vendor config.d/
 //! DIR/state/                 state.json
 //! DIR/run/                   runtime dir (API sockets)
+//! DIR/run/bus.sock           the sandbox's private D-Bus bus (see [`Sandbox::private_bus`])
 //! DIR/kubelet/               kubelet dir (device-plugin sockets)
 //! DIR/topology               the shape the sandbox was made with
 //! ```
@@ -40,6 +41,9 @@ pub enum SandboxError {
     /// The topology shape is malformed.
     #[error("--topology")]
     Shape(#[source] ShapeError),
+    /// The private bus could not be started.
+    #[error("starting a private dbus-daemon for the sandbox (is the `dbus` package installed? `--bus none` runs without D-Bus)")]
+    Bus(#[source] io::Error),
     /// The sandbox exists with another shape.
     #[error("sandbox `{}` was made with topology {existing}, not {asked}; remove it or omit --topology", dir.display())]
     ShapeMismatch {
@@ -145,6 +149,55 @@ impl Sandbox {
         self.root.join("kubelet")
     }
 
+    /// The private bus's socket.
+    pub fn bus_socket(&self) -> PathBuf {
+        self.run().join("bus.sock")
+    }
+
+    /// The sandbox's own bus: a `dbus-daemon` listening on [`Sandbox::bus_socket`], so the
+    /// D-Bus API can be tried without touching the system bus. A bus still running from an
+    /// earlier run (its daemon was killed) is reused; otherwise one is started, and it stops
+    /// when the returned [`PrivateBus`] is dropped.
+    ///
+    /// Its policy lets everyone own and call anything: the daemon's own uid check is what
+    /// guards the mutating methods, as on the system bus.
+    pub fn private_bus(&self) -> Result<PrivateBus, SandboxError> {
+        let sock = self.bus_socket();
+        let address = format!("unix:path={}", sock.display());
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            return Ok(PrivateBus { address, child: None });
+        }
+        let io_err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| SandboxError::Io { path, source }
+        };
+        let _ = fs::remove_file(&sock);
+        fs::create_dir_all(self.run()).map_err(io_err(&self.run()))?;
+        let conf = self.run().join("bus.conf");
+        fs::write(&conf, private_bus_config(&sock)).map_err(io_err(&conf))?;
+        let mut child = std::process::Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", conf.display()))
+            .args(["--nofork", "--print-address"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .map_err(SandboxError::Bus)?;
+        // The address line is printed once the socket listens.
+        let mut line = String::new();
+        let ready = child
+            .stdout
+            .take()
+            .map(|out| io::BufRead::read_line(&mut io::BufReader::new(out), &mut line))
+            .transpose()
+            .map_err(SandboxError::Bus)?;
+        if ready.unwrap_or(0) == 0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SandboxError::Bus(io::Error::other("dbus-daemon exited before it printed its address")));
+        }
+        Ok(PrivateBus { address, child: Some(child) })
+    }
+
     /// Where the sandbox's configuration is read from.
     pub fn config_dirs(&self) -> ConfigDirs {
         ConfigDirs { etc: self.etc(), vendor: self.vendor() }
@@ -159,6 +212,44 @@ impl Sandbox {
         settings.paths.runtime_dir = self.run();
         settings.paths.kubelet_dir = self.kubelet();
     }
+}
+
+/// The sandbox's bus; dropping it stops the `dbus-daemon` it started.
+#[derive(Debug)]
+pub struct PrivateBus {
+    /// `unix:path=...`.
+    pub address: String,
+    child: Option<std::process::Child>,
+}
+
+impl Drop for PrivateBus {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn private_bus_config(sock: &Path) -> String {
+    let path = sock.display().to_string().replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    format!(
+        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- Written by the cpupoold sandbox: a private bus for the sandbox daemon. -->
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={path}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"#
+    )
 }
 
 /// A sample configuration for `shape`: a one-core reserved pool, an isolated exclusive pool

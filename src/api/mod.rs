@@ -4,4 +4,7 @@
 //! No CPU arithmetic lives here; each error kind maps to its own API error.
 #![deny(missing_docs)]
 
+pub mod auth;
+pub mod dbus;
+pub mod ops;
 pub mod varlink;

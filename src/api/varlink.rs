@@ -26,6 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 
+pub use crate::api::auth::{Authorizer, Peer};
 use crate::engine::Handle;
 
 pub mod methods;
@@ -39,81 +40,6 @@ pub const SOCKET_NAME: &str = "org.cpupool.Manager";
 
 /// Connections served at once; more are answered `Busy` and closed.
 pub const MAX_CONNECTIONS: usize = 256;
-
-/// Who may call the mutating methods (`Assign`, `Release`).
-#[derive(Debug, Clone, Default)]
-pub struct Authorizer {
-    /// Members of this group (primary or supplementary) may mutate.
-    pub admin_gid: Option<u32>,
-    /// This user may mutate too: the sandbox's owner, so an unprivileged sandbox is usable.
-    pub owner_uid: Option<u32>,
-}
-
-/// What the kernel says about a peer, plus the supplementary groups of its user.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Peer {
-    /// `SO_PEERCRED` uid.
-    pub uid: u32,
-    /// `SO_PEERCRED` gid.
-    pub gid: u32,
-    /// The user's supplementary groups from the group database (only looked up when needed).
-    pub groups: Vec<u32>,
-}
-
-impl Authorizer {
-    /// Whether `peer` may mutate without looking at supplementary groups.
-    fn allows_by_ids(&self, peer: &Peer) -> bool {
-        peer.uid == 0 || self.owner_uid == Some(peer.uid) || self.admin_gid == Some(peer.gid)
-    }
-
-    /// Whether `peer` may mutate.
-    pub fn allows(&self, peer: &Peer) -> bool {
-        self.allows_by_ids(peer) || self.admin_gid.is_some_and(|g| peer.groups.contains(&g))
-    }
-
-    /// Checks the connection's peer, filling in its groups if the ids alone do not decide.
-    ///
-    /// Supplementary groups come from the group database for the peer's uid
-    /// (`getgrouplist`), not from `/proc/<pid>/status`: the pid in `SO_PEERCRED` may have
-    /// exited and been reused by another process by the time we look, and the socket may
-    /// have been passed on, so reading that pid's groups could grant a stranger's rights.
-    /// The uid and gid themselves are the kernel's record from `connect()` and cannot be
-    /// spoofed. The cost: a group change in `/etc/group` counts before the user logs in
-    /// again, and groups dropped by the process (`setgroups`) still count.
-    async fn check(&self, peer: &mut Option<Peer>, looked_up: &mut bool) -> Result<(), MethodError> {
-        let Some(p) = peer.as_mut() else {
-            // No credentials: cannot decide, so refuse.
-            return Err(methods::access_denied(u32::MAX));
-        };
-        if self.allows_by_ids(p) {
-            return Ok(());
-        }
-        if self.admin_gid.is_some() && !*looked_up {
-            let (uid, gid) = (p.uid, p.gid);
-            // The group database may be NSS-backed (LDAP, sssd): never block a runtime worker.
-            p.groups =
-                tokio::task::spawn_blocking(move || supplementary_groups(uid, gid)).await.unwrap_or_default();
-            *looked_up = true;
-        }
-        if self.allows(p) {
-            Ok(())
-        } else {
-            Err(methods::access_denied(p.uid))
-        }
-    }
-}
-
-fn supplementary_groups(uid: u32, gid: u32) -> Vec<u32> {
-    use nix::unistd::{getgrouplist, Gid, Uid, User};
-    let user = match User::from_uid(Uid::from_raw(uid)) {
-        Ok(Some(u)) => u,
-        _ => return Vec::new(),
-    };
-    let Ok(name) = std::ffi::CString::new(user.name) else { return Vec::new() };
-    getgrouplist(&name, Gid::from_raw(gid))
-        .map(|gs| gs.into_iter().map(Gid::as_raw).collect())
-        .unwrap_or_default()
-}
 
 /// The socket path under `runtime_dir`.
 pub fn socket_path(runtime_dir: &Path) -> PathBuf {
@@ -267,7 +193,7 @@ async fn answer(
             return Err(methods::not_implemented(&call.method));
         }
         if method.mutates() {
-            ctx.auth.check(peer, looked_up).await?;
+            ctx.auth.check(peer, looked_up).await.map_err(methods::api)?;
         }
         let params = Params::new(call.parameters.clone(), methods::arguments(method))?;
         match method {

@@ -62,6 +62,7 @@ pub(crate) struct PoolFragment {
     pub smt: Option<Smt>,
     pub isolate: Option<bool>,
     pub kubelet: Option<bool>,
+    pub removed: Option<bool>,
 }
 
 impl PoolFragment {
@@ -94,11 +95,36 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 /// Reads and parses every fragment, in merge order.
 pub(crate) fn read_all(dirs: &ConfigDirs) -> Result<Vec<(PathBuf, Fragment)>, ConfigError> {
-    files(dirs)?
+    read_all_with(dirs, None)
+}
+
+/// Like [`read_all`], with `replace`'s text standing in for that file (which need not exist, and
+/// is left out when the text is `None`).
+pub(crate) fn read_all_with(
+    dirs: &ConfigDirs,
+    replace: Option<(&Path, Option<&str>)>,
+) -> Result<Vec<(PathBuf, Fragment)>, ConfigError> {
+    let mut files = files(dirs)?;
+    if let Some((path, text)) = replace {
+        files.retain(|f| f != path);
+        if text.is_some() {
+            // Its place among the local drop-ins, which are read last, in file-name order.
+            let dropins = dirs.etc.join("config.d");
+            let at = files
+                .iter()
+                .position(|f| f.parent() == Some(dropins.as_path()) && f.file_name() > path.file_name())
+                .unwrap_or(files.len());
+            files.insert(at, path.to_owned());
+        }
+    }
+    files
         .into_iter()
         .map(|file| {
-            let text = fs::read_to_string(&file)
-                .map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+            let text = match replace {
+                Some((path, Some(text))) if path == file => text.to_owned(),
+                _ => fs::read_to_string(&file)
+                    .map_err(|source| ConfigError::Read { file: file.clone(), source })?,
+            };
             let fragment = parse(&text, &file)?;
             Ok((file, fragment))
         })

@@ -45,6 +45,7 @@ pub(crate) struct PoolInput {
     pub smt: Option<Smt>,
     pub isolate: Option<bool>,
     pub kubelet: Option<bool>,
+    pub removed: Option<bool>,
 }
 
 impl Inputs {
@@ -103,6 +104,7 @@ impl Inputs {
             set.field(&mut pool.smt, p.smt, &key("smt"));
             set.field(&mut pool.isolate, p.isolate, &key("isolate"));
             set.field(&mut pool.kubelet, p.kubelet, &key("kubelet"));
+            set.field(&mut pool.removed, p.removed, &key("removed"));
         }
         Ok(())
     }

@@ -20,6 +20,10 @@
 //! 2. `/etc/cpupoold/config.toml`, the main file.
 //! 3. `/etc/cpupoold/config.d/*.toml`, local drop-ins, in lexical order of file name.
 //!
+//! The daemon itself writes one local drop-in, `config.d/90-cpupoold-runtime.toml`, for pools
+//! created, resized or deleted over the APIs (see [`runtime`]). A pool table with
+//! `removed = true` removes the pool defined by earlier files.
+//!
 //! Missing directories and files are not errors. Only `*.toml` files are read; hidden files and
 //! directories are skipped. [`load_str`] reads a single fragment from memory (tests, and later a
 //! Kubernetes ConfigMap).
@@ -45,6 +49,7 @@
 
 mod fragments;
 mod inputs;
+pub mod runtime;
 mod settings;
 
 use std::collections::BTreeMap;
@@ -83,6 +88,13 @@ impl ConfigDirs {
 /// Reads, merges and validates every fragment under `dirs`.
 pub fn load(dirs: &ConfigDirs) -> Result<Settings, ConfigError> {
     let fragments = fragments::read_all(dirs)?;
+    Settings::from_inputs(inputs::Inputs::merge_all(fragments)?)
+}
+
+/// Like [`load`], with `replace`'s text standing in for that file: `Some(text)` whether or not the
+/// file exists, `None` as if it did not exist. Used to check an edit before it is written.
+pub fn load_with(dirs: &ConfigDirs, replace: (&Path, Option<&str>)) -> Result<Settings, ConfigError> {
+    let fragments = fragments::read_all_with(dirs, Some(replace))?;
     Settings::from_inputs(inputs::Inputs::merge_all(fragments)?)
 }
 

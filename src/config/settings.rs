@@ -127,6 +127,8 @@ impl Settings {
             }
         };
 
+        let mut pools = pools;
+        pools.retain(|_, p| p.removed != Some(true));
         if pools.is_empty() {
             return Err(ConfigError::NoPools { files });
         }

@@ -293,6 +293,20 @@ pub enum Error {
         /// The name asked for.
         pool: String,
     },
+    /// A pool of that name exists already.
+    #[error("pool `{pool}` already exists")]
+    PoolExists {
+        /// The name.
+        pool: String,
+    },
+    /// The pool still has assignments.
+    #[error("pool `{pool}` has {assignments} assignments; release them first")]
+    PoolInUse {
+        /// The pool.
+        pool: String,
+        /// How many.
+        assignments: usize,
+    },
     /// No such assignment.
     #[error("assignment `{id}` does not exist")]
     NoSuchAssignment {

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use crate::config::{ConfigError, Settings};
+use crate::config::runtime::{Dropin, DropinError, PoolEdit};
+use crate::config::{self, ConfigDirs, ConfigError, Settings};
 use crate::core::plan::{self, Effect, Key, Layout, Placement, Role};
-use crate::core::pool::{PoolKind, PoolName};
+use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, CgroupPath, Outcome, State, StateData};
 use crate::core::topology::Topology;
 use crate::host::cgroupfs::{CgroupFs, HostError};
@@ -77,9 +78,45 @@ pub enum EngineError {
     /// Reading the topology failed.
     #[error("reading the CPU topology failed")]
     Topology(#[source] SysfsError),
+    /// The runtime drop-in could not be written; nothing changed.
+    #[error("writing the runtime drop-in failed; nothing changed")]
+    Dropin(#[source] DropinError),
+    /// A pool edit would not take effect: a file read after the runtime drop-in sets the key.
+    #[error("`{key}` is set again by `{}`, which is read after `{}`; change it there", file.display(), dropin.display())]
+    Overridden {
+        /// The key.
+        key: String,
+        /// The file that wins.
+        file: std::path::PathBuf,
+        /// The runtime drop-in.
+        dropin: std::path::PathBuf,
+    },
+    /// Pool edits need configuration files, and this engine has none.
+    #[error("this daemon runs without configuration files, so pools cannot be changed at run time")]
+    NoConfigFiles,
     /// The engine is gone (shutting down).
     #[error("the daemon is shutting down")]
     Stopped,
+}
+
+/// Where the engine reads its configuration: on a reload request and to check a pool edit.
+pub struct ConfigSource {
+    /// The configuration directories.
+    pub dirs: ConfigDirs,
+    /// Adjusts what was loaded (the sandbox confines every root to its directory).
+    pub adjust: Box<dyn Fn(&mut Settings) + Send>,
+}
+
+impl ConfigSource {
+    /// Loads the settings, with `replace` standing in for one file if given.
+    pub fn load(&self, replace: Option<(&std::path::Path, Option<&str>)>) -> Result<Settings, ConfigError> {
+        let mut settings = match replace {
+            Some(r) => config::load_with(&self.dirs, r)?,
+            None => config::load(&self.dirs)?,
+        };
+        (self.adjust)(&mut settings);
+        Ok(settings)
+    }
 }
 
 /// Why the engine could not start.
@@ -132,8 +169,12 @@ pub enum Request {
     Assign(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
     /// Release an assignment.
     Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
-    /// Apply a new configuration (SIGHUP), or record why it could not be read.
+    /// Apply a new configuration, or record why it could not be read.
     Reload(Result<Box<Settings>, ConfigError>, oneshot::Sender<Result<bool, EngineError>>),
+    /// Read the configuration files again and apply them (SIGHUP).
+    ReloadFromDisk(oneshot::Sender<Result<bool, EngineError>>),
+    /// Create, resize or delete a pool, persisted in the runtime drop-in.
+    EditPool(PoolEdit, oneshot::Sender<Result<Option<Pool>, EngineError>>),
     /// Answer, to prove the engine thread is alive (watchdog).
     Ping(oneshot::Sender<()>),
 }
@@ -171,6 +212,16 @@ impl Handle {
     /// shows in the status). `Ok(false)`: nothing changed.
     pub async fn reload(&self, settings: Result<Settings, ConfigError>) -> Result<bool, EngineError> {
         self.call(|tx| Request::Reload(settings.map(Box::new), tx)).await
+    }
+
+    /// Reads the configuration files again and applies them, like [`Handle::reload`].
+    pub async fn reload_from_disk(&self) -> Result<bool, EngineError> {
+        self.call(Request::ReloadFromDisk).await
+    }
+
+    /// Creates, resizes or deletes a pool; returns the pool as it now is (`None` once deleted).
+    pub async fn edit_pool(&self, edit: PoolEdit) -> Result<Option<Pool>, EngineError> {
+        self.call(|tx| Request::EditPool(edit, tx)).await
     }
 
     /// Waits until the engine thread answers.
@@ -213,9 +264,17 @@ pub struct Engine {
     degraded: Vec<String>,
     events: broadcast::Sender<Event>,
     snapshots: watch::Sender<Snapshot>,
+    config: Option<ConfigSource>,
 }
 
 impl Engine {
+    /// Lets the engine read the configuration files itself: for
+    /// [`Handle::reload_from_disk`] and pool edits.
+    pub fn with_config(mut self, source: ConfigSource) -> Engine {
+        self.config = Some(source);
+        self
+    }
+
     /// Reads the topology, resolves the pools, loads the state (or starts fresh), re-applies
     /// the state to the host and saves it.
     ///
@@ -282,6 +341,7 @@ impl Engine {
             degraded: Vec::new(),
             events,
             snapshots,
+            config: None,
         };
         let (done, failed) = engine.reconcile();
         report.corrections = done;
@@ -374,6 +434,19 @@ impl Engine {
                 Request::Reload(settings, reply) => {
                     let _ = reply.send(self.reload(settings));
                 }
+                Request::ReloadFromDisk(reply) => {
+                    let settings = match &self.config {
+                        Some(src) => src.load(None).map(Box::new),
+                        None => {
+                            let _ = reply.send(Err(EngineError::NoConfigFiles));
+                            continue;
+                        }
+                    };
+                    let _ = reply.send(self.reload(settings));
+                }
+                Request::EditPool(edit, reply) => {
+                    let _ = reply.send(self.edit_pool(&edit));
+                }
                 Request::Ping(reply) => {
                     let _ = reply.send(());
                 }
@@ -424,12 +497,23 @@ impl Engine {
     }
 
     fn try_reload(&mut self, settings: &Settings) -> Result<bool, EngineError> {
+        let (topo, next) = self.prepare(settings)?;
+        self.install(settings, topo, next)
+    }
+
+    /// Checks new settings against the host and the live assignments, changing nothing.
+    fn prepare(&self, settings: &Settings) -> Result<(Topology, State), EngineError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(EngineError::Topology)?;
         let pools = settings.resolve_pools(&topo).map_err(|e| EngineError::Config(Box::new(e)))?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
         })?;
+        Ok((topo, next))
+    }
+
+    /// Applies and saves prepared settings; `Ok(false)` when nothing changed.
+    fn install(&mut self, settings: &Settings, topo: Topology, next: State) -> Result<bool, EngineError> {
         let old_topo = std::mem::replace(&mut self.topo, Arc::new(topo));
         let old_hosts = std::mem::replace(&mut self.host_cgroups, settings.host_cgroups.clone());
         let before = plan::layout(&self.state, &old_topo, &old_hosts);
@@ -455,6 +539,99 @@ impl Engine {
         }
         self.publish(changed);
         Ok(true)
+    }
+
+    /// A pool edit: checked against the state, merged into the runtime drop-in, validated as a
+    /// whole configuration, written durably, then applied like a reload. If applying fails, the
+    /// previous drop-in is written back.
+    fn edit_pool(&mut self, edit: &PoolEdit) -> Result<Option<Pool>, EngineError> {
+        let name = edit.name();
+        let current = self.state.pools().get(name);
+        match (edit, current) {
+            (PoolEdit::Create { .. }, Some(_)) => {
+                return Err(state::Error::PoolExists { pool: name.to_string() }.into())
+            }
+            (PoolEdit::Resize { .. } | PoolEdit::Delete { .. }, None) => {
+                return Err(state::Error::NoSuchPool { pool: name.to_string() }.into())
+            }
+            (PoolEdit::Delete { .. }, Some(p)) if p.kind == PoolKind::Reserved => {
+                return Err(state::Error::InvalidArgument {
+                    arg: "name",
+                    reason: format!("`{name}` is the reserved pool, which every host needs"),
+                }
+                .into())
+            }
+            (PoolEdit::Delete { .. }, Some(p)) if self.state.usage(&p.name).count > 0 => {
+                return Err(state::Error::PoolInUse {
+                    pool: name.to_string(),
+                    assignments: self.state.usage(&p.name).count,
+                }
+                .into())
+            }
+            _ => {}
+        }
+        let src = self.config.as_ref().ok_or(EngineError::NoConfigFiles)?;
+        let old = Dropin::read(&src.dirs).map_err(|e| EngineError::Config(Box::new(e)))?;
+        let mut new = old.clone();
+        let load = |d: &Dropin| {
+            let text = d.text();
+            src.load(Some((d.path(), text.as_deref()))).map_err(|e| edit_error(name, d.path(), e))
+        };
+        let settings = match edit {
+            PoolEdit::Delete { .. } => {
+                // Without a table, unless another file defines the pool too.
+                new.forget(name);
+                let settings = load(&new)?;
+                if settings.pools.iter().any(|p| &p.name == name) {
+                    new.apply(edit);
+                    load(&new)?
+                } else {
+                    settings
+                }
+            }
+            _ => {
+                new.apply(edit);
+                load(&new)?
+            }
+        };
+        let wins = |key: &str| settings.origins.get(key).filter(|f| *f != new.path()).map(ToOwned::to_owned);
+        match edit {
+            PoolEdit::Delete { .. } => {
+                if settings.pools.iter().any(|p| &p.name == name) {
+                    let key = config::pool_key(name.as_str(), "removed");
+                    let file = wins(&key).or_else(|| wins(&config::pool_key(name.as_str(), "")));
+                    return Err(EngineError::Overridden { key, file: file.unwrap_or_default(), dropin: new.path().to_owned() });
+                }
+            }
+            _ => {
+                for field in edit.keys() {
+                    let key = config::pool_key(name.as_str(), field);
+                    if let Some(file) = wins(&key) {
+                        return Err(EngineError::Overridden { key, file, dropin: new.path().to_owned() });
+                    }
+                }
+            }
+        }
+        let (topo, next) = self.prepare(&settings).map_err(|e| match e {
+            EngineError::Config(c) => edit_error(name, new.path(), *c),
+            other => other,
+        })?;
+        new.write().map_err(EngineError::Dropin)?;
+        if let Err(e) = self.install(&settings, topo, next) {
+            if let Err(e2) = old.write() {
+                log::error!("writing back the previous runtime drop-in failed: {}", error_chain(&e2));
+            }
+            return Err(e);
+        }
+        self.config_error = None;
+        self.publish(Vec::new());
+        let verb = match edit {
+            PoolEdit::Create { .. } => "created",
+            PoolEdit::Resize { .. } => "resized",
+            PoolEdit::Delete { .. } => "deleted",
+        };
+        log::info!(POOL = name.as_str(); "pool {name} {verb}; persisted in `{}`", new.path().display());
+        Ok(self.state.pools().get(name).cloned())
     }
 
     /// Applies and saves `next`; on failure undoes what was applied.
@@ -507,6 +684,21 @@ impl Engine {
             // Nobody listening is fine.
             let _ = self.events.send(e);
         }
+    }
+}
+
+/// A configuration error caused by an edit: about one of the edit's own keys in the runtime
+/// drop-in, it is an invalid argument of that name; otherwise the configuration is rejected.
+fn edit_error(name: &PoolName, dropin: &std::path::Path, e: ConfigError) -> EngineError {
+    const ARGS: [&str; 7] = ["cpus", "count", "numa", "kind", "smt", "isolate", "kubelet"];
+    let prefix = config::pool_key(name.as_str(), "");
+    let field = e.key().and_then(|k| k.strip_prefix(prefix.as_str())).and_then(|f| f.strip_prefix('.'));
+    match field.and_then(|f| ARGS.into_iter().find(|a| *a == f)) {
+        Some(arg) if e.file() == Some(dropin) => {
+            let reason = error_chain(&e);
+            EngineError::State(state::Error::InvalidArgument { arg, reason })
+        }
+        _ => EngineError::Config(Box::new(e)),
     }
 }
 

@@ -280,3 +280,152 @@ fn sandbox_confines_every_root() {
     }
     assert!(!Path::new("/tmp/cpupoold-escape").exists());
 }
+
+mod pool_edits {
+    use super::*;
+    use crate::config::runtime::{PoolEdit, Source, DROPIN_NAME};
+    use crate::core::pool::{PoolName, Smt};
+
+    fn name(s: &str) -> PoolName {
+        PoolName::new(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn spawn(f: &Fixture) -> (Handle, std::thread::JoinHandle<()>) {
+        let (engine, _) = f.start();
+        let sb = f.sb.clone();
+        let source = ConfigSource { dirs: f.sb.config_dirs(), adjust: Box::new(move |s| sb.confine(s)) };
+        engine.with_config(source).spawn()
+    }
+
+    fn dropin(f: &Fixture) -> Option<String> {
+        fs::read_to_string(f.sb.etc().join("config.d").join(DROPIN_NAME)).ok()
+    }
+
+    fn create(n: &str, kind: PoolKind, cpus: &str) -> PoolEdit {
+        PoolEdit::Create {
+            name: name(n),
+            kind,
+            source: Source::Cpus(CpuSet::parse(cpus).unwrap_or_default()),
+            smt: Some(Smt::Threads),
+            isolate: None,
+            kubelet: None,
+        }
+    }
+
+    fn resize(n: &str, cpus: &str) -> PoolEdit {
+        PoolEdit::Resize { name: name(n), source: Source::Cpus(CpuSet::parse(cpus).unwrap_or_default()) }
+    }
+
+    #[test]
+    fn create_resize_delete_persist_apply_and_survive_a_restart() {
+        let f = Fixture::new();
+        let (handle, thread) = spawn(&f);
+        let mut events = handle.subscribe();
+        rt().block_on(async {
+            // Room for a new pool: dp gives up 2,6.
+            let dp = handle.edit_pool(resize("dp", "1,5")).await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(dp.map(|p| p.cpus.to_string()), Some("1,5".into()));
+            assert_eq!(events.recv().await.ok(), Some(Event::PoolChanged(name("dp"))));
+            let batch = handle.edit_pool(create("batch", PoolKind::Shared, "2,6")).await;
+            let batch = batch.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|| panic!("no pool"));
+            assert_eq!(batch.cpus.to_string(), "2,6");
+            assert_eq!(f.read("cpupool.slice/cpupool-batch.slice/cpuset.cpus"), "2,6");
+            let text = dropin(&f).unwrap_or_default();
+            assert!(text.contains("[pools.batch]") && text.contains("[pools.dp]"), "{text}");
+        });
+        drop(handle);
+        let _ = thread.join();
+
+        // A restart reads the drop-in: the same pools.
+        let (handle, thread) = spawn(&f);
+        rt().block_on(async {
+            let snap = handle.snapshot();
+            assert_eq!(snap.state.pools().get(&name("batch")).map(|p| p.cpus.to_string()), Some("2,6".into()));
+            assert_eq!(handle.edit_pool(PoolEdit::Delete { name: name("batch") }).await.ok(), Some(None));
+            assert!(handle.snapshot().state.pools().get(&name("batch")).is_none());
+            assert!(!f.sb.cgroupfs().join("cpupool.slice/cpupool-batch.slice").exists());
+            // Only the runtime drop-in defined it, so its table is gone rather than `removed`.
+            let text = dropin(&f).unwrap_or_default();
+            assert!(!text.contains("batch"), "{text}");
+            // dp, defined in config.toml, is removed with a marker.
+            assert!(handle.edit_pool(PoolEdit::Delete { name: name("dp") }).await.is_ok());
+            assert!(dropin(&f).unwrap_or_default().contains("[pools.dp]\nremoved = true"));
+            // Its CPUs join the reserved pool.
+            let sys = handle.snapshot().state.pools().get(&name("sys")).map(|p| p.cpus.to_string());
+            assert_eq!(sys, Some("0-2,4-6".into()));
+        });
+        drop(handle);
+        let _ = thread.join();
+    }
+
+    #[test]
+    fn refused_edits_name_the_reason_and_change_nothing() {
+        let f = Fixture::new();
+        f.write("k/a/cpuset.cpus", "\n");
+        let (handle, thread) = spawn(&f);
+        rt().block_on(async {
+            let held = handle.assign(spec("dp", "cgroup:k/a", Size::Cpus(2), Some("a"))).await;
+            let held = held.unwrap_or_else(|e| panic!("{e}")).into_inner();
+            let state_before = f.state_file();
+            let pools_before = handle.snapshot().state.pools().clone();
+            let cases: Vec<(PoolEdit, &str)> = vec![
+                (create("web", PoolKind::Shared, "3"), "PoolExists"),
+                (resize("nope", "3"), "NoSuchPool"),
+                (PoolEdit::Delete { name: name("nope") }, "NoSuchPool"),
+                (PoolEdit::Delete { name: name("dp") }, "PoolInUse"),
+                (PoolEdit::Delete { name: name("sys") }, "InvalidArgument"),
+                // dp's assignment holds 1,5: shrinking dp to 2,6 would strand it.
+                (resize("dp", "2,6"), "AssignmentsStranded"),
+                // CPU 9 does not exist: an invalid `cpus` argument.
+                (create("big", PoolKind::Shared, "9"), "InvalidArgument"),
+                // CPU 3 is web's: the configuration as a whole is rejected.
+                (create("two", PoolKind::Shared, "3"), "ConfigRejected"),
+            ];
+            for (edit, kind) in cases {
+                let err = handle.edit_pool(edit.clone()).await.err().unwrap_or_else(|| panic!("{edit:?} succeeded"));
+                assert_eq!(crate::api::ops::engine_error(&err).kind, kind, "{edit:?}: {}", error_chain(&err));
+                assert_eq!(f.state_file(), state_before, "{edit:?}");
+                assert_eq!(handle.snapshot().state.pools(), &pools_before, "{edit:?}");
+                assert_eq!(dropin(&f), None, "{edit:?}");
+            }
+            let invalid = handle.edit_pool(create("big", PoolKind::Shared, "9")).await.err();
+            let api = invalid.as_ref().map(crate::api::ops::engine_error);
+            assert_eq!(api.map(|a| a.params["argument"].clone()), Some(serde_json::json!("cpus")));
+            assert_eq!(f.read("k/a/cpuset.cpus"), held.cpus.to_string());
+        });
+        drop(handle);
+        let _ = thread.join();
+    }
+
+    #[test]
+    fn an_edit_a_later_file_would_override_is_refused() {
+        let f = Fixture::new();
+        let later = f.sb.etc().join("config.d/99-local.toml");
+        fs::create_dir_all(later.parent().unwrap_or(Path::new("/"))).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(&later, "[pools.web]\ncpus = \"3,7\"\n").unwrap_or_else(|e| panic!("{e}"));
+        let (handle, thread) = spawn(&f);
+        rt().block_on(async {
+            let err = handle.edit_pool(resize("web", "3")).await.err().unwrap_or_else(|| panic!("resized"));
+            let msg = error_chain(&err);
+            assert!(matches!(err, EngineError::Overridden { .. }), "{msg}");
+            assert!(msg.contains("pools.web.cpus") && msg.contains("99-local.toml"), "{msg}");
+            assert_eq!(dropin(&f), None);
+        });
+        drop(handle);
+        let _ = thread.join();
+    }
+
+    #[test]
+    fn reload_from_disk_reads_the_files_again() {
+        let f = Fixture::new();
+        let (handle, thread) = spawn(&f);
+        f.config(&CONFIG.replace("cpus = \"3,7\"", "cpus = \"3\""));
+        rt().block_on(async {
+            assert!(matches!(handle.reload_from_disk().await, Ok(true)));
+            let web = handle.snapshot().state.pools().get(&name("web")).map(|p| p.cpus.to_string());
+            assert_eq!(web, Some("3".into()));
+        });
+        drop(handle);
+        let _ = thread.join();
+    }
+}

@@ -4,9 +4,10 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PoolOptions, PoolView};
 use crate::core::pool::Pool;
-use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, Size, State, Target};
-use crate::engine::{error_chain, EngineError, Event, Handle, Snapshot};
+use crate::core::state::{self, AssignSpec, Assignment, State};
+use crate::engine::{EngineError, Event, Handle, Snapshot};
 
 /// The interface this service implements.
 pub const INTERFACE: &str = "org.cpupool.Manager";
@@ -47,57 +48,34 @@ pub fn not_implemented(method: &str) -> MethodError {
     service("MethodNotImplemented", json!({ "method": method }))
 }
 
+/// An interface-independent error as a varlink error of this interface.
+pub fn api(e: ApiError) -> MethodError {
+    ours(e.kind, e.params)
+}
+
 /// `AccessDenied`.
 pub fn access_denied(uid: u32) -> MethodError {
-    ours("AccessDenied", json!({ "uid": uid }))
+    api(ops::access_denied(uid))
 }
 
 /// `ShuttingDown`.
 pub fn shutting_down() -> MethodError {
-    ours("ShuttingDown", json!({}))
+    api(ops::shutting_down())
 }
 
 /// `Busy`.
 pub fn busy() -> MethodError {
-    ours("Busy", json!({}))
+    api(ops::busy())
 }
 
 /// Each state error to its own varlink error.
 pub fn state_error(e: &state::Error) -> MethodError {
-    use state::Error as E;
-    match e {
-        E::NoSuchPool { pool } => ours("NoSuchPool", json!({ "pool": pool })),
-        E::NoSuchAssignment { id } => ours("NoSuchAssignment", json!({ "id": id })),
-        E::InsufficientCapacity { pool, requested, free, unit } => ours(
-            "InsufficientCapacity",
-            json!({ "pool": pool, "requested": requested, "free": free, "unit": unit }),
-        ),
-        E::DuplicateId { id } => ours("DuplicateId", json!({ "id": id })),
-        E::TargetBusy { target, id, pool } => {
-            ours("TargetBusy", json!({ "target": target, "id": id, "pool": pool }))
-        }
-        E::InvalidArgument { arg, reason } => {
-            ours("InvalidArgument", json!({ "argument": arg, "reason": reason }))
-        }
-        E::ReservedPool { pool } => ours("ReservedPool", json!({ "pool": pool })),
-        E::NotWholeCores { pool, requested } => {
-            ours("NotWholeCores", json!({ "pool": pool, "requested": requested }))
-        }
-    }
+    api(ops::state_error(e))
 }
 
 /// Each engine error to its own varlink error; the reason is the whole cause chain.
 pub fn engine_error(e: &EngineError) -> MethodError {
-    let reason = || json!({ "reason": error_chain(e) });
-    match e {
-        EngineError::State(s) => state_error(s),
-        EngineError::Apply(_) => ours("ApplyFailed", reason()),
-        EngineError::Store(_) => ours("NotDurable", reason()),
-        EngineError::Config(_) => ours("ConfigRejected", reason()),
-        EngineError::Stranded(_) => ours("AssignmentsStranded", reason()),
-        EngineError::Topology(_) => ours("TopologyFailed", reason()),
-        EngineError::Stopped => shutting_down(),
-    }
+    api(ops::engine_error(e))
 }
 
 /// The methods this service answers.
@@ -123,6 +101,12 @@ pub enum Method {
     Assign,
     /// `Release` (mutating).
     Release,
+    /// `CreatePool` (mutating).
+    CreatePool,
+    /// `ResizePool` (mutating).
+    ResizePool,
+    /// `DeletePool` (mutating).
+    DeletePool,
     /// `Monitor` (streaming).
     Monitor,
 }
@@ -144,6 +128,9 @@ impl Method {
             (INTERFACE, "Status") => Method::Status,
             (INTERFACE, "Assign") => Method::Assign,
             (INTERFACE, "Release") => Method::Release,
+            (INTERFACE, "CreatePool") => Method::CreatePool,
+            (INTERFACE, "ResizePool") => Method::ResizePool,
+            (INTERFACE, "DeletePool") => Method::DeletePool,
             (INTERFACE, "Monitor") => Method::Monitor,
             (SERVICE | INTERFACE, _) => return Err(service("MethodNotFound", json!({ "method": full }))),
             _ => return Err(service("InterfaceNotFound", json!({ "interface": iface }))),
@@ -153,7 +140,10 @@ impl Method {
 
     /// Whether the method changes anything (and so needs authorization).
     pub fn mutates(self) -> bool {
-        matches!(self, Method::Assign | Method::Release)
+        matches!(
+            self,
+            Method::Assign | Method::Release | Method::CreatePool | Method::ResizePool | Method::DeletePool
+        )
     }
 }
 
@@ -185,6 +175,14 @@ impl Params {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(_) => Err(invalid_parameter(name)),
+        }
+    }
+
+    /// An optional boolean.
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, MethodError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| invalid_parameter(name)),
         }
     }
 
@@ -242,27 +240,17 @@ error ExpectedMore ()
 
 /// A pool as the API shows it.
 pub fn pool_json(state: &State, p: &Pool) -> Value {
-    json!({
-        "name": p.name.as_str(),
-        "kind": p.kind.to_string(),
-        "cpus": p.cpus.to_string(),
-        "free_cpus": state.free_cpus(p).to_string(),
-        "free_millicpus": state.free_millis(p),
-        "capacity_millicpus": p.capacity_millis(),
-        "isolated": p.isolate,
-        "assignments": state.usage(&p.name).count,
-    })
+    to_json(&PoolView::new(state, p))
 }
 
 /// An assignment as the API shows it.
 pub fn assignment_json(a: &Assignment) -> Value {
-    json!({
-        "id": a.id.as_str(),
-        "pool": a.pool.as_str(),
-        "cpus": a.cpus.to_string(),
-        "millicpus": a.millicpus,
-        "target": a.target.to_string(),
-    })
+    to_json(&AssignmentView::from(a))
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Value {
+    // Plain structs of strings and numbers always serialize.
+    serde_json::to_value(v).unwrap_or_default()
 }
 
 /// An event as the API shows it.
@@ -284,63 +272,27 @@ pub fn current_events(snap: &Snapshot) -> Vec<Value> {
         .collect()
 }
 
-fn find_pool<'a>(state: &'a State, name: &str) -> Result<&'a Pool, MethodError> {
-    state
-        .pools()
-        .values()
-        .find(|p| p.name.as_str() == name)
-        .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
-}
-
 /// Answers a read-only method from the current snapshot.
 pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Result<Value, MethodError> {
     let state = &snap.state;
     match method {
-        Method::ListPools => {
-            let pools: Vec<Value> = state.pools().values().map(|p| pool_json(state, p)).collect();
-            Ok(json!({ "pools": pools }))
-        }
-        Method::GetPool => {
-            let name = params.string("name")?;
-            Ok(json!({ "pool": pool_json(state, find_pool(state, &name)?) }))
-        }
+        Method::ListPools => Ok(json!({ "pools": to_json(&PoolView::all(state)) })),
+        Method::GetPool => Ok(json!({ "pool": to_json(&PoolView::find(state, &params.string("name")?).map_err(api)?) })),
         Method::GetTopology => {
             let topo = &snap.topology;
-            let cpus: Vec<Value> = topo
-                .data()
-                .cpus
-                .iter()
-                .map(|(cpu, p)| {
-                    json!({ "cpu": cpu, "core": p.core, "package": p.package, "die": p.die, "node": p.node, "l3": p.l3 })
-                })
-                .collect();
             Ok(json!({
                 "online": topo.online().to_string(),
                 "offline": topo.offline().to_string(),
                 "isolated": topo.isolated().to_string(),
-                "cpus": cpus,
+                "cpus": to_json(&CpuView::all(topo)),
             }))
         }
         Method::ListAssignments => {
             let pool = params.opt_string("pool")?;
-            if let Some(name) = &pool {
-                find_pool(state, name)?;
-            }
-            let list: Vec<Value> = state
-                .assignments()
-                .values()
-                .filter(|a| pool.as_deref().is_none_or(|p| a.pool.as_str() == p))
-                .map(assignment_json)
-                .collect();
-            Ok(json!({ "assignments": list }))
+            Ok(json!({ "assignments": to_json(&AssignmentView::list(state, pool.as_deref()).map_err(api)?) }))
         }
         Method::GetAssignment => {
-            let id = params.string("id")?;
-            let a = AssignmentId::new(&id)
-                .ok()
-                .and_then(|k| state.assignments().get(&k))
-                .ok_or_else(|| state_error(&state::Error::NoSuchAssignment { id: id.clone() }))?;
-            Ok(json!({ "assignment": assignment_json(a) }))
+            Ok(json!({ "assignment": to_json(&AssignmentView::find(state, &params.string("id")?).map_err(api)?) }))
         }
         Method::Status => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -352,8 +304,13 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
         })),
         Method::GetInfo => Ok(info()),
         Method::GetInterfaceDescription => describe(params),
-        Method::Assign | Method::Release | Method::Monitor => {
-            Err(not_implemented(&format!("{INTERFACE}.{method:?}")))
+        m @ (Method::Assign
+        | Method::Release
+        | Method::CreatePool
+        | Method::ResizePool
+        | Method::DeletePool
+        | Method::Monitor) => {
+            Err(not_implemented(&format!("{INTERFACE}.{m:?}")))
         }
     }
 }
@@ -363,7 +320,9 @@ pub fn arguments(method: Method) -> &'static [&'static str] {
     match method {
         Method::GetInfo | Method::ListPools | Method::GetTopology | Method::Status | Method::Monitor => &[],
         Method::GetInterfaceDescription => &["interface"],
-        Method::GetPool => &["name"],
+        Method::GetPool | Method::DeletePool => &["name"],
+        Method::CreatePool => &["name", "kind", "cpus", "count", "numa", "smt", "isolate", "kubelet"],
+        Method::ResizePool => &["name", "cpus", "count", "numa"],
         Method::ListAssignments => &["pool"],
         Method::GetAssignment | Method::Release => &["id"],
         Method::Assign => &["pool", "target", "cpus", "millicpus", "id"],
@@ -372,38 +331,52 @@ pub fn arguments(method: Method) -> &'static [&'static str] {
 
 /// Decodes `Assign`'s arguments.
 pub fn assign_spec(params: &Params) -> Result<AssignSpec, MethodError> {
-    let pool = params.string("pool")?;
-    let target = Target::parse(&params.string("target")?).map_err(|e| state_error(&e))?;
-    let bad = |argument: &str, reason: &str| {
-        ours("InvalidArgument", json!({ "argument": argument, "reason": reason }))
-    };
-    let size = match (params.opt_int("cpus")?, params.opt_int("millicpus")?) {
-        (Some(n), None) => {
-            Size::Cpus(u32::try_from(n).map_err(|_| bad("cpus", "must be between 0 and 4294967295"))?)
-        }
-        (None, Some(m)) => {
-            Size::Millicpus(u64::try_from(m).map_err(|_| bad("millicpus", "must not be negative"))?)
-        }
-        (Some(_), Some(_)) => return Err(bad("cpus", "give either cpus or millicpus, not both")),
-        (None, None) => return Err(bad("cpus", "give cpus or millicpus")),
-    };
-    let id = match params.opt_string("id")? {
-        Some(id) => Some(AssignmentId::new(&id).map_err(|e| state_error(&e))?),
-        None => None,
-    };
-    Ok(AssignSpec { pool, target, size, id })
+    let id = params.opt_string("id")?;
+    ops::assign_spec(
+        params.string("pool")?,
+        &params.string("target")?,
+        params.opt_int("cpus")?,
+        params.opt_int("millicpus")?,
+        id.as_deref(),
+    )
+    .map_err(api)
 }
 
 /// Runs a mutating method on the engine.
 pub async fn mutate(method: Method, params: &Params, handle: &Handle) -> Result<Value, MethodError> {
+    let engine = |e: EngineError| engine_error(&e);
     let a = match method {
         Method::Assign => {
             let spec = assign_spec(params)?;
-            handle.assign(spec).await.map_err(|e| engine_error(&e))?.into_inner()
+            handle.assign(spec).await.map_err(engine)?.into_inner()
         }
         Method::Release => {
             let id = params.string("id")?;
-            handle.release(&id).await.map_err(|e| engine_error(&e))?
+            handle.release(&id).await.map_err(engine)?
+        }
+        Method::CreatePool | Method::ResizePool | Method::DeletePool => {
+            let name = params.string("name")?;
+            let (cpus, smt) = (params.opt_string("cpus")?, params.opt_string("smt")?);
+            let options = PoolOptions {
+                cpus: cpus.as_deref(),
+                count: params.opt_int("count")?,
+                numa: params.opt_int("numa")?,
+                smt: smt.as_deref(),
+                isolate: params.opt_bool("isolate")?,
+                kubelet: params.opt_bool("kubelet")?,
+            };
+            let edit = match method {
+                Method::CreatePool => ops::create_pool(&name, &params.string("kind")?, &options),
+                Method::ResizePool => ops::resize_pool(&name, &options),
+                _ => ops::delete_pool(&name),
+            }
+            .map_err(api)?;
+            let pool = handle.edit_pool(edit).await.map_err(engine)?;
+            let snap = handle.snapshot();
+            return Ok(match pool {
+                Some(p) => json!({ "pool": pool_json(&snap.state, &p) }),
+                None => json!({}),
+            });
         }
         other => return Err(not_implemented(&format!("{INTERFACE}.{other:?}"))),
     };

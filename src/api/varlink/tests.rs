@@ -38,6 +38,8 @@ fn every_error() -> Vec<MethodError> {
         state::Error::InvalidArgument { arg: "cpus", reason: "r".into() },
         state::Error::ReservedPool { pool: "p".into() },
         state::Error::NotWholeCores { pool: "p".into(), requested: 3 },
+        state::Error::PoolExists { pool: "p".into() },
+        state::Error::PoolInUse { pool: "p".into(), assignments: 1 },
     ];
     let engines = [
         EngineError::Apply(crate::host::cgroupfs::HostError::Write {

@@ -1,0 +1,425 @@
+//! What both management interfaces share: the error kinds and the decoding of arguments into
+//! engine requests.
+//!
+//! varlink and D-Bus differ only in framing: an [`ApiError`] becomes the varlink error
+//! `org.cpupool.Manager.<kind>` with its parameters, or the D-Bus error
+//! `org.cpupool.Manager1.Error.<kind>` with its message. Arguments are decoded here once, so the
+//! two interfaces accept and refuse exactly the same input.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use zvariant::Type;
+
+use crate::config::runtime::{PoolEdit, Source};
+use crate::core::cpuset::CpuSet;
+use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
+use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, Size, State, Target};
+use crate::core::topology::Topology;
+use crate::engine::{error_chain, EngineError};
+
+/// A pool as both interfaces show it: the varlink `Pool` type, the D-Bus `(ssssttbu)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, zvariant::Value, zvariant::OwnedValue)]
+pub struct PoolView {
+    /// The name.
+    pub name: String,
+    /// `reserved`, `exclusive` or `shared`.
+    pub kind: String,
+    /// All its CPUs.
+    pub cpus: String,
+    /// Exclusive pools: the CPUs no assignment owns; other pools: all of them.
+    pub free_cpus: String,
+    /// Capacity not yet assigned.
+    pub free_millicpus: u64,
+    /// 1000 per CPU.
+    pub capacity_millicpus: u64,
+    /// Whether it runs as an isolated partition.
+    pub isolated: bool,
+    /// How many assignments it has.
+    pub assignments: u32,
+}
+
+impl PoolView {
+    /// `p` with its use in `state`.
+    pub fn new(state: &State, p: &Pool) -> PoolView {
+        PoolView {
+            name: p.name.to_string(),
+            kind: p.kind.to_string(),
+            cpus: p.cpus.to_string(),
+            free_cpus: state.free_cpus(p).to_string(),
+            free_millicpus: state.free_millis(p),
+            capacity_millicpus: p.capacity_millis(),
+            isolated: p.isolate,
+            assignments: u32::try_from(state.usage(&p.name).count).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Every pool, in name order.
+    pub fn all(state: &State) -> Vec<PoolView> {
+        state.pools().values().map(|p| PoolView::new(state, p)).collect()
+    }
+
+    /// The pool called `name`.
+    pub fn find(state: &State, name: &str) -> Result<PoolView, ApiError> {
+        state
+            .pools()
+            .values()
+            .find(|p| p.name.as_str() == name)
+            .map(|p| PoolView::new(state, p))
+            .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
+    }
+}
+
+/// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(sssts)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type)]
+pub struct AssignmentView {
+    /// Its id.
+    pub id: String,
+    /// Its pool.
+    pub pool: String,
+    /// The CPUs the target may run on.
+    pub cpus: String,
+    /// Capacity held.
+    pub millicpus: u64,
+    /// `unit:NAME`, `cgroup:PATH` or `pid:N`.
+    pub target: String,
+}
+
+impl From<&Assignment> for AssignmentView {
+    fn from(a: &Assignment) -> AssignmentView {
+        AssignmentView {
+            id: a.id.to_string(),
+            pool: a.pool.to_string(),
+            cpus: a.cpus.to_string(),
+            millicpus: a.millicpus,
+            target: a.target.to_string(),
+        }
+    }
+}
+
+impl AssignmentView {
+    /// All assignments, or those of `pool` (which must exist).
+    pub fn list(state: &State, pool: Option<&str>) -> Result<Vec<AssignmentView>, ApiError> {
+        if let Some(name) = pool {
+            PoolView::find(state, name)?;
+        }
+        Ok(state
+            .assignments()
+            .values()
+            .filter(|a| pool.is_none_or(|p| a.pool.as_str() == p))
+            .map(AssignmentView::from)
+            .collect())
+    }
+
+    /// The assignment `id`.
+    pub fn find(state: &State, id: &str) -> Result<AssignmentView, ApiError> {
+        AssignmentId::new(id)
+            .ok()
+            .and_then(|k| state.assignments().get(&k))
+            .map(AssignmentView::from)
+            .ok_or_else(|| state_error(&state::Error::NoSuchAssignment { id: id.to_owned() }))
+    }
+}
+
+/// One online CPU: varlink `Cpu`, D-Bus `(uuuuuu)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type)]
+pub struct CpuView {
+    /// Logical CPU number.
+    pub cpu: u32,
+    /// Core id.
+    pub core: u32,
+    /// Package (socket).
+    pub package: u32,
+    /// Die.
+    pub die: u32,
+    /// NUMA node.
+    pub node: u32,
+    /// L3 cache group.
+    pub l3: u32,
+}
+
+impl CpuView {
+    /// Every online CPU of `topo`.
+    pub fn all(topo: &Topology) -> Vec<CpuView> {
+        topo.data()
+            .cpus
+            .iter()
+            .map(|(&cpu, p)| CpuView { cpu, core: p.core, package: p.package, die: p.die, node: p.node, l3: p.l3 })
+            .collect()
+    }
+}
+
+/// A refused or failed call, independent of the interface.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// The error's short name: `NoSuchPool`, `InvalidArgument`, ...
+    pub kind: &'static str,
+    /// Its fields (varlink error parameters).
+    pub params: Value,
+    /// A sentence for people, naming the argument at fault (the D-Bus error message).
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(kind: &'static str, params: Value, message: impl Into<String>) -> ApiError {
+        ApiError { kind, params, message: message.into() }
+    }
+}
+
+/// Every error kind the management interfaces return, as documented in the IDL and the D-Bus
+/// introspection file.
+pub const KINDS: [&str; 18] = [
+    "NoSuchPool",
+    "PoolExists",
+    "PoolInUse",
+    "NoSuchAssignment",
+    "InsufficientCapacity",
+    "DuplicateId",
+    "TargetBusy",
+    "InvalidArgument",
+    "ReservedPool",
+    "NotWholeCores",
+    "AccessDenied",
+    "ApplyFailed",
+    "NotDurable",
+    "ConfigRejected",
+    "AssignmentsStranded",
+    "TopologyFailed",
+    "ShuttingDown",
+    "Busy",
+];
+
+/// `InvalidArgument` naming `argument`.
+pub fn invalid_argument(argument: &str, reason: &str) -> ApiError {
+    ApiError::new(
+        "InvalidArgument",
+        json!({ "argument": argument, "reason": reason }),
+        format!("invalid {argument}: {reason}"),
+    )
+}
+
+/// `AccessDenied` for `uid`.
+pub fn access_denied(uid: u32) -> ApiError {
+    ApiError::new(
+        "AccessDenied",
+        json!({ "uid": uid }),
+        format!("uid {uid} may not change pools or assignments: it takes root or the daemon's admin group"),
+    )
+}
+
+/// `ShuttingDown`.
+pub fn shutting_down() -> ApiError {
+    ApiError::new("ShuttingDown", json!({}), "the daemon is shutting down")
+}
+
+/// `Busy`: too many connections.
+pub fn busy() -> ApiError {
+    ApiError::new("Busy", json!({}), "too many connections; try again later")
+}
+
+/// Each state error to its own kind.
+pub fn state_error(e: &state::Error) -> ApiError {
+    use state::Error as E;
+    let (kind, params) = match e {
+        E::NoSuchPool { pool } => ("NoSuchPool", json!({ "pool": pool })),
+        E::PoolExists { pool } => ("PoolExists", json!({ "pool": pool })),
+        E::PoolInUse { pool, assignments } => ("PoolInUse", json!({ "pool": pool, "assignments": assignments })),
+        E::NoSuchAssignment { id } => ("NoSuchAssignment", json!({ "id": id })),
+        E::InsufficientCapacity { pool, requested, free, unit } => (
+            "InsufficientCapacity",
+            json!({ "pool": pool, "requested": requested, "free": free, "unit": unit }),
+        ),
+        E::DuplicateId { id } => ("DuplicateId", json!({ "id": id })),
+        E::TargetBusy { target, id, pool } => ("TargetBusy", json!({ "target": target, "id": id, "pool": pool })),
+        E::InvalidArgument { arg, reason } => return invalid_argument(arg, reason),
+        E::ReservedPool { pool } => ("ReservedPool", json!({ "pool": pool })),
+        E::NotWholeCores { pool, requested } => ("NotWholeCores", json!({ "pool": pool, "requested": requested })),
+    };
+    ApiError::new(kind, params, e.to_string())
+}
+
+/// Each engine error to its own kind; the reason is the whole cause chain.
+pub fn engine_error(e: &EngineError) -> ApiError {
+    let kind = match e {
+        EngineError::State(s) => return state_error(s),
+        EngineError::Apply(_) => "ApplyFailed",
+        EngineError::Store(_) | EngineError::Dropin(_) => "NotDurable",
+        EngineError::Config(_) | EngineError::Overridden { .. } | EngineError::NoConfigFiles => "ConfigRejected",
+        EngineError::Stranded(_) => "AssignmentsStranded",
+        EngineError::Topology(_) => "TopologyFailed",
+        EngineError::Stopped => return shutting_down(),
+    };
+    let reason = error_chain(e);
+    ApiError::new(kind, json!({ "reason": reason }), reason)
+}
+
+/// Decodes `Assign`'s arguments. `cpus` and `millicpus`: exactly one is given.
+pub fn assign_spec(
+    pool: String,
+    target: &str,
+    cpus: Option<i64>,
+    millicpus: Option<i64>,
+    id: Option<&str>,
+) -> Result<AssignSpec, ApiError> {
+    let target = Target::parse(target).map_err(|e| state_error(&e))?;
+    let size = match (cpus, millicpus) {
+        (Some(n), None) => {
+            Size::Cpus(u32::try_from(n).map_err(|_| invalid_argument("cpus", "must be between 0 and 4294967295"))?)
+        }
+        (None, Some(m)) => {
+            Size::Millicpus(u64::try_from(m).map_err(|_| invalid_argument("millicpus", "must not be negative"))?)
+        }
+        (Some(_), Some(_)) => return Err(invalid_argument("cpus", "give either cpus or millicpus, not both")),
+        (None, None) => return Err(invalid_argument("cpus", "give cpus or millicpus")),
+    };
+    let id = id.map(|id| AssignmentId::new(id).map_err(|e| state_error(&e))).transpose()?;
+    Ok(AssignSpec { pool, target, size, id })
+}
+
+fn pool_name(name: &str) -> Result<PoolName, ApiError> {
+    PoolName::new(name).map_err(|e| invalid_argument("name", &e.to_string()))
+}
+
+fn source(cpus: Option<&str>, count: Option<i64>, numa: Option<i64>) -> Result<Source, ApiError> {
+    let u32_arg = |arg: &str, v: i64| {
+        u32::try_from(v).map_err(|_| invalid_argument(arg, "must be between 0 and 4294967295"))
+    };
+    match (cpus, count) {
+        (Some(list), None) => {
+            if numa.is_some() {
+                return Err(invalid_argument("numa", "only applies to count (a list names its CPUs)"));
+            }
+            let set = CpuSet::parse(list).map_err(|e| invalid_argument("cpus", &e.to_string()))?;
+            if set.is_empty() {
+                return Err(invalid_argument("cpus", "is empty"));
+            }
+            Ok(Source::Cpus(set))
+        }
+        (None, Some(n)) => {
+            let count = u32_arg("count", n)?;
+            if count == 0 {
+                return Err(invalid_argument("count", "must be at least 1"));
+            }
+            Ok(Source::Count { count, numa: numa.map(|n| u32_arg("numa", n)).transpose()? })
+        }
+        (Some(_), Some(_)) => Err(invalid_argument("cpus", "give either cpus or count, not both")),
+        (None, None) => Err(invalid_argument("cpus", "give cpus or count")),
+    }
+}
+
+/// The optional settings of a new pool, as both interfaces take them.
+#[derive(Debug, Default, Clone)]
+pub struct PoolOptions<'a> {
+    /// `cpus`.
+    pub cpus: Option<&'a str>,
+    /// `count`.
+    pub count: Option<i64>,
+    /// `numa`.
+    pub numa: Option<i64>,
+    /// `smt`.
+    pub smt: Option<&'a str>,
+    /// `isolate`.
+    pub isolate: Option<bool>,
+    /// `kubelet`.
+    pub kubelet: Option<bool>,
+}
+
+/// Decodes `CreatePool`'s arguments.
+pub fn create_pool(name: &str, kind: &str, o: &PoolOptions<'_>) -> Result<PoolEdit, ApiError> {
+    let name = pool_name(name)?;
+    let kind = match kind {
+        "reserved" => PoolKind::Reserved,
+        "exclusive" => PoolKind::Exclusive,
+        "shared" => PoolKind::Shared,
+        other => {
+            return Err(invalid_argument(
+                "kind",
+                &format!("`{}` is not one of reserved, exclusive, shared", other.escape_debug()),
+            ))
+        }
+    };
+    let smt = match o.smt {
+        None => None,
+        Some("full-cores") => Some(Smt::FullCores),
+        Some("threads") => Some(Smt::Threads),
+        Some(other) => {
+            return Err(invalid_argument(
+                "smt",
+                &format!("`{}` is not one of full-cores, threads", other.escape_debug()),
+            ))
+        }
+    };
+    let source = source(o.cpus, o.count, o.numa)?;
+    Ok(PoolEdit::Create { name, kind, source, smt, isolate: o.isolate, kubelet: o.kubelet })
+}
+
+/// Decodes `ResizePool`'s arguments.
+pub fn resize_pool(name: &str, o: &PoolOptions<'_>) -> Result<PoolEdit, ApiError> {
+    for (arg, given) in [("smt", o.smt.is_some()), ("isolate", o.isolate.is_some()), ("kubelet", o.kubelet.is_some())] {
+        if given {
+            return Err(invalid_argument(arg, "ResizePool changes only cpus, count and numa"));
+        }
+    }
+    Ok(PoolEdit::Resize { name: pool_name(name)?, source: source(o.cpus, o.count, o.numa)? })
+}
+
+/// Decodes `DeletePool`'s argument.
+pub fn delete_pool(name: &str) -> Result<PoolEdit, ApiError> {
+    Ok(PoolEdit::Delete { name: pool_name(name)? })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_error_has_a_documented_kind() {
+        let errors = [
+            state::Error::NoSuchPool { pool: "x".into() },
+            state::Error::PoolExists { pool: "x".into() },
+            state::Error::PoolInUse { pool: "x".into(), assignments: 2 },
+            state::Error::NoSuchAssignment { id: "x".into() },
+            state::Error::InsufficientCapacity { pool: "x".into(), requested: 2, free: 1, unit: "cpus" },
+            state::Error::DuplicateId { id: "x".into() },
+            state::Error::TargetBusy { target: "pid:1".into(), id: "a".into(), pool: "p".into() },
+            state::Error::InvalidArgument { arg: "cpus", reason: "bad".into() },
+            state::Error::ReservedPool { pool: "x".into() },
+            state::Error::NotWholeCores { pool: "x".into(), requested: 3 },
+        ];
+        for e in &errors {
+            let a = state_error(e);
+            assert!(KINDS.contains(&a.kind), "{}", a.kind);
+            assert!(!a.message.is_empty());
+        }
+    }
+
+    #[test]
+    fn pool_arguments_name_the_argument() {
+        let o = |cpus: Option<&'static str>, count: Option<i64>| PoolOptions { cpus, count, ..Default::default() };
+        let arg = |r: Result<PoolEdit, ApiError>| r.unwrap_err().params["argument"].as_str().unwrap().to_owned();
+        assert_eq!(arg(create_pool("Web", "shared", &o(Some("1"), None))), "name");
+        assert_eq!(arg(create_pool("web", "sharde", &o(Some("1"), None))), "kind");
+        assert_eq!(arg(create_pool("web", "shared", &o(Some("1-"), None))), "cpus");
+        assert_eq!(arg(create_pool("web", "shared", &o(Some("1"), Some(2)))), "cpus");
+        assert_eq!(arg(create_pool("web", "shared", &o(None, None))), "cpus");
+        assert_eq!(arg(create_pool("web", "shared", &o(None, Some(0)))), "count");
+        assert_eq!(arg(create_pool("web", "shared", &o(None, Some(-1)))), "count");
+        let bad_smt = PoolOptions { count: Some(1), smt: Some("half"), ..Default::default() };
+        assert_eq!(arg(create_pool("web", "shared", &bad_smt)), "smt");
+        let numa_with_list = PoolOptions { cpus: Some("1"), numa: Some(0), ..Default::default() };
+        assert_eq!(arg(resize_pool("web", &numa_with_list)), "numa");
+        let isolate = PoolOptions { count: Some(1), isolate: Some(true), ..Default::default() };
+        assert_eq!(arg(resize_pool("web", &isolate)), "isolate");
+        assert!(create_pool("web", "shared", &o(None, Some(2))).is_ok());
+    }
+
+    #[test]
+    fn assign_arguments_name_the_argument() {
+        let arg = |r: Result<AssignSpec, ApiError>| r.unwrap_err().params["argument"].as_str().unwrap().to_owned();
+        assert_eq!(arg(assign_spec("p".into(), "pid:1", None, None, None)), "cpus");
+        assert_eq!(arg(assign_spec("p".into(), "pid:1", Some(1), Some(1), None)), "cpus");
+        assert_eq!(arg(assign_spec("p".into(), "pid:1", Some(-1), None, None)), "cpus");
+        assert_eq!(arg(assign_spec("p".into(), "pid:1", None, Some(-5), None)), "millicpus");
+        assert_eq!(assign_spec("p".into(), "cgroup:../../etc", Some(1), None, None).unwrap_err().kind, "InvalidArgument");
+    }
+}

@@ -1,0 +1,349 @@
+//! The runtime drop-in: pools created, resized and deleted over the APIs.
+//!
+//! `CreatePool`, `ResizePool` and `DeletePool` are persisted as one drop-in that the daemon owns,
+//! [`DROPIN_NAME`] in the administrator's `config.d/` (`/etc/cpupoold/config.d/`). The
+//! configuration files stay the one source of truth for pools, as `systemctl set-property` keeps
+//! unit properties in drop-ins: `cat` shows what was changed, deleting the file undoes every
+//! run-time change at the next reload, and a restart or a reload applies the same pools as the
+//! running daemon has.
+//!
+//! The drop-in is read last among the files that usually exist (`90-` sorts after the `50-local`
+//! convention), and it is an ordinary fragment: it merges key by key over the files before it.
+//! A pool it creates takes any key it does not set from earlier files that define the same name;
+//! a deleted pool is `removed = true` (or no table at all when no other file defines it). A file
+//! read after it that sets the same keys would make an edit ineffective; the engine checks the
+//! merged result's [`Origins`](super::Origins) and refuses such an edit instead of reporting a
+//! change that did not happen.
+//!
+//! Writes are durable (a hidden temporary file in the same directory, fsync, rename, fsync of the
+//! directory), so a crash leaves either the old or the new drop-in.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use toml::{Table, Value};
+
+use super::{fragments, ConfigDirs, ConfigError, TomlError};
+use crate::core::cpuset::CpuSet;
+use crate::core::pool::{PoolKind, PoolName, Smt};
+
+/// The drop-in's file name, in `config.d/` of the administrator's directory.
+pub const DROPIN_NAME: &str = "90-cpupoold-runtime.toml";
+
+const HEADER: &str = "\
+# Written by cpupoold for `cpupoolctl pool create`, `resize` and `delete` (the CreatePool,
+# ResizePool and DeletePool methods). It is an ordinary drop-in, read after the files before it
+# in file-name order. Delete it and reload to undo every run-time pool change; comments added
+# here are not kept.
+";
+
+/// Where a pool's CPUs come from, as an edit gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// An explicit CPU list (`cpus`).
+    Cpus(CpuSet),
+    /// A number of CPUs (`count`), optionally from one NUMA node (`numa`).
+    Count {
+        /// How many.
+        count: u32,
+        /// From this node only.
+        numa: Option<u32>,
+    },
+}
+
+/// One run-time change to the pools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolEdit {
+    /// A new pool; keys left `None` come from earlier files or the defaults.
+    Create {
+        /// Its name.
+        name: PoolName,
+        /// Its kind.
+        kind: PoolKind,
+        /// Its CPUs.
+        source: Source,
+        /// `smt`.
+        smt: Option<Smt>,
+        /// `isolate`.
+        isolate: Option<bool>,
+        /// `kubelet`.
+        kubelet: Option<bool>,
+    },
+    /// A new CPU source for an existing pool.
+    Resize {
+        /// The pool.
+        name: PoolName,
+        /// Its new CPUs.
+        source: Source,
+    },
+    /// Removes a pool.
+    Delete {
+        /// The pool.
+        name: PoolName,
+    },
+}
+
+impl PoolEdit {
+    /// The pool the edit is about.
+    pub fn name(&self) -> &PoolName {
+        match self {
+            PoolEdit::Create { name, .. } | PoolEdit::Resize { name, .. } | PoolEdit::Delete { name } => name,
+        }
+    }
+
+    /// The pool keys (`count`, `kind`, ...) the edit writes, which must take effect.
+    pub fn keys(&self) -> Vec<&'static str> {
+        let source = |s: &Source| match s {
+            Source::Cpus(_) => vec!["cpus"],
+            Source::Count { numa: None, .. } => vec!["count"],
+            Source::Count { numa: Some(_), .. } => vec!["count", "numa"],
+        };
+        match self {
+            PoolEdit::Create { source: s, smt, isolate, kubelet, .. } => {
+                let mut keys = vec!["kind"];
+                keys.extend(source(s));
+                keys.extend(smt.map(|_| "smt"));
+                keys.extend(isolate.map(|_| "isolate"));
+                keys.extend(kubelet.map(|_| "kubelet"));
+                keys
+            }
+            PoolEdit::Resize { source: s, .. } => source(s),
+            PoolEdit::Delete { .. } => vec!["removed"],
+        }
+    }
+}
+
+/// Why the drop-in could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} `{}`", path.display())]
+pub struct DropinError {
+    /// What was being done.
+    pub op: &'static str,
+    /// The file or directory.
+    pub path: PathBuf,
+    /// The I/O error.
+    #[source]
+    pub source: io::Error,
+}
+
+/// The drop-in's pools, as read from disk and edited in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dropin {
+    path: PathBuf,
+    pools: Table,
+}
+
+impl Dropin {
+    /// Reads the drop-in under `dirs`; a missing file has no pools.
+    pub fn read(dirs: &ConfigDirs) -> Result<Dropin, ConfigError> {
+        let path = dirs.etc.join("config.d").join(DROPIN_NAME);
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(source) => return Err(ConfigError::Read { file: path, source }),
+        };
+        // Checked as a fragment first, so that a hand-edited file gets the usual errors.
+        fragments::parse(&text, &path)?;
+        let mut table: Table = text.parse().map_err(|e| ConfigError::Parse {
+            file: path.clone(),
+            pos: None,
+            key: String::new(),
+            source: TomlError(Box::new(e)),
+        })?;
+        let pools = match table.remove("pools") {
+            Some(Value::Table(pools)) => pools,
+            _ => Table::new(),
+        };
+        Ok(Dropin { path, pools })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's text; `None` when it defines nothing (the file is then removed).
+    pub fn text(&self) -> Option<String> {
+        if self.pools.is_empty() {
+            return None;
+        }
+        let mut doc = Table::new();
+        doc.insert("pools".into(), Value::Table(self.pools.clone()));
+        // A table of tables of scalars always serializes.
+        let body = toml::to_string(&doc).unwrap_or_default();
+        Some(format!("{HEADER}\n{body}"))
+    }
+
+    /// Applies `edit` to the pool's table.
+    pub fn apply(&mut self, edit: &PoolEdit) {
+        let name = edit.name().as_str().to_owned();
+        let set_source = |t: &mut Table, source: &Source| {
+            for k in ["cpus", "count", "numa", "isolcpus"] {
+                t.remove(k);
+            }
+            match source {
+                Source::Cpus(cpus) => {
+                    t.insert("cpus".into(), Value::String(cpus.to_string()));
+                }
+                Source::Count { count, numa } => {
+                    t.insert("count".into(), Value::Integer(i64::from(*count)));
+                    if let Some(n) = numa {
+                        t.insert("numa".into(), Value::Integer(i64::from(*n)));
+                    }
+                }
+            }
+        };
+        match edit {
+            PoolEdit::Create { kind, source, smt, isolate, kubelet, .. } => {
+                let mut t = Table::new();
+                t.insert("kind".into(), Value::String(kind.to_string()));
+                set_source(&mut t, source);
+                if let Some(smt) = smt {
+                    t.insert("smt".into(), Value::String(smt.to_string()));
+                }
+                if let Some(b) = isolate {
+                    t.insert("isolate".into(), Value::Boolean(*b));
+                }
+                if let Some(b) = kubelet {
+                    t.insert("kubelet".into(), Value::Boolean(*b));
+                }
+                self.pools.insert(name, Value::Table(t));
+            }
+            PoolEdit::Resize { source, .. } => {
+                let entry = self.pools.entry(name).or_insert_with(|| Value::Table(Table::new()));
+                if !entry.is_table() {
+                    *entry = Value::Table(Table::new());
+                }
+                if let Value::Table(t) = entry {
+                    set_source(t, source);
+                }
+            }
+            PoolEdit::Delete { .. } => {
+                let mut t = Table::new();
+                t.insert("removed".into(), Value::Boolean(true));
+                self.pools.insert(name, Value::Table(t));
+            }
+        }
+    }
+
+    /// Drops the pool's table altogether (a deleted pool no other file defines).
+    pub fn forget(&mut self, name: &PoolName) {
+        self.pools.remove(name.as_str());
+    }
+
+    /// Writes the drop-in durably, or removes it when it defines nothing.
+    pub fn write(&self) -> Result<(), DropinError> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let err = |op: &'static str, path: &Path| {
+            let path = path.to_owned();
+            move |source| DropinError { op, path, source }
+        };
+        match self.text() {
+            None => match fs::remove_file(&self.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(err("removing", &self.path)(e)),
+            },
+            Some(text) => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(dir)
+                    .map_err(err("creating the directory", dir))?;
+                // Hidden, so a concurrent reader of config.d never takes it for a drop-in.
+                let tmp = dir.join(format!(".{DROPIN_NAME}.tmp"));
+                let mut f = fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o644)
+                    .open(&tmp)
+                    .map_err(err("creating", &tmp))?;
+                f.write_all(text.as_bytes()).map_err(err("writing", &tmp))?;
+                f.sync_all().map_err(err("fsyncing", &tmp))?;
+                drop(f);
+                fs::rename(&tmp, &self.path).map_err(err("renaming into place", &self.path))?;
+            }
+        }
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err("fsyncing the directory", dir))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> PoolName {
+        PoolName::new(s).unwrap()
+    }
+
+    fn dirs(root: &Path) -> ConfigDirs {
+        ConfigDirs { etc: root.join("etc"), vendor: root.join("vendor") }
+    }
+
+    #[test]
+    fn create_resize_delete_round_trip_through_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = dirs(tmp.path());
+        let mut d = Dropin::read(&dirs).unwrap();
+        assert_eq!(d.text(), None);
+        d.apply(&PoolEdit::Create {
+            name: name("web"),
+            kind: PoolKind::Shared,
+            source: Source::Cpus(CpuSet::parse("2-3").unwrap()),
+            smt: Some(Smt::Threads),
+            isolate: None,
+            kubelet: Some(false),
+        });
+        d.write().unwrap();
+        let text = fs::read_to_string(d.path()).unwrap();
+        assert!(text.starts_with("# Written by cpupoold"), "{text}");
+        for line in ["[pools.web]\n", "\nkind = \"shared\"\n", "\ncpus = \"2-3\"\n", "\nsmt = \"threads\"\n"] {
+            assert!(text.contains(line), "{line:?} in {text}");
+        }
+
+        let mut again = Dropin::read(&dirs).unwrap();
+        assert_eq!(again, d);
+        again.apply(&PoolEdit::Resize { name: name("web"), source: Source::Count { count: 4, numa: Some(1) } });
+        let text = again.text().unwrap();
+        assert!(!text.contains("cpus ="), "the old source is gone: {text}");
+        assert!(text.contains("\ncount = 4\n") && text.contains("\nnuma = 1\n"), "{text}");
+        assert!(text.contains("kubelet = false"), "other keys stay: {text}");
+
+        again.apply(&PoolEdit::Delete { name: name("web") });
+        assert!(again.text().unwrap().contains("[pools.web]\nremoved = true\n"));
+        again.forget(&name("web"));
+        again.write().unwrap();
+        assert!(!d.path().exists(), "an empty drop-in is removed");
+        // And removing what is not there is fine.
+        again.write().unwrap();
+    }
+
+    #[test]
+    fn a_broken_hand_edit_is_reported_with_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = dirs(tmp.path());
+        fs::create_dir_all(dirs.etc.join("config.d")).unwrap();
+        fs::write(dirs.etc.join("config.d").join(DROPIN_NAME), "[pools.web]\ncolour = 1\n").unwrap();
+        let err = Dropin::read(&dirs).unwrap_err();
+        assert_eq!(err.key(), Some("pools.web.colour"));
+        assert!(err.file().unwrap().ends_with(DROPIN_NAME));
+    }
+
+    #[test]
+    fn edit_keys() {
+        let e = PoolEdit::Create {
+            name: name("a"),
+            kind: PoolKind::Exclusive,
+            source: Source::Count { count: 2, numa: None },
+            smt: None,
+            isolate: Some(true),
+            kubelet: None,
+        };
+        assert_eq!(e.keys(), ["kind", "count", "isolate"]);
+        assert_eq!(PoolEdit::Delete { name: name("a") }.keys(), ["removed"]);
+    }
+}
