@@ -1,0 +1,224 @@
+//! What the API integration tests share: a private `dbus-daemon`, the real `cpupoold` binary on
+//! a sandbox host attached to it, and a small varlink client.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// A `dbus-daemon` of the test's own, on a socket in the test's directory. Its policy lets
+/// anyone own and call anything, so the daemon's own uid check is what is tested.
+pub struct PrivateBus {
+    child: Child,
+    /// `unix:path=...`.
+    pub address: String,
+}
+
+impl PrivateBus {
+    pub fn start(dir: &Path) -> PrivateBus {
+        let sock = dir.join("bus.sock");
+        let conf = dir.join("bus.conf");
+        fs::write(
+            &conf,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"#,
+                sock.display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", conf.display()))
+            .args(["--nofork", "--print-address"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dbus-daemon (package dbus) is needed");
+        // It prints its address once it listens.
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(!line.is_empty(), "dbus-daemon did not start");
+        open_to_everyone(dir);
+        PrivateBus { child, address: format!("unix:path={}", sock.display()) }
+    }
+}
+
+impl Drop for PrivateBus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lets an unprivileged uid reach sockets under `dir` (and the tests' temp dir above it).
+pub fn open_to_everyone(dir: &Path) {
+    for d in dir.ancestors().take(3) {
+        if let Ok(m) = fs::metadata(d) {
+            let mut p = m.permissions();
+            p.set_mode(p.mode() | 0o755);
+            let _ = fs::set_permissions(d, p);
+        }
+    }
+}
+
+/// The real daemon on a sandbox host.
+pub struct Daemon {
+    child: Child,
+    /// The sandbox directory.
+    pub sb: PathBuf,
+    /// The varlink socket.
+    pub varlink: PathBuf,
+    log: PathBuf,
+}
+
+/// The sandbox configuration the API tests use, on a 1x4x2 host (CPU c and c+4 are siblings):
+/// reserved 0,4; exclusive `dp` 1-2,5-6 in whole cores; shared `web` 3,7.
+pub const CONFIG: &str = r#"
+[pools.sys]
+kind = "reserved"
+cpus = "0,4"
+
+[pools.dp]
+kind = "exclusive"
+cpus = "1-2,5-6"
+
+[pools.web]
+kind = "shared"
+cpus = "3,7"
+"#;
+
+impl Daemon {
+    /// Starts `cpupoold --sandbox DIR/sb --topology 1x4x2:1 ARGS` with [`CONFIG`] and waits for
+    /// the READY banner.
+    pub fn start(dir: &Path, args: &[&str]) -> Daemon {
+        let sb = dir.join("sb");
+        fs::create_dir_all(sb.join("etc/cpupoold")).unwrap();
+        if !sb.join("etc/cpupoold/config.toml").exists() {
+            fs::write(sb.join("etc/cpupoold/config.toml"), CONFIG).unwrap();
+        }
+        let log = dir.join("daemon.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg("--sandbox")
+            .arg(&sb)
+            .args(["--topology", "1x4x2:1"])
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut varlink = None;
+        let mut banner = String::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            banner.push_str(&line);
+            banner.push('\n');
+            if let Some(p) = line.trim().strip_prefix("varlink").map(str::trim) {
+                varlink = p.strip_prefix("unix:").map(PathBuf::from);
+            }
+            if line == "READY" {
+                break;
+            }
+        }
+        let log_text = fs::read_to_string(&log).unwrap_or_default();
+        let varlink = varlink.unwrap_or_else(|| panic!("no READY banner:\n{banner}\n{log_text}"));
+        open_to_everyone(&sb.join("run"));
+        Daemon { child, sb, varlink, log }
+    }
+
+    pub fn logs(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The sandbox's cgroupfs file `rel`.
+    pub fn cgroup(&self, rel: &str) -> Option<String> {
+        fs::read_to_string(self.sb.join("cgroup").join(rel)).ok()
+    }
+
+    /// The state file's bytes.
+    pub fn state_file(&self) -> Vec<u8> {
+        fs::read(self.sb.join("state/state.json")).unwrap_or_default()
+    }
+
+    /// Stops with SIGTERM and checks for a clean exit.
+    pub fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "daemon exited with {status}:\n{}", self.logs());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal varlink client: one connection, calls answered in order.
+pub struct Varlink {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Varlink {
+    pub fn connect(path: &Path) -> Varlink {
+        Varlink { stream: UnixStream::connect(path).unwrap(), buf: Vec::new() }
+    }
+
+    /// Calls `org.cpupool.Manager.METHOD`: the reply's parameters, or (error name, parameters).
+    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, (String, Value)> {
+        let mut msg = serde_json::to_vec(&json!({
+            "method": format!("org.cpupool.Manager.{method}"),
+            "parameters": params,
+        }))
+        .unwrap();
+        msg.push(0);
+        self.stream.write_all(&msg).unwrap();
+        let reply = self.read();
+        match reply.get("error").and_then(Value::as_str) {
+            Some(e) => Err((e.to_owned(), reply["parameters"].clone())),
+            None => Ok(reply["parameters"].clone()),
+        }
+    }
+
+    fn read(&mut self) -> Value {
+        loop {
+            if let Some(end) = self.buf.iter().position(|b| *b == 0) {
+                let frame: Vec<u8> = self.buf.drain(..=end).collect();
+                return serde_json::from_slice(&frame[..end]).unwrap();
+            }
+            let mut chunk = [0u8; 65536];
+            let n = self.stream.read(&mut chunk).unwrap();
+            assert!(n > 0, "the daemon closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! The D-Bus API of the real `cpupoold` binary on a sandbox host, attached to a private
+//! `dbus-daemon` the test starts: introspection compared with `dbus/org.cpupool.Manager1.xml`,
+//! `busctl` calls, an unprivileged caller refused, every error kind on both interfaces with the
+//! state unchanged, and 64 concurrent clients over varlink and D-Bus together.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{Daemon, PrivateBus, Varlink};
+use serde_json::{json, Value};
+use zbus::zvariant::{OwnedValue, Str};
+
+const DEST: &str = "org.cpupool.Manager1";
+const PATH: &str = "/org/cpupool/Manager1";
+const IFACE: &str = "org.cpupool.Manager1";
+
+fn start(dir: &Path) -> (PrivateBus, Daemon) {
+    let bus = PrivateBus::start(dir);
+    let d = Daemon::start(dir, &["--bus", &bus.address]);
+    (bus, d)
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+fn busctl(bus: &PrivateBus, nobody: bool, args: &[&str]) -> Output {
+    let mut cmd = if nobody {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "busctl"]);
+        c
+    } else {
+        Command::new("busctl")
+    };
+    run(cmd.arg(format!("--address={}", bus.address)).args(args))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The `<interface name=IFACE>` element of an introspection document, as a sorted list of
+/// (member kind, name, [(arg name, type, direction)], access) entries: comments, whitespace and
+/// order do not count, names and signatures do.
+fn members(xml: &str) -> BTreeSet<String> {
+    let doc = roxmltree::Document::parse_with_options(
+        xml,
+        roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() },
+    )
+    .unwrap();
+    let iface = doc
+        .descendants()
+        .find(|n| n.has_tag_name("interface") && n.attribute("name") == Some(IFACE))
+        .unwrap_or_else(|| panic!("no {IFACE} in:\n{xml}"));
+    iface
+        .children()
+        .filter(|n| n.is_element())
+        .map(|m| {
+            let args: Vec<String> = m
+                .children()
+                .filter(|a| a.has_tag_name("arg"))
+                .map(|a| {
+                    let dir = a.attribute("direction").unwrap_or(if m.has_tag_name("signal") { "out" } else { "in" });
+                    format!("{}:{}:{dir}", a.attribute("name").unwrap_or(""), a.attribute("type").unwrap_or(""))
+                })
+                .collect();
+            let annotations: Vec<String> = m
+                .children()
+                .filter(|a| a.has_tag_name("annotation"))
+                .map(|a| format!("{}={}", a.attribute("name").unwrap_or(""), a.attribute("value").unwrap_or("")))
+                .collect();
+            format!(
+                "{} {} type={} access={} args=[{}] annotations=[{}]",
+                m.tag_name().name(),
+                m.attribute("name").unwrap_or(""),
+                m.attribute("type").unwrap_or(""),
+                m.attribute("access").unwrap_or(""),
+                args.join(", "),
+                annotations.join(", ")
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn served_interface_equals_the_shipped_xml_and_busctl_lists_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, d) = start(dir.path());
+
+    let out = busctl(&bus, false, &["call", DEST, PATH, "org.freedesktop.DBus.Introspectable", "Introspect", "--json=short"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let served = reply["data"][0].as_str().unwrap();
+    let shipped = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/dbus/org.cpupool.Manager1.xml")).unwrap();
+    let (served, shipped) = (members(served), members(&shipped));
+    let only_served: Vec<_> = served.difference(&shipped).collect();
+    let only_shipped: Vec<_> = shipped.difference(&served).collect();
+    assert!(
+        only_served.is_empty() && only_shipped.is_empty(),
+        "dbus/org.cpupool.Manager1.xml and the served interface differ:\nonly served: {only_served:#?}\nonly in the file: {only_shipped:#?}"
+    );
+
+    let out = busctl(&bus, false, &["introspect", DEST, PATH, IFACE]);
+    let listing = text(&out.stdout);
+    for m in [
+        ".ListPools", ".GetPool", ".GetTopology", ".ListAssignments", ".GetAssignment", ".Status", ".Assign",
+        ".Release", ".CreatePool", ".ResizePool", ".DeletePool", ".Pools", ".Version", ".PoolChanged",
+        ".AssignmentChanged",
+    ] {
+        assert!(listing.lines().any(|l| l.starts_with(&format!("{m} "))), "{m} missing:\n{listing}");
+    }
+    d.stop();
+}
+
+#[test]
+fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, d) = start(dir.path());
+    fs::create_dir_all(d.sb.join("cgroup/k/a")).unwrap();
+
+    let call = |nobody: bool, args: &[&str]| {
+        let mut all = vec!["call", "--json=short", DEST, PATH, IFACE];
+        all.extend_from_slice(args);
+        busctl(&bus, nobody, &all)
+    };
+    // Reads are open to everyone.
+    for nobody in [false, true] {
+        let out = call(nobody, &["ListPools"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let names: Vec<&str> = v["data"][0].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
+        assert_eq!(names, ["dp", "sys", "web"]);
+    }
+    let out = busctl(&bus, true, &["get-property", DEST, PATH, IFACE, "Version"]);
+    assert!(text(&out.stdout).contains(env!("CARGO_PKG_VERSION")), "{}", text(&out.stderr));
+
+    // nobody may not assign; the state stays as it was.
+    let before = d.state_file();
+    let out = call(true, &["Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("uid 65534 may not change"), "{}", text(&out.stderr));
+    let denied = run(Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
+        .arg(format!("--bus={}", bus.address))
+        .args(["--print-reply", "--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"]));
+    assert!(text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"), "{}", text(&denied.stderr));
+    assert_eq!(d.state_file(), before);
+    assert_eq!(d.cgroup("k/a/cpuset.cpus"), None);
+
+    // root may.
+    let out = call(false, &["Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["data"], json!(["x", "dp", "1,5", 2000, "cgroup:k/a"]));
+    assert_eq!(d.cgroup("k/a/cpuset.cpus").as_deref(), Some("1,5"));
+    let out = call(false, &["Release", "s", "x"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(d.cgroup("k/a/cpuset.cpus").as_deref(), Some(""));
+    d.stop();
+}
+
+/// A D-Bus client on its own connection.
+struct DBus {
+    conn: zbus::Connection,
+}
+
+impl DBus {
+    async fn connect(address: &str) -> DBus {
+        DBus { conn: zbus::connection::Builder::address(address).unwrap().build().await.unwrap() }
+    }
+
+    async fn call<B>(&self, method: &str, body: B) -> Result<zbus::Message, String>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType,
+    {
+        match self.conn.call_method(Some(DEST), PATH, Some(IFACE), method, &body).await {
+            Ok(m) => Ok(m),
+            Err(zbus::Error::MethodError(name, _, _)) => Err(name.to_string()),
+            Err(e) => panic!("{method}: {e}"),
+        }
+    }
+}
+
+fn options(pairs: &[(&str, OwnedValue)]) -> BTreeMap<String, OwnedValue> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.try_clone().unwrap())).collect()
+}
+
+fn s(v: &str) -> OwnedValue {
+    OwnedValue::from(Str::from(v.to_owned()))
+}
+
+/// A call both interfaces can make, and the error kind it must end in.
+struct Case {
+    kind: &'static str,
+    varlink: (&'static str, Value),
+    dbus: Box<dyn Fn(&DBus) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<zbus::Message, String>> + '_>>>,
+}
+
+fn case(
+    kind: &'static str,
+    varlink: (&'static str, Value),
+    dbus: impl Fn(&DBus) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<zbus::Message, String>> + '_>>
+        + 'static,
+) -> Case {
+    Case { kind, varlink, dbus: Box::new(dbus) }
+}
+
+fn assign_case(kind: &'static str, pool: &'static str, target: &'static str, cpus: u32, millis: u64, id: &'static str) -> Case {
+    let mut params = json!({ "pool": pool, "target": target });
+    if cpus > 0 {
+        params["cpus"] = json!(cpus);
+    }
+    if millis > 0 {
+        params["millicpus"] = json!(millis);
+    }
+    if !id.is_empty() {
+        params["id"] = json!(id);
+    }
+    case(kind, ("Assign", params), move |c| Box::pin(c.call("Assign", (pool, target, cpus, millis, id))))
+}
+
+/// Everything a failed call must leave alone.
+fn observed(d: &Daemon, v: &mut Varlink) -> (Vec<u8>, Value, Value, bool) {
+    let pools = v.call("ListPools", json!({})).unwrap();
+    let assignments = v.call("ListAssignments", json!({})).unwrap();
+    let dropin = d.sb.join("etc/cpupoold/config.d/90-cpupoold-runtime.toml").exists();
+    (d.state_file(), pools, assignments, dropin)
+}
+
+#[test]
+fn every_error_kind_has_its_name_on_both_interfaces_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, d) = start(dir.path());
+    let mut v = Varlink::connect(&d.varlink);
+    fs::create_dir_all(d.sb.join("cgroup/k/a")).unwrap();
+    v.call("Assign", json!({ "pool": "dp", "target": "cgroup:k/a", "cpus": 2, "id": "held" })).unwrap();
+    // A file where a cgroup directory would go: applying there fails.
+    fs::write(d.sb.join("cgroup/blocked"), "").unwrap();
+
+    let cases = vec![
+        assign_case("NoSuchPool", "nope", "cgroup:k/b", 1, 0, ""),
+        assign_case("InsufficientCapacity", "web", "cgroup:k/b", 0, 5000, ""),
+        assign_case("DuplicateId", "web", "cgroup:k/b", 0, 100, "held"),
+        assign_case("TargetBusy", "web", "cgroup:k/a", 0, 100, ""),
+        assign_case("InvalidArgument", "web", "cgroup:../../etc", 0, 100, ""),
+        assign_case("InvalidArgument", "web", "cgroup:k/b", 0, 0, ""),
+        assign_case("ReservedPool", "sys", "cgroup:k/b", 1, 0, ""),
+        assign_case("NotWholeCores", "dp", "cgroup:k/b", 1, 0, ""),
+        assign_case("ApplyFailed", "web", "cgroup:blocked/x", 0, 100, ""),
+        case("NoSuchAssignment", ("Release", json!({ "id": "ghost" })), |c| Box::pin(c.call("Release", ("ghost",)))),
+        case("PoolExists", ("CreatePool", json!({ "name": "web", "kind": "shared", "cpus": "3" })), |c| {
+            Box::pin(c.call("CreatePool", ("web", "shared", options(&[("cpus", s("3"))]))))
+        }),
+        case("InvalidArgument", ("CreatePool", json!({ "name": "x", "kind": "big", "cpus": "3" })), |c| {
+            Box::pin(c.call("CreatePool", ("x", "big", options(&[("cpus", s("3"))]))))
+        }),
+        case("ConfigRejected", ("CreatePool", json!({ "name": "two", "kind": "shared", "cpus": "3" })), |c| {
+            Box::pin(c.call("CreatePool", ("two", "shared", options(&[("cpus", s("3"))]))))
+        }),
+        case("PoolInUse", ("DeletePool", json!({ "name": "dp" })), |c| Box::pin(c.call("DeletePool", ("dp",)))),
+        case("NoSuchPool", ("DeletePool", json!({ "name": "nope" })), |c| Box::pin(c.call("DeletePool", ("nope",)))),
+        case("AssignmentsStranded", ("ResizePool", json!({ "name": "dp", "cpus": "2,6" })), |c| {
+            Box::pin(c.call("ResizePool", ("dp", options(&[("cpus", s("2,6"))]))))
+        }),
+        case("InvalidArgument", ("ResizePool", json!({ "name": "dp", "cpus": "2-" })), |c| {
+            Box::pin(c.call("ResizePool", ("dp", options(&[("cpus", s("2-"))]))))
+        }),
+    ];
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = rt.block_on(DBus::connect(&bus.address));
+    let before = observed(&d, &mut v);
+    for c in &cases {
+        let (method, params) = &c.varlink;
+        let got = v.call(method, params.clone()).err().map(|(name, _)| name);
+        assert_eq!(got.as_deref(), Some(format!("org.cpupool.Manager.{}", c.kind).as_str()), "varlink {method} {params}");
+        assert_eq!(observed(&d, &mut v), before, "varlink {method} {params} changed something");
+
+        let got = rt.block_on((c.dbus)(&client)).err();
+        assert_eq!(got, Some(format!("org.cpupool.Manager1.Error.{}", c.kind)), "D-Bus {method} {params}");
+        assert_eq!(observed(&d, &mut v), before, "D-Bus {method} {params} changed something");
+    }
+
+    // Failures of the host: a state file that cannot be written, a topology that cannot be read.
+    let tmp = d.sb.join("state/state.json.tmp");
+    fs::create_dir_all(&tmp).unwrap();
+    let got = v.call("Release", json!({ "id": "held" })).err().map(|e| e.0);
+    assert_eq!(got.as_deref(), Some("org.cpupool.Manager.NotDurable"));
+    let got = rt.block_on(client.call("Release", ("held",))).err();
+    assert_eq!(got.as_deref(), Some("org.cpupool.Manager1.Error.NotDurable"));
+    assert_eq!(observed(&d, &mut v), before);
+    fs::remove_dir(&tmp).unwrap();
+
+    let online = d.sb.join("sys/devices/system/cpu/online");
+    let saved = fs::read(&online).unwrap();
+    fs::remove_file(&online).unwrap();
+    let got = v.call("ResizePool", json!({ "name": "web", "cpus": "3" })).err().map(|e| e.0);
+    assert_eq!(got.as_deref(), Some("org.cpupool.Manager.TopologyFailed"));
+    let got = rt.block_on(client.call("ResizePool", ("web", options(&[("cpus", s("3"))])))).err();
+    assert_eq!(got.as_deref(), Some("org.cpupool.Manager1.Error.TopologyFailed"));
+    fs::write(&online, saved).unwrap();
+    assert_eq!(observed(&d, &mut v), before);
+
+    // Unknown options are refused by name on D-Bus.
+    let got = rt.block_on(client.call("ResizePool", ("web", options(&[("colour", s("red"))])))).err();
+    assert_eq!(got.as_deref(), Some("org.cpupool.Manager1.Error.InvalidArgument"));
+    drop(client);
+    d.stop();
+}
+
+#[test]
+fn create_resize_delete_over_both_interfaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, d) = start(dir.path());
+    let mut v = Varlink::connect(&d.varlink);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = rt.block_on(DBus::connect(&bus.address));
+
+    let p = v.call("ResizePool", json!({ "name": "dp", "cpus": "1,5" })).unwrap();
+    assert_eq!(p["pool"]["cpus"], "1,5");
+    let reply = rt
+        .block_on(client.call("CreatePool", ("batch", "exclusive", options(&[("cpus", s("2,6")), ("isolate", OwnedValue::from(true))]))))
+        .unwrap();
+    let (name, kind, cpus, ..): (String, String, String, String, u64, u64, bool, u32) = reply.body().deserialize().unwrap();
+    assert_eq!((name.as_str(), kind.as_str(), cpus.as_str()), ("batch", "exclusive", "2,6"));
+    assert_eq!(d.cgroup("cpupool.slice/cpupool-batch.slice/cpuset.cpus").as_deref(), Some("2,6"));
+    let dropin = fs::read_to_string(d.sb.join("etc/cpupoold/config.d/90-cpupoold-runtime.toml")).unwrap();
+    assert!(dropin.contains("[pools.batch]") && dropin.contains("isolate = true"), "{dropin}");
+
+    v.call("DeletePool", json!({ "name": "batch" })).unwrap();
+    let pools = v.call("ListPools", json!({})).unwrap();
+    let names: Vec<&str> = pools["pools"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["dp", "sys", "web"]);
+    assert_eq!(pools["pools"][1]["cpus"], "0,2,4,6", "freed CPUs join the reserved pool");
+    drop(client);
+    d.stop();
+}
+
+/// 64 clients, half on varlink and half on D-Bus, each making 200 calls: 100 shared
+/// assignments of which every tenth is kept, and 10 tries at a whole core of the exclusive pool,
+/// of which the last is kept when it succeeds. Then the daemon's assignments must be exactly the
+/// acknowledged ones, no CPU owned twice, the cgroup files must match, and a restart must load
+/// the same state.
+#[test]
+fn sixty_four_clients_on_both_interfaces_lose_and_duplicate_nothing() {
+    const CLIENTS: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, d) = start(dir.path());
+    // The targets exist, as a container's cgroup does before it is assigned CPUs.
+    for c in 0..CLIENTS {
+        for id in (0..100).map(|k| format!("c{c}-w{k}")).chain((0..5).map(|j| format!("c{c}-d{j}"))) {
+            fs::create_dir_all(d.sb.join("cgroup/load").join(id)).unwrap();
+        }
+    }
+
+    // What each client's calls were acknowledged to leave behind: id → pool.
+    type Kept = Vec<(String, String)>;
+    fn script(c: usize, mut call: impl FnMut(&str, Value) -> Result<Value, String>) -> Kept {
+        let mut kept = Vec::new();
+        for k in 0..100 {
+            let id = format!("c{c}-w{k}");
+            let target = format!("cgroup:load/{id}");
+            let a = call("Assign", json!({ "pool": "web", "target": target, "millicpus": 1, "id": id }));
+            a.unwrap_or_else(|e| panic!("{id}: {e}"));
+            if k % 10 == 9 {
+                kept.push((id, "web".to_owned()));
+            } else {
+                call("Release", json!({ "id": id })).unwrap_or_else(|e| panic!("{id}: {e}"));
+            }
+        }
+        for j in 0..5 {
+            let id = format!("c{c}-d{j}");
+            let target = format!("cgroup:load/{id}");
+            match call("Assign", json!({ "pool": "dp", "target": target, "cpus": 2, "id": id })) {
+                Ok(_) if j == 4 => kept.push((id, "dp".to_owned())),
+                Ok(_) => {
+                    call("Release", json!({ "id": id })).unwrap_or_else(|e| panic!("{id}: {e}"));
+                }
+                Err(e) => assert!(e.ends_with("InsufficientCapacity"), "{id}: {e}"),
+            }
+        }
+        kept
+    }
+
+    let address = bus.address.clone();
+    let varlink = d.varlink.clone();
+    let mut threads = Vec::new();
+    for c in 0..CLIENTS {
+        let (address, varlink) = (address.clone(), varlink.clone());
+        threads.push(std::thread::spawn(move || {
+            if c % 2 == 0 {
+                let mut v = Varlink::connect(&varlink);
+                script(c, |m, p| v.call(m, p).map_err(|(name, _)| name))
+            } else {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let client = rt.block_on(DBus::connect(&address));
+                script(c, |m, p| {
+                    let s = |k: &str| p[k].as_str().unwrap_or("").to_owned();
+                    let n = |k: &str| p[k].as_u64().unwrap_or(0);
+                    rt.block_on(async {
+                        match m {
+                            "Assign" => client
+                                .call("Assign", (s("pool"), s("target"), n("cpus") as u32, n("millicpus"), s("id")))
+                                .await
+                                .map(|_| Value::Null),
+                            _ => client.call("Release", (s("id"),)).await.map(|_| Value::Null),
+                        }
+                    })
+                })
+            }
+        }));
+    }
+    let model: BTreeMap<String, String> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+
+    let check = |d: &Daemon| {
+        let mut v = Varlink::connect(&d.varlink);
+        let list = v.call("ListAssignments", json!({})).unwrap();
+        let live: BTreeMap<String, String> = list["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| (a["id"].as_str().unwrap().to_owned(), a["pool"].as_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(live, model, "the daemon's assignments are not the acknowledged ones");
+        let mut owned = BTreeSet::new();
+        for a in list["assignments"].as_array().unwrap() {
+            let cpus = a["cpus"].as_str().unwrap();
+            let target = a["target"].as_str().unwrap().strip_prefix("cgroup:").unwrap();
+            assert_eq!(d.cgroup(&format!("{target}/cpuset.cpus")).as_deref(), Some(cpus), "{target}");
+            if a["pool"] == "dp" {
+                for cpu in cpus.split(',') {
+                    assert!(owned.insert(cpu.to_owned()), "CPU {cpu} owned twice");
+                }
+            }
+        }
+    };
+    check(&d);
+    assert_eq!(model.values().filter(|p| *p == "dp").count(), 2, "both cores of dp end up held");
+    assert_eq!(model.len(), CLIENTS * 10 + 2);
+    d.stop();
+    // The same state after a restart.
+    let d = Daemon::start(dir.path(), &["--bus", &address]);
+    check(&d);
+    d.stop();
+}
