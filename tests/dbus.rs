@@ -194,19 +194,16 @@ fn s(v: &str) -> OwnedValue {
     OwnedValue::from(Str::from(v.to_owned()))
 }
 
+type Reply<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<zbus::Message, String>> + 'a>>;
+
 /// A call both interfaces can make, and the error kind it must end in.
 struct Case {
     kind: &'static str,
     varlink: (&'static str, Value),
-    dbus: Box<dyn Fn(&DBus) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<zbus::Message, String>> + '_>>>,
+    dbus: Box<dyn Fn(&DBus) -> Reply<'_>>,
 }
 
-fn case(
-    kind: &'static str,
-    varlink: (&'static str, Value),
-    dbus: impl Fn(&DBus) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<zbus::Message, String>> + '_>>
-        + 'static,
-) -> Case {
+fn case(kind: &'static str, varlink: (&'static str, Value), dbus: impl Fn(&DBus) -> Reply<'_> + 'static) -> Case {
     Case { kind, varlink, dbus: Box::new(dbus) }
 }
 

@@ -423,35 +423,110 @@ impl Engine {
     }
 
     fn run(mut self, mut rx: mpsc::Receiver<Request>) {
-        while let Some(req) = rx.blocking_recv() {
-            match req {
-                Request::Assign(spec, reply) => {
-                    let _ = reply.send(self.assign(&spec));
+        while let Some(first) = rx.blocking_recv() {
+            // Group commit: Assign and Release requests already queued behind this one are
+            // decided together and share one apply and one durable save.
+            let mut group = Vec::new();
+            let mut next = Some(first);
+            while let Some(req) = next.take() {
+                match req {
+                    Request::Assign(spec, reply) => group.push(Mutation::Assign(spec, reply)),
+                    Request::Release(id, reply) => group.push(Mutation::Release(id, reply)),
+                    other => {
+                        self.mutate(std::mem::take(&mut group));
+                        self.handle(other);
+                    }
                 }
-                Request::Release(id, reply) => {
-                    let _ = reply.send(self.release(&id));
-                }
-                Request::Reload(settings, reply) => {
-                    let _ = reply.send(self.reload(settings));
-                }
-                Request::ReloadFromDisk(reply) => {
-                    let settings = match &self.config {
-                        Some(src) => src.load(None).map(Box::new),
-                        None => {
-                            let _ = reply.send(Err(EngineError::NoConfigFiles));
-                            continue;
-                        }
-                    };
-                    let _ = reply.send(self.reload(settings));
-                }
-                Request::EditPool(edit, reply) => {
-                    let _ = reply.send(self.edit_pool(&edit));
-                }
-                Request::Ping(reply) => {
-                    let _ = reply.send(());
+                if group.len() < MAX_GROUP {
+                    next = rx.try_recv().ok();
                 }
             }
+            self.mutate(group);
         }
+    }
+
+    fn handle(&mut self, req: Request) {
+        match req {
+            Request::Assign(spec, reply) => {
+                let _ = reply.send(self.assign(&spec));
+            }
+            Request::Release(id, reply) => {
+                let _ = reply.send(self.release(&id));
+            }
+            Request::Reload(settings, reply) => {
+                let _ = reply.send(self.reload(settings));
+            }
+            Request::ReloadFromDisk(reply) => {
+                let result = match &self.config {
+                    Some(src) => {
+                        let settings = src.load(None).map(Box::new);
+                        self.reload(settings)
+                    }
+                    None => Err(EngineError::NoConfigFiles),
+                };
+                let _ = reply.send(result);
+            }
+            Request::EditPool(edit, reply) => {
+                let _ = reply.send(self.edit_pool(&edit));
+            }
+            Request::Ping(reply) => {
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    /// Decides a group of mutations in order on one copy of the state, then applies and saves
+    /// the result once. If that fails, nothing of the group was kept, and each is done again on
+    /// its own, so every caller gets the answer it would have had alone.
+    fn mutate(&mut self, group: Vec<Mutation>) {
+        if group.len() <= 1 {
+            for m in group {
+                self.handle(m.into_request());
+            }
+            return;
+        }
+        let mut next = (*self.state).clone();
+        let decided: Vec<Decided> = group
+            .iter()
+            .map(|m| match m {
+                Mutation::Assign(spec, _) => Decided::Assign(next.assign(&self.topo, spec)),
+                Mutation::Release(id, _) => Decided::Release(next.release(id)),
+            })
+            .collect();
+        let changed = decided.iter().any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
+        if changed {
+            if let Err(e) = self.commit(next) {
+                log::warn!(
+                    "applying {} grouped changes failed ({}); doing them one by one",
+                    group.len(),
+                    error_chain(&e)
+                );
+                for m in group {
+                    self.handle(m.into_request());
+                }
+                return;
+            }
+        }
+        let mut events = Vec::new();
+        for (m, d) in group.into_iter().zip(decided) {
+            match (m, d) {
+                (Mutation::Assign(_, reply), Decided::Assign(r)) => {
+                    if let Ok(Outcome::Changed(a)) = &r {
+                        events.extend(assigned(a));
+                    }
+                    let _ = reply.send(r.map_err(EngineError::from));
+                }
+                (Mutation::Release(_, reply), Decided::Release(r)) => {
+                    if let Ok(a) = &r {
+                        events.extend(released(a));
+                    }
+                    let _ = reply.send(r.map_err(EngineError::from));
+                }
+                // `decided` was made from `group` in order.
+                _ => {}
+            }
+        }
+        self.publish(events);
     }
 
     fn assign(&mut self, spec: &AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
@@ -459,14 +534,7 @@ impl Engine {
         let out = next.assign(&self.topo, spec)?;
         if let Outcome::Changed(a) = &out {
             self.commit(next)?;
-            log::info!(
-                POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
-                "assigned CPUs {} ({} millicpus) from pool {} to {}", a.cpus, a.millicpus, a.pool, a.target
-            );
-            self.publish(vec![
-                Event::AssignmentChanged { id: a.id.clone(), change: Change::Added },
-                Event::PoolChanged(a.pool.clone()),
-            ]);
+            self.publish(assigned(a));
         }
         Ok(out)
     }
@@ -475,14 +543,7 @@ impl Engine {
         let mut next = (*self.state).clone();
         let a = next.release(id)?;
         self.commit(next)?;
-        log::info!(
-            POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
-            "released CPUs {} of pool {} from {}", a.cpus, a.pool, a.target
-        );
-        self.publish(vec![
-            Event::AssignmentChanged { id: a.id.clone(), change: Change::Removed },
-            Event::PoolChanged(a.pool.clone()),
-        ]);
+        self.publish(released(&a));
         Ok(a)
     }
 
@@ -671,7 +732,21 @@ impl Engine {
         }
     }
 
-    fn publish(&self, events: Vec<Event>) {
+    fn publish(&self, mut events: Vec<Event>) {
+        // A group repeats a pool's event once per assignment: keep the last of each, which
+        // still follows every assignment event of that pool.
+        let mut seen = std::collections::HashSet::new();
+        let mut keep: Vec<bool> = events
+            .iter()
+            .rev()
+            .map(|e| match e {
+                Event::PoolChanged(p) => seen.insert(p.clone()),
+                Event::AssignmentChanged { .. } => true,
+            })
+            .collect();
+        keep.reverse();
+        let mut keep = keep.into_iter();
+        events.retain(|_| keep.next().unwrap_or(true));
         let snap = Snapshot {
             state: self.state.clone(),
             topology: self.topo.clone(),
@@ -685,6 +760,48 @@ impl Engine {
             let _ = self.events.send(e);
         }
     }
+}
+
+/// The most mutations decided and saved together.
+const MAX_GROUP: usize = 256;
+
+/// An Assign or Release waiting in a group.
+enum Mutation {
+    Assign(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
+    Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
+}
+
+impl Mutation {
+    fn into_request(self) -> Request {
+        match self {
+            Mutation::Assign(spec, reply) => Request::Assign(spec, reply),
+            Mutation::Release(id, reply) => Request::Release(id, reply),
+        }
+    }
+}
+
+/// What the core decided for one mutation of a group.
+enum Decided {
+    Assign(Result<Outcome<Assignment>, state::Error>),
+    Release(Result<Assignment, state::Error>),
+}
+
+/// Logs a new assignment and returns its events.
+fn assigned(a: &Assignment) -> Vec<Event> {
+    log::info!(
+        POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+        "assigned CPUs {} ({} millicpus) from pool {} to {}", a.cpus, a.millicpus, a.pool, a.target
+    );
+    vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Added }, Event::PoolChanged(a.pool.clone())]
+}
+
+/// Logs a release and returns its events.
+fn released(a: &Assignment) -> Vec<Event> {
+    log::info!(
+        POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+        "released CPUs {} of pool {} from {}", a.cpus, a.pool, a.target
+    );
+    vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Removed }, Event::PoolChanged(a.pool.clone())]
 }
 
 /// A configuration error caused by an edit: about one of the edit's own keys in the runtime

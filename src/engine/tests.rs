@@ -429,3 +429,56 @@ mod pool_edits {
         let _ = thread.join();
     }
 }
+
+#[test]
+fn concurrent_mutations_grouped_or_not_answer_as_if_alone() {
+    let f = Fixture::new();
+    for i in 0..24 {
+        if i != 7 {
+            f.write(&format!("g/{i}/cpuset.cpus"), "\n");
+        }
+    }
+    let (engine, _) = f.start();
+    let (handle, thread) = engine.spawn();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap_or_else(|e| panic!("{e}"));
+    let results: Vec<(usize, Result<Assignment, EngineError>)> = rt.block_on(async {
+        let tasks: Vec<_> = (0..24)
+            .map(|i| {
+                let h = handle.clone();
+                tokio::spawn(async move {
+                    // 24 × 100 millicpus on web's 2000: the last four cannot fit.
+                    let r = h.assign(spec("web", &format!("cgroup:g/{i}"), Size::Millicpus(100), Some(&format!("a{i}")))).await;
+                    (i, r.map(Outcome::into_inner))
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap_or_else(|e| panic!("{e}")));
+        }
+        out
+    });
+    let snap = handle.snapshot();
+    let mut ok = 0;
+    for (i, r) in &results {
+        match r {
+            Ok(a) => {
+                ok += 1;
+                assert!(snap.state.assignments().contains_key(&a.id), "{i}");
+                assert_eq!(f.read(&format!("g/{i}/cpuset.cpus")), "3,7");
+            }
+            // g/7 does not exist: only that one fails to apply, whatever it was grouped with.
+            Err(EngineError::Apply(_)) => assert_eq!(*i, 7),
+            Err(EngineError::State(state::Error::InsufficientCapacity { .. })) => {}
+            Err(e) => panic!("{i}: {}", error_chain(e)),
+        }
+    }
+    assert_eq!(ok, 20, "web holds 20 × 100 millicpus");
+    assert_eq!(snap.state.assignments().len(), 20);
+    assert!(results.iter().any(|(i, r)| *i == 7 && r.is_err()));
+    drop(handle);
+    let _ = thread.join();
+    // What was acknowledged is what was saved.
+    let (engine, _) = f.start();
+    assert_eq!(engine.state.assignments().len(), 20);
+}
