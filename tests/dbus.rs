@@ -445,3 +445,36 @@ fn sixty_four_clients_on_both_interfaces_lose_and_duplicate_nothing() {
     check(&d);
     d.stop();
 }
+
+/// The shipped bus policy on a bus run with the distribution's system policy: root owns the
+/// name, an unprivileged caller reads and is refused by the daemon (typed AccessDenied), and may
+/// not take the name.
+#[test]
+fn shipped_policy_on_a_system_policy_bus() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/dbus/org.cpupool.Manager1.conf"));
+    let bus = PrivateBus::system_like(dir.path(), policy);
+    let d = Daemon::start(dir.path(), &["--bus", &bus.address]);
+    fs::create_dir_all(d.sb.join("cgroup/k/a")).unwrap();
+
+    let out = busctl(&bus, true, &["call", DEST, PATH, IFACE, "ListPools"]);
+    assert!(out.status.success(), "nobody reads: {}", text(&out.stderr));
+    let out = busctl(&bus, true, &["introspect", DEST, PATH]);
+    assert!(out.status.success(), "nobody introspects: {}", text(&out.stderr));
+    let out = busctl(&bus, true, &["get-property", DEST, PATH, IFACE, "Pools"]);
+    assert!(out.status.success(), "nobody reads properties: {}", text(&out.stderr));
+    let denied = run(Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
+        .arg(format!("--bus={}", bus.address))
+        .args(["--print-reply", "--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"]));
+    assert!(text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"), "{}", text(&denied.stderr));
+    let out = busctl(&bus, false, &["call", DEST, PATH, IFACE, "Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
+    assert!(out.status.success(), "root assigns: {}", text(&out.stderr));
+    // Taking the name is root's alone.
+    let own = run(Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
+        .arg(format!("--bus={}", bus.address))
+        .args(["--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus.RequestName", "string:org.cpupool.Manager1", "uint32:0"]));
+    assert!(text(&own.stderr).contains("AccessDenied"), "{}", text(&own.stderr));
+    d.stop();
+}

@@ -21,6 +21,7 @@ pub struct PrivateBus {
 }
 
 impl PrivateBus {
+    /// A bus whose policy allows everything.
     pub fn start(dir: &Path) -> PrivateBus {
         let sock = dir.join("bus.sock");
         let conf = dir.join("bus.conf");
@@ -45,6 +46,34 @@ impl PrivateBus {
             ),
         )
         .unwrap();
+        PrivateBus::spawn(&conf, &sock, dir)
+    }
+
+    /// A bus with the distribution's system bus policy (`/usr/share/dbus-1/system.conf`, its
+    /// address, user, pid file and include directories taken out) plus `policy`.
+    pub fn system_like(dir: &Path, policy: &Path) -> PrivateBus {
+        let sock = dir.join("bus.sock");
+        let conf = dir.join("system-bus.conf");
+        let system = fs::read_to_string("/usr/share/dbus-1/system.conf").expect("the dbus package's system.conf");
+        let mut out = String::new();
+        for line in system.lines() {
+            let t = line.trim_start();
+            let dropped = ["<listen>", "<user>", "<pidfile>", "<fork/>", "<includedir>", "<include ", "<standard_system_servicedirs/>"];
+            if dropped.iter().any(|d| t.starts_with(d)) {
+                continue;
+            }
+            if t.starts_with("</busconfig>") {
+                out.push_str(&format!("  <listen>unix:path={}</listen>\n", sock.display()));
+                out.push_str(&format!("  <include>{}</include>\n", policy.display()));
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+        fs::write(&conf, out).unwrap();
+        PrivateBus::spawn(&conf, &sock, dir)
+    }
+
+    fn spawn(conf: &Path, sock: &Path, dir: &Path) -> PrivateBus {
         let mut child = Command::new("dbus-daemon")
             .arg(format!("--config-file={}", conf.display()))
             .args(["--nofork", "--print-address"])
@@ -55,7 +84,7 @@ impl PrivateBus {
         // It prints its address once it listens.
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(!line.is_empty(), "dbus-daemon did not start");
+        assert!(!line.is_empty(), "dbus-daemon did not start with {}", conf.display());
         open_to_everyone(dir);
         PrivateBus { child, address: format!("unix:path={}", sock.display()) }
     }
