@@ -160,125 +160,134 @@ impl DaemonError {
 
     /// What happened and what to do about it.
     pub fn message(&self) -> String {
+        use What::{Full, Partial};
         let p = |k: &str| self.param(k);
-        // `what` needs the parameters; without them (a D-Bus error whose parameters could not
-        // be filled) the daemon's own message stands in for it.
-        let (what, hint): (Option<String>, String) = match self.kind.as_str() {
-            "NoSuchPool" => {
-                (p("pool").map(|x| format!("no pool `{x}`")), "`cpupoolctl pool list` shows the pools".into())
-            }
+        // `what` is built from the parameters. A D-Bus error carries only those filled from
+        // the request, so a sentence that would lack some (`Partial`) gives way to the
+        // daemon's own message; without either the hint stands alone.
+        let (what, hint): (Option<What>, String) = match self.kind.as_str() {
+            "NoSuchPool" => (
+                p("pool").map(|x| Full(format!("no pool `{x}`"))),
+                "`cpupoolctl pool list` shows the pools".into(),
+            ),
             "PoolExists" => (
-                p("pool").map(|x| format!("a pool `{x}` exists already")),
+                p("pool").map(|x| Full(format!("a pool `{x}` exists already"))),
                 "choose another name; `cpupoolctl pool list` shows the pools".into(),
             ),
             "PoolInUse" => {
                 let pool = p("pool").unwrap_or_else(|| "POOL".into());
                 (
                     p("pool").map(|x| match p("assignments") {
-                        Some(n) => format!("pool `{x}` still has {n} assignment(s)"),
-                        None => format!("pool `{x}` still has assignments"),
+                        Some(n) => Full(format!("pool `{x}` still has {n} assignment(s)")),
+                        None => Partial(format!("pool `{x}` still has assignments")),
                     }),
                     format!("release them first; `cpupoolctl assignments --pool {pool}` lists them"),
                 )
             }
             "NoSuchAssignment" => (
-                p("id").map(|x| format!("no assignment `{x}`")),
+                p("id").map(|x| Full(format!("no assignment `{x}`"))),
                 "`cpupoolctl assignments` lists the assignments".into(),
             ),
             "InsufficientCapacity" => {
                 let pool = p("pool").unwrap_or_else(|| "POOL".into());
                 let what = match (p("pool"), p("requested"), p("free"), p("unit")) {
                     (Some(x), Some(r), Some(f), Some(u)) => {
-                        Some(format!("pool `{x}` has {f} {u} free, {r} asked"))
+                        Some(Full(format!("pool `{x}` has {f} {u} free, {r} asked")))
                     }
                     (Some(x), Some(r), None, Some(u)) => {
-                        Some(format!("pool `{x}` has fewer than {r} {u} free"))
+                        Some(Partial(format!("pool `{x}` has fewer than {r} {u} free")))
                     }
                     _ => None,
                 };
                 (what, format!("ask for less or release an assignment; `cpupoolctl pool show {pool}` shows what is free"))
             }
             "DuplicateId" => (
-                p("id")
-                    .map(|x| format!("id `{x}` belongs to an assignment with another pool, target or size")),
+                p("id").map(|x| {
+                    Full(format!("id `{x}` belongs to an assignment with another pool, target or size"))
+                }),
                 "choose another --id, or release that assignment first (`cpupoolctl pool release ID`)".into(),
             ),
             "TargetBusy" => {
                 let what = match (p("target"), p("id"), p("pool")) {
                     (Some(t), Some(i), Some(x)) => {
-                        Some(format!("target `{t}` already has assignment `{i}` from pool `{x}`"))
+                        Some(Full(format!("target `{t}` already has assignment `{i}` from pool `{x}`")))
                     }
-                    (Some(t), _, _) => Some(format!("target `{t}` already has an assignment")),
+                    (Some(t), _, _) => Some(Partial(format!("target `{t}` already has an assignment"))),
                     _ => None,
                 };
-                let id = p("id").unwrap_or_else(|| "ID".into());
-                (
-                    what,
-                    format!(
+                let hint = match p("id") {
+                    Some(id) => format!(
                         "a target holds one assignment: release it first (`cpupoolctl pool release {id}`)"
                     ),
-                )
+                    None => {
+                        "a target holds one assignment: release it first (`cpupoolctl assignments` shows it)"
+                            .into()
+                    }
+                };
+                (what, hint)
             }
             "InvalidArgument" => {
                 let what = match (p("argument"), p("reason")) {
-                    (Some(a), Some(r)) => Some(format!("invalid {a}: {r}")),
+                    (Some(a), Some(r)) => Some(Full(format!("invalid {a}: {r}"))),
                     _ => None,
                 };
                 (what, "`cpupoolctl --help` describes the arguments".into())
             }
             "ReservedPool" => (
-                p("pool").map(|x| format!("`{x}` is the reserved pool, which is not assigned from")),
+                p("pool").map(|x| Full(format!("`{x}` is the reserved pool, which is not assigned from"))),
                 "choose an exclusive or shared pool; `cpupoolctl pool list` shows the pools".into(),
             ),
             "NotWholeCores" => (
                 match (p("pool"), p("requested")) {
-                    (Some(x), Some(r)) => {
-                        Some(format!("pool `{x}` hands out whole cores, and {r} CPUs are not whole cores"))
-                    }
-                    (Some(x), None) => Some(format!("pool `{x}` hands out whole cores")),
+                    (Some(x), Some(r)) => Some(Full(format!(
+                        "pool `{x}` hands out whole cores, and {r} CPUs are not whole cores"
+                    ))),
+                    (Some(x), None) => Some(Partial(format!("pool `{x}` hands out whole cores"))),
                     _ => None,
                 },
                 "ask for a multiple of the threads per core; `cpupoolctl topology` shows the cores".into(),
             ),
             "AccessDenied" => (
                 Some(match p("uid") {
-                    Some(uid) => format!("uid {uid} may not change pools or assignments"),
-                    None => "you may not change pools or assignments".into(),
+                    Some(uid) => Full(format!("uid {uid} may not change pools or assignments")),
+                    None => Partial("you may not change pools or assignments".into()),
                 }),
                 "run as root or as a member of the admin group (daemon.admin_group, default `cpupool`)"
                     .into(),
             ),
             "ApplyFailed" => (
-                p("reason")
-                    .map(|r| format!("applying the change to the host failed, and it was rolled back: {r}")),
+                p("reason").map(|r| {
+                    Full(format!("applying the change to the host failed, and it was rolled back: {r}"))
+                }),
                 "the daemon's log says more (`journalctl -u cpupoold`)".into(),
             ),
             "NotDurable" => (
-                p("reason").map(|r| format!("the change could not be saved, and it was rolled back: {r}")),
+                p("reason")
+                    .map(|r| Full(format!("the change could not be saved, and it was rolled back: {r}"))),
                 "check the state directory and its disk (`journalctl -u cpupoold`)".into(),
             ),
             "ConfigRejected" => (
-                p("reason").map(|r| format!("the change is invalid, the running configuration stays: {r}")),
+                p("reason")
+                    .map(|r| Full(format!("the change is invalid, the running configuration stays: {r}"))),
                 "`cpupoolctl pool list` and `cpupoolctl topology` show what there is".into(),
             ),
             "AssignmentsStranded" => (
-                p("reason").map(|r| format!("the change would take CPUs from live assignments: {r}")),
+                p("reason").map(|r| Full(format!("the change would take CPUs from live assignments: {r}"))),
                 "release them first; `cpupoolctl assignments` lists them".into(),
             ),
             "TopologyFailed" => (
-                p("reason").map(|r| format!("reading the CPU topology failed: {r}")),
+                p("reason").map(|r| Full(format!("reading the CPU topology failed: {r}"))),
                 "the daemon's log says more (`journalctl -u cpupoold`)".into(),
             ),
             "ShuttingDown" => (
-                Some("the daemon is shutting down".into()),
+                Some(Full("the daemon is shutting down".into())),
                 "try again when it is back (`systemctl status cpupoold`)".into(),
             ),
-            "Busy" => (Some("the daemon has too many connections".into()), "try again later".into()),
+            "Busy" => (Some(Full("the daemon has too many connections".into())), "try again later".into()),
             "org.varlink.service.MethodNotFound"
             | "org.varlink.service.InterfaceNotFound"
-            | "UnknownMethod"
             | "org.freedesktop.DBus.Error.UnknownMethod" => (
-                Some("the daemon does not know this call".into()),
+                Some(Full("the daemon does not know this call".into())),
                 "is it older than cpupoolctl? `cpupoolctl status` shows its version".into(),
             ),
             _ => {
@@ -293,11 +302,24 @@ impl DaemonError {
                 };
             }
         };
-        match what.or_else(|| self.detail.clone()) {
+        let what = match what {
+            Some(Full(w)) => Some(w),
+            Some(Partial(w)) => Some(self.detail.clone().unwrap_or(w)),
+            None => self.detail.clone(),
+        };
+        match what {
             Some(what) => format!("{what}; {hint}"),
             None => hint,
         }
     }
+}
+
+/// The first half of a message, and whether it says all the parameters would.
+enum What {
+    /// Built from every parameter it needs.
+    Full(String),
+    /// Some were missing: the daemon's message, if any, says more.
+    Partial(String),
 }
 
 #[cfg(test)]
@@ -385,6 +407,16 @@ mod tests {
         assert_eq!(
             m("ApplyFailed", json!({}), Some("writing `2` to x: EBUSY")),
             "writing `2` to x: EBUSY; the daemon's log says more (`journalctl -u cpupoold`)"
+        );
+        // A D-Bus error missing `free`: the daemon's message says more than the partial sentence.
+        assert_eq!(
+            m("InsufficientCapacity", json!({"pool": "dp", "requested": 4, "unit": "cpus"}), Some("only 2 free")),
+            "only 2 free; ask for less or release an assignment; `cpupoolctl pool show dp` shows what is free"
+        );
+        assert_eq!(
+            m("InsufficientCapacity", json!({"pool": "dp", "requested": 4, "unit": "cpus"}), None),
+            "pool `dp` has fewer than 4 cpus free; ask for less or release an assignment; \
+             `cpupoolctl pool show dp` shows what is free"
         );
         // Unknown errors are shown as they came.
         assert_eq!(
