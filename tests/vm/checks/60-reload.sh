@@ -1,0 +1,34 @@
+# `systemctl reload` applies a configuration change (a drop-in adding a pool) and rejects a
+# broken one while the old configuration keeps running.
+. "$(dirname "$0")/lib.sh"
+
+has_pool() { python3 -m varlink.cli call "$VARLINK/org.cpupool.Manager.ListPools" '{}' | grep -q "\"$1\""; }
+cat >/etc/cpupoold/config.d/50-vmtest.toml <<'TOML'
+[pools.vmweb]
+kind = "shared"
+cpus = "3"
+TOML
+check "systemctl reload cpupoold" systemctl reload cpupoold.service
+if wait_for 30 has_pool vmweb; then pass "reload added pool vmweb"; else fail "reload added pool vmweb"; fi
+check_output "pool vmweb has CPU 3" '"cpus": "3"' \
+  python3 -m varlink.cli call "$VARLINK/org.cpupool.Manager.GetPool" '{"name": "vmweb"}'
+check_output "still active after reload" '^active$' systemctl is-active cpupoold.service
+
+echo 'no_such_key = 1' >/etc/cpupoold/config.d/60-vmtest-broken.toml
+check "reload with a broken drop-in" systemctl reload cpupoold.service
+status() { python3 -m varlink.cli call "$VARLINK/org.cpupool.Manager.Status" '{}'; }
+status_names_broken() { status | grep -q 60-vmtest-broken; }
+if wait_for 30 status_names_broken; then
+  pass "Status config_error names the rejected file"
+else
+  fail "Status config_error names the rejected file"
+  status 2>&1 | sed 's/^/    /'
+fi
+check_output "STATUS= says the configuration was rejected" 'rejected' \
+  systemctl show -p StatusText --value cpupoold.service
+check_output "the journal names the rejected file and key" '60-vmtest-broken.toml.*no_such_key' \
+  journalctl -u cpupoold.service --no-pager
+check_output "still active with a rejected config" '^active$' systemctl is-active cpupoold.service
+if has_pool vmweb; then pass "old pools keep running"; else fail "old pools keep running"; fi
+rm -f /etc/cpupoold/config.d/60-vmtest-broken.toml
+check "reload after the fix" systemctl reload cpupoold.service

@@ -1,0 +1,65 @@
+# Helpers for the guest checks; every check starts with `. "$(dirname "$0")/lib.sh"`.
+# A check prints one `PASS what` or `FAIL what` line per assertion (the runner counts them)
+# and may keep going after a FAIL, so one boot reports as much as it can.
+# $RESULTS is the results directory on the share, for anything worth keeping (scores, dumps).
+
+DEB=$(ls "$SHARE"/pkg/cpupoold_*.deb 2>/dev/null | head -n 1)
+VARLINK=unix:/run/cpupoold/org.cpupool.Manager
+
+pass() { echo "PASS $*"; }
+fail() { echo "FAIL $*"; }
+
+# check WHAT CMD...: PASS when CMD exits 0; otherwise FAIL with its exit code and output.
+check() {
+  what=$1
+  shift
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    pass "$what"
+  else
+    fail "$what (exit $rc)"
+    printf '%s\n' "$out" | tail -n 25 | sed 's/^/    /'
+  fi
+}
+
+# check_output WHAT REGEX CMD...: PASS when CMD exits 0 and its output matches REGEX (grep -E).
+check_output() {
+  what=$1 re=$2
+  shift 2
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -Eq -- "$re"; then
+    pass "$what"
+  else
+    fail "$what (exit $rc, wanted /$re/)"
+    printf '%s\n' "$out" | tail -n 25 | sed 's/^/    /'
+  fi
+}
+
+# check_fails WHAT RC REGEX CMD...: PASS when CMD exits with RC and its output matches REGEX.
+check_fails() {
+  what=$1 want=$2 re=$3
+  shift 3
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -eq "$want" ] && printf '%s\n' "$out" | grep -Eq -- "$re"; then
+    pass "$what"
+  else
+    fail "$what (exit $rc, wanted exit $want and /$re/)"
+    printf '%s\n' "$out" | tail -n 25 | sed 's/^/    /'
+  fi
+}
+
+# wait_for SECONDS CMD...: retry CMD (quietly) every 0.2 s until it succeeds; 1 on timeout.
+wait_for() {
+  deadline=$(($(date +%s) + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
+}
+
+# The daemon's main pid, for looking into its mount namespace.
+main_pid() { systemctl show -p MainPID --value cpupoold.service; }
