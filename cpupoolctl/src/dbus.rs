@@ -150,8 +150,9 @@ fn assign_args(req: &AssignRequest) -> (String, String, u32, u64, String) {
 
 /// A connection to the daemon over D-Bus.
 pub struct Client {
-    runtime: tokio::runtime::Runtime,
+    // Dropped before the runtime it runs on (fields drop in order).
     proxy: zbus::Proxy<'static>,
+    runtime: tokio::runtime::Runtime,
     bus: Bus,
     timeout: Option<Duration>,
     hint: String,
@@ -187,7 +188,7 @@ impl Client {
             Some(Err(e)) => return Err(unreachable(e.to_string())),
             Some(Ok(p)) => p,
         };
-        Ok(Client { runtime, proxy, bus: bus.clone(), timeout, hint: hint.to_owned() })
+        Ok(Client { proxy, runtime, bus: bus.clone(), timeout, hint: hint.to_owned() })
     }
 
     fn map_error(&self, e: zbus::Error) -> Error {
@@ -227,13 +228,87 @@ impl Client {
         B: serde::Serialize + zbus::zvariant::DynamicType,
         R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
     {
-        match self.runtime.block_on(with_timeout(self.timeout, self.proxy.call::<_, B, R>(method, body))) {
-            None => Err(Error::Unreachable {
-                address: self.bus.to_string(),
-                reason: format!("no reply within {}s", secs(self.timeout)),
-                hint: self.hint.clone(),
-            }),
+        self.runtime.block_on(self.call_async(method, body))
+    }
+
+    /// [`Client::call`] for code already running on the runtime.
+    async fn call_async<B, R>(&self, method: &'static str, body: &B) -> Result<R, Error>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType,
+        R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
+    {
+        match with_timeout(self.timeout, self.proxy.call::<_, B, R>(method, body)).await {
+            None => Err(self.no_reply()),
             Some(r) => r.map_err(|e| self.map_error(e)),
+        }
+    }
+
+    fn no_reply(&self) -> Error {
+        Error::Unreachable {
+            address: self.bus.to_string(),
+            reason: format!("no reply within {}s", secs(self.timeout)),
+            hint: self.hint.clone(),
+        }
+    }
+
+    /// The monitor loop; see [`crate::client::Manager::monitor`]. zbus removes a
+    /// subscription's match rules on drop by spawning a task, which needs the runtime's
+    /// context: so the loop runs entirely on the runtime, and subscribes through a proxy of
+    /// its own that is dropped here too.
+    async fn monitor_async(&self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {
+        let subscribe = async {
+            let proxy = zbus::proxy::Builder::<zbus::Proxy<'static>>::new(self.proxy.connection())
+                .destination(NAME)?
+                .path(PATH)?
+                .interface(INTERFACE)?
+                .cache_properties(zbus::proxy::CacheProperties::No)
+                .build()
+                .await?;
+            let signals = proxy.receive_all_signals().await?;
+            let owner = proxy.receive_owner_changed().await?;
+            Ok::<_, zbus::Error>((signals, owner))
+        };
+        let (mut signals, mut owner) = match with_timeout(self.timeout, subscribe).await {
+            None => return Err(self.no_reply()),
+            Some(r) => r.map_err(|e| self.map_error(e))?,
+        };
+        let pools: Vec<PoolTuple> = self.call_async("ListPools", &()).await?;
+        for p in pools {
+            each(Event::pool(&p.0, "current"))?;
+        }
+        loop {
+            let got = tokio::select! {
+                m = next(&mut signals) => Ok(m),
+                o = next(&mut owner) => Err(o.flatten().is_none()),
+            };
+            let msg = match got {
+                Ok(Some(m)) => m,
+                // The daemon left the bus, or the connection ended.
+                Ok(None) | Err(true) => {
+                    return Err(Error::Unreachable {
+                        address: self.bus.to_string(),
+                        reason: format!("{NAME} left the bus"),
+                        hint: self.hint.clone(),
+                    })
+                }
+                // A new owner (a restarted daemon): signals keep coming from it.
+                Err(false) => continue,
+            };
+            let header = msg.header();
+            let event = match header.member().map(|m| m.as_str()) {
+                Some("PoolChanged") => {
+                    msg.body().deserialize::<(String,)>().ok().map(|(n,)| Event::pool(&n, "changed"))
+                }
+                Some("AssignmentChanged") => msg
+                    .body()
+                    .deserialize::<(String, String)>()
+                    .ok()
+                    .map(|(id, c)| Event::assignment(&id, &c)),
+                _ => None,
+            };
+            if let Some(e) = event {
+                each(e)?;
+            }
         }
     }
 }
@@ -321,60 +396,7 @@ impl crate::client::Manager for Client {
     /// `current` (as varlink's Monitor does, so the output is the same), then forwards signals
     /// until the daemon leaves the bus.
     fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {
-        let subscribe = async {
-            let signals = self.proxy.receive_all_signals().await?;
-            let owner = self.proxy.receive_owner_changed().await?;
-            Ok::<_, zbus::Error>((signals, owner))
-        };
-        let (mut signals, mut owner) = match self.runtime.block_on(with_timeout(self.timeout, subscribe)) {
-            None => {
-                return Err(Error::Unreachable {
-                    address: self.bus.to_string(),
-                    reason: format!("no reply within {}s", secs(self.timeout)),
-                    hint: self.hint.clone(),
-                })
-            }
-            Some(r) => r.map_err(|e| self.map_error(e))?,
-        };
-        for p in self.list_pools()? {
-            each(Event::pool(&p.name, "current"))?;
-        }
-        loop {
-            let got = self.runtime.block_on(async {
-                tokio::select! {
-                    m = next(&mut signals) => Ok(m),
-                    o = next(&mut owner) => Err(o.flatten().is_none()),
-                }
-            });
-            let msg = match got {
-                Ok(Some(m)) => m,
-                // The daemon left the bus, or the connection ended.
-                Ok(None) | Err(true) => {
-                    return Err(Error::Unreachable {
-                        address: self.bus.to_string(),
-                        reason: format!("{NAME} left the bus"),
-                        hint: self.hint.clone(),
-                    })
-                }
-                // A new owner (a restarted daemon): signals keep coming from it.
-                Err(false) => continue,
-            };
-            let header = msg.header();
-            let event = match header.member().map(|m| m.as_str()) {
-                Some("PoolChanged") => {
-                    msg.body().deserialize::<(String,)>().ok().map(|(n,)| Event::pool(&n, "changed"))
-                }
-                Some("AssignmentChanged") => msg
-                    .body()
-                    .deserialize::<(String, String)>()
-                    .ok()
-                    .map(|(id, c)| Event::assignment(&id, &c)),
-                _ => None,
-            };
-            if let Some(e) = event {
-                each(e)?;
-            }
-        }
+        self.runtime.block_on(self.monitor_async(each))
     }
 }
 

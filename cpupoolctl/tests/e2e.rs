@@ -1,0 +1,612 @@
+//! `cpupoolctl` end to end against the real `cpupoold` on a sandbox host, over varlink and over
+//! D-Bus (the sandbox's private bus), with `--json` output parsed here.
+//!
+//! The daemon binary belongs to another package, so Cargo gives no `CARGO_BIN_EXE_cpupoold`
+//! here: it is found next to this test's target directory (`target/debug/cpupoold`), which
+//! `cargo test --workspace --all-targets` builds before running any test, or at
+//! `$CPUPOOLD_BIN`. Each test starts its own daemon on a fresh 1x4x2 sandbox and waits for the
+//! `READY` line of its banner (never a sleep): reserved 0,4; dp (exclusive, full cores, isolated)
+//! 2 CPUs; web (shared) the 4 others.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const CTL: &str = env!("CARGO_BIN_EXE_cpupoolctl");
+
+/// The daemon binary: `$CPUPOOLD_BIN`, or `cpupoold` in this test's target directory
+/// (`target/debug/deps/e2e-HASH` → `target/debug/cpupoold`).
+fn cpupoold_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CPUPOOLD_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/debug/deps/..");
+    let bin = dir.join("cpupoold");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo test --workspace --all-targets` (which builds it), \
+         `cargo build --bin cpupoold`, or set CPUPOOLD_BIN",
+        bin.display()
+    );
+    bin
+}
+
+struct Daemon {
+    child: Child,
+    /// The sandbox directory.
+    sb: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon on a fresh sandbox in `dir/sb` and reads its banner up to `READY`.
+    fn start(dir: &Path) -> Daemon {
+        let sb = dir.join("sb");
+        let log = dir.join("daemon.log");
+        let log_file = fs::File::create(&log).unwrap();
+        let mut child = Command::new(cpupoold_bin())
+            .arg("--sandbox")
+            .arg(&sb)
+            .args(["--topology", "1x4x2:1"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut banner = String::new();
+        let mut ready = false;
+        // Lines arrive as the daemon prints them; EOF means it died.
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            banner.push_str(&line);
+            banner.push('\n');
+            if line == "READY" {
+                ready = true;
+                break;
+            }
+        }
+        let d = Daemon { child, sb, log };
+        assert!(ready, "no READY from the daemon:\n{banner}\n{}", d.logs());
+        d
+    }
+
+    fn logs(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A cgroup directory in the sandbox, for `--cgroup rel`.
+    fn cgroup(&self, rel: &str) -> PathBuf {
+        let p = self.sb.join("cgroup").join(rel);
+        fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    /// Stops with SIGTERM and checks the exit status.
+    fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "daemon exited with {status}:\n{}", self.logs());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // After a failed assertion: do not leave the daemon behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// cpupoolctl with the global options that pick the daemon and transport (`via`), run as
+/// `wrapper` (e.g. setpriv) if given.
+#[derive(Clone)]
+struct Ctl {
+    bin: PathBuf,
+    wrapper: Vec<String>,
+    via: Vec<String>,
+}
+
+impl Ctl {
+    fn new(d: &Daemon, dbus: bool) -> Ctl {
+        let mut via = vec!["--sandbox".to_owned(), d.sb.to_string_lossy().into_owned()];
+        if dbus {
+            via.push("--dbus".into());
+        }
+        Ctl { bin: PathBuf::from(CTL), wrapper: Vec::new(), via }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = match self.wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
+        cmd.args(&self.via).args(args);
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// `--json ARGS`, which must succeed; the parsed stdout.
+    fn ok(&self, args: &[&str]) -> Value {
+        let out = self.run(&[&["--json"], args].concat());
+        assert!(out.status.success(), "{args:?}: {}\n{}", out.status, text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}: {}", text(&out.stdout)))
+    }
+
+    /// `--json ARGS`, which must fail; the exit code and the parsed stderr.
+    fn err(&self, args: &[&str]) -> (i32, Value) {
+        let out = self.run(&[&["--json"], args].concat());
+        assert!(!out.status.success(), "{args:?} succeeded: {}", text(&out.stdout));
+        assert!(out.stdout.is_empty(), "{args:?} printed on stdout: {}", text(&out.stdout));
+        let e = serde_json::from_slice(&out.stderr)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", text(&out.stderr)));
+        (out.status.code().unwrap_or(-1), e)
+    }
+
+    /// ARGS without --json: exit code, stdout, stderr.
+    fn human(&self, args: &[&str]) -> (i32, String, String) {
+        let out = self.run(args);
+        (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+    }
+
+    fn pools(&self) -> Value {
+        self.ok(&["pool", "list"])["pools"].clone()
+    }
+}
+
+fn pool<'a>(pools: &'a Value, name: &str) -> &'a Value {
+    pools
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {pools}"))
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// Reads, assigns, lists, errors and releases; the same script for both transports.
+fn reads_assign_release_and_errors(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+
+    let before = ctl.pools();
+    assert_eq!(before.as_array().map(Vec::len), Some(3), "{before}");
+    let dp = pool(&before, "dp");
+    assert_eq!(
+        (
+            dp["kind"].as_str(),
+            dp["free_millicpus"].as_u64(),
+            dp["capacity_millicpus"].as_u64(),
+            dp["isolated"].as_bool()
+        ),
+        (Some("exclusive"), Some(2000), Some(2000), Some(true))
+    );
+    assert_eq!(pool(&before, "reserved")["cpus"], "0,4");
+    assert_eq!(ctl.ok(&["pool", "show", "dp"])["pool"], *dp);
+
+    let (code, table, _) = ctl.human(&["pool", "list"]);
+    assert_eq!(code, 0);
+    let header = table.lines().next().unwrap_or_default();
+    assert!(header.starts_with("NAME") && header.contains("ASSIGNMENTS"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("dp ") && l.contains("exclusive")), "{table}");
+
+    let topo = ctl.ok(&["topology"]);
+    assert_eq!(
+        (topo["online"].as_str(), topo["cpus"].as_array().map(Vec::len)),
+        (Some("0-7"), Some(8)),
+        "{topo}"
+    );
+    assert_eq!(topo["cpus"][1], json!({"cpu": 1, "core": 1, "package": 0, "die": 0, "node": 0, "l3": 0}));
+    let status = ctl.ok(&["status"]);
+    assert_eq!((status["pools"].as_u64(), status["assignments"].as_u64()), (Some(3), Some(0)), "{status}");
+    assert_eq!(status["config_error"], Value::Null, "{status}");
+    assert!(
+        status["state_file"].as_str().is_some_and(|s| s.starts_with(&*d.sb.to_string_lossy())),
+        "{status}"
+    );
+
+    // Assign a core of dp to a cgroup; the daemon writes its cpuset.cpus.
+    let cg = d.cgroup("work/app");
+    let a = ctl.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "app-1"])
+        ["assignment"]
+        .clone();
+    assert_eq!(
+        (a["id"].as_str(), a["pool"].as_str(), a["millicpus"].as_u64(), a["target"].as_str()),
+        (Some("app-1"), Some("dp"), Some(2000), Some("cgroup:work/app")),
+        "{a}"
+    );
+    let cpus = a["cpus"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(fs::read_to_string(cg.join("cpuset.cpus")).unwrap_or_default().trim(), cpus);
+    // The same call again is a no-op answering the same assignment.
+    let again = ctl.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "app-1"]);
+    assert_eq!(again["assignment"], a);
+    assert_eq!(ctl.ok(&["assignments", "--pool", "dp"])["assignments"], json!([a]));
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([a]));
+    assert_eq!(ctl.ok(&["assignments", "--pool", "web"])["assignments"], json!([]));
+    let (code, table, _) = ctl.human(&["assignments"]);
+    assert_eq!(code, 0);
+    assert!(table.contains("app-1") && table.contains("cgroup:work/app"), "{table}");
+    // A shared assignment by millicpus.
+    d.cgroup("work/web");
+    let w = ctl.ok(&["pool", "assign", "web", "--cgroup", "work/web", "--millicpus", "1500"])["assignment"]
+        .clone();
+    assert_eq!((w["pool"].as_str(), w["millicpus"].as_u64()), (Some("web"), Some(1500)), "{w}");
+    let wid = w["id"].as_str().unwrap_or_default().to_owned();
+    assert!(!wid.is_empty(), "{w}");
+    assert_eq!(pool(&ctl.pools(), "web")["free_millicpus"], 2500);
+    ctl.ok(&["pool", "release", &wid]);
+    let after = ctl.pools();
+    assert_eq!(
+        (pool(&after, "dp")["free_millicpus"].as_u64(), pool(&after, "dp")["assignments"].as_u64()),
+        (Some(0), Some(1))
+    );
+
+    // Errors: named, with what to do, exit 1, and nothing changes.
+    let (code, e) = ctl.err(&["pool", "show", "nope"]);
+    assert_eq!(
+        (code, e["error"].as_str(), e["parameters"]["pool"].as_str()),
+        (1, Some("NoSuchPool"), Some("nope")),
+        "{e}"
+    );
+    assert_eq!(e["message"], "no pool `nope`; `cpupoolctl pool list` shows the pools");
+    let (code, _, stderr) = ctl.human(&["pool", "show", "nope"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        stderr.trim(),
+        "cpupoolctl: error NoSuchPool: no pool `nope`; `cpupoolctl pool list` shows the pools"
+    );
+    let (code, e) = ctl.err(&["pool", "assign", "nope", "--cgroup", "work/other", "--cpus", "1"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
+    d.cgroup("work/other");
+    let (code, e) = ctl.err(&["pool", "assign", "dp", "--cgroup", "work/other", "--cpus", "2"]);
+    assert_eq!(
+        (code, e["error"].as_str(), e["parameters"]["pool"].as_str()),
+        (1, Some("InsufficientCapacity"), Some("dp")),
+        "{e}"
+    );
+    let (code, e) = ctl.err(&["pool", "assign", "web", "--cgroup", "work/app", "--millicpus", "100"]);
+    assert_eq!(
+        (code, e["error"].as_str(), e["parameters"]["target"].as_str()),
+        (1, Some("TargetBusy"), Some("cgroup:work/app")),
+        "{e}"
+    );
+    let (code, e) = ctl.err(&["pool", "assign", "reserved", "--cgroup", "work/other", "--cpus", "1"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("ReservedPool")), "{e}");
+    let (code, e) = ctl.err(&["pool", "release", "nope"]);
+    assert_eq!(
+        (code, e["error"].as_str(), e["parameters"]["id"].as_str()),
+        (1, Some("NoSuchAssignment"), Some("nope")),
+        "{e}"
+    );
+    let (code, e) = ctl.err(&["pool", "assign", "dp", "--cgroup", "/abs", "--cpus", "2"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("InvalidArgument")), "{e}");
+    assert_eq!(ctl.pools(), after);
+    assert_eq!(ctl.ok(&["status"])["assignments"], 1);
+
+    let released = ctl.ok(&["pool", "release", "app-1"]);
+    assert_eq!(released["assignment"], a);
+    assert_eq!(ctl.pools(), before);
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    let (code, out, _) = ctl.human(&["assignments"]);
+    assert_eq!((code, out.as_str()), (0, "no assignments\n"));
+
+    d.stop();
+}
+
+#[test]
+fn varlink_reads_assign_release_and_errors() {
+    reads_assign_release_and_errors(false);
+}
+
+#[test]
+#[ignore = "needs the D-Bus server"]
+fn dbus_reads_assign_release_and_errors() {
+    reads_assign_release_and_errors(true);
+}
+
+/// Both transports answer the same documents.
+#[test]
+#[ignore = "needs the D-Bus server"]
+fn both_transports_print_the_same() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let (v, b) = (Ctl::new(&d, false), Ctl::new(&d, true));
+    d.cgroup("work/app");
+    v.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "same"]);
+    for args in [&["pool", "list"][..], &["pool", "show", "web"], &["assignments"], &["topology"]] {
+        assert_eq!(v.ok(args), b.ok(args), "{args:?}");
+        assert_eq!(v.human(args), b.human(args), "{args:?}");
+    }
+    for args in [&["pool", "show", "nope"][..], &["pool", "release", "nope"], &["pool", "delete", "nope"]] {
+        assert_eq!(v.err(args), b.err(args), "{args:?}");
+    }
+    d.stop();
+}
+
+/// Runs `cpupoolctl monitor --json` and checks the replay and the events of an assign and a
+/// release.
+fn monitor_streams_changes(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+    let mut mon =
+        ctl.command(&["--json", "monitor"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let stdout = mon.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |what: &str| -> Value {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("waiting for {what}: {e}\n{}", d.logs()));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{what}: {e}: {line}"))
+    };
+    // The replay says the subscription is live; one JSON object per line.
+    let replay: Vec<Value> = (0..3).map(|_| next("the replay")).collect();
+    assert_eq!(
+        replay,
+        ["dp", "reserved", "web"].map(|p| json!({"kind": "pool", "pool": p, "change": "current"}))
+    );
+    d.cgroup("work/mon");
+    ctl.ok(&["pool", "assign", "web", "--cgroup", "work/mon", "--millicpus", "250", "--id", "mon-1"]);
+    assert_eq!(next("assignment added"), json!({"kind": "assignment", "id": "mon-1", "change": "added"}));
+    assert_eq!(next("pool changed"), json!({"kind": "pool", "pool": "web", "change": "changed"}));
+    ctl.ok(&["pool", "release", "mon-1"]);
+    assert_eq!(next("assignment removed"), json!({"kind": "assignment", "id": "mon-1", "change": "removed"}));
+    assert_eq!(next("pool changed"), json!({"kind": "pool", "pool": "web", "change": "changed"}));
+
+    // When the daemon stops, the monitor ends by itself: exit 3 (varlink: the connection
+    // closes; D-Bus: the name leaves the bus) or 1 (ShuttingDown), never hanging.
+    d.stop();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = mon.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = mon.kill();
+            panic!("the monitor did not end after the daemon stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(matches!(status.code(), Some(1 | 3)), "{status}");
+    let _ = reader.join();
+}
+
+#[test]
+fn varlink_monitor_streams_changes() {
+    monitor_streams_changes(false);
+}
+
+#[test]
+#[ignore = "needs the D-Bus server"]
+fn dbus_monitor_streams_changes() {
+    monitor_streams_changes(true);
+}
+
+/// Pools created, resized and deleted at run time, with their errors.
+fn pool_create_resize_delete(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+
+    // Every CPU is in a pool: make room by shrinking web (no assignments) to one core.
+    let web = ctl.ok(&["pool", "resize", "web", "--count", "2"])["pool"].clone();
+    assert_eq!(
+        (web["name"].as_str(), web["capacity_millicpus"].as_u64()),
+        (Some("web"), Some(2000)),
+        "{web}"
+    );
+    let batch = ctl.ok(&["pool", "create", "batch", "--kind", "shared", "--count", "2", "--no-kubelet"])
+        ["pool"]
+        .clone();
+    assert_eq!(
+        (batch["name"].as_str(), batch["kind"].as_str(), batch["capacity_millicpus"].as_u64()),
+        (Some("batch"), Some("shared"), Some(2000)),
+        "{batch}"
+    );
+    assert_eq!(ctl.pools().as_array().map(Vec::len), Some(4));
+    assert_eq!(ctl.ok(&["pool", "show", "batch"])["pool"], batch);
+    let (code, e) = ctl.err(&["pool", "create", "batch", "--kind", "shared", "--count", "2"]);
+    assert_eq!(
+        (code, e["error"].as_str(), e["parameters"]["pool"].as_str()),
+        (1, Some("PoolExists"), Some("batch")),
+        "{e}"
+    );
+    let (code, e) = ctl.err(&["pool", "resize", "nope", "--count", "2"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
+
+    // A pool with an assignment is not deleted, nor shrunk under it.
+    d.cgroup("work/app");
+    ctl.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "app-1"]);
+    let (code, e) = ctl.err(&["pool", "delete", "dp"]);
+    assert_eq!(
+        (code, e["error"].as_str(), e["parameters"]["pool"].as_str()),
+        (1, Some("PoolInUse"), Some("dp")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().is_some_and(|m| m.contains("cpupoolctl assignments --pool dp")), "{e}");
+    let (code, e) = ctl.err(&["pool", "resize", "dp", "--cpus", "3"]);
+    assert_eq!(code, 1, "{e}");
+    ctl.ok(&["pool", "release", "app-1"]);
+
+    let (code, out, _) = ctl.human(&["pool", "delete", "batch"]);
+    assert_eq!((code, out.as_str()), (0, "deleted pool `batch`; its CPUs joined the reserved pool\n"));
+    let (code, e) = ctl.err(&["pool", "delete", "batch"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
+    assert_eq!(ctl.ok(&["status"])["pools"], 3);
+    assert_eq!(ctl.ok(&["pool", "resize", "web", "--count", "4"])["pool"]["capacity_millicpus"], 4000);
+
+    d.stop();
+}
+
+#[test]
+#[ignore = "needs CreatePool/ResizePool/DeletePool in the daemon"]
+fn varlink_pool_create_resize_delete() {
+    pool_create_resize_delete(false);
+}
+
+#[test]
+#[ignore = "needs the D-Bus server and CreatePool/ResizePool/DeletePool in the daemon"]
+fn dbus_pool_create_resize_delete() {
+    pool_create_resize_delete(true);
+}
+
+/// An unprivileged caller (`nobody`) may read but not change anything.
+fn unprivileged_callers_are_denied(dbus: bool) {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIPPED: running cpupoolctl as another user needs root (setpriv)");
+        return;
+    }
+    let dir = tempdir();
+    // nobody must reach the binary and the sockets through the temp dir.
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("cpupoolctl");
+    fs::copy(CTL, &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let d = Daemon::start(dir.path());
+    let root = Ctl::new(&d, dbus);
+    let nobody = Ctl {
+        bin,
+        wrapper: ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"].map(String::from).to_vec(),
+        ..root.clone()
+    };
+    let before = root.pools();
+    assert_eq!(nobody.pools(), before);
+    d.cgroup("work/denied");
+    let (code, e) = nobody.err(&["pool", "assign", "web", "--cgroup", "work/denied", "--millicpus", "500"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("AccessDenied")), "{e}");
+    assert!(e["message"].as_str().is_some_and(|m| m.contains("daemon.admin_group")), "{e}");
+    let (code, e) = nobody.err(&["pool", "release", "whatever"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("AccessDenied")), "{e}");
+    let (code, _, stderr) =
+        nobody.human(&["pool", "assign", "web", "--cgroup", "work/denied", "--millicpus", "500"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.starts_with("cpupoolctl: error AccessDenied: ") && stderr.contains("run as root"),
+        "{stderr}"
+    );
+    assert_eq!(root.pools(), before);
+    assert_eq!(root.ok(&["status"])["assignments"], 0);
+    d.stop();
+}
+
+#[test]
+fn varlink_unprivileged_callers_are_denied() {
+    unprivileged_callers_are_denied(false);
+}
+
+#[test]
+#[ignore = "needs the D-Bus server"]
+fn dbus_unprivileged_callers_are_denied() {
+    unprivileged_callers_are_denied(true);
+}
+
+/// No daemon: exit 3, naming the address tried and what to check; no daemon needed.
+#[test]
+fn an_unreachable_daemon_exits_3() {
+    let dir = tempdir();
+    let missing = dir.path().join("missing.sock");
+    let dead = dir.path().join("dead.sock");
+    drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+    let ctl = |via: Vec<String>| Ctl { bin: PathBuf::from(CTL), wrapper: Vec::new(), via };
+    for sock in [&missing, &dead] {
+        let c = ctl(vec!["--varlink-address".into(), format!("unix:{}", sock.display())]);
+        let (code, e) = c.err(&["pool", "list"]);
+        assert_eq!((code, e["error"].as_str()), (3, Some("Unreachable")), "{e}");
+        assert_eq!(e["parameters"]["address"], format!("unix:{}", sock.display()));
+        let msg = e["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("is cpupoold running?") && msg.contains("systemctl status cpupoold"), "{msg}");
+        let (code, out, stderr) = c.human(&["status"]);
+        assert_eq!((code, out.as_str()), (3, ""));
+        assert!(
+            stderr
+                .starts_with(&format!("cpupoolctl: error: cannot reach cpupoold at unix:{}", sock.display())),
+            "{stderr}"
+        );
+    }
+    // A sandbox without a daemon, over both transports.
+    let sb = dir.path().join("sb");
+    for dbus in [false, true] {
+        let mut via = vec!["--sandbox".to_owned(), sb.to_string_lossy().into_owned()];
+        if dbus {
+            via.push("--dbus".into());
+        }
+        let (code, e) = ctl(via).err(&["pool", "list"]);
+        assert_eq!((code, e["error"].as_str()), (3, Some("Unreachable")), "{e}");
+        let msg = e["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(&format!("is `cpupoold --sandbox {}` running?", sb.display())), "{msg}");
+    }
+    let (code, e) = ctl(vec!["--bus".into(), format!("unix:path={}", missing.display())]).err(&["status"]);
+    assert_eq!((code, e["error"].as_str()), (3, Some("Unreachable")), "{e}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["pool", "assign", "dp", "--cpus", "2"][..],
+        &["pool", "assign", "dp", "--unit", "a", "--cpus", "1", "--millicpus", "5"],
+        &["pool", "create", "x", "--kind", "shared"],
+        &["frobnicate"],
+        &["--varlink-address", "/x", "--dbus", "status"],
+    ] {
+        let out = Command::new(CTL).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let out = Command::new(CTL).args(["--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("3  the daemon could not be reached"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn completions_and_manpage() {
+    let out = Command::new(CTL).args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("cpupoolctl__pool__assign") || text(&out.stdout).contains("assign"));
+    let out = Command::new(CTL).args(["manpage"]).output().unwrap();
+    assert!(out.status.success());
+    let page = text(&out.stdout);
+    assert!(page.starts_with(".ie") || page.contains(".TH cpupoolctl 1"), "{page}");
+    assert!(page.contains("EXIT STATUS"), "{page}");
+    let dir = tempdir();
+    let out = Command::new(CTL).arg("manpage").arg("--dir").arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dir.path().join("cpupoolctl-pool-create.1").is_file());
+}
