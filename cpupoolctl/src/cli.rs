@@ -56,8 +56,10 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options for every command: where the daemon is and how to print.
+/// Options for every command: where the daemon is and how to print. They have a heading of
+/// their own so a subcommand's help shows its own options first.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Global options")]
 pub struct Global {
     /// The daemon's varlink socket: unix:PATH, unix:@ABSTRACT or a path
     /// [default: unix:/run/cpupoold/org.cpupool.Manager].
