@@ -157,7 +157,7 @@ impl Sandbox {
     /// The sandbox's own bus: a `dbus-daemon` listening on [`Sandbox::bus_socket`], so the
     /// D-Bus API can be tried without touching the system bus. A bus still running from an
     /// earlier run (its daemon was killed) is reused; otherwise one is started, and it stops
-    /// when the returned [`PrivateBus`] is dropped.
+    /// when the returned [`PrivateBus`] is dropped. It logs to `DIR/run/bus.log`.
     ///
     /// Its policy lets everyone own and call anything: the daemon's own uid check is what
     /// guards the mutating methods, as on the system bus.
@@ -175,11 +175,21 @@ impl Sandbox {
         fs::create_dir_all(self.run()).map_err(io_err(&self.run()))?;
         let conf = self.run().join("bus.conf");
         fs::write(&conf, private_bus_config(&sock)).map_err(io_err(&conf))?;
+        let log = self.run().join("bus.log");
+        let log_file = fs::File::create(&log).map_err(io_err(&log))?;
         let mut child = std::process::Command::new("dbus-daemon")
             .arg(format!("--config-file={}", conf.display()))
             .args(["--nofork", "--print-address"])
+            // Our service manager's variables are ours: dbus-daemon would send READY=1 for us.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_PID")
+            // Nothing of ours stays open in it: it may outlive us (it is reused then).
+            .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
+            .stderr(log_file)
             .spawn()
             .map_err(SandboxError::Bus)?;
         // The address line is printed once the socket listens.

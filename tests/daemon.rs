@@ -23,6 +23,8 @@ impl Daemon {
             .arg("--sandbox")
             .arg(sandbox)
             .args(extra)
+            // These tests are about the service manager protocol, not D-Bus.
+            .args(["--bus", "none"])
             .env("NOTIFY_SOCKET", &sock)
             .stdout(Stdio::null())
             .spawn()
@@ -59,6 +61,14 @@ impl Daemon {
             assert!(Instant::now() < deadline, "daemon did not exit");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // After a failed assertion: do not leave the daemon behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

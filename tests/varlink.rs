@@ -51,7 +51,7 @@ impl Daemon {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
             .arg("--sandbox")
             .arg(&sb)
-            .args(["--topology", "1x4x2:1"])
+            .args(["--topology", "1x4x2:1", "--bus", "none"])
             .env_remove("NOTIFY_SOCKET")
             .stdout(Stdio::piped())
             .stderr(log_file)

@@ -329,14 +329,12 @@ fn varlink_reads_assign_release_and_errors() {
 }
 
 #[test]
-#[ignore = "needs the D-Bus server"]
 fn dbus_reads_assign_release_and_errors() {
     reads_assign_release_and_errors(true);
 }
 
 /// Both transports answer the same documents.
 #[test]
-#[ignore = "needs the D-Bus server"]
 fn both_transports_print_the_same() {
     let dir = tempdir();
     let d = Daemon::start(dir.path());
@@ -415,7 +413,6 @@ fn varlink_monitor_streams_changes() {
 }
 
 #[test]
-#[ignore = "needs the D-Bus server"]
 fn dbus_monitor_streams_changes() {
     monitor_streams_changes(true);
 }
@@ -477,13 +474,11 @@ fn pool_create_resize_delete(dbus: bool) {
 }
 
 #[test]
-#[ignore = "needs CreatePool/ResizePool/DeletePool in the daemon"]
 fn varlink_pool_create_resize_delete() {
     pool_create_resize_delete(false);
 }
 
 #[test]
-#[ignore = "needs the D-Bus server and CreatePool/ResizePool/DeletePool in the daemon"]
 fn dbus_pool_create_resize_delete() {
     pool_create_resize_delete(true);
 }
@@ -533,7 +528,6 @@ fn varlink_unprivileged_callers_are_denied() {
 }
 
 #[test]
-#[ignore = "needs the D-Bus server"]
 fn dbus_unprivileged_callers_are_denied() {
     unprivileged_callers_are_denied(true);
 }
