@@ -173,7 +173,7 @@ impl Dropin {
         doc.insert("pools".into(), Value::Table(self.pools.clone()));
         // A table of tables of scalars always serializes.
         let body = toml::to_string(&doc).unwrap_or_default();
-        Some(format!("{HEADER}\n{body}"))
+        Some(format!("{HEADER}\n{}\n", body.trim_end()))
     }
 
     /// Applies `edit` to the pool's table.
@@ -300,7 +300,7 @@ mod tests {
         });
         d.write().unwrap();
         let text = fs::read_to_string(d.path()).unwrap();
-        assert!(text.starts_with("# Written by cpupoold"), "{text}");
+        assert!(text.starts_with("# Written by cpupoold") && text.ends_with("\n"), "{text}");
         for line in ["[pools.web]\n", "\nkind = \"shared\"\n", "\ncpus = \"2-3\"\n", "\nsmt = \"threads\"\n"] {
             assert!(text.contains(line), "{line:?} in {text}");
         }
