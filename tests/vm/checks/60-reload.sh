@@ -32,3 +32,9 @@ check_output "still active with a rejected config" '^active$' systemctl is-activ
 if has_pool vmweb; then pass "old pools keep running"; else fail "old pools keep running"; fi
 rm -f /etc/cpupoold/config.d/60-vmtest-broken.toml
 check "reload after the fix" systemctl reload cpupoold.service
+
+# Leave the configuration as shipped for the checks that follow.
+rm -f /etc/cpupoold/config.d/50-vmtest.toml
+check "reload without the test drop-in" systemctl reload cpupoold.service
+no_vmweb() { ! has_pool vmweb; }
+if wait_for 30 no_vmweb; then pass "pool vmweb gone again"; else fail "pool vmweb gone again"; fi
