@@ -228,6 +228,14 @@ impl Dropin {
         }
     }
 
+    /// Sets `removed = false` for the pool: it undoes an earlier file's `removed = true`.
+    pub fn restore(&mut self, name: &PoolName) {
+        let entry = self.pools.entry(name.as_str().to_owned()).or_insert_with(|| Value::Table(Table::new()));
+        if let Value::Table(t) = entry {
+            t.insert("removed".into(), Value::Boolean(false));
+        }
+    }
+
     /// Drops the pool's table altogether (a deleted pool no other file defines).
     pub fn forget(&mut self, name: &PoolName) {
         self.pools.remove(name.as_str());

@@ -652,7 +652,14 @@ impl Engine {
             }
             _ => {
                 new.apply(edit);
-                load(&new)?
+                let settings = load(&new)?;
+                if settings.pools.iter().any(|p| &p.name == name) {
+                    settings
+                } else {
+                    // An earlier file removes a pool of this name: bring it back.
+                    new.restore(name);
+                    load(&new)?
+                }
             }
         };
         let wins = |key: &str| settings.origins.get(key).filter(|f| *f != new.path()).map(ToOwned::to_owned);
@@ -665,6 +672,10 @@ impl Engine {
                 }
             }
             _ => {
+                if !settings.pools.iter().any(|p| &p.name == name) {
+                    let key = config::pool_key(name.as_str(), "removed");
+                    return Err(EngineError::Overridden { key: key.clone(), file: wins(&key).unwrap_or_default(), dropin: new.path().to_owned() });
+                }
                 for field in edit.keys() {
                     let key = config::pool_key(name.as_str(), field);
                     if let Some(file) = wins(&key) {
@@ -677,7 +688,13 @@ impl Engine {
             EngineError::Config(c) => edit_error(name, new.path(), *c),
             other => other,
         })?;
-        new.write().map_err(EngineError::Dropin)?;
+        if let Err(e) = new.write() {
+            // The rename may have happened before a later step failed: put the old one back.
+            if let Err(e2) = old.write() {
+                log::error!("writing back the previous runtime drop-in failed: {}", error_chain(&e2));
+            }
+            return Err(EngineError::Dropin(e));
+        }
         if let Err(e) = self.install(&settings, topo, next) {
             if let Err(e2) = old.write() {
                 log::error!("writing back the previous runtime drop-in failed: {}", error_chain(&e2));
