@@ -7,13 +7,15 @@
 //! The tests skip (with a message) when `python3 -c 'import varlink'` fails.
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+mod common;
+
+use common::Daemon;
 use serde_json::{json, Value};
 
 const IFACE: &str = "org.cpupool.Manager";
@@ -29,85 +31,6 @@ fn have_python_varlink() -> bool {
         eprintln!("SKIPPED: `python3 -c 'import varlink'` failed; install it with `pip install varlink`");
     }
     ok
-}
-
-struct Daemon {
-    child: Child,
-    /// The sandbox directory.
-    sb: PathBuf,
-    /// The varlink socket, from the banner.
-    sock: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    /// Starts the daemon on a fresh 1x4x2 sandbox in `dir` and waits for its READY banner.
-    /// The sample configuration gives: reserved 0,4; dp (exclusive, full cores) 2 CPUs;
-    /// web (shared) the 4 others.
-    fn start(dir: &Path) -> Daemon {
-        let sb = dir.join("sb");
-        let log = dir.join("daemon.log");
-        let log_file = fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
-            .arg("--sandbox")
-            .arg(&sb)
-            .args(["--topology", "1x4x2:1", "--bus", "none"])
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-        let mut sock = None;
-        let mut banner = String::new();
-        // Lines arrive when the daemon prints them; EOF means it died.
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap_or_else(|e| panic!("{e}"));
-            banner.push_str(&line);
-            banner.push('\n');
-            if let Some(p) = line.trim().strip_prefix("varlink").map(str::trim) {
-                sock = p.strip_prefix("unix:").map(PathBuf::from);
-            }
-            if line == "READY" {
-                break;
-            }
-        }
-        let mut d = Daemon { child, sb, sock: PathBuf::new(), log };
-        d.sock = sock.unwrap_or_else(|| panic!("no varlink line in the banner:\n{banner}\n{}", d.logs()));
-        assert!(d.sock.starts_with(&d.sb), "{}", d.sock.display());
-        d
-    }
-
-    fn logs(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn address(&self) -> String {
-        format!("unix:{}", self.sock.display())
-    }
-
-    /// Stops with SIGTERM and checks the exit status.
-    fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap_or_else(|e| panic!("{e}"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM:\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "daemon exited with {status}:\n{}", self.logs());
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // After a failed assertion: do not leave the daemon behind.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Runs `python3 -m varlink.cli ARGS`, optionally under another command (`setpriv ...`).
@@ -177,7 +100,7 @@ fn introspection_reads_assign_release_and_errors() {
         return;
     }
     let dir = tempdir();
-    let d = Daemon::start(dir.path());
+    let d = Daemon::start_sample(dir.path(), &["--bus", "none"]);
 
     let info = cli(&[], "python3", &[], &["info", &d.address()]);
     let info_text = text(&info.stdout);
@@ -322,7 +245,7 @@ fn unprivileged_callers_may_read_but_not_assign() {
         eprintln!("SKIPPED: no python3 that user nobody can run the varlink client with");
         return;
     };
-    let d = Daemon::start(dir.path());
+    let d = Daemon::start_sample(dir.path(), &["--bus", "none"]);
     let lib = lib.to_string_lossy().into_owned();
     let env = [("PYTHONPATH", lib.as_str())];
 
@@ -355,7 +278,7 @@ fn monitor_streams_changes() {
         return;
     }
     let dir = tempdir();
-    let d = Daemon::start(dir.path());
+    let d = Daemon::start_sample(dir.path(), &["--bus", "none"]);
     let mut mon = Command::new("python3")
         .args([
             "-u",

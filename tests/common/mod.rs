@@ -138,10 +138,20 @@ impl Daemon {
     /// Starts `cpupoold --sandbox DIR/sb --topology 1x4x2:1 ARGS` with [`CONFIG`] and waits for
     /// the READY banner.
     pub fn start(dir: &Path, args: &[&str]) -> Daemon {
+        Daemon::start_with(dir, Some(CONFIG), args)
+    }
+
+    /// Like [`Daemon::start`] with the sandbox's own sample configuration for 1x4x2: reserved
+    /// 0,4; exclusive `dp` 2 CPUs in whole cores; shared `web` the four others.
+    pub fn start_sample(dir: &Path, args: &[&str]) -> Daemon {
+        Daemon::start_with(dir, None, args)
+    }
+
+    fn start_with(dir: &Path, config: Option<&str>, args: &[&str]) -> Daemon {
         let sb = dir.join("sb");
         fs::create_dir_all(sb.join("etc/cpupoold")).unwrap();
-        if !sb.join("etc/cpupoold/config.toml").exists() {
-            fs::write(sb.join("etc/cpupoold/config.toml"), CONFIG).unwrap();
+        if let Some(config) = config.filter(|_| !sb.join("etc/cpupoold/config.toml").exists()) {
+            fs::write(sb.join("etc/cpupoold/config.toml"), config).unwrap();
         }
         let log = dir.join("daemon.log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
@@ -172,6 +182,11 @@ impl Daemon {
         let varlink = varlink.unwrap_or_else(|| panic!("no READY banner:\n{banner}\n{log_text}"));
         open_to_everyone(&sb.join("run"));
         Daemon { child, sb, varlink, log }
+    }
+
+    /// `unix:` + the varlink socket.
+    pub fn address(&self) -> String {
+        format!("unix:{}", self.varlink.display())
     }
 
     pub fn logs(&self) -> String {
