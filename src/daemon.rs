@@ -141,9 +141,9 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
     let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
 
-    let varlink_path = varlink::socket_path(&settings.paths.runtime_dir);
-    let listener = varlink::bind(&settings.paths.runtime_dir)
-        .map_err(|source| DaemonError::Varlink { path: varlink_path.clone(), source })?;
+    let (listener, varlink_path) = varlink::listen(&settings.paths.runtime_dir).map_err(|source| {
+        DaemonError::Varlink { path: varlink::socket_path(&settings.paths.runtime_dir), source }
+    })?;
     let auth = varlink::Authorizer {
         admin_gid: admin_gid(&settings.admin_group),
         // The sandbox belongs to whoever runs it.

@@ -342,3 +342,59 @@ fn monitor_streams_changes() {
     let _ = mon.wait();
     let _ = reader.join();
 }
+
+/// Socket activation: `systemd-socket-activate` (from systemd) binds the socket and starts the
+/// daemon on the first connection, passing the listener; the daemon serves it and binds none.
+#[test]
+fn socket_activation_serves_the_passed_socket() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempdir();
+    let sock = dir.path().join("activated.sock");
+    let sb = dir.path().join("sb");
+    let mut child = Command::new("systemd-socket-activate")
+        .arg("--listen")
+        .arg(&sock)
+        .arg(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(&sb)
+        .args(["--topology", "1x4x2:1", "--bus", "none"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("systemd-socket-activate (package systemd): {e}"));
+    // It listens before it forks: wait for the socket by connecting, as a client would.
+    let mut client = loop {
+        if let Ok(c) = std::os::unix::net::UnixStream::connect(&sock) {
+            break c;
+        }
+        assert!(child.try_wait().ok().flatten().is_none(), "systemd-socket-activate exited");
+        std::thread::yield_now();
+    };
+    use std::io::{Read, Write};
+    client
+        .write_all(b"{\"method\":\"org.cpupool.Manager.Status\",\"parameters\":{}}\0")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    while client.read(&mut byte).unwrap_or(0) == 1 && byte[0] != 0 {
+        reply.push(byte[0]);
+    }
+    let reply: Value = serde_json::from_slice(&reply).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reply["parameters"]["pools"], 3, "{reply}");
+    let mut banner = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap_or_else(|| panic!("stdout"))).lines() {
+        let line = line.unwrap_or_else(|e| panic!("{e}"));
+        banner.push_str(&line);
+        banner.push('\n');
+        if line == "READY" {
+            break;
+        }
+    }
+    assert!(banner.contains(&format!("varlink   unix:{}", sock.display())), "{banner}");
+    assert!(!sb.join("run/org.cpupool.Manager").exists(), "no socket of its own");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap_or_else(|e| panic!("{e}"));
+    let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.success(), "{status}");
+}

@@ -9,8 +9,10 @@
 //! Reads are open to everyone. Mutations are checked with the peer's `SO_PEERCRED` credentials
 //! by the [`Authorizer`].
 //!
-//! Socket activation (`LISTEN_FDS`) is not supported: turning the inherited descriptor into a
-//! listener needs `unsafe` (`FromRawFd`), which this crate forbids.
+//! Under socket activation (`LISTEN_FDS`, e.g. a `.socket` unit or `systemd-socket-activate`)
+//! the first listening unix socket passed in is served instead of binding one ([`listen`]);
+//! turning the descriptor into a listener is left to the `listenfd` crate, since this crate
+//! forbids `unsafe`.
 
 use std::future::Future;
 use std::io;
@@ -75,6 +77,25 @@ pub fn bind(runtime_dir: &Path) -> io::Result<UnixListener> {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
     listener.set_nonblocking(true)?;
     UnixListener::from_std(listener)
+}
+
+/// The listener to serve, and its path: the socket systemd passed (socket activation), or
+/// `<runtime_dir>/org.cpupool.Manager` bound here (see [`bind`]).
+pub fn listen(runtime_dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
+    let mut passed = listenfd::ListenFd::from_env();
+    for i in 0..passed.len() {
+        if let Ok(Some(listener)) = passed.take_unix_listener(i) {
+            let path = listener
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_owned))
+                .unwrap_or_else(|| PathBuf::from(format!("(socket activation, descriptor {})", 3 + i)));
+            listener.set_nonblocking(true)?;
+            log::info!("varlink: serving the socket passed by the service manager, `{}`", path.display());
+            return Ok((UnixListener::from_std(listener)?, path));
+        }
+    }
+    Ok((bind(runtime_dir)?, socket_path(runtime_dir)))
 }
 
 struct Ctx {
