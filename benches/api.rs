@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use common::{Daemon, PrivateBus, Varlink};
 use serde_json::json;
 
-
 struct Stats {
     p50: Duration,
     p99: Duration,
@@ -108,11 +107,16 @@ fn durable_write_floor(dir: &std::path::Path, size: usize, n: usize) -> Stats {
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test` does not.
     let n_calls = if std::env::args().any(|a| a == "--bench") { 2000 } else { 20 };
-    let base = std::env::var_os("CPUPOOL_BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let base = std::env::var_os("CPUPOOL_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base).unwrap();
     let bus = PrivateBus::start(dir.path());
     let d = Daemon::start(dir.path(), &["--bus", &bus.address, "--log-level", "warn"]);
-    println!("cpupoold API round trips, {n_calls} sequential calls each, sandbox 1x4x2 in {}", dir.path().display());
+    println!(
+        "cpupoold API round trips, {n_calls} sequential calls each, sandbox 1x4x2 in {}",
+        dir.path().display()
+    );
 
     let request = br#"{"method":"org.cpupool.Manager.ListPools","parameters":{}}"#;
     let mut framed = request.to_vec();
@@ -127,7 +131,9 @@ fn main() {
     row("varlink ListPools", &varlink, &floor);
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let conn = rt.block_on(async { zbus::connection::Builder::address(bus.address.as_str()).unwrap().build().await.unwrap() });
+    let conn = rt.block_on(async {
+        zbus::connection::Builder::address(bus.address.as_str()).unwrap().build().await.unwrap()
+    });
     let dbus = measure(n_calls, |_| {
         rt.block_on(conn.call_method(
             Some("org.cpupool.Manager1"),
@@ -144,7 +150,8 @@ fn main() {
     let n = n_calls / 4;
     let mutation = measure(n, |i| {
         let id = format!("b{i}");
-        v.call("Assign", json!({ "pool": "web", "target": "cgroup:bench", "millicpus": 100, "id": id })).unwrap();
+        v.call("Assign", json!({ "pool": "web", "target": "cgroup:bench", "millicpus": 100, "id": id }))
+            .unwrap();
         v.call("Release", json!({ "id": id })).unwrap();
     });
     let size = fs::metadata(d.sb.join("state/state.json")).map(|m| m.len() as usize).unwrap_or(512);

@@ -53,7 +53,11 @@ fn main() -> ExitCode {
         Some(sb) => sb.config_dirs(),
         None => ConfigDirs { etc: args.config_dir.clone(), vendor: args.vendor_config_dir.clone() },
     };
-    let bus = args.bus.clone().unwrap_or(if sandbox.is_some() { BusChoice::Private } else { BusChoice::Bus(cpupoold::api::dbus::Bus::System) });
+    let bus = args.bus.clone().unwrap_or(if sandbox.is_some() {
+        BusChoice::Private
+    } else {
+        BusChoice::Bus(cpupoold::api::dbus::Bus::System)
+    });
     let opts = RunOptions {
         dirs,
         sandbox,

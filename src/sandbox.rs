@@ -99,7 +99,9 @@ impl Sandbox {
             let topo = sb.shape.topology();
             simhost::write_sysfs(&sb.sysfs(), &topo).map_err(io_err(&sb.sysfs()))?;
             simhost::write_cgroupfs(&sb.cgroupfs(), &topo).map_err(io_err(&sb.cgroupfs()))?;
-            for d in [sb.etc().join("config.d"), sb.vendor().join("config.d"), sb.state(), sb.run(), sb.kubelet()] {
+            for d in
+                [sb.etc().join("config.d"), sb.vendor().join("config.d"), sb.state(), sb.run(), sb.kubelet()]
+            {
                 fs::create_dir_all(&d).map_err(io_err(&d))?;
             }
             let config = sb.etc().join("config.toml");
@@ -203,7 +205,9 @@ impl Sandbox {
         if ready.unwrap_or(0) == 0 {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(SandboxError::Bus(io::Error::other("dbus-daemon exited before it printed its address")));
+            return Err(SandboxError::Bus(io::Error::other(
+                "dbus-daemon exited before it printed its address",
+            )));
         }
         Ok(PrivateBus { address, child: Some(child) })
     }

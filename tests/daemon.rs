@@ -37,7 +37,10 @@ impl Daemon {
         let mut seen = String::new();
         let mut buf = [0u8; 4096];
         loop {
-            let n = self.notify.recv(&mut buf).unwrap_or_else(|e| panic!("waiting for {what}: {e}; got {seen:?}"));
+            let n = self
+                .notify
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("waiting for {what}: {e}; got {seen:?}"));
             let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
             seen.push_str(&msg);
             seen.push('\n');

@@ -65,14 +65,24 @@ fn members(xml: &str) -> BTreeSet<String> {
                 .children()
                 .filter(|a| a.has_tag_name("arg"))
                 .map(|a| {
-                    let dir = a.attribute("direction").unwrap_or(if m.has_tag_name("signal") { "out" } else { "in" });
-                    format!("{}:{}:{dir}", a.attribute("name").unwrap_or(""), a.attribute("type").unwrap_or(""))
+                    let dir = a.attribute("direction").unwrap_or(if m.has_tag_name("signal") {
+                        "out"
+                    } else {
+                        "in"
+                    });
+                    format!(
+                        "{}:{}:{dir}",
+                        a.attribute("name").unwrap_or(""),
+                        a.attribute("type").unwrap_or("")
+                    )
                 })
                 .collect();
             let annotations: Vec<String> = m
                 .children()
                 .filter(|a| a.has_tag_name("annotation"))
-                .map(|a| format!("{}={}", a.attribute("name").unwrap_or(""), a.attribute("value").unwrap_or("")))
+                .map(|a| {
+                    format!("{}={}", a.attribute("name").unwrap_or(""), a.attribute("value").unwrap_or(""))
+                })
                 .collect();
             format!(
                 "{} {} type={} access={} args=[{}] annotations=[{}]",
@@ -92,11 +102,16 @@ fn served_interface_equals_the_shipped_xml_and_busctl_lists_it() {
     let dir = tempfile::tempdir().unwrap();
     let (bus, d) = start(dir.path());
 
-    let out = busctl(&bus, false, &["call", DEST, PATH, "org.freedesktop.DBus.Introspectable", "Introspect", "--json=short"]);
+    let out = busctl(
+        &bus,
+        false,
+        &["call", DEST, PATH, "org.freedesktop.DBus.Introspectable", "Introspect", "--json=short"],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
     let served = reply["data"][0].as_str().unwrap();
-    let shipped = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/dbus/org.cpupool.Manager1.xml")).unwrap();
+    let shipped =
+        fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/dbus/org.cpupool.Manager1.xml")).unwrap();
     let (served, shipped) = (members(served), members(&shipped));
     let only_served: Vec<_> = served.difference(&shipped).collect();
     let only_shipped: Vec<_> = shipped.difference(&served).collect();
@@ -108,8 +123,20 @@ fn served_interface_equals_the_shipped_xml_and_busctl_lists_it() {
     let out = busctl(&bus, false, &["introspect", DEST, PATH, IFACE]);
     let listing = text(&out.stdout);
     for m in [
-        ".ListPools", ".GetPool", ".GetTopology", ".ListAssignments", ".GetAssignment", ".Status", ".Assign",
-        ".Release", ".CreatePool", ".ResizePool", ".DeletePool", ".Pools", ".Version", ".PoolChanged",
+        ".ListPools",
+        ".GetPool",
+        ".GetTopology",
+        ".ListAssignments",
+        ".GetAssignment",
+        ".Status",
+        ".Assign",
+        ".Release",
+        ".CreatePool",
+        ".ResizePool",
+        ".DeletePool",
+        ".Pools",
+        ".Version",
+        ".PoolChanged",
         ".AssignmentChanged",
     ] {
         assert!(listing.lines().any(|l| l.starts_with(&format!("{m} "))), "{m} missing:\n{listing}");
@@ -133,7 +160,8 @@ fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
         let out = call(nobody, &["ListPools"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let names: Vec<&str> = v["data"][0].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
+        let names: Vec<&str> =
+            v["data"][0].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
         assert_eq!(names, ["dp", "sys", "web"]);
     }
     let out = busctl(&bus, true, &["get-property", DEST, PATH, IFACE, "Version"]);
@@ -147,8 +175,18 @@ fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
     let denied = run(Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
         .arg(format!("--bus={}", bus.address))
-        .args(["--print-reply", "--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"]));
-    assert!(text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"), "{}", text(&denied.stderr));
+        .args([
+            "--print-reply",
+            "--dest=org.cpupool.Manager1",
+            PATH,
+            "org.cpupool.Manager1.Release",
+            "string:x",
+        ]));
+    assert!(
+        text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"),
+        "{}",
+        text(&denied.stderr)
+    );
     assert_eq!(d.state_file(), before);
     assert_eq!(d.cgroup("k/a/cpuset.cpus"), None);
 
@@ -203,11 +241,22 @@ struct Case {
     dbus: Box<dyn Fn(&DBus) -> Reply<'_>>,
 }
 
-fn case(kind: &'static str, varlink: (&'static str, Value), dbus: impl Fn(&DBus) -> Reply<'_> + 'static) -> Case {
+fn case(
+    kind: &'static str,
+    varlink: (&'static str, Value),
+    dbus: impl Fn(&DBus) -> Reply<'_> + 'static,
+) -> Case {
     Case { kind, varlink, dbus: Box::new(dbus) }
 }
 
-fn assign_case(kind: &'static str, pool: &'static str, target: &'static str, cpus: u32, millis: u64, id: &'static str) -> Case {
+fn assign_case(
+    kind: &'static str,
+    pool: &'static str,
+    target: &'static str,
+    cpus: u32,
+    millis: u64,
+    id: &'static str,
+) -> Case {
     let mut params = json!({ "pool": pool, "target": target });
     if cpus > 0 {
         params["cpus"] = json!(cpus);
@@ -249,18 +298,26 @@ fn every_error_kind_has_its_name_on_both_interfaces_and_changes_nothing() {
         assign_case("ReservedPool", "sys", "cgroup:k/b", 1, 0, ""),
         assign_case("NotWholeCores", "dp", "cgroup:k/b", 1, 0, ""),
         assign_case("ApplyFailed", "web", "cgroup:blocked/x", 0, 100, ""),
-        case("NoSuchAssignment", ("Release", json!({ "id": "ghost" })), |c| Box::pin(c.call("Release", ("ghost",)))),
+        case("NoSuchAssignment", ("Release", json!({ "id": "ghost" })), |c| {
+            Box::pin(c.call("Release", ("ghost",)))
+        }),
         case("PoolExists", ("CreatePool", json!({ "name": "web", "kind": "shared", "cpus": "3" })), |c| {
             Box::pin(c.call("CreatePool", ("web", "shared", options(&[("cpus", s("3"))]))))
         }),
         case("InvalidArgument", ("CreatePool", json!({ "name": "x", "kind": "big", "cpus": "3" })), |c| {
             Box::pin(c.call("CreatePool", ("x", "big", options(&[("cpus", s("3"))]))))
         }),
-        case("ConfigRejected", ("CreatePool", json!({ "name": "two", "kind": "shared", "cpus": "3" })), |c| {
-            Box::pin(c.call("CreatePool", ("two", "shared", options(&[("cpus", s("3"))]))))
+        case(
+            "ConfigRejected",
+            ("CreatePool", json!({ "name": "two", "kind": "shared", "cpus": "3" })),
+            |c| Box::pin(c.call("CreatePool", ("two", "shared", options(&[("cpus", s("3"))])))),
+        ),
+        case("PoolInUse", ("DeletePool", json!({ "name": "dp" })), |c| {
+            Box::pin(c.call("DeletePool", ("dp",)))
         }),
-        case("PoolInUse", ("DeletePool", json!({ "name": "dp" })), |c| Box::pin(c.call("DeletePool", ("dp",)))),
-        case("NoSuchPool", ("DeletePool", json!({ "name": "nope" })), |c| Box::pin(c.call("DeletePool", ("nope",)))),
+        case("NoSuchPool", ("DeletePool", json!({ "name": "nope" })), |c| {
+            Box::pin(c.call("DeletePool", ("nope",)))
+        }),
         case("AssignmentsStranded", ("ResizePool", json!({ "name": "dp", "cpus": "2,6" })), |c| {
             Box::pin(c.call("ResizePool", ("dp", options(&[("cpus", s("2,6"))]))))
         }),
@@ -275,7 +332,11 @@ fn every_error_kind_has_its_name_on_both_interfaces_and_changes_nothing() {
     for c in &cases {
         let (method, params) = &c.varlink;
         let got = v.call(method, params.clone()).err().map(|(name, _)| name);
-        assert_eq!(got.as_deref(), Some(format!("org.cpupool.Manager.{}", c.kind).as_str()), "varlink {method} {params}");
+        assert_eq!(
+            got.as_deref(),
+            Some(format!("org.cpupool.Manager.{}", c.kind).as_str()),
+            "varlink {method} {params}"
+        );
         assert_eq!(observed(&d, &mut v), before, "varlink {method} {params} changed something");
 
         let got = rt.block_on((c.dbus)(&client)).err();
@@ -321,9 +382,13 @@ fn create_resize_delete_over_both_interfaces() {
     let p = v.call("ResizePool", json!({ "name": "dp", "cpus": "1,5" })).unwrap();
     assert_eq!(p["pool"]["cpus"], "1,5");
     let reply = rt
-        .block_on(client.call("CreatePool", ("batch", "exclusive", options(&[("cpus", s("2,6")), ("isolate", OwnedValue::from(true))]))))
+        .block_on(client.call(
+            "CreatePool",
+            ("batch", "exclusive", options(&[("cpus", s("2,6")), ("isolate", OwnedValue::from(true))])),
+        ))
         .unwrap();
-    let (name, kind, cpus, ..): (String, String, String, String, u64, u64, bool, u32) = reply.body().deserialize().unwrap();
+    let (name, kind, cpus, ..): (String, String, String, String, u64, u64, bool, u32) =
+        reply.body().deserialize().unwrap();
     assert_eq!((name.as_str(), kind.as_str(), cpus.as_str()), ("batch", "exclusive", "2,6"));
     assert_eq!(d.cgroup("cpupool.slice/cpupool-batch.slice/cpuset.cpus").as_deref(), Some("2,6"));
     let dropin = fs::read_to_string(d.sb.join("etc/cpupoold/config.d/90-cpupoold-runtime.toml")).unwrap();
@@ -331,7 +396,8 @@ fn create_resize_delete_over_both_interfaces() {
 
     v.call("DeletePool", json!({ "name": "batch" })).unwrap();
     let pools = v.call("ListPools", json!({})).unwrap();
-    let names: Vec<&str> = pools["pools"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        pools["pools"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["dp", "sys", "web"]);
     assert_eq!(pools["pools"][1]["cpus"], "0,2,4,6", "freed CPUs join the reserved pool");
     drop(client);
@@ -402,7 +468,10 @@ fn sixty_four_clients_on_both_interfaces_lose_and_duplicate_nothing() {
                     rt.block_on(async {
                         match m {
                             "Assign" => client
-                                .call("Assign", (s("pool"), s("target"), n("cpus") as u32, n("millicpus"), s("id")))
+                                .call(
+                                    "Assign",
+                                    (s("pool"), s("target"), n("cpus") as u32, n("millicpus"), s("id")),
+                                )
                                 .await
                                 .map(|_| Value::Null),
                             _ => client.call("Release", (s("id"),)).await.map(|_| Value::Null),
@@ -466,15 +535,36 @@ fn shipped_policy_on_a_system_policy_bus() {
     let denied = run(Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
         .arg(format!("--bus={}", bus.address))
-        .args(["--print-reply", "--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"]));
-    assert!(text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"), "{}", text(&denied.stderr));
-    let out = busctl(&bus, false, &["call", DEST, PATH, IFACE, "Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
+        .args([
+            "--print-reply",
+            "--dest=org.cpupool.Manager1",
+            PATH,
+            "org.cpupool.Manager1.Release",
+            "string:x",
+        ]));
+    assert!(
+        text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"),
+        "{}",
+        text(&denied.stderr)
+    );
+    let out = busctl(
+        &bus,
+        false,
+        &["call", DEST, PATH, IFACE, "Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"],
+    );
     assert!(out.status.success(), "root assigns: {}", text(&out.stderr));
     // Taking the name is root's alone.
     let own = run(Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
         .arg(format!("--bus={}", bus.address))
-        .args(["--print-reply", "--dest=org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus.RequestName", "string:org.cpupool.Manager1", "uint32:0"]));
+        .args([
+            "--print-reply",
+            "--dest=org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus.RequestName",
+            "string:org.cpupool.Manager1",
+            "uint32:0",
+        ]));
     assert!(text(&own.stderr).contains("AccessDenied"), "{}", text(&own.stderr));
     d.stop();
 }

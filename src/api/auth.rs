@@ -90,7 +90,10 @@ impl Authorizer {
             None
         } else {
             tokio::task::spawn_blocking(move || {
-                nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.gid.as_raw())
+                nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                    .ok()
+                    .flatten()
+                    .map(|u| u.gid.as_raw())
             })
             .await
             .ok()

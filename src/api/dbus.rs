@@ -150,7 +150,8 @@ impl Manager {
 fn options(map: &HashMap<String, OwnedValue>, allowed: &[&str]) -> Result<Options, Error> {
     let mut o = Options::default();
     for (key, value) in map {
-        let bad = |want: &str| ops::invalid_argument(&format!("options.{key}"), &format!("must be of type {want}"));
+        let bad =
+            |want: &str| ops::invalid_argument(&format!("options.{key}"), &format!("must be of type {want}"));
         let int = || -> Result<i64, ApiError> {
             match &**value {
                 zvariant::Value::U8(n) => Ok(i64::from(*n)),
@@ -236,7 +237,12 @@ impl Manager {
     #[zbus(out_args("online", "offline", "isolated", "cpus"))]
     async fn get_topology(&self) -> (String, String, String, Vec<CpuView>) {
         let topo = self.handle.snapshot().topology;
-        (topo.online().to_string(), topo.offline().to_string(), topo.isolated().to_string(), CpuView::all(&topo))
+        (
+            topo.online().to_string(),
+            topo.offline().to_string(),
+            topo.isolated().to_string(),
+            CpuView::all(&topo),
+        )
     }
 
     #[zbus(out_args("assignments"))]
@@ -395,11 +401,13 @@ async fn forward_events(conn: Connection, handle: Handle, mut events: broadcast:
     let emitter = iface.signal_emitter();
     loop {
         let result = match events.recv().await {
-            Ok(Event::PoolChanged(name)) => async {
-                Manager::pool_changed(emitter, name.as_str()).await?;
-                iface.get().await.pools_changed(emitter).await
+            Ok(Event::PoolChanged(name)) => {
+                async {
+                    Manager::pool_changed(emitter, name.as_str()).await?;
+                    iface.get().await.pools_changed(emitter).await
+                }
+                .await
             }
-            .await,
             Ok(Event::AssignmentChanged { id, change }) => {
                 Manager::assignment_changed(emitter, id.as_str(), change.as_str()).await
             }

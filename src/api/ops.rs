@@ -18,7 +18,9 @@ use crate::core::topology::Topology;
 use crate::engine::{error_chain, EngineError};
 
 /// A pool as both interfaces show it: the varlink `Pool` type, the D-Bus `(ssssttbu)`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, zvariant::Value, zvariant::OwnedValue)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, zvariant::Value, zvariant::OwnedValue,
+)]
 pub struct PoolView {
     /// The name.
     pub name: String,
@@ -143,7 +145,14 @@ impl CpuView {
         topo.data()
             .cpus
             .iter()
-            .map(|(&cpu, p)| CpuView { cpu, core: p.core, package: p.package, die: p.die, node: p.node, l3: p.l3 })
+            .map(|(&cpu, p)| CpuView {
+                cpu,
+                core: p.core,
+                package: p.package,
+                die: p.die,
+                node: p.node,
+                l3: p.l3,
+            })
             .collect()
     }
 }
@@ -222,17 +231,23 @@ pub fn state_error(e: &state::Error) -> ApiError {
     let (kind, params) = match e {
         E::NoSuchPool { pool } => ("NoSuchPool", json!({ "pool": pool })),
         E::PoolExists { pool } => ("PoolExists", json!({ "pool": pool })),
-        E::PoolInUse { pool, assignments } => ("PoolInUse", json!({ "pool": pool, "assignments": assignments })),
+        E::PoolInUse { pool, assignments } => {
+            ("PoolInUse", json!({ "pool": pool, "assignments": assignments }))
+        }
         E::NoSuchAssignment { id } => ("NoSuchAssignment", json!({ "id": id })),
         E::InsufficientCapacity { pool, requested, free, unit } => (
             "InsufficientCapacity",
             json!({ "pool": pool, "requested": requested, "free": free, "unit": unit }),
         ),
         E::DuplicateId { id } => ("DuplicateId", json!({ "id": id })),
-        E::TargetBusy { target, id, pool } => ("TargetBusy", json!({ "target": target, "id": id, "pool": pool })),
+        E::TargetBusy { target, id, pool } => {
+            ("TargetBusy", json!({ "target": target, "id": id, "pool": pool }))
+        }
         E::InvalidArgument { arg, reason } => return invalid_argument(arg, reason),
         E::ReservedPool { pool } => ("ReservedPool", json!({ "pool": pool })),
-        E::NotWholeCores { pool, requested } => ("NotWholeCores", json!({ "pool": pool, "requested": requested })),
+        E::NotWholeCores { pool, requested } => {
+            ("NotWholeCores", json!({ "pool": pool, "requested": requested }))
+        }
     };
     ApiError::new(kind, params, e.to_string())
 }
@@ -243,7 +258,9 @@ pub fn engine_error(e: &EngineError) -> ApiError {
         EngineError::State(s) => return state_error(s),
         EngineError::Apply(_) => "ApplyFailed",
         EngineError::Store(_) | EngineError::Dropin(_) => "NotDurable",
-        EngineError::Config(_) | EngineError::Overridden { .. } | EngineError::NoConfigFiles => "ConfigRejected",
+        EngineError::Config(_) | EngineError::Overridden { .. } | EngineError::NoConfigFiles => {
+            "ConfigRejected"
+        }
         EngineError::Stranded(_) => "AssignmentsStranded",
         EngineError::Topology(_) => "TopologyFailed",
         EngineError::Stopped => return shutting_down(),
@@ -262,13 +279,15 @@ pub fn assign_spec(
 ) -> Result<AssignSpec, ApiError> {
     let target = Target::parse(target).map_err(|e| state_error(&e))?;
     let size = match (cpus, millicpus) {
-        (Some(n), None) => {
-            Size::Cpus(u32::try_from(n).map_err(|_| invalid_argument("cpus", "must be between 0 and 4294967295"))?)
+        (Some(n), None) => Size::Cpus(
+            u32::try_from(n).map_err(|_| invalid_argument("cpus", "must be between 0 and 4294967295"))?,
+        ),
+        (None, Some(m)) => Size::Millicpus(
+            u64::try_from(m).map_err(|_| invalid_argument("millicpus", "must not be negative"))?,
+        ),
+        (Some(_), Some(_)) => {
+            return Err(invalid_argument("cpus", "give either cpus or millicpus, not both"))
         }
-        (None, Some(m)) => {
-            Size::Millicpus(u64::try_from(m).map_err(|_| invalid_argument("millicpus", "must not be negative"))?)
-        }
-        (Some(_), Some(_)) => return Err(invalid_argument("cpus", "give either cpus or millicpus, not both")),
         (None, None) => return Err(invalid_argument("cpus", "give cpus or millicpus")),
     };
     let id = id.map(|id| AssignmentId::new(id).map_err(|e| state_error(&e))).transpose()?;
@@ -354,7 +373,9 @@ pub fn create_pool(name: &str, kind: &str, o: &PoolOptions<'_>) -> Result<PoolEd
 
 /// Decodes `ResizePool`'s arguments.
 pub fn resize_pool(name: &str, o: &PoolOptions<'_>) -> Result<PoolEdit, ApiError> {
-    for (arg, given) in [("smt", o.smt.is_some()), ("isolate", o.isolate.is_some()), ("kubelet", o.kubelet.is_some())] {
+    for (arg, given) in
+        [("smt", o.smt.is_some()), ("isolate", o.isolate.is_some()), ("kubelet", o.kubelet.is_some())]
+    {
         if given {
             return Err(invalid_argument(arg, "ResizePool changes only cpus, count and numa"));
         }
@@ -395,8 +416,13 @@ mod tests {
 
     #[test]
     fn pool_arguments_name_the_argument() {
-        let o = |cpus: Option<&'static str>, count: Option<i64>| PoolOptions { cpus, count, ..Default::default() };
-        let arg = |r: Result<PoolEdit, ApiError>| r.unwrap_err().params["argument"].as_str().unwrap().to_owned();
+        let o = |cpus: Option<&'static str>, count: Option<i64>| PoolOptions {
+            cpus,
+            count,
+            ..Default::default()
+        };
+        let arg =
+            |r: Result<PoolEdit, ApiError>| r.unwrap_err().params["argument"].as_str().unwrap().to_owned();
         assert_eq!(arg(create_pool("Web", "shared", &o(Some("1"), None))), "name");
         assert_eq!(arg(create_pool("web", "sharde", &o(Some("1"), None))), "kind");
         assert_eq!(arg(create_pool("web", "shared", &o(Some("1-"), None))), "cpus");
@@ -415,11 +441,15 @@ mod tests {
 
     #[test]
     fn assign_arguments_name_the_argument() {
-        let arg = |r: Result<AssignSpec, ApiError>| r.unwrap_err().params["argument"].as_str().unwrap().to_owned();
+        let arg =
+            |r: Result<AssignSpec, ApiError>| r.unwrap_err().params["argument"].as_str().unwrap().to_owned();
         assert_eq!(arg(assign_spec("p".into(), "pid:1", None, None, None)), "cpus");
         assert_eq!(arg(assign_spec("p".into(), "pid:1", Some(1), Some(1), None)), "cpus");
         assert_eq!(arg(assign_spec("p".into(), "pid:1", Some(-1), None, None)), "cpus");
         assert_eq!(arg(assign_spec("p".into(), "pid:1", None, Some(-5), None)), "millicpus");
-        assert_eq!(assign_spec("p".into(), "cgroup:../../etc", Some(1), None, None).unwrap_err().kind, "InvalidArgument");
+        assert_eq!(
+            assign_spec("p".into(), "cgroup:../../etc", Some(1), None, None).unwrap_err().kind,
+            "InvalidArgument"
+        );
     }
 }

@@ -309,13 +309,17 @@ mod tests {
         d.write().unwrap();
         let text = fs::read_to_string(d.path()).unwrap();
         assert!(text.starts_with("# Written by cpupoold") && text.ends_with("\n"), "{text}");
-        for line in ["[pools.web]\n", "\nkind = \"shared\"\n", "\ncpus = \"2-3\"\n", "\nsmt = \"threads\"\n"] {
+        for line in ["[pools.web]\n", "\nkind = \"shared\"\n", "\ncpus = \"2-3\"\n", "\nsmt = \"threads\"\n"]
+        {
             assert!(text.contains(line), "{line:?} in {text}");
         }
 
         let mut again = Dropin::read(&dirs).unwrap();
         assert_eq!(again, d);
-        again.apply(&PoolEdit::Resize { name: name("web"), source: Source::Count { count: 4, numa: Some(1) } });
+        again.apply(&PoolEdit::Resize {
+            name: name("web"),
+            source: Source::Count { count: 4, numa: Some(1) },
+        });
         let text = again.text().unwrap();
         assert!(!text.contains("cpus ="), "the old source is gone: {text}");
         assert!(text.contains("\ncount = 4\n") && text.contains("\nnuma = 1\n"), "{text}");

@@ -212,8 +212,7 @@ mod tests {
     #[test]
     fn full_cores_on_one_node() {
         let t = Topology::synthetic(2, 8, 2, 2);
-        let got = pick(&t, &t.online(), &CpuSet::new(), 4, Smt::FullCores)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let got = pick(&t, &t.online(), &CpuSet::new(), 4, Smt::FullCores).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, set("0-1,16-17"));
         assert!(t.is_whole_cores(&got));
     }
@@ -223,8 +222,7 @@ mod tests {
         let t = Topology::synthetic(2, 8, 2, 2);
         // Node 0 has only 2 cores free, node 1 all 8: a 4-CPU request fits node 0 exactly.
         let avail = set("6-7,22-23").union(&t.nodes()[&1]);
-        let got =
-            pick(&t, &avail, &CpuSet::new(), 4, Smt::FullCores).unwrap_or_else(|e| panic!("{e}"));
+        let got = pick(&t, &avail, &CpuSet::new(), 4, Smt::FullCores).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, set("6-7,22-23"));
     }
 

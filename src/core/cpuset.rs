@@ -149,9 +149,7 @@ impl CpuSet {
 
     /// Whether `cpu` is in the set.
     pub fn contains(&self, cpu: u32) -> bool {
-        self.words
-            .get((cpu / WORD_BITS) as usize)
-            .is_some_and(|w| w & (1 << (cpu % WORD_BITS)) != 0)
+        self.words.get((cpu / WORD_BITS) as usize).is_some_and(|w| w & (1 << (cpu % WORD_BITS)) != 0)
     }
 
     /// Number of CPUs.
@@ -184,8 +182,7 @@ impl CpuSet {
 
     /// `self ∪ other`.
     pub fn union(&self, other: &CpuSet) -> CpuSet {
-        let (long, short) =
-            if self.words.len() >= other.words.len() { (self, other) } else { (other, self) };
+        let (long, short) = if self.words.len() >= other.words.len() { (self, other) } else { (other, self) };
         let mut words = long.words.clone();
         for (w, o) in words.iter_mut().zip(&short.words) {
             *w |= o;

@@ -2,9 +2,9 @@
 //!
 //! Nothing here does I/O, reads a clock or awaits. The engine feeds it requests and executes the
 //! effects it returns through the host side.
-pub mod cpuset;
-pub mod topology;
 pub mod alloc;
+pub mod cpuset;
+pub mod plan;
 pub mod pool;
 pub mod state;
-pub mod plan;
+pub mod topology;

@@ -24,8 +24,7 @@ pub const TOP_SLICE: &str = "cpupool.slice";
 /// The cgroup path of a pool's slice: `cpupool.slice/cpupool-<pool>.slice`.
 pub fn pool_slice(pool: &PoolName) -> CgroupPath {
     // Pool names are [a-z0-9_]{1,32}, so this is always a valid path.
-    CgroupPath::new(&format!("{TOP_SLICE}/cpupool-{pool}.slice"))
-        .unwrap_or_else(|_| unreachable_path())
+    CgroupPath::new(&format!("{TOP_SLICE}/cpupool-{pool}.slice")).unwrap_or_else(|_| unreachable_path())
 }
 
 #[allow(clippy::panic)]
@@ -219,7 +218,11 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
         let (old, Some(new)) = (&before[k], after.get(k)) else { continue };
         let keep = old.cpus.intersection(&new.cpus);
         if old.role == new.role && keep != old.cpus && !keep.is_empty() {
-            effects.push(Effect::SetCpus { key: k.clone(), cpus: keep.clone(), optional: new.role == Role::Host });
+            effects.push(Effect::SetCpus {
+                key: k.clone(),
+                cpus: keep.clone(),
+                optional: new.role == Role::Host,
+            });
             current.insert(k, keep);
         }
     }
@@ -274,9 +277,11 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
             }
             None => {
                 // A cycle: empty the first pending set that still holds something, then retry.
-                let Some(k) = pending.iter().copied().find(|k| {
-                    !matches!(k, Key::Pid(_)) && current.get(k).is_some_and(|c| !c.is_empty())
-                }) else {
+                let Some(k) = pending
+                    .iter()
+                    .copied()
+                    .find(|k| !matches!(k, Key::Pid(_)) && current.get(k).is_some_and(|c| !c.is_empty()))
+                else {
                     break;
                 };
                 effects.push(Effect::SetCpus {
@@ -297,7 +302,11 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
     mems.sort_by_key(|(k, _)| k.depth());
     for (k, p) in mems {
         if let Key::Cgroup(path) = k {
-            effects.push(Effect::SetMems { path: path.clone(), mems: p.mems.clone(), optional: p.role == Role::Host });
+            effects.push(Effect::SetMems {
+                path: path.clone(),
+                mems: p.mems.clone(),
+                optional: p.role == Role::Host,
+            });
         }
     }
     effects

@@ -265,7 +265,9 @@ pub enum PoolError {
         where_: String,
     },
     /// A counted full-cores pool whose count is not a whole number of cores.
-    #[error("pool `{pool}`: count: {requested} CPUs is not a whole number of free cores (smt = \"full-cores\")")]
+    #[error(
+        "pool `{pool}`: count: {requested} CPUs is not a whole number of free cores (smt = \"full-cores\")"
+    )]
     CountNotWholeCores {
         /// The pool.
         pool: PoolName,
@@ -433,14 +435,9 @@ mod tests {
     #[test]
     fn explicit_lists_and_leftovers_join_reserved() {
         let t = Topology::synthetic(1, 4, 1, 1);
-        let pools = resolve(
-            &[
-                list("sys", PoolKind::Reserved, "0"),
-                list("dp", PoolKind::Exclusive, "2-3"),
-            ],
-            &t,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let pools =
+            resolve(&[list("sys", PoolKind::Reserved, "0"), list("dp", PoolKind::Exclusive, "2-3")], &t)
+                .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(cpus_of(&pools, "sys"), set("0-1"));
         assert_eq!(cpus_of(&pools, "dp"), set("2-3"));
     }
@@ -501,10 +498,7 @@ mod tests {
             Some(PoolError::IsolcpusEmpty(name("a")))
         );
         assert_eq!(r(&[sys(), list("a", PoolKind::Shared, "")]), Some(PoolError::Empty(name("a"))));
-        assert_eq!(
-            r(&[sys(), count("a", PoolKind::Shared, 0, None)]),
-            Some(PoolError::ZeroCount(name("a")))
-        );
+        assert_eq!(r(&[sys(), count("a", PoolKind::Shared, 0, None)]), Some(PoolError::ZeroCount(name("a"))));
         assert_eq!(
             r(&[sys(), count("a", PoolKind::Shared, 1, Some(3))]),
             Some(PoolError::UnknownNode { pool: name("a"), node: 3, nodes: set("0") })
@@ -529,11 +523,8 @@ mod tests {
         // Every online CPU taken by other pools: the reserved pool ends up empty.
         let t1 = Topology::synthetic(1, 1, 1, 1);
         assert_eq!(
-            resolve(
-                &[count("sys", PoolKind::Reserved, 1, None), list("a", PoolKind::Shared, "0")],
-                &t1
-            )
-            .err(),
+            resolve(&[count("sys", PoolKind::Reserved, 1, None), list("a", PoolKind::Shared, "0")], &t1)
+                .err(),
             Some(PoolError::NotEnoughCpus {
                 pool: name("sys"),
                 requested: 1,

@@ -38,7 +38,10 @@ impl AssignmentId {
         } else {
             Err(Error::InvalidArgument {
                 arg: "id",
-                reason: format!("`{}` must be 1-{MAX_ID} characters of A-Z a-z 0-9 _ . : @ -", id.escape_debug()),
+                reason: format!(
+                    "`{}` must be 1-{MAX_ID} characters of A-Z a-z 0-9 _ . : @ -",
+                    id.escape_debug()
+                ),
             })
         }
     }
@@ -169,10 +172,7 @@ impl Target {
     pub fn parse(s: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::InvalidArgument { arg: "target", reason };
         let Some((kind, rest)) = s.split_once(':') else {
-            return Err(bad(format!(
-                "`{}` must be unit:NAME, cgroup:PATH or pid:N",
-                s.escape_debug()
-            )));
+            return Err(bad(format!("`{}` must be unit:NAME, cgroup:PATH or pid:N", s.escape_debug())));
         };
         match kind {
             "unit" => {
@@ -590,7 +590,10 @@ impl State {
             id: id.clone(),
             pool: pool.name.clone(),
             kind: pool.kind,
-            target: spec.target.clone(), cpus, millicpus };
+            target: spec.target.clone(),
+            cpus,
+            millicpus,
+        };
         self.add_usage(&a);
         self.data.assignments.insert(id, a.clone());
         Ok(Outcome::Changed(a))

@@ -84,18 +84,11 @@ impl Topology {
             for core in 0..total_cores {
                 let cpu = t * total_cores + core;
                 let node = core * numa / total_cores.max(1);
-                let first_core_of_node = (0..total_cores)
-                    .find(|c| c * numa / total_cores == node)
-                    .unwrap_or(0);
+                let first_core_of_node =
+                    (0..total_cores).find(|c| c * numa / total_cores == node).unwrap_or(0);
                 data.cpus.insert(
                     cpu,
-                    CpuPlace {
-                        core,
-                        package: core / cores.max(1),
-                        die: 0,
-                        node,
-                        l3: first_core_of_node,
-                    },
+                    CpuPlace { core, package: core / cores.max(1), die: 0, node, l3: first_core_of_node },
                 );
             }
         }

@@ -151,11 +151,8 @@ pub struct Snapshot {
 impl Snapshot {
     /// The one-line summary for `STATUS=` and logs.
     pub fn summary(&self) -> String {
-        let mut s = format!(
-            "{} pools, {} assignments",
-            self.state.pools().len(),
-            self.state.assignments().len()
-        );
+        let mut s =
+            format!("{} pools, {} assignments", self.state.pools().len(), self.state.assignments().len());
         if self.config_error.is_some() {
             s.push_str("; configuration on disk rejected, running the last good one");
         }
@@ -384,10 +381,17 @@ impl Engine {
         if let Ok(top) = CgroupPath::new(plan::TOP_SLICE) {
             for child in self.backend.children(&top) {
                 let key = Key::Cgroup(child.clone());
-                let ours = child.as_str().rsplit('/').next().is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
+                let ours = child
+                    .as_str()
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
                 if ours && !desired.contains_key(&key) {
                     let cpus = self.backend.read_cpus(&child).ok().flatten().unwrap_or_default();
-                    observed.insert(key, Placement { cpus, mems: Default::default(), role: Role::Pool(PoolKind::Shared) });
+                    observed.insert(
+                        key,
+                        Placement { cpus, mems: Default::default(), role: Role::Pool(PoolKind::Shared) },
+                    );
                 }
             }
         }
@@ -493,7 +497,9 @@ impl Engine {
                 Mutation::Release(id, _) => Decided::Release(next.release(id)),
             })
             .collect();
-        let changed = decided.iter().any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
+        let changed = decided
+            .iter()
+            .any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
         if changed {
             if let Err(e) = self.commit(next) {
                 log::warn!(
@@ -668,13 +674,21 @@ impl Engine {
                 if settings.pools.iter().any(|p| &p.name == name) {
                     let key = config::pool_key(name.as_str(), "removed");
                     let file = wins(&key).or_else(|| wins(&config::pool_key(name.as_str(), "")));
-                    return Err(EngineError::Overridden { key, file: file.unwrap_or_default(), dropin: new.path().to_owned() });
+                    return Err(EngineError::Overridden {
+                        key,
+                        file: file.unwrap_or_default(),
+                        dropin: new.path().to_owned(),
+                    });
                 }
             }
             _ => {
                 if !settings.pools.iter().any(|p| &p.name == name) {
                     let key = config::pool_key(name.as_str(), "removed");
-                    return Err(EngineError::Overridden { key: key.clone(), file: wins(&key).unwrap_or_default(), dropin: new.path().to_owned() });
+                    return Err(EngineError::Overridden {
+                        key: key.clone(),
+                        file: wins(&key).unwrap_or_default(),
+                        dropin: new.path().to_owned(),
+                    });
                 }
                 for field in edit.keys() {
                     let key = config::pool_key(name.as_str(), field);
@@ -809,7 +823,10 @@ fn assigned(a: &Assignment) -> Vec<Event> {
         POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
         "assigned CPUs {} ({} millicpus) from pool {} to {}", a.cpus, a.millicpus, a.pool, a.target
     );
-    vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Added }, Event::PoolChanged(a.pool.clone())]
+    vec![
+        Event::AssignmentChanged { id: a.id.clone(), change: Change::Added },
+        Event::PoolChanged(a.pool.clone()),
+    ]
 }
 
 /// Logs a release and returns its events.
@@ -818,7 +835,10 @@ fn released(a: &Assignment) -> Vec<Event> {
         POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
         "released CPUs {} of pool {} from {}", a.cpus, a.pool, a.target
     );
-    vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Removed }, Event::PoolChanged(a.pool.clone())]
+    vec![
+        Event::AssignmentChanged { id: a.id.clone(), change: Change::Removed },
+        Event::PoolChanged(a.pool.clone()),
+    ]
 }
 
 /// A configuration error caused by an edit: about one of the edit's own keys in the runtime

@@ -120,7 +120,10 @@ fn assign_and_release_write_cgroups_save_state_and_signal() {
             events.recv().await.ok(),
             Some(Event::AssignmentChanged { id: a.id.clone(), change: Change::Added })
         );
-        assert!(String::from_utf8_lossy(&f.state_file()).contains("\"k/ctr\"") || String::from_utf8_lossy(&f.state_file()).contains("cgroup:k/ctr"));
+        assert!(
+            String::from_utf8_lossy(&f.state_file()).contains("\"k/ctr\"")
+                || String::from_utf8_lossy(&f.state_file()).contains("cgroup:k/ctr")
+        );
         // An idempotent repeat changes nothing and signals nothing.
         let again = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await;
         assert!(matches!(again, Ok(Outcome::Identity(_))));
@@ -130,7 +133,10 @@ fn assign_and_release_write_cgroups_save_state_and_signal() {
         assert_eq!(r.id, a.id);
         assert_eq!(f.read("k/ctr/cpuset.cpus"), "");
         assert_eq!(handle.snapshot().state.assignments().len(), 0);
-        assert!(matches!(handle.release("x").await, Err(EngineError::State(state::Error::NoSuchAssignment { .. }))));
+        assert!(matches!(
+            handle.release("x").await,
+            Err(EngineError::State(state::Error::NoSuchAssignment { .. }))
+        ));
     });
     drop(handle);
     let _ = thread.join();
@@ -182,7 +188,10 @@ fn restart_keeps_assignments_and_restores_files_changed_behind_our_back() {
     f.write("k/ctr/cpuset.cpus", "\n");
     let (handle, thread) = engine.spawn();
     rt().block_on(async {
-        handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await.unwrap_or_else(|e| panic!("{e}"));
+        handle
+            .assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x")))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let busy = handle.assign(spec("web", "cgroup:k/ctr", Size::Millicpus(700), Some("w"))).await;
         assert!(matches!(busy, Err(EngineError::State(state::Error::TargetBusy { .. }))), "{busy:?}");
     });
@@ -217,7 +226,10 @@ fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
     let (handle, thread) = engine.spawn();
     let mut events = handle.subscribe();
     rt().block_on(async {
-        handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await.unwrap_or_else(|e| panic!("{e}"));
+        handle
+            .assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x")))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         while events.try_recv().is_ok() {}
         // dp gives its free core (2,6) to web.
         f.config(&CONFIG.replace("1-2,5-6", "1,5").replace("3,7", "2-3,6-7"));
@@ -251,7 +263,10 @@ fn start_with_a_stranding_config_keeps_the_persisted_pools() {
     f.write("k/ctr/cpuset.cpus", "\n");
     let (handle, thread) = engine.spawn();
     rt().block_on(async {
-        handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await.unwrap_or_else(|e| panic!("{e}"));
+        handle
+            .assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x")))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     });
     drop(handle);
     let _ = thread.join();
@@ -275,7 +290,13 @@ fn sandbox_confines_every_root() {
         "{CONFIG}\n[paths]\nstate_dir = \"/tmp/cpupoold-escape/state\"\ncgroup_root = \"/tmp/cpupoold-escape/cg\"\n"
     ));
     let s = f.settings();
-    for p in [&s.paths.sysfs_root, &s.paths.cgroup_root, &s.paths.state_dir, &s.paths.runtime_dir, &s.paths.kubelet_dir] {
+    for p in [
+        &s.paths.sysfs_root,
+        &s.paths.cgroup_root,
+        &s.paths.state_dir,
+        &s.paths.runtime_dir,
+        &s.paths.kubelet_dir,
+    ] {
         assert!(p.starts_with(f.sb.root()), "{}", p.display());
     }
     assert!(!Path::new("/tmp/cpupoold-escape").exists());
@@ -340,7 +361,10 @@ mod pool_edits {
         let (handle, thread) = spawn(&f);
         rt().block_on(async {
             let snap = handle.snapshot();
-            assert_eq!(snap.state.pools().get(&name("batch")).map(|p| p.cpus.to_string()), Some("2,6".into()));
+            assert_eq!(
+                snap.state.pools().get(&name("batch")).map(|p| p.cpus.to_string()),
+                Some("2,6".into())
+            );
             assert_eq!(handle.edit_pool(PoolEdit::Delete { name: name("batch") }).await.ok(), Some(None));
             assert!(handle.snapshot().state.pools().get(&name("batch")).is_none());
             assert!(!f.sb.cgroupfs().join("cpupool.slice/cpupool-batch.slice").exists());
@@ -382,7 +406,11 @@ mod pool_edits {
                 (create("two", PoolKind::Shared, "3"), "ConfigRejected"),
             ];
             for (edit, kind) in cases {
-                let err = handle.edit_pool(edit.clone()).await.err().unwrap_or_else(|| panic!("{edit:?} succeeded"));
+                let err = handle
+                    .edit_pool(edit.clone())
+                    .await
+                    .err()
+                    .unwrap_or_else(|| panic!("{edit:?} succeeded"));
                 assert_eq!(crate::api::ops::engine_error(&err).kind, kind, "{edit:?}: {}", error_chain(&err));
                 assert_eq!(f.state_file(), state_before, "{edit:?}");
                 assert_eq!(handle.snapshot().state.pools(), &pools_before, "{edit:?}");
@@ -440,14 +468,25 @@ fn concurrent_mutations_grouped_or_not_answer_as_if_alone() {
     }
     let (engine, _) = f.start();
     let (handle, thread) = engine.spawn();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap_or_else(|e| panic!("{e}"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
     let results: Vec<(usize, Result<Assignment, EngineError>)> = rt.block_on(async {
         let tasks: Vec<_> = (0..24)
             .map(|i| {
                 let h = handle.clone();
                 tokio::spawn(async move {
                     // 24 × 100 millicpus on web's 2000: the last four cannot fit.
-                    let r = h.assign(spec("web", &format!("cgroup:g/{i}"), Size::Millicpus(100), Some(&format!("a{i}")))).await;
+                    let r = h
+                        .assign(spec(
+                            "web",
+                            &format!("cgroup:g/{i}"),
+                            Size::Millicpus(100),
+                            Some(&format!("a{i}")),
+                        ))
+                        .await;
                     (i, r.map(Outcome::into_inner))
                 })
             })
@@ -494,8 +533,9 @@ fn a_pool_an_earlier_file_removed_can_be_created_again() {
     fs::write(&early, "[pools.web]\nremoved = true\n").unwrap_or_else(|e| panic!("{e}"));
     let (engine, _) = f.start();
     let sb = f.sb.clone();
-    let (handle, thread) =
-        engine.with_config(ConfigSource { dirs: f.sb.config_dirs(), adjust: Box::new(move |s| sb.confine(s)) }).spawn();
+    let (handle, thread) = engine
+        .with_config(ConfigSource { dirs: f.sb.config_dirs(), adjust: Box::new(move |s| sb.confine(s)) })
+        .spawn();
     rt().block_on(async {
         let web = PoolName::new("web").unwrap_or_else(|e| panic!("{e}"));
         assert!(handle.snapshot().state.pools().get(&web).is_none());

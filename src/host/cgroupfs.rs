@@ -142,7 +142,11 @@ impl CgroupFs {
             // A simulated cgroupfs (the sandbox) holds plain files that the kernel would not
             // let anyone create: remove them too.
             Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty && !is_cgroupfs(&dir) => {
-                fs::remove_dir_all(&dir).map_err(|source| HostError::Dir { op: "removing", path: dir, source })
+                fs::remove_dir_all(&dir).map_err(|source| HostError::Dir {
+                    op: "removing",
+                    path: dir,
+                    source,
+                })
             }
             Err(source) => Err(HostError::Dir { op: "removing", path: dir, source }),
         }
@@ -198,7 +202,9 @@ impl CgroupFs {
                 }
                 write_file(&self.dir(path).join("cpuset.mems"), &mems.to_string())
             }
-            Effect::SetCpus { key: Key::Pid(pid), cpus, optional } => self.set_affinity(*pid, cpus, *optional),
+            Effect::SetCpus { key: Key::Pid(pid), cpus, optional } => {
+                self.set_affinity(*pid, cpus, *optional)
+            }
             Effect::SetCpus { key: Key::Unit(unit), .. } => Err(HostError::NoSystemd(unit.clone())),
         }
     }
@@ -228,9 +234,7 @@ impl CgroupFs {
                 Ok(()) => {}
                 // A thread that exited between listing and setting is fine.
                 Err(nix::Error::ESRCH) => {}
-                Err(source) => {
-                    return Err(HostError::Affinity { pid, tid, cpus: cpus.to_string(), source })
-                }
+                Err(source) => return Err(HostError::Affinity { pid, tid, cpus: cpus.to_string(), source }),
             }
         }
         Ok(())
@@ -240,7 +244,12 @@ impl CgroupFs {
     pub fn affinity(&self, pid: u32) -> Option<CpuSet> {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).ok()?);
         let set = nix::sched::sched_getaffinity(pid).ok()?;
-        Some((0..nix::sched::CpuSet::count()).filter(|c| set.is_set(*c).unwrap_or(false)).map(|c| c as u32).collect())
+        Some(
+            (0..nix::sched::CpuSet::count())
+                .filter(|c| set.is_set(*c).unwrap_or(false))
+                .map(|c| c as u32)
+                .collect(),
+        )
     }
 }
 
@@ -272,21 +281,33 @@ mod tests {
         let p = cg("cpupool.slice/cpupool-dp.slice");
         fs_.apply(&Effect::CreateCgroup(p.clone())).unwrap_or_else(|e| panic!("{e}"));
         for sub in ["", "cpupool.slice"] {
-            let ctl = fs::read_to_string(dir.path().join(sub).join("cgroup.subtree_control")).unwrap_or_default();
+            let ctl =
+                fs::read_to_string(dir.path().join(sub).join("cgroup.subtree_control")).unwrap_or_default();
             assert_eq!(ctl, "+cpuset", "{sub}");
         }
         let set = CpuSet::parse("2-3").unwrap_or_default();
         fs_.apply(&Effect::SetCpus { key: Key::Cgroup(p.clone()), cpus: set.clone(), optional: false })
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(fs::read_to_string(dir.path().join(p.as_str()).join("cpuset.cpus")).unwrap_or_default(), "2-3");
+        assert_eq!(
+            fs::read_to_string(dir.path().join(p.as_str()).join("cpuset.cpus")).unwrap_or_default(),
+            "2-3"
+        );
         assert_eq!(fs_.read_cpus(&p).ok().flatten(), Some(set));
         assert_eq!(fs_.read_cpus(&cg("nope")).ok().flatten(), None);
         assert_eq!(fs_.children(&cg("cpupool.slice")), vec![p.clone()]);
         // Optional writes to missing cgroups are skipped; required ones fail naming path+data.
-        fs_.apply(&Effect::SetCpus { key: Key::Cgroup(cg("machine.slice")), cpus: CpuSet::range(0, 0), optional: true })
-            .unwrap_or_else(|e| panic!("{e}"));
+        fs_.apply(&Effect::SetCpus {
+            key: Key::Cgroup(cg("machine.slice")),
+            cpus: CpuSet::range(0, 0),
+            optional: true,
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
         let err = fs_
-            .apply(&Effect::SetCpus { key: Key::Cgroup(cg("missing/x")), cpus: CpuSet::range(0, 1), optional: false })
+            .apply(&Effect::SetCpus {
+                key: Key::Cgroup(cg("missing/x")),
+                cpus: CpuSet::range(0, 1),
+                optional: false,
+            })
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -298,7 +319,8 @@ mod tests {
     #[test]
     fn affinity_of_a_child_process() {
         let fs_ = CgroupFs::new("/nonexistent", "/proc");
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
+        let mut child =
+            std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
         let pid = child.id();
         let before = fs_.affinity(pid).unwrap_or_default();
         let first = before.first().unwrap_or(0);

@@ -271,11 +271,7 @@ impl FromStr for TopologyShape {
 
 fn parse_part(part: ShapePart, text: &str) -> Result<u32, ShapeError> {
     let text = text.trim();
-    let n: u32 = text.parse().map_err(|source| ShapeError::Number {
-        part,
-        text: text.to_owned(),
-        source,
-    })?;
+    let n: u32 = text.parse().map_err(|source| ShapeError::Number { part, text: text.to_owned(), source })?;
     if n == 0 {
         return Err(ShapeError::Zero { part });
     }
@@ -337,18 +333,12 @@ mod tests {
             ShapeError::Number { part: ShapePart::Numa, ref text, .. } if text.is_empty()
         ));
         assert!(matches!(shape_err("-1x8x2"), ShapeError::Number { part: ShapePart::Sockets, .. }));
-        assert!(matches!(
-            shape_err("1x1x99999999999"),
-            ShapeError::Number { part: ShapePart::Threads, .. }
-        ));
+        assert!(matches!(shape_err("1x1x99999999999"), ShapeError::Number { part: ShapePart::Threads, .. }));
         assert_eq!(shape_err("2x8x0"), ShapeError::Zero { part: ShapePart::Threads });
         assert_eq!(shape_err("0x8x2"), ShapeError::Zero { part: ShapePart::Sockets });
         assert_eq!(shape_err("2x8x2:0"), ShapeError::Zero { part: ShapePart::Numa });
         assert_eq!(shape_err("1x8193x1"), ShapeError::TooManyCpus { total: 8193 });
-        assert_eq!(
-            shape_err("65536x65536x65536"),
-            ShapeError::TooManyCpus { total: 65536u64.pow(3) }
-        );
+        assert_eq!(shape_err("65536x65536x65536"), ShapeError::TooManyCpus { total: 65536u64.pow(3) });
         assert_eq!(shape_err("2x2x2:5"), ShapeError::TooManyNodes { numa: 5, cores: 4 });
         let msg = shape_err("2xeightx2").to_string();
         assert!(msg.contains("CORES") && msg.contains("`eight`"), "{msg}");
@@ -401,9 +391,6 @@ mod tests {
         let err = write_sysfs(dir.path(), &shape("1x1x1").topology())
             .err()
             .unwrap_or_else(|| panic!("wrote through a file"));
-        assert!(
-            err.to_string().contains(&dir.path().join("devices").display().to_string()),
-            "{err}"
-        );
+        assert!(err.to_string().contains(&dir.path().join("devices").display().to_string()), "{err}");
     }
 }

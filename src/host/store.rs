@@ -338,9 +338,7 @@ impl Store {
                     prev => Err(StoreError::CurrentMissing { path: self.current.clone(), prev }),
                 };
             }
-            Err(source) => {
-                return Err(StoreError::Io { op: "reading", path: self.current.clone(), source })
-            }
+            Err(source) => return Err(StoreError::Io { op: "reading", path: self.current.clone(), source }),
         };
         match decode::<T>(&bytes) {
             Ok(state) => {
@@ -363,12 +361,9 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(StoreError::NoPrevious { path: self.prev.clone() })
             }
-            Err(source) => {
-                return Err(StoreError::Io { op: "reading", path: self.prev.clone(), source })
-            }
+            Err(source) => return Err(StoreError::Io { op: "reading", path: self.prev.clone(), source }),
         };
-        let state =
-            decode::<T>(&bytes).map_err(|d| d.into_error(self.prev.clone(), PrevCopy::Itself))?;
+        let state = decode::<T>(&bytes).map_err(|d| d.into_error(self.prev.clone(), PrevCopy::Itself))?;
         // Link, not rename: `state.json` keeps its name until the restored copy replaces it, and
         // `link` fails rather than overwrite an earlier corrupt copy.
         if self.current.exists() {
@@ -431,9 +426,7 @@ impl Store {
         match fs::hard_link(&self.current, &self.prev_tmp) {
             Ok(()) => {}
             // First save: nothing to keep.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.current.exists() => {
-                return Ok(())
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.current.exists() => return Ok(()),
             Err(source) => {
                 return Err(StoreError::Io {
                     op: "linking the current state file to",
@@ -491,8 +484,7 @@ impl Store {
 
 /// Header line plus payload.
 fn frame(payload: &[u8]) -> Vec<u8> {
-    let header =
-        format!("{MAGIC} {FORMAT_VERSION} {} {:08x}\n", payload.len(), crc32fast::hash(payload));
+    let header = format!("{MAGIC} {FORMAT_VERSION} {} {:08x}\n", payload.len(), crc32fast::hash(payload));
     let mut bytes = Vec::with_capacity(header.len() + payload.len());
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(payload);
@@ -516,9 +508,7 @@ impl Defect {
     fn into_error(self, path: PathBuf, prev: PrevCopy) -> StoreError {
         match self {
             Defect::TruncatedHeader { len } => StoreError::TruncatedHeader { path, len, prev },
-            Defect::Truncated { expected, actual } => {
-                StoreError::Truncated { path, expected, actual, prev }
-            }
+            Defect::Truncated { expected, actual } => StoreError::Truncated { path, expected, actual, prev },
             Defect::TrailingData { expected, actual } => {
                 StoreError::TrailingData { path, expected, actual, prev }
             }
@@ -616,8 +606,10 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     let missing: Vec<&Path> =
         dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| {
-        StoreError::Io { op: "creating the state directory", path: dir.to_path_buf(), source }
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| StoreError::Io {
+        op: "creating the state directory",
+        path: dir.to_path_buf(),
+        source,
     })?;
     for created in missing.iter().rev() {
         let parent = match created.parent() {
@@ -645,10 +637,7 @@ mod tests {
     }
 
     fn state(generation: u32) -> TestState {
-        TestState {
-            generation,
-            pools: vec![("infra".into(), "0-1".into()), ("db".into(), "2-7".into())],
-        }
+        TestState { generation, pools: vec![("infra".into(), "0-1".into()), ("db".into(), "2-7".into())] }
     }
 
     fn new_store() -> (tempfile::TempDir, Store) {
@@ -702,11 +691,7 @@ mod tests {
         let (header, payload) = text.split_once('\n').unwrap();
         assert_eq!(
             header,
-            format!(
-                "cpupoold-state 1 {} {:08x}",
-                payload.len(),
-                crc32fast::hash(payload.as_bytes())
-            )
+            format!("cpupoold-state 1 {} {:08x}", payload.len(), crc32fast::hash(payload.as_bytes()))
         );
         assert!(!store.prev_path().exists(), "first save has nothing to keep");
         assert!(!store.dir().join(TMP_FILE).exists());
@@ -731,18 +716,9 @@ mod tests {
         let (_dir, store) = two_saves();
         let good = fs::read(store.path()).unwrap();
         let header_len = good.iter().position(|&b| b == b'\n').unwrap() + 1;
-        for cut in [
-            0,
-            1,
-            5,
-            15,
-            17,
-            header_len - 1,
-            header_len,
-            header_len + 1,
-            good.len() / 2,
-            good.len() - 1,
-        ] {
+        for cut in
+            [0, 1, 5, 15, 17, header_len - 1, header_len, header_len + 1, good.len() / 2, good.len() - 1]
+        {
             fs::write(store.path(), &good[..cut]).unwrap();
             let err = load(&store).unwrap_err();
             assert!(
@@ -750,11 +726,7 @@ mod tests {
                 "cut at {cut}: {err:?}"
             );
             assert_names_file_and_prev(&err, &store);
-            assert_eq!(
-                fs::read(store.path()).unwrap(),
-                &good[..cut],
-                "load must not touch the file"
-            );
+            assert_eq!(fs::read(store.path()).unwrap(), &good[..cut], "load must not touch the file");
         }
     }
 
@@ -777,10 +749,7 @@ mod tests {
         let (_dir, store) = two_saves();
         fs::write(store.path(), frame_with_header("cpupoold-state 2 whatever\n", b"{}")).unwrap();
         let err = load(&store).unwrap_err();
-        assert!(
-            matches!(err, StoreError::UnsupportedVersion { found: 2, supported: 1, .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, StoreError::UnsupportedVersion { found: 2, supported: 1, .. }), "{err:?}");
         assert_names_file_and_prev(&err, &store);
     }
 

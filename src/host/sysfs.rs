@@ -110,9 +110,7 @@ pub fn read_topology(sysfs_root: &Path) -> Result<Topology, SysfsError> {
         };
         let node = match &node_of {
             None => 0,
-            Some(map) => {
-                *map.get(&cpu).ok_or_else(|| SysfsError::NoNode { cpu, path: node_dir.clone() })?
-            }
+            Some(map) => *map.get(&cpu).ok_or_else(|| SysfsError::NoNode { cpu, path: node_dir.clone() })?,
         };
         let l3 = read_l3(&this_dir.join("cache"))?;
 
@@ -132,8 +130,7 @@ pub fn read_topology(sysfs_root: &Path) -> Result<Topology, SysfsError> {
         .into_iter()
         .map(|(cpu, (mut place, has_l3))| {
             if !has_l3 {
-                place.l3 =
-                    first_of_package_node.get(&(place.package, place.node)).copied().unwrap_or(cpu);
+                place.l3 = first_of_package_node.get(&(place.package, place.node)).copied().unwrap_or(cpu);
             }
             (cpu, place)
         })
@@ -254,11 +251,7 @@ fn parse_id(path: &Path, text: &str) -> Result<u32, SysfsError> {
 
 fn parse_number(path: &Path, text: &str) -> Result<u32, SysfsError> {
     let text = text.trim();
-    text.parse().map_err(|source| SysfsError::Number {
-        path: path.to_owned(),
-        text: text.to_owned(),
-        source,
-    })
+    text.parse().map_err(|source| SysfsError::Number { path: path.to_owned(), text: text.to_owned(), source })
 }
 
 #[cfg(test)]
@@ -439,8 +432,7 @@ mod tests {
     }
 
     fn real_box_expected(isolated: &str) -> Topology {
-        let mut data =
-            TopologyData { offline: set("4"), isolated: set(isolated), ..Default::default() };
+        let mut data = TopologyData { offline: set("4"), isolated: set(isolated), ..Default::default() };
         for cpu in (0..16).filter(|c| *c != 4) {
             let core = if cpu == 12 { 12 } else { cpu % 8 };
             let package = cpu % 8 / 4;
@@ -494,8 +486,7 @@ mod tests {
         let dir = tempdir();
         let topo = Topology::synthetic(2, 2, 2, 2);
         write_sysfs(dir.path(), &topo).unwrap_or_else(|e| panic!("{e}"));
-        fs::remove_dir_all(dir.path().join("devices/system/node"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        fs::remove_dir_all(dir.path().join("devices/system/node")).unwrap_or_else(|e| panic!("{e}"));
         for cpu in topo.online().iter() {
             let cache = dir.path().join(format!("devices/system/cpu/cpu{cpu}/cache"));
             fs::remove_dir_all(cache).unwrap_or_else(|e| panic!("{e}"));
@@ -541,9 +532,7 @@ mod tests {
         let pkg = dir.path().join("devices/system/cpu/cpu7/topology/physical_package_id");
         put(dir.path(), "devices/system/cpu/cpu7/topology/physical_package_id", "one\n");
         let err = read_topology(dir.path()).err().unwrap_or_else(|| panic!("read garbage"));
-        assert!(
-            matches!(&err, SysfsError::Number { path, text, .. } if *path == pkg && text == "one")
-        );
+        assert!(matches!(&err, SysfsError::Number { path, text, .. } if *path == pkg && text == "one"));
         assert!(chain(&err).contains(&pkg.display().to_string()), "{}", chain(&err));
 
         put(dir.path(), "devices/system/cpu/online", "0-3,\n");

@@ -54,11 +54,20 @@ impl PrivateBus {
     pub fn system_like(dir: &Path, policy: &Path) -> PrivateBus {
         let sock = dir.join("bus.sock");
         let conf = dir.join("system-bus.conf");
-        let system = fs::read_to_string("/usr/share/dbus-1/system.conf").expect("the dbus package's system.conf");
+        let system =
+            fs::read_to_string("/usr/share/dbus-1/system.conf").expect("the dbus package's system.conf");
         let mut out = String::new();
         for line in system.lines() {
             let t = line.trim_start();
-            let dropped = ["<listen>", "<user>", "<pidfile>", "<fork/>", "<includedir>", "<include ", "<standard_system_servicedirs/>"];
+            let dropped = [
+                "<listen>",
+                "<user>",
+                "<pidfile>",
+                "<fork/>",
+                "<includedir>",
+                "<include ",
+                "<standard_system_servicedirs/>",
+            ];
             if dropped.iter().any(|d| t.starts_with(d)) {
                 continue;
             }

@@ -277,7 +277,9 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
     let state = &snap.state;
     match method {
         Method::ListPools => Ok(json!({ "pools": to_json(&PoolView::all(state)) })),
-        Method::GetPool => Ok(json!({ "pool": to_json(&PoolView::find(state, &params.string("name")?).map_err(api)?) })),
+        Method::GetPool => {
+            Ok(json!({ "pool": to_json(&PoolView::find(state, &params.string("name")?).map_err(api)?) }))
+        }
         Method::GetTopology => {
             let topo = &snap.topology;
             Ok(json!({
@@ -291,9 +293,9 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
             let pool = params.opt_string("pool")?;
             Ok(json!({ "assignments": to_json(&AssignmentView::list(state, pool.as_deref()).map_err(api)?) }))
         }
-        Method::GetAssignment => {
-            Ok(json!({ "assignment": to_json(&AssignmentView::find(state, &params.string("id")?).map_err(api)?) }))
-        }
+        Method::GetAssignment => Ok(
+            json!({ "assignment": to_json(&AssignmentView::find(state, &params.string("id")?).map_err(api)?) }),
+        ),
         Method::Status => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_seconds": uptime,
@@ -309,9 +311,7 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
         | Method::CreatePool
         | Method::ResizePool
         | Method::DeletePool
-        | Method::Monitor) => {
-            Err(not_implemented(&format!("{INTERFACE}.{m:?}")))
-        }
+        | Method::Monitor) => Err(not_implemented(&format!("{INTERFACE}.{m:?}"))),
     }
 }
 

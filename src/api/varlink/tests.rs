@@ -52,7 +52,10 @@ fn every_error() -> Vec<MethodError> {
             path: "/s".into(),
             source: io_err(),
         }),
-        EngineError::Config(Box::new(crate::config::ConfigError::Read { file: "/c.toml".into(), source: io_err() })),
+        EngineError::Config(Box::new(crate::config::ConfigError::Read {
+            file: "/c.toml".into(),
+            source: io_err(),
+        })),
         EngineError::Stranded("a".into()),
         EngineError::Topology(crate::host::sysfs::SysfsError::Read { path: "/sys".into(), source: io_err() }),
         EngineError::Stopped,

@@ -103,7 +103,10 @@ fn new_pool_slices_are_created_parent_first_and_released_targets_cleared() {
         (Key::Pid(9), place("2", Role::Exclusive)),
     ]);
     let effects = check(&before, &after);
-    assert_eq!(effects[0], Effect::CreateCgroup(CgroupPath::new("cpupool.slice").unwrap_or_else(|e| panic!("{e}"))));
+    assert_eq!(
+        effects[0],
+        Effect::CreateCgroup(CgroupPath::new("cpupool.slice").unwrap_or_else(|e| panic!("{e}")))
+    );
     assert_eq!(effects[2], Effect::SetCpus { key: cg("x/ctr"), cpus: CpuSet::new(), optional: true });
     let pid_at = effects.iter().position(|e| matches!(e, Effect::SetCpus { key: Key::Pid(9), .. }));
     assert!(pid_at > Some(2), "{effects:#?}");
@@ -116,9 +119,30 @@ fn layout_from_state() {
     let t = Topology::synthetic(1, 4, 1, 1);
     let n = |s: &str| PoolName::new(s).unwrap_or_else(|e| panic!("{e}"));
     let mut s = State::with_pools(vec![
-        Pool { name: n("sys"), kind: PoolKind::Reserved, cpus: set("0"), smt: Smt::Threads, isolate: false, kubelet: false },
-        Pool { name: n("dp"), kind: PoolKind::Exclusive, cpus: set("2-3"), smt: Smt::Threads, isolate: true, kubelet: true },
-        Pool { name: n("web"), kind: PoolKind::Shared, cpus: set("1"), smt: Smt::Threads, isolate: false, kubelet: true },
+        Pool {
+            name: n("sys"),
+            kind: PoolKind::Reserved,
+            cpus: set("0"),
+            smt: Smt::Threads,
+            isolate: false,
+            kubelet: false,
+        },
+        Pool {
+            name: n("dp"),
+            kind: PoolKind::Exclusive,
+            cpus: set("2-3"),
+            smt: Smt::Threads,
+            isolate: true,
+            kubelet: true,
+        },
+        Pool {
+            name: n("web"),
+            kind: PoolKind::Shared,
+            cpus: set("1"),
+            smt: Smt::Threads,
+            isolate: false,
+            kubelet: true,
+        },
     ]);
     let target = Target::parse("cgroup:k/ctr").unwrap_or_else(|e| panic!("{e}"));
     s.assign(&t, &AssignSpec { pool: "dp".into(), target, size: Size::Cpus(1), id: None })
@@ -155,7 +179,8 @@ fn layout_strategy() -> impl Strategy<Value = Layout> {
                 // Only assignments target processes; pool and host placements are cgroups.
                 let assignment = matches!(role, Role::Exclusive | Role::Shared);
                 let key = if i % 3 == 0 && assignment { Key::Pid(i + 1) } else { cg(&format!("g/c{i}")) };
-                let clash = l.iter().any(|(k, p)| *k != key && p.role.conflicts(&role) && !p.cpus.is_disjoint(&cpus));
+                let clash =
+                    l.iter().any(|(k, p)| *k != key && p.role.conflicts(&role) && !p.cpus.is_disjoint(&cpus));
                 if !clash {
                     l.insert(key, Placement { cpus, mems: set("0"), role });
                 }

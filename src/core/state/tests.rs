@@ -42,9 +42,7 @@ fn fixture() -> (Topology, State) {
 fn exclusive_assign_takes_whole_cores_and_release_restores() {
     let (t, mut s) = fixture();
     let before = s.clone();
-    let a = s
-        .assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x")))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let a = s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x"))).unwrap_or_else(|e| panic!("{e}"));
     assert!(a.changed());
     let a = a.into_inner();
     assert_eq!(a.cpus, set("1,5"));
@@ -61,7 +59,10 @@ fn idempotent_repeat_and_conflicts() {
     let (t, mut s) = fixture();
     let first = s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x")));
     let again = s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x")));
-    assert_eq!(again, Ok(Outcome::Identity(first.map(Outcome::into_inner).unwrap_or_else(|e| panic!("{e}")))));
+    assert_eq!(
+        again,
+        Ok(Outcome::Identity(first.map(Outcome::into_inner).unwrap_or_else(|e| panic!("{e}"))))
+    );
     let snapshot = s.clone();
     assert_eq!(
         s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(4), Some("x"))),
@@ -184,7 +185,10 @@ fn set_pools_refuses_to_strand_assignments() {
         pool("web", PoolKind::Shared, "2-3,6-7", Smt::Threads),
     ])
     .unwrap_or_else(|e| panic!("{e:?}"));
-    assert_eq!(s.assignments()[&AssignmentId::new("w").unwrap_or_else(|e| panic!("{e}"))].cpus, set("2-3,6-7"));
+    assert_eq!(
+        s.assignments()[&AssignmentId::new("w").unwrap_or_else(|e| panic!("{e}"))].cpus,
+        set("2-3,6-7")
+    );
 }
 
 #[test]
@@ -204,7 +208,11 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0usize..4, 0u32..6, any::<bool>()).prop_map(|(pool, size, millis)| Op::Assign { pool, size, millis }),
+        (0usize..4, 0u32..6, any::<bool>()).prop_map(|(pool, size, millis)| Op::Assign {
+            pool,
+            size,
+            millis
+        }),
         (0usize..64).prop_map(|nth| Op::Release { nth }),
     ]
 }
