@@ -568,3 +568,59 @@ fn shipped_policy_on_a_system_policy_bus() {
     assert!(text(&own.stderr).contains("AccessDenied"), "{}", text(&own.stderr));
     d.stop();
 }
+
+/// A change made over varlink is announced on the bus: `AssignmentChanged`, `PoolChanged` and
+/// `PropertiesChanged` for `Pools` with the new value.
+#[test]
+fn changes_are_signalled_on_the_bus() {
+    use futures_core::Stream;
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, d) = start(dir.path());
+    fs::create_dir_all(d.sb.join("cgroup/k/a")).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = rt.block_on(DBus::connect(&bus.address));
+    let rule = format!("type='signal',sender='{DEST}',path='{PATH}'");
+    let mut v = Varlink::connect(&d.varlink);
+    let (mut added, mut pool, mut pools_value) = (false, false, None);
+    // Everything zbus does, dropping the stream included, happens on the runtime.
+    rt.block_on(async {
+        let mut stream =
+            zbus::MessageStream::for_match_rule(rule.as_str(), &client.conn, None).await.unwrap();
+        v.call("Assign", json!({ "pool": "web", "target": "cgroup:k/a", "millicpus": 500, "id": "sig" }))
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while !(added && pool && pools_value.is_some()) {
+                let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx)).await;
+                let msg = next.expect("the signal stream ended").unwrap();
+                let hdr = msg.header();
+                match (hdr.interface().map(|i| i.as_str()), hdr.member().map(|m| m.as_str())) {
+                    (Some(IFACE), Some("AssignmentChanged")) => {
+                        let (id, change): (String, String) = msg.body().deserialize().unwrap();
+                        added |= id == "sig" && change == "added";
+                    }
+                    (Some(IFACE), Some("PoolChanged")) => {
+                        let (name,): (String,) = msg.body().deserialize().unwrap();
+                        pool |= name == "web";
+                    }
+                    (Some("org.freedesktop.DBus.Properties"), Some("PropertiesChanged")) => {
+                        let (iface, changed, _): (String, BTreeMap<String, OwnedValue>, Vec<String>) =
+                            msg.body().deserialize().unwrap();
+                        assert_eq!(iface, IFACE);
+                        if let Some(v) = changed.get("Pools") {
+                            pools_value = Some(format!("{:?}", v));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("no AssignmentChanged, PoolChanged and PropertiesChanged within 30 s");
+        drop(stream);
+    });
+    // The new value carries web's reduced free capacity: 2000 - 500.
+    let value = pools_value.unwrap_or_default();
+    assert!(value.contains("1500"), "{value}");
+    rt.block_on(async move { drop(client) });
+    d.stop();
+}
