@@ -398,3 +398,44 @@ fn socket_activation_serves_the_passed_socket() {
     let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
     assert!(status.success(), "{status}");
 }
+
+/// Past `MAX_CONNECTIONS` (256) open connections, another one is answered `Busy` and closed;
+/// once one closes, a new connection is served again.
+#[test]
+fn too_many_connections_get_busy_and_the_daemon_recovers() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    fn call(s: &mut UnixStream) -> Value {
+        s.write_all(b"{\"method\":\"org.varlink.service.GetInfo\",\"parameters\":{}}\0")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut reply = Vec::new();
+        let mut byte = [0u8; 1];
+        while s.read(&mut byte).unwrap_or(0) == 1 && byte[0] != 0 {
+            reply.push(byte[0]);
+        }
+        serde_json::from_slice(&reply).unwrap_or(Value::Null)
+    }
+    let dir = tempdir();
+    let d = Daemon::start_sample(dir.path(), &["--bus", "none"]);
+    // Each answered call proves its connection was accepted and counted.
+    let mut open: Vec<UnixStream> = (0..256)
+        .map(|i| {
+            let mut s = UnixStream::connect(&d.varlink).unwrap_or_else(|e| panic!("{i}: {e}"));
+            assert_eq!(call(&mut s)["parameters"]["product"], "cpupoold", "connection {i}");
+            s
+        })
+        .collect();
+    let mut extra = UnixStream::connect(&d.varlink).unwrap_or_else(|e| panic!("{e}"));
+    let reply = call(&mut extra);
+    assert_eq!(reply["error"], "org.cpupool.Manager.Busy", "{reply}");
+    open.pop();
+    // The server notices the closed connection when it reads EOF; retry until it has.
+    let served = (0..1000).find_map(|_| {
+        let mut s = UnixStream::connect(&d.varlink).ok()?;
+        let r = call(&mut s);
+        (r["parameters"]["product"] == "cpupoold").then_some(r)
+    });
+    assert!(served.is_some(), "never served again after a connection closed");
+    drop(open);
+    d.stop();
+}
