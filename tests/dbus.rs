@@ -18,6 +18,8 @@ use zbus::zvariant::{OwnedValue, Str};
 const DEST: &str = "org.cpupool.Manager1";
 const PATH: &str = "/org/cpupool/Manager1";
 const IFACE: &str = "org.cpupool.Manager1";
+/// `setpriv` arguments that run a command as nobody (uid and gid 65534), without groups.
+const AS_NOBODY: [&str; 3] = ["--reuid=65534", "--regid=65534", "--clear-groups"];
 
 fn start(dir: &Path) -> (PrivateBus, Daemon) {
     let bus = PrivateBus::start(dir);
@@ -32,12 +34,22 @@ fn run(cmd: &mut Command) -> Output {
 fn busctl(bus: &PrivateBus, nobody: bool, args: &[&str]) -> Output {
     let mut cmd = if nobody {
         let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "busctl"]);
+        c.args(AS_NOBODY).arg("busctl");
         c
     } else {
         Command::new("busctl")
     };
     run(cmd.arg(format!("--address={}", bus.address)).args(args))
+}
+
+/// `dbus-send --print-reply ARGS` on `bus` as uid/gid 65534 (nobody), without groups.
+fn dbus_send_as_nobody(bus: &PrivateBus, args: &[&str]) -> Output {
+    run(Command::new("setpriv")
+        .args(AS_NOBODY)
+        .arg("dbus-send")
+        .arg(format!("--bus={}", bus.address))
+        .arg("--print-reply")
+        .args(args))
 }
 
 fn text(b: &[u8]) -> String {
@@ -172,16 +184,10 @@ fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
     let out = call(true, &["Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("uid 65534 may not change"), "{}", text(&out.stderr));
-    let denied = run(Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
-        .arg(format!("--bus={}", bus.address))
-        .args([
-            "--print-reply",
-            "--dest=org.cpupool.Manager1",
-            PATH,
-            "org.cpupool.Manager1.Release",
-            "string:x",
-        ]));
+    let denied = dbus_send_as_nobody(
+        &bus,
+        &["--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"],
+    );
     assert!(
         text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"),
         "{}",
@@ -532,16 +538,10 @@ fn shipped_policy_on_a_system_policy_bus() {
     assert!(out.status.success(), "nobody introspects: {}", text(&out.stderr));
     let out = busctl(&bus, true, &["get-property", DEST, PATH, IFACE, "Pools"]);
     assert!(out.status.success(), "nobody reads properties: {}", text(&out.stderr));
-    let denied = run(Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
-        .arg(format!("--bus={}", bus.address))
-        .args([
-            "--print-reply",
-            "--dest=org.cpupool.Manager1",
-            PATH,
-            "org.cpupool.Manager1.Release",
-            "string:x",
-        ]));
+    let denied = dbus_send_as_nobody(
+        &bus,
+        &["--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"],
+    );
     assert!(
         text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"),
         "{}",
@@ -554,17 +554,16 @@ fn shipped_policy_on_a_system_policy_bus() {
     );
     assert!(out.status.success(), "root assigns: {}", text(&out.stderr));
     // Taking the name is root's alone.
-    let own = run(Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dbus-send"])
-        .arg(format!("--bus={}", bus.address))
-        .args([
-            "--print-reply",
+    let own = dbus_send_as_nobody(
+        &bus,
+        &[
             "--dest=org.freedesktop.DBus",
             "/org/freedesktop/DBus",
             "org.freedesktop.DBus.RequestName",
             "string:org.cpupool.Manager1",
             "uint32:0",
-        ]));
+        ],
+    );
     assert!(text(&own.stderr).contains("AccessDenied"), "{}", text(&own.stderr));
     d.stop();
 }

@@ -8,19 +8,7 @@ use crate::core::cpuset::CpuSet;
 use crate::core::state::{Size, Target};
 use crate::sandbox::Sandbox;
 
-const CONFIG: &str = r#"
-[pools.sys]
-kind = "reserved"
-cpus = "0,4"
-
-[pools.dp]
-kind = "exclusive"
-cpus = "1-2,5-6"
-
-[pools.web]
-kind = "shared"
-cpus = "3,7"
-"#;
+const CONFIG: &str = include_str!("../../tests/fixtures/1x4x2.toml");
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -456,6 +444,27 @@ mod pool_edits {
         drop(handle);
         let _ = thread.join();
     }
+    #[test]
+    fn a_pool_an_earlier_file_removed_can_be_created_again() {
+        let f = Fixture::new();
+        // The main file defines web; an admin drop-in read before the runtime one removes it.
+        let early = f.sb.etc().join("config.d/10-no-web.toml");
+        fs::create_dir_all(early.parent().unwrap_or(Path::new("/"))).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(&early, "[pools.web]\nremoved = true\n").unwrap_or_else(|e| panic!("{e}"));
+        let (handle, thread) = spawn(&f);
+        rt().block_on(async {
+            assert!(handle.snapshot().state.pools().get(&name("web")).is_none());
+            let pool = handle
+                .edit_pool(create("web", PoolKind::Shared, "3"))
+                .await
+                .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+            assert_eq!(pool.map(|p| p.cpus.to_string()), Some("3".into()));
+            let text = dropin(&f).unwrap_or_default();
+            assert!(text.contains("removed = false"), "{text}");
+        });
+        drop(handle);
+        let _ = thread.join();
+    }
 }
 
 #[test]
@@ -520,38 +529,4 @@ fn concurrent_mutations_grouped_or_not_answer_as_if_alone() {
     // What was acknowledged is what was saved.
     let (engine, _) = f.start();
     assert_eq!(engine.state.assignments().len(), 20);
-}
-
-#[test]
-fn a_pool_an_earlier_file_removed_can_be_created_again() {
-    use crate::config::runtime::{PoolEdit, Source, DROPIN_NAME};
-    use crate::core::pool::PoolName;
-    let f = Fixture::new();
-    // The main file defines web; an admin drop-in read before the runtime one removes it.
-    let early = f.sb.etc().join("config.d/10-no-web.toml");
-    fs::create_dir_all(early.parent().unwrap_or(Path::new("/"))).unwrap_or_else(|e| panic!("{e}"));
-    fs::write(&early, "[pools.web]\nremoved = true\n").unwrap_or_else(|e| panic!("{e}"));
-    let (engine, _) = f.start();
-    let sb = f.sb.clone();
-    let (handle, thread) = engine
-        .with_config(ConfigSource { dirs: f.sb.config_dirs(), adjust: Box::new(move |s| sb.confine(s)) })
-        .spawn();
-    rt().block_on(async {
-        let web = PoolName::new("web").unwrap_or_else(|e| panic!("{e}"));
-        assert!(handle.snapshot().state.pools().get(&web).is_none());
-        let edit = PoolEdit::Create {
-            name: web.clone(),
-            kind: PoolKind::Shared,
-            source: Source::Cpus(CpuSet::parse("3").unwrap_or_default()),
-            smt: None,
-            isolate: None,
-            kubelet: None,
-        };
-        let pool = handle.edit_pool(edit).await.unwrap_or_else(|e| panic!("{}", error_chain(&e)));
-        assert_eq!(pool.map(|p| p.cpus.to_string()), Some("3".into()));
-        let text = fs::read_to_string(f.sb.etc().join("config.d").join(DROPIN_NAME)).unwrap_or_default();
-        assert!(text.contains("removed = false"), "{text}");
-    });
-    drop(handle);
-    let _ = thread.join();
 }

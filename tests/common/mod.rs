@@ -25,27 +25,7 @@ impl PrivateBus {
     pub fn start(dir: &Path) -> PrivateBus {
         let sock = dir.join("bus.sock");
         let conf = dir.join("bus.conf");
-        fs::write(
-            &conf,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_destination="*"/>
-    <allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"#,
-                sock.display()
-            ),
-        )
-        .unwrap();
+        fs::write(&conf, cpupoold::sandbox::permissive_bus_config(&sock)).unwrap();
         PrivateBus::spawn(&conf, &sock, dir)
     }
 
@@ -129,19 +109,7 @@ pub struct Daemon {
 
 /// The sandbox configuration the API tests use, on a 1x4x2 host (CPU c and c+4 are siblings):
 /// reserved 0,4; exclusive `dp` 1-2,5-6 in whole cores; shared `web` 3,7.
-pub const CONFIG: &str = r#"
-[pools.sys]
-kind = "reserved"
-cpus = "0,4"
-
-[pools.dp]
-kind = "exclusive"
-cpus = "1-2,5-6"
-
-[pools.web]
-kind = "shared"
-cpus = "3,7"
-"#;
+pub const CONFIG: &str = include_str!("../fixtures/1x4x2.toml");
 
 impl Daemon {
     /// Starts `cpupoold --sandbox DIR/sb --topology 1x4x2:1 ARGS` with [`CONFIG`] and waits for
