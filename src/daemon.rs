@@ -28,6 +28,9 @@ pub struct RunOptions {
     pub proc_root: PathBuf,
     /// Where to serve the D-Bus API.
     pub bus: BusChoice,
+    /// Where systemd is reached: forces the systemd backend (the system bus on a real host
+    /// with `daemon.backend = "auto"`).
+    pub systemd_bus: Option<Bus>,
 }
 
 /// Where the D-Bus API is served.
@@ -88,6 +91,15 @@ pub enum DaemonError {
     /// The sandbox's private bus could not be started.
     #[error("starting the sandbox's bus")]
     PrivateBus(#[source] crate::sandbox::SandboxError),
+    /// systemd could not be reached for the systemd backend.
+    #[error("connecting to systemd on {bus} (daemon.backend = \"cgroupfs\" runs without it)")]
+    Systemd {
+        /// The bus.
+        bus: String,
+        /// Why.
+        #[source]
+        source: zbus::Error,
+    },
     /// The varlink socket could not be bound.
     #[error("binding the varlink socket `{}`", path.display())]
     Varlink {
@@ -120,7 +132,9 @@ fn config_source(opts: &RunOptions) -> ConfigSource {
 /// Runs the daemon until `shutdown` completes or SIGTERM/SIGINT arrives.
 pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
     let settings = load_settings(&opts).map_err(DaemonError::Config)?;
-    let backend = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
+    let fs = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
+    let (backend, systemd_conn) = backend(&settings, &opts, fs.clone()).await?;
+    log::info!("applying pools through the {} backend", backend.name());
     let started = std::time::Instant::now();
     let (engine, report) =
         Engine::start(&settings, backend, opts.restore_previous_state).map_err(DaemonError::Start)?;
@@ -137,6 +151,10 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     for p in snap.state.pools().values() {
         log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
     }
+    let (stop_reclaim, reclaim_stopped) = tokio::sync::oneshot::channel::<()>();
+    let reclaimer = tokio::spawn(crate::reclaim::run(handle.clone(), fs, systemd_conn, async {
+        let _ = reclaim_stopped.await;
+    }));
     let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
     let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
@@ -210,6 +228,8 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         d.stop().await;
     }
     let _ = stop_api.send(());
+    let _ = stop_reclaim.send(());
+    let _ = reclaimer.await;
     if let Err(e) = api.await {
         log::error!("the varlink server failed: {e}");
     }
@@ -218,6 +238,33 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         log::error!("the engine thread panicked");
     }
     Ok(())
+}
+
+/// The backend the settings and options ask for, and the connection to systemd it uses.
+async fn backend(
+    settings: &Settings,
+    opts: &RunOptions,
+    fs: CgroupFs,
+) -> Result<(Box<dyn crate::host::Backend>, Option<zbus::Connection>), DaemonError> {
+    use crate::config::Backend as Choice;
+    let systemd = match settings.backend {
+        Choice::Cgroupfs => false,
+        Choice::Systemd => true,
+        // The sandbox's cgroupfs is a directory of plain files: systemd has no say there.
+        Choice::Auto => {
+            opts.systemd_bus.is_some()
+                || (opts.sandbox.is_none() && std::path::Path::new("/run/systemd/system").is_dir())
+        }
+    };
+    if !systemd {
+        return Ok((Box::new(fs), None));
+    }
+    let bus = opts.systemd_bus.clone().unwrap_or(Bus::System);
+    let backend = crate::host::systemd::Systemd::connect(&bus, fs, tokio::runtime::Handle::current())
+        .await
+        .map_err(|source| DaemonError::Systemd { bus: bus.to_string(), source })?;
+    let conn = backend.connection().clone();
+    Ok((Box::new(backend), Some(conn)))
 }
 
 async fn reload(handle: &Handle) {

@@ -12,4 +12,5 @@ pub mod daemon;
 pub mod engine;
 pub mod host;
 pub mod logging;
+pub mod reclaim;
 pub mod sandbox;

@@ -34,6 +34,10 @@ struct Args {
     /// system; private with --sandbox.
     #[arg(long, value_name = "BUS")]
     bus: Option<BusChoice>,
+    /// Where systemd is reached for the systemd backend (system, session or a D-Bus address).
+    /// Default: the system bus when systemd runs the host (daemon.backend = "auto").
+    #[arg(long, value_name = "BUS")]
+    systemd_bus: Option<BusChoice>,
     /// Log level (overrides daemon.log_level): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<log::LevelFilter>,
@@ -64,6 +68,11 @@ fn main() -> ExitCode {
         restore_previous_state: args.restore_previous_state,
         proc_root: "/proc".into(),
         bus,
+        systemd_bus: match args.systemd_bus {
+            Some(BusChoice::Bus(b)) => Some(b),
+            Some(other) => return fail(&UsageError(format!("--systemd-bus {other:?}: give system, session or an address"))),
+            None => None,
+        },
     };
     if args.log_level.is_none() {
         if let Ok(settings) = daemon::load_settings(&opts) {
@@ -79,6 +88,10 @@ fn main() -> ExitCode {
         Err(e) => fail(&e),
     }
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct UsageError(String);
 
 fn fail(e: &dyn std::error::Error) -> ExitCode {
     log::error!("{}", cpupoold::engine::error_chain(e));

@@ -52,6 +52,21 @@ pub enum Bus {
     Address(String),
 }
 
+impl Bus {
+    fn builder(&self) -> zbus::Result<zbus::connection::Builder<'_>> {
+        match self {
+            Bus::System => zbus::connection::Builder::system(),
+            Bus::Session => zbus::connection::Builder::session(),
+            Bus::Address(a) => zbus::connection::Builder::address(a.as_str()),
+        }
+    }
+
+    /// A plain client connection to the bus.
+    pub async fn connect(&self) -> zbus::Result<zbus::Connection> {
+        self.builder()?.build().await
+    }
+}
+
 impl fmt::Display for Bus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -371,11 +386,7 @@ impl Service {
 /// Connects to `bus`, serves the manager object and takes the well-known name, then forwards the
 /// engine's events as signals until stopped.
 pub async fn serve(bus: &Bus, handle: Handle, auth: Authorizer) -> zbus::Result<Service> {
-    let builder = match bus {
-        Bus::System => zbus::connection::Builder::system()?,
-        Bus::Session => zbus::connection::Builder::session()?,
-        Bus::Address(a) => zbus::connection::Builder::address(a.as_str())?,
-    };
+    let builder = bus.builder()?;
     let events = handle.subscribe();
     let manager = Manager { handle: handle.clone(), auth, started: Instant::now(), bus: None };
     let conn = builder.serve_at(OBJECT_PATH, manager)?.build().await?;

@@ -291,7 +291,7 @@ pub fn assign_spec(
         (None, None) => return Err(invalid_argument("cpus", "give cpus or millicpus")),
     };
     let id = id.map(|id| AssignmentId::new(id).map_err(|e| state_error(&e))).transpose()?;
-    Ok(AssignSpec { pool, target, size, id })
+    Ok(AssignSpec::new(pool, target, size, id))
 }
 
 fn pool_name(name: &str) -> Result<PoolName, ApiError> {

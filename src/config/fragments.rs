@@ -45,6 +45,8 @@ pub(crate) struct DaemonFragment {
     pub host_cgroups: Option<Vec<String>>,
     pub admin_group: Option<String>,
     pub log_level: Option<String>,
+    pub lend_idle: Option<bool>,
+    pub backend: Option<String>,
 }
 
 /// `[pools.NAME]` as written in one file.
@@ -62,6 +64,7 @@ pub(crate) struct PoolFragment {
     pub smt: Option<Smt>,
     pub isolate: Option<bool>,
     pub kubelet: Option<bool>,
+    pub enforce_quota: Option<bool>,
     pub removed: Option<bool>,
 }
 

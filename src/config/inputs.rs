@@ -45,6 +45,7 @@ pub(crate) struct PoolInput {
     pub smt: Option<Smt>,
     pub isolate: Option<bool>,
     pub kubelet: Option<bool>,
+    pub enforce_quota: Option<bool>,
     pub removed: Option<bool>,
 }
 
@@ -72,6 +73,8 @@ impl Inputs {
         set.field(&mut self.daemon.host_cgroups, daemon.host_cgroups, "daemon.host_cgroups");
         set.field(&mut self.daemon.admin_group, daemon.admin_group, "daemon.admin_group");
         set.field(&mut self.daemon.log_level, daemon.log_level, "daemon.log_level");
+        set.field(&mut self.daemon.lend_idle, daemon.lend_idle, "daemon.lend_idle");
+        set.field(&mut self.daemon.backend, daemon.backend, "daemon.backend");
 
         for (name, p) in pools {
             // Parsed even when a later file overrides it: a broken file is broken on its own.
@@ -104,6 +107,7 @@ impl Inputs {
             set.field(&mut pool.smt, p.smt, &key("smt"));
             set.field(&mut pool.isolate, p.isolate, &key("isolate"));
             set.field(&mut pool.kubelet, p.kubelet, &key("kubelet"));
+            set.field(&mut pool.enforce_quota, p.enforce_quota, &key("enforce_quota"));
             set.field(&mut pool.removed, p.removed, &key("removed"));
         }
         Ok(())

@@ -57,7 +57,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use settings::{Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL};
+pub use settings::{Backend, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL};
 
 use crate::core::cpuset::CpuSetError;
 use crate::core::pool::PoolError;

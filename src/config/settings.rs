@@ -50,10 +50,26 @@ pub struct Settings {
     pub admin_group: String,
     /// `daemon.log_level`.
     pub log_level: log::LevelFilter,
+    /// `daemon.lend_idle`: host cgroups may also use idle exclusive CPUs.
+    pub lend_idle: bool,
+    /// `daemon.backend`: how the plan is applied.
+    pub backend: Backend,
     /// The configured pools, in name order; resolve them with [`Settings::resolve_pools`].
     pub pools: Vec<PoolSpec>,
     /// Which file set each key, for error messages.
     pub origins: Origins,
+}
+
+/// How the daemon applies its plan (`daemon.backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// systemd when it runs as PID 1 (`/run/systemd/system` exists), cgroupfs otherwise.
+    #[default]
+    Auto,
+    /// Slices and units through systemd's D-Bus API; partitions and delegated cgroups directly.
+    Systemd,
+    /// Every cgroup file written directly (no systemd on the host).
+    Cgroupfs,
 }
 
 /// `daemon.host_cgroups` when no file sets it.
@@ -67,6 +83,19 @@ impl Settings {
     /// Validates merged inputs.
     pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
         let Inputs { paths, daemon, pools, origins, files } = inputs;
+        let lend_idle = daemon.lend_idle.unwrap_or(false);
+        let backend = match daemon.backend.as_deref() {
+            None | Some("auto") => Backend::Auto,
+            Some("systemd") => Backend::Systemd,
+            Some("cgroupfs") => Backend::Cgroupfs,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    file: origins.file_for("daemon.backend").unwrap_or_default(),
+                    key: "daemon.backend".to_owned(),
+                    reason: format!("`{}` is not one of auto, systemd, cgroupfs", other.escape_debug()),
+                })
+            }
+        };
         let invalid = |key: &str, reason: String| ConfigError::Invalid {
             file: origins.file_for(key).unwrap_or_default(),
             key: key.to_owned(),
@@ -137,7 +166,7 @@ impl Settings {
             .map(|(name, input)| pool_spec(&name, input, &origins))
             .collect::<Result<Vec<_>, _>>()?;
 
-        Ok(Settings { paths, host_cgroups, admin_group, log_level, pools, origins })
+        Ok(Settings { paths, host_cgroups, admin_group, log_level, lend_idle, backend, pools, origins })
     }
 
     /// Resolves the pools against the host's topology (see [`pool::resolve`]). An error names the
@@ -175,6 +204,7 @@ impl Settings {
                 key => key,
             },
             PoolError::IsolateNotExclusive(name) => pool_key(name.as_str(), "isolate"),
+            PoolError::QuotaNotShared(name) => pool_key(name.as_str(), "enforce_quota"),
             PoolError::IsolcpusNotExclusive(name) | PoolError::IsolcpusEmpty(name) => {
                 pool_key(name.as_str(), "isolcpus")
             }
@@ -235,6 +265,7 @@ fn pool_spec(name: &str, input: PoolInput, origins: &Origins) -> Result<PoolSpec
     spec.smt = input.smt.unwrap_or(spec.smt);
     spec.isolate = input.isolate.unwrap_or(spec.isolate);
     spec.kubelet = input.kubelet.unwrap_or(spec.kubelet);
+    spec.enforce_quota = input.enforce_quota.unwrap_or(spec.enforce_quota);
     Ok(spec)
 }
 

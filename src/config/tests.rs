@@ -359,7 +359,7 @@ fn unknown_fields_are_rejected_by_key() {
     assert_eq!(
         chain(&e),
         "`t.toml`:3:1: pools.dp.cont: unknown field `cont`, expected one of `kind`, `cpus`, `count`, \
-         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `removed`"
+         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`"
     );
 }
 

@@ -8,6 +8,11 @@
 //! shrink after them. Only a true cycle (two pools swapping CPUs) needs a set to be emptied for a
 //! moment; that is the one case where a set is written empty mid-way.
 //!
+//! Isolated partitions are torn down (back to `member`) before anything else changes and set up
+//! again after every CPU list is in place, since the kernel only accepts a partition whose CPUs
+//! are exclusive among its siblings and held by its parent. Changing which CPUs are isolated at
+//! all tears down every isolated pool for the moment of the change.
+//!
 //! The planner does not know which backend runs the effects: the cgroupfs backend writes
 //! `cpuset.cpus` itself, the systemd backend sets `AllowedCPUs` on units.
 
@@ -95,8 +100,10 @@ impl Role {
             (self, other),
             (Pool(_), Pool(_))
                 | (Exclusive, Exclusive)
-                | (Host, Pool(PoolKind::Exclusive | PoolKind::Shared))
-                | (Pool(PoolKind::Exclusive | PoolKind::Shared), Host)
+                | (Host, Pool(PoolKind::Shared))
+                | (Pool(PoolKind::Shared), Host)
+                | (Host, Exclusive)
+                | (Exclusive, Host)
         )
     }
 
@@ -104,6 +111,19 @@ impl Role {
     fn owned(&self) -> bool {
         matches!(self, Role::Parent | Role::Pool(_))
     }
+}
+
+/// A cgroup's part in cpuset partitioning.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Partition {
+    /// An ordinary cgroup (`cpuset.cpus.partition = member`).
+    #[default]
+    Member,
+    /// `cpupool.slice` while pools below it are isolated: it must grant them these CPUs
+    /// (`cpuset.cpus.exclusive` where the kernel has it, a `root` partition where it does not).
+    Parent(CpuSet),
+    /// An isolated partition on these CPUs: no load balancing across them.
+    Isolated(CpuSet),
 }
 
 /// Where one thing may run.
@@ -115,6 +135,17 @@ pub struct Placement {
     pub mems: CpuSet,
     /// Why it exists.
     pub role: Role,
+    /// Its part in cpuset partitioning (pool slices and their parent only).
+    pub partition: Partition,
+    /// A CPU time limit in millicpus (shared assignments of pools with `enforce_quota`).
+    pub quota: Option<u64>,
+}
+
+impl Placement {
+    /// A placement that is not a partition and has no quota.
+    pub fn new(cpus: CpuSet, mems: CpuSet, role: Role) -> Placement {
+        Placement { cpus, mems, role, partition: Partition::Member, quota: None }
+    }
 }
 
 /// Every placement the daemon maintains.
@@ -146,36 +177,73 @@ pub enum Effect {
     },
     /// Remove a cgroup the daemon created.
     RemoveCgroup(CgroupPath),
+    /// Make a cgroup a partition, or an ordinary member again.
+    SetPartition {
+        /// The cgroup.
+        path: CgroupPath,
+        /// What it becomes.
+        partition: Partition,
+    },
+    /// Limit `key`'s CPU time (`None` lifts the limit). Skipped where it does not exist.
+    SetQuota {
+        /// What.
+        key: Key,
+        /// Millicpus: 1000 is one CPU's worth of time.
+        millis: Option<u64>,
+    },
 }
 
-/// The placements `state` implies: the top slice, one slice per pool, the host cgroups on the
-/// reserved pool, and every assignment's target.
-pub fn layout(state: &State, topo: &Topology, host_cgroups: &[CgroupPath]) -> Layout {
+/// What the layout depends on besides the state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LayoutOptions {
+    /// Host cgroups confined to the reserved pool (`daemon.host_cgroups`).
+    pub host_cgroups: Vec<CgroupPath>,
+    /// Let the host cgroups also use exclusive CPUs that no assignment holds
+    /// (`daemon.lend_idle`; never CPUs of isolated pools).
+    pub lend_idle: bool,
+}
+
+/// The placements `state` implies: the top slice and one slice per pool (the reserved pool's
+/// slices are the host cgroups, confined to its CPUs, plus the idle exclusive CPUs when lending),
+/// and every assignment's target.
+pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
     let mut out = Layout::new();
-    let all = state.pools().values().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
-    if let Ok(top) = CgroupPath::new(TOP_SLICE) {
-        out.insert(Key::Cgroup(top), Placement { mems: topo.nodes_of(&all), cpus: all, role: Role::Parent });
+    let pools = || state.pools().values().filter(|p| p.kind != PoolKind::Reserved);
+    let all = pools().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+    let isolated = pools().filter(|p| p.isolate).fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+    if let (Ok(top), false) = (CgroupPath::new(TOP_SLICE), all.is_empty()) {
+        let mut top_place = Placement::new(all.clone(), topo.nodes_of(&all), Role::Parent);
+        if !isolated.is_empty() {
+            top_place.partition = Partition::Parent(isolated);
+        }
+        out.insert(Key::Cgroup(top), top_place);
     }
-    for p in state.pools().values() {
-        out.insert(
-            Key::Cgroup(pool_slice(&p.name)),
-            Placement { cpus: p.cpus.clone(), mems: topo.nodes_of(&p.cpus), role: Role::Pool(p.kind) },
-        );
-        if p.kind == PoolKind::Reserved {
-            for h in host_cgroups {
-                out.insert(
-                    Key::Cgroup(h.clone()),
-                    Placement { cpus: p.cpus.clone(), mems: topo.nodes_of(&p.cpus), role: Role::Host },
-                );
+    for p in pools() {
+        let mut place = Placement::new(p.cpus.clone(), topo.nodes_of(&p.cpus), Role::Pool(p.kind));
+        if p.isolate {
+            place.partition = Partition::Isolated(p.cpus.clone());
+        }
+        out.insert(Key::Cgroup(pool_slice(&p.name)), place);
+    }
+    if let Some(reserved) = state.pools().values().find(|p| p.kind == PoolKind::Reserved) {
+        let mut host = reserved.cpus.clone();
+        if opts.lend_idle {
+            for p in pools().filter(|p| p.kind == PoolKind::Exclusive && !p.isolate) {
+                host = host.union(&state.free_cpus(p));
             }
+        }
+        for h in &opts.host_cgroups {
+            out.insert(Key::Cgroup(h.clone()), Placement::new(host.clone(), topo.nodes_of(&host), Role::Host));
         }
     }
     for a in state.assignments().values() {
         let role = if a.kind == PoolKind::Exclusive { Role::Exclusive } else { Role::Shared };
-        out.insert(
-            Key::from(&a.target),
-            Placement { cpus: a.cpus.clone(), mems: topo.nodes_of(&a.cpus), role },
-        );
+        let mut place = Placement::new(a.cpus.clone(), topo.nodes_of(&a.cpus), role);
+        let enforce = state.pools().get(&a.pool).is_some_and(|p| p.enforce_quota);
+        if a.kind == PoolKind::Shared && enforce {
+            place.quota = Some(a.millicpus);
+        }
+        out.insert(Key::from(&a.target), place);
     }
     out
 }
@@ -183,6 +251,28 @@ pub fn layout(state: &State, topo: &Topology, host_cgroups: &[CgroupPath]) -> La
 /// The ordered effects that turn `before` into `after`.
 pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
     let mut effects = Vec::new();
+
+    // Partitions that change at all go back to member first, innermost first; when the parent's
+    // grant changes, every partition below it goes too.
+    let parent_changes = before.iter().any(|(k, p)| {
+        matches!(p.partition, Partition::Parent(_))
+            && after.get(k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus)
+    });
+    let mut torn: Vec<&Key> = before
+        .iter()
+        .filter(|(k, p)| {
+            p.partition != Partition::Member
+                && (parent_changes
+                    || after.get(*k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus))
+        })
+        .map(|(k, _)| k)
+        .collect();
+    torn.sort_by_key(|k| std::cmp::Reverse(k.depth()));
+    for k in &torn {
+        if let Key::Cgroup(path) = k {
+            effects.push(Effect::SetPartition { path: path.clone(), partition: Partition::Member });
+        }
+    }
     let mut current: BTreeMap<&Key, CpuSet> = before.iter().map(|(k, p)| (k, p.cpus.clone())).collect();
     // A placement keeps its old role until it is written with its new CPUs.
     let mut roles: BTreeMap<&Key, Role> = before.iter().map(|(k, p)| (k, p.role.clone())).collect();
@@ -210,6 +300,9 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
                 removed_owned.push(path.clone());
             }
         } else {
+            if before[k].quota.is_some() {
+                effects.push(Effect::SetQuota { key: k.clone(), millis: None });
+            }
             effects.push(Effect::SetCpus { key: k.clone(), cpus: CpuSet::new(), optional: true });
         }
         current.remove(k);
@@ -307,6 +400,29 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
                 mems: p.mems.clone(),
                 optional: p.role == Role::Host,
             });
+        }
+    }
+
+    // CPU time limits once every set is in place.
+    for (k, p) in after {
+        if before.get(k).map_or(None, |b| b.quota) != p.quota {
+            effects.push(Effect::SetQuota { key: k.clone(), millis: p.quota });
+        }
+    }
+
+    // Partitions last, outermost first: a partition's CPUs must already be its own.
+    let mut built: Vec<(&Key, &Partition)> = after
+        .iter()
+        .filter(|(k, p)| {
+            p.partition != Partition::Member
+                && (torn.contains(k) || before.get(*k).is_none_or(|b| b.partition != p.partition))
+        })
+        .map(|(k, p)| (k, &p.partition))
+        .collect();
+    built.sort_by_key(|(k, _)| k.depth());
+    for (k, partition) in built {
+        if let Key::Cgroup(path) = k {
+            effects.push(Effect::SetPartition { path: path.clone(), partition: partition.clone() });
         }
     }
     effects

@@ -137,6 +137,8 @@ pub struct PoolSpec {
     pub isolate: bool,
     /// Offer the pool to the kubelet as a device-plugin resource.
     pub kubelet: bool,
+    /// Limit each assignment's CPU time to its millicpus (shared pools only).
+    pub enforce_quota: bool,
 }
 
 impl PoolSpec {
@@ -150,6 +152,7 @@ impl PoolSpec {
             smt: if kind == PoolKind::Exclusive { Smt::FullCores } else { Smt::Threads },
             isolate: false,
             kubelet: kind != PoolKind::Reserved,
+            enforce_quota: false,
         }
     }
 }
@@ -169,6 +172,9 @@ pub struct Pool {
     pub isolate: bool,
     /// Whether the kubelet is offered it.
     pub kubelet: bool,
+    /// Whether each assignment's CPU time is limited to its millicpus.
+    #[serde(default)]
+    pub enforce_quota: bool,
 }
 
 impl Pool {
@@ -227,6 +233,9 @@ pub enum PoolError {
         /// The CPUs whose siblings are missing.
         cpus: CpuSet,
     },
+    /// `enforce_quota` on a pool that is not shared.
+    #[error("pool `{0}`: enforce_quota = true is only allowed on shared pools")]
+    QuotaNotShared(PoolName),
     /// `isolate` on a pool that is not exclusive.
     #[error("pool `{0}`: isolate = true is only allowed on exclusive pools")]
     IsolateNotExclusive(PoolName),
@@ -293,6 +302,9 @@ pub fn resolve(specs: &[PoolSpec], topo: &Topology) -> Result<Vec<Pool>, PoolErr
         }
         if spec.isolate && spec.kind != PoolKind::Exclusive {
             return Err(PoolError::IsolateNotExclusive(spec.name.clone()));
+        }
+        if spec.enforce_quota && spec.kind != PoolKind::Shared {
+            return Err(PoolError::QuotaNotShared(spec.name.clone()));
         }
         if spec.source == CpuSource::Isolcpus && spec.kind != PoolKind::Exclusive {
             return Err(PoolError::IsolcpusNotExclusive(spec.name.clone()));
@@ -398,6 +410,7 @@ pub fn resolve(specs: &[PoolSpec], topo: &Topology) -> Result<Vec<Pool>, PoolErr
             smt: spec.smt,
             isolate: spec.isolate,
             kubelet: spec.kubelet,
+            enforce_quota: spec.enforce_quota,
         });
     }
     Ok(pools)

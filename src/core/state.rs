@@ -243,6 +243,21 @@ pub struct AssignSpec {
     pub size: Size,
     /// The caller's id for idempotent retries; one is made up when absent.
     pub id: Option<AssignmentId>,
+    /// Release it when the target goes away (the default).
+    pub reclaim: bool,
+    /// Pid targets: when the process started (the engine fills it in from the host).
+    pub process_start: Option<u64>,
+}
+
+impl AssignSpec {
+    /// A spec with the defaults: reclaimed when the target goes away.
+    pub fn new(pool: impl Into<String>, target: Target, size: Size, id: Option<AssignmentId>) -> AssignSpec {
+        AssignSpec { pool: pool.into(), target, size, id, reclaim: true, process_start: None }
+    }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// CPUs given to a target.
@@ -260,6 +275,14 @@ pub struct Assignment {
     pub cpus: CpuSet,
     /// Capacity it holds, in millicpus (exclusive: 1000 per CPU).
     pub millicpus: u64,
+    /// Released when its target goes away: the unit stops, the process exits, the cgroup is
+    /// removed.
+    #[serde(default = "yes")]
+    pub reclaim: bool,
+    /// Pid targets: when the process started (clock ticks since boot), so that a pid the kernel
+    /// reuses is never taken for the assigned process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_start: Option<u64>,
 }
 
 /// Whether a mutation changed anything.
@@ -487,7 +510,8 @@ impl State {
         }
     }
 
-    fn pool(&self, name: &str) -> Result<&Pool, Error> {
+    /// A pool by name.
+    pub fn pool(&self, name: &str) -> Result<&Pool, Error> {
         PoolName::new(name)
             .ok()
             .and_then(|n| self.data.pools.get(&n))
@@ -593,6 +617,8 @@ impl State {
             target: spec.target.clone(),
             cpus,
             millicpus,
+            reclaim: spec.reclaim,
+            process_start: spec.process_start,
         };
         self.add_usage(&a);
         self.data.assignments.insert(id, a.clone());

@@ -16,11 +16,14 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use crate::config::runtime::{Dropin, DropinError, PoolEdit};
 use crate::config::{self, ConfigDirs, ConfigError, Settings};
-use crate::core::plan::{self, Effect, Key, Layout, Placement, Role};
+use crate::core::plan::{self, Effect, Key, Layout, LayoutOptions, Placement, Role};
 use crate::core::pool::{Pool, PoolKind, PoolName};
-use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, CgroupPath, Outcome, State, StateData};
+use crate::core::state::{
+    self, AssignSpec, Assignment, AssignmentId, CgroupPath, Outcome, State, StateData, Target,
+};
 use crate::core::topology::Topology;
-use crate::host::cgroupfs::{CgroupFs, HostError};
+use crate::host::cgroupfs::HostError;
+use crate::host::Backend;
 use crate::host::store::{Loaded, Store, StoreError};
 use crate::host::sysfs::{self, SysfsError};
 
@@ -146,6 +149,11 @@ pub struct Snapshot {
     pub config_error: Option<String>,
     /// Pools whose cgroups could not all be applied at the last reconcile.
     pub degraded: Vec<String>,
+    /// The kernel's word on each pool slice's partition (`member`, `isolated`,
+    /// `isolated invalid (...)`), read after every change.
+    pub partitions: Arc<std::collections::BTreeMap<PoolName, String>>,
+    /// `cgroupfs` or `systemd`.
+    pub backend: &'static str,
 }
 
 impl Snapshot {
@@ -172,6 +180,11 @@ pub enum Request {
     ReloadFromDisk(oneshot::Sender<Result<bool, EngineError>>),
     /// Create, resize or delete a pool, persisted in the runtime drop-in.
     EditPool(PoolEdit, oneshot::Sender<Result<Option<Pool>, EngineError>>),
+    /// Assign CPUs to a process and start it a scope in the pool's slice (where systemd runs),
+    /// or confine it in place (elsewhere). The target of the spec is `pid:N`.
+    Run(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
+    /// Read back the host and correct what differs from the state (after systemd reloaded).
+    Reapply(oneshot::Sender<Result<usize, EngineError>>),
     /// Answer, to prove the engine thread is alive (watchdog).
     Ping(oneshot::Sender<()>),
 }
@@ -197,6 +210,18 @@ impl Handle {
     /// Assigns CPUs.
     pub async fn assign(&self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
         self.call(|tx| Request::Assign(spec, tx)).await
+    }
+
+    /// Assigns CPUs to process `pid:N` of `spec` and starts it a scope in the pool's slice
+    /// where systemd runs (the assignment's target is then that scope); elsewhere confines the
+    /// process itself.
+    pub async fn run(&self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        self.call(|tx| Request::Run(spec, tx)).await
+    }
+
+    /// Reads back the host and corrects what differs from the state; returns the corrections.
+    pub async fn reapply(&self) -> Result<usize, EngineError> {
+        self.call(Request::Reapply).await
     }
 
     /// Releases an assignment.
@@ -255,8 +280,10 @@ pub struct Engine {
     state: Arc<State>,
     topo: Arc<Topology>,
     store: Store,
-    backend: CgroupFs,
-    host_cgroups: Vec<CgroupPath>,
+    backend: Box<dyn Backend>,
+    /// `daemon.lend_idle` as configured; see [`Engine::layout_options`].
+    lend_idle: bool,
+    opts: LayoutOptions,
     config_error: Option<String>,
     degraded: Vec<String>,
     events: broadcast::Sender<Event>,
@@ -280,7 +307,7 @@ impl Engine {
     /// keep running until the configuration is fixed.
     pub fn start(
         settings: &Settings,
-        backend: CgroupFs,
+        backend: Box<dyn Backend>,
         restore_previous: bool,
     ) -> Result<(Engine, StartReport), StartError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
@@ -326,6 +353,8 @@ impl Engine {
             state_path: store.path().to_owned(),
             config_error: config_error.clone(),
             degraded: Vec::new(),
+            partitions: Arc::default(),
+            backend: backend.name(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -333,13 +362,15 @@ impl Engine {
             topo: Arc::new(topo),
             store,
             backend,
-            host_cgroups: settings.host_cgroups.clone(),
+            lend_idle: settings.lend_idle,
+            opts: LayoutOptions::default(),
             config_error,
             degraded: Vec::new(),
             events,
             snapshots,
             config: None,
         };
+        engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
@@ -349,7 +380,21 @@ impl Engine {
     }
 
     fn layout(&self, state: &State) -> Layout {
-        plan::layout(state, &self.topo, &self.host_cgroups)
+        plan::layout(state, &self.topo, &self.opts)
+    }
+
+    /// What the layout of `state` depends on. Lending needs the isolated pools to be remote
+    /// partitions: on kernels without `cpuset.cpus.exclusive` the parent of isolated pools is a
+    /// partition itself, and no CPU below it can be lent.
+    fn layout_options(&self, state: &State, host_cgroups: &[CgroupPath]) -> LayoutOptions {
+        let isolating = state.pools().values().any(|p| p.isolate);
+        let lend_idle = self.lend_idle && (!isolating || self.backend.remote_partitions());
+        if self.lend_idle && !lend_idle {
+            log::warn!(
+                "lend_idle is off while pools are isolated: this kernel has no cpuset.cpus.exclusive (Linux 6.7)"
+            );
+        }
+        LayoutOptions { host_cgroups: host_cgroups.to_vec(), lend_idle }
     }
 
     /// Makes the host match the state: reads what each placement holds now and applies the
@@ -358,24 +403,30 @@ impl Engine {
         let desired = self.layout(&self.state);
         let mut observed = Layout::new();
         for (key, want) in &desired {
-            let now = match key {
-                Key::Cgroup(path) => match self.backend.read_cpus(path) {
-                    Ok(now) => now,
-                    Err(e) => {
-                        log::warn!("reconcile: {}", error_chain(&e));
-                        None
-                    }
-                },
-                Key::Pid(pid) => self.backend.affinity(*pid),
-                // Units are systemd's; the cgroupfs backend cannot read them.
-                Key::Unit(_) => Some(want.cpus.clone()),
+            let now = match self.backend.observe(key) {
+                Ok(now) => now,
+                Err(e) => {
+                    log::warn!("reconcile: {}", error_chain(&e));
+                    None
+                }
             };
-            if let Some(cpus) = now {
-                let mems = match key {
-                    Key::Cgroup(path) => self.backend.read_mems(path).ok().flatten().unwrap_or_default(),
-                    _ => want.mems.clone(),
-                };
-                observed.insert(key.clone(), Placement { cpus, mems, role: want.role.clone() });
+            let now = match (key, now) {
+                (Key::Cgroup(_), now) => now,
+                // Only cgroups report memory nodes and partitions.
+                (_, Some(o)) => Some(crate::host::Observed { mems: want.mems.clone(), ..o }),
+                // The cgroupfs backend cannot read units: take them as they should be.
+                (Key::Unit(_), None) if self.backend.name() == "cgroupfs" => Some(crate::host::Observed {
+                    cpus: want.cpus.clone(),
+                    mems: want.mems.clone(),
+                    ..Default::default()
+                }),
+                (_, None) => None,
+            };
+            if let Some(o) = now {
+                let mut place = Placement::new(o.cpus, o.mems, want.role.clone());
+                place.partition = o.partition;
+                // Quotas are not read back: written again whenever they are wanted.
+                observed.insert(key.clone(), place);
             }
         }
         if let Ok(top) = CgroupPath::new(plan::TOP_SLICE) {
@@ -387,11 +438,10 @@ impl Engine {
                     .next()
                     .is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
                 if ours && !desired.contains_key(&key) {
-                    let cpus = self.backend.read_cpus(&child).ok().flatten().unwrap_or_default();
-                    observed.insert(
-                        key,
-                        Placement { cpus, mems: Default::default(), role: Role::Pool(PoolKind::Shared) },
-                    );
+                    let o = self.backend.observe(&key).ok().flatten().unwrap_or_default();
+                    let mut place = Placement::new(o.cpus, crate::core::cpuset::CpuSet::new(), Role::Pool(PoolKind::Shared));
+                    place.partition = o.partition;
+                    observed.insert(key, place);
                 }
             }
         }
@@ -452,7 +502,8 @@ impl Engine {
     fn handle(&mut self, req: Request) {
         match req {
             Request::Assign(spec, reply) => {
-                let _ = reply.send(self.assign(&spec));
+                let result = self.stamp(spec).map_err(EngineError::from).and_then(|s| self.assign(&s));
+                let _ = reply.send(result);
             }
             Request::Release(id, reply) => {
                 let _ = reply.send(self.release(&id));
@@ -473,10 +524,64 @@ impl Engine {
             Request::EditPool(edit, reply) => {
                 let _ = reply.send(self.edit_pool(&edit));
             }
+            Request::Run(spec, reply) => {
+                let _ = reply.send(self.run_process(spec));
+            }
+            Request::Reapply(reply) => {
+                let (done, failed) = self.reconcile();
+                self.publish(Vec::new());
+                if done > 0 || failed > 0 {
+                    log::info!("re-applied after systemd reloaded: {done} corrections, {failed} failed");
+                }
+                let _ = reply.send(Ok(done));
+            }
             Request::Ping(reply) => {
                 let _ = reply.send(());
             }
         }
+    }
+
+    /// Records when a pid target's process started; refuses a process that does not exist.
+    fn stamp(&self, mut spec: AssignSpec) -> Result<AssignSpec, state::Error> {
+        if let Target::Pid(pid) = spec.target {
+            match self.backend.process_start(pid) {
+                Some(start) => spec.process_start = Some(start),
+                None => {
+                    return Err(state::Error::InvalidArgument {
+                        arg: "target",
+                        reason: format!("process {pid} does not exist"),
+                    })
+                }
+            }
+        }
+        Ok(spec)
+    }
+
+    /// [`Handle::run`]: where systemd runs, the assignment's target is a new scope
+    /// `cpupool-run-<pid>-<start>.scope` in the pool's slice that holds the process; elsewhere
+    /// the process itself.
+    fn run_process(&mut self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        let spec = self.stamp(spec)?;
+        let (Target::Pid(pid), Some(start)) = (&spec.target, spec.process_start) else {
+            return Err(state::Error::InvalidArgument { arg: "pid", reason: "must name a process".into() }.into());
+        };
+        let pid = *pid;
+        if self.backend.name() != "systemd" {
+            return self.assign(&spec);
+        }
+        let pool = self.state.pool(&spec.pool)?.clone();
+        let scope = format!("cpupool-run-{pid}-{start}.scope");
+        let target = Target::parse(&format!("unit:{scope}"))?;
+        let mut next = (*self.state).clone();
+        let scoped = AssignSpec { target, process_start: None, ..spec };
+        let out = next.assign(&self.topo, &scoped)?;
+        let Outcome::Changed(a) = &out else { return Ok(out) };
+        let slice = plan::pool_slice(&pool.name);
+        let slice_unit = slice.as_str().rsplit('/').next().unwrap_or_default().to_owned();
+        self.backend.start_scope(&scope, &slice_unit, pid, &a.cpus).map_err(EngineError::Apply)?;
+        self.commit(next)?;
+        self.publish(assigned(a));
+        Ok(out)
     }
 
     /// Decides a group of mutations in order on one copy of the state, then applies and saves
@@ -493,7 +598,9 @@ impl Engine {
         let decided: Vec<Decided> = group
             .iter()
             .map(|m| match m {
-                Mutation::Assign(spec, _) => Decided::Assign(next.assign(&self.topo, spec)),
+                Mutation::Assign(spec, _) => {
+                    Decided::Assign(self.stamp(spec.clone()).and_then(|s| next.assign(&self.topo, &s)))
+                }
                 Mutation::Release(id, _) => Decided::Release(next.release(id)),
             })
             .collect();
@@ -582,8 +689,10 @@ impl Engine {
     /// Applies and saves prepared settings; `Ok(false)` when nothing changed.
     fn install(&mut self, settings: &Settings, topo: Topology, next: State) -> Result<bool, EngineError> {
         let old_topo = std::mem::replace(&mut self.topo, Arc::new(topo));
-        let old_hosts = std::mem::replace(&mut self.host_cgroups, settings.host_cgroups.clone());
-        let before = plan::layout(&self.state, &old_topo, &old_hosts);
+        let old_lend = std::mem::replace(&mut self.lend_idle, settings.lend_idle);
+        let new_opts = self.layout_options(&next, &settings.host_cgroups);
+        let old_opts = std::mem::replace(&mut self.opts, new_opts);
+        let before = plan::layout(&self.state, &old_topo, &old_opts);
         let after = self.layout(&next);
         if before == after && next == *self.state {
             return Ok(false);
@@ -597,7 +706,8 @@ impl Engine {
             .collect();
         if let Err(e) = self.commit_layouts(&before, &after, &next) {
             self.topo = old_topo;
-            self.host_cgroups = old_hosts;
+            self.lend_idle = old_lend;
+            self.opts = old_opts;
             return Err(e);
         }
         self.state = Arc::new(next);
@@ -778,12 +888,21 @@ impl Engine {
         keep.reverse();
         let mut keep = keep.into_iter();
         events.retain(|_| keep.next().unwrap_or(true));
+        let partitions = self
+            .state
+            .pools()
+            .values()
+            .filter(|p| p.kind != PoolKind::Reserved)
+            .filter_map(|p| Some((p.name.clone(), self.backend.partition_status(&plan::pool_slice(&p.name))?)))
+            .collect();
         let snap = Snapshot {
             state: self.state.clone(),
             topology: self.topo.clone(),
             state_path: self.store.path().to_owned(),
             config_error: self.config_error.clone(),
             degraded: self.degraded.clone(),
+            partitions: Arc::new(partitions),
+            backend: self.backend.name(),
         };
         self.snapshots.send_replace(snap);
         for e in events {
@@ -864,6 +983,13 @@ pub fn describe(effect: &Effect) -> String {
         Effect::SetCpus { key, cpus, .. } if cpus.is_empty() => format!("lift the CPU restriction of {key}"),
         Effect::SetCpus { key, cpus, .. } => format!("set CPUs of {key} to {cpus}"),
         Effect::SetMems { path, mems, .. } => format!("set memory nodes of cgroup {path} to {mems}"),
+        Effect::SetPartition { path, partition } => match partition {
+            plan::Partition::Member => format!("make cgroup {path} a member (no partition)"),
+            plan::Partition::Parent(cpus) => format!("let cgroup {path} grant CPUs {cpus} to isolated partitions"),
+            plan::Partition::Isolated(cpus) => format!("make cgroup {path} an isolated partition on CPUs {cpus}"),
+        },
+        Effect::SetQuota { key, millis: Some(m) } => format!("limit the CPU time of {key} to {m} millicpus"),
+        Effect::SetQuota { key, millis: None } => format!("lift the CPU time limit of {key}"),
     }
 }
 

@@ -33,8 +33,8 @@ impl Fixture {
     }
 
     fn start(&self) -> (Engine, StartReport) {
-        let backend = CgroupFs::new(self.sb.cgroupfs(), "/proc");
-        Engine::start(&self.settings(), backend, false).unwrap_or_else(|e| panic!("{}", error_chain(&e)))
+        let backend = crate::host::cgroupfs::CgroupFs::new(self.sb.cgroupfs(), "/proc");
+        Engine::start(&self.settings(), Box::new(backend), false).unwrap_or_else(|e| panic!("{}", error_chain(&e)))
     }
 
     fn read(&self, rel: &str) -> String {
@@ -59,12 +59,12 @@ impl Fixture {
 }
 
 fn spec(pool: &str, target: &str, size: Size, id: Option<&str>) -> AssignSpec {
-    AssignSpec {
-        pool: pool.into(),
-        target: Target::parse(target).unwrap_or_else(|e| panic!("{e}")),
+    AssignSpec::new(
+        pool,
+        Target::parse(target).unwrap_or_else(|e| panic!("{e}")),
         size,
-        id: id.map(|i| AssignmentId::new(i).unwrap_or_else(|e| panic!("{e}"))),
-    }
+        id.map(|i| AssignmentId::new(i).unwrap_or_else(|e| panic!("{e}"))),
+    )
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -77,10 +77,11 @@ fn fresh_start_applies_pool_slices_and_host_cgroups() {
     let (engine, report) = f.start();
     assert!(report.fresh);
     assert_eq!(report.failed_corrections, 0);
-    assert_eq!(f.read("cpupool.slice/cpuset.cpus"), "0-7");
+    // The reserved pool's slices are the host ones: cpupool.slice holds the other pools.
+    assert_eq!(f.read("cpupool.slice/cpuset.cpus"), "1-3,5-7");
     assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), "1-2,5-6");
     assert_eq!(f.read("cpupool.slice/cpupool-web.slice/cpuset.cpus"), "3,7");
-    assert_eq!(f.read("cpupool.slice/cpupool-sys.slice/cpuset.cpus"), "0,4");
+    assert!(!f.sb.cgroupfs().join("cpupool.slice/cpupool-sys.slice").exists());
     assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.mems"), "0");
     assert_eq!(f.read("cgroup.subtree_control"), "+cpuset");
     assert_eq!(f.read("cpupool.slice/cgroup.subtree_control"), "+cpuset");

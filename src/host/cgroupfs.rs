@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::core::cpuset::CpuSet;
-use crate::core::plan::{Effect, Key};
+use crate::core::plan::{Effect, Key, Partition};
 use crate::core::state::CgroupPath;
 
 /// A host operation that failed.
@@ -70,6 +70,29 @@ pub enum HostError {
     /// A systemd unit was targeted but no systemd connection exists.
     #[error("unit `{0}`: unit targets need systemd (this daemon runs the cgroupfs backend)")]
     NoSystemd(String),
+    /// A call to systemd failed.
+    #[error("systemd: {what}")]
+    Systemd {
+        /// What was asked, e.g. "setting AllowedCPUs=2-3 on cpupool-dp.slice".
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: zbus::Error,
+    },
+    /// A systemd job did not finish as asked.
+    #[error("systemd: {what}: job {result}")]
+    Job {
+        /// What the job was for.
+        what: String,
+        /// systemd's result (`failed`, `timeout`, ...).
+        result: String,
+    },
+    /// A cgroup to be removed still holds processes.
+    #[error("cgroup `{}` still holds processes", path.display())]
+    Populated {
+        /// The cgroup.
+        path: PathBuf,
+    },
 }
 
 /// Where processes' thread lists are read from.
@@ -175,6 +198,101 @@ impl CgroupFs {
         CpuSet::parse(&text).map(Some).map_err(|_| HostError::Parse { path: file, text })
     }
 
+    /// Whether a cgroup or any cgroup below it holds a process (`cgroup.events`). A cgroup
+    /// without the file (the sandbox) holds none.
+    pub fn populated(&self, path: &CgroupPath) -> bool {
+        fs::read_to_string(self.dir(path).join("cgroup.events"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == "populated 1"))
+    }
+
+    /// Makes a cgroup a partition or a member again. `cpuset.cpus.exclusive` is written where
+    /// the kernel has it (6.7+); without it, the parent of isolated partitions becomes a
+    /// `root` partition itself, as older kernels require.
+    pub fn set_partition(&self, path: &CgroupPath, partition: &Partition) -> Result<(), HostError> {
+        let dir = self.dir(path);
+        let exclusive = dir.join("cpuset.cpus.exclusive");
+        let file = dir.join("cpuset.cpus.partition");
+        match partition {
+            Partition::Member => {
+                write_file(&file, "member")?;
+                if exclusive.exists() {
+                    write_file(&exclusive, "")?;
+                }
+                Ok(())
+            }
+            Partition::Parent(cpus) if exclusive.exists() => write_file(&exclusive, &cpus.to_string()),
+            Partition::Parent(_) => write_file(&file, "root"),
+            Partition::Isolated(cpus) => {
+                if exclusive.exists() {
+                    write_file(&exclusive, &cpus.to_string())?;
+                }
+                write_file(&file, "isolated")
+            }
+        }
+    }
+
+    /// The first line of `cpuset.cpus.partition`, `None` if there is none.
+    pub fn partition_status(&self, path: &CgroupPath) -> Option<String> {
+        let text = fs::read_to_string(self.dir(path).join("cpuset.cpus.partition")).ok()?;
+        Some(text.lines().next().unwrap_or("").trim().to_owned())
+    }
+
+    /// The partition a cgroup is now, as the planner would have written it: a valid
+    /// `isolated` one on its CPUs; a parent granting `cpuset.cpus.exclusive`, or a valid
+    /// `root` one granting the CPUs of its isolated children.
+    pub fn read_partition(&self, path: &CgroupPath) -> Result<Partition, HostError> {
+        let status = self.partition_status(path).unwrap_or_default();
+        let cpus = || self.read_cpus(path).map(Option::unwrap_or_default);
+        let exclusive = self.read_list(path, "cpuset.cpus.exclusive")?.unwrap_or_default();
+        Ok(match status.as_str() {
+            "isolated" => Partition::Isolated(if exclusive.is_empty() { cpus()? } else { exclusive }),
+            "root" => {
+                let mut granted = CpuSet::new();
+                for child in self.children(path) {
+                    if self.partition_status(&child).as_deref() == Some("isolated") {
+                        granted = granted.union(&self.read_cpus(&child)?.unwrap_or_default());
+                    }
+                }
+                Partition::Parent(granted)
+            }
+            _ if !exclusive.is_empty() => Partition::Parent(exclusive),
+            _ => Partition::Member,
+        })
+    }
+
+    /// Whether the kernel has `cpuset.cpus.exclusive`: some cgroup directly below the root
+    /// that has `cpuset.cpus` has it too.
+    pub fn has_exclusive_file(&self) -> bool {
+        let Ok(entries) = fs::read_dir(&self.root) else { return false };
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|d| d.join("cpuset.cpus").exists())
+            .is_some_and(|d| d.join("cpuset.cpus.exclusive").exists())
+    }
+
+    /// Writes `cpu.max` for a CPU time limit of `millis` millicpus (`None`: no limit).
+    pub fn set_quota(&self, path: &CgroupPath, millis: Option<u64>) -> Result<(), HostError> {
+        if !self.exists(path) {
+            return Ok(());
+        }
+        let data = match millis {
+            // cpu.max is "QUOTA PERIOD" in microseconds; 1000 millicpus = the whole period.
+            Some(m) => format!("{} {PERIOD_USEC}", (m * PERIOD_USEC / 1000).max(1000)),
+            None => format!("max {PERIOD_USEC}"),
+        };
+        write_file(&self.dir(path).join("cpu.max"), &data)
+    }
+
+    /// When process `pid` started: field 22 of `/proc/PID/stat`, in clock ticks since boot.
+    pub fn process_start(&self, pid: u32) -> Option<u64> {
+        let stat = fs::read_to_string(self.proc_root.join(pid.to_string()).join("stat")).ok()?;
+        // The command name (field 2) is in parentheses and may hold spaces or `)`: fields
+        // after it are counted from the last `)`.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        rest.split_whitespace().nth(19)?.parse().ok()
+    }
+
     /// Lists the pool slices that exist under `top` (to find stale ones).
     pub fn children(&self, top: &CgroupPath) -> Vec<CgroupPath> {
         let Ok(entries) = fs::read_dir(self.dir(top)) else { return Vec::new() };
@@ -206,7 +324,28 @@ impl CgroupFs {
                 self.set_affinity(*pid, cpus, *optional)
             }
             Effect::SetCpus { key: Key::Unit(unit), .. } => Err(HostError::NoSystemd(unit.clone())),
+            Effect::SetPartition { path, partition } => self.set_partition(path, partition),
+            Effect::SetQuota { key: Key::Cgroup(path), millis } => self.set_quota(path, *millis),
+            Effect::SetQuota { key: Key::Unit(unit), .. } => Err(HostError::NoSystemd(unit.clone())),
+            // A process has no CPU time limit of its own: its cgroup has.
+            Effect::SetQuota { key: Key::Pid(_), .. } => Ok(()),
         }
+    }
+
+    /// What `key` holds now.
+    pub fn observe(&self, key: &Key) -> Result<Option<super::Observed>, HostError> {
+        Ok(match key {
+            Key::Cgroup(path) => match self.read_cpus(path)? {
+                None => None,
+                Some(cpus) => Some(super::Observed {
+                    cpus,
+                    mems: self.read_mems(path)?.unwrap_or_default(),
+                    partition: self.read_partition(path)?,
+                }),
+            },
+            Key::Pid(pid) => self.affinity(*pid).map(|cpus| super::Observed { cpus, ..Default::default() }),
+            Key::Unit(_) => None,
+        })
     }
 
     /// Sets the affinity of every thread of `pid`. Empty `cpus` means every CPU (the kernel
@@ -250,6 +389,33 @@ impl CgroupFs {
                 .map(|c| c as u32)
                 .collect(),
         )
+    }
+}
+
+/// The `cpu.max` period: the kernel's default, 100 ms.
+const PERIOD_USEC: u64 = 100_000;
+
+impl super::Backend for CgroupFs {
+    fn name(&self) -> &'static str {
+        "cgroupfs"
+    }
+    fn apply(&self, effect: &Effect) -> Result<(), HostError> {
+        CgroupFs::apply(self, effect)
+    }
+    fn observe(&self, key: &Key) -> Result<Option<super::Observed>, HostError> {
+        CgroupFs::observe(self, key)
+    }
+    fn children(&self, top: &CgroupPath) -> Vec<CgroupPath> {
+        CgroupFs::children(self, top)
+    }
+    fn partition_status(&self, path: &CgroupPath) -> Option<String> {
+        CgroupFs::partition_status(self, path)
+    }
+    fn remote_partitions(&self) -> bool {
+        self.has_exclusive_file()
+    }
+    fn process_start(&self, pid: u32) -> Option<u64> {
+        CgroupFs::process_start(self, pid)
     }
 }
 
@@ -314,6 +480,56 @@ mod tests {
         assert!(err.starts_with("writing `0-1` to `") && err.ends_with("missing/x/cpuset.cpus`"), "{err}");
         fs_.apply(&Effect::RemoveCgroup(p.clone())).unwrap_or_else(|e| panic!("{e}"));
         assert!(!fs_.exists(&p));
+    }
+
+    #[test]
+    fn partitions_on_kernels_with_and_without_cpuset_cpus_exclusive() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let fs_ = CgroupFs::new(dir.path(), "/proc");
+        let top = cg("cpupool.slice");
+        let dp = cg("cpupool.slice/cpupool-dp.slice");
+        fs_.create(&dp).unwrap_or_else(|e| panic!("{e}"));
+        let two_three = CpuSet::range(2, 3);
+        for p in [&top, &dp] {
+            fs::write(dir.path().join(p.as_str()).join("cpuset.cpus"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
+        }
+        // Without cpuset.cpus.exclusive (6.1): the parent becomes a root partition.
+        fs_.set_partition(&top, &Partition::Parent(two_three.clone())).unwrap_or_else(|e| panic!("{e}"));
+        fs_.set_partition(&dp, &Partition::Isolated(two_three.clone())).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs_.partition_status(&top).as_deref(), Some("root"));
+        assert_eq!(fs_.partition_status(&dp).as_deref(), Some("isolated"));
+        assert_eq!(fs_.read_partition(&top).ok(), Some(Partition::Parent(two_three.clone())));
+        assert_eq!(fs_.read_partition(&dp).ok(), Some(Partition::Isolated(two_three.clone())));
+        // An invalid partition reads as a member, so the plan writes it again.
+        fs::write(dir.path().join(dp.as_str()).join("cpuset.cpus.partition"), "isolated invalid (Cpu list in cpuset.cpus not exclusive)\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs_.read_partition(&dp).ok(), Some(Partition::Member));
+        // With it (6.7+): the parent only grants the CPUs.
+        for p in [&top, &dp] {
+            fs::write(dir.path().join(p.as_str()).join("cpuset.cpus.exclusive"), "\n").unwrap_or_else(|e| panic!("{e}"));
+            fs_.set_partition(p, &Partition::Member).unwrap_or_else(|e| panic!("{e}"));
+        }
+        fs_.set_partition(&top, &Partition::Parent(two_three.clone())).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs_.partition_status(&top).as_deref(), Some("member"));
+        assert_eq!(fs_.read_partition(&top).ok(), Some(Partition::Parent(two_three.clone())));
+        fs_.set_partition(&dp, &Partition::Isolated(two_three.clone())).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs::read_to_string(dir.path().join(dp.as_str()).join("cpuset.cpus.exclusive")).unwrap_or_default(), "2-3");
+        assert!(fs_.has_exclusive_file());
+    }
+
+    #[test]
+    fn process_start_time_survives_odd_command_names() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        fs::create_dir_all(dir.path().join("42")).unwrap_or_else(|e| panic!("{e}"));
+        // From proc(5): pid (comm) state ppid ... starttime is field 22.
+        let fields: Vec<String> = (4..=52).map(|i| i.to_string()).collect();
+        let stat = format!("42 (a) b (c)) S {}\n", fields.join(" "));
+        fs::write(dir.path().join("42/stat"), stat).unwrap_or_else(|e| panic!("{e}"));
+        let fs_ = CgroupFs::new(dir.path(), dir.path());
+        assert_eq!(fs_.process_start(42), Some(22));
+        assert_eq!(fs_.process_start(43), None);
+        let me = CgroupFs::new("/nonexistent", "/proc");
+        assert!(me.process_start(std::process::id()).is_some());
     }
 
     #[test]

@@ -1,5 +1,55 @@
 //! Host side: every side effect, each function given the root or connection it works on.
+//!
+//! The engine applies its plan through a [`Backend`]: [`cgroupfs::CgroupFs`] writes every cgroup
+//! file itself (hosts without systemd, the sandbox); [`systemd::Systemd`] sets slices and units
+//! through systemd's D-Bus API and writes directly only what systemd does not manage
+//! (partitions, cgroups that are not units). Both execute the same planned effects.
 pub mod cgroupfs;
+pub mod pidwatch;
 pub mod simhost;
 pub mod store;
 pub mod sysfs;
+pub mod systemd;
+
+use crate::core::cpuset::CpuSet;
+use crate::core::plan::{Effect, Key, Partition};
+use crate::core::state::CgroupPath;
+pub use cgroupfs::HostError;
+
+/// What the host holds now for one placement.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Observed {
+    /// Its CPUs.
+    pub cpus: CpuSet,
+    /// Its memory nodes (cgroups; empty where unknown).
+    pub mems: CpuSet,
+    /// Its partition (valid partitions only: an invalid one reads as a member).
+    pub partition: Partition,
+}
+
+/// Executes planned effects and reads back what the host holds.
+pub trait Backend: Send {
+    /// `cgroupfs` or `systemd`, for logs.
+    fn name(&self) -> &'static str;
+    /// Executes one effect.
+    fn apply(&self, effect: &Effect) -> Result<(), HostError>;
+    /// What `key` holds now; `None` when it does not exist.
+    fn observe(&self, key: &Key) -> Result<Option<Observed>, HostError>;
+    /// The cgroups directly below `top` (to find stale pool slices).
+    fn children(&self, top: &CgroupPath) -> Vec<CgroupPath>;
+    /// The kernel's word on a partition: `isolated`, `root invalid (...)`, ...; `None` where
+    /// the cgroup or the file does not exist.
+    fn partition_status(&self, path: &CgroupPath) -> Option<String>;
+    /// Whether the kernel has `cpuset.cpus.exclusive` (Linux 6.7): isolated partitions can then
+    /// sit below a parent that is not a partition itself, which leaves the other pool CPUs free
+    /// for lending.
+    fn remote_partitions(&self) -> bool;
+    /// When a process started (`/proc/PID/stat` field 22, clock ticks since boot); `None` if
+    /// it does not exist. With the pid, it names one process for good.
+    fn process_start(&self, pid: u32) -> Option<u64>;
+    /// Starts a transient scope `unit` in `slice` holding `pid`, confined to `cpus`.
+    fn start_scope(&self, unit: &str, slice: &str, pid: u32, cpus: &CpuSet) -> Result<(), HostError> {
+        let _ = (slice, pid, cpus);
+        Err(HostError::NoSystemd(unit.to_owned()))
+    }
+}

@@ -239,7 +239,7 @@ impl Server {
         let mut settings = crate::config::load(&sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
         sb.confine(&mut settings);
         let backend = crate::host::cgroupfs::CgroupFs::new(sb.cgroupfs(), "/proc");
-        let (engine, _) = Engine::start(&settings, backend, false).unwrap_or_else(|e| panic!("{e}"));
+        let (engine, _) = Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
         let (handle, engine) = engine.spawn();
         let listener = bind(&settings.paths.runtime_dir).unwrap_or_else(|e| panic!("{e}"));
         let (tx, rx) = tokio::sync::oneshot::channel();

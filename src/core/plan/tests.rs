@@ -11,7 +11,7 @@ fn cg(s: &str) -> Key {
     Key::Cgroup(CgroupPath::new(s).unwrap_or_else(|e| panic!("{e}")))
 }
 fn place(cpus: &str, role: Role) -> Placement {
-    Placement { cpus: set(cpus), mems: set("0"), role }
+    Placement::new(set(cpus), set("0"), role)
 }
 
 /// Replays `effects` from `before`, checking after every step that no two conflicting
@@ -38,7 +38,7 @@ fn replay(before: &Layout, after: &Layout, effects: &[Effect]) -> Result<BTreeMa
                     }
                 }
             }
-            Effect::SetMems { .. } => {}
+            _ => {}
         }
         for (a, ca) in &cur {
             for (b, cb) in &cur {
@@ -126,6 +126,7 @@ fn layout_from_state() {
             smt: Smt::Threads,
             isolate: false,
             kubelet: false,
+            enforce_quota: false,
         },
         Pool {
             name: n("dp"),
@@ -134,6 +135,7 @@ fn layout_from_state() {
             smt: Smt::Threads,
             isolate: true,
             kubelet: true,
+            enforce_quota: false,
         },
         Pool {
             name: n("web"),
@@ -142,21 +144,60 @@ fn layout_from_state() {
             smt: Smt::Threads,
             isolate: false,
             kubelet: true,
+            enforce_quota: false,
         },
     ]);
     let target = Target::parse("cgroup:k/ctr").unwrap_or_else(|e| panic!("{e}"));
-    s.assign(&t, &AssignSpec { pool: "dp".into(), target, size: Size::Cpus(1), id: None })
+    s.assign(&t, &AssignSpec::new("dp", target, Size::Cpus(1), None))
         .unwrap_or_else(|e| panic!("{e}"));
-    let host = [CgroupPath::new("system.slice").unwrap_or_else(|e| panic!("{e}"))];
-    let l = layout(&s, &t, &host);
-    assert_eq!(l[&cg("cpupool.slice")].cpus, set("0-3"));
+    let opts = LayoutOptions {
+        host_cgroups: vec![CgroupPath::new("system.slice").unwrap_or_else(|e| panic!("{e}"))],
+        lend_idle: false,
+    };
+    let l = layout(&s, &t, &opts);
+    // The reserved pool's slices are the host ones: cpupool.slice holds the other pools.
+    assert_eq!(l[&cg("cpupool.slice")].cpus, set("1-3"));
+    assert_eq!(l[&cg("cpupool.slice")].partition, Partition::Parent(set("2-3")));
+    assert_eq!(l[&cg("cpupool.slice/cpupool-dp.slice")].partition, Partition::Isolated(set("2-3")));
+    assert!(!l.contains_key(&cg("cpupool.slice/cpupool-sys.slice")));
     assert_eq!(l[&cg("cpupool.slice/cpupool-dp.slice")].cpus, set("2-3"));
     assert_eq!(l[&cg("system.slice")].cpus, set("0"));
     assert_eq!(l[&cg("system.slice")].role, Role::Host);
     assert_eq!(l[&cg("k/ctr")].cpus, set("2"));
-    assert_eq!(l.len(), 6);
-    check(&Layout::new(), &l);
-    check(&l, &Layout::new());
+    assert_eq!(l.len(), 5);
+    let up = check(&Layout::new(), &l);
+    // Partitions come last, the parent's grant before the isolated pool.
+    let parts: Vec<&Effect> = up.iter().filter(|e| matches!(e, Effect::SetPartition { .. })).collect();
+    assert_eq!(parts.len(), 2, "{up:#?}");
+    assert!(matches!(parts[0], Effect::SetPartition { partition: Partition::Parent(_), .. }));
+    assert!(matches!(up.last(), Some(Effect::SetPartition { partition: Partition::Isolated(_), .. })));
+    let down = check(&l, &Layout::new());
+    // Torn down first, innermost first.
+    assert!(
+        matches!(&down[..2], [Effect::SetPartition { partition: Partition::Member, path: a }, Effect::SetPartition { partition: Partition::Member, path: b }] if a.as_str().ends_with("dp.slice") && b.as_str() == "cpupool.slice"),
+        "{down:#?}"
+    );
+
+    // Lending: system.slice also gets the idle exclusive CPUs of pools that do not isolate,
+    // and gives one back before an assignment takes it.
+    let mut s2 = s.clone();
+    let mut pools: Vec<Pool> = s2.pools().values().cloned().collect();
+    for p in &mut pools {
+        p.isolate = false;
+    }
+    s2.set_pools(pools).unwrap_or_else(|e| panic!("{e:?}"));
+    let lend = LayoutOptions { lend_idle: true, ..opts };
+    let before = layout(&s2, &t, &lend);
+    assert_eq!(before[&cg("system.slice")].cpus, set("0,3"));
+    let target = Target::parse("cgroup:k/ctr2").unwrap_or_else(|e| panic!("{e}"));
+    s2.assign(&t, &AssignSpec::new("dp", target, Size::Cpus(1), None))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let after = layout(&s2, &t, &lend);
+    assert_eq!(after[&cg("system.slice")].cpus, set("0"));
+    let effects = check(&before, &after);
+    let shrink = effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("system.slice")));
+    let grow = effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("k/ctr2")));
+    assert!(shrink < grow, "{effects:#?}");
 }
 
 fn roles() -> impl Strategy<Value = Role> {
@@ -182,7 +223,7 @@ fn layout_strategy() -> impl Strategy<Value = Layout> {
                 let clash =
                     l.iter().any(|(k, p)| *k != key && p.role.conflicts(&role) && !p.cpus.is_disjoint(&cpus));
                 if !clash {
-                    l.insert(key, Placement { cpus, mems: set("0"), role });
+                    l.insert(key, Placement::new(cpus, set("0"), role));
                 }
             }
             l

@@ -15,16 +15,17 @@ fn pool(name: &str, kind: PoolKind, cpus: &str, smt: Smt) -> Pool {
         smt,
         isolate: false,
         kubelet: true,
+        enforce_quota: false,
     }
 }
 
 fn spec(pool: &str, target: &str, size: Size, id: Option<&str>) -> AssignSpec {
-    AssignSpec {
-        pool: pool.into(),
-        target: Target::parse(target).unwrap_or_else(|e| panic!("{e}")),
+    AssignSpec::new(
+        pool,
+        Target::parse(target).unwrap_or_else(|e| panic!("{e}")),
         size,
-        id: id.map(|i| AssignmentId::new(i).unwrap_or_else(|e| panic!("{e}"))),
-    }
+        id.map(|i| AssignmentId::new(i).unwrap_or_else(|e| panic!("{e}"))),
+    )
 }
 
 /// 1 socket, 4 cores, SMT-2: CPU c and c+4 are siblings.

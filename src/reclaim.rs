@@ -1,0 +1,334 @@
+//! Reclaim: assignments whose target is gone are released, so CPUs never leak.
+//!
+//! Data flow: the engine's events say which assignments exist; for each one marked `reclaim`
+//! this task watches its target and, when the target goes, asks the engine to release it (the
+//! release logs and signals like any other). Targets are watched as follows:
+//! - `pid:N`: a pidfd, opened only if the process still has the start time recorded when the
+//!   assignment was made, so a reused pid can neither keep nor steal the assignment;
+//! - `unit:NAME`: systemd's `PropertiesChanged` (`ActiveState`) and `UnitRemoved` signals. A
+//!   unit is reclaimed once it is inactive or failed after having been seen running; a scope
+//!   that is gone is reclaimed at once, since a scope never starts again;
+//! - `cgroup:PATH`: the directory, checked twice a second.
+//!
+//! It also re-applies the state when systemd finished reloading or re-executing (`Reloading`
+//! false), since a re-exec may re-create units from their files.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use zbus::zvariant::OwnedValue;
+
+use crate::core::state::{AssignmentId, Target};
+use crate::engine::{error_chain, Event, Handle};
+use crate::host::cgroupfs::CgroupFs;
+use crate::host::{pidwatch, systemd};
+
+/// How often cgroup targets are checked.
+const CGROUP_PERIOD: Duration = Duration::from_millis(500);
+/// How often every unit target is checked, in case a signal was missed.
+const UNIT_SWEEP: Duration = Duration::from_secs(5);
+
+/// systemd's object path for a unit: `/org/freedesktop/systemd1/unit/` and the name with
+/// every byte outside `[A-Za-z0-9]` written `_xx` (sd-bus `bus_label_escape`).
+pub fn unit_object_path(unit: &str) -> String {
+    let mut s = String::from("/org/freedesktop/systemd1/unit/");
+    for b in unit.bytes() {
+        if b.is_ascii_alphanumeric() {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("_{b:02x}"));
+        }
+    }
+    s
+}
+
+enum Watch {
+    Pid(tokio::task::JoinHandle<()>),
+    Cgroup(crate::core::state::CgroupPath),
+    Unit { name: String, path: String, seen_active: bool },
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Watch::Pid(task) = self {
+            task.abort();
+        }
+    }
+}
+
+/// Watches every reclaimable assignment's target until `stop` completes. `systemd` is the
+/// connection to systemd, where it runs.
+pub async fn run(handle: Handle, fs: CgroupFs, systemd: Option<zbus::Connection>, stop: impl Future<Output = ()>) {
+    let mut r = Reclaimer { handle, fs, systemd, watches: HashMap::new(), gone: mpsc::unbounded_channel() };
+    let mut events = r.handle.subscribe();
+    let mut unit_changes = r.unit_changes().await;
+    let (mut removed, mut reloading) = r.manager_signals().await;
+    r.sync().await;
+    let mut cgroup_tick = tokio::time::interval(CGROUP_PERIOD);
+    let mut unit_tick = tokio::time::interval(UNIT_SWEEP);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            ev = events.recv() => match ev {
+                Ok(Event::AssignmentChanged { .. }) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => r.sync().await,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            },
+            Some((id, why)) = r.gone.1.recv() => r.reclaim(&id, &why).await,
+            _ = cgroup_tick.tick() => r.check_cgroups().await,
+            _ = unit_tick.tick() => r.sweep_units().await,
+            Some(msg) = next(&mut unit_changes) => r.unit_changed(&msg).await,
+            Some(sig) = next(&mut removed) => {
+                if let Ok(args) = sig.args() {
+                    r.unit_gone(&args.unit).await;
+                }
+            }
+            Some(sig) = next(&mut reloading) => {
+                if let Ok(args) = sig.args() {
+                    if !args.active {
+                        match r.handle.reapply().await {
+                            Ok(n) => log::info!("systemd reloaded: state re-applied ({n} corrections)"),
+                            Err(e) => log::error!("re-applying after systemd reloaded: {}", error_chain(&e)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The next item of an optional stream; never resolves without one.
+async fn next<S: futures_util::Stream + Unpin>(s: &mut Option<S>) -> Option<S::Item> {
+    match s {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+struct Reclaimer {
+    handle: Handle,
+    fs: CgroupFs,
+    systemd: Option<zbus::Connection>,
+    watches: HashMap<AssignmentId, Watch>,
+    gone: (mpsc::UnboundedSender<(AssignmentId, String)>, mpsc::UnboundedReceiver<(AssignmentId, String)>),
+}
+
+impl Reclaimer {
+    async fn unit_changes(&self) -> Option<zbus::MessageStream> {
+        let conn = self.systemd.as_ref()?;
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender("org.freedesktop.systemd1")
+            .and_then(|b| b.interface("org.freedesktop.DBus.Properties"))
+            .and_then(|b| b.member("PropertiesChanged"))
+            .and_then(|b| b.add_arg("org.freedesktop.systemd1.Unit"))
+            .map(|b| b.build());
+        let stream = match rule {
+            Ok(rule) => zbus::MessageStream::for_match_rule(rule, conn, Some(256)).await,
+            Err(e) => Err(e),
+        };
+        stream.map_err(|e| log::error!("watching systemd units: {e}")).ok()
+    }
+
+    async fn manager_signals(
+        &self,
+    ) -> (Option<systemd::UnitRemovedStream>, Option<systemd::ReloadingStream>) {
+        let Some(conn) = &self.systemd else { return (None, None) };
+        let m = match systemd::ManagerProxy::new(conn).await {
+            Ok(m) => m,
+            Err(e) => {
+                log::error!("watching systemd: {e}");
+                return (None, None);
+            }
+        };
+        let removed = m.receive_unit_removed().await.map_err(|e| log::error!("watching UnitRemoved: {e}")).ok();
+        let reloading = m.receive_reloading().await.map_err(|e| log::error!("watching Reloading: {e}")).ok();
+        (removed, reloading)
+    }
+
+    /// Starts watching new reclaimable assignments and stops watching released ones.
+    async fn sync(&mut self) {
+        let snap = self.handle.snapshot();
+        let live = snap.state.assignments();
+        self.watches.retain(|id, _| live.get(id).is_some_and(|a| a.reclaim));
+        for a in live.values().filter(|a| a.reclaim) {
+            if self.watches.contains_key(&a.id) {
+                continue;
+            }
+            let watch = match &a.target {
+                Target::Pid(pid) => {
+                    let start = a.process_start.or_else(|| self.fs.process_start(*pid));
+                    let (id, tx, pid) = (a.id.clone(), self.gone.0.clone(), *pid);
+                    let watched = start.map(|s| pidwatch::watch(&self.fs, pid, s));
+                    Watch::Pid(tokio::spawn(async move {
+                        let why = match watched {
+                            Some(Ok(Some(w))) => {
+                                w.exited().await;
+                                format!("process {pid} exited")
+                            }
+                            Some(Err(e)) => {
+                                // Cannot watch: keep the assignment rather than guess.
+                                log::warn!("cannot watch process {pid} of assignment {id}: {e}");
+                                return;
+                            }
+                            _ => format!("process {pid} is gone"),
+                        };
+                        let _ = tx.send((id, why));
+                    }))
+                }
+                Target::Cgroup(path) => Watch::Cgroup(path.clone()),
+                Target::Unit(name) => {
+                    let state = self.unit_state(name).await;
+                    Watch::Unit {
+                        name: name.clone(),
+                        path: unit_object_path(name),
+                        seen_active: state.as_deref().is_some_and(running),
+                    }
+                }
+            };
+            self.watches.insert(a.id.clone(), watch);
+        }
+    }
+
+    async fn reclaim(&mut self, id: &AssignmentId, why: &str) {
+        if self.watches.remove(id).is_none() {
+            return;
+        }
+        match self.handle.release(id.as_str()).await {
+            Ok(a) => log::info!(
+                ASSIGNMENT = id.as_str(), POOL = a.pool.as_str();
+                "reclaimed assignment {id} (CPUs {} of pool {}): {why}", a.cpus, a.pool
+            ),
+            // Released meanwhile by its owner: nothing to do.
+            Err(crate::engine::EngineError::State(crate::core::state::Error::NoSuchAssignment { .. })) => {}
+            Err(e) => log::error!("reclaiming assignment {id} ({why}): {}", error_chain(&e)),
+        }
+    }
+
+    async fn check_cgroups(&mut self) {
+        let gone: Vec<(AssignmentId, String)> = self
+            .watches
+            .iter()
+            .filter_map(|(id, w)| match w {
+                Watch::Cgroup(path) if !self.fs.exists(path) => {
+                    Some((id.clone(), format!("cgroup {path} was removed")))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, why) in gone {
+            self.reclaim(&id, &why).await;
+        }
+    }
+
+    /// `ActiveState` of a loaded unit; `None` when systemd has not loaded it.
+    async fn unit_state(&self, name: &str) -> Option<String> {
+        let conn = self.systemd.as_ref()?;
+        let m = systemd::ManagerProxy::new(conn).await.ok()?;
+        let path = m.get_unit(name).await.ok()?;
+        let unit = systemd::UnitProxy::builder(conn)
+            .path(path)
+            .ok()?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .ok()?;
+        unit.active_state().await.ok()
+    }
+
+    /// Decides on a unit in `state` (`None`: not loaded).
+    async fn judge(&mut self, id: AssignmentId, state: Option<String>) {
+        let Some(Watch::Unit { name, seen_active, .. }) = self.watches.get_mut(&id) else { return };
+        let name = name.clone();
+        match state.as_deref() {
+            Some(s) if running(s) => *seen_active = true,
+            Some(s @ ("inactive" | "failed")) if *seen_active => {
+                self.reclaim(&id, &format!("unit {name} is {s}")).await;
+            }
+            None if *seen_active || name.ends_with(".scope") => {
+                self.reclaim(&id, &format!("unit {name} is gone")).await;
+            }
+            _ => {}
+        }
+    }
+
+    fn unit_ids(&self, pred: impl Fn(&str, &str) -> bool) -> Vec<AssignmentId> {
+        self.watches
+            .iter()
+            .filter_map(|(id, w)| match w {
+                Watch::Unit { name, path, .. } if pred(name, path) => Some(id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn unit_changed(&mut self, msg: &zbus::Result<zbus::Message>) {
+        let Ok(msg) = msg else { return };
+        let header = msg.header();
+        let Some(path) = header.path() else { return };
+        let ids = self.unit_ids(|_, p| p == path.as_str());
+        if ids.is_empty() {
+            return;
+        }
+        let body = msg.body();
+        let changed: Option<(String, HashMap<String, OwnedValue>, Vec<String>)> = body.deserialize().ok();
+        let state = changed.and_then(|(_, props, _)| props.get("ActiveState").and_then(|v| String::try_from(v.clone()).ok()));
+        for id in ids {
+            let (name, state) = match (&state, self.watches.get(&id)) {
+                (Some(s), _) => (None, Some(s.clone())),
+                (None, Some(Watch::Unit { name, .. })) => (Some(name.clone()), None),
+                _ => continue,
+            };
+            let state = match name {
+                Some(n) => self.unit_state(&n).await,
+                None => state,
+            };
+            self.judge(id, state).await;
+        }
+    }
+
+    async fn unit_gone(&mut self, unit: &str) {
+        for id in self.unit_ids(|n, _| n == unit) {
+            // Unloaded; it may be loaded again at once (a restart): ask.
+            let state = self.unit_state(unit).await;
+            self.judge(id, state).await;
+        }
+    }
+
+    async fn sweep_units(&mut self) {
+        if self.systemd.is_none() {
+            return;
+        }
+        for id in self.unit_ids(|_, _| true) {
+            let Some(Watch::Unit { name, .. }) = self.watches.get(&id) else { continue };
+            let name = name.clone();
+            let state = self.unit_state(&name).await;
+            self.judge(id, state).await;
+        }
+    }
+}
+
+/// States in which a unit counts as running.
+fn running(state: &str) -> bool {
+    matches!(state, "active" | "activating" | "reloading" | "deactivating")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// systemd's own paths, as `busctl tree org.freedesktop.systemd1` shows them.
+    #[test]
+    fn unit_paths_are_escaped_like_systemd() {
+        assert_eq!(unit_object_path("system.slice"), "/org/freedesktop/systemd1/unit/system_2eslice");
+        assert_eq!(
+            unit_object_path("cpupool-dp.slice"),
+            "/org/freedesktop/systemd1/unit/cpupool_2ddp_2eslice"
+        );
+        assert_eq!(unit_object_path("getty@tty1.service"), "/org/freedesktop/systemd1/unit/getty_40tty1_2eservice");
+    }
+}
