@@ -166,6 +166,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         admin_gid: admin_gid(&settings.admin_group),
         // The sandbox belongs to whoever runs it.
         owner_uid: opts.sandbox.as_ref().map(|_| nix::unistd::getuid().as_raw()),
+        proc_root: opts.proc_root.clone(),
     };
     let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
     let api = tokio::spawn(varlink::serve(listener, handle.clone(), auth.clone(), async {

@@ -70,7 +70,11 @@ fn main() -> ExitCode {
         bus,
         systemd_bus: match args.systemd_bus {
             Some(BusChoice::Bus(b)) => Some(b),
-            Some(other) => return fail(&UsageError(format!("--systemd-bus {other:?}: give system, session or an address"))),
+            Some(other) => {
+                return fail(&UsageError(format!(
+                    "--systemd-bus {other:?}: give system, session or an address"
+                )))
+            }
             None => None,
         },
     };

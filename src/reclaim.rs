@@ -61,7 +61,12 @@ impl Drop for Watch {
 
 /// Watches every reclaimable assignment's target until `stop` completes. `systemd` is the
 /// connection to systemd, where it runs.
-pub async fn run(handle: Handle, fs: CgroupFs, systemd: Option<zbus::Connection>, stop: impl Future<Output = ()>) {
+pub async fn run(
+    handle: Handle,
+    fs: CgroupFs,
+    systemd: Option<zbus::Connection>,
+    stop: impl Future<Output = ()>,
+) {
     let mut r = Reclaimer { handle, fs, systemd, watches: HashMap::new(), gone: mpsc::unbounded_channel() };
     let mut events = r.handle.subscribe();
     let mut unit_changes = r.unit_changes().await;
@@ -145,7 +150,8 @@ impl Reclaimer {
                 return (None, None);
             }
         };
-        let removed = m.receive_unit_removed().await.map_err(|e| log::error!("watching UnitRemoved: {e}")).ok();
+        let removed =
+            m.receive_unit_removed().await.map_err(|e| log::error!("watching UnitRemoved: {e}")).ok();
         let reloading = m.receive_reloading().await.map_err(|e| log::error!("watching Reloading: {e}")).ok();
         (removed, reloading)
     }
@@ -204,7 +210,9 @@ impl Reclaimer {
                 "reclaimed assignment {id} (CPUs {} of pool {}): {why}", a.cpus, a.pool
             ),
             // Released meanwhile by its owner: nothing to do.
-            Err(crate::engine::EngineError::State(crate::core::state::Error::NoSuchAssignment { .. })) => {}
+            Err(crate::engine::EngineError::State(crate::core::state::Error::NoSuchAssignment {
+                ..
+            })) => {}
             Err(e) => log::error!("reclaiming assignment {id} ({why}): {}", error_chain(&e)),
         }
     }
@@ -276,7 +284,9 @@ impl Reclaimer {
         }
         let body = msg.body();
         let changed: Option<(String, HashMap<String, OwnedValue>, Vec<String>)> = body.deserialize().ok();
-        let state = changed.and_then(|(_, props, _)| props.get("ActiveState").and_then(|v| String::try_from(v.clone()).ok()));
+        let state = changed.and_then(|(_, props, _)| {
+            props.get("ActiveState").and_then(|v| String::try_from(v.clone()).ok())
+        });
         for id in ids {
             let (name, state) = match (&state, self.watches.get(&id)) {
                 (Some(s), _) => (None, Some(s.clone())),
@@ -329,6 +339,9 @@ mod tests {
             unit_object_path("cpupool-dp.slice"),
             "/org/freedesktop/systemd1/unit/cpupool_2ddp_2eslice"
         );
-        assert_eq!(unit_object_path("getty@tty1.service"), "/org/freedesktop/systemd1/unit/getty_40tty1_2eservice");
+        assert_eq!(
+            unit_object_path("getty@tty1.service"),
+            "/org/freedesktop/systemd1/unit/getty_40tty1_2eservice"
+        );
     }
 }

@@ -113,6 +113,19 @@ pub enum Command {
         #[arg(long, value_name = "POOL")]
         pool: Option<String>,
     },
+    /// Run a command on CPUs of a pool: assign, start COMMAND in a scope in the pool's slice
+    /// (or, without systemd, with its affinity set) with CPUPOOL_CPUS and CPUPOOL_POOL in its
+    /// environment, wait for it, release, and exit with its exit status.
+    Run(RunArgs),
+    /// Internal: the child side of `run` (waits for the CPUs, then becomes COMMAND).
+    #[command(name = "__run-child", hide = true)]
+    RunChild {
+        /// The FIFO the parent writes the environment to.
+        fifo: PathBuf,
+        /// The command.
+        #[arg(required = true, last = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Show the host's CPUs: online, offline, isolated, and where each sits.
     Topology,
     /// Show the daemon's version, uptime, counts and state file, and whether the configuration
@@ -179,6 +192,27 @@ pub struct AssignArgs {
     /// The assignment's id (the daemon chooses one if absent); makes the call idempotent.
     #[arg(long, value_name = "ID")]
     pub id: Option<String>,
+    /// Keep the assignment when the target goes away (unit stopped, process exited, cgroup
+    /// removed); by default it is released within a second.
+    #[arg(long)]
+    pub no_reclaim: bool,
+}
+
+/// `run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The pool to take CPUs from.
+    #[arg(long, value_name = "POOL")]
+    pub pool: String,
+    /// How much.
+    #[command(flatten)]
+    pub amount: AmountArgs,
+    /// The assignment's id (the daemon chooses one if absent).
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// Exactly one target.

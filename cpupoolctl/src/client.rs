@@ -11,7 +11,8 @@ use serde_json::{json, Map, Value};
 use crate::error::Error;
 use crate::varlink;
 use crate::wire::{
-    Amount, AssignRequest, Assignment, CpuSource, CreatePoolRequest, Event, Pool, Status, Topology,
+    Amount, AssignRequest, Assignment, CpuSource, CreatePoolRequest, Event, Pool, RunRequest, Status,
+    Topology,
 };
 
 /// What cpupoold offers.
@@ -30,6 +31,8 @@ pub trait Manager {
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error>;
     /// Releases an assignment, returning what it held.
     fn release(&mut self, id: &str) -> Result<Assignment, Error>;
+    /// Assigns CPUs to a process of the caller's and confines it.
+    fn run(&mut self, req: &RunRequest) -> Result<Assignment, Error>;
     /// Adds a pool.
     fn create_pool(&mut self, req: &CreatePoolRequest) -> Result<Pool, Error>;
     /// Gives a pool a new CPU source.
@@ -61,6 +64,24 @@ pub fn assign_params(req: &AssignRequest) -> Value {
     let mut p = Map::new();
     p.insert("pool".into(), json!(req.pool));
     p.insert("target".into(), json!(req.target));
+    match req.amount {
+        Amount::Cpus(n) => p.insert("cpus".into(), json!(n)),
+        Amount::Millicpus(m) => p.insert("millicpus".into(), json!(m)),
+    };
+    if let Some(id) = &req.id {
+        p.insert("id".into(), json!(id));
+    }
+    if !req.reclaim {
+        p.insert("reclaim".into(), json!(false));
+    }
+    Value::Object(p)
+}
+
+/// `Run`'s parameters; absent optionals are left out.
+pub fn run_params(req: &RunRequest) -> Value {
+    let mut p = Map::new();
+    p.insert("pool".into(), json!(req.pool));
+    p.insert("pid".into(), json!(req.pid));
     match req.amount {
         Amount::Cpus(n) => p.insert("cpus".into(), json!(n)),
         Amount::Millicpus(m) => p.insert("millicpus".into(), json!(m)),
@@ -149,6 +170,10 @@ impl Manager for varlink::Client {
         self.call_field("Assign", assign_params(req), "assignment")
     }
 
+    fn run(&mut self, req: &RunRequest) -> Result<Assignment, Error> {
+        self.call_field("Run", run_params(req), "assignment")
+    }
+
     fn release(&mut self, id: &str) -> Result<Assignment, Error> {
         self.call_field("Release", json!({ "id": id }), "assignment")
     }
@@ -190,6 +215,7 @@ mod tests {
             target: "cgroup:a/b".into(),
             amount: Amount::Cpus(2),
             id: None,
+            reclaim: true,
         };
         assert_eq!(assign_params(&req), json!({"pool": "dp", "target": "cgroup:a/b", "cpus": 2}));
         let req = AssignRequest { amount: Amount::Millicpus(1500), id: Some("x".into()), ..req };

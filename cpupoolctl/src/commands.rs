@@ -138,6 +138,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
                 || json!({ "written": written }),
             );
         }
+        Command::RunChild { fifo, command } => return crate::run::child(fifo, command),
         _ => {}
     }
     let mut m = connect(&cli.global)?;
@@ -150,14 +151,26 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let pool = m.get_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
             p.print(|| output::pool(&pool), || output::pool_json(&pool))
         }
+        Command::Run(r) => {
+            let amount = match (r.amount.cpus, r.amount.millicpus) {
+                (Some(n), _) => Amount::Cpus(n),
+                (None, m) => Amount::Millicpus(m.unwrap_or_default()),
+            };
+            crate::run::parent(m.as_mut(), r, amount)
+        }
         Command::Pool(PoolCommand::Assign(a)) => {
             let amount = match (a.amount.cpus, a.amount.millicpus) {
                 (Some(n), _) => Amount::Cpus(n),
                 // clap makes exactly one of them present.
                 (None, m) => Amount::Millicpus(m.unwrap_or_default()),
             };
-            let req =
-                AssignRequest { pool: a.pool.clone(), target: a.target.target(), amount, id: a.id.clone() };
+            let req = AssignRequest {
+                pool: a.pool.clone(),
+                target: a.target.target(),
+                amount,
+                id: a.id.clone(),
+                reclaim: !a.no_reclaim,
+            };
             let (requested, unit) = match amount {
                 Amount::Cpus(n) => (json!(n), "cpus"),
                 Amount::Millicpus(m) => (json!(m), "millicpus"),
@@ -219,7 +232,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let json = cli.global.json;
             m.monitor(&mut |e| p.write(&if json { format!("{}\n", json!(e)) } else { output::event(&e) }))
         }
-        Command::Completions { .. } | Command::Manpage { .. } => Ok(()),
+        Command::Completions { .. } | Command::Manpage { .. } | Command::RunChild { .. } => Ok(()),
     }
 }
 

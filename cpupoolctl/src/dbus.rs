@@ -22,7 +22,8 @@ use zbus::DBusError as _;
 
 use crate::error::{DaemonError, Error};
 use crate::wire::{
-    Amount, AssignRequest, Assignment, Cpu, CpuSource, CreatePoolRequest, Event, Pool, Status, Topology,
+    Amount, AssignRequest, Assignment, Cpu, CpuSource, CreatePoolRequest, Event, Pool, RunRequest, Status,
+    Topology,
 };
 
 /// The daemon's well-known name.
@@ -70,16 +71,17 @@ impl fmt::Display for Bus {
     }
 }
 
-/// `(ssssttbu)`: name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated,
-/// assignments.
-type PoolTuple = (String, String, String, String, u64, u64, bool, u32);
-/// `(sssts)`: id, pool, cpus, millicpus, target.
-type AssignmentTuple = (String, String, String, u64, String);
+/// `(ssssttbus)`: name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated,
+/// assignments, partition.
+type PoolTuple = (String, String, String, String, u64, u64, bool, u32, String);
+/// `(ssstsb)`: id, pool, cpus, millicpus, target, reclaim.
+type AssignmentTuple = (String, String, String, u64, String, bool);
 /// `(uuuuuu)`: cpu, core, package, die, node, l3.
 type CpuTuple = (u32, u32, u32, u32, u32, u32);
 
 fn pool(t: PoolTuple) -> Pool {
-    let (name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated, assignments) = t;
+    let (name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated, assignments, partition) =
+        t;
     Pool {
         name,
         kind,
@@ -89,12 +91,13 @@ fn pool(t: PoolTuple) -> Pool {
         capacity_millicpus,
         isolated,
         assignments: assignments.into(),
+        partition,
     }
 }
 
 fn assignment(t: AssignmentTuple) -> Assignment {
-    let (id, pool, cpus, millicpus, target) = t;
-    Assignment { id, pool, cpus, millicpus, target }
+    let (id, pool, cpus, millicpus, target, reclaim) = t;
+    Assignment { id, pool, cpus, millicpus, target, reclaim }
 }
 
 fn cpu(t: CpuTuple) -> Cpu {
@@ -371,7 +374,21 @@ impl crate::client::Manager for Client {
     }
 
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error> {
-        self.call("Assign", &assign_args(req)).map(assignment)
+        if req.reclaim {
+            self.call("Assign", &assign_args(req)).map(assignment)
+        } else {
+            let (pool, target, cpus, millicpus, id) = assign_args(req);
+            self.call("AssignEx", &(pool, target, cpus, millicpus, id, false)).map(assignment)
+        }
+    }
+
+    fn run(&mut self, req: &RunRequest) -> Result<Assignment, Error> {
+        let (cpus, millicpus) = match req.amount {
+            Amount::Cpus(n) => (n, 0),
+            Amount::Millicpus(m) => (0, m),
+        };
+        let args = (req.pool.as_str(), req.pid, cpus, millicpus, req.id.clone().unwrap_or_default());
+        self.call("Run", &args).map(assignment)
     }
 
     fn release(&mut self, id: &str) -> Result<Assignment, Error> {
@@ -422,6 +439,7 @@ mod tests {
             target: "unit:a.service".into(),
             amount: Amount::Millicpus(250),
             id: None,
+            reclaim: true,
         };
         assert_eq!(assign_args(&req), ("web".into(), "unit:a.service".into(), 0, 250, String::new()));
         let req = AssignRequest { amount: Amount::Cpus(2), id: Some("x".into()), ..req };

@@ -20,6 +20,7 @@ mod dbus;
 mod error;
 mod manpage;
 mod output;
+mod run;
 mod varlink;
 mod wire;
 

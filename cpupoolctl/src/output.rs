@@ -121,7 +121,7 @@ pub fn pools(pools: &[Pool]) -> String {
             cpus(&p.free_cpus),
             millicpus(p.free_millicpus),
             millicpus(p.capacity_millicpus),
-            yes_no(p.isolated),
+            isolation(p),
             p.assignments.to_string(),
         ]);
     }
@@ -136,9 +136,19 @@ pub fn pool(p: &Pool) -> String {
         ("cpus", cpus(&p.cpus)),
         ("free cpus", cpus(&p.free_cpus)),
         ("free", format!("{} of {}", millicpus(p.free_millicpus), millicpus(p.capacity_millicpus))),
-        ("isolated", yes_no(p.isolated)),
+        ("isolated", isolation(p)),
         ("assignments", p.assignments.to_string()),
     ])
+}
+
+/// `no`, or what the kernel says of the isolated partition (`isolated`, `isolated invalid
+/// (...)`): a pool that asked for isolation but did not get it shows why.
+fn isolation(p: &Pool) -> String {
+    match (p.isolated, p.partition.as_str()) {
+        (false, _) => yes_no(false),
+        (true, "") => yes_no(true),
+        (true, kernel) => kernel.to_owned(),
+    }
 }
 
 /// `assignments`.
@@ -266,6 +276,7 @@ mod tests {
             capacity_millicpus: 4000,
             isolated: true,
             assignments: 2,
+            partition: "isolated".into(),
         }
     }
 
@@ -279,6 +290,7 @@ mod tests {
             capacity_millicpus: 2000,
             isolated: false,
             assignments: 1,
+            partition: "member".into(),
         }
     }
 
@@ -288,7 +300,7 @@ mod tests {
             pools(&[dp(), web()]),
             "\
 NAME  KIND       CPUS     FREE CPUS   FREE  CAPACITY  ISOLATED  ASSIGNMENTS
-dp    exclusive  2-3,6-7  -             0m     4000m  yes                 2
+dp    exclusive  2-3,6-7  -             0m     4000m  isolated            2
 web   shared     1,5      1,5        1750m     2000m  no                  1
 "
         );
@@ -318,6 +330,7 @@ assignments:  1
             cpus: "2,6".into(),
             millicpus: 2000,
             target: "cgroup:work/app".into(),
+            reclaim: true,
         };
         let b = Assignment {
             id: "x".into(),
@@ -325,6 +338,7 @@ assignments:  1
             cpus: "1,5".into(),
             millicpus: 250,
             target: "pid:7".into(),
+            reclaim: true,
         };
         assert_eq!(
             assignments(&[a.clone(), b], None),

@@ -27,6 +27,10 @@ pub struct Pool {
     pub isolated: bool,
     /// How many assignments are made from the pool.
     pub assignments: u64,
+    /// The kernel's word on the pool slice's partition (`member`, `isolated`,
+    /// `isolated invalid (...)`); empty for the reserved pool.
+    #[serde(default)]
+    pub partition: String,
 }
 
 /// CPUs given to a target (`type Assignment`).
@@ -42,6 +46,13 @@ pub struct Assignment {
     pub millicpus: u64,
     /// `unit:NAME`, `cgroup:PATH` or `pid:N`.
     pub target: String,
+    /// Released when the target goes away.
+    #[serde(default = "yes")]
+    pub reclaim: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One online logical CPU (`type Cpu`).
@@ -137,6 +148,21 @@ pub struct AssignRequest {
     pub pool: String,
     /// `unit:NAME`, `cgroup:PATH` or `pid:N`.
     pub target: String,
+    /// The size.
+    pub amount: Amount,
+    /// The id to use; the daemon chooses one when `None`.
+    pub id: Option<String>,
+    /// Release it when the target goes away (the daemon's default).
+    pub reclaim: bool,
+}
+
+/// The arguments of `Run`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRequest {
+    /// The pool to assign from.
+    pub pool: String,
+    /// The process (the caller's own).
+    pub pid: u32,
     /// The size.
     pub amount: Amount,
     /// The id to use; the daemon chooses one when `None`.

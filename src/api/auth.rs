@@ -14,6 +14,8 @@ pub struct Authorizer {
     pub admin_gid: Option<u32>,
     /// This user may mutate too: the sandbox's owner, so an unprivileged sandbox is usable.
     pub owner_uid: Option<u32>,
+    /// Where processes are found, to check who owns a process handed to `Run`.
+    pub proc_root: std::path::PathBuf,
 }
 
 /// What the kernel says about a peer, plus the supplementary groups of its user.
@@ -83,6 +85,13 @@ fn supplementary_groups(uid: u32, gid: u32) -> Vec<u32> {
 }
 
 impl Authorizer {
+    /// Checks that the caller may hand process `pid` to the daemon (`Run`): root and the
+    /// sandbox's owner may hand any; others only their own.
+    pub fn check_process(&self, pid: u32, uid: u32) -> Result<(), ApiError> {
+        let uid = if self.owner_uid == Some(uid) { 0 } else { uid };
+        ops::check_process_owner(&self.proc_root, pid, uid)
+    }
+
     /// Checks a caller known only by uid (the D-Bus case): its primary group and supplementary
     /// groups come from the user database.
     pub async fn check_uid(&self, uid: u32) -> Result<(), ApiError> {

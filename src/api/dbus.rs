@@ -143,6 +143,11 @@ pub struct Manager {
 impl Manager {
     /// Asks the bus for the caller's uid and checks it.
     async fn authorize(&self, hdr: &Header<'_>) -> Result<(), Error> {
+        self.authorize_uid(hdr).await.map(|_| ())
+    }
+
+    /// [`Manager::authorize`], returning the caller's uid.
+    async fn authorize_uid(&self, hdr: &Header<'_>) -> Result<u32, Error> {
         let (Some(bus), Some(sender)) = (&self.bus, hdr.sender()) else {
             return Err(ops::access_denied(u32::MAX).into());
         };
@@ -150,7 +155,8 @@ impl Manager {
             log::warn!("asking the bus for the uid of `{sender}`: {e}");
             Error::from(ops::access_denied(u32::MAX))
         })?;
-        self.auth.check_uid(uid).await.map_err(Error::from)
+        self.auth.check_uid(uid).await.map_err(Error::from)?;
+        Ok(uid)
     }
 
     async fn pool_reply(&self, edit: crate::config::runtime::PoolEdit) -> Result<PoolView, Error> {
@@ -158,7 +164,7 @@ impl Manager {
         let snap = self.handle.snapshot();
         // Create and Resize return the pool; it is there unless a later edit already removed it.
         let name = pool.map(|p| p.name.to_string()).unwrap_or_default();
-        Ok(PoolView::find(&snap.state, &name)?)
+        Ok(PoolView::find(&snap, &name)?)
     }
 }
 
@@ -241,12 +247,12 @@ fn nonzero<T: Default + PartialEq + Into<i128>>(v: T) -> Option<i64> {
 impl Manager {
     #[zbus(out_args("pools"))]
     async fn list_pools(&self) -> Vec<PoolView> {
-        PoolView::all(&self.handle.snapshot().state)
+        PoolView::all(&self.handle.snapshot())
     }
 
     #[zbus(out_args("pool"))]
     async fn get_pool(&self, name: &str) -> Result<PoolView, Error> {
-        Ok(PoolView::find(&self.handle.snapshot().state, name)?)
+        Ok(PoolView::find(&self.handle.snapshot(), name)?)
     }
 
     #[zbus(out_args("online", "offline", "isolated", "cpus"))]
@@ -302,6 +308,47 @@ impl Manager {
         Ok(AssignmentView::from(&a))
     }
 
+    /// Assign with options: `reclaim` false keeps the assignment when the target goes away.
+    #[zbus(out_args("assignment"))]
+    #[allow(clippy::too_many_arguments)]
+    async fn assign_ex(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        pool: String,
+        target: &str,
+        cpus: u32,
+        millicpus: u64,
+        id: &str,
+        reclaim: bool,
+    ) -> Result<AssignmentView, Error> {
+        self.authorize(&hdr).await?;
+        let id = Some(id).filter(|s| !s.is_empty());
+        let mut spec = ops::assign_spec(pool, target, nonzero(cpus), nonzero(millicpus), id)?;
+        spec.reclaim = reclaim;
+        let a = self.handle.assign(spec).await?.into_inner();
+        Ok(AssignmentView::from(&a))
+    }
+
+    /// Assigns CPUs to process `pid` (the caller's own; root: any) and confines it: in a new
+    /// scope in the pool's slice where systemd runs, in place elsewhere.
+    #[zbus(out_args("assignment"))]
+    async fn run(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        pool: String,
+        pid: u32,
+        cpus: u32,
+        millicpus: u64,
+        id: &str,
+    ) -> Result<AssignmentView, Error> {
+        let uid = self.authorize_uid(&hdr).await?;
+        let id = Some(id).filter(|s| !s.is_empty());
+        let spec = ops::run_spec(pool, i64::from(pid), nonzero(cpus), nonzero(millicpus), id)?;
+        self.auth.check_process(pid, uid)?;
+        let a = self.handle.run(spec).await?.into_inner();
+        Ok(AssignmentView::from(&a))
+    }
+
     #[zbus(out_args("assignment"))]
     async fn release(&self, #[zbus(header)] hdr: Header<'_>, id: &str) -> Result<AssignmentView, Error> {
         self.authorize(&hdr).await?;
@@ -345,7 +392,7 @@ impl Manager {
 
     #[zbus(property)]
     async fn pools(&self) -> Vec<PoolView> {
-        PoolView::all(&self.handle.snapshot().state)
+        PoolView::all(&self.handle.snapshot())
     }
 
     #[zbus(property(emits_changed_signal = "const"))]

@@ -15,9 +15,9 @@ use crate::core::cpuset::CpuSet;
 use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
 use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, Size, State, Target};
 use crate::core::topology::Topology;
-use crate::engine::{error_chain, EngineError};
+use crate::engine::{error_chain, EngineError, Snapshot};
 
-/// A pool as both interfaces show it: the varlink `Pool` type, the D-Bus `(ssssttbu)`.
+/// A pool as both interfaces show it: the varlink `Pool` type, the D-Bus `(ssssttbus)`.
 #[derive(
     Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, zvariant::Value, zvariant::OwnedValue,
 )]
@@ -38,11 +38,15 @@ pub struct PoolView {
     pub isolated: bool,
     /// How many assignments it has.
     pub assignments: u32,
+    /// The kernel's word on its partition (`member`, `isolated`, `isolated invalid (...)`);
+    /// empty for the reserved pool, which has no slice of its own.
+    pub partition: String,
 }
 
 impl PoolView {
-    /// `p` with its use in `state`.
-    pub fn new(state: &State, p: &Pool) -> PoolView {
+    /// `p` with its use and partition in `snap`.
+    pub fn new(snap: &Snapshot, p: &Pool) -> PoolView {
+        let state = &snap.state;
         PoolView {
             name: p.name.to_string(),
             kind: p.kind.to_string(),
@@ -52,26 +56,30 @@ impl PoolView {
             capacity_millicpus: p.capacity_millis(),
             isolated: p.isolate,
             assignments: u32::try_from(state.usage(&p.name).count).unwrap_or(u32::MAX),
+            partition: snap.partitions.get(&p.name).cloned().unwrap_or_default(),
         }
     }
 
     /// Every pool, in name order.
-    pub fn all(state: &State) -> Vec<PoolView> {
-        state.pools().values().map(|p| PoolView::new(state, p)).collect()
+    pub fn all(snap: &Snapshot) -> Vec<PoolView> {
+        snap.state.pools().values().map(|p| PoolView::new(snap, p)).collect()
     }
 
     /// The pool called `name`.
-    pub fn find(state: &State, name: &str) -> Result<PoolView, ApiError> {
-        state
-            .pools()
-            .values()
-            .find(|p| p.name.as_str() == name)
-            .map(|p| PoolView::new(state, p))
-            .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
+    pub fn find(snap: &Snapshot, name: &str) -> Result<PoolView, ApiError> {
+        Ok(PoolView::new(snap, pool_named(&snap.state, name)?))
     }
 }
 
-/// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(sssts)`.
+fn pool_named<'a>(state: &'a State, name: &str) -> Result<&'a Pool, ApiError> {
+    state
+        .pools()
+        .values()
+        .find(|p| p.name.as_str() == name)
+        .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
+}
+
+/// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsb)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type)]
 pub struct AssignmentView {
     /// Its id.
@@ -84,6 +92,8 @@ pub struct AssignmentView {
     pub millicpus: u64,
     /// `unit:NAME`, `cgroup:PATH` or `pid:N`.
     pub target: String,
+    /// Released when the target goes away.
+    pub reclaim: bool,
 }
 
 impl From<&Assignment> for AssignmentView {
@@ -94,6 +104,7 @@ impl From<&Assignment> for AssignmentView {
             cpus: a.cpus.to_string(),
             millicpus: a.millicpus,
             target: a.target.to_string(),
+            reclaim: a.reclaim,
         }
     }
 }
@@ -102,7 +113,7 @@ impl AssignmentView {
     /// All assignments, or those of `pool` (which must exist).
     pub fn list(state: &State, pool: Option<&str>) -> Result<Vec<AssignmentView>, ApiError> {
         if let Some(name) = pool {
-            PoolView::find(state, name)?;
+            pool_named(state, name)?;
         }
         Ok(state
             .assignments()
@@ -292,6 +303,40 @@ pub fn assign_spec(
     };
     let id = id.map(|id| AssignmentId::new(id).map_err(|e| state_error(&e))).transpose()?;
     Ok(AssignSpec::new(pool, target, size, id))
+}
+
+/// Decodes `Run`'s arguments: an assignment for process `pid`.
+pub fn run_spec(
+    pool: String,
+    pid: i64,
+    cpus: Option<i64>,
+    millicpus: Option<i64>,
+    id: Option<&str>,
+) -> Result<AssignSpec, ApiError> {
+    let pid = u32::try_from(pid)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| invalid_argument("pid", "must be a process id (1-4194304)"))?;
+    assign_spec(pool, &format!("pid:{pid}"), cpus, millicpus, id).map_err(|e| match e.kind {
+        "InvalidArgument" if e.params.get("argument") == Some(&json!("target")) => {
+            invalid_argument("pid", "must be a process id (1-4194304)")
+        }
+        _ => e,
+    })
+}
+
+/// Checks that the caller `uid` may hand process `pid` to the daemon: root may; anyone else
+/// only their own processes (the owner of `<proc_root>/PID`).
+pub fn check_process_owner(proc_root: &std::path::Path, pid: u32, uid: u32) -> Result<(), ApiError> {
+    use std::os::unix::fs::MetadataExt;
+    if uid == 0 {
+        return Ok(());
+    }
+    match std::fs::metadata(proc_root.join(pid.to_string())) {
+        Ok(m) if m.uid() == uid => Ok(()),
+        Ok(_) => Err(access_denied(uid)),
+        Err(_) => Err(invalid_argument("pid", &format!("process {pid} does not exist"))),
+    }
 }
 
 fn pool_name(name: &str) -> Result<PoolName, ApiError> {

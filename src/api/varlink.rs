@@ -220,7 +220,12 @@ async fn answer(
         match method {
             Method::Monitor if !call.more => Err(methods::expected_more()),
             Method::Monitor => Ok(None),
-            m if m.mutates() => methods::mutate(m, &params, &ctx.handle).await.map(Some),
+            m if m.mutates() => {
+                let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
+                methods::mutate(m, &params, &ctx.handle, &|pid| ctx.auth.check_process(pid, uid))
+                    .await
+                    .map(Some)
+            }
             m => methods::read(m, &params, &ctx.handle.snapshot(), ctx.started.elapsed().as_secs()).map(Some),
         }
     }

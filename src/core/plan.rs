@@ -233,7 +233,10 @@ pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
             }
         }
         for h in &opts.host_cgroups {
-            out.insert(Key::Cgroup(h.clone()), Placement::new(host.clone(), topo.nodes_of(&host), Role::Host));
+            out.insert(
+                Key::Cgroup(h.clone()),
+                Placement::new(host.clone(), topo.nodes_of(&host), Role::Host),
+            );
         }
     }
     for a in state.assignments().values() {

@@ -23,9 +23,9 @@ use crate::core::state::{
 };
 use crate::core::topology::Topology;
 use crate::host::cgroupfs::HostError;
-use crate::host::Backend;
 use crate::host::store::{Loaded, Store, StoreError};
 use crate::host::sysfs::{self, SysfsError};
+use crate::host::Backend;
 
 /// A change other parties may want to hear about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -439,7 +439,11 @@ impl Engine {
                     .is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
                 if ours && !desired.contains_key(&key) {
                     let o = self.backend.observe(&key).ok().flatten().unwrap_or_default();
-                    let mut place = Placement::new(o.cpus, crate::core::cpuset::CpuSet::new(), Role::Pool(PoolKind::Shared));
+                    let mut place = Placement::new(
+                        o.cpus,
+                        crate::core::cpuset::CpuSet::new(),
+                        Role::Pool(PoolKind::Shared),
+                    );
                     place.partition = o.partition;
                     observed.insert(key, place);
                 }
@@ -563,7 +567,9 @@ impl Engine {
     fn run_process(&mut self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
         let spec = self.stamp(spec)?;
         let (Target::Pid(pid), Some(start)) = (&spec.target, spec.process_start) else {
-            return Err(state::Error::InvalidArgument { arg: "pid", reason: "must name a process".into() }.into());
+            return Err(
+                state::Error::InvalidArgument { arg: "pid", reason: "must name a process".into() }.into()
+            );
         };
         let pid = *pid;
         if self.backend.name() != "systemd" {
@@ -893,7 +899,9 @@ impl Engine {
             .pools()
             .values()
             .filter(|p| p.kind != PoolKind::Reserved)
-            .filter_map(|p| Some((p.name.clone(), self.backend.partition_status(&plan::pool_slice(&p.name))?)))
+            .filter_map(|p| {
+                Some((p.name.clone(), self.backend.partition_status(&plan::pool_slice(&p.name))?))
+            })
             .collect();
         let snap = Snapshot {
             state: self.state.clone(),
@@ -985,8 +993,12 @@ pub fn describe(effect: &Effect) -> String {
         Effect::SetMems { path, mems, .. } => format!("set memory nodes of cgroup {path} to {mems}"),
         Effect::SetPartition { path, partition } => match partition {
             plan::Partition::Member => format!("make cgroup {path} a member (no partition)"),
-            plan::Partition::Parent(cpus) => format!("let cgroup {path} grant CPUs {cpus} to isolated partitions"),
-            plan::Partition::Isolated(cpus) => format!("make cgroup {path} an isolated partition on CPUs {cpus}"),
+            plan::Partition::Parent(cpus) => {
+                format!("let cgroup {path} grant CPUs {cpus} to isolated partitions")
+            }
+            plan::Partition::Isolated(cpus) => {
+                format!("make cgroup {path} an isolated partition on CPUs {cpus}")
+            }
         },
         Effect::SetQuota { key, millis: Some(m) } => format!("limit the CPU time of {key} to {m} millicpus"),
         Effect::SetQuota { key, millis: None } => format!("lift the CPU time limit of {key}"),

@@ -34,7 +34,8 @@ impl Fixture {
 
     fn start(&self) -> (Engine, StartReport) {
         let backend = crate::host::cgroupfs::CgroupFs::new(self.sb.cgroupfs(), "/proc");
-        Engine::start(&self.settings(), Box::new(backend), false).unwrap_or_else(|e| panic!("{}", error_chain(&e)))
+        Engine::start(&self.settings(), Box::new(backend), false)
+            .unwrap_or_else(|e| panic!("{}", error_chain(&e)))
     }
 
     fn read(&self, rel: &str) -> String {

@@ -491,7 +491,8 @@ mod tests {
         fs_.create(&dp).unwrap_or_else(|e| panic!("{e}"));
         let two_three = CpuSet::range(2, 3);
         for p in [&top, &dp] {
-            fs::write(dir.path().join(p.as_str()).join("cpuset.cpus"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
+            fs::write(dir.path().join(p.as_str()).join("cpuset.cpus"), "2-3\n")
+                .unwrap_or_else(|e| panic!("{e}"));
         }
         // Without cpuset.cpus.exclusive (6.1): the parent becomes a root partition.
         fs_.set_partition(&top, &Partition::Parent(two_three.clone())).unwrap_or_else(|e| panic!("{e}"));
@@ -501,19 +502,27 @@ mod tests {
         assert_eq!(fs_.read_partition(&top).ok(), Some(Partition::Parent(two_three.clone())));
         assert_eq!(fs_.read_partition(&dp).ok(), Some(Partition::Isolated(two_three.clone())));
         // An invalid partition reads as a member, so the plan writes it again.
-        fs::write(dir.path().join(dp.as_str()).join("cpuset.cpus.partition"), "isolated invalid (Cpu list in cpuset.cpus not exclusive)\n")
-            .unwrap_or_else(|e| panic!("{e}"));
+        fs::write(
+            dir.path().join(dp.as_str()).join("cpuset.cpus.partition"),
+            "isolated invalid (Cpu list in cpuset.cpus not exclusive)\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(fs_.read_partition(&dp).ok(), Some(Partition::Member));
         // With it (6.7+): the parent only grants the CPUs.
         for p in [&top, &dp] {
-            fs::write(dir.path().join(p.as_str()).join("cpuset.cpus.exclusive"), "\n").unwrap_or_else(|e| panic!("{e}"));
+            fs::write(dir.path().join(p.as_str()).join("cpuset.cpus.exclusive"), "\n")
+                .unwrap_or_else(|e| panic!("{e}"));
             fs_.set_partition(p, &Partition::Member).unwrap_or_else(|e| panic!("{e}"));
         }
         fs_.set_partition(&top, &Partition::Parent(two_three.clone())).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(fs_.partition_status(&top).as_deref(), Some("member"));
         assert_eq!(fs_.read_partition(&top).ok(), Some(Partition::Parent(two_three.clone())));
         fs_.set_partition(&dp, &Partition::Isolated(two_three.clone())).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(fs::read_to_string(dir.path().join(dp.as_str()).join("cpuset.cpus.exclusive")).unwrap_or_default(), "2-3");
+        assert_eq!(
+            fs::read_to_string(dir.path().join(dp.as_str()).join("cpuset.cpus.exclusive"))
+                .unwrap_or_default(),
+            "2-3"
+        );
         assert!(fs_.has_exclusive_file());
     }
 

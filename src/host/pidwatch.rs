@@ -59,7 +59,8 @@ mod tests {
     #[tokio::test]
     async fn exit_is_seen_and_a_wrong_start_time_is_not_the_process() {
         let host = CgroupFs::new("/nonexistent", "/proc");
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
+        let mut child =
+            std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
         let pid = child.id();
         let start = host.process_start(pid).unwrap_or_else(|| panic!("no start time for {pid}"));
         assert!(watch(&host, pid, start + 1).unwrap_or_else(|e| panic!("{e}")).is_none());

@@ -47,7 +47,12 @@ mod proxies {
     )]
     pub trait Manager {
         /// `SetUnitProperties(in s name, in b runtime, in a(sv) properties)`.
-        fn set_unit_properties(&self, name: &str, runtime: bool, properties: &[(&str, Value<'_>)]) -> zbus::Result<()>;
+        fn set_unit_properties(
+            &self,
+            name: &str,
+            runtime: bool,
+            properties: &[(&str, Value<'_>)],
+        ) -> zbus::Result<()>;
 
         /// `StartTransientUnit(in s name, in s mode, in a(sv) properties, in a(sa(sv)) aux, out o job)`.
         fn start_transient_unit(
@@ -72,7 +77,13 @@ mod proxies {
 
         /// A job finished: `JobRemoved(u id, o job, s unit, s result)`.
         #[zbus(signal)]
-        fn job_removed(&self, id: u32, job: OwnedObjectPath, unit: String, result: String) -> zbus::Result<()>;
+        fn job_removed(
+            &self,
+            id: u32,
+            job: OwnedObjectPath,
+            unit: String,
+            result: String,
+        ) -> zbus::Result<()>;
 
         /// A unit was unloaded: `UnitRemoved(s unit, o path)`.
         #[zbus(signal)]
@@ -84,7 +95,11 @@ mod proxies {
     }
 
     /// The `org.freedesktop.systemd1.Unit` properties cpupoold reads.
-    #[zbus::proxy(interface = "org.freedesktop.systemd1.Unit", default_service = "org.freedesktop.systemd1", gen_blocking = false)]
+    #[zbus::proxy(
+        interface = "org.freedesktop.systemd1.Unit",
+        default_service = "org.freedesktop.systemd1",
+        gen_blocking = false
+    )]
     pub trait Unit {
         /// `active`, `inactive`, `failed`, `activating`, `deactivating`, `reloading`.
         #[zbus(property)]
@@ -214,9 +229,8 @@ impl Systemd {
         let what = format!("starting {unit}");
         let desc = format!("cpupoold CPU pool {}", unit.trim_end_matches(".slice"));
         let props: Vec<(&str, Value<'_>)> = vec![("Description", Value::from(desc.as_str()))];
-        let started = self.job(what.clone(), |m| async move {
-            m.start_transient_unit(unit, "fail", &props, &[]).await
-        });
+        let started = self
+            .job(what.clone(), |m| async move { m.start_transient_unit(unit, "fail", &props, &[]).await });
         match started {
             Err(HostError::Systemd { source: zbus::Error::MethodError(name, _, _), .. })
                 if name.as_str() == "org.freedesktop.systemd1.UnitExists" =>
@@ -289,7 +303,10 @@ impl Backend for Systemd {
                     if !self.loaded(unit) {
                         return Ok(());
                     }
-                    self.job(format!("stopping {unit}"), |m| async move { m.stop_unit(unit, "replace").await })
+                    self.job(
+                        format!("stopping {unit}"),
+                        |m| async move { m.stop_unit(unit, "replace").await },
+                    )
                 }
                 None => self.fs.remove(path),
             },
@@ -347,9 +364,7 @@ impl Backend for Systemd {
 
     fn observe(&self, key: &Key) -> Result<Option<Observed>, HostError> {
         match key {
-            Key::Unit(unit) => {
-                Ok(self.unit_cpus(unit)?.map(|cpus| Observed { cpus, ..Default::default() }))
-            }
+            Key::Unit(unit) => Ok(self.unit_cpus(unit)?.map(|cpus| Observed { cpus, ..Default::default() })),
             other => self.fs.observe(other),
         }
     }

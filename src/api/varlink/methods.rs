@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PoolOptions, PoolView};
 use crate::core::pool::Pool;
-use crate::core::state::{self, AssignSpec, Assignment, State};
+use crate::core::state::{self, AssignSpec, Assignment};
 use crate::engine::{EngineError, Event, Handle, Snapshot};
 
 /// The interface this service implements.
@@ -99,6 +99,8 @@ pub enum Method {
     Status,
     /// `Assign` (mutating).
     Assign,
+    /// `Run` (mutating).
+    Run,
     /// `Release` (mutating).
     Release,
     /// `CreatePool` (mutating).
@@ -127,6 +129,7 @@ impl Method {
             (INTERFACE, "GetAssignment") => Method::GetAssignment,
             (INTERFACE, "Status") => Method::Status,
             (INTERFACE, "Assign") => Method::Assign,
+            (INTERFACE, "Run") => Method::Run,
             (INTERFACE, "Release") => Method::Release,
             (INTERFACE, "CreatePool") => Method::CreatePool,
             (INTERFACE, "ResizePool") => Method::ResizePool,
@@ -142,7 +145,12 @@ impl Method {
     pub fn mutates(self) -> bool {
         matches!(
             self,
-            Method::Assign | Method::Release | Method::CreatePool | Method::ResizePool | Method::DeletePool
+            Method::Assign
+                | Method::Run
+                | Method::Release
+                | Method::CreatePool
+                | Method::ResizePool
+                | Method::DeletePool
         )
     }
 }
@@ -184,6 +192,11 @@ impl Params {
             None => Ok(None),
             Some(v) => v.as_bool().map(Some).ok_or_else(|| invalid_parameter(name)),
         }
+    }
+
+    /// A required integer.
+    pub fn int(&self, name: &str) -> Result<i64, MethodError> {
+        self.opt_int(name)?.ok_or_else(|| invalid_parameter(name))
     }
 
     /// An optional integer.
@@ -239,8 +252,8 @@ error ExpectedMore ()
 ";
 
 /// A pool as the API shows it.
-pub fn pool_json(state: &State, p: &Pool) -> Value {
-    to_json(&PoolView::new(state, p))
+pub fn pool_json(snap: &Snapshot, p: &Pool) -> Value {
+    to_json(&PoolView::new(snap, p))
 }
 
 /// An assignment as the API shows it.
@@ -276,9 +289,9 @@ pub fn current_events(snap: &Snapshot) -> Vec<Value> {
 pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Result<Value, MethodError> {
     let state = &snap.state;
     match method {
-        Method::ListPools => Ok(json!({ "pools": to_json(&PoolView::all(state)) })),
+        Method::ListPools => Ok(json!({ "pools": to_json(&PoolView::all(snap)) })),
         Method::GetPool => {
-            Ok(json!({ "pool": to_json(&PoolView::find(state, &params.string("name")?).map_err(api)?) }))
+            Ok(json!({ "pool": to_json(&PoolView::find(snap, &params.string("name")?).map_err(api)?) }))
         }
         Method::GetTopology => {
             let topo = &snap.topology;
@@ -307,6 +320,7 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
         Method::GetInfo => Ok(info()),
         Method::GetInterfaceDescription => describe(params),
         m @ (Method::Assign
+        | Method::Run
         | Method::Release
         | Method::CreatePool
         | Method::ResizePool
@@ -325,13 +339,15 @@ pub fn arguments(method: Method) -> &'static [&'static str] {
         Method::ResizePool => &["name", "cpus", "count", "numa"],
         Method::ListAssignments => &["pool"],
         Method::GetAssignment | Method::Release => &["id"],
-        Method::Assign => &["pool", "target", "cpus", "millicpus", "id"],
+        Method::Assign => &["pool", "target", "cpus", "millicpus", "id", "reclaim"],
+        Method::Run => &["pool", "pid", "cpus", "millicpus", "id"],
     }
 }
 
 /// Decodes `Assign`'s arguments.
 pub fn assign_spec(params: &Params) -> Result<AssignSpec, MethodError> {
     let id = params.opt_string("id")?;
+    let reclaim = params.opt_bool("reclaim")?;
     ops::assign_spec(
         params.string("pool")?,
         &params.string("target")?,
@@ -340,12 +356,34 @@ pub fn assign_spec(params: &Params) -> Result<AssignSpec, MethodError> {
         id.as_deref(),
     )
     .map_err(api)
+    .map(|spec| AssignSpec { reclaim: reclaim.unwrap_or(true), ..spec })
 }
 
 /// Runs a mutating method on the engine.
-pub async fn mutate(method: Method, params: &Params, handle: &Handle) -> Result<Value, MethodError> {
+/// `may_hand_over` checks that the caller may hand a process to `Run`.
+pub async fn mutate(
+    method: Method,
+    params: &Params,
+    handle: &Handle,
+    may_hand_over: &(dyn Fn(u32) -> Result<(), ops::ApiError> + Sync),
+) -> Result<Value, MethodError> {
     let engine = |e: EngineError| engine_error(&e);
     let a = match method {
+        Method::Run => {
+            let id = params.opt_string("id")?;
+            let spec = ops::run_spec(
+                params.string("pool")?,
+                params.int("pid")?,
+                params.opt_int("cpus")?,
+                params.opt_int("millicpus")?,
+                id.as_deref(),
+            )
+            .map_err(api)?;
+            if let state::Target::Pid(pid) = spec.target {
+                may_hand_over(pid).map_err(api)?;
+            }
+            handle.run(spec).await.map_err(engine)?.into_inner()
+        }
         Method::Assign => {
             let spec = assign_spec(params)?;
             handle.assign(spec).await.map_err(engine)?.into_inner()
@@ -374,7 +412,7 @@ pub async fn mutate(method: Method, params: &Params, handle: &Handle) -> Result<
             let pool = handle.edit_pool(edit).await.map_err(engine)?;
             let snap = handle.snapshot();
             return Ok(match pool {
-                Some(p) => json!({ "pool": pool_json(&snap.state, &p) }),
+                Some(p) => json!({ "pool": pool_json(&snap, &p) }),
                 None => json!({}),
             });
         }

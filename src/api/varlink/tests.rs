@@ -171,11 +171,11 @@ fn authorizer() {
     let none = Authorizer::default();
     assert!(none.allows(&peer(0, 0, &[])));
     assert!(!none.allows(&peer(1000, 1000, &[1000])));
-    let admin = Authorizer { admin_gid: Some(42), owner_uid: None };
+    let admin = Authorizer { admin_gid: Some(42), owner_uid: None, ..Default::default() };
     assert!(admin.allows(&peer(1000, 42, &[])));
     assert!(admin.allows(&peer(1000, 1000, &[7, 42])));
     assert!(!admin.allows(&peer(1000, 1000, &[7])));
-    let owner = Authorizer { admin_gid: None, owner_uid: Some(1000) };
+    let owner = Authorizer { admin_gid: None, owner_uid: Some(1000), ..Default::default() };
     assert!(owner.allows(&peer(1000, 1000, &[])));
     assert!(!owner.allows(&peer(1001, 1000, &[])));
 }
@@ -239,7 +239,8 @@ impl Server {
         let mut settings = crate::config::load(&sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
         sb.confine(&mut settings);
         let backend = crate::host::cgroupfs::CgroupFs::new(sb.cgroupfs(), "/proc");
-        let (engine, _) = Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
+        let (engine, _) =
+            Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
         let (handle, engine) = engine.spawn();
         let listener = bind(&settings.paths.runtime_dir).unwrap_or_else(|e| panic!("{e}"));
         let (tx, rx) = tokio::sync::oneshot::channel();

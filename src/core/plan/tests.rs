@@ -148,8 +148,7 @@ fn layout_from_state() {
         },
     ]);
     let target = Target::parse("cgroup:k/ctr").unwrap_or_else(|e| panic!("{e}"));
-    s.assign(&t, &AssignSpec::new("dp", target, Size::Cpus(1), None))
-        .unwrap_or_else(|e| panic!("{e}"));
+    s.assign(&t, &AssignSpec::new("dp", target, Size::Cpus(1), None)).unwrap_or_else(|e| panic!("{e}"));
     let opts = LayoutOptions {
         host_cgroups: vec![CgroupPath::new("system.slice").unwrap_or_else(|e| panic!("{e}"))],
         lend_idle: false,
@@ -190,12 +189,12 @@ fn layout_from_state() {
     let before = layout(&s2, &t, &lend);
     assert_eq!(before[&cg("system.slice")].cpus, set("0,3"));
     let target = Target::parse("cgroup:k/ctr2").unwrap_or_else(|e| panic!("{e}"));
-    s2.assign(&t, &AssignSpec::new("dp", target, Size::Cpus(1), None))
-        .unwrap_or_else(|e| panic!("{e}"));
+    s2.assign(&t, &AssignSpec::new("dp", target, Size::Cpus(1), None)).unwrap_or_else(|e| panic!("{e}"));
     let after = layout(&s2, &t, &lend);
     assert_eq!(after[&cg("system.slice")].cpus, set("0"));
     let effects = check(&before, &after);
-    let shrink = effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("system.slice")));
+    let shrink =
+        effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("system.slice")));
     let grow = effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("k/ctr2")));
     assert!(shrink < grow, "{effects:#?}");
 }

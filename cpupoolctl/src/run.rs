@@ -1,0 +1,141 @@
+//! `cpupoolctl run --pool P --cpus N -- COMMAND...`: what CMK's `isolate` and CPU-Pooler's
+//! process-starter did, with the daemon owning the decision.
+//!
+//! The process that becomes COMMAND must exist before the daemon can confine it, and must not
+//! run COMMAND before it is confined. So cpupoolctl starts itself again as the child
+//! (`__run-child FIFO -- COMMAND...`), which blocks reading a FIFO; the parent asks the daemon to
+//! `Run` the child's pid (where systemd runs, the daemon moves it into a scope in the pool's
+//! slice with AllowedCPUs; elsewhere it sets its affinity), then writes the environment
+//! (`CPUPOOL_CPUS`, `CPUPOOL_POOL`, `EXCLUSIVE_CPUS` or `SHARED_CPUS`, `CPUPOOL_ASSIGNMENT`)
+//! into the FIFO. The child sets it and executes COMMAND in place: same pid, so the scope and
+//! the affinity hold. The parent waits, releases the assignment and exits with COMMAND's
+//! status (128 + N when a signal N ended it). If cpupoolctl itself dies, the daemon reclaims
+//! the assignment when the process exits.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+
+use crate::cli::RunArgs;
+use crate::client::Manager;
+use crate::error::Error;
+use crate::wire::{Amount, RunRequest};
+
+fn local(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Local { what, source }
+}
+
+/// A private directory holding the FIFO, removed on drop.
+struct FifoDir(PathBuf);
+
+impl FifoDir {
+    fn new() -> Result<FifoDir, Error> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let dir = base.join(format!("cpupoolctl-run-{}-{nanos}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(local(format!("creating `{}`", dir.display())))?;
+        let d = FifoDir(dir);
+        nix::unistd::mkfifo(&d.fifo(), nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
+            .map_err(|e| Error::Local {
+                what: format!("creating `{}`", d.fifo().display()),
+                source: e.into(),
+            })?;
+        Ok(d)
+    }
+
+    fn fifo(&self) -> PathBuf {
+        self.0.join("env")
+    }
+}
+
+impl Drop for FifoDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The parent side: never returns when COMMAND ran (exits with its status).
+pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount) -> Result<(), Error> {
+    // Fails early (and clearly) on a pool that does not exist, before anything is started.
+    let pool = m.get_pool(&args.pool)?;
+    let dir = FifoDir::new()?;
+    let exe = std::env::current_exe().map_err(local("finding cpupoolctl's own executable"))?;
+    let mut child = std::process::Command::new(exe)
+        .arg("__run-child")
+        .arg(dir.fifo())
+        .arg("--")
+        .args(&args.command)
+        .spawn()
+        .map_err(local("starting the child process"))?;
+    let req = RunRequest { pool: args.pool.clone(), pid: child.id(), amount, id: args.id.clone() };
+    let a = match m.run(&req) {
+        Ok(a) => a,
+        Err(e) => {
+            // It is still waiting on the FIFO: it never ran COMMAND.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
+    let kind_var = if pool.kind == "exclusive" { "EXCLUSIVE_CPUS" } else { "SHARED_CPUS" };
+    let env = [
+        ("CPUPOOL_CPUS", a.cpus.as_str()),
+        ("CPUPOOL_POOL", a.pool.as_str()),
+        (kind_var, a.cpus.as_str()),
+        ("CPUPOOL_ASSIGNMENT", a.id.as_str()),
+    ];
+    let text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    // Opening blocks until the child opens its end, which it does first thing.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.fifo())
+        .and_then(|mut f| f.write_all(text.as_bytes()));
+    if let Err(e) = written {
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = m.release(&a.id);
+        return Err(Error::Local { what: "handing the CPUs to the child".into(), source: e });
+    }
+    drop(dir);
+    let status = child.wait().map_err(local("waiting for the command"))?;
+    match m.release(&a.id) {
+        Ok(_) => {}
+        // The daemon saw the process exit first and reclaimed it.
+        Err(Error::Daemon(e)) if e.kind == "NoSuchAssignment" => {}
+        Err(e) => eprintln!("cpupoolctl: releasing assignment {}: {}", a.id, e.human()),
+    }
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    std::process::exit(code)
+}
+
+/// The child side: waits for the environment, then becomes COMMAND.
+pub fn child(fifo: &Path, command: &[OsString]) -> Result<(), Error> {
+    let mut text = String::new();
+    std::fs::File::open(fifo)
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .map_err(local(format!("reading `{}`", fifo.display())))?;
+    if text.is_empty() {
+        // The parent gave up: COMMAND must not run unconfined.
+        std::process::exit(125);
+    }
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            cmd.env(k, v);
+        }
+    }
+    let e = cmd.exec();
+    let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+    eprintln!("cpupoolctl: running `{}`: {e}", command[0].to_string_lossy());
+    std::process::exit(code)
+}
