@@ -200,7 +200,7 @@ fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
     let out = call(false, &["Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["data"], json!(["x", "dp", "1,5", 2000, "cgroup:k/a"]));
+    assert_eq!(v["data"], json!(["x", "dp", "1,5", 2000, "cgroup:k/a", true]));
     assert_eq!(d.cgroup("k/a/cpuset.cpus").as_deref(), Some("1,5"));
     let out = call(false, &["Release", "s", "x"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -393,9 +393,11 @@ fn create_resize_delete_over_both_interfaces() {
             ("batch", "exclusive", options(&[("cpus", s("2,6")), ("isolate", OwnedValue::from(true))])),
         ))
         .unwrap();
-    let (name, kind, cpus, ..): (String, String, String, String, u64, u64, bool, u32) =
+    let (name, kind, cpus, .., partition): (String, String, String, String, u64, u64, bool, u32, String) =
         reply.body().deserialize().unwrap();
     assert_eq!((name.as_str(), kind.as_str(), cpus.as_str()), ("batch", "exclusive", "2,6"));
+    // The sandbox's cgroupfs holds what was written: the partition the pool asked for.
+    assert_eq!(partition, "isolated");
     assert_eq!(d.cgroup("cpupool.slice/cpupool-batch.slice/cpuset.cpus").as_deref(), Some("2,6"));
     let dropin = fs::read_to_string(d.sb.join("etc/cpupoold/config.d/90-cpupoold-runtime.toml")).unwrap();
     assert!(dropin.contains("[pools.batch]") && dropin.contains("isolate = true"), "{dropin}");

@@ -1,0 +1,138 @@
+# The systemd backend on real systemd and cgroup v2: the reserved pool on the host slices, pool
+# slices, an isolated partition, cpupoolctl run, unit and pid targets with reclaim, restart and
+# daemon-reexec. 4 CPUs: reserved 0, shared web 1, exclusive dp 2-3 isolated.
+. "$(dirname "$0")/lib.sh"
+
+CG=/sys/fs/cgroup
+DP=$CG/cpupool.slice/cpupool-dp.slice
+cat >/etc/cpupoold/config.d/50-vmtest.toml <<'EOF'
+[pools.reserved]
+kind = "reserved"
+cpus = "0"
+[pools.web]
+kind = "shared"
+cpus = "1"
+[pools.dp]
+kind = "exclusive"
+cpus = "2-3"
+smt = "threads"
+isolate = true
+EOF
+check "restart with the 4-CPU pools" systemctl restart cpupoold
+check_output "the systemd backend is used" 'through the systemd backend' \
+  journalctl -b -u cpupoold --no-pager -o cat
+check_output "system.slice AllowedCPUs=0" '^AllowedCPUs=0$' systemctl show -p AllowedCPUs system.slice
+check_output "user.slice AllowedCPUs=0" '^AllowedCPUs=0$' systemctl show -p AllowedCPUs user.slice
+check_output "system.slice cpuset.cpus.effective is 0" '^0$' cat $CG/system.slice/cpuset.cpus.effective
+check_output "cpupool-dp.slice AllowedCPUs=2-3" '^AllowedCPUs=2-3$' systemctl show -p AllowedCPUs cpupool-dp.slice
+check_output "cpupool-web.slice AllowedCPUs=1" '^AllowedCPUs=1$' systemctl show -p AllowedCPUs cpupool-web.slice
+check_output "cpupool-dp.slice is active" '^active$' systemctl is-active cpupool-dp.slice
+check_output "cpupool-dp partition reads isolated" '^isolated$' cat $DP/cpuset.cpus.partition
+if [ -f $CG/cpuset.cpus.isolated ]; then
+  check_output "cpuset.cpus.isolated holds 2-3 (6.7+)" '^2-3$' cat $CG/cpuset.cpus.isolated
+  check_output "cpupool.slice grants 2-3 (cpuset.cpus.exclusive)" '^2-3$' cat $CG/cpupool.slice/cpuset.cpus.exclusive
+else
+  check_output "cpupool.slice is the root partition above it (before 6.7)" '^root$' cat $CG/cpupool.slice/cpuset.cpus.partition
+fi
+check_output "pool list shows the kernel's partition state" 'dp +exclusive +2-3 .* isolated' cpupoolctl pool list
+check_output "systemd-run --slice=cpupool-web.slice runs on the pool" 'Cpus_allowed_list:[[:space:]]+1$' \
+  systemd-run --wait --pipe --quiet --slice=cpupool-web.slice grep Cpus_allowed_list /proc/self/status
+
+# cpupoolctl run: one CPU of 2-3, the environment, the exit status, released afterwards.
+check_output "cpupoolctl run prints one CPU of dp" '^Cpus_allowed_list:[[:space:]]+[23]$' \
+  cpupoolctl run --pool dp --cpus 1 -- grep Cpus_allowed_list /proc/self/status
+check_output "cpupoolctl run passes CPUPOOL_POOL and EXCLUSIVE_CPUS" '^dp [23]$' \
+  cpupoolctl run --pool dp --cpus 1 -- sh -c 'echo "$CPUPOOL_POOL $EXCLUSIVE_CPUS"'
+check_output "cpupoolctl run runs in a scope in cpupool-dp.slice" 'cpupool-dp.slice/cpupool-run-' \
+  cpupoolctl run --pool dp --cpus 1 -- cat /proc/self/cgroup
+check_fails "cpupoolctl run forwards the exit status" 7 '' cpupoolctl run --pool dp --cpus 1 -- sh -c 'exit 7'
+check_fails "cpupoolctl run --dbus on the shared pool" 3 '' \
+  cpupoolctl --dbus run --pool web --millicpus 500 -- sh -c 'grep -q "Cpus_allowed_list:.*1$" /proc/self/status && exit 3'
+check_output "run leaves no assignment behind" '^no assignments$' cpupoolctl assignments
+
+# now_ms / gone_within_ms ID: how long until the assignment is gone (polling the API).
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+gone_ms() {
+  t0=$1 id=$2
+  while cpupoolctl assignments --json | python3 -c 'import json, sys; sys.exit(0 if any(a["id"] == sys.argv[1] for a in json.load(sys.stdin)["assignments"]) else 1)' "$id"; do
+    [ $(($(now_ms) - t0)) -lt 10000 ] || break
+    sleep 0.05
+  done
+  echo $(($(now_ms) - t0))
+}
+
+# A unit target in the pool's slice: AllowedCPUs set through systemd, reclaimed when it stops.
+cat >/run/systemd/system/some.service <<'EOF'
+[Service]
+Slice=cpupool-dp.slice
+ExecStart=/bin/sleep infinity
+EOF
+systemctl daemon-reload
+check "start some.service" systemctl start some.service
+check_output "assign dp to unit some.service" 'target: +unit:some.service' \
+  cpupoolctl pool assign dp --unit some.service --cpus 1 --id some
+cpu=$(cpupoolctl assignments --json | python3 -c 'import json,sys; print([a["cpus"] for a in json.load(sys.stdin)["assignments"] if a["id"]=="some"][0])')
+check_output "systemctl show -p AllowedCPUs some.service matches ($cpu)" "^AllowedCPUs=$cpu\$" \
+  systemctl show -p AllowedCPUs some.service
+pid=$(systemctl show -p MainPID --value some.service)
+check_output "some.service runs on CPU $cpu" "Cpus_allowed_list:[[:space:]]+$cpu\$" cat /proc/$pid/status
+t0=$(now_ms)
+systemctl stop some.service
+ms=$(gone_ms "$t0" some)
+echo "unit reclaim: $ms ms" >>"$RESULTS/reclaim.txt"
+if [ "$ms" -lt 1000 ]; then pass "stopping some.service reclaims it within 1 s ($ms ms)"; else fail "unit reclaim took $ms ms"; fi
+check_output "the reclaim is logged" 'reclaimed assignment some .*unit some.service is (inactive|failed|gone)' \
+  journalctl -b -u cpupoold --no-pager -o cat
+
+# A pid target (a process in the pool's slice): reclaimed when it exits, through a pidfd.
+systemd-run --quiet --slice=cpupool-dp.slice --unit=pidtest /bin/sleep infinity
+wait_for 10 sh -c '[ "$(systemctl show -p MainPID --value pidtest.service)" != 0 ]'
+pid=$(systemctl show -p MainPID --value pidtest.service)
+check_output "assign dp to pid $pid" "target: +pid:$pid" cpupoolctl pool assign dp --pid "$pid" --cpus 1 --id pidtest
+check_output "the process runs on one CPU of dp" 'Cpus_allowed_list:[[:space:]]+[23]$' cat /proc/$pid/status
+t0=$(now_ms)
+kill "$pid"
+ms=$(gone_ms "$t0" pidtest)
+echo "pid reclaim: $ms ms" >>"$RESULTS/reclaim.txt"
+if [ "$ms" -lt 1000 ]; then pass "an exited pid is reclaimed within 1 s ($ms ms)"; else fail "pid reclaim took $ms ms"; fi
+
+# Restart and daemon-reexec keep assignments and cgroup files.
+cat >/run/systemd/system/keeper.service <<'EOF'
+[Service]
+Slice=cpupool-dp.slice
+ExecStart=/bin/sleep infinity
+EOF
+systemctl daemon-reload
+systemctl start keeper.service
+check "assign dp to keeper.service" cpupoolctl pool assign dp --unit keeper.service --cpus 1 --id keeper
+snapshot() {
+  cpupoolctl assignments
+  for f in system.slice/cpuset.cpus system.slice/cpuset.cpus.effective cpupool.slice/cpuset.cpus \
+    cpupool.slice/cpupool-dp.slice/cpuset.cpus cpupool.slice/cpupool-dp.slice/cpuset.cpus.partition \
+    cpupool.slice/cpupool-web.slice/cpuset.cpus cpupool.slice/cpupool-dp.slice/keeper.service/cpuset.cpus \
+    cpupool.slice/cpupool-dp.slice/keeper.service/cpuset.cpus.effective; do
+    echo "$f: $(cat $CG/$f)"
+  done
+  systemctl show -p AllowedCPUs system.slice cpupool-dp.slice keeper.service
+}
+before=$(snapshot)
+check "systemctl restart cpupoold" systemctl restart cpupoold
+after=$(snapshot)
+if [ "$before" = "$after" ]; then pass "restart keeps assignments and cgroup files"; else
+  fail "restart changed something"; printf '%s\n---\n%s\n' "$before" "$after" | sed 's/^/    /'; fi
+check "systemctl daemon-reexec" systemctl daemon-reexec
+wait_for 20 sh -c 'journalctl -b -u cpupoold --no-pager -o cat | grep -q "systemd reloaded: state re-applied"'
+check_output "daemon-reexec is followed by re-application" 'systemd reloaded: state re-applied' \
+  journalctl -b -u cpupoold --no-pager -o cat
+after=$(snapshot)
+if [ "$before" = "$after" ]; then pass "daemon-reexec keeps assignments and cgroup files"; else
+  fail "daemon-reexec changed something"; printf '%s\n---\n%s\n' "$before" "$after" | sed 's/^/    /'; fi
+echo "$after" >"$RESULTS/systemd-snapshot.txt"
+
+# Back to the packaged configuration for the checks that follow.
+systemctl stop keeper.service
+wait_for 5 sh -c '! cpupoolctl assignments | grep -q keeper'
+rm -f /etc/cpupoold/config.d/50-vmtest.toml /run/systemd/system/some.service /run/systemd/system/keeper.service
+systemctl daemon-reload
+check "restart with the packaged configuration" systemctl restart cpupoold
+check_output "the pool slices are gone" '^inactive$' sh -c 'systemctl is-active cpupool-dp.slice || true'
