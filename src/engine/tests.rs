@@ -301,7 +301,7 @@ mod pool_edits {
         PoolName::new(s).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn spawn(f: &Fixture) -> (Handle, std::thread::JoinHandle<()>) {
+    pub(super) fn spawn(f: &Fixture) -> (Handle, std::thread::JoinHandle<()>) {
         let (engine, _) = f.start();
         let sb = f.sb.clone();
         let source = ConfigSource { dirs: f.sb.config_dirs(), adjust: Box::new(move |s| sb.confine(s)) };
@@ -531,4 +531,92 @@ fn concurrent_mutations_grouped_or_not_answer_as_if_alone() {
     // What was acknowledged is what was saved.
     let (engine, _) = f.start();
     assert_eq!(engine.state.assignments().len(), 20);
+}
+
+/// `lend_idle`: the host slices also run on exclusive CPUs nobody holds, and give them back
+/// before an assignment gets them; an isolated pool lends nothing.
+#[test]
+fn lend_idle_lends_free_exclusive_cpus_and_takes_them_back_first() {
+    let f = Fixture::new();
+    f.config(&format!("[daemon]\nlend_idle = true\n{CONFIG}"));
+    let (handle, thread) = pool_edits::spawn(&f);
+    assert_eq!(f.read("system.slice/cpuset.cpus"), "0-2,4-6");
+    f.write("k/ctr/cpuset.cpus", "\n");
+    rt().block_on(async {
+        let a = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await;
+        let a = a.unwrap_or_else(|e| panic!("{e}")).into_inner();
+        assert_eq!(f.read("k/ctr/cpuset.cpus"), a.cpus.to_string());
+        let lent = CpuSet::parse("0,4")
+            .unwrap_or_default()
+            .union(&CpuSet::parse("1-2,5-6").unwrap_or_default().difference(&a.cpus));
+        assert_eq!(f.read("system.slice/cpuset.cpus"), lent.to_string());
+        handle.release("x").await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.read("system.slice/cpuset.cpus"), "0-2,4-6");
+        // Isolating the pool ends the lending.
+        let isolated = CONFIG.replace("cpus = \"1-2,5-6\"", "cpus = \"1-2,5-6\"\nisolate = true");
+        f.config(&format!("[daemon]\nlend_idle = true\n{isolated}"));
+        handle.reload_from_disk().await.unwrap_or_else(|e| panic!("{e}"));
+    });
+    assert_eq!(f.read("system.slice/cpuset.cpus"), "0,4");
+    assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus.partition"), "isolated");
+    assert_eq!(
+        handle
+            .snapshot()
+            .partitions
+            .get(&PoolName::new("dp").unwrap_or_else(|e| panic!("{e}")))
+            .map(String::as_str),
+        Some("isolated")
+    );
+    drop(handle);
+    let _ = thread.join();
+}
+
+/// `enforce_quota`: a shared assignment's CPU time is limited to its millicpus (`cpu.max`),
+/// and the limit goes with the assignment.
+#[test]
+fn enforce_quota_writes_cpu_max_for_shared_assignments() {
+    let f = Fixture::new();
+    f.config(&format!("{CONFIG}enforce_quota = true\n"));
+    let (engine, _) = f.start();
+    f.write("k/web/cpuset.cpus", "\n");
+    let (handle, thread) = engine.spawn();
+    rt().block_on(async {
+        handle
+            .assign(spec("web", "cgroup:k/web", Size::Millicpus(1500), Some("w")))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.read("k/web/cpuset.cpus"), "3,7");
+        assert_eq!(f.read("k/web/cpu.max"), "150000 100000");
+        handle.release("w").await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.read("k/web/cpu.max"), "max 100000");
+    });
+    drop(handle);
+    let _ = thread.join();
+}
+
+/// A pid target records the process's start time; a pid that names no process is refused.
+#[test]
+fn pid_targets_record_the_start_time_and_need_a_live_process() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    let (handle, thread) = engine.spawn();
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
+    let pid = child.id();
+    rt().block_on(async {
+        // dp's first core (CPU 1) exists on any test machine with two CPUs.
+        let a = handle.assign(spec("dp", &format!("pid:{pid}"), Size::Cpus(2), None)).await;
+        let a = a.unwrap_or_else(|e| panic!("{e}")).into_inner();
+        let host = crate::host::cgroupfs::CgroupFs::new("/nonexistent", "/proc");
+        assert_eq!(a.process_start, host.process_start(pid));
+        assert!(a.process_start.is_some());
+        let _ = child.kill();
+        let _ = child.wait();
+        let gone = handle.assign(spec("dp", &format!("pid:{pid}"), Size::Cpus(2), Some("gone"))).await;
+        assert!(
+            matches!(&gone, Err(EngineError::State(state::Error::InvalidArgument { arg: "target", reason })) if reason.contains("does not exist")),
+            "{gone:?}"
+        );
+    });
+    drop(handle);
+    let _ = thread.join();
 }
