@@ -91,6 +91,9 @@ pub enum DaemonError {
     /// The sandbox's private bus could not be started.
     #[error("starting the sandbox's bus")]
     PrivateBus(#[source] crate::sandbox::SandboxError),
+    /// The engine could not be started on a thread of its own.
+    #[error("starting the engine: {0}")]
+    EngineThread(String),
     /// systemd could not be reached for the systemd backend.
     #[error("connecting to systemd on {bus} (daemon.backend = \"cgroupfs\" runs without it)")]
     Systemd {
@@ -136,8 +139,14 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let (backend, systemd_conn) = backend(&settings, &opts, fs.clone()).await?;
     log::info!("applying pools through the {} backend", backend.name());
     let started = std::time::Instant::now();
+    // Starting blocks (files, fsync, and the systemd backend's calls, which wait on this
+    // runtime): off the async workers.
+    let (start_settings, restore) = (settings.clone(), opts.restore_previous_state);
     let (engine, report) =
-        Engine::start(&settings, backend, opts.restore_previous_state).map_err(DaemonError::Start)?;
+        tokio::task::spawn_blocking(move || Engine::start(&start_settings, backend, restore))
+            .await
+            .map_err(|e| DaemonError::EngineThread(e.to_string()))?
+            .map_err(DaemonError::Start)?;
     let (handle, thread) = engine.with_config(config_source(&opts)).spawn();
     let snap = handle.snapshot();
     log::info!(

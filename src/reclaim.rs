@@ -192,7 +192,7 @@ impl Reclaimer {
                     Watch::Unit {
                         name: name.clone(),
                         path: unit_object_path(name),
-                        seen_active: state.as_deref().is_some_and(running),
+                        seen_active: state.flatten().as_deref().is_some_and(running),
                     }
                 }
             };
@@ -233,11 +233,21 @@ impl Reclaimer {
         }
     }
 
-    /// `ActiveState` of a loaded unit; `None` when systemd has not loaded it.
-    async fn unit_state(&self, name: &str) -> Option<String> {
+    /// `Some(Some(ActiveState))` of a loaded unit, `Some(None)` when systemd says it is not
+    /// loaded (`NoSuchUnit`), `None` when systemd could not be asked: then nothing is decided.
+    async fn unit_state(&self, name: &str) -> Option<Option<String>> {
         let conn = self.systemd.as_ref()?;
         let m = systemd::ManagerProxy::new(conn).await.ok()?;
-        let path = m.get_unit(name).await.ok()?;
+        let path = match m.get_unit(name).await {
+            Ok(p) => p,
+            Err(zbus::Error::MethodError(e, _, _)) if e.as_str() == "org.freedesktop.systemd1.NoSuchUnit" => {
+                return Some(None)
+            }
+            Err(e) => {
+                log::debug!("asking systemd about {name}: {e}");
+                return None;
+            }
+        };
         let unit = systemd::UnitProxy::builder(conn)
             .path(path)
             .ok()?
@@ -245,11 +255,12 @@ impl Reclaimer {
             .build()
             .await
             .ok()?;
-        unit.active_state().await.ok()
+        unit.active_state().await.ok().map(Some)
     }
 
-    /// Decides on a unit in `state` (`None`: not loaded).
-    async fn judge(&mut self, id: AssignmentId, state: Option<String>) {
+    /// Decides on a unit in `state` (`Some(None)`: not loaded; `None`: unknown).
+    async fn judge(&mut self, id: AssignmentId, state: Option<Option<String>>) {
+        let Some(state) = state else { return };
         let Some(Watch::Unit { name, seen_active, .. }) = self.watches.get_mut(&id) else { return };
         let name = name.clone();
         match state.as_deref() {
@@ -289,7 +300,7 @@ impl Reclaimer {
         });
         for id in ids {
             let (name, state) = match (&state, self.watches.get(&id)) {
-                (Some(s), _) => (None, Some(s.clone())),
+                (Some(s), _) => (None, Some(Some(s.clone()))),
                 (None, Some(Watch::Unit { name, .. })) => (Some(name.clone()), None),
                 _ => continue,
             };
