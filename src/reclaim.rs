@@ -114,12 +114,16 @@ async fn next<S: futures_util::Stream + Unpin>(s: &mut Option<S>) -> Option<S::I
     }
 }
 
+/// An assignment whose target is gone, and why.
+type Gone = (AssignmentId, String);
+
 struct Reclaimer {
     handle: Handle,
     fs: CgroupFs,
     systemd: Option<zbus::Connection>,
     watches: HashMap<AssignmentId, Watch>,
-    gone: (mpsc::UnboundedSender<(AssignmentId, String)>, mpsc::UnboundedReceiver<(AssignmentId, String)>),
+    /// Pid watchers report here: (assignment, why it is gone).
+    gone: (mpsc::UnboundedSender<Gone>, mpsc::UnboundedReceiver<Gone>),
 }
 
 impl Reclaimer {

@@ -408,7 +408,7 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
 
     // CPU time limits once every set is in place.
     for (k, p) in after {
-        if before.get(k).map_or(None, |b| b.quota) != p.quota {
+        if before.get(k).and_then(|b| b.quota) != p.quota {
             effects.push(Effect::SetQuota { key: k.clone(), millis: p.quota });
         }
     }

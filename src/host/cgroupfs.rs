@@ -77,7 +77,7 @@ pub enum HostError {
         what: String,
         /// Why it failed.
         #[source]
-        source: zbus::Error,
+        source: Box<zbus::Error>,
     },
     /// A systemd job did not finish as asked.
     #[error("systemd: {what}: job {result}")]

@@ -172,7 +172,7 @@ impl Systemd {
     }
 
     fn err(what: String) -> impl FnOnce(zbus::Error) -> HostError {
-        move |source| HostError::Systemd { what, source }
+        move |source| HostError::Systemd { what, source: Box::new(source) }
     }
 
     /// Sets runtime properties on a unit.
@@ -232,8 +232,7 @@ impl Systemd {
         let started = self
             .job(what.clone(), |m| async move { m.start_transient_unit(unit, "fail", &props, &[]).await });
         match started {
-            Err(HostError::Systemd { source: zbus::Error::MethodError(name, _, _), .. })
-                if name.as_str() == "org.freedesktop.systemd1.UnitExists" =>
+            Err(HostError::Systemd { source, .. }) if matches!(&*source, zbus::Error::MethodError(name, _, _) if name.as_str() == "org.freedesktop.systemd1.UnitExists") =>
             {
                 // Loaded already (a slice a unit names, or ours from before): make sure it runs.
                 self.job(what, |m| async move { m.start_unit(unit, "replace").await })
