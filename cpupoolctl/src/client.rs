@@ -59,18 +59,23 @@ fn source_params(source: &CpuSource, params: &mut Map<String, Value>) {
     }
 }
 
+/// The size and the optional id, as `Assign` and `Run` take them.
+fn amount_params(amount: Amount, id: Option<&String>, p: &mut Map<String, Value>) {
+    match amount {
+        Amount::Cpus(n) => p.insert("cpus".into(), json!(n)),
+        Amount::Millicpus(m) => p.insert("millicpus".into(), json!(m)),
+    };
+    if let Some(id) = id {
+        p.insert("id".into(), json!(id));
+    }
+}
+
 /// `Assign`'s parameters; absent optionals are left out.
 pub fn assign_params(req: &AssignRequest) -> Value {
     let mut p = Map::new();
     p.insert("pool".into(), json!(req.pool));
     p.insert("target".into(), json!(req.target));
-    match req.amount {
-        Amount::Cpus(n) => p.insert("cpus".into(), json!(n)),
-        Amount::Millicpus(m) => p.insert("millicpus".into(), json!(m)),
-    };
-    if let Some(id) = &req.id {
-        p.insert("id".into(), json!(id));
-    }
+    amount_params(req.amount, req.id.as_ref(), &mut p);
     if !req.reclaim {
         p.insert("reclaim".into(), json!(false));
     }
@@ -82,13 +87,7 @@ pub fn run_params(req: &RunRequest) -> Value {
     let mut p = Map::new();
     p.insert("pool".into(), json!(req.pool));
     p.insert("pid".into(), json!(req.pid));
-    match req.amount {
-        Amount::Cpus(n) => p.insert("cpus".into(), json!(n)),
-        Amount::Millicpus(m) => p.insert("millicpus".into(), json!(m)),
-    };
-    if let Some(id) = &req.id {
-        p.insert("id".into(), json!(id));
-    }
+    amount_params(req.amount, req.id.as_ref(), &mut p);
     Value::Object(p)
 }
 

@@ -480,7 +480,10 @@ mod tests {
             1,
             "isolated".into(),
         ));
-        assert_eq!((p.assignments, p.free_cpus.as_str(), p.isolated, p.partition.as_str()), (1, "3", true, "isolated"));
+        assert_eq!(
+            (p.assignments, p.free_cpus.as_str(), p.isolated, p.partition.as_str()),
+            (1, "3", true, "isolated")
+        );
         let a = assignment(("a".into(), "dp".into(), "2".into(), 1000, "pid:1".into(), false));
         assert_eq!((a.id.as_str(), a.millicpus, a.target.as_str(), a.reclaim), ("a", 1000, "pid:1", false));
         assert_eq!(cpu((1, 2, 3, 4, 5, 6)).l3, 6);

@@ -301,11 +301,7 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentView, Error> {
-        self.authorize(&hdr).await?;
-        let id = Some(id).filter(|s| !s.is_empty());
-        let spec = ops::assign_spec(pool, target, nonzero(cpus), nonzero(millicpus), id)?;
-        let a = self.handle.assign(spec).await?.into_inner();
-        Ok(AssignmentView::from(&a))
+        self.assign_ex(hdr, pool, target, cpus, millicpus, id, true).await
     }
 
     /// Assign with options: `reclaim` false keeps the assignment when the target goes away.
