@@ -604,3 +604,64 @@ fn completions_and_manpage() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(dir.path().join("cpupoolctl-pool-create.1").is_file());
 }
+
+/// `run`: the child gets the pool's CPUs and environment before COMMAND starts, cpupoolctl
+/// exits with COMMAND's status and releases the assignment; a refused run never starts COMMAND.
+fn run_confines_passes_the_environment_and_releases(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+    let dp = pool(&ctl.pools(), "dp").clone();
+    let script = "echo \"$CPUPOOL_POOL $CPUPOOL_CPUS $EXCLUSIVE_CPUS\"; echo \"$CPUPOOL_ASSIGNMENT\"; exit 7";
+    let (code, out, err) =
+        ctl.human(&["run", "--pool", "dp", "--cpus", "2", "--id", "job", "--", "sh", "-c", script]);
+    assert_eq!(code, 7, "{out}{err}\n{}", d.logs());
+    let cpus = dp["cpus"].as_str().unwrap();
+    assert_eq!(out, format!("dp {cpus} {cpus}\njob\n"));
+    assert!(d.logs().contains("assigned CPUs"), "{}", d.logs());
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    // Under the sandbox (no systemd) the process itself is confined: its affinity is the
+    // pool's CPUs that exist on this machine, never one outside them.
+    let out = ctl.run(&[
+        "run",
+        "--pool",
+        "dp",
+        "--cpus",
+        "2",
+        "--",
+        "grep",
+        "Cpus_allowed_list",
+        "/proc/self/status",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let allowed = text(&out.stdout);
+    let allowed = allowed.split_whitespace().last().unwrap_or_default();
+    let pool_cpus: Vec<&str> = cpus.split(',').collect();
+    for c in allowed.split(',') {
+        assert!(pool_cpus.contains(&c), "CPU {c} of `{allowed}` is not in dp {cpus}");
+    }
+    // Refused: COMMAND never runs.
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let (code, _, err) = ctl.human(&["run", "--pool", "nope", "--cpus", "1", "--", "sh", "-c", &touch]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("NoSuchPool"), "{err}");
+    let (code, _, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "64", "--", "sh", "-c", &touch]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("InsufficientCapacity"), "{err}");
+    assert!(!marker.exists(), "a refused run started its command");
+    // A command that cannot be started: 127, and nothing left assigned.
+    let (code, _, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "2", "--", "/nonexistent/cmd"]);
+    assert_eq!(code, 127, "{err}");
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+}
+
+#[test]
+fn varlink_run_confines_passes_the_environment_and_releases() {
+    run_confines_passes_the_environment_and_releases(false);
+}
+
+#[test]
+fn dbus_run_confines_passes_the_environment_and_releases() {
+    run_confines_passes_the_environment_and_releases(true);
+}
