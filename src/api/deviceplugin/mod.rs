@@ -1,0 +1,2 @@
+//! The kubelet device plugin.
+pub mod proto;
