@@ -1,2 +1,3 @@
 //! The kubelet device plugin.
+pub mod devices;
 pub mod proto;

@@ -74,10 +74,7 @@ mod tests {
             cdi_devices: vec![v1beta1::CdiDevice { name: "x".into() }],
             ..Default::default()
         };
-        assert_eq!(
-            r.encode_to_vec(),
-            vec![0x0a, 6, 0x0a, 1, b'A', 0x12, 1, b'1', 0x2a, 3, 0x0a, 1, b'x']
-        );
+        assert_eq!(r.encode_to_vec(), vec![0x0a, 6, 0x0a, 1, b'A', 0x12, 1, b'1', 0x2a, 3, 0x0a, 1, b'x']);
         let a = v1beta1::ContainerAllocateRequest { devices_ids: vec!["cpu-1".into()] };
         assert_eq!(a.encode_to_vec(), [&[0x0a, 5][..], b"cpu-1"].concat());
     }
@@ -95,10 +92,7 @@ mod tests {
             memory: vec![],
         };
         // cpu_ids = 3 is packed (proto3 repeated scalars).
-        assert_eq!(
-            c.encode_to_vec(),
-            vec![0x0a, 1, b'c', 0x12, 6, 0x0a, 1, b'r', 0x12, 1, b'd', 0x1a, 1, 5]
-        );
+        assert_eq!(c.encode_to_vec(), vec![0x0a, 1, b'c', 0x12, 6, 0x0a, 1, b'r', 0x12, 1, b'd', 0x1a, 1, 5]);
         let pod = podresources::PodResources { name: "p".into(), namespace: "n".into(), containers: vec![] };
         assert_eq!(pod.encode_to_vec(), vec![0x0a, 1, b'p', 0x12, 1, b'n']);
 
