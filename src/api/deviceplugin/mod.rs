@@ -1,3 +1,4 @@
 //! The kubelet device plugin.
 pub mod devices;
 pub mod proto;
+pub mod host;
