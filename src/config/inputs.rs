@@ -70,7 +70,11 @@ impl Inputs {
         set.field(&mut k.resource_prefix, kubelet.resource_prefix, "kubelet.resource_prefix");
         set.field(&mut k.millicpus_per_device, kubelet.millicpus_per_device, "kubelet.millicpus_per_device");
         set.field(&mut k.release_grace_ms, kubelet.release_grace_ms, "kubelet.release_grace_ms");
-        set.field(&mut k.reconcile_interval_ms, kubelet.reconcile_interval_ms, "kubelet.reconcile_interval_ms");
+        set.field(
+            &mut k.reconcile_interval_ms,
+            kubelet.reconcile_interval_ms,
+            "kubelet.reconcile_interval_ms",
+        );
         set.field(&mut k.runtime_endpoint, kubelet.runtime_endpoint, "kubelet.runtime_endpoint");
         set.field(&mut self.paths.sysfs_root, paths.sysfs_root, "paths.sysfs_root");
         set.field(&mut self.paths.cgroup_root, paths.cgroup_root, "paths.cgroup_root");

@@ -58,8 +58,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use settings::{
-    Kubelet, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE,
-    DEFAULT_RESOURCE_PREFIX,
+    Kubelet, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL,
+    DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_RESOURCE_PREFIX,
 };
 
 use crate::core::cpuset::CpuSetError;

@@ -189,11 +189,17 @@ impl Settings {
         }
         let interval = kubelet.reconcile_interval_ms.unwrap_or(DEFAULT_RECONCILE_INTERVAL_MS);
         if !(10..=3_600_000).contains(&interval) {
-            return Err(invalid("kubelet.reconcile_interval_ms", format!("{interval} must be between 10 and 3600000")));
+            return Err(invalid(
+                "kubelet.reconcile_interval_ms",
+                format!("{interval} must be between 10 and 3600000"),
+            ));
         }
         let grace = kubelet.release_grace_ms.unwrap_or(DEFAULT_RELEASE_GRACE_MS);
         if grace > 86_400_000 {
-            return Err(invalid("kubelet.release_grace_ms", format!("{grace} must be at most 86400000 (a day)")));
+            return Err(invalid(
+                "kubelet.release_grace_ms",
+                format!("{grace} must be at most 86400000 (a day)"),
+            ));
         }
         let runtime_endpoint =
             absolute(kubelet.runtime_endpoint, defaults.runtime_endpoint, "kubelet.runtime_endpoint")?;

@@ -319,7 +319,8 @@ mod tests {
             pick_devices(&t, &t.online(), &set("6,14"), 2, Smt::FullCores).unwrap_or_else(|e| panic!("{e}"));
         assert!(got.contains(6) && got.contains(14) && got.len() == 4 && got.is_subset(&t.nodes()[&1]));
         // Threads: 3 devices are 3 CPUs, siblings together.
-        let got = pick_devices(&t, &t.online(), &CpuSet::new(), 3, Smt::Threads).unwrap_or_else(|e| panic!("{e}"));
+        let got =
+            pick_devices(&t, &t.online(), &CpuSet::new(), 3, Smt::Threads).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got.len(), 3);
         assert_eq!(t.nodes_of(&got).len(), 1);
         assert_eq!(

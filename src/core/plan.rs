@@ -176,10 +176,7 @@ pub fn layout(state: &State, topo: &Topology, host_cgroups: &[CgroupPath]) -> La
     for a in state.assignments().values() {
         let Some(key) = Key::of(&a.target) else { continue };
         let role = if a.kind == PoolKind::Exclusive { Role::Exclusive } else { Role::Shared };
-        out.insert(
-            key,
-            Placement { cpus: a.cpus.clone(), mems: topo.nodes_of(&a.cpus), role },
-        );
+        out.insert(key, Placement { cpus: a.cpus.clone(), mems: topo.nodes_of(&a.cpus), role });
     }
     out
 }

@@ -551,7 +551,7 @@ impl State {
                     let n = cpus.len() as u64;
                     (cpus, n * 1000)
                 } else {
-                let n = match spec.size {
+                    let n = match spec.size {
                     Size::Cpuset(_) => 0,
                     Size::Cpus(n) => u64::from(n),
                     Size::Millicpus(m) if m % 1000 == 0 => m / 1000,
@@ -565,25 +565,28 @@ impl State {
                         })
                     }
                 };
-                if n == 0 {
-                    return Err(Error::InvalidArgument { arg: "cpus", reason: "must be at least 1".into() });
-                }
-                let free = self.free_cpus(&pool);
-                let cpus = match alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt) {
-                    Ok(c) => c,
-                    Err(PickError::Insufficient { available, .. }) => {
-                        return Err(Error::InsufficientCapacity {
-                            pool: pool.name.to_string(),
-                            requested: n,
-                            free: available as u64,
-                            unit: "cpus",
-                        })
+                    if n == 0 {
+                        return Err(Error::InvalidArgument {
+                            arg: "cpus",
+                            reason: "must be at least 1".into(),
+                        });
                     }
-                    Err(PickError::NotWholeCores { .. }) => {
-                        return Err(Error::NotWholeCores { pool: pool.name.to_string(), requested: n })
-                    }
-                };
-                (cpus, n * 1000)
+                    let free = self.free_cpus(&pool);
+                    let cpus = match alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt) {
+                        Ok(c) => c,
+                        Err(PickError::Insufficient { available, .. }) => {
+                            return Err(Error::InsufficientCapacity {
+                                pool: pool.name.to_string(),
+                                requested: n,
+                                free: available as u64,
+                                unit: "cpus",
+                            })
+                        }
+                        Err(PickError::NotWholeCores { .. }) => {
+                            return Err(Error::NotWholeCores { pool: pool.name.to_string(), requested: n })
+                        }
+                    };
+                    (cpus, n * 1000)
                 }
             }
             PoolKind::Shared => {

@@ -225,7 +225,11 @@ impl Handle {
     }
 
     /// Points an assignment at another target, keeping its CPUs, and applies it.
-    pub async fn retarget(&self, id: &str, target: state::Target) -> Result<Outcome<Assignment>, EngineError> {
+    pub async fn retarget(
+        &self,
+        id: &str,
+        target: state::Target,
+    ) -> Result<Outcome<Assignment>, EngineError> {
         let id = id.to_owned();
         self.call(|tx| Request::Retarget(id, target, tx)).await
     }

@@ -173,6 +173,17 @@ fn lookup(
     Ok(out)
 }
 
+/// The number a device id ends with (`cpu-3`, `core-3`, `milli-web-00003`: 3).
+fn number(id: &str) -> u32 {
+    id.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or(u32::MAX)
+}
+
+/// The id an allocation of `ids` is named by: the lowest-numbered device, as in
+/// [`allocation`].
+pub fn first_device<'a>(ids: impl IntoIterator<Item = &'a String>) -> Option<&'a String> {
+    ids.into_iter().min_by_key(|id| (number(id), id.as_str()))
+}
+
 /// What Allocate records for one container: the assignment to make and what it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
@@ -193,7 +204,7 @@ pub fn allocation(
         return Err(refused("devices_ids", "is empty".into()));
     }
     let units = lookup(pool, topo, millis_per_device, ids, "devices_ids")?;
-    let first = units.first().map(|u| u.id.clone()).unwrap_or_default();
+    let first = first_device(units.iter().map(|u| &u.id)).cloned().unwrap_or_default();
     let size = match pool.kind {
         PoolKind::Exclusive => Size::Cpuset(units.iter().fold(CpuSet::new(), |acc, u| acc.union(&u.cpus))),
         _ => Size::Millicpus(units.len() as u64 * millis_per_device),

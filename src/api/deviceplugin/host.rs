@@ -118,7 +118,10 @@ mod tests {
             find_container(r, uid, "abc").map(|p| p.to_string()),
             Some("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5f_42.slice/cri-containerd-abc.scope".into())
         );
-        assert_eq!(find_container(r, "77", "def").map(|p| p.to_string()), Some("kubepods/besteffort/pod77/def".into()));
+        assert_eq!(
+            find_container(r, "77", "def").map(|p| p.to_string()),
+            Some("kubepods/besteffort/pod77/def".into())
+        );
         assert_eq!(find_container(r, "88", "xyz").map(|p| p.to_string()), Some("kubepods/pod88/xyz".into()));
         assert_eq!(find_container(r, uid, "gone"), None);
         assert_eq!(find_container(r, "nope", "abc"), None);
@@ -133,11 +136,17 @@ mod tests {
         assert_eq!(check_cpu_manager(&f, &pools), Ok(()));
         fs::write(&f, r#"{"policyName":"none","defaultCpuSet":"","checksum":1}"#).unwrap();
         assert_eq!(check_cpu_manager(&f, &pools), Ok(()));
-        fs::write(&f, r#"{"policyName":"static","defaultCpuSet":"0-1,6-7","entries":{"pod":{"c":"6-7"}},"checksum":1}"#)
-            .unwrap();
+        fs::write(
+            &f,
+            r#"{"policyName":"static","defaultCpuSet":"0-1,6-7","entries":{"pod":{"c":"6-7"}},"checksum":1}"#,
+        )
+        .unwrap();
         assert_eq!(check_cpu_manager(&f, &pools), Ok(()));
-        fs::write(&f, r#"{"policyName":"static","defaultCpuSet":"0-1","entries":{"pod":{"c":"4-7"}},"checksum":1}"#)
-            .unwrap();
+        fs::write(
+            &f,
+            r#"{"policyName":"static","defaultCpuSet":"0-1","entries":{"pod":{"c":"4-7"}},"checksum":1}"#,
+        )
+        .unwrap();
         let e = check_cpu_manager(&f, &pools).unwrap_err();
         assert_eq!(e.cpus, CpuSet::parse("4-5").unwrap());
         assert!(e.to_string().contains("static policy"), "{e}");

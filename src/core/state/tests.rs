@@ -110,7 +110,8 @@ fn exact_cpus_for_the_kubelet_then_retarget() {
     assert!(moved.changed());
     assert_eq!(moved.into_inner().cpus, set("2,6"));
     assert!(matches!(s.retarget("kubelet-core-2", target.clone()), Ok(Outcome::Identity(_))));
-    s.assign(&t, &spec("web", "cgroup:other", Size::Millicpus(10), Some("w"))).unwrap_or_else(|e| panic!("{e}"));
+    s.assign(&t, &spec("web", "cgroup:other", Size::Millicpus(10), Some("w")))
+        .unwrap_or_else(|e| panic!("{e}"));
     let before = s.clone();
     assert_eq!(
         s.retarget("w", target),
