@@ -9,6 +9,7 @@ use sd_notify::NotifyState;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::api::dbus::{self, Bus};
+use crate::api::deviceplugin;
 use crate::api::varlink;
 use crate::config::{ConfigDirs, ConfigError, Settings};
 use crate::engine::{self, ConfigSource, Engine, Handle, StartError};
@@ -182,6 +183,18 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         let _ = api_stopped.await;
     }));
 
+    // The device plugin: it waits for a kubelet, and refuses (logged) to run beside the
+    // kubelet's static CPU manager owning pool CPUs.
+    let (stop_plugin, plugin_stopped) = tokio::sync::watch::channel(false);
+    let plugin = settings.kubelet.enabled.then(|| {
+        let (h, opts) = (handle.clone(), deviceplugin::Options::from_settings(&settings));
+        tokio::spawn(async move {
+            if let Err(e) = deviceplugin::run(h, opts, plugin_stopped).await {
+                log::error!("{}", engine::error_chain(&e));
+            }
+        })
+    });
+
     // The sandbox's own bus lives as long as this function (unless it was already running).
     let mut _private_bus = None;
     let bus = match &opts.bus {
@@ -240,6 +253,12 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let _ = stop_api.send(());
     let _ = stop_reclaim.send(());
     let _ = reclaimer.await;
+    let _ = stop_plugin.send(true);
+    if let Some(p) = plugin {
+        if let Err(e) = p.await {
+            log::error!("the device plugin failed: {e}");
+        }
+    }
     if let Err(e) = api.await {
         log::error!("the varlink server failed: {e}");
     }

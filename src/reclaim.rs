@@ -191,6 +191,8 @@ impl Reclaimer {
                     }))
                 }
                 Target::Cgroup(path) => Watch::Cgroup(path.clone()),
+                // Not placed yet; the device plugin owns kubelet assignments.
+                Target::Kubelet(_) => continue,
                 Target::Unit(name) => {
                     let state = self.unit_state(name).await;
                     Watch::Unit {

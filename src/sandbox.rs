@@ -10,7 +10,10 @@
 //! DIR/state/                 state.json
 //! DIR/run/                   runtime dir (API sockets)
 //! DIR/run/bus.sock           the sandbox's private D-Bus bus (see [`Sandbox::private_bus`])
-//! DIR/kubelet/               kubelet dir (device-plugin sockets)
+//! DIR/kubelet/               kubelet dir: device-plugins/ holds the plugin's sockets; a
+//!                            kubelet-shaped peer puts kubelet.sock there and
+//!                            pod-resources/kubelet.sock beside it
+//! DIR/run/containerd.sock    where the plugin asks the container runtime (CRI)
 //! DIR/topology               the shape the sandbox was made with
 //! ```
 //!
@@ -111,6 +114,9 @@ impl Sandbox {
             // Written last: its presence means the sandbox is complete.
             fs::write(&shape_file, format!("{}\n", sb.shape)).map_err(io_err(&shape_file))?;
         }
+        // The device plugin serves its sockets here (older sandboxes lack it).
+        let plugins = sb.kubelet().join("device-plugins");
+        fs::create_dir_all(&plugins).map_err(io_err(&plugins))?;
         Ok(sb)
     }
 
@@ -225,6 +231,7 @@ impl Sandbox {
         settings.paths.state_dir = self.state();
         settings.paths.runtime_dir = self.run();
         settings.paths.kubelet_dir = self.kubelet();
+        settings.kubelet.runtime_endpoint = self.run().join("containerd.sock");
     }
 }
 

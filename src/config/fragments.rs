@@ -25,6 +25,20 @@ pub(crate) struct Fragment {
     pub daemon: DaemonFragment,
     #[serde(default)]
     pub pools: BTreeMap<String, PoolFragment>,
+    #[serde(default)]
+    pub kubelet: KubeletFragment,
+}
+
+/// `[kubelet]` as written in one file: the device plugin.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KubeletFragment {
+    pub enabled: Option<bool>,
+    pub resource_prefix: Option<String>,
+    pub millicpus_per_device: Option<u64>,
+    pub release_grace_ms: Option<u64>,
+    pub reconcile_interval_ms: Option<u64>,
+    pub runtime_endpoint: Option<PathBuf>,
 }
 
 /// `[paths]` as written in one file.

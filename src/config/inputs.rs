@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::fragments::{DaemonFragment, Fragment, PathsFragment};
+use super::fragments::{DaemonFragment, Fragment, KubeletFragment, PathsFragment};
 use super::{pool_key, ConfigError, Origins};
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::{PoolKind, Smt};
@@ -26,6 +26,7 @@ const SOURCE_FIELDS: [&str; 4] = ["cpus", "count", "numa", "isolcpus"];
 pub(crate) struct Inputs {
     pub paths: PathsFragment,
     pub daemon: DaemonFragment,
+    pub kubelet: KubeletFragment,
     /// By name as written; names are validated in the settings stage.
     pub pools: BTreeMap<String, PoolInput>,
     /// Who set each key last.
@@ -64,7 +65,18 @@ impl Inputs {
         self.files.push(file.to_owned());
         let mut set = Setter { origins: &mut self.origins, file };
 
-        let Fragment { paths, daemon, pools } = fragment;
+        let Fragment { paths, daemon, pools, kubelet } = fragment;
+        let k = &mut self.kubelet;
+        set.field(&mut k.enabled, kubelet.enabled, "kubelet.enabled");
+        set.field(&mut k.resource_prefix, kubelet.resource_prefix, "kubelet.resource_prefix");
+        set.field(&mut k.millicpus_per_device, kubelet.millicpus_per_device, "kubelet.millicpus_per_device");
+        set.field(&mut k.release_grace_ms, kubelet.release_grace_ms, "kubelet.release_grace_ms");
+        set.field(
+            &mut k.reconcile_interval_ms,
+            kubelet.reconcile_interval_ms,
+            "kubelet.reconcile_interval_ms",
+        );
+        set.field(&mut k.runtime_endpoint, kubelet.runtime_endpoint, "kubelet.runtime_endpoint");
         set.field(&mut self.paths.sysfs_root, paths.sysfs_root, "paths.sysfs_root");
         set.field(&mut self.paths.cgroup_root, paths.cgroup_root, "paths.cgroup_root");
         set.field(&mut self.paths.state_dir, paths.state_dir, "paths.state_dir");

@@ -57,7 +57,10 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use settings::{Backend, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL};
+pub use settings::{
+    Backend, Kubelet, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL,
+    DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_RESOURCE_PREFIX,
+};
 
 use crate::core::cpuset::CpuSetError;
 use crate::core::pool::PoolError;

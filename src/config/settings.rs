@@ -56,6 +56,8 @@ pub struct Settings {
     pub backend: Backend,
     /// The configured pools, in name order; resolve them with [`Settings::resolve_pools`].
     pub pools: Vec<PoolSpec>,
+    /// `[kubelet]`: the device plugin.
+    pub kubelet: Kubelet,
     /// Which file set each key, for error messages.
     pub origins: Origins,
 }
@@ -72,6 +74,49 @@ pub enum Backend {
     Cgroupfs,
 }
 
+/// `[kubelet]`: how the pools are offered to the kubelet (see `api::deviceplugin`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kubelet {
+    /// `kubelet.enabled`: serve the device plugin (it waits for the kubelet if there is none).
+    pub enabled: bool,
+    /// `kubelet.resource_prefix`: resources are `<prefix>/<pool>`.
+    pub resource_prefix: String,
+    /// `kubelet.millicpus_per_device`: a shared pool's device is this many millicpus.
+    pub millicpus_per_device: u64,
+    /// `kubelet.release_grace_ms`: how long a kubelet assignment whose devices no container
+    /// holds any more is kept before it is released.
+    pub release_grace: std::time::Duration,
+    /// `kubelet.reconcile_interval_ms`: how often the kubelet's PodResources are read.
+    pub reconcile_interval: std::time::Duration,
+    /// `kubelet.runtime_endpoint`: the container runtime's CRI socket.
+    pub runtime_endpoint: PathBuf,
+}
+
+impl Default for Kubelet {
+    fn default() -> Self {
+        Kubelet {
+            enabled: true,
+            resource_prefix: DEFAULT_RESOURCE_PREFIX.to_owned(),
+            millicpus_per_device: DEFAULT_MILLICPUS_PER_DEVICE,
+            release_grace: std::time::Duration::from_millis(DEFAULT_RELEASE_GRACE_MS),
+            reconcile_interval: std::time::Duration::from_millis(DEFAULT_RECONCILE_INTERVAL_MS),
+            runtime_endpoint: DEFAULT_RUNTIME_ENDPOINT.into(),
+        }
+    }
+}
+
+/// `kubelet.resource_prefix` when no file sets it.
+pub const DEFAULT_RESOURCE_PREFIX: &str = "cpupool.io";
+/// `kubelet.millicpus_per_device` when no file sets it: a 512-CPU shared pool is 5120 devices,
+/// a ListAndWatch message of about 250 KiB (the gRPC limit is 4 MiB).
+pub const DEFAULT_MILLICPUS_PER_DEVICE: u64 = 100;
+/// `kubelet.release_grace_ms` when no file sets it.
+pub const DEFAULT_RELEASE_GRACE_MS: u64 = 60_000;
+/// `kubelet.reconcile_interval_ms` when no file sets it.
+pub const DEFAULT_RECONCILE_INTERVAL_MS: u64 = 5_000;
+/// `kubelet.runtime_endpoint` when no file sets it.
+pub const DEFAULT_RUNTIME_ENDPOINT: &str = "/run/containerd/containerd.sock";
+
 /// `daemon.host_cgroups` when no file sets it.
 pub const DEFAULT_HOST_CGROUPS: [&str; 3] = ["system.slice", "user.slice", "init.scope"];
 /// `daemon.admin_group` when no file sets it.
@@ -82,7 +127,7 @@ pub const DEFAULT_LOG_LEVEL: log::LevelFilter = log::LevelFilter::Info;
 impl Settings {
     /// Validates merged inputs.
     pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
-        let Inputs { paths, daemon, pools, origins, files } = inputs;
+        let Inputs { paths, daemon, pools, origins, files, kubelet } = inputs;
         let lend_idle = daemon.lend_idle.unwrap_or(false);
         let backend = match daemon.backend.as_deref() {
             None | Some("auto") => Backend::Auto,
@@ -156,6 +201,46 @@ impl Settings {
             }
         };
 
+        let defaults = Kubelet::default();
+        let resource_prefix = kubelet.resource_prefix.unwrap_or(defaults.resource_prefix);
+        if let Err(reason) = check_resource_prefix(&resource_prefix) {
+            return Err(invalid("kubelet.resource_prefix", reason));
+        }
+        let millicpus_per_device = kubelet.millicpus_per_device.unwrap_or(defaults.millicpus_per_device);
+        if !(10..=1000).contains(&millicpus_per_device) || 1000 % millicpus_per_device != 0 {
+            return Err(invalid(
+                "kubelet.millicpus_per_device",
+                format!(
+                    "{millicpus_per_device} must divide 1000 and be at least 10 (a device is a whole share of one CPU; \
+                     smaller units make ListAndWatch messages too large)"
+                ),
+            ));
+        }
+        let interval = kubelet.reconcile_interval_ms.unwrap_or(DEFAULT_RECONCILE_INTERVAL_MS);
+        if !(10..=3_600_000).contains(&interval) {
+            return Err(invalid(
+                "kubelet.reconcile_interval_ms",
+                format!("{interval} must be between 10 and 3600000"),
+            ));
+        }
+        let grace = kubelet.release_grace_ms.unwrap_or(DEFAULT_RELEASE_GRACE_MS);
+        if grace > 86_400_000 {
+            return Err(invalid(
+                "kubelet.release_grace_ms",
+                format!("{grace} must be at most 86400000 (a day)"),
+            ));
+        }
+        let runtime_endpoint =
+            absolute(kubelet.runtime_endpoint, defaults.runtime_endpoint, "kubelet.runtime_endpoint")?;
+        let kubelet = Kubelet {
+            enabled: kubelet.enabled.unwrap_or(defaults.enabled),
+            resource_prefix,
+            millicpus_per_device,
+            release_grace: std::time::Duration::from_millis(grace),
+            reconcile_interval: std::time::Duration::from_millis(interval),
+            runtime_endpoint,
+        };
+
         let mut pools = pools;
         pools.retain(|_, p| p.removed != Some(true));
         if pools.is_empty() {
@@ -166,7 +251,17 @@ impl Settings {
             .map(|(name, input)| pool_spec(&name, input, &origins))
             .collect::<Result<Vec<_>, _>>()?;
 
-        Ok(Settings { paths, host_cgroups, admin_group, log_level, lend_idle, backend, pools, origins })
+        Ok(Settings {
+            paths,
+            host_cgroups,
+            admin_group,
+            log_level,
+            lend_idle,
+            backend,
+            pools,
+            kubelet,
+            origins,
+        })
     }
 
     /// Resolves the pools against the host's topology (see [`pool::resolve`]). An error names the
@@ -214,6 +309,27 @@ impl Settings {
             PoolError::UnknownNode { pool, .. } => pool_key(pool.as_str(), "numa"),
         }
     }
+}
+
+/// A resource prefix is a DNS subdomain (RFC 1123): the kubelet refuses anything else.
+fn check_resource_prefix(p: &str) -> Result<(), String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if p.is_empty() || p.len() > 253 || !p.split('.').all(label_ok) {
+        return Err(format!(
+            "`{}` is not a DNS subdomain such as cpupool.io (lower-case letters, digits, - and .)",
+            p.escape_debug()
+        ));
+    }
+    if p == "kubernetes.io" || p.ends_with(".kubernetes.io") || p == "k8s.io" || p.ends_with(".k8s.io") {
+        return Err(format!("`{p}` is reserved by Kubernetes"));
+    }
+    Ok(())
 }
 
 /// Checks one merged pool.

@@ -88,6 +88,9 @@ fn defaults() {
     assert_eq!(s.paths.state_dir, Path::new("/var/lib/cpupoold"));
     assert_eq!(s.paths.runtime_dir, Path::new("/run/cpupoold"));
     assert_eq!(s.paths.kubelet_dir, Path::new("/var/lib/kubelet"));
+    assert_eq!(s.kubelet, Kubelet::default());
+    assert_eq!(s.kubelet.resource_prefix, "cpupool.io");
+    assert!(s.kubelet.enabled);
     let cgroups: Vec<&str> = s.host_cgroups.iter().map(|c| c.as_str()).collect();
     assert_eq!(cgroups, ["system.slice", "user.slice", "init.scope"]);
     assert_eq!(s.admin_group, "cpupool");
@@ -134,7 +137,26 @@ fn every_key_is_read() {
         [pools.iso]
         kind = "exclusive"
         isolcpus = true
+        [kubelet]
+        enabled = false
+        resource_prefix = "cpu.example.com"
+        millicpus_per_device = 250
+        release_grace_ms = 0
+        reconcile_interval_ms = 100
+        runtime_endpoint = "/run/crio/crio.sock"
     "#);
+    assert_eq!(
+        s.kubelet,
+        Kubelet {
+            enabled: false,
+            resource_prefix: "cpu.example.com".into(),
+            millicpus_per_device: 250,
+            release_grace: std::time::Duration::ZERO,
+            reconcile_interval: std::time::Duration::from_millis(100),
+            runtime_endpoint: "/run/crio/crio.sock".into(),
+        }
+    );
+    assert_eq!(s.origins.get("kubelet.millicpus_per_device"), Some(Path::new("t.toml")));
     assert_eq!(
         s.paths,
         Paths {
@@ -302,6 +324,15 @@ fn every_validation_error_names_file_and_key() {
         ("[daemon]\nlog_level = \"verbose\"\n", "daemon.log_level", "`verbose` is not one of"),
         ("[daemon]\nadmin_group = \"\"\n", "daemon.admin_group", "not a group name"),
         ("[daemon]\nadmin_group = \"a b\"\n", "daemon.admin_group", "not a group name"),
+        ("[kubelet]\nresource_prefix = \"Cpu.IO\"\n", "kubelet.resource_prefix", "not a DNS subdomain"),
+        ("[kubelet]\nresource_prefix = \"a..b\"\n", "kubelet.resource_prefix", "not a DNS subdomain"),
+        ("[kubelet]\nresource_prefix = \"kubernetes.io\"\n", "kubelet.resource_prefix", "reserved"),
+        ("[kubelet]\nmillicpus_per_device = 300\n", "kubelet.millicpus_per_device", "must divide 1000"),
+        ("[kubelet]\nmillicpus_per_device = 5\n", "kubelet.millicpus_per_device", "at least 10"),
+        ("[kubelet]\nmillicpus_per_device = 2000\n", "kubelet.millicpus_per_device", "must divide"),
+        ("[kubelet]\nreconcile_interval_ms = 0\n", "kubelet.reconcile_interval_ms", "between 10"),
+        ("[kubelet]\nrelease_grace_ms = 99999999999\n", "kubelet.release_grace_ms", "at most"),
+        ("[kubelet]\nruntime_endpoint = \"containerd.sock\"\n", "kubelet.runtime_endpoint", "absolute"),
     ];
     for (text, key, reason) in cases {
         // With a valid reserved pool beside it, the case's key is the only thing wrong.
@@ -346,6 +377,7 @@ fn unknown_fields_are_rejected_by_key() {
         ("[pools.dp]\nkind = \"shared\"\ncont = 4\n", "pools.dp.cont", 3),
         ("[paths]\nstate = \"/x\"\n", "paths.state", 2),
         ("[daemon]\nloglevel = \"info\"\n", "daemon.loglevel", 2),
+        ("[kubelet]\nprefix = \"x\"\n", "kubelet.prefix", 2),
         ("\n[pool.dp]\nkind = \"shared\"\n", "pool", 2),
     ] {
         let e = err(text);

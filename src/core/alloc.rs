@@ -84,6 +84,42 @@ pub fn pick(
     Ok(chosen)
 }
 
+/// Picks `count` device-plugin devices from `available`, always including `must_include`: with
+/// `smt = "threads"` a device is one logical CPU, with `"full-cores"` one whole core (all its
+/// online threads). Packed like [`pick`]: fewest NUMA nodes, then L3 groups, whole cores.
+///
+/// Full cores are counted in CPUs by [`pick`], so this needs the available cores to have one
+/// thread count (true unless a sibling is offline); otherwise it says `NotWholeCores`.
+pub fn pick_devices(
+    topo: &Topology,
+    available: &CpuSet,
+    must_include: &CpuSet,
+    count: usize,
+    smt: Smt,
+) -> Result<CpuSet, PickError> {
+    match smt {
+        Smt::Threads => pick(topo, available, must_include, count, smt),
+        Smt::FullCores => {
+            let available = available.intersection(&topo.online());
+            let sizes: std::collections::BTreeSet<usize> = topo
+                .cores()
+                .values()
+                .filter(|threads| threads.is_subset(&available))
+                .map(CpuSet::len)
+                .collect();
+            match sizes.len() {
+                0 if count == 0 => Ok(CpuSet::new()),
+                0 => Err(PickError::Insufficient { requested: count, available: 0 }),
+                1 => {
+                    let per_core = sizes.first().copied().unwrap_or(1);
+                    pick(topo, &available, must_include, count * per_core, smt)
+                }
+                _ => Err(PickError::NotWholeCores { requested: count }),
+            }
+        }
+    }
+}
+
 fn units(topo: &Topology, available: &CpuSet, smt: Smt) -> Vec<Unit> {
     let mut out = Vec::new();
     match smt {
@@ -269,6 +305,31 @@ mod tests {
         assert_eq!(
             pick(&t, &t.online(), &CpuSet::new(), 9, Smt::Threads),
             Err(PickError::Insufficient { requested: 9, available: 8 })
+        );
+    }
+
+    #[test]
+    fn devices_are_cores_or_threads() {
+        let t = Topology::synthetic(2, 4, 2, 2); // cores 0-3 on node 0, 4-7 on node 1; c+8 siblings
+        let got = pick_devices(&t, &t.online(), &CpuSet::new(), 2, Smt::FullCores)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, set("0-1,8-9"));
+        // must_include a core on node 1: the rest comes from node 1 too.
+        let got =
+            pick_devices(&t, &t.online(), &set("6,14"), 2, Smt::FullCores).unwrap_or_else(|e| panic!("{e}"));
+        assert!(got.contains(6) && got.contains(14) && got.len() == 4 && got.is_subset(&t.nodes()[&1]));
+        // Threads: 3 devices are 3 CPUs, siblings together.
+        let got =
+            pick_devices(&t, &t.online(), &CpuSet::new(), 3, Smt::Threads).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.len(), 3);
+        assert_eq!(t.nodes_of(&got).len(), 1);
+        assert_eq!(
+            pick_devices(&t, &set("0,8"), &CpuSet::new(), 2, Smt::FullCores),
+            Err(PickError::Insufficient { requested: 4, available: 2 })
+        );
+        assert_eq!(
+            pick_devices(&t, &set("0"), &CpuSet::new(), 1, Smt::FullCores),
+            Err(PickError::Insufficient { requested: 1, available: 0 })
         );
     }
 

@@ -67,12 +67,15 @@ impl std::fmt::Display for Key {
     }
 }
 
-impl From<&Target> for Key {
-    fn from(t: &Target) -> Key {
+impl Key {
+    /// What `t` is restricted on; `None` for a kubelet allocation whose container is not known
+    /// yet (its CPUs are held, nothing on the host is restricted).
+    pub fn of(t: &Target) -> Option<Key> {
         match t {
-            Target::Cgroup(p) => Key::Cgroup(p.clone()),
-            Target::Unit(u) => Key::Unit(u.clone()),
-            Target::Pid(p) => Key::Pid(*p),
+            Target::Cgroup(p) => Some(Key::Cgroup(p.clone())),
+            Target::Unit(u) => Some(Key::Unit(u.clone())),
+            Target::Pid(p) => Some(Key::Pid(*p)),
+            Target::Kubelet(_) => None,
         }
     }
 }
@@ -240,13 +243,14 @@ pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
         }
     }
     for a in state.assignments().values() {
+        let Some(key) = Key::of(&a.target) else { continue };
         let role = if a.kind == PoolKind::Exclusive { Role::Exclusive } else { Role::Shared };
         let mut place = Placement::new(a.cpus.clone(), topo.nodes_of(&a.cpus), role);
         let enforce = state.pools().get(&a.pool).is_some_and(|p| p.enforce_quota);
         if a.kind == PoolKind::Shared && enforce {
             place.quota = Some(a.millicpus);
         }
-        out.insert(Key::from(&a.target), place);
+        out.insert(key, place);
     }
     out
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::alloc::{self, PickError};
 use super::cpuset::CpuSet;
-use super::pool::{Pool, PoolKind, PoolName};
+use super::pool::{Pool, PoolKind, PoolName, Smt};
 use super::topology::Topology;
 
 /// Longest assignment id.
@@ -165,10 +165,17 @@ pub enum Target {
     Cgroup(CgroupPath),
     /// A process (`pid:1234`).
     Pid(u32),
+    /// CPUs the kubelet allocated to a container not known yet (`kubelet:cpu-3`), named by the
+    /// first device id of the allocation. It has no placement on the host: the CPUs are held
+    /// until the device plugin retargets the assignment to the container's cgroup.
+    Kubelet(String),
 }
 
+/// Longest device id (the device plugin API's limit).
+pub const MAX_DEVICE_ID: usize = 63;
+
 impl Target {
-    /// Parses `unit:NAME`, `cgroup:PATH` or `pid:N`.
+    /// Parses `unit:NAME`, `cgroup:PATH`, `pid:N` or `kubelet:DEVICE`.
     pub fn parse(s: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::InvalidArgument { arg: "target", reason };
         let Some((kind, rest)) = s.split_once(':') else {
@@ -191,6 +198,19 @@ impl Target {
                 Ok(pid) if pid > 0 && pid <= 4_194_304 => Ok(Target::Pid(pid)),
                 _ => Err(bad(format!("`{}` is not a process id (1-4194304)", rest.escape_debug()))),
             },
+            "kubelet" => {
+                let ok = !rest.is_empty()
+                    && rest.len() <= MAX_DEVICE_ID
+                    && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+                if ok {
+                    Ok(Target::Kubelet(rest.to_owned()))
+                } else {
+                    Err(bad(format!(
+                        "`{}` is not a device id (1-{MAX_DEVICE_ID} characters of A-Z a-z 0-9 _ . -)",
+                        rest.escape_debug()
+                    )))
+                }
+            }
             other => Err(bad(format!(
                 "unknown target kind `{}` (use unit:, cgroup: or pid:)",
                 other.escape_debug()
@@ -218,18 +238,21 @@ impl fmt::Display for Target {
             Target::Unit(u) => write!(f, "unit:{u}"),
             Target::Cgroup(p) => write!(f, "cgroup:{p}"),
             Target::Pid(p) => write!(f, "pid:{p}"),
+            Target::Kubelet(d) => write!(f, "kubelet:{d}"),
         }
     }
 }
 
 /// How much an assignment asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Size {
     /// Whole CPUs.
     Cpus(u32),
     /// Thousandths of a CPU (shared pools only, or whole thousands).
     Millicpus(u64),
+    /// Exactly these CPUs (exclusive pools): what the kubelet allocated by device id.
+    Cpuset(CpuSet),
 }
 
 /// A request for CPUs.
@@ -524,10 +547,11 @@ impl State {
         let pool = self.pool(&spec.pool)?.clone();
         if let Some(id) = &spec.id {
             if let Some(existing) = self.data.assignments.get(id) {
-                let same_size = match (pool.kind, spec.size) {
-                    (PoolKind::Exclusive, Size::Cpus(n)) => existing.cpus.len() as u64 == u64::from(n),
-                    (_, Size::Cpus(n)) => existing.millicpus == u64::from(n) * 1000,
-                    (_, Size::Millicpus(m)) => existing.millicpus == m,
+                let same_size = match (pool.kind, &spec.size) {
+                    (PoolKind::Exclusive, Size::Cpus(n)) => existing.cpus.len() as u64 == u64::from(*n),
+                    (_, Size::Cpuset(set)) => existing.cpus == *set,
+                    (_, Size::Cpus(n)) => existing.millicpus == u64::from(*n) * 1000,
+                    (_, Size::Millicpus(m)) => existing.millicpus == *m,
                 };
                 if existing.pool == pool.name && existing.target == spec.target && same_size {
                     return Ok(Outcome::Identity(existing.clone()));
@@ -546,7 +570,13 @@ impl State {
         let (cpus, millicpus) = match pool.kind {
             PoolKind::Reserved => return Err(Error::ReservedPool { pool: pool.name.to_string() }),
             PoolKind::Exclusive => {
-                let n = match spec.size {
+                if let Size::Cpuset(want) = &spec.size {
+                    let cpus = self.exact(topo, &pool, want)?;
+                    let n = cpus.len() as u64;
+                    (cpus, n * 1000)
+                } else {
+                    let n = match spec.size {
+                    Size::Cpuset(_) => 0,
                     Size::Cpus(n) => u64::from(n),
                     Size::Millicpus(m) if m % 1000 == 0 => m / 1000,
                     Size::Millicpus(m) => {
@@ -559,30 +589,43 @@ impl State {
                         })
                     }
                 };
-                if n == 0 {
-                    return Err(Error::InvalidArgument { arg: "cpus", reason: "must be at least 1".into() });
+                    if n == 0 {
+                        return Err(Error::InvalidArgument {
+                            arg: "cpus",
+                            reason: "must be at least 1".into(),
+                        });
+                    }
+                    let free = self.free_cpus(&pool);
+                    let cpus = match alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt) {
+                        Ok(c) => c,
+                        Err(PickError::Insufficient { available, .. }) => {
+                            return Err(Error::InsufficientCapacity {
+                                pool: pool.name.to_string(),
+                                requested: n,
+                                free: available as u64,
+                                unit: "cpus",
+                            })
+                        }
+                        Err(PickError::NotWholeCores { .. }) => {
+                            return Err(Error::NotWholeCores { pool: pool.name.to_string(), requested: n })
+                        }
+                    };
+                    (cpus, n * 1000)
                 }
-                let free = self.free_cpus(&pool);
-                let cpus = match alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt) {
-                    Ok(c) => c,
-                    Err(PickError::Insufficient { available, .. }) => {
-                        return Err(Error::InsufficientCapacity {
-                            pool: pool.name.to_string(),
-                            requested: n,
-                            free: available as u64,
-                            unit: "cpus",
-                        })
-                    }
-                    Err(PickError::NotWholeCores { .. }) => {
-                        return Err(Error::NotWholeCores { pool: pool.name.to_string(), requested: n })
-                    }
-                };
-                (cpus, n * 1000)
             }
             PoolKind::Shared => {
                 let m = match spec.size {
                     Size::Cpus(n) => u64::from(n) * 1000,
                     Size::Millicpus(m) => m,
+                    Size::Cpuset(_) => {
+                        return Err(Error::InvalidArgument {
+                            arg: "cpus",
+                            reason: format!(
+                                "pool `{}` is shared: its assignments take millicpus, not chosen CPUs",
+                                pool.name
+                            ),
+                        })
+                    }
                 };
                 if m == 0 {
                     let arg = if matches!(spec.size, Size::Cpus(_)) { "cpus" } else { "millicpus" };
@@ -623,6 +666,57 @@ impl State {
         self.add_usage(&a);
         self.data.assignments.insert(id, a.clone());
         Ok(Outcome::Changed(a))
+    }
+
+    /// Checks that `want` can be owned whole by a new assignment of the exclusive `pool`.
+    fn exact(&self, topo: &Topology, pool: &Pool, want: &CpuSet) -> Result<CpuSet, Error> {
+        let bad = |reason: String| Error::InvalidArgument { arg: "cpus", reason };
+        if want.is_empty() {
+            return Err(bad("must name at least one CPU".into()));
+        }
+        let outside = want.difference(&pool.cpus);
+        if !outside.is_empty() {
+            return Err(bad(format!("CPUs {outside} are not in pool `{}`", pool.name)));
+        }
+        let taken = want.difference(&self.free_cpus(pool));
+        if !taken.is_empty() {
+            let holder = self
+                .data
+                .assignments
+                .values()
+                .find(|a| a.pool == pool.name && !a.cpus.is_disjoint(&taken))
+                .map(|a| a.id.to_string())
+                .unwrap_or_default();
+            return Err(bad(format!("CPUs {taken} are held by assignment `{holder}`")));
+        }
+        if pool.smt == Smt::FullCores && !topo.is_whole_cores(want) {
+            return Err(Error::NotWholeCores { pool: pool.name.to_string(), requested: want.len() as u64 });
+        }
+        Ok(want.clone())
+    }
+
+    /// Points an assignment at another target, keeping its CPUs: the device plugin moves a
+    /// kubelet allocation to its container's cgroup once the container is known.
+    pub fn retarget(&mut self, id: &str, target: Target) -> Result<Outcome<Assignment>, Error> {
+        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: id.to_owned() })?;
+        let Some(current) = self.data.assignments.get(&key) else {
+            return Err(Error::NoSuchAssignment { id: id.to_owned() });
+        };
+        if current.target == target {
+            return Ok(Outcome::Identity(current.clone()));
+        }
+        if let Some(other) = self.data.assignments.values().find(|a| a.target == target) {
+            return Err(Error::TargetBusy {
+                target: target.to_string(),
+                id: other.id.to_string(),
+                pool: other.pool.to_string(),
+            });
+        }
+        let Some(a) = self.data.assignments.get_mut(&key) else {
+            return Err(Error::NoSuchAssignment { id: id.to_owned() });
+        };
+        a.target = target;
+        Ok(Outcome::Changed(a.clone()))
     }
 
     /// Releases an assignment, returning what it held.

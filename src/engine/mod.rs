@@ -187,6 +187,9 @@ pub enum Request {
     Reapply(oneshot::Sender<Result<usize, EngineError>>),
     /// Answer, to prove the engine thread is alive (watchdog).
     Ping(oneshot::Sender<()>),
+    /// Point an assignment at another target, keeping its CPUs (the device plugin, once it
+    /// knows the container of a kubelet allocation).
+    Retarget(String, state::Target, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
 }
 
 /// How adapters reach the engine.
@@ -244,6 +247,16 @@ impl Handle {
     /// Creates, resizes or deletes a pool; returns the pool as it now is (`None` once deleted).
     pub async fn edit_pool(&self, edit: PoolEdit) -> Result<Option<Pool>, EngineError> {
         self.call(|tx| Request::EditPool(edit, tx)).await
+    }
+
+    /// Points an assignment at another target, keeping its CPUs, and applies it.
+    pub async fn retarget(
+        &self,
+        id: &str,
+        target: state::Target,
+    ) -> Result<Outcome<Assignment>, EngineError> {
+        let id = id.to_owned();
+        self.call(|tx| Request::Retarget(id, target, tx)).await
     }
 
     /// Waits until the engine thread answers.
@@ -542,6 +555,9 @@ impl Engine {
             Request::Ping(reply) => {
                 let _ = reply.send(());
             }
+            Request::Retarget(id, target, reply) => {
+                let _ = reply.send(self.retarget(&id, target));
+            }
         }
     }
 
@@ -664,6 +680,20 @@ impl Engine {
         self.commit(next)?;
         self.publish(released(&a));
         Ok(a)
+    }
+
+    fn retarget(&mut self, id: &str, target: state::Target) -> Result<Outcome<Assignment>, EngineError> {
+        let mut next = (*self.state).clone();
+        let out = next.retarget(id, target)?;
+        if let Outcome::Changed(a) = &out {
+            self.commit(next)?;
+            log::info!(
+                POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+                "assignment {} (CPUs {}) now applies to {}", a.id, a.cpus, a.target
+            );
+            self.publish(vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Added }]);
+        }
+        Ok(out)
     }
 
     fn reload(&mut self, settings: Result<Box<Settings>, ConfigError>) -> Result<bool, EngineError> {

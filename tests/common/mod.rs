@@ -125,6 +125,12 @@ impl Daemon {
     }
 
     fn start_with(dir: &Path, config: Option<&str>, args: &[&str]) -> Daemon {
+        Daemon::start_shaped(dir, "1x4x2:1", config, args)
+    }
+
+    /// Like [`Daemon::start`] on a host of another shape (`SxCxT:N`), with `config` (or the
+    /// sandbox's sample).
+    pub fn start_shaped(dir: &Path, shape: &str, config: Option<&str>, args: &[&str]) -> Daemon {
         let sb = dir.join("sb");
         fs::create_dir_all(sb.join("etc/cpupoold")).unwrap();
         if let Some(config) = config.filter(|_| !sb.join("etc/cpupoold/config.toml").exists()) {
@@ -134,7 +140,7 @@ impl Daemon {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
             .arg("--sandbox")
             .arg(&sb)
-            .args(["--topology", "1x4x2:1"])
+            .args(["--topology", shape])
             .args(args)
             .env_remove("NOTIFY_SOCKET")
             .stdout(Stdio::piped())

@@ -77,6 +77,56 @@ fn idempotent_repeat_and_conflicts() {
 }
 
 #[test]
+fn exact_cpus_for_the_kubelet_then_retarget() {
+    let (t, mut s) = fixture();
+    let a = s
+        .assign(&t, &spec("dp", "kubelet:core-2", Size::Cpuset(set("2,6")), Some("kubelet-core-2")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(a.changed());
+    assert_eq!(a.into_inner().cpus, set("2,6"));
+    let again = s.assign(&t, &spec("dp", "kubelet:core-2", Size::Cpuset(set("2,6")), Some("kubelet-core-2")));
+    assert!(matches!(again, Ok(Outcome::Identity(_))));
+    let before = s.clone();
+    let arg = |r: Result<Outcome<Assignment>, Error>| match r {
+        Err(Error::InvalidArgument { arg, reason }) => format!("{arg}: {reason}"),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        arg(s.assign(&t, &spec("dp", "kubelet:cpu-6", Size::Cpuset(set("6")), None))),
+        "cpus: CPUs 6 are held by assignment `kubelet-core-2`"
+    );
+    assert_eq!(
+        arg(s.assign(&t, &spec("dp", "kubelet:cpu-3", Size::Cpuset(set("3")), None))),
+        "cpus: CPUs 3 are not in pool `dp`"
+    );
+    assert!(arg(s.assign(&t, &spec("web", "kubelet:x", Size::Cpuset(set("3")), None))).starts_with("cpus:"));
+    assert_eq!(
+        s.assign(&t, &spec("dp", "kubelet:cpu-1", Size::Cpuset(set("1")), None)),
+        Err(Error::NotWholeCores { pool: "dp".into(), requested: 1 })
+    );
+    assert_eq!(s, before);
+
+    let target = Target::parse("cgroup:kubepods/pod1/ctr").unwrap_or_else(|e| panic!("{e}"));
+    let moved = s.retarget("kubelet-core-2", target.clone()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(moved.changed());
+    assert_eq!(moved.into_inner().cpus, set("2,6"));
+    assert!(matches!(s.retarget("kubelet-core-2", target.clone()), Ok(Outcome::Identity(_))));
+    s.assign(&t, &spec("web", "cgroup:other", Size::Millicpus(10), Some("w")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let before = s.clone();
+    assert_eq!(
+        s.retarget("w", target),
+        Err(Error::TargetBusy {
+            target: "cgroup:kubepods/pod1/ctr".into(),
+            id: "kubelet-core-2".into(),
+            pool: "dp".into()
+        })
+    );
+    assert_eq!(s.retarget("nope", Target::Pid(1)), Err(Error::NoSuchAssignment { id: "nope".into() }));
+    assert_eq!(s, before);
+}
+
+#[test]
 fn every_assign_error_leaves_state_unchanged() {
     let (t, mut s) = fixture();
     let snapshot = s.clone();
@@ -126,6 +176,10 @@ fn shared_pool_counts_millicpus_and_gives_the_whole_pool() {
 fn target_parsing() {
     assert_eq!(Target::parse("unit:foo.service"), Ok(Target::Unit("foo.service".into())));
     assert_eq!(Target::parse("pid:42"), Ok(Target::Pid(42)));
+    assert_eq!(Target::parse("kubelet:cpu-3"), Ok(Target::Kubelet("cpu-3".into())));
+    assert_eq!(Target::Kubelet("cpu-3".into()).to_string(), "kubelet:cpu-3");
+    assert!(Target::parse("kubelet:").is_err());
+    assert!(Target::parse("kubelet:a/b").is_err());
     assert_eq!(Target::parse("cgroup:a/b/"), Ok(Target::Cgroup(CgroupPath("a/b".into()))));
     for bad in [
         "cgroup:../../etc",

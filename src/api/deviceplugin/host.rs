@@ -1,0 +1,154 @@
+//! What the plugin reads from the node besides the kubelet's APIs: the kubelet's CPU manager
+//! checkpoint, and the cgroup tree where a container's cgroup is found.
+
+use std::fs;
+use std::path::Path;
+
+use crate::core::cpuset::CpuSet;
+use crate::core::state::CgroupPath;
+
+/// Why the plugin may not run next to the kubelet's CPU manager.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{file}`: the kubelet's CPU manager runs the static policy and has given CPUs {cpus} of pool `{pool}` \
+     to containers; set cpuManagerPolicy: none, or keep the pools out of its reach with \
+     reservedSystemCPUs covering them, then restart the kubelet (and cpupoold)"
+)]
+pub struct StaticConflict {
+    /// The checkpoint file.
+    pub file: String,
+    /// The pool.
+    pub pool: String,
+    /// The CPUs both own.
+    pub cpus: CpuSet,
+}
+
+/// Checks the kubelet's `cpu_manager_state` (JSON: `policyName`, `defaultCpuSet`, `entries`
+/// of pod → container → CPU list) against the pools: the static policy owning a pool's CPUs
+/// (exclusive entries) is a conflict. A missing or unreadable file is no conflict.
+pub fn check_cpu_manager(file: &Path, pools: &[(String, CpuSet)]) -> Result<(), StaticConflict> {
+    let Ok(text) = fs::read_to_string(file) else { return Ok(()) };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return Ok(()) };
+    if v.get("policyName").and_then(|p| p.as_str()) != Some("static") {
+        return Ok(());
+    }
+    let mut owned = CpuSet::new();
+    if let Some(entries) = v.get("entries").and_then(|e| e.as_object()) {
+        for containers in entries.values().filter_map(|c| c.as_object()) {
+            for cpus in containers.values().filter_map(|c| c.as_str()) {
+                owned = owned.union(&CpuSet::parse(cpus).unwrap_or_default());
+            }
+        }
+    }
+    for (pool, cpus) in pools {
+        let both = owned.intersection(cpus);
+        if !both.is_empty() {
+            return Err(StaticConflict { file: file.display().to_string(), pool: pool.clone(), cpus: both });
+        }
+    }
+    Ok(())
+}
+
+/// The cgroup of a container, relative to `root`: the pod's cgroup is found below `kubepods`
+/// (cgroupfs driver: `kubepods/[<qos>/]pod<uid>`) or `kubepods.slice` (systemd driver:
+/// `kubepods[-<qos>]-pod<uid with _>.slice`), and in it the container's: `<id>` (cgroupfs) or
+/// `<runtime>-<id>.scope` (systemd: `cri-containerd-`, `crio-`, `docker-`).
+pub fn find_container(root: &Path, pod_uid: &str, container_id: &str) -> Option<CgroupPath> {
+    if pod_uid.is_empty() || container_id.is_empty() || container_id.contains('/') {
+        return None;
+    }
+    let systemd_pod = format!("pod{}.slice", pod_uid.replace('-', "_"));
+    let cgroupfs_pod = format!("pod{pod_uid}");
+    let is_pod = |name: &str| name == cgroupfs_pod || name.ends_with(&format!("-{systemd_pod}"));
+    let scope = format!("-{container_id}.scope");
+    let is_container = |name: &str| name == container_id || name.ends_with(&scope);
+    for top in ["kubepods.slice", "kubepods"] {
+        // kubepods/pod, kubepods/<qos>/pod: at most two levels down.
+        let mut level = vec![top.to_owned()];
+        for _ in 0..2 {
+            let mut next = Vec::new();
+            for dir in &level {
+                for name in children(&root.join(dir)) {
+                    let rel = format!("{dir}/{name}");
+                    if is_pod(&name) {
+                        if let Some(c) = children(&root.join(&rel)).into_iter().find(|c| is_container(c)) {
+                            return CgroupPath::new(&format!("{rel}/{c}")).ok();
+                        }
+                        return None;
+                    }
+                    next.push(rel);
+                }
+            }
+            level = next;
+        }
+    }
+    None
+}
+
+fn children(dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_containers_of_both_drivers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        let uid = "0b5f-42";
+        for d in [
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5f_42.slice/cri-containerd-abc.scope",
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5f_42.slice/cri-containerd-pause.scope",
+            "kubepods/besteffort/pod77/def",
+            "kubepods/pod88/xyz",
+        ] {
+            fs::create_dir_all(r.join(d)).unwrap();
+        }
+        assert_eq!(
+            find_container(r, uid, "abc").map(|p| p.to_string()),
+            Some("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5f_42.slice/cri-containerd-abc.scope".into())
+        );
+        assert_eq!(
+            find_container(r, "77", "def").map(|p| p.to_string()),
+            Some("kubepods/besteffort/pod77/def".into())
+        );
+        assert_eq!(find_container(r, "88", "xyz").map(|p| p.to_string()), Some("kubepods/pod88/xyz".into()));
+        assert_eq!(find_container(r, uid, "gone"), None);
+        assert_eq!(find_container(r, "nope", "abc"), None);
+        assert_eq!(find_container(r, uid, "../x"), None);
+    }
+
+    #[test]
+    fn static_policy_owning_pool_cpus_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("cpu_manager_state");
+        let pools = vec![("dp".to_owned(), CpuSet::parse("2-5").unwrap())];
+        assert_eq!(check_cpu_manager(&f, &pools), Ok(()));
+        fs::write(&f, r#"{"policyName":"none","defaultCpuSet":"","checksum":1}"#).unwrap();
+        assert_eq!(check_cpu_manager(&f, &pools), Ok(()));
+        fs::write(
+            &f,
+            r#"{"policyName":"static","defaultCpuSet":"0-1,6-7","entries":{"pod":{"c":"6-7"}},"checksum":1}"#,
+        )
+        .unwrap();
+        assert_eq!(check_cpu_manager(&f, &pools), Ok(()));
+        fs::write(
+            &f,
+            r#"{"policyName":"static","defaultCpuSet":"0-1","entries":{"pod":{"c":"4-7"}},"checksum":1}"#,
+        )
+        .unwrap();
+        let e = check_cpu_manager(&f, &pools).unwrap_err();
+        assert_eq!(e.cpus, CpuSet::parse("4-5").unwrap());
+        assert!(e.to_string().contains("static policy"), "{e}");
+    }
+}

@@ -1,0 +1,375 @@
+//! The kubelet device plugin: every pool offered to the kubelet (`kubelet = true`, all but the
+//! reserved pool by default) becomes the extended resource `<resource_prefix>/<pool>`, served
+//! by its own `v1beta1.DevicePlugin` endpoint `cpupoold-<pool>.sock` in the kubelet's
+//! device-plugin directory.
+//!
+//! ```text
+//! kubelet ──Register◄── manager (this module) ──binds──► cpupoold-<pool>.sock ── server.rs
+//!    │ inotify on device-plugins/: kubelet.sock re-created or our socket removed → re-bind,
+//!    │ re-register (backoff, never gives up)
+//!    └─ PodResources List ──► reconcile.rs: which container holds which devices → CRI
+//!       ListContainers → the container's cgroup → engine.retarget(cgroup:…); devices no
+//!       container holds any more → engine.release after the grace period
+//! ```
+//!
+//! Allocate records an assignment `kubelet-<first device id>` with the target
+//! `kubelet:<first device id>` (CPUs held, nothing restricted yet); reconciliation points it at
+//! the container's cgroup, where the engine's normal plan applies the CPUs (`cpuset.cpus` with
+//! the cgroupfs backend, `AllowedCPUs` on the `.scope` with systemd's).
+#![deny(missing_docs)]
+
+pub mod devices;
+pub mod host;
+pub mod proto;
+mod reconcile;
+pub mod server;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{watch, Notify};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt;
+
+use crate::config::Settings;
+use crate::core::pool::{PoolKind, PoolName};
+use crate::engine::{Event, Handle};
+use proto::v1beta1;
+use server::{PoolPlugin, Shared};
+
+/// The API version registered.
+pub const VERSION: &str = "v1beta1";
+
+/// How the plugin runs; from the settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The kubelet's root directory (`paths.kubelet_dir`).
+    pub kubelet_dir: PathBuf,
+    /// The cgroup root (`paths.cgroup_root`), where container cgroups are found.
+    pub cgroup_root: PathBuf,
+    /// `kubelet.resource_prefix`.
+    pub resource_prefix: String,
+    /// `kubelet.millicpus_per_device`.
+    pub millis_per_device: u64,
+    /// `kubelet.release_grace_ms`.
+    pub release_grace: Duration,
+    /// `kubelet.reconcile_interval_ms`.
+    pub reconcile_interval: Duration,
+    /// `kubelet.runtime_endpoint`.
+    pub runtime_endpoint: PathBuf,
+}
+
+impl Options {
+    /// The plugin's options from the settings.
+    pub fn from_settings(s: &Settings) -> Options {
+        Options {
+            kubelet_dir: s.paths.kubelet_dir.clone(),
+            cgroup_root: s.paths.cgroup_root.clone(),
+            resource_prefix: s.kubelet.resource_prefix.clone(),
+            millis_per_device: s.kubelet.millicpus_per_device,
+            release_grace: s.kubelet.release_grace,
+            reconcile_interval: s.kubelet.reconcile_interval,
+            runtime_endpoint: s.kubelet.runtime_endpoint.clone(),
+        }
+    }
+
+    /// `<kubelet dir>/device-plugins`.
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.kubelet_dir.join("device-plugins")
+    }
+
+    /// The kubelet's registration socket.
+    pub fn kubelet_socket(&self) -> PathBuf {
+        self.plugin_dir().join("kubelet.sock")
+    }
+
+    /// The kubelet's PodResources socket.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.kubelet_dir.join("pod-resources/kubelet.sock")
+    }
+}
+
+/// Why the plugin did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The kubelet's static CPU manager owns pool CPUs.
+    #[error("the device plugin is not started")]
+    StaticPolicy(#[source] host::StaticConflict),
+}
+
+/// A gRPC channel over a unix socket (tonic needs a URI; it is not used).
+pub async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+/// One running pool endpoint.
+struct Running {
+    stop: watch::Sender<bool>,
+    /// The socket's inode: a different one (or none) means the kubelet removed it.
+    ino: u64,
+    /// The kubelet socket's inode it registered with.
+    registered: Option<u64>,
+}
+
+fn inode(p: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(p).ok().map(|m| m.ino())
+}
+
+/// Runs the plugin until `shutdown` is true: refuses to start (returning the reason) when
+/// the kubelet's static CPU manager owns pool CPUs.
+pub async fn run(
+    handle: Handle,
+    opts: Options,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PluginError> {
+    let snap = handle.snapshot();
+    let pools: Vec<(String, crate::core::cpuset::CpuSet)> = snap
+        .state
+        .pools()
+        .values()
+        .filter(|p| p.kubelet && p.kind != PoolKind::Reserved)
+        .map(|p| (p.name.to_string(), p.cpus.clone()))
+        .collect();
+    host::check_cpu_manager(&opts.kubelet_dir.join("cpu_manager_state"), &pools)
+        .map_err(PluginError::StaticPolicy)?;
+    let shared = Arc::new(Shared {
+        handle: handle.clone(),
+        millis_per_device: opts.millis_per_device,
+        held: Mutex::new(BTreeMap::new()),
+        held_changed: Notify::new(),
+    });
+    let mut mgr =
+        Manager { opts: opts.clone(), shared: shared.clone(), running: BTreeMap::new(), failures: 0 };
+    let mut events = handle.subscribe();
+    let mut reconciler = reconcile::Reconciler::new(opts.clone(), shared);
+    let mut tick = tokio::time::interval(opts.reconcile_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watcher: Option<inotify::EventStream<Vec<u8>>> = None;
+    let mut retry_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
+    log::info!("device plugin: serving pools in `{}`", opts.plugin_dir().display());
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        if watcher.is_none() {
+            watcher = watch_dir(&opts.plugin_dir());
+        }
+        let retry = async {
+            match retry_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
+            ev = next_event(&mut watcher) => {
+                if !ev {
+                    // The directory went away (or the watch broke): watch again once it is back.
+                    watcher = None;
+                    retry_at.get_or_insert_with(|| tokio::time::Instant::now() + Duration::from_millis(100));
+                    continue;
+                }
+                // Drain what is already queued: one sync covers a burst of file events.
+                retry_at = mgr.sync().await;
+            }
+            e = events.recv() => {
+                if matches!(e, Ok(Event::PoolChanged(_)) | Err(_)) {
+                    retry_at = mgr.sync().await;
+                }
+            }
+            _ = retry => retry_at = mgr.sync().await,
+            _ = tick.tick() => reconciler.reconcile(&handle).await,
+        }
+    }
+    mgr.stop_all();
+    Ok(())
+}
+
+/// An inotify watch on the device-plugin directory: creations (kubelet.sock) and removals
+/// (our sockets).
+fn watch_dir(dir: &Path) -> Option<inotify::EventStream<Vec<u8>>> {
+    let ino = inotify::Inotify::init().ok()?;
+    ino.watches()
+        .add(
+            dir,
+            inotify::WatchMask::CREATE
+                | inotify::WatchMask::DELETE
+                | inotify::WatchMask::MOVED_TO
+                | inotify::WatchMask::MOVED_FROM
+                | inotify::WatchMask::DELETE_SELF
+                | inotify::WatchMask::MOVE_SELF,
+        )
+        .ok()?;
+    ino.into_event_stream(vec![0u8; 4096]).ok()
+}
+
+/// The next event: `true` for a change in the directory, `false` when the watch is gone.
+async fn next_event(w: &mut Option<inotify::EventStream<Vec<u8>>>) -> bool {
+    let Some(stream) = w else { return std::future::pending().await };
+    match stream.next().await {
+        Some(Ok(e)) => !e.mask.intersects(
+            inotify::EventMask::DELETE_SELF | inotify::EventMask::MOVE_SELF | inotify::EventMask::IGNORED,
+        ),
+        _ => false,
+    }
+}
+
+struct Manager {
+    opts: Options,
+    shared: Arc<Shared>,
+    running: BTreeMap<PoolName, Running>,
+    /// Consecutive failed syncs, for the backoff.
+    failures: u32,
+}
+
+impl Manager {
+    /// Makes every offered pool served and registered with the current kubelet; returns when
+    /// to try again if something failed (backoff: 100 ms doubling to 30 s, never giving up).
+    async fn sync(&mut self) -> Option<tokio::time::Instant> {
+        let snap = self.shared.handle.snapshot();
+        let wanted: Vec<PoolName> = snap
+            .state
+            .pools()
+            .values()
+            .filter(|p| p.kubelet && p.kind != PoolKind::Reserved)
+            .map(|p| p.name.clone())
+            .collect();
+        let gone: Vec<PoolName> = self.running.keys().filter(|p| !wanted.contains(p)).cloned().collect();
+        for p in gone {
+            if let Some(r) = self.running.remove(&p) {
+                let _ = r.stop.send(true);
+                let sock = self.opts.plugin_dir().join(devices::socket_name(p.as_str()));
+                if inode(&sock) == Some(r.ino) {
+                    let _ = std::fs::remove_file(&sock);
+                }
+                log::info!(POOL = p.as_str(); "device plugin: pool {p} no longer offered to the kubelet");
+            }
+        }
+        let mut failed = false;
+        let kubelet = inode(&self.opts.kubelet_socket());
+        for pool in wanted {
+            let sock = self.opts.plugin_dir().join(devices::socket_name(pool.as_str()));
+            let fresh = self.running.get(&pool).is_some_and(|r| inode(&sock) == Some(r.ino));
+            if !fresh {
+                if let Some(old) = self.running.remove(&pool) {
+                    let _ = old.stop.send(true);
+                }
+                match self.serve(&pool, &sock) {
+                    Ok(r) => {
+                        self.running.insert(pool.clone(), r);
+                    }
+                    Err(e) => {
+                        failed = true;
+                        self.log_failure(&format!("binding `{}`: {e}", sock.display()));
+                        continue;
+                    }
+                }
+            }
+            let Some(r) = self.running.get_mut(&pool) else { continue };
+            if kubelet.is_none() || r.registered == kubelet {
+                continue;
+            }
+            match register(&self.opts, &pool).await {
+                Ok(()) => {
+                    r.registered = kubelet;
+                    log::info!(POOL = pool.as_str(); "device plugin: registered {} with the kubelet",
+                        devices::resource_name(&self.opts.resource_prefix, pool.as_str()));
+                }
+                Err(e) => {
+                    failed = true;
+                    self.log_failure(&format!("registering pool {pool} with the kubelet: {e}"));
+                }
+            }
+        }
+        if failed {
+            self.failures = self.failures.saturating_add(1);
+            let ms = 100u64.saturating_mul(1 << self.failures.min(9)).min(30_000);
+            Some(tokio::time::Instant::now() + Duration::from_millis(ms))
+        } else {
+            self.failures = 0;
+            None
+        }
+    }
+
+    /// Logs with backoff: the 1st, 2nd, 4th, 8th... failure in a row, then every 64th.
+    fn log_failure(&self, what: &str) {
+        let n = self.failures + 1;
+        if n.is_power_of_two() || n % 64 == 0 {
+            log::warn!("device plugin: {what} (attempt {n}; retrying with backoff)");
+        }
+    }
+
+    fn serve(&self, pool: &PoolName, sock: &Path) -> std::io::Result<Running> {
+        if let Some(dir) = sock.parent() {
+            if !dir.is_dir() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the device-plugin directory does not exist",
+                ));
+            }
+        }
+        match std::fs::remove_file(sock) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(sock)?;
+        let ino = inode(sock).unwrap_or(0);
+        let (stop, stopped) = watch::channel(false);
+        let svc = PoolPlugin { pool: pool.clone(), shared: self.shared.clone(), stopped: stopped.clone() };
+        let mut until = stopped;
+        let name = pool.clone();
+        tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(v1beta1::device_plugin_server::DevicePluginServer::new(svc))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = until.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = result {
+                log::error!(POOL = name.as_str(); "device plugin: the endpoint of pool {name} failed: {e}");
+            }
+        });
+        Ok(Running { stop, ino, registered: None })
+    }
+
+    fn stop_all(&mut self) {
+        for (pool, r) in std::mem::take(&mut self.running) {
+            let _ = r.stop.send(true);
+            let sock = self.opts.plugin_dir().join(devices::socket_name(pool.as_str()));
+            if inode(&sock) == Some(r.ino) {
+                let _ = std::fs::remove_file(&sock);
+            }
+        }
+    }
+}
+
+/// Registers `pool` with the kubelet.
+async fn register(opts: &Options, pool: &PoolName) -> Result<(), String> {
+    let call = async {
+        let channel =
+            unix_channel(opts.kubelet_socket()).await.map_err(|e| crate::engine::error_chain(&e))?;
+        let mut client = v1beta1::registration_client::RegistrationClient::new(channel);
+        client
+            .register(v1beta1::RegisterRequest {
+                version: VERSION.into(),
+                endpoint: devices::socket_name(pool.as_str()),
+                resource_name: devices::resource_name(&opts.resource_prefix, pool.as_str()),
+                options: Some(server::options()),
+            })
+            .await
+            .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), call).await.map_err(|_| "no answer within 5 s".to_owned())?
+}

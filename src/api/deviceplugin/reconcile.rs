@@ -1,0 +1,176 @@
+//! Reconciliation with the kubelet's view: which container holds which of our devices
+//! (PodResources `List`), which cgroup that container has (the runtime's CRI `ListContainers`
+//! for its pod UID and id, then the cgroup tree), and what the engine must change:
+//!
+//! - a kubelet assignment whose devices a container holds is pointed at that container's
+//!   cgroup (`engine.retarget`), and the engine applies its CPUs there;
+//! - one whose devices no container holds is released once that has lasted
+//!   `kubelet.release_grace_ms` (a kubelet that cannot be asked releases nothing).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::proto::{cri, podresources};
+use super::server::Shared;
+use super::{devices, host, unix_channel, Options};
+use crate::core::state::Target;
+use crate::engine::{error_chain, Handle};
+
+/// Who holds one allocation.
+#[derive(Debug, Clone)]
+struct Holder {
+    namespace: String,
+    pod: String,
+    container: String,
+    devices: BTreeSet<String>,
+}
+
+/// The reconciler's memory between rounds.
+pub(super) struct Reconciler {
+    opts: Options,
+    shared: Arc<Shared>,
+    /// Kubelet assignments no container holds, since when.
+    missing: HashMap<String, Instant>,
+    /// Whether the last PodResources call failed (logged once per outage).
+    unreachable: bool,
+}
+
+impl Reconciler {
+    pub(super) fn new(opts: Options, shared: Arc<Shared>) -> Reconciler {
+        Reconciler { opts, shared, missing: HashMap::new(), unreachable: false }
+    }
+
+    /// One round.
+    pub(super) async fn reconcile(&mut self, handle: &Handle) {
+        let list = match self.pod_resources().await {
+            Ok(l) => {
+                if self.unreachable {
+                    log::info!("device plugin: the kubelet's PodResources API answers again");
+                }
+                self.unreachable = false;
+                l
+            }
+            Err(e) => {
+                if !self.unreachable {
+                    log::info!(
+                        "device plugin: PodResources not reachable ({e}); nothing is released until it is"
+                    );
+                }
+                self.unreachable = true;
+                return;
+            }
+        };
+        let prefix = format!("{}/", self.opts.resource_prefix);
+        let mut holders: HashMap<String, Holder> = HashMap::new();
+        for pod in list.pod_resources {
+            for c in pod.containers {
+                for d in c.devices {
+                    if !d.resource_name.starts_with(&prefix) {
+                        continue;
+                    }
+                    let Some(first) = devices::first_device(&d.device_ids) else { continue };
+                    holders.insert(
+                        format!("{}{first}", devices::ID_PREFIX),
+                        Holder {
+                            namespace: pod.namespace.clone(),
+                            pod: pod.name.clone(),
+                            container: c.name.clone(),
+                            devices: d.device_ids.iter().cloned().collect(),
+                        },
+                    );
+                }
+            }
+        }
+        // Only needed when some container is not in its cgroup yet.
+        let snap = handle.snapshot();
+        let mut containers: Option<HashMap<(String, String, String), (String, String)>> = None;
+        let now = Instant::now();
+        for a in snap.state.assignments().values().filter(|a| devices::is_kubelet(a)) {
+            let id = a.id.as_str();
+            let Some(h) = holders.get(id) else {
+                let since = *self.missing.entry(id.to_owned()).or_insert(now);
+                if now.duration_since(since) >= self.opts.release_grace {
+                    match handle.release(id).await {
+                        Ok(_) => log::info!(
+                            POOL = a.pool.as_str(), ASSIGNMENT = id;
+                            "device plugin: released {id}: no container holds its devices any more"
+                        ),
+                        Err(e) => log::warn!("device plugin: releasing {id}: {}", error_chain(&e)),
+                    }
+                    self.missing.remove(id);
+                    self.shared.set_held(id, None);
+                }
+                continue;
+            };
+            self.missing.remove(id);
+            if a.kind == crate::core::pool::PoolKind::Shared {
+                self.shared.set_held(id, Some(h.devices.clone()));
+            }
+            if containers.is_none() {
+                containers = Some(self.cri_containers().await.unwrap_or_else(|e| {
+                    log::debug!("device plugin: the container runtime's CRI is not reachable: {e}");
+                    HashMap::new()
+                }));
+            }
+            let key = (h.namespace.clone(), h.pod.clone(), h.container.clone());
+            let Some((uid, cid)) = containers.as_ref().and_then(|c| c.get(&key)) else { continue };
+            let Some(path) = host::find_container(&self.opts.cgroup_root, uid, cid) else { continue };
+            let target = Target::Cgroup(path);
+            if a.target == target {
+                continue;
+            }
+            match handle.retarget(id, target.clone()).await {
+                Ok(_) => log::info!(
+                    POOL = a.pool.as_str(), ASSIGNMENT = id, TARGET = target.to_string().as_str(),
+                    POD = h.pod.as_str(), NAMESPACE = h.namespace.as_str(), CONTAINER = h.container.as_str();
+                    "device plugin: CPUs {} of {id} applied to container {}/{}/{} ({target})",
+                    a.cpus, h.namespace, h.pod, h.container
+                ),
+                Err(e) => log::warn!("device plugin: applying {id} to {target}: {}", error_chain(&e)),
+            }
+        }
+        self.missing.retain(|id, _| snap.state.assignments().keys().any(|k| k.as_str() == id));
+    }
+
+    async fn pod_resources(&self) -> Result<podresources::ListPodResourcesResponse, String> {
+        let channel = unix_channel(self.opts.pod_resources_socket()).await.map_err(|e| error_chain(&e))?;
+        let mut client = podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel);
+        let call = client.list(podresources::ListPodResourcesRequest {});
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
+            .await
+            .map_err(|_| "no answer within 5 s".to_owned())?
+            .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
+        Ok(reply.into_inner())
+    }
+
+    /// Running containers by (namespace, pod, container name): (pod UID, container id).
+    async fn cri_containers(&self) -> Result<HashMap<(String, String, String), (String, String)>, String> {
+        let channel = unix_channel(self.opts.runtime_endpoint.clone()).await.map_err(|e| error_chain(&e))?;
+        let mut client = cri::runtime_service_client::RuntimeServiceClient::new(channel);
+        let call = client.list_containers(cri::ListContainersRequest {
+            filter: Some(cri::ContainerFilter {
+                state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
+                ..Default::default()
+            }),
+        });
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
+            .await
+            .map_err(|_| "no answer within 5 s".to_owned())?
+            .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
+        let label = |c: &cri::Container, k: &str| c.labels.get(k).cloned().unwrap_or_default();
+        Ok(reply
+            .into_inner()
+            .containers
+            .into_iter()
+            .map(|c| {
+                let key = (
+                    label(&c, "io.kubernetes.pod.namespace"),
+                    label(&c, "io.kubernetes.pod.name"),
+                    label(&c, "io.kubernetes.container.name"),
+                );
+                (key, (label(&c, "io.kubernetes.pod.uid"), c.id))
+            })
+            .collect())
+    }
+}
