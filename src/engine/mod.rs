@@ -443,6 +443,15 @@ impl Engine {
             }
         }
         if let Ok(top) = CgroupPath::new(plan::TOP_SLICE) {
+            // No pool but the reserved one: a top slice left from before goes too.
+            let top_key = Key::Cgroup(top.clone());
+            if !desired.contains_key(&top_key) {
+                if let Ok(Some(o)) = self.backend.observe(&top_key) {
+                    let mut place = Placement::new(o.cpus, o.mems, Role::Parent);
+                    place.partition = o.partition;
+                    observed.insert(top_key, place);
+                }
+            }
             for child in self.backend.children(&top) {
                 let key = Key::Cgroup(child.clone());
                 let ours = child

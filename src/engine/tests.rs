@@ -206,6 +206,16 @@ fn restart_keeps_assignments_and_restores_files_changed_behind_our_back() {
     // A clean restart corrects nothing.
     let (_, report) = f.start();
     assert_eq!(report.corrections, 0);
+    // Left with the reserved pool only, a restart removes every pool slice and the top slice.
+    let reserved_only = CONFIG.split("[pools.dp]").next().unwrap_or_default().to_owned();
+    f.config(&reserved_only);
+    // The assignment would be stranded: release it through a fresh state.
+    for file in ["state.json", "state.json.prev"] {
+        let _ = fs::remove_file(f.sb.state().join(file));
+    }
+    let (_, report) = f.start();
+    assert_eq!(report.failed_corrections, 0);
+    assert!(!f.sb.cgroupfs().join("cpupool.slice").exists(), "the top slice stayed");
 }
 
 #[test]

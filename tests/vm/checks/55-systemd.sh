@@ -50,15 +50,22 @@ check_fails "cpupoolctl run --dbus on the shared pool" 3 '' \
   cpupoolctl --dbus run --pool web --millicpus 500 -- sh -c 'grep -q "Cpus_allowed_list:.*1$" /proc/self/status && exit 3'
 check_output "run leaves no assignment behind" '^no assignments$' cpupoolctl assignments
 
-# now_ms / gone_within_ms ID: how long until the assignment is gone (polling the API).
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# now_us; gone_ms T0 ID: waits (up to 10 s) until assignment ID is gone, then prints how long
+# after T0 (µs since the epoch) the daemon logged reclaiming it: the journal's own timestamp,
+# so the polling here (slow under TCG) does not count.
+now_us() { echo $(($(date +%s%N) / 1000)); }
 gone_ms() {
   t0=$1 id=$2
   while cpupoolctl assignments --json | python3 -c 'import json, sys; sys.exit(0 if any(a["id"] == sys.argv[1] for a in json.load(sys.stdin)["assignments"]) else 1)' "$id"; do
-    [ $(($(now_ms) - t0)) -lt 10000 ] || break
+    [ $(($(now_us) - t0)) -lt 10000000 ] || break
     sleep 0.05
   done
-  echo $(($(now_ms) - t0))
+  at=$(journalctl -b -u cpupoold -o json --no-pager | python3 -c '
+import json, sys
+hits = [int(e["__REALTIME_TIMESTAMP"]) for e in map(json.loads, sys.stdin)
+        if str(e.get("MESSAGE", "")).startswith("reclaimed assignment " + sys.argv[1] + " ")]
+print(hits[-1] if hits else 0)' "$id")
+  if [ "$at" -eq 0 ]; then echo 99999; else echo $(((at - t0) / 1000)); fi
 }
 
 # A unit target in the pool's slice: AllowedCPUs set through systemd, reclaimed when it stops.
@@ -76,11 +83,11 @@ check_output "systemctl show -p AllowedCPUs some.service matches ($cpu)" "^Allow
   systemctl show -p AllowedCPUs some.service
 pid=$(systemctl show -p MainPID --value some.service)
 check_output "some.service runs on CPU $cpu" "Cpus_allowed_list:[[:space:]]+$cpu\$" cat /proc/$pid/status
-t0=$(now_ms)
 systemctl stop some.service
+t0=$(now_us)
 ms=$(gone_ms "$t0" some)
 echo "unit reclaim: $ms ms" >>"$RESULTS/reclaim.txt"
-if [ "$ms" -lt 1000 ]; then pass "stopping some.service reclaims it within 1 s ($ms ms)"; else fail "unit reclaim took $ms ms"; fi
+if [ "$ms" -lt 1000 ]; then pass "a stopped unit is reclaimed within 1 s ($ms ms after systemctl stop returned)"; else fail "unit reclaim took $ms ms"; fi
 check_output "the reclaim is logged" 'reclaimed assignment some .*unit some.service is (inactive|failed|gone)' \
   journalctl -b -u cpupoold --no-pager -o cat
 
@@ -90,11 +97,11 @@ wait_for 10 sh -c '[ "$(systemctl show -p MainPID --value pidtest.service)" != 0
 pid=$(systemctl show -p MainPID --value pidtest.service)
 check_output "assign dp to pid $pid" "target: +pid:$pid" cpupoolctl pool assign dp --pid "$pid" --cpus 1 --id pidtest
 check_output "the process runs on one CPU of dp" 'Cpus_allowed_list:[[:space:]]+[23]$' cat /proc/$pid/status
-t0=$(now_ms)
+t0=$(now_us)
 kill "$pid"
 ms=$(gone_ms "$t0" pidtest)
 echo "pid reclaim: $ms ms" >>"$RESULTS/reclaim.txt"
-if [ "$ms" -lt 1000 ]; then pass "an exited pid is reclaimed within 1 s ($ms ms)"; else fail "pid reclaim took $ms ms"; fi
+if [ "$ms" -lt 1000 ]; then pass "an exited pid is reclaimed within 1 s ($ms ms after the kill)"; else fail "pid reclaim took $ms ms"; fi
 
 # Restart and daemon-reexec keep assignments and cgroup files.
 cat >/run/systemd/system/keeper.service <<'EOF'
@@ -131,8 +138,11 @@ echo "$after" >"$RESULTS/systemd-snapshot.txt"
 
 # Back to the packaged configuration for the checks that follow.
 systemctl stop keeper.service
-wait_for 5 sh -c '! cpupoolctl assignments | grep -q keeper'
+wait_for 10 sh -c '! cpupoolctl assignments | grep -q keeper' || {
+  fail "keeper.service stopped but its assignment stayed 10 s"
+  cpupoolctl pool release keeper
+}
 rm -f /etc/cpupoold/config.d/50-vmtest.toml /run/systemd/system/some.service /run/systemd/system/keeper.service
 systemctl daemon-reload
 check "restart with the packaged configuration" systemctl restart cpupoold
-check_output "the pool slices are gone" '^inactive$' sh -c 'systemctl is-active cpupool-dp.slice || true'
+check "the pool slices and cpupool.slice are gone" sh -c "! test -d $CG/cpupool.slice"
