@@ -312,5 +312,28 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
     effects
 }
 
+/// What of `before` can stay while a change to `after` is being saved: the placements `after`
+/// keeps, each shrunk to the CPUs it keeps (unless that is nothing or its role changes, where
+/// it stays as it was). Placements `after` drops are left out.
+///
+/// The engine runs `plan(before, kept)` before it saves the new state and `plan(kept, after)`
+/// only once the save is durable. Whenever a crash stops it, every target then holds CPUs only
+/// if the state on disk names it (with those CPUs or more): nothing unsaved is half applied, and
+/// the reconcile at the next start completes the rest from the saved state.
+pub fn kept(before: &Layout, after: &Layout) -> Layout {
+    before
+        .iter()
+        .filter_map(|(k, old)| {
+            let new = after.get(k)?;
+            let keep = old.cpus.intersection(&new.cpus);
+            let mut p = old.clone();
+            if old.role == new.role && !keep.is_empty() {
+                p.cpus = keep;
+            }
+            Some((k.clone(), p))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;
