@@ -273,6 +273,11 @@ impl Varlink {
         })
     }
 
+    /// The connection itself.
+    pub fn into_stream(self) -> UnixStream {
+        self.stream
+    }
+
     /// Sends bytes as they are (a frame ends at a NUL).
     pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes)
