@@ -515,25 +515,28 @@ impl Engine {
             }
         }
         let mut events = Vec::new();
+        for d in &decided {
+            match d {
+                Decided::Assign(Ok(Outcome::Changed(a))) => events.extend(assigned(a)),
+                Decided::Release(Ok(a)) => events.extend(released(a)),
+                _ => {}
+            }
+        }
+        // Publish before answering: a caller that reads right after its reply must see its
+        // change (tests/load.rs caught GetAssignment missing a just-acknowledged Assign).
+        self.publish(events);
         for (m, d) in group.into_iter().zip(decided) {
             match (m, d) {
                 (Mutation::Assign(_, reply), Decided::Assign(r)) => {
-                    if let Ok(Outcome::Changed(a)) = &r {
-                        events.extend(assigned(a));
-                    }
                     let _ = reply.send(r.map_err(EngineError::from));
                 }
                 (Mutation::Release(_, reply), Decided::Release(r)) => {
-                    if let Ok(a) = &r {
-                        events.extend(released(a));
-                    }
                     let _ = reply.send(r.map_err(EngineError::from));
                 }
                 // `decided` was made from `group` in order.
                 _ => {}
             }
         }
-        self.publish(events);
     }
 
     fn assign(&mut self, spec: &AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
