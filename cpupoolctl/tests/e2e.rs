@@ -589,6 +589,66 @@ fn usage_errors_exit_2() {
     assert!(text(&out.stdout).contains("3  the daemon could not be reached"), "{}", text(&out.stdout));
 }
 
+/// Bad arguments on the command line: the daemon's typed error naming the argument (exit 1),
+/// or a usage error (exit 2) where the CLI itself can tell; nothing changes either way.
+#[test]
+fn bad_arguments_are_refused_by_name_and_change_nothing() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    for dbus in [false, true] {
+        let ctl = Ctl::new(&d, dbus);
+        let before =
+            (ctl.pools(), ctl.ok(&["assignments"]), fs::read(d.sb.join("state/state.json")).unwrap());
+        let long = "a".repeat(300);
+        let long_target = format!("k/{long}");
+        for (args, argument) in [
+            (&["pool", "assign", "web", "--cgroup", "../../etc", "--millicpus", "100"][..], "target"),
+            (&["pool", "assign", "web", "--cgroup", "/etc", "--millicpus", "100"], "target"),
+            (&["pool", "assign", "web", "--cgroup", "k/../../x", "--millicpus", "100"], "target"),
+            (&["pool", "assign", "web", "--cgroup", &long_target, "--millicpus", "100"], "target"),
+            (&["pool", "assign", "web", "--unit", "..", "--millicpus", "100"], "target"),
+            (&["pool", "assign", "web", "--cgroup", "k/b", "--millicpus", "100", "--id", &long], "id"),
+            (&["pool", "create", &long, "--kind", "shared", "--cpus", "3"], "name"),
+            (&["pool", "resize", "web", "--cpus", "3-"], "cpus"),
+            (&["pool", "resize", "web", "--cpus", "99999999999"], "cpus"),
+        ] {
+            let (code, e) = ctl.err(args);
+            assert_eq!((code, e["error"].as_str()), (1, Some("InvalidArgument")), "{args:?}: {e}");
+            // Named in the parameters (varlink) or, where the transport carries only a
+            // message (D-Bus), at the start of it.
+            let named = e["parameters"]["argument"] == argument
+                || e["message"].as_str().is_some_and(|m| m.starts_with(&format!("invalid {argument}")));
+            assert!(named, "dbus={dbus} {args:?}: {e}");
+        }
+        let (code, e) = ctl.err(&["pool", "assign", "nope", "--cgroup", "k/b", "--cpus", "1"]);
+        assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
+        let after = (ctl.pools(), ctl.ok(&["assignments"]), fs::read(d.sb.join("state/state.json")).unwrap());
+        assert_eq!(after, before, "dbus={dbus}: a refused call changed something");
+    }
+    // What the CLI refuses itself: negative and huge sizes, non-numbers, non-UTF-8.
+    let ctl = Ctl::new(&d, false);
+    for args in [
+        &["pool", "assign", "web", "--cgroup", "k/b", "--cpus", "-1"][..],
+        &["pool", "assign", "web", "--cgroup", "k/b", "--cpus", "99999999999"],
+        &["pool", "assign", "web", "--cgroup", "k/b", "--millicpus", "lots"],
+        &["pool", "assign", "web", "--cgroup", "k/b", "--millicpus", "0"],
+        &["pool", "create", "x", "--kind", "shared", "--count", "-2"],
+    ] {
+        let out = ctl.run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("--"), "{args:?} does not name the option: {}", text(&out.stderr));
+    }
+    let out = ctl
+        .command(&["pool", "assign", "web", "--millicpus", "100", "--cgroup"])
+        .arg(std::ffi::OsStr::from_bytes(b"k/\xff\xfe"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "non-UTF-8: {}", text(&out.stderr));
+    assert!(ctl.ok(&["assignments"])["assignments"].as_array().unwrap().is_empty());
+    d.stop();
+}
+
 #[test]
 fn completions_and_manpage() {
     let out = Command::new(CTL).args(["completions", "bash"]).output().unwrap();

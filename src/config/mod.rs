@@ -26,7 +26,7 @@
 //!
 //! Missing directories and files are not errors. Only `*.toml` files are read; hidden files and
 //! directories are skipped. [`load_str`] reads a single fragment from memory (tests, and later a
-//! Kubernetes ConfigMap).
+//! Kubernetes ConfigMap), [`load_strs`] several (the fuzz target).
 //!
 //! ```toml
 //! [paths]
@@ -103,9 +103,20 @@ pub fn load_with(dirs: &ConfigDirs, replace: (&Path, Option<&str>)) -> Result<Se
 
 /// Reads a single fragment held in memory; `name` stands for its file name in errors.
 pub fn load_str(text: &str, name: &str) -> Result<Settings, ConfigError> {
-    let file = Path::new(name);
-    let fragment = fragments::parse(text, file)?;
-    Settings::from_inputs(inputs::Inputs::merge_all(vec![(file.to_owned(), fragment)])?)
+    load_strs(&[(name, text)])
+}
+
+/// Reads fragments held in memory, `(name, text)` in merge order, through the same three stages
+/// as [`load`]; each name stands for its file name in errors.
+pub fn load_strs(fragments: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    let parsed = fragments
+        .iter()
+        .map(|(name, text)| {
+            let file = Path::new(name);
+            fragments::parse(text, file).map(|f| (file.to_owned(), f))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Settings::from_inputs(inputs::Inputs::merge_all(parsed)?)
 }
 
 /// Which file last set each key.

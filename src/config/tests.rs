@@ -286,6 +286,22 @@ fn pools_merge_field_by_field() {
 }
 
 #[test]
+fn fragments_in_memory_merge_like_files() {
+    let frags = [
+        ("vendor/50-dp.toml", "[pools.dp]\nkind = \"exclusive\"\ncount = 4\n"),
+        ("etc/config.toml", RESERVED),
+        ("etc/config.d/20-size.toml", "[pools.dp]\ncount = 6\n"),
+    ];
+    let s = load_strs(&frags).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pool(&s, "dp").source, CpuSource::Request { count: 6, numa: None });
+    assert_eq!(s.origins.get("pools.dp.kind"), Some(Path::new("vendor/50-dp.toml")));
+    assert_eq!(s.origins.get("pools.dp.count"), Some(Path::new("etc/config.d/20-size.toml")));
+    let bad = [("a.toml", RESERVED), ("b.toml", "[pools.dp]\nkind = \"exclusive\"\ncont = 4\n")];
+    let e = load_strs(&bad).err().unwrap_or_else(|| panic!("a typo loaded"));
+    assert_eq!(e.file(), Some(Path::new("b.toml")), "{e}");
+}
+
+#[test]
 fn display_puts_file_and_key_first() {
     let t = Tree::new();
     t.etc("config.toml", RESERVED).etc("config.d/10-dp.toml", "[pools.dp]\nkind = \"shared\"\ncount = 0\n");

@@ -10,7 +10,7 @@
 //! At each level a group that fits the whole request is chosen best-fit (the smallest that fits),
 //! otherwise the largest groups are taken whole and the remainder best-fit. Each call sorts the
 //! available units once per level, so it is O(k log k) in the number of available CPUs `k` and
-//! independent of how many assignments exist.
+//! independent of how many assignments exist and of the rest of the host (`benches/alloc.rs`).
 
 use std::collections::BTreeMap;
 
@@ -56,8 +56,8 @@ pub fn pick(
     n: usize,
     smt: Smt,
 ) -> Result<CpuSet, PickError> {
-    let available = available.intersection(&topo.online());
-    let units = units(topo, &available, smt);
+    // `units` skips CPUs that are not online (they have no place in the topology).
+    let units = units(topo, available, smt);
     let usable: usize = units.iter().map(|u| u.cpus.len()).sum();
     if usable < n {
         return Err(PickError::Insufficient { requested: n, available: usable });
@@ -120,22 +120,31 @@ pub fn pick_devices(
     }
 }
 
+/// The available CPUs grouped into the units handed out. Only `available` is walked (not every
+/// core of the host), so the cost follows the pool, not the machine.
 fn units(topo: &Topology, available: &CpuSet, smt: Smt) -> Vec<Unit> {
     let mut out = Vec::new();
     match smt {
         Smt::FullCores => {
-            for (&core, threads) in topo.cores() {
-                if threads.is_subset(available) {
-                    let Some(place) = topo.place(core) else { continue };
+            let mut seen = std::collections::HashSet::new();
+            for cpu in available.iter() {
+                let Some(place) = topo.place(cpu) else { continue };
+                if !seen.insert(place.core) {
+                    continue;
+                }
+                let threads = topo.core_threads(place.core);
+                if threads.iter().all(|t| available.contains(*t)) {
                     out.push(Unit {
-                        cpus: threads.iter().collect(),
+                        cpus: threads.to_vec(),
                         node: place.node,
                         l3: place.l3,
-                        core,
+                        core: place.core,
                         partial: false,
                     });
                 }
             }
+            // In core order, as before: the packing below must not depend on the walk.
+            out.sort_by_key(|u| u.core);
         }
         Smt::Threads => {
             for cpu in available.iter() {
@@ -145,7 +154,7 @@ fn units(topo: &Topology, available: &CpuSet, smt: Smt) -> Vec<Unit> {
                     node: place.node,
                     l3: place.l3,
                     core: place.core,
-                    partial: !topo.siblings(cpu).is_subset(available),
+                    partial: !topo.core_threads(place.core).iter().all(|t| available.contains(*t)),
                 });
             }
         }

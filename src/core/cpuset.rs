@@ -173,11 +173,11 @@ impl CpuSet {
         Some(i as u32 * WORD_BITS + (WORD_BITS - 1 - w.leading_zeros()))
     }
 
-    /// CPUs in ascending order.
+    /// CPUs in ascending order. Visits only the set bits of each word, so iterating costs the
+    /// number of words plus the number of CPUs, not 64 steps per word (a core's two threads
+    /// may be thousands of CPUs apart).
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = u32> + '_ {
-        self.words.iter().enumerate().flat_map(|(i, &w)| {
-            (0..WORD_BITS).filter(move |b| w & (1 << b) != 0).map(move |b| i as u32 * WORD_BITS + b)
-        })
+        self.words.iter().enumerate().flat_map(|(i, &w)| Bits { word: w, base: i as u32 * WORD_BITS })
     }
 
     /// `self ∪ other`.
@@ -209,9 +209,9 @@ impl CpuSet {
         s
     }
 
-    /// Whether every CPU of `self` is in `other`.
+    /// Whether every CPU of `self` is in `other`. Allocates nothing.
     pub fn is_subset(&self, other: &CpuSet) -> bool {
-        self.difference(other).is_empty()
+        self.words.iter().enumerate().all(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0) == 0)
     }
 
     /// Whether the sets share no CPU.
@@ -223,6 +223,35 @@ impl CpuSet {
         while self.words.last() == Some(&0) {
             self.words.pop();
         }
+    }
+}
+
+/// The set bits of one word, as CPU numbers, from either end.
+struct Bits {
+    word: u64,
+    base: u32,
+}
+
+impl Iterator for Bits {
+    type Item = u32;
+    fn next(&mut self) -> Option<u32> {
+        if self.word == 0 {
+            return None;
+        }
+        let bit = self.word.trailing_zeros();
+        self.word &= self.word - 1;
+        Some(self.base + bit)
+    }
+}
+
+impl DoubleEndedIterator for Bits {
+    fn next_back(&mut self) -> Option<u32> {
+        if self.word == 0 {
+            return None;
+        }
+        let bit = WORD_BITS - 1 - self.word.leading_zeros();
+        self.word &= !(1 << bit);
+        Some(self.base + bit)
     }
 }
 
@@ -304,6 +333,26 @@ mod tests {
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn iterates_set_bits_from_both_ends_and_checks_subsets_in_place() {
+        let s = set("0,5,63-64,100,4095,8191");
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![0, 5, 63, 64, 100, 4095, 8191]);
+        assert_eq!(s.iter().rev().collect::<Vec<_>>(), vec![8191, 4095, 100, 64, 63, 5, 0]);
+        let mut both = s.iter();
+        assert_eq!(
+            (both.next(), both.next_back(), both.next(), both.next_back()),
+            (Some(0), Some(8191), Some(5), Some(4095))
+        );
+        assert_eq!(s.first(), Some(0));
+        assert_eq!(s.last(), Some(8191));
+        assert_eq!(s.len(), 7);
+        assert!(set("5,64").is_subset(&s));
+        assert!(!set("5,65").is_subset(&s));
+        assert!(set("").is_subset(&set("")));
+        assert!(!set("8191").is_subset(&set("0-100")), "longer than the other set");
+        assert!(set("1-2").is_subset(&set("0-8191")));
     }
 
     #[test]

@@ -435,5 +435,42 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
     effects
 }
 
+/// What of `before` can stay while a change to `after` is being saved: the placements `after`
+/// keeps, each shrunk to the CPUs it keeps (unless that is nothing or its role changes, where
+/// it stays as it was). Placements `after` drops are left out.
+///
+/// The engine runs `plan(before, kept)` before it saves the new state and `plan(kept, after)`
+/// only once the save is durable. Whenever a crash stops it, every target then holds CPUs only
+/// if the state on disk names it (with those CPUs or more): nothing unsaved is half applied, and
+/// the reconcile at the next start completes the rest from the saved state.
+///
+/// Partitions change only as a whole: if any partition would be torn down between `before`
+/// and `after`, every one is a member in the kept layout (torn down before the save, set up
+/// again after it), so no partition is ever set up on CPUs it is about to lose.
+pub fn kept(before: &Layout, after: &Layout) -> Layout {
+    let mut out: Layout = before
+        .iter()
+        .filter_map(|(k, old)| {
+            let new = after.get(k)?;
+            let keep = old.cpus.intersection(&new.cpus);
+            let mut p = old.clone();
+            if old.role == new.role && !keep.is_empty() {
+                p.cpus = keep;
+            }
+            Some((k.clone(), p))
+        })
+        .collect();
+    let partitions_change = before.iter().any(|(k, old)| {
+        old.partition != Partition::Member
+            && after.get(k).is_none_or(|new| new.partition != old.partition || new.cpus != old.cpus)
+    });
+    if partitions_change {
+        for p in out.values_mut() {
+            p.partition = Partition::Member;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,21 @@ pub const MAX_CGROUP_PATH: usize = 4096;
 /// Longest systemd unit name (systemd's `UNIT_NAME_MAX` is 256 including the NUL).
 pub const MAX_UNIT_NAME: usize = 255;
 
+/// The unit types systemd knows (`unit_type_to_string`).
+const UNIT_TYPES: [&str; 11] = [
+    "service",
+    "socket",
+    "target",
+    "device",
+    "mount",
+    "automount",
+    "swap",
+    "timer",
+    "path",
+    "slice",
+    "scope",
+];
+
 /// An assignment id: `[A-Za-z0-9_.:@-]{1,128}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -183,9 +198,14 @@ impl Target {
         };
         match kind {
             "unit" => {
-                let ok = !rest.is_empty()
+                // systemd's unit_name_is_valid(): NAME.TYPE with a non-empty NAME and a known
+                // TYPE, so `..`, `.service` or `x.` never reach a backend that builds a path or
+                // a bus call from the name.
+                let typed = rest.rsplit_once('.').is_some_and(|(name, kind)| {
+                    !name.is_empty() && !name.starts_with('.') && UNIT_TYPES.contains(&kind)
+                });
+                let ok = typed
                     && rest.len() <= MAX_UNIT_NAME
-                    && rest.contains('.')
                     && rest.bytes().all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b));
                 if ok {
                     Ok(Target::Unit(rest.to_owned()))

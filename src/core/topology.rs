@@ -31,6 +31,10 @@ pub struct CpuPlace {
 pub struct Topology {
     data: TopologyData,
     cores: BTreeMap<u32, CpuSet>,
+    /// Each core's online threads as a short list: a core's `CpuSet` is as long as its highest
+    /// thread's number (a sibling sits half the host away), so the allocator, which looks at
+    /// every core of a pool, reads these instead.
+    threads: BTreeMap<u32, Vec<u32>>,
     nodes: BTreeMap<u32, CpuSet>,
     l3_groups: BTreeMap<u32, CpuSet>,
 }
@@ -69,7 +73,8 @@ impl Topology {
             nodes.entry(place.node).or_default().insert(cpu);
             l3_groups.entry(place.l3).or_default().insert(cpu);
         }
-        Topology { data, cores, nodes, l3_groups }
+        let threads = cores.iter().map(|(&core, set)| (core, set.iter().collect())).collect();
+        Topology { data, cores, threads, nodes, l3_groups }
     }
 
     /// A regular machine: `sockets` packages of `cores` cores of `threads` threads, split into
@@ -130,6 +135,12 @@ impl Topology {
         &self.cores
     }
 
+    /// The online threads of core `core` (a key of [`Topology::cores`]), ascending; empty for
+    /// an unknown core.
+    pub fn core_threads(&self, core: u32) -> &[u32] {
+        self.threads.get(&core).map_or(&[], Vec::as_slice)
+    }
+
     /// NUMA nodes with their online CPUs.
     pub fn nodes(&self) -> &BTreeMap<u32, CpuSet> {
         &self.nodes
@@ -167,6 +178,8 @@ mod tests {
         assert_eq!(t.siblings(3), CpuSet::parse("3,19").unwrap_or_default());
         assert_eq!(t.siblings(19), CpuSet::parse("3,19").unwrap_or_default());
         assert_eq!(t.cores().len(), 16);
+        assert_eq!(t.core_threads(3), [3, 19]);
+        assert!(t.core_threads(19).is_empty(), "cores are named by their lowest thread");
         assert_eq!(t.nodes().len(), 2);
         assert_eq!(t.nodes()[&0], CpuSet::parse("0-7,16-23").unwrap_or_default());
         assert_eq!(t.place(9).map(|p| p.package), Some(1));

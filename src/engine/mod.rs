@@ -6,7 +6,8 @@
 //!
 //! A mutation is decided by the pure core on a copy of the state, turned into effects by the
 //! planner, executed by the backend, made durable by the store, and only then published and
-//! acknowledged. If an effect or the save fails, the effects already executed are undone by
+//! acknowledged. Effects that take CPUs away run before the save and those that give CPUs after
+//! it ([`plan::kept`]), so a crash never leaves CPUs with a target the saved state lacks. If an effect or the save fails, the effects already executed are undone by
 //! executing the reverse plan, and the caller is told.
 
 use std::sync::Arc;
@@ -652,25 +653,28 @@ impl Engine {
             }
         }
         let mut events = Vec::new();
+        for d in &decided {
+            match d {
+                Decided::Assign(Ok(Outcome::Changed(a))) => events.extend(assigned(a)),
+                Decided::Release(Ok(a)) => events.extend(released(a)),
+                _ => {}
+            }
+        }
+        // Publish before answering: a caller that reads right after its reply must see its
+        // change (tests/load.rs caught GetAssignment missing a just-acknowledged Assign).
+        self.publish(events);
         for (m, d) in group.into_iter().zip(decided) {
             match (m, d) {
                 (Mutation::Assign(_, reply), Decided::Assign(r)) => {
-                    if let Ok(Outcome::Changed(a)) = &r {
-                        events.extend(assigned(a));
-                    }
                     let _ = reply.send(r.map_err(EngineError::from));
                 }
                 (Mutation::Release(_, reply), Decided::Release(r)) => {
-                    if let Ok(a) = &r {
-                        events.extend(released(a));
-                    }
                     let _ = reply.send(r.map_err(EngineError::from));
                 }
                 // `decided` was made from `group` in order.
                 _ => {}
             }
         }
-        self.publish(events);
     }
 
     fn assign(&mut self, spec: &AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
@@ -890,24 +894,41 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes CPUs away (`plan::kept`) before the save and gives them only after it, so that a
+    /// crash at any point leaves no target holding CPUs the saved state does not give it.
     fn commit_layouts(&mut self, before: &Layout, after: &Layout, next: &State) -> Result<(), EngineError> {
-        for effect in plan::plan(before, after) {
+        let kept = plan::kept(before, after);
+        self.apply_plan(before, &kept).inspect_err(|_| self.undo(&kept, before))?;
+        if let Err(e) = self.store.save(next.data()) {
+            log::error!("saving the state failed: {}; rolling back", error_chain(&e));
+            self.undo(&kept, before);
+            self.resave_previous();
+            return Err(EngineError::Store(e));
+        }
+        if let Err(e) = self.apply_plan(&kept, after) {
+            self.undo(after, before);
+            self.resave_previous();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn apply_plan(&self, from: &Layout, to: &Layout) -> Result<(), EngineError> {
+        for effect in plan::plan(from, to) {
             if let Err(e) = self.backend.apply(&effect) {
                 log::warn!("{} failed: {}; rolling back", describe(&effect), error_chain(&e));
-                self.undo(after, before);
                 return Err(EngineError::Apply(e));
             }
         }
-        if let Err(e) = self.store.save(next.data()) {
-            log::error!("saving the state failed: {}; rolling back", error_chain(&e));
-            self.undo(after, before);
-            // The new file may already be in place (a failed directory fsync): write the old one.
-            if let Err(e2) = self.store.save(self.state.data()) {
-                log::error!("re-saving the previous state failed too: {}", error_chain(&e2));
-            }
-            return Err(EngineError::Store(e));
-        }
         Ok(())
+    }
+
+    /// Puts the current state back on disk after a failed change (the new file may be in
+    /// place already: a failed directory fsync, or a failure applying after the save).
+    fn resave_previous(&self) {
+        if let Err(e) = self.store.save(self.state.data()) {
+            log::error!("re-saving the previous state failed too: {}", error_chain(&e));
+        }
     }
 
     fn undo(&self, applied: &Layout, back_to: &Layout) {

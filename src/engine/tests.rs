@@ -164,7 +164,8 @@ fn failed_save_rolls_back_the_cgroup_writes() {
         let err = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), None)).await;
         assert!(matches!(err, Err(EngineError::Store(_))), "{err:?}");
     });
-    assert_eq!(f.read("k/ctr/cpuset.cpus"), "");
+    // A new target gets its CPUs only once the state naming it is saved: it was never written.
+    assert_eq!(f.read("k/ctr/cpuset.cpus"), "\n");
     assert_eq!(handle.snapshot().state.assignments().len(), 0);
     assert_eq!(f.state_file(), before_file);
     drop(handle);

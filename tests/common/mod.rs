@@ -186,6 +186,29 @@ impl Daemon {
         fs::read(self.sb.join("state/state.json")).unwrap_or_default()
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The daemon's resident memory (`VmRSS` of `/proc/PID/status`), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL, as a crash: no chance to finish anything.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL the daemon");
+        self.child.wait().expect("reap the daemon");
+    }
+
     /// Stops with SIGTERM and checks for a clean exit.
     pub fn stop(mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
@@ -217,34 +240,64 @@ pub struct Varlink {
 
 impl Varlink {
     pub fn connect(path: &Path) -> Varlink {
-        Varlink { stream: UnixStream::connect(path).unwrap(), buf: Vec::new() }
+        Varlink::try_connect(path).unwrap()
+    }
+
+    /// Like [`Varlink::connect`], with an `Err` when nothing listens.
+    pub fn try_connect(path: &Path) -> std::io::Result<Varlink> {
+        Ok(Varlink { stream: UnixStream::connect(path)?, buf: Vec::new() })
     }
 
     /// Calls `org.cpupool.Manager.METHOD`: the reply's parameters, or (error name, parameters).
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, (String, Value)> {
+        self.try_call(method, params).expect("the daemon answers")
+    }
+
+    /// Like [`Varlink::call`], with an `Err` when the connection fails (the daemon died).
+    pub fn try_call(
+        &mut self,
+        method: &str,
+        params: Value,
+    ) -> std::io::Result<Result<Value, (String, Value)>> {
         let mut msg = serde_json::to_vec(&json!({
             "method": format!("org.cpupool.Manager.{method}"),
             "parameters": params,
         }))
         .unwrap();
         msg.push(0);
-        self.stream.write_all(&msg).unwrap();
-        let reply = self.read();
-        match reply.get("error").and_then(Value::as_str) {
+        self.send_raw(&msg)?;
+        let reply = self.read()?;
+        Ok(match reply.get("error").and_then(Value::as_str) {
             Some(e) => Err((e.to_owned(), reply["parameters"].clone())),
             None => Ok(reply["parameters"].clone()),
-        }
+        })
     }
 
-    fn read(&mut self) -> Value {
+    /// The connection itself.
+    pub fn into_stream(self) -> UnixStream {
+        self.stream
+    }
+
+    /// Sends bytes as they are (a frame ends at a NUL).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// The next reply, whole.
+    pub fn read(&mut self) -> std::io::Result<Value> {
         loop {
             if let Some(end) = self.buf.iter().position(|b| *b == 0) {
                 let frame: Vec<u8> = self.buf.drain(..=end).collect();
-                return serde_json::from_slice(&frame[..end]).unwrap();
+                return serde_json::from_slice(&frame[..end]).map_err(std::io::Error::other);
             }
             let mut chunk = [0u8; 65536];
-            let n = self.stream.read(&mut chunk).unwrap();
-            assert!(n > 0, "the daemon closed the connection");
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the daemon closed the connection",
+                ));
+            }
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }

@@ -5,6 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PoolOptions, PoolView};
+use crate::config::runtime::PoolEdit;
 use crate::core::pool::Pool;
 use crate::core::state::{self, AssignSpec, Assignment};
 use crate::engine::{EngineError, Event, Handle, Snapshot};
@@ -359,6 +360,27 @@ pub fn assign_spec(params: &Params) -> Result<AssignSpec, MethodError> {
     .map(|spec| AssignSpec { reclaim: reclaim.unwrap_or(true), ..spec })
 }
 
+/// Decodes the arguments of `CreatePool`, `ResizePool` or `DeletePool`.
+pub fn pool_edit(method: Method, params: &Params) -> Result<PoolEdit, MethodError> {
+    let name = params.string("name")?;
+    let (cpus, smt) = (params.opt_string("cpus")?, params.opt_string("smt")?);
+    let options = PoolOptions {
+        cpus: cpus.as_deref(),
+        count: params.opt_int("count")?,
+        numa: params.opt_int("numa")?,
+        smt: smt.as_deref(),
+        isolate: params.opt_bool("isolate")?,
+        kubelet: params.opt_bool("kubelet")?,
+    };
+    match method {
+        Method::CreatePool => ops::create_pool(&name, &params.string("kind")?, &options),
+        Method::ResizePool => ops::resize_pool(&name, &options),
+        Method::DeletePool => ops::delete_pool(&name),
+        other => return Err(not_implemented(&format!("{INTERFACE}.{other:?}"))),
+    }
+    .map_err(api)
+}
+
 /// Runs a mutating method on the engine.
 /// `may_hand_over` checks that the caller may hand a process to `Run`.
 pub async fn mutate(
@@ -393,23 +415,7 @@ pub async fn mutate(
             handle.release(&id).await.map_err(engine)?
         }
         Method::CreatePool | Method::ResizePool | Method::DeletePool => {
-            let name = params.string("name")?;
-            let (cpus, smt) = (params.opt_string("cpus")?, params.opt_string("smt")?);
-            let options = PoolOptions {
-                cpus: cpus.as_deref(),
-                count: params.opt_int("count")?,
-                numa: params.opt_int("numa")?,
-                smt: smt.as_deref(),
-                isolate: params.opt_bool("isolate")?,
-                kubelet: params.opt_bool("kubelet")?,
-            };
-            let edit = match method {
-                Method::CreatePool => ops::create_pool(&name, &params.string("kind")?, &options),
-                Method::ResizePool => ops::resize_pool(&name, &options),
-                _ => ops::delete_pool(&name),
-            }
-            .map_err(api)?;
-            let pool = handle.edit_pool(edit).await.map_err(engine)?;
+            let pool = handle.edit_pool(pool_edit(method, params)?).await.map_err(engine)?;
             let snap = handle.snapshot();
             return Ok(match pool {
                 Some(p) => json!({ "pool": pool_json(&snap, &p) }),

@@ -251,4 +251,54 @@ proptest! {
         // A plan from a layout to itself does nothing.
         prop_assert!(plan(&after, &after).is_empty());
     }
+
+    #[test]
+    fn kept_then_after_never_overlaps_and_only_gives_what_both_sides_name(
+        before in layout_strategy(),
+        after in layout_strategy(),
+    ) {
+        let mut after = after;
+        after.retain(|k, _| !matches!(k, Key::Pid(_)));
+        for (k, p) in &before {
+            if matches!(k, Key::Pid(_)) {
+                let clash = after.iter().any(|(_, q)| q.role.conflicts(&p.role) && !q.cpus.is_disjoint(&p.cpus));
+                if !clash { after.insert(k.clone(), p.clone()); }
+            }
+        }
+        let mid = kept(&before, &after);
+        // The first half (run before the save) gives nothing: every set it leaves is part of
+        // what it had, and only what `after` also names is left.
+        for (k, p) in &mid {
+            prop_assert!(after.contains_key(k));
+            prop_assert!(p.cpus.is_subset(&before[k].cpus));
+        }
+        let first = plan(&before, &mid);
+        let at_mid = replay(&before, &mid, &first).map_err(TestCaseError::fail)?;
+        let want_mid: BTreeMap<Key, CpuSet> = mid.iter().map(|(k, p)| (k.clone(), p.cpus.clone())).collect();
+        prop_assert_eq!(at_mid, want_mid);
+        let second = plan(&mid, &after);
+        let fin = replay(&mid, &after, &second).map_err(TestCaseError::fail)?;
+        let want: BTreeMap<Key, CpuSet> = after.iter().map(|(k, p)| (k.clone(), p.cpus.clone())).collect();
+        prop_assert_eq!(fin, want);
+    }
+}
+
+#[test]
+fn kept_drops_released_targets_and_leaves_new_ones_for_after_the_save() {
+    let mut before = Layout::new();
+    before.insert(cg("a"), place("1-2", Role::Exclusive));
+    before.insert(cg("b"), place("3", Role::Exclusive));
+    before.insert(cg("w"), place("4-7", Role::Shared));
+    let mut after = Layout::new();
+    after.insert(cg("b"), place("3", Role::Exclusive));
+    after.insert(cg("c"), place("1", Role::Exclusive));
+    after.insert(cg("w"), place("5-8", Role::Shared));
+    let mid = kept(&before, &after);
+    assert_eq!(mid.keys().cloned().collect::<Vec<_>>(), vec![cg("b"), cg("w")]);
+    assert_eq!(mid[&cg("w")].cpus, set("5-7"));
+    let first = plan(&before, &mid);
+    assert!(first
+        .iter()
+        .any(|e| matches!(e, Effect::SetCpus { key, cpus, .. } if *key == cg("a") && cpus.is_empty())));
+    assert!(!first.iter().any(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("c"))));
 }

@@ -175,6 +175,8 @@ fn shared_pool_counts_millicpus_and_gives_the_whole_pool() {
 #[test]
 fn target_parsing() {
     assert_eq!(Target::parse("unit:foo.service"), Ok(Target::Unit("foo.service".into())));
+    assert_eq!(Target::parse("unit:getty@tty1.service"), Ok(Target::Unit("getty@tty1.service".into())));
+    assert_eq!(Target::parse("unit:a.b.slice"), Ok(Target::Unit("a.b.slice".into())));
     assert_eq!(Target::parse("pid:42"), Ok(Target::Pid(42)));
     assert_eq!(Target::parse("kubelet:cpu-3"), Ok(Target::Kubelet("cpu-3".into())));
     assert_eq!(Target::Kubelet("cpu-3".into()).to_string(), "kubelet:cpu-3");
@@ -195,6 +197,12 @@ fn target_parsing() {
         "unit:",
         "unit:foo",
         "unit:a/b.service",
+        "unit:..",
+        "unit:.service",
+        "unit:...service",
+        "unit:x.",
+        "unit:x.frobnicator",
+        "unit:../../etc/passwd",
         "host:x",
         "nothing",
     ] {

@@ -1,0 +1,271 @@
+//! Crash consistency: the sandbox daemon is SIGKILLed at random points while several clients
+//! make random mutations, then restarted; after every restart the state it serves and the
+//! cgroup files it keeps must be those of exactly the acknowledged mutations, plus or minus the
+//! ones in flight when it died (each wholly present or wholly absent).
+//!
+//! The choices (operations, sizes, when to kill) come from a seeded generator; the seed is
+//! printed, and `CPUPOOL_CRASH_SEED=N` repeats them (where the kill lands still depends on
+//! scheduling). At least 1,000 mutations and 50 kills.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Daemon, Varlink};
+use serde_json::{json, Value};
+
+/// 2x8x2:2 (CPU c and c+16 are siblings): reserved 0,16; exclusive `ex` 14 CPUs handed out as
+/// threads; shared `web` 16 CPUs (16,000 millicpus).
+const CONFIG: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,16\"\n\
+    [pools.ex]\nkind = \"exclusive\"\ncpus = \"1-7,17-23\"\nsmt = \"threads\"\n\
+    [pools.web]\nkind = \"shared\"\ncpus = \"8-15,24-31\"\n";
+const SHAPE: &str = "2x8x2:2";
+const CLIENTS: usize = 4;
+const MIN_MUTATIONS: usize = 1000;
+const MIN_KILLS: usize = 50;
+
+/// splitmix64: small, seedable, good enough to choose test steps.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Held {
+    pool: String,
+    target: String,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Assign { id: String, pool: String, params: Value },
+    Release { id: String },
+}
+
+/// What one client saw in one round.
+#[derive(Default)]
+struct Log {
+    /// Acknowledged operations in order, with the reply.
+    acked: Vec<(Op, Result<Value, String>)>,
+    /// The operation sent when the daemon died, if any.
+    in_flight: Option<Op>,
+}
+
+fn target_of(id: &str) -> String {
+    format!("cgroup:crash/{id}")
+}
+
+/// One client's round: random mutations until the daemon dies.
+fn client(
+    varlink: PathBuf,
+    cgroups: PathBuf,
+    seed: u64,
+    round: usize,
+    c: usize,
+    mut held: Vec<String>,
+) -> Log {
+    let mut rng = Rng::new(seed ^ ((round as u64) << 32) ^ (c as u64 + 1).wrapping_mul(0x1000_0001));
+    let mut log = Log::default();
+    let Ok(mut v) = Varlink::try_connect(&varlink) else { return log };
+    for k in 0.. {
+        let op = if !held.is_empty() && rng.below(100) < 45 {
+            let i = rng.below(held.len() as u64) as usize;
+            Op::Release { id: held[i].clone() }
+        } else {
+            let id = format!("r{round}c{c}n{k}");
+            fs::create_dir_all(cgroups.join("crash").join(&id)).unwrap();
+            let (pool, size) = if rng.below(2) == 0 {
+                ("ex", json!({ "cpus": 1 + rng.below(2) }))
+            } else {
+                ("web", json!({ "millicpus": 1 + rng.below(1500) }))
+            };
+            let mut params = json!({ "pool": pool, "target": target_of(&id), "id": id });
+            params.as_object_mut().unwrap().extend(size.as_object().unwrap().clone());
+            Op::Assign { id, pool: pool.to_owned(), params }
+        };
+        let reply = match &op {
+            Op::Assign { params, .. } => v.try_call("Assign", params.clone()),
+            Op::Release { id } => v.try_call("Release", json!({ "id": id })),
+        };
+        match reply {
+            Err(_) => {
+                log.in_flight = Some(op);
+                return log;
+            }
+            Ok(r) => {
+                match (&op, &r) {
+                    (Op::Assign { id, .. }, Ok(_)) => held.push(id.clone()),
+                    (Op::Release { id }, Ok(_)) => held.retain(|h| h != id),
+                    _ => {}
+                }
+                log.acked.push((op, r.map_err(|(name, _)| name)));
+            }
+        }
+    }
+    log
+}
+
+/// Everything the daemon serves and keeps, checked against `model` after a restart. In-flight
+/// operations of the last round are resolved from what the daemon has: each must be wholly
+/// there or wholly absent.
+fn check(d: &Daemon, model: &mut BTreeMap<String, Held>, uncertain: &[Op], round: usize, seed: u64) {
+    let ctx = format!("after restart {round} (CPUPOOL_CRASH_SEED={seed})");
+    let mut v = Varlink::connect(&d.varlink);
+    let list = v.call("ListAssignments", json!({})).unwrap();
+    let live: BTreeMap<String, (Held, String)> = list["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let held = Held {
+                pool: a["pool"].as_str().unwrap().to_owned(),
+                target: a["target"].as_str().unwrap().to_owned(),
+            };
+            (a["id"].as_str().unwrap().to_owned(), (held, a["cpus"].as_str().unwrap().to_owned()))
+        })
+        .collect();
+    for op in uncertain {
+        match op {
+            Op::Assign { id, pool, .. } => {
+                if let Some((held, _)) = live.get(id) {
+                    assert_eq!(held, &Held { pool: pool.clone(), target: target_of(id) }, "{ctx}: {id}");
+                    model.insert(id.clone(), held.clone());
+                }
+            }
+            Op::Release { id } => {
+                if !live.contains_key(id) {
+                    model.remove(id);
+                }
+            }
+        }
+    }
+    let served: BTreeMap<String, Held> = live.iter().map(|(id, (h, _))| (id.clone(), h.clone())).collect();
+    let lost: Vec<_> = model.keys().filter(|id| !served.contains_key(*id)).collect();
+    let extra: Vec<_> = served.keys().filter(|id| !model.contains_key(*id)).collect();
+    assert!(
+        lost.is_empty() && extra.is_empty(),
+        "{ctx}: acknowledged but lost {lost:?}; never acknowledged {extra:?}"
+    );
+    assert_eq!(&served, model, "{ctx}");
+
+    // No CPU owned twice, in the state and in the cgroup files; every target's file matches.
+    let mut owned = BTreeSet::new();
+    for (id, (held, cpus)) in &live {
+        let rel = held.target.strip_prefix("cgroup:").unwrap();
+        let file = d.cgroup(&format!("{rel}/cpuset.cpus"));
+        assert_eq!(file.as_deref(), Some(cpus.as_str()), "{ctx}: cgroup file of {id}");
+        if held.pool == "ex" {
+            for cpu in cpupoold::core::cpuset::CpuSet::parse(cpus).unwrap().iter() {
+                assert!(owned.insert(cpu), "{ctx}: CPU {cpu} owned twice ({id})");
+            }
+        }
+    }
+    // Targets without an assignment hold no CPUs: nothing unacknowledged was half applied.
+    for entry in fs::read_dir(d.sb.join("cgroup/crash")).into_iter().flatten() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if !live.contains_key(&name) {
+            let file = d.cgroup(&format!("crash/{name}/cpuset.cpus")).unwrap_or_default();
+            assert_eq!(file, "", "{ctx}: target of {name}, which has no assignment, holds CPUs");
+        }
+    }
+    // Pool slices as the pools say.
+    for p in v.call("ListPools", json!({})).unwrap()["pools"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let file = d.cgroup(&format!("cpupool.slice/cpupool-{name}.slice/cpuset.cpus"));
+        assert_eq!(file.as_deref(), p["cpus"].as_str(), "{ctx}: slice of pool {name}");
+    }
+}
+
+#[test]
+fn sigkill_at_random_points_loses_and_half_applies_nothing() {
+    let seed = std::env::var("CPUPOOL_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    println!("crash consistency seed: {seed} (CPUPOOL_CRASH_SEED={seed} repeats the choices)");
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng::new(seed);
+    let mut model: BTreeMap<String, Held> = BTreeMap::new();
+    let mut uncertain: Vec<Op> = Vec::new();
+    let (mut mutations, mut kills, mut acked_ok) = (0, 0, 0);
+    let mut round = 0;
+    while mutations < MIN_MUTATIONS || kills < MIN_KILLS {
+        assert!(round < 400, "only {mutations} mutations in {round} rounds");
+        let d =
+            Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--bus", "none", "--log-level", "warn"]);
+        check(&d, &mut model, &uncertain, round, seed);
+        uncertain.clear();
+
+        let threads: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let held: Vec<String> = model.keys().filter(|id| id.ends_with_client(c)).cloned().collect();
+                let (varlink, cgroups) = (d.varlink.clone(), d.sb.join("cgroup"));
+                std::thread::spawn(move || client(varlink, cgroups, seed, round, c, held))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(10 + rng.below(150)));
+        d.kill();
+        kills += 1;
+        for t in threads {
+            let log = t.join().unwrap();
+            mutations += log.acked.len() + usize::from(log.in_flight.is_some());
+            for (op, reply) in log.acked {
+                match (op, reply) {
+                    (Op::Assign { id, pool, .. }, Ok(_)) => {
+                        acked_ok += 1;
+                        let target = target_of(&id);
+                        model.insert(id, Held { pool, target });
+                    }
+                    (Op::Release { id }, Ok(_)) => {
+                        acked_ok += 1;
+                        model.remove(&id);
+                    }
+                    // A refusal (the pool is full) changes nothing.
+                    (_, Err(name)) => assert!(
+                        name.ends_with("InsufficientCapacity"),
+                        "unexpected error {name} (CPUPOOL_CRASH_SEED={seed})"
+                    ),
+                }
+            }
+            uncertain.extend(log.in_flight);
+        }
+        round += 1;
+    }
+    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--bus", "none", "--log-level", "warn"]);
+    check(&d, &mut model, &uncertain, round, seed);
+    println!(
+        "{mutations} mutations ({acked_ok} acknowledged as done) from {CLIENTS} clients, {kills} SIGKILLs, \
+         {} assignments at the end: consistent after every restart",
+        model.len()
+    );
+    d.stop();
+}
+
+/// Ids are `r{round}c{client}n{k}`: which client made one.
+trait ClientId {
+    fn ends_with_client(&self, c: usize) -> bool;
+}
+
+impl ClientId for String {
+    fn ends_with_client(&self, c: usize) -> bool {
+        self.split_once('c')
+            .and_then(|(_, rest)| rest.split_once('n'))
+            .is_some_and(|(n, _)| n == c.to_string())
+    }
+}
