@@ -302,3 +302,44 @@ fn kept_drops_released_targets_and_leaves_new_ones_for_after_the_save() {
         .any(|e| matches!(e, Effect::SetCpus { key, cpus, .. } if *key == cg("a") && cpus.is_empty())));
     assert!(!first.iter().any(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("c"))));
 }
+
+/// A shrinking isolated pool: its partition is torn down before the save and set up on the
+/// new CPUs after it, never set up on CPUs it is about to lose.
+#[test]
+fn kept_tears_partitions_down_before_the_save() {
+    let mut before = Layout::new();
+    let mut top = place("2-3", Role::Parent);
+    top.partition = Partition::Parent(set("2-3"));
+    let mut dp = place("2-3", Role::Pool(PoolKind::Exclusive));
+    dp.partition = Partition::Isolated(set("2-3"));
+    before.insert(cg("cpupool.slice"), top);
+    before.insert(cg("cpupool.slice/cpupool-dp.slice"), dp);
+    let mut after = before.clone();
+    for p in after.values_mut() {
+        p.cpus = set("3");
+        p.partition = match p.partition {
+            Partition::Parent(_) => Partition::Parent(set("3")),
+            _ => Partition::Isolated(set("3")),
+        };
+    }
+    let k = kept(&before, &after);
+    assert!(k.values().all(|p| p.partition == Partition::Member), "{k:?}");
+    let first = plan(&before, &k);
+    assert!(
+        first.iter().all(|e| !matches!(
+            e,
+            Effect::SetPartition { partition: Partition::Isolated(_) | Partition::Parent(_), .. }
+        )),
+        "{first:#?}"
+    );
+    let second = plan(&k, &after);
+    assert_eq!(
+        second.last(),
+        Some(&Effect::SetPartition {
+            path: CgroupPath::new("cpupool.slice/cpupool-dp.slice").unwrap_or_else(|e| panic!("{e}")),
+            partition: Partition::Isolated(set("3"))
+        })
+    );
+    // Without a partition change, kept keeps them (no churn).
+    assert_eq!(kept(&before, &before), before);
+}
