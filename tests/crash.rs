@@ -185,10 +185,14 @@ fn check(d: &Daemon, model: &mut BTreeMap<String, Held>, uncertain: &[Op], round
             assert_eq!(file, "", "{ctx}: target of {name}, which has no assignment, holds CPUs");
         }
     }
-    // Pool slices as the pools say.
+    // Pool slices as the pools say; the reserved pool's slices are the host ones.
     for p in v.call("ListPools", json!({})).unwrap()["pools"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
-        let file = d.cgroup(&format!("cpupool.slice/cpupool-{name}.slice/cpuset.cpus"));
+        let slice = match p["kind"].as_str() {
+            Some("reserved") => "system.slice".to_owned(),
+            _ => format!("cpupool.slice/cpupool-{name}.slice"),
+        };
+        let file = d.cgroup(&format!("{slice}/cpuset.cpus"));
         assert_eq!(file.as_deref(), p["cpus"].as_str(), "{ctx}: slice of pool {name}");
     }
 }
