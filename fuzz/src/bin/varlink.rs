@@ -22,7 +22,7 @@ fn snapshot() -> Snapshot {
     for (pool, target, size) in [("dp", "cgroup:k/a", Size::Cpus(2)), ("web", "pid:42", Size::Millicpus(500))]
     {
         let target = Target::parse(target).expect("fixed target");
-        let spec = AssignSpec { pool: pool.into(), target, size, id: None };
+        let spec = AssignSpec::new(pool, target, size, None);
         state.assign(&topo, &spec).expect("fixed assignment");
     }
     Snapshot {
@@ -31,6 +31,8 @@ fn snapshot() -> Snapshot {
         state_path: "/var/lib/cpupoold/state.json".into(),
         config_error: None,
         degraded: Vec::new(),
+        partitions: Arc::default(),
+        backend: "cgroupfs",
     }
 }
 
