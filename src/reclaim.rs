@@ -85,7 +85,16 @@ pub async fn run(
             },
             Some((id, why)) = r.gone.1.recv() => r.reclaim(&id, &why).await,
             _ = cgroup_tick.tick() => r.check_cgroups().await,
-            _ = unit_tick.tick() => r.sweep_units().await,
+            _ = unit_tick.tick() => {
+                r.sweep_units().await;
+                // What systemd could not be told (it was away, e.g. re-executing) is tried again.
+                if r.systemd.is_some() && !r.handle.snapshot().degraded.is_empty() {
+                    match r.handle.reapply().await {
+                        Ok(n) => log::info!("re-applied what failed before: {n} corrections"),
+                        Err(e) => log::error!("re-applying: {}", error_chain(&e)),
+                    }
+                }
+            }
             Some(msg) = next(&mut unit_changes) => r.unit_changed(&msg).await,
             Some(sig) = next(&mut removed) => {
                 if let Ok(args) = sig.args() {

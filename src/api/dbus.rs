@@ -53,7 +53,8 @@ pub enum Bus {
 }
 
 impl Bus {
-    fn builder(&self) -> zbus::Result<zbus::connection::Builder<'_>> {
+    /// A connection builder for the bus.
+    pub fn builder(&self) -> zbus::Result<zbus::connection::Builder<'_>> {
         match self {
             Bus::System => zbus::connection::Builder::system(),
             Bus::Session => zbus::connection::Builder::session(),

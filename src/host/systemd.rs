@@ -28,6 +28,13 @@ use crate::core::state::CgroupPath;
 
 /// How long a job or a cgroup write may take before it counts as failed.
 const JOB_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one call may take. systemd answers in milliseconds; a call lost while it
+/// re-executes would otherwise never be answered, and the engine thread must never hang (the
+/// watchdog would kill the daemon).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a call timed out, calls fail at once for this long, so a reconcile over many units
+/// does not wait out one timeout per unit while systemd is away.
+const BACKOFF: Duration = Duration::from_secs(10);
 
 pub use proxies::*;
 
@@ -149,17 +156,19 @@ pub struct Systemd {
     fs: CgroupFs,
     conn: zbus::Connection,
     rt: tokio::runtime::Handle,
+    /// Calls fail at once until then (see [`BACKOFF`]).
+    away_until: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Systemd {
     /// Connects to systemd on `bus` (the system bus on a real host). `fs` writes what systemd
     /// does not manage. `rt` runs the D-Bus calls for the engine thread.
     pub async fn connect(bus: &Bus, fs: CgroupFs, rt: tokio::runtime::Handle) -> zbus::Result<Systemd> {
-        let conn = bus.connect().await?;
+        let conn = bus.builder()?.method_timeout(CALL_TIMEOUT).build().await?;
         let manager = ManagerProxy::new(&conn).await?;
         // Fails early when nothing answers as systemd.
         manager.subscribe().await?;
-        Ok(Systemd { fs, conn, rt })
+        Ok(Systemd { fs, conn, rt, away_until: std::sync::Mutex::new(None) })
     }
 
     /// The connection (for watching units).
@@ -167,8 +176,32 @@ impl Systemd {
         &self.conn
     }
 
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
+    /// Runs `f` for the engine thread, giving up after `limit` (and failing fast for a while
+    /// after that).
+    fn within<T>(
+        &self,
+        limit: Duration,
+        f: impl std::future::Future<Output = zbus::Result<T>>,
+    ) -> zbus::Result<T> {
+        let away = |until: &Option<Instant>| until.is_some_and(|t| Instant::now() < t);
+        if self.away_until.lock().is_ok_and(|u| away(&u)) {
+            return Err(zbus::Error::Failure(
+                "systemd did not answer a moment ago; not asking again yet".into(),
+            ));
+        }
+        match self.rt.block_on(async { tokio::time::timeout(limit, f).await }) {
+            Ok(r) => r,
+            Err(_) => {
+                if let Ok(mut u) = self.away_until.lock() {
+                    *u = Some(Instant::now() + BACKOFF);
+                }
+                Err(zbus::Error::Failure(format!("systemd did not answer within {limit:?}")))
+            }
+        }
+    }
+
+    fn block_on<T>(&self, f: impl std::future::Future<Output = zbus::Result<T>>) -> zbus::Result<T> {
+        self.within(CALL_TIMEOUT, f)
     }
 
     fn err(what: String) -> impl FnOnce(zbus::Error) -> HostError {
@@ -184,13 +217,23 @@ impl Systemd {
         .map_err(Self::err(what))
     }
 
-    /// Whether `unit` is loaded.
-    fn loaded(&self, unit: &str) -> bool {
-        self.block_on(async {
+    /// Whether `unit` is loaded; an error when systemd could not tell.
+    fn loaded(&self, unit: &str) -> Result<bool, HostError> {
+        let got = self.block_on(async {
             let m = ManagerProxy::new(&self.conn).await?;
             m.get_unit(unit).await
-        })
-        .is_ok()
+        });
+        match got {
+            Ok(_) => Ok(true),
+            Err(zbus::Error::MethodError(name, _, _))
+                if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" =>
+            {
+                Ok(false)
+            }
+            Err(e) => {
+                Err(HostError::Systemd { what: format!("asking for unit {unit}"), source: Box::new(e) })
+            }
+        }
     }
 
     /// Runs a job-returning call and waits for the job to finish with `done`.
@@ -199,7 +242,7 @@ impl Systemd {
         F: FnOnce(ManagerProxy<'static>) -> Fut,
         Fut: std::future::Future<Output = zbus::Result<OwnedObjectPath>>,
     {
-        let result = self.block_on(async {
+        let result = self.within(JOB_TIMEOUT + CALL_TIMEOUT, async {
             let m = ManagerProxy::new(&self.conn).await?;
             // Listen before asking, so the end of a quick job is not missed.
             let mut removed = m.receive_job_removed().await?;
@@ -299,7 +342,7 @@ impl Backend for Systemd {
                     if self.fs.populated(path) {
                         return Err(HostError::Populated { path: self.fs.root().join(path.as_str()) });
                     }
-                    if !self.loaded(unit) {
+                    if !self.loaded(unit)? {
                         return Ok(());
                     }
                     self.job(
@@ -321,7 +364,7 @@ impl Backend for Systemd {
                 None => self.fs.apply(effect),
             },
             Effect::SetCpus { key: Key::Unit(unit), cpus, optional } => {
-                if *optional && !self.loaded(unit) {
+                if *optional && !self.loaded(unit)? {
                     return Ok(());
                 }
                 self.set_cpus(unit, cpus)
@@ -346,7 +389,7 @@ impl Backend for Systemd {
                     },
                     Key::Pid(_) => return Ok(()),
                 };
-                if !self.loaded(unit) {
+                if !self.loaded(unit)? {
                     return Ok(());
                 }
                 let usec = quota_usec(*millis);
