@@ -178,6 +178,10 @@ impl StandIn {
     }
 
     async fn get_unit(&self, name: String) -> Result<OwnedObjectPath, SdError> {
+        if name == "lost.service" {
+            // A call systemd never answers (as one sent while it re-executes).
+            std::future::pending::<()>().await;
+        }
         let s = self.shared.lock().unwrap();
         if s.units.contains_key(&name)
             || ["system.slice", "user.slice", "init.scope"].contains(&name.as_str())
@@ -339,5 +343,21 @@ fn standin_systemd1_gets_allowed_cpus_slices_scopes_and_reclaim() {
         d.logs().contains("systemd reloaded: state re-applied (1 corrections)")
     });
     assert_eq!(d.cgroup("cpupool.slice/cpupool-web.slice/cpuset.cpus").as_deref(), Some("3,7\n"));
+
+    // A call systemd never answers does not hang the daemon: the release fails after the call
+    // timeout, nothing changes, and it keeps answering.
+    let lost = sb.join("cgroup/system.slice/lost.service");
+    std::fs::create_dir_all(&lost).unwrap();
+    shared.lock().unwrap().units.insert("lost.service".into(), lost);
+    v.call(
+        "Assign",
+        json!({ "pool": "dp", "target": "unit:lost.service", "cpus": 2, "id": "lost", "reclaim": false }),
+    )
+    .unwrap();
+    let err = v.call("Release", json!({ "id": "lost" })).unwrap_err();
+    assert_eq!(err.0, "org.cpupool.Manager.ApplyFailed", "{err:?}");
+    let left = v.call("ListAssignments", json!({})).unwrap();
+    assert_eq!(left["assignments"][0]["id"], "lost", "{left}");
+    assert!(d.logs().contains("did not answer within"), "{}", d.logs());
     d.stop();
 }
