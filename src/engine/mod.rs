@@ -17,6 +17,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use crate::config::runtime::{Dropin, DropinError, PoolEdit};
 use crate::config::{self, ConfigDirs, ConfigError, Settings};
+use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Effect, Key, Layout, LayoutOptions, Placement, Role};
 use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{
@@ -462,11 +463,7 @@ impl Engine {
                     .is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
                 if ours && !desired.contains_key(&key) {
                     let o = self.backend.observe(&key).ok().flatten().unwrap_or_default();
-                    let mut place = Placement::new(
-                        o.cpus,
-                        crate::core::cpuset::CpuSet::new(),
-                        Role::Pool(PoolKind::Shared),
-                    );
+                    let mut place = Placement::new(o.cpus, CpuSet::new(), Role::Pool(PoolKind::Shared));
                     place.partition = o.partition;
                     observed.insert(key, place);
                 }
@@ -610,7 +607,10 @@ impl Engine {
         let Outcome::Changed(a) = &out else { return Ok(out) };
         let slice = plan::pool_slice(&pool.name);
         let slice_unit = slice.as_str().rsplit('/').next().unwrap_or_default().to_owned();
-        self.backend.start_scope(&scope, &slice_unit, pid, &a.cpus).map_err(EngineError::Apply)?;
+        // The scope starts with the pool slice's CPUs only; its own (exclusive ones) are set by
+        // the commit, after the save, like any assignment's: a crash in between leaves no
+        // CPU given away that the saved state does not name. The process waits meanwhile.
+        self.backend.start_scope(&scope, &slice_unit, pid, &CpuSet::new()).map_err(EngineError::Apply)?;
         self.commit(next)?;
         self.publish(assigned(a));
         Ok(out)

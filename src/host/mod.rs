@@ -47,7 +47,8 @@ pub trait Backend: Send {
     /// When a process started (`/proc/PID/stat` field 22, clock ticks since boot); `None` if
     /// it does not exist. With the pid, it names one process for good.
     fn process_start(&self, pid: u32) -> Option<u64>;
-    /// Starts a transient scope `unit` in `slice` holding `pid`, confined to `cpus`.
+    /// Starts a transient scope `unit` in `slice` holding `pid`, confined to `cpus` (empty: to
+    /// the slice's).
     fn start_scope(&self, unit: &str, slice: &str, pid: u32, cpus: &CpuSet) -> Result<(), HostError> {
         let _ = (slice, pid, cpus);
         Err(HostError::NoSystemd(unit.to_owned()))

@@ -429,14 +429,16 @@ impl Backend for Systemd {
 
     fn start_scope(&self, unit: &str, slice: &str, pid: u32, cpus: &CpuSet) -> Result<(), HostError> {
         let desc = format!("cpupoolctl run in {slice}");
-        let props: Vec<(&str, Value<'_>)> = vec![
+        let mut props: Vec<(&str, Value<'_>)> = vec![
             ("Description", Value::from(desc.as_str())),
             ("Slice", Value::from(slice)),
             ("PIDs", Value::from(vec![pid])),
-            ("AllowedCPUs", mask_value(cpus)),
             // Gone from systemd's tables as soon as it ends, failed or not.
             ("CollectMode", Value::from("inactive-or-failed")),
         ];
+        if !cpus.is_empty() {
+            props.push(("AllowedCPUs", mask_value(cpus)));
+        }
         self.job(format!("starting {unit} in {slice} for process {pid}"), |m| async move {
             m.start_transient_unit(unit, "fail", &props, &[]).await
         })
