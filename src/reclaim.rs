@@ -69,8 +69,12 @@ pub async fn run(
 ) {
     let mut r = Reclaimer { handle, fs, systemd, watches: HashMap::new(), gone: mpsc::unbounded_channel() };
     let mut events = r.handle.subscribe();
-    let mut unit_changes = r.unit_changes().await;
-    let (mut removed, mut reloading) = r.manager_signals().await;
+    // zbus reads the connection in order and waits when a signal stream is full. This loop
+    // calls systemd (and the engine, which calls systemd) on the same connection, so if it read
+    // the streams itself, a flood of signals (systemd re-executing announces every unit) would
+    // stall the replies it waits for. A task of its own drains them instead.
+    let (signals_tx, mut signals) = mpsc::unbounded_channel();
+    let forwarder = r.forward_signals(signals_tx).await;
     r.sync().await;
     let mut cgroup_tick = tokio::time::interval(CGROUP_PERIOD);
     let mut unit_tick = tokio::time::interval(UNIT_SWEEP);
@@ -95,32 +99,29 @@ pub async fn run(
                     }
                 }
             }
-            Some(msg) = next(&mut unit_changes) => r.unit_changed(&msg).await,
-            Some(sig) = next(&mut removed) => {
-                if let Ok(args) = sig.args() {
-                    r.unit_gone(&args.unit).await;
-                }
-            }
-            Some(sig) = next(&mut reloading) => {
-                if let Ok(args) = sig.args() {
-                    if !args.active {
-                        match r.handle.reapply().await {
-                            Ok(n) => log::info!("systemd reloaded: state re-applied ({n} corrections)"),
-                            Err(e) => log::error!("re-applying after systemd reloaded: {}", error_chain(&e)),
-                        }
-                    }
-                }
-            }
+            Some(sig) = signals.recv() => match sig {
+                Signal::UnitChanged { path, active_state } => r.unit_changed(&path, active_state).await,
+                Signal::UnitRemoved(unit) => r.unit_gone(&unit).await,
+                Signal::Reloaded => match r.handle.reapply().await {
+                    Ok(n) => log::info!("systemd reloaded: state re-applied ({n} corrections)"),
+                    Err(e) => log::error!("re-applying after systemd reloaded: {}", error_chain(&e)),
+                },
+            },
         }
+    }
+    for task in forwarder {
+        task.abort();
     }
 }
 
-/// The next item of an optional stream; never resolves without one.
-async fn next<S: futures_util::Stream + Unpin>(s: &mut Option<S>) -> Option<S::Item> {
-    match s {
-        Some(s) => s.next().await,
-        None => std::future::pending().await,
-    }
+/// What systemd said, as the forwarder passes it on.
+enum Signal {
+    /// `PropertiesChanged` on a unit object, with the new `ActiveState` if it was included.
+    UnitChanged { path: String, active_state: Option<String> },
+    /// `UnitRemoved`.
+    UnitRemoved(String),
+    /// `Reloading(false)`: a reload or re-exec finished.
+    Reloaded,
 }
 
 /// An assignment whose target is gone, and why.
@@ -136,6 +137,52 @@ struct Reclaimer {
 }
 
 impl Reclaimer {
+    /// Starts the tasks that drain systemd's signal streams into `tx`.
+    async fn forward_signals(&self, tx: mpsc::UnboundedSender<Signal>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        if let Some(mut stream) = self.unit_changes().await {
+            let tx = tx.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(msg) = stream.next().await {
+                    let Ok(msg) = msg else { continue };
+                    let Some(path) = msg.header().path().map(|p| p.to_string()) else { continue };
+                    let body = msg.body();
+                    let changed: Option<(String, HashMap<String, OwnedValue>, Vec<String>)> =
+                        body.deserialize().ok();
+                    let active_state = changed.and_then(|(_, props, _)| {
+                        props.get("ActiveState").and_then(|v| String::try_from(v.clone()).ok())
+                    });
+                    if tx.send(Signal::UnitChanged { path, active_state }).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        let (removed, reloading) = self.manager_signals().await;
+        if let Some(mut removed) = removed {
+            let tx = tx.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(sig) = removed.next().await {
+                    let Ok(args) = sig.args() else { continue };
+                    if tx.send(Signal::UnitRemoved(args.unit.clone())).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        if let Some(mut reloading) = reloading {
+            tasks.push(tokio::spawn(async move {
+                while let Some(sig) = reloading.next().await {
+                    let Ok(args) = sig.args() else { continue };
+                    if !args.active && tx.send(Signal::Reloaded).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        tasks
+    }
+
     async fn unit_changes(&self) -> Option<zbus::MessageStream> {
         let conn = self.systemd.as_ref()?;
         let rule = zbus::MatchRule::builder()
@@ -300,19 +347,8 @@ impl Reclaimer {
             .collect()
     }
 
-    async fn unit_changed(&mut self, msg: &zbus::Result<zbus::Message>) {
-        let Ok(msg) = msg else { return };
-        let header = msg.header();
-        let Some(path) = header.path() else { return };
-        let ids = self.unit_ids(|_, p| p == path.as_str());
-        if ids.is_empty() {
-            return;
-        }
-        let body = msg.body();
-        let changed: Option<(String, HashMap<String, OwnedValue>, Vec<String>)> = body.deserialize().ok();
-        let state = changed.and_then(|(_, props, _)| {
-            props.get("ActiveState").and_then(|v| String::try_from(v.clone()).ok())
-        });
+    async fn unit_changed(&mut self, path: &str, state: Option<String>) {
+        let ids = self.unit_ids(|_, p| p == path);
         for id in ids {
             let (name, state) = match (&state, self.watches.get(&id)) {
                 (Some(s), _) => (None, Some(Some(s.clone()))),
