@@ -164,7 +164,9 @@ impl Systemd {
     /// Connects to systemd on `bus` (the system bus on a real host). `fs` writes what systemd
     /// does not manage. `rt` runs the D-Bus calls for the engine thread.
     pub async fn connect(bus: &Bus, fs: CgroupFs, rt: tokio::runtime::Handle) -> zbus::Result<Systemd> {
-        let conn = bus.builder()?.method_timeout(CALL_TIMEOUT).build().await?;
+        // Every call on the connection is bounded (the reclaimer's too); the engine's own bound
+        // (CALL_TIMEOUT, then BACKOFF) is a little shorter, so it is the one that fires there.
+        let conn = bus.builder()?.method_timeout(CALL_TIMEOUT + Duration::from_secs(1)).build().await?;
         let manager = ManagerProxy::new(&conn).await?;
         // Fails early when nothing answers as systemd.
         manager.subscribe().await?;
