@@ -30,6 +30,8 @@ use crate::host::{pidwatch, systemd};
 const CGROUP_PERIOD: Duration = Duration::from_millis(500);
 /// How often every unit target is checked, in case a signal was missed.
 const UNIT_SWEEP: Duration = Duration::from_secs(5);
+/// The longest wait between retries of corrections that failed.
+const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// systemd's object path for a unit: `/org/freedesktop/systemd1/unit/` and the name with
 /// every byte outside `[A-Za-z0-9]` written `_xx` (sd-bus `bus_label_escape`).
@@ -78,6 +80,7 @@ pub async fn run(
     r.sync().await;
     let mut cgroup_tick = tokio::time::interval(CGROUP_PERIOD);
     let mut unit_tick = tokio::time::interval(UNIT_SWEEP);
+    let (mut retry_every, mut retry_at) = (UNIT_SWEEP, std::time::Instant::now());
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -91,12 +94,21 @@ pub async fn run(
             _ = cgroup_tick.tick() => r.check_cgroups().await,
             _ = unit_tick.tick() => {
                 r.sweep_units().await;
-                // What systemd could not be told (it was away, e.g. re-executing) is tried again.
+                // What systemd could not be told (it was away, e.g. re-executing) is tried again,
+                // backing off from 5 s to 5 min while it keeps failing (a unit that no longer
+                // exists fails every time until its assignment is released).
                 if r.systemd.is_some() && !r.handle.snapshot().degraded.is_empty() {
-                    match r.handle.reapply().await {
-                        Ok(n) => log::info!("re-applied what failed before: {n} corrections"),
-                        Err(e) => log::error!("re-applying: {}", error_chain(&e)),
+                    if std::time::Instant::now() >= retry_at {
+                        match r.handle.reapply().await {
+                            Ok(n) => log::info!("re-applied what failed before: {n} corrections"),
+                            Err(e) => log::error!("re-applying: {}", error_chain(&e)),
+                        }
+                        retry_every = (retry_every * 2).min(MAX_RETRY);
+                        retry_at = std::time::Instant::now() + retry_every;
                     }
+                } else {
+                    retry_every = UNIT_SWEEP;
+                    retry_at = std::time::Instant::now();
                 }
             }
             Some(sig) = signals.recv() => match sig {
