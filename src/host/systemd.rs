@@ -28,6 +28,10 @@ use crate::core::state::CgroupPath;
 
 /// How long a job or a cgroup write may take before it counts as failed.
 const JOB_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long systemd may take to write a cgroup after accepting `AllowedCPUs` (it realizes
+/// cgroups from its event loop, within milliseconds); bounded so a reconcile over many units
+/// stays well inside the watchdog's 30 s.
+const REALIZE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one call may take. systemd answers in milliseconds; a call lost while it
 /// re-executes would otherwise never be answered, and the engine thread must never hang (the
 /// watchdog would kill the daemon).
@@ -289,7 +293,7 @@ impl Systemd {
     /// Waits until systemd has written `cpus` to the cgroup of `path` (it realizes cgroups from
     /// its event loop, possibly after the call returned).
     fn wait_realized(&self, path: &CgroupPath, cpus: &CpuSet) {
-        let deadline = Instant::now() + JOB_TIMEOUT;
+        let deadline = Instant::now() + REALIZE_TIMEOUT;
         while Instant::now() < deadline {
             match self.fs.read_cpus(path) {
                 Ok(Some(now)) if &now == cpus => return,
@@ -297,7 +301,7 @@ impl Systemd {
                 _ => std::thread::sleep(Duration::from_millis(2)),
             }
         }
-        log::warn!("systemd has not written `{cpus}` to `{path}/cpuset.cpus` after {JOB_TIMEOUT:?}");
+        log::warn!("systemd has not written `{cpus}` to `{path}/cpuset.cpus` after {REALIZE_TIMEOUT:?}");
     }
 
     fn set_cpus(&self, unit: &str, cpus: &CpuSet) -> Result<(), HostError> {
