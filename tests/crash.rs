@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -127,24 +127,22 @@ fn client(
 /// there or wholly absent.
 fn check(d: &Daemon, model: &mut BTreeMap<String, Held>, uncertain: &[Op], round: usize, seed: u64) {
     let ctx = format!("after restart {round} (CPUPOOL_CRASH_SEED={seed})");
-    let mut v = Varlink::connect(&d.varlink);
-    let list = v.call("ListAssignments", json!({})).unwrap();
-    let live: BTreeMap<String, (Held, String)> = list["assignments"]
-        .as_array()
-        .unwrap()
+    // No CPU owned twice, in the state and in the cgroup files; every target's file matches.
+    let live: BTreeMap<String, Held> = d
+        .served_assignments("ex", &ctx)
         .iter()
         .map(|a| {
             let held = Held {
                 pool: a["pool"].as_str().unwrap().to_owned(),
                 target: a["target"].as_str().unwrap().to_owned(),
             };
-            (a["id"].as_str().unwrap().to_owned(), (held, a["cpus"].as_str().unwrap().to_owned()))
+            (a["id"].as_str().unwrap().to_owned(), held)
         })
         .collect();
     for op in uncertain {
         match op {
             Op::Assign { id, pool, .. } => {
-                if let Some((held, _)) = live.get(id) {
+                if let Some(held) = live.get(id) {
                     assert_eq!(held, &Held { pool: pool.clone(), target: target_of(id) }, "{ctx}: {id}");
                     model.insert(id.clone(), held.clone());
                 }
@@ -156,27 +154,14 @@ fn check(d: &Daemon, model: &mut BTreeMap<String, Held>, uncertain: &[Op], round
             }
         }
     }
-    let served: BTreeMap<String, Held> = live.iter().map(|(id, (h, _))| (id.clone(), h.clone())).collect();
-    let lost: Vec<_> = model.keys().filter(|id| !served.contains_key(*id)).collect();
-    let extra: Vec<_> = served.keys().filter(|id| !model.contains_key(*id)).collect();
+    let lost: Vec<_> = model.keys().filter(|id| !live.contains_key(*id)).collect();
+    let extra: Vec<_> = live.keys().filter(|id| !model.contains_key(*id)).collect();
     assert!(
         lost.is_empty() && extra.is_empty(),
         "{ctx}: acknowledged but lost {lost:?}; never acknowledged {extra:?}"
     );
-    assert_eq!(&served, model, "{ctx}");
+    assert_eq!(&live, model, "{ctx}");
 
-    // No CPU owned twice, in the state and in the cgroup files; every target's file matches.
-    let mut owned = BTreeSet::new();
-    for (id, (held, cpus)) in &live {
-        let rel = held.target.strip_prefix("cgroup:").unwrap();
-        let file = d.cgroup(&format!("{rel}/cpuset.cpus"));
-        assert_eq!(file.as_deref(), Some(cpus.as_str()), "{ctx}: cgroup file of {id}");
-        if held.pool == "ex" {
-            for cpu in cpupoold::core::cpuset::CpuSet::parse(cpus).unwrap().iter() {
-                assert!(owned.insert(cpu), "{ctx}: CPU {cpu} owned twice ({id})");
-            }
-        }
-    }
     // Targets without an assignment hold no CPUs: nothing unacknowledged was half applied.
     for entry in fs::read_dir(d.sb.join("cgroup/crash")).into_iter().flatten() {
         let name = entry.unwrap().file_name().into_string().unwrap();
@@ -186,6 +171,7 @@ fn check(d: &Daemon, model: &mut BTreeMap<String, Held>, uncertain: &[Op], round
         }
     }
     // Pool slices as the pools say; the reserved pool's slices are the host ones.
+    let mut v = Varlink::connect(&d.varlink);
     for p in v.call("ListPools", json!({})).unwrap()["pools"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let slice = match p["kind"].as_str() {

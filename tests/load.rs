@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -164,28 +164,14 @@ fn run_load(secs: u64) {
     }
     let rss_end = d.rss_kib();
 
-    let mut v = Varlink::connect(&d.varlink);
-    let list = v.call("ListAssignments", json!({})).unwrap();
-    let live: BTreeMap<String, String> = list["assignments"]
-        .as_array()
-        .unwrap()
+    let live: BTreeMap<String, String> = d
+        .served_assignments("ex", "after the load")
         .iter()
         .map(|a| (a["id"].as_str().unwrap().to_owned(), a["pool"].as_str().unwrap().to_owned()))
         .collect();
     let lost: Vec<_> = model.keys().filter(|id| !live.contains_key(*id)).collect();
     let extra: Vec<_> = live.keys().filter(|id| !model.contains_key(*id)).collect();
     assert!(lost.is_empty() && extra.is_empty(), "lost {lost:?}; never acknowledged or released {extra:?}");
-    let mut owned = BTreeSet::new();
-    for a in list["assignments"].as_array().unwrap() {
-        let cpus = a["cpus"].as_str().unwrap();
-        let rel = a["target"].as_str().unwrap().strip_prefix("cgroup:").unwrap();
-        assert_eq!(d.cgroup(&format!("{rel}/cpuset.cpus")).as_deref(), Some(cpus), "{rel}");
-        if a["pool"] == "ex" {
-            for cpu in cpupoold::core::cpuset::CpuSet::parse(cpus).unwrap().iter() {
-                assert!(owned.insert(cpu), "CPU {cpu} owned twice");
-            }
-        }
-    }
     println!(
         "load: {CLIENTS} clients (32 varlink, 32 D-Bus), {secs} s, {calls} calls ({:.0}/s), {} assignments held at the end, none lost or duplicated; daemon VmRSS {} KiB at the start, {} KiB at the end",
         calls as f64 / secs as f64,

@@ -181,6 +181,30 @@ impl Daemon {
         fs::read_to_string(self.sb.join("cgroup").join(rel)).ok()
     }
 
+    /// Every assignment the daemon serves (over varlink), after checking it against the host:
+    /// every target is a cgroup whose `cpuset.cpus` holds the assignment's CPUs, and no CPU of the
+    /// exclusive pool `exclusive` is owned twice. `ctx` prefixes every failure.
+    pub fn served_assignments(&self, exclusive: &str, ctx: &str) -> Vec<Value> {
+        let mut v = Varlink::connect(&self.varlink);
+        let list = v.call("ListAssignments", json!({})).unwrap();
+        let list = list["assignments"].as_array().unwrap().clone();
+        let mut owned = std::collections::BTreeSet::new();
+        for a in &list {
+            let (id, cpus) = (a["id"].as_str().unwrap(), a["cpus"].as_str().unwrap());
+            let target = a["target"].as_str().unwrap();
+            let rel =
+                target.strip_prefix("cgroup:").unwrap_or_else(|| panic!("{ctx}: {id} targets {target}"));
+            let file = self.cgroup(&format!("{rel}/cpuset.cpus"));
+            assert_eq!(file.as_deref(), Some(cpus), "{ctx}: cgroup file of {id} ({rel})");
+            if a["pool"] == exclusive {
+                for cpu in cpupoold::core::cpuset::CpuSet::parse(cpus).unwrap().iter() {
+                    assert!(owned.insert(cpu), "{ctx}: CPU {cpu} owned twice ({id})");
+                }
+            }
+        }
+        list
+    }
+
     /// The state file's bytes.
     pub fn state_file(&self) -> Vec<u8> {
         fs::read(self.sb.join("state/state.json")).unwrap_or_default()
