@@ -590,15 +590,10 @@ impl State {
         let (cpus, millicpus) = match pool.kind {
             PoolKind::Reserved => return Err(Error::ReservedPool { pool: pool.name.to_string() }),
             PoolKind::Exclusive => {
-                if let Size::Cpuset(want) = &spec.size {
-                    let cpus = self.exact(topo, &pool, want)?;
-                    let n = cpus.len() as u64;
-                    (cpus, n * 1000)
-                } else {
-                    let n = match spec.size {
-                    Size::Cpuset(_) => 0,
-                    Size::Cpus(n) => u64::from(n),
-                    Size::Millicpus(m) if m % 1000 == 0 => m / 1000,
+                let cpus = match &spec.size {
+                    Size::Cpuset(want) => self.exact(topo, &pool, want)?,
+                    Size::Cpus(n) => self.pick_whole(topo, &pool, u64::from(*n))?,
+                    Size::Millicpus(m) if m % 1000 == 0 => self.pick_whole(topo, &pool, m / 1000)?,
                     Size::Millicpus(m) => {
                         return Err(Error::InvalidArgument {
                             arg: "millicpus",
@@ -609,29 +604,8 @@ impl State {
                         })
                     }
                 };
-                    if n == 0 {
-                        return Err(Error::InvalidArgument {
-                            arg: "cpus",
-                            reason: "must be at least 1".into(),
-                        });
-                    }
-                    let free = self.free_cpus(&pool);
-                    let cpus = match alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt) {
-                        Ok(c) => c,
-                        Err(PickError::Insufficient { available, .. }) => {
-                            return Err(Error::InsufficientCapacity {
-                                pool: pool.name.to_string(),
-                                requested: n,
-                                free: available as u64,
-                                unit: "cpus",
-                            })
-                        }
-                        Err(PickError::NotWholeCores { .. }) => {
-                            return Err(Error::NotWholeCores { pool: pool.name.to_string(), requested: n })
-                        }
-                    };
-                    (cpus, n * 1000)
-                }
+                let n = cpus.len() as u64;
+                (cpus, n * 1000)
             }
             PoolKind::Shared => {
                 let m = match spec.size {
@@ -689,6 +663,25 @@ impl State {
     }
 
     /// Checks that `want` can be owned whole by a new assignment of the exclusive `pool`.
+    /// `n` free CPUs of exclusive `pool`, chosen by the allocator.
+    fn pick_whole(&self, topo: &Topology, pool: &Pool, n: u64) -> Result<CpuSet, Error> {
+        if n == 0 {
+            return Err(Error::InvalidArgument { arg: "cpus", reason: "must be at least 1".into() });
+        }
+        let free = self.free_cpus(pool);
+        alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt).map_err(|e| match e {
+            PickError::Insufficient { available, .. } => Error::InsufficientCapacity {
+                pool: pool.name.to_string(),
+                requested: n,
+                free: available as u64,
+                unit: "cpus",
+            },
+            PickError::NotWholeCores { .. } => {
+                Error::NotWholeCores { pool: pool.name.to_string(), requested: n }
+            }
+        })
+    }
+
     fn exact(&self, topo: &Topology, pool: &Pool, want: &CpuSet) -> Result<CpuSet, Error> {
         let bad = |reason: String| Error::InvalidArgument { arg: "cpus", reason };
         if want.is_empty() {
