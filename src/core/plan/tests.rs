@@ -229,21 +229,28 @@ fn layout_strategy() -> impl Strategy<Value = Layout> {
         })
 }
 
+/// `after` with the pid placements of `before` and no others. Pid placements cannot be emptied
+/// mid-way, and in the daemon an exclusive assignment's CPUs never change: pids stay stable
+/// across a change, as the engine keeps them.
+fn with_stable_pids(before: &Layout, mut after: Layout) -> Layout {
+    after.retain(|k, _| !matches!(k, Key::Pid(_)));
+    for (k, p) in before {
+        if matches!(k, Key::Pid(_)) {
+            let clash = after.iter().any(|(_, q)| q.role.conflicts(&p.role) && !q.cpus.is_disjoint(&p.cpus));
+            if !clash {
+                after.insert(k.clone(), p.clone());
+            }
+        }
+    }
+    after
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
     #[test]
     fn plans_never_overlap_midway_and_reach_the_target(before in layout_strategy(), after in layout_strategy()) {
-        // Pid placements cannot be emptied mid-way, and in the daemon an exclusive assignment's
-        // CPUs never change: keep pids stable across before/after, as the engine does.
-        let mut after = after;
-        after.retain(|k, _| !matches!(k, Key::Pid(_)));
-        for (k, p) in &before {
-            if matches!(k, Key::Pid(_)) {
-                let clash = after.iter().any(|(_, q)| q.role.conflicts(&p.role) && !q.cpus.is_disjoint(&p.cpus));
-                if !clash { after.insert(k.clone(), p.clone()); }
-            }
-        }
+        let after = with_stable_pids(&before, after);
         let effects = plan(&before, &after);
         let fin = replay(&before, &after, &effects).map_err(TestCaseError::fail)?;
         let want: BTreeMap<Key, CpuSet> = after.iter().map(|(k, p)| (k.clone(), p.cpus.clone())).collect();
@@ -257,14 +264,7 @@ proptest! {
         before in layout_strategy(),
         after in layout_strategy(),
     ) {
-        let mut after = after;
-        after.retain(|k, _| !matches!(k, Key::Pid(_)));
-        for (k, p) in &before {
-            if matches!(k, Key::Pid(_)) {
-                let clash = after.iter().any(|(_, q)| q.role.conflicts(&p.role) && !q.cpus.is_disjoint(&p.cpus));
-                if !clash { after.insert(k.clone(), p.clone()); }
-            }
-        }
+        let after = with_stable_pids(&before, after);
         let mid = kept(&before, &after);
         // The first half (run before the save) gives nothing: every set it leaves is part of
         // what it had, and only what `after` also names is left.
