@@ -43,6 +43,19 @@ fn busctl(bus: &PrivateBus, nobody: bool, args: &[&str]) -> Output {
 }
 
 /// `dbus-send --print-reply ARGS` on `bus` as uid/gid 65534 (nobody), without groups.
+/// `nobody` calling Release with dbus-send gets the typed AccessDenied error by name.
+fn assert_nobody_may_not_release(bus: &PrivateBus) {
+    let denied = dbus_send_as_nobody(
+        bus,
+        &["--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"],
+    );
+    assert!(
+        text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"),
+        "{}",
+        text(&denied.stderr)
+    );
+}
+
 fn dbus_send_as_nobody(bus: &PrivateBus, args: &[&str]) -> Output {
     run(Command::new("setpriv")
         .args(AS_NOBODY)
@@ -184,15 +197,7 @@ fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
     let out = call(true, &["Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("uid 65534 may not change"), "{}", text(&out.stderr));
-    let denied = dbus_send_as_nobody(
-        &bus,
-        &["--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"],
-    );
-    assert!(
-        text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"),
-        "{}",
-        text(&denied.stderr)
-    );
+    assert_nobody_may_not_release(&bus);
     assert_eq!(d.state_file(), before);
     assert_eq!(d.cgroup("k/a/cpuset.cpus"), None);
 
@@ -526,15 +531,7 @@ fn shipped_policy_on_a_system_policy_bus() {
     assert!(out.status.success(), "nobody introspects: {}", text(&out.stderr));
     let out = busctl(&bus, true, &["get-property", DEST, PATH, IFACE, "Pools"]);
     assert!(out.status.success(), "nobody reads properties: {}", text(&out.stderr));
-    let denied = dbus_send_as_nobody(
-        &bus,
-        &["--dest=org.cpupool.Manager1", PATH, "org.cpupool.Manager1.Release", "string:x"],
-    );
-    assert!(
-        text(&denied.stderr).contains("Error org.cpupool.Manager1.Error.AccessDenied"),
-        "{}",
-        text(&denied.stderr)
-    );
+    assert_nobody_may_not_release(&bus);
     let out = busctl(
         &bus,
         false,
