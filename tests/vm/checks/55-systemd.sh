@@ -68,13 +68,14 @@ print(hits[-1] if hits else 0)' "$id")
   if [ "$at" -eq 0 ]; then echo 99999; else echo $(((at - t0) / 1000)); fi
 }
 
+# dp_unit NAME: a long-running service in the dp pool's slice (a runtime unit file).
+dp_unit() {
+  printf '[Service]\nSlice=cpupool-dp.slice\nExecStart=/bin/sleep infinity\n' >"/run/systemd/system/$1"
+  systemctl daemon-reload
+}
+
 # A unit target in the pool's slice: AllowedCPUs set through systemd, reclaimed when it stops.
-cat >/run/systemd/system/some.service <<'EOF'
-[Service]
-Slice=cpupool-dp.slice
-ExecStart=/bin/sleep infinity
-EOF
-systemctl daemon-reload
+dp_unit some.service
 check "start some.service" systemctl start some.service
 check_output "assign dp to unit some.service" 'target: +unit:some.service' \
   cpupoolctl pool assign dp --unit some.service --cpus 1 --id some
@@ -104,12 +105,7 @@ echo "pid reclaim: $ms ms" >>"$RESULTS/reclaim.txt"
 if [ "$ms" -lt 1000 ]; then pass "an exited pid is reclaimed within 1 s ($ms ms after the kill)"; else fail "pid reclaim took $ms ms"; fi
 
 # Restart and daemon-reexec keep assignments and cgroup files.
-cat >/run/systemd/system/keeper.service <<'EOF'
-[Service]
-Slice=cpupool-dp.slice
-ExecStart=/bin/sleep infinity
-EOF
-systemctl daemon-reload
+dp_unit keeper.service
 systemctl start keeper.service
 check "assign dp to keeper.service" cpupoolctl pool assign dp --unit keeper.service --cpus 1 --id keeper
 snapshot() {
