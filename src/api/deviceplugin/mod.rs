@@ -45,6 +45,9 @@ use server::{PoolPlugin, Shared};
 /// The API version registered.
 pub const VERSION: &str = "v1beta1";
 
+/// The kubelet's registration socket in the device-plugin directory.
+const KUBELET_SOCKET: &str = "kubelet.sock";
+
 /// How the plugin runs; from the settings.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -85,7 +88,7 @@ impl Options {
 
     /// The kubelet's registration socket.
     pub fn kubelet_socket(&self) -> PathBuf {
-        self.plugin_dir().join("kubelet.sock")
+        self.plugin_dir().join(KUBELET_SOCKET)
     }
 
     /// The kubelet's PodResources socket.
@@ -115,14 +118,18 @@ pub async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel, to
 /// One running pool endpoint.
 struct Running {
     stop: watch::Sender<bool>,
-    /// The socket's inode: a different one (or none) means the kubelet removed it.
-    ino: u64,
-    /// The kubelet socket's inode it registered with.
-    registered: Option<u64>,
+    /// The socket's identity: a different one (or none) means the kubelet removed it.
+    ino: Option<FileId>,
+    /// The identity of the kubelet socket it registered with.
+    registered: Option<FileId>,
 }
 
-fn inode(p: &Path) -> Option<u64> {
-    std::fs::symlink_metadata(p).ok().map(|m| m.ino())
+/// A file's inode number and change time. The inode number alone does not tell a re-created
+/// socket from the old one: ext4 hands a freed inode number to the next file created.
+type FileId = (u64, i64, i64);
+
+fn inode(p: &Path) -> Option<FileId> {
+    std::fs::symlink_metadata(p).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// Runs the plugin until `shutdown` is true: refuses to start (returning the reason) when
@@ -172,16 +179,23 @@ pub async fn run(
         };
         tokio::select! {
             r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
-            ev = next_event(&mut watcher) => {
-                if !ev {
-                    // The directory went away (or the watch broke): watch again once it is back.
+            ev = next_event(&mut watcher) => match ev {
+                DirEvent::Gone => {
+                    // The directory went away (or the watch broke): watch again once it is back,
+                    // and register anew then, whatever the kubelet socket looks like.
                     watcher = None;
+                    mgr.forget_registrations();
                     retry_at.get_or_insert_with(|| tokio::time::Instant::now() + Duration::from_millis(100));
-                    continue;
                 }
-                // Drain what is already queued: one sync covers a burst of file events.
-                retry_at = mgr.sync().await;
-            }
+                DirEvent::Changed { kubelet_created } => {
+                    if kubelet_created {
+                        // A new kubelet: it knows none of us, and its socket may look just like
+                        // the old one's.
+                        mgr.forget_registrations();
+                    }
+                    retry_at = mgr.sync().await;
+                }
+            },
             e = events.recv() => {
                 if matches!(e, Ok(Event::PoolChanged(_)) | Err(_)) {
                     retry_at = mgr.sync().await;
@@ -213,14 +227,28 @@ fn watch_dir(dir: &Path) -> Option<inotify::EventStream<Vec<u8>>> {
     ino.into_event_stream(vec![0u8; 4096]).ok()
 }
 
-/// The next event: `true` for a change in the directory, `false` when the watch is gone.
-async fn next_event(w: &mut Option<inotify::EventStream<Vec<u8>>>) -> bool {
+/// What happened in the device-plugin directory.
+enum DirEvent {
+    /// A file came or went; `kubelet_created` when it was the kubelet's socket appearing.
+    Changed { kubelet_created: bool },
+    /// The directory itself (or the watch on it) is gone.
+    Gone,
+}
+
+/// The next event in the directory.
+async fn next_event(w: &mut Option<inotify::EventStream<Vec<u8>>>) -> DirEvent {
     let Some(stream) = w else { return std::future::pending().await };
     match stream.next().await {
-        Some(Ok(e)) => !e.mask.intersects(
-            inotify::EventMask::DELETE_SELF | inotify::EventMask::MOVE_SELF | inotify::EventMask::IGNORED,
-        ),
-        _ => false,
+        Some(Ok(e)) => {
+            use inotify::EventMask as M;
+            if e.mask.intersects(M::DELETE_SELF | M::MOVE_SELF | M::IGNORED | M::Q_OVERFLOW) {
+                return DirEvent::Gone;
+            }
+            let kubelet_created = e.mask.intersects(M::CREATE | M::MOVED_TO)
+                && e.name.as_deref() == Some(std::ffi::OsStr::new(KUBELET_SOCKET));
+            DirEvent::Changed { kubelet_created }
+        }
+        _ => DirEvent::Gone,
     }
 }
 
@@ -234,7 +262,9 @@ struct Manager {
 
 impl Manager {
     /// Makes every offered pool served and registered with the current kubelet; returns when
-    /// to try again if something failed (backoff: 100 ms doubling to 30 s, never giving up).
+    /// to try again if something failed (backoff: 20 ms doubling to 30 s, never giving up). The
+    /// first retries come soon: inotify reports a new kubelet.sock at bind(), and a connection
+    /// before the kubelet's listen() is refused.
     async fn sync(&mut self) -> Option<tokio::time::Instant> {
         let snap = self.shared.handle.snapshot();
         let wanted: Vec<PoolName> = snap
@@ -249,7 +279,7 @@ impl Manager {
             if let Some(r) = self.running.remove(&p) {
                 let _ = r.stop.send(true);
                 let sock = self.opts.plugin_dir().join(devices::socket_name(p.as_str()));
-                if inode(&sock) == Some(r.ino) {
+                if r.ino.is_some() && inode(&sock) == r.ino {
                     let _ = std::fs::remove_file(&sock);
                 }
                 log::info!(POOL = p.as_str(); "device plugin: pool {p} no longer offered to the kubelet");
@@ -259,10 +289,11 @@ impl Manager {
         let kubelet = inode(&self.opts.kubelet_socket());
         for pool in wanted {
             let sock = self.opts.plugin_dir().join(devices::socket_name(pool.as_str()));
-            let fresh = self.running.get(&pool).is_some_and(|r| inode(&sock) == Some(r.ino));
+            let fresh = self.running.get(&pool).is_some_and(|r| r.ino.is_some() && inode(&sock) == r.ino);
             if !fresh {
                 if let Some(old) = self.running.remove(&pool) {
                     let _ = old.stop.send(true);
+                    log::info!(POOL = pool.as_str(); "device plugin: the socket of pool {pool} was removed; serving it again");
                 }
                 match self.serve(&pool, &sock) {
                     Ok(r) => {
@@ -293,7 +324,7 @@ impl Manager {
         }
         if failed {
             self.failures = self.failures.saturating_add(1);
-            let ms = 100u64.saturating_mul(1 << self.failures.min(9)).min(30_000);
+            let ms = 10u64.saturating_mul(1 << self.failures.min(12)).min(30_000);
             Some(tokio::time::Instant::now() + Duration::from_millis(ms))
         } else {
             self.failures = 0;
@@ -324,7 +355,7 @@ impl Manager {
             Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(sock)?;
-        let ino = inode(sock).unwrap_or(0);
+        let ino = inode(sock);
         let (stop, stopped) = watch::channel(false);
         let svc = PoolPlugin { pool: pool.clone(), shared: self.shared.clone(), stopped: stopped.clone() };
         let mut until = stopped;
@@ -343,11 +374,18 @@ impl Manager {
         Ok(Running { stop, ino, registered: None })
     }
 
+    /// Makes the next sync register every pool again.
+    fn forget_registrations(&mut self) {
+        for r in self.running.values_mut() {
+            r.registered = None;
+        }
+    }
+
     fn stop_all(&mut self) {
         for (pool, r) in std::mem::take(&mut self.running) {
             let _ = r.stop.send(true);
             let sock = self.opts.plugin_dir().join(devices::socket_name(pool.as_str()));
-            if inode(&sock) == Some(r.ino) {
+            if r.ino.is_some() && inode(&sock) == r.ino {
                 let _ = std::fs::remove_file(&sock);
             }
         }
