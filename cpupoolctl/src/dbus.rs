@@ -74,8 +74,8 @@ impl fmt::Display for Bus {
 /// `(ssssttbus)`: name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated,
 /// assignments, partition.
 type PoolTuple = (String, String, String, String, u64, u64, bool, u32, String);
-/// `(ssstsb)`: id, pool, cpus, millicpus, target, reclaim.
-type AssignmentTuple = (String, String, String, u64, String, bool);
+/// `(ssstsbs)`: id, pool, cpus, millicpus, target, reclaim, container.
+type AssignmentTuple = (String, String, String, u64, String, bool, String);
 /// `(uuuuuu)`: cpu, core, package, die, node, l3.
 type CpuTuple = (u32, u32, u32, u32, u32, u32);
 
@@ -96,8 +96,8 @@ fn pool(t: PoolTuple) -> Pool {
 }
 
 fn assignment(t: AssignmentTuple) -> Assignment {
-    let (id, pool, cpus, millicpus, target, reclaim) = t;
-    Assignment { id, pool, cpus, millicpus, target, reclaim }
+    let (id, pool, cpus, millicpus, target, reclaim, container) = t;
+    Assignment { id, pool, cpus, millicpus, target, reclaim, container }
 }
 
 fn cpu(t: CpuTuple) -> Cpu {
@@ -484,7 +484,7 @@ mod tests {
             (p.assignments, p.free_cpus.as_str(), p.isolated, p.partition.as_str()),
             (1, "3", true, "isolated")
         );
-        let a = assignment(("a".into(), "dp".into(), "2".into(), 1000, "pid:1".into(), false));
+        let a = assignment(("a".into(), "dp".into(), "2".into(), 1000, "pid:1".into(), false, String::new()));
         assert_eq!((a.id.as_str(), a.millicpus, a.target.as_str(), a.reclaim), ("a", 1000, "pid:1", false));
         assert_eq!(cpu((1, 2, 3, 4, 5, 6)).l3, 6);
     }

@@ -160,10 +160,19 @@ pub fn assignments(list: &[Assignment], pool: Option<&str>) -> String {
         };
     }
     use Align::{Left, Right};
-    let mut t =
-        Table::new(&[("ID", Left), ("POOL", Left), ("CPUS", Left), ("MILLICPUS", Right), ("TARGET", Left)]);
+    // The CONTAINER column only when some assignment serves a kubelet container.
+    let containers = list.iter().any(|a| !a.container.is_empty());
+    let mut headers = vec![("ID", Left), ("POOL", Left), ("CPUS", Left), ("MILLICPUS", Right), ("TARGET", Left)];
+    if containers {
+        headers.push(("CONTAINER", Left));
+    }
+    let mut t = Table::new(&headers);
     for a in list {
-        t.row(vec![a.id.clone(), a.pool.clone(), cpus(&a.cpus), millicpus(a.millicpus), a.target.clone()]);
+        let mut row = vec![a.id.clone(), a.pool.clone(), cpus(&a.cpus), millicpus(a.millicpus), a.target.clone()];
+        if containers {
+            row.push(a.container.clone());
+        }
+        t.row(row);
     }
     t.render()
 }
@@ -176,7 +185,10 @@ pub fn assignment(a: &Assignment) -> String {
         ("cpus", cpus(&a.cpus)),
         ("millicpus", millicpus(a.millicpus)),
         ("target", a.target.clone()),
-    ])
+    ]
+    .into_iter()
+    .chain((!a.container.is_empty()).then(|| ("container", a.container.clone())))
+    .collect::<Vec<_>>())
 }
 
 /// `pool release`.
@@ -331,6 +343,7 @@ assignments:  1
             millicpus: 2000,
             target: "cgroup:work/app".into(),
             reclaim: true,
+            container: String::new(),
         };
         let b = Assignment {
             id: "x".into(),
@@ -339,6 +352,7 @@ assignments:  1
             millicpus: 250,
             target: "pid:7".into(),
             reclaim: true,
+            container: String::new(),
         };
         assert_eq!(
             assignments(&[a.clone(), b], None),
@@ -356,6 +370,25 @@ x      web   1,5        250m  pid:7
         );
         assert_eq!(released(&a), "released `app-1`: pool dp, CPUs 2,6, 2000m, cgroup:work/app\n");
         assert_eq!(assignment_json(&a)["assignment"]["millicpus"], 2000);
+
+        let k = Assignment {
+            id: "kubelet-core-6".into(),
+            pool: "dp".into(),
+            cpus: "6,14".into(),
+            millicpus: 2000,
+            target: "cgroup:kubepods.slice/ctr.scope".into(),
+            reclaim: true,
+            container: "default/web-0/nginx".into(),
+        };
+        assert_eq!(
+            assignments(&[a, k.clone()], None),
+            "\
+ID              POOL  CPUS  MILLICPUS  TARGET                           CONTAINER
+app-1           dp    2,6       2000m  cgroup:work/app
+kubelet-core-6  dp    6,14      2000m  cgroup:kubepods.slice/ctr.scope  default/web-0/nginx
+"
+        );
+        assert!(assignment(&k).ends_with("container:  default/web-0/nginx\n"), "{}", assignment(&k));
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub struct Assignment {
     /// Released when the target goes away.
     #[serde(default = "yes")]
     pub reclaim: bool,
+    /// Kubelet assignments: `NAMESPACE/POD/CONTAINER`; empty otherwise.
+    #[serde(default)]
+    pub container: String,
 }
 
 fn yes() -> bool {

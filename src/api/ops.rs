@@ -79,7 +79,7 @@ fn pool_named<'a>(state: &'a State, name: &str) -> Result<&'a Pool, ApiError> {
         .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
 }
 
-/// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsb)`.
+/// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsbs)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type)]
 pub struct AssignmentView {
     /// Its id.
@@ -94,6 +94,9 @@ pub struct AssignmentView {
     pub target: String,
     /// Released when the target goes away.
     pub reclaim: bool,
+    /// Kubelet assignments: `NAMESPACE/POD/CONTAINER` of the container holding the devices;
+    /// empty otherwise.
+    pub container: String,
 }
 
 impl From<&Assignment> for AssignmentView {
@@ -105,6 +108,7 @@ impl From<&Assignment> for AssignmentView {
             millicpus: a.millicpus,
             target: a.target.to_string(),
             reclaim: a.reclaim,
+            container: a.container.as_ref().map(|c| c.to_string()).unwrap_or_default(),
         }
     }
 }

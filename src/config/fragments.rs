@@ -39,6 +39,7 @@ pub(crate) struct KubeletFragment {
     pub release_grace_ms: Option<u64>,
     pub reconcile_interval_ms: Option<u64>,
     pub runtime_endpoint: Option<PathBuf>,
+    pub confine_unpooled: Option<bool>,
 }
 
 /// `[paths]` as written in one file.

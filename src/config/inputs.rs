@@ -77,6 +77,7 @@ impl Inputs {
             "kubelet.reconcile_interval_ms",
         );
         set.field(&mut k.runtime_endpoint, kubelet.runtime_endpoint, "kubelet.runtime_endpoint");
+        set.field(&mut k.confine_unpooled, kubelet.confine_unpooled, "kubelet.confine_unpooled");
         set.field(&mut self.paths.sysfs_root, paths.sysfs_root, "paths.sysfs_root");
         set.field(&mut self.paths.cgroup_root, paths.cgroup_root, "paths.cgroup_root");
         set.field(&mut self.paths.state_dir, paths.state_dir, "paths.state_dir");

@@ -90,6 +90,9 @@ pub struct Kubelet {
     pub reconcile_interval: std::time::Duration,
     /// `kubelet.runtime_endpoint`: the container runtime's CRI socket.
     pub runtime_endpoint: PathBuf,
+    /// `kubelet.confine_unpooled`: keep the kubelet's containers that use no pool off the
+    /// exclusive pools' CPUs.
+    pub confine_unpooled: bool,
 }
 
 impl Default for Kubelet {
@@ -101,6 +104,7 @@ impl Default for Kubelet {
             release_grace: std::time::Duration::from_millis(DEFAULT_RELEASE_GRACE_MS),
             reconcile_interval: std::time::Duration::from_millis(DEFAULT_RECONCILE_INTERVAL_MS),
             runtime_endpoint: DEFAULT_RUNTIME_ENDPOINT.into(),
+            confine_unpooled: true,
         }
     }
 }
@@ -239,6 +243,7 @@ impl Settings {
             release_grace: std::time::Duration::from_millis(grace),
             reconcile_interval: std::time::Duration::from_millis(interval),
             runtime_endpoint,
+            confine_unpooled: kubelet.confine_unpooled.unwrap_or(defaults.confine_unpooled),
         };
 
         let mut pools = pools;

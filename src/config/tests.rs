@@ -144,6 +144,7 @@ fn every_key_is_read() {
         release_grace_ms = 0
         reconcile_interval_ms = 100
         runtime_endpoint = "/run/crio/crio.sock"
+        confine_unpooled = false
     "#);
     assert_eq!(
         s.kubelet,
@@ -154,6 +155,7 @@ fn every_key_is_read() {
             release_grace: std::time::Duration::ZERO,
             reconcile_interval: std::time::Duration::from_millis(100),
             runtime_endpoint: "/run/crio/crio.sock".into(),
+            confine_unpooled: false,
         }
     );
     assert_eq!(s.origins.get("kubelet.millicpus_per_device"), Some(Path::new("t.toml")));

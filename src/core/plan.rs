@@ -16,7 +16,7 @@
 //! The planner does not know which backend runs the effects: the cgroupfs backend writes
 //! `cpuset.cpus` itself, the systemd backend sets `AllowedCPUs` on units.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::cpuset::CpuSet;
 use super::pool::{PoolKind, PoolName};
@@ -90,6 +90,9 @@ pub enum Role {
     /// A host slice (system.slice, ...) confined to the reserved pool. Skipped where it does
     /// not exist.
     Host,
+    /// A kubelet container that uses no pool: kept off the exclusive pools' CPUs, free to share
+    /// the others. Skipped where it does not exist.
+    Unpooled,
     /// An exclusive assignment's target.
     Exclusive,
     /// A shared assignment's target.
@@ -107,7 +110,14 @@ impl Role {
                 | (Pool(PoolKind::Shared), Host)
                 | (Host, Exclusive)
                 | (Exclusive, Host)
+                | (Unpooled, Exclusive)
+                | (Exclusive, Unpooled)
         )
+    }
+
+    /// Placements on cgroups someone else makes and removes: writes skip a missing one.
+    fn optional(&self) -> bool {
+        matches!(self, Role::Host | Role::Unpooled)
     }
 
     /// Cgroups the daemon creates and removes itself.
@@ -204,6 +214,9 @@ pub struct LayoutOptions {
     /// Let the host cgroups also use exclusive CPUs that no assignment holds
     /// (`daemon.lend_idle`; never CPUs of isolated pools).
     pub lend_idle: bool,
+    /// Cgroups of kubelet containers that use no pool (`kubelet.confine_unpooled`): kept off
+    /// the exclusive pools' CPUs, like the kubelet's own shared pool.
+    pub unpooled: BTreeSet<CgroupPath>,
 }
 
 /// The placements `state` implies: the top slice and one slice per pool (the reserved pool's
@@ -228,18 +241,29 @@ pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
         }
         out.insert(Key::Cgroup(pool_slice(&p.name)), place);
     }
-    if let Some(reserved) = state.pools().values().find(|p| p.kind == PoolKind::Reserved) {
-        let mut host = reserved.cpus.clone();
-        if opts.lend_idle {
-            for p in pools().filter(|p| p.kind == PoolKind::Exclusive && !p.isolate) {
-                host = host.union(&state.free_cpus(p));
-            }
+    // Idle exclusive CPUs lent to the host cgroups and unpooled containers.
+    let mut lent = CpuSet::new();
+    if opts.lend_idle {
+        for p in pools().filter(|p| p.kind == PoolKind::Exclusive && !p.isolate) {
+            lent = lent.union(&state.free_cpus(p));
         }
+    }
+    if let Some(reserved) = state.pools().values().find(|p| p.kind == PoolKind::Reserved) {
+        let host = reserved.cpus.union(&lent);
         for h in &opts.host_cgroups {
             out.insert(
                 Key::Cgroup(h.clone()),
                 Placement::new(host.clone(), topo.nodes_of(&host), Role::Host),
             );
+        }
+    }
+    if !opts.unpooled.is_empty() {
+        let exclusive = pools()
+            .filter(|p| p.kind == PoolKind::Exclusive)
+            .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+        let cpus = topo.online().difference(&exclusive).union(&lent);
+        for c in &opts.unpooled {
+            out.insert(Key::Cgroup(c.clone()), Placement::new(cpus.clone(), topo.nodes_of(&cpus), Role::Unpooled));
         }
     }
     for a in state.assignments().values() {
@@ -321,7 +345,7 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
             effects.push(Effect::SetCpus {
                 key: k.clone(),
                 cpus: keep.clone(),
-                optional: new.role == Role::Host,
+                optional: new.role.optional(),
             });
             current.insert(k, keep);
         }
@@ -370,7 +394,7 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
                 effects.push(Effect::SetCpus {
                     key: k.clone(),
                     cpus: want.cpus.clone(),
-                    optional: want.role == Role::Host,
+                    optional: want.role.optional(),
                 });
                 current.insert(k, want.cpus.clone());
                 roles.insert(k, want.role.clone());
@@ -387,7 +411,7 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
                 effects.push(Effect::SetCpus {
                     key: k.clone(),
                     cpus: CpuSet::new(),
-                    optional: after[k].role == Role::Host,
+                    optional: after[k].role.optional(),
                 });
                 current.insert(k, CpuSet::new());
             }
@@ -405,7 +429,7 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
             effects.push(Effect::SetMems {
                 path: path.clone(),
                 mems: p.mems.clone(),
-                optional: p.role == Role::Host,
+                optional: p.role.optional(),
             });
         }
     }

@@ -326,6 +326,26 @@ pub struct Assignment {
     /// reuses is never taken for the assigned process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_start: Option<u64>,
+    /// Kubelet assignments: the container holding the devices, once the kubelet has said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
+}
+
+/// A Kubernetes container, as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Container {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// The container's name in the pod.
+    pub name: String,
+}
+
+impl fmt::Display for Container {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.namespace, self.pod, self.name)
+    }
 }
 
 /// Whether a mutation changed anything.
@@ -656,6 +676,7 @@ impl State {
             millicpus,
             reclaim: spec.reclaim,
             process_start: spec.process_start,
+            container: None,
         };
         self.add_usage(&a);
         self.data.assignments.insert(id, a.clone());
@@ -708,17 +729,23 @@ impl State {
         Ok(want.clone())
     }
 
-    /// Points an assignment at another target, keeping its CPUs: the device plugin moves a
-    /// kubelet allocation to its container's cgroup once the container is known.
-    pub fn retarget(&mut self, id: &str, target: Target) -> Result<Outcome<Assignment>, Error> {
+    /// Points an assignment at another target, keeping its CPUs, and records the container it
+    /// serves: the device plugin moves a kubelet allocation to its container's cgroup once the
+    /// container is known.
+    pub fn retarget(
+        &mut self,
+        id: &str,
+        target: Target,
+        container: Option<Container>,
+    ) -> Result<Outcome<Assignment>, Error> {
         let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: id.to_owned() })?;
         let Some(current) = self.data.assignments.get(&key) else {
             return Err(Error::NoSuchAssignment { id: id.to_owned() });
         };
-        if current.target == target {
+        if current.target == target && current.container == container {
             return Ok(Outcome::Identity(current.clone()));
         }
-        if let Some(other) = self.data.assignments.values().find(|a| a.target == target) {
+        if let Some(other) = self.data.assignments.values().find(|a| a.target == target && a.id != key) {
             return Err(Error::TargetBusy {
                 target: target.to_string(),
                 id: other.id.to_string(),
@@ -729,6 +756,7 @@ impl State {
             return Err(Error::NoSuchAssignment { id: id.to_owned() });
         };
         a.target = target;
+        a.container = container;
         Ok(Outcome::Changed(a.clone()))
     }
 

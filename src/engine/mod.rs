@@ -189,9 +189,17 @@ pub enum Request {
     Reapply(oneshot::Sender<Result<usize, EngineError>>),
     /// Answer, to prove the engine thread is alive (watchdog).
     Ping(oneshot::Sender<()>),
-    /// Point an assignment at another target, keeping its CPUs (the device plugin, once it
-    /// knows the container of a kubelet allocation).
-    Retarget(String, state::Target, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
+    /// Point an assignment at another target, keeping its CPUs, and record its container (the
+    /// device plugin, once it knows the container of a kubelet allocation).
+    Retarget(
+        String,
+        state::Target,
+        Option<state::Container>,
+        oneshot::Sender<Result<Outcome<Assignment>, EngineError>>,
+    ),
+    /// Keep these container cgroups off the exclusive pools' CPUs, and no others (the device
+    /// plugin, for the kubelet's containers that use no pool).
+    SetUnpooled(std::collections::BTreeSet<CgroupPath>, oneshot::Sender<Result<usize, EngineError>>),
 }
 
 /// How adapters reach the engine.
@@ -251,14 +259,25 @@ impl Handle {
         self.call(|tx| Request::EditPool(edit, tx)).await
     }
 
-    /// Points an assignment at another target, keeping its CPUs, and applies it.
+    /// Points an assignment at another target, keeping its CPUs, records the container it
+    /// serves, and applies it.
     pub async fn retarget(
         &self,
         id: &str,
         target: state::Target,
+        container: Option<state::Container>,
     ) -> Result<Outcome<Assignment>, EngineError> {
         let id = id.to_owned();
-        self.call(|tx| Request::Retarget(id, target, tx)).await
+        self.call(|tx| Request::Retarget(id, target, container, tx)).await
+    }
+
+    /// Keeps exactly these container cgroups off the exclusive pools' CPUs; returns how many
+    /// cgroups were written. Not saved: the device plugin says it again after a restart.
+    pub async fn set_unpooled(
+        &self,
+        cgroups: std::collections::BTreeSet<CgroupPath>,
+    ) -> Result<usize, EngineError> {
+        self.call(|tx| Request::SetUnpooled(cgroups, tx)).await
     }
 
     /// Waits until the engine thread answers.
@@ -409,7 +428,7 @@ impl Engine {
                 "lend_idle is off while pools are isolated: this kernel has no cpuset.cpus.exclusive (Linux 6.7)"
             );
         }
-        LayoutOptions { host_cgroups: host_cgroups.to_vec(), lend_idle }
+        LayoutOptions { host_cgroups: host_cgroups.to_vec(), lend_idle, unpooled: self.opts.unpooled.clone() }
     }
 
     /// Makes the host match the state: reads what each placement holds now and applies the
@@ -562,8 +581,11 @@ impl Engine {
             Request::Ping(reply) => {
                 let _ = reply.send(());
             }
-            Request::Retarget(id, target, reply) => {
-                let _ = reply.send(self.retarget(&id, target));
+            Request::Retarget(id, target, container, reply) => {
+                let _ = reply.send(self.retarget(&id, target, container));
+            }
+            Request::SetUnpooled(cgroups, reply) => {
+                let _ = reply.send(self.set_unpooled(cgroups));
             }
         }
     }
@@ -695,9 +717,14 @@ impl Engine {
         Ok(a)
     }
 
-    fn retarget(&mut self, id: &str, target: state::Target) -> Result<Outcome<Assignment>, EngineError> {
+    fn retarget(
+        &mut self,
+        id: &str,
+        target: state::Target,
+        container: Option<state::Container>,
+    ) -> Result<Outcome<Assignment>, EngineError> {
         let mut next = (*self.state).clone();
-        let out = next.retarget(id, target)?;
+        let out = next.retarget(id, target, container)?;
         if let Outcome::Changed(a) = &out {
             self.commit(next)?;
             log::info!(
@@ -707,6 +734,23 @@ impl Engine {
             self.publish(vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Added }]);
         }
         Ok(out)
+    }
+
+    fn set_unpooled(&mut self, cgroups: std::collections::BTreeSet<CgroupPath>) -> Result<usize, EngineError> {
+        if cgroups == self.opts.unpooled {
+            return Ok(0);
+        }
+        let before = self.layout(&self.state);
+        let previous = std::mem::replace(&mut self.opts.unpooled, cgroups);
+        let after = self.layout(&self.state);
+        let effects = plan::plan(&before, &after).len();
+        if let Err(e) = self.apply_plan(&before, &after) {
+            // Back as it was, so that the next call tries again.
+            self.undo(&after, &before);
+            self.opts.unpooled = previous;
+            return Err(e);
+        }
+        Ok(effects)
     }
 
     fn reload(&mut self, settings: Result<Box<Settings>, ConfigError>) -> Result<bool, EngineError> {

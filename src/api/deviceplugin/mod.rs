@@ -65,6 +65,8 @@ pub struct Options {
     pub reconcile_interval: Duration,
     /// `kubelet.runtime_endpoint`.
     pub runtime_endpoint: PathBuf,
+    /// `kubelet.confine_unpooled`.
+    pub confine_unpooled: bool,
 }
 
 impl Options {
@@ -78,6 +80,7 @@ impl Options {
             release_grace: s.kubelet.release_grace,
             reconcile_interval: s.kubelet.reconcile_interval,
             runtime_endpoint: s.kubelet.runtime_endpoint.clone(),
+            confine_unpooled: s.kubelet.confine_unpooled,
         }
     }
 

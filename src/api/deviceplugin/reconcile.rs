@@ -5,7 +5,10 @@
 //! - a kubelet assignment whose devices a container holds is pointed at that container's
 //!   cgroup (`engine.retarget`), and the engine applies its CPUs there;
 //! - one whose devices no container holds is released once that has lasted
-//!   `kubelet.release_grace_ms` (a kubelet that cannot be asked releases nothing).
+//!   `kubelet.release_grace_ms` (a kubelet that cannot be asked releases nothing);
+//! - every other running container of the kubelet's (one holding none of our devices) is kept
+//!   off the exclusive pools' CPUs (`kubelet.confine_unpooled`, `engine.set_unpooled`), as the
+//!   kubelet's static CPU manager keeps its shared pool off exclusively allocated CPUs.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -14,8 +17,11 @@ use std::time::Instant;
 use super::proto::{cri, podresources};
 use super::server::Shared;
 use super::{devices, host, unix_channel, Options};
-use crate::core::state::Target;
+use crate::core::state::{CgroupPath, Container, Target};
 use crate::engine::{error_chain, Handle};
+
+/// Running containers by (namespace, pod, container name): (pod UID, container id).
+type Containers = HashMap<(String, String, String), (String, String)>;
 
 /// Who holds one allocation.
 #[derive(Debug, Clone)]
@@ -82,9 +88,12 @@ impl Reconciler {
                 }
             }
         }
-        // Only needed when some container is not in its cgroup yet.
         let snap = handle.snapshot();
-        let mut containers: Option<HashMap<(String, String, String), (String, String)>> = None;
+        // Needed when some container is not in its cgroup yet, and to confine the others.
+        let mut containers: Option<Containers> = None;
+        if self.opts.confine_unpooled {
+            containers = self.cri_containers().await.ok();
+        }
         let now = Instant::now();
         for a in snap.state.assignments().values().filter(|a| devices::is_kubelet(a)) {
             let id = a.id.as_str();
@@ -110,17 +119,19 @@ impl Reconciler {
             if containers.is_none() {
                 containers = Some(self.cri_containers().await.unwrap_or_else(|e| {
                     log::debug!("device plugin: the container runtime's CRI is not reachable: {e}");
-                    HashMap::new()
+                    Containers::new()
                 }));
             }
             let key = (h.namespace.clone(), h.pod.clone(), h.container.clone());
             let Some((uid, cid)) = containers.as_ref().and_then(|c| c.get(&key)) else { continue };
             let Some(path) = host::find_container(&self.opts.cgroup_root, uid, cid) else { continue };
             let target = Target::Cgroup(path);
-            if a.target == target {
+            let container =
+                Container { namespace: h.namespace.clone(), pod: h.pod.clone(), name: h.container.clone() };
+            if a.target == target && a.container.as_ref() == Some(&container) {
                 continue;
             }
-            match handle.retarget(id, target.clone()).await {
+            match handle.retarget(id, target.clone(), Some(container)).await {
                 Ok(_) => log::info!(
                     POOL = a.pool.as_str(), ASSIGNMENT = id, TARGET = target.to_string().as_str(),
                     POD = h.pod.as_str(), NAMESPACE = h.namespace.as_str(), CONTAINER = h.container.as_str();
@@ -131,6 +142,34 @@ impl Reconciler {
             }
         }
         self.missing.retain(|id, _| snap.state.assignments().keys().any(|k| k.as_str() == id));
+        // A runtime that cannot be asked leaves the confined set as it was.
+        if let (true, Some(containers)) = (self.opts.confine_unpooled, &containers) {
+            self.confine_unpooled(handle, &holders, containers).await;
+        }
+    }
+
+    /// Keeps the running containers that hold none of our devices off the exclusive CPUs.
+    async fn confine_unpooled(
+        &mut self,
+        handle: &Handle,
+        holders: &HashMap<String, Holder>,
+        containers: &Containers,
+    ) {
+        let pooled: BTreeSet<(&str, &str, &str)> =
+            holders.values().map(|h| (h.namespace.as_str(), h.pod.as_str(), h.container.as_str())).collect();
+        let unpooled: BTreeSet<CgroupPath> = containers
+            .iter()
+            .filter(|((ns, pod, name), _)| !pooled.contains(&(ns.as_str(), pod.as_str(), name.as_str())))
+            .filter_map(|(_, (uid, cid))| host::find_container(&self.opts.cgroup_root, uid, cid))
+            .collect();
+        let count = unpooled.len();
+        match handle.set_unpooled(unpooled).await {
+            Ok(0) => {}
+            Ok(_) => log::info!(
+                "device plugin: {count} container(s) that use no pool kept off the exclusive pools' CPUs"
+            ),
+            Err(e) => log::warn!("device plugin: confining the containers that use no pool: {}", error_chain(&e)),
+        }
     }
 
     async fn pod_resources(&self) -> Result<podresources::ListPodResourcesResponse, String> {
@@ -145,7 +184,7 @@ impl Reconciler {
     }
 
     /// Running containers by (namespace, pod, container name): (pod UID, container id).
-    async fn cri_containers(&self) -> Result<HashMap<(String, String, String), (String, String)>, String> {
+    async fn cri_containers(&self) -> Result<Containers, String> {
         let channel = unix_channel(self.opts.runtime_endpoint.clone()).await.map_err(|e| error_chain(&e))?;
         let mut client = cri::runtime_service_client::RuntimeServiceClient::new(channel);
         let call = client.list_containers(cri::ListContainersRequest {

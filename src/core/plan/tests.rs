@@ -152,6 +152,7 @@ fn layout_from_state() {
     let opts = LayoutOptions {
         host_cgroups: vec![CgroupPath::new("system.slice").unwrap_or_else(|e| panic!("{e}"))],
         lend_idle: false,
+        unpooled: BTreeSet::new(),
     };
     let l = layout(&s, &t, &opts);
     // The reserved pool's slices are the host ones: cpupool.slice holds the other pools.
@@ -185,9 +186,10 @@ fn layout_from_state() {
         p.isolate = false;
     }
     s2.set_pools(pools).unwrap_or_else(|e| panic!("{e:?}"));
-    let lend = LayoutOptions { lend_idle: true, ..opts };
+    let lend = LayoutOptions { lend_idle: true, ..opts.clone() };
     let before = layout(&s2, &t, &lend);
     assert_eq!(before[&cg("system.slice")].cpus, set("0,3"));
+    let idle = s2.clone();
     let target = Target::parse("cgroup:k/ctr2").unwrap_or_else(|e| panic!("{e}"));
     s2.assign(&t, &AssignSpec::new("dp", target, Size::Cpus(1), None)).unwrap_or_else(|e| panic!("{e}"));
     let after = layout(&s2, &t, &lend);
@@ -197,6 +199,26 @@ fn layout_from_state() {
         effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("system.slice")));
     let grow = effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("k/ctr2")));
     assert!(shrink < grow, "{effects:#?}");
+
+    // A container using no pool stays off the exclusive pool (2-3) and shares the reserved and
+    // shared CPUs; lending adds the idle exclusive ones, which it gives back before an
+    // assignment takes them.
+    let side = CgroupPath::new("k/side").unwrap_or_else(|e| panic!("{e}"));
+    let confine = LayoutOptions { unpooled: BTreeSet::from([side.clone()]), ..opts.clone() };
+    let l = layout(&s, &t, &confine);
+    assert_eq!(l[&Key::Cgroup(side.clone())].cpus, set("0-1"));
+    assert_eq!(l[&Key::Cgroup(side.clone())].role, Role::Unpooled);
+    check(&layout(&s, &t, &opts), &l);
+    let lend = LayoutOptions { lend_idle: true, ..confine };
+    let before = layout(&idle, &t, &lend);
+    assert_eq!(before[&Key::Cgroup(side.clone())].cpus, set("0-1,3"));
+    let after = layout(&s2, &t, &lend);
+    assert_eq!(after[&Key::Cgroup(side.clone())].cpus, set("0-1"));
+    let effects = check(&before, &after);
+    let shrink =
+        effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == Key::Cgroup(side.clone())));
+    let grow = effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("k/ctr2")));
+    assert!(shrink < grow, "{effects:#?}");
 }
 
 fn roles() -> impl Strategy<Value = Role> {
@@ -204,6 +226,7 @@ fn roles() -> impl Strategy<Value = Role> {
         Just(Role::Pool(PoolKind::Exclusive)),
         Just(Role::Pool(PoolKind::Shared)),
         Just(Role::Host),
+        Just(Role::Unpooled),
         Just(Role::Exclusive),
         Just(Role::Shared),
     ]

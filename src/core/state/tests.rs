@@ -107,22 +107,28 @@ fn exact_cpus_for_the_kubelet_then_retarget() {
     assert_eq!(s, before);
 
     let target = Target::parse("cgroup:kubepods/pod1/ctr").unwrap_or_else(|e| panic!("{e}"));
-    let moved = s.retarget("kubelet-core-2", target.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let ctr = || Some(Container { namespace: "ns".into(), pod: "p".into(), name: "c".into() });
+    let moved = s.retarget("kubelet-core-2", target.clone(), None).unwrap_or_else(|e| panic!("{e}"));
     assert!(moved.changed());
     assert_eq!(moved.into_inner().cpus, set("2,6"));
-    assert!(matches!(s.retarget("kubelet-core-2", target.clone()), Ok(Outcome::Identity(_))));
+    assert!(matches!(s.retarget("kubelet-core-2", target.clone(), None), Ok(Outcome::Identity(_))));
+    // Learning the container is a change of its own; the same again is not.
+    let named = s.retarget("kubelet-core-2", target.clone(), ctr()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(named.changed());
+    assert_eq!(named.into_inner().container.map(|c| c.to_string()).as_deref(), Some("ns/p/c"));
+    assert!(matches!(s.retarget("kubelet-core-2", target.clone(), ctr()), Ok(Outcome::Identity(_))));
     s.assign(&t, &spec("web", "cgroup:other", Size::Millicpus(10), Some("w")))
         .unwrap_or_else(|e| panic!("{e}"));
     let before = s.clone();
     assert_eq!(
-        s.retarget("w", target),
+        s.retarget("w", target, None),
         Err(Error::TargetBusy {
             target: "cgroup:kubepods/pod1/ctr".into(),
             id: "kubelet-core-2".into(),
             pool: "dp".into()
         })
     );
-    assert_eq!(s.retarget("nope", Target::Pid(1)), Err(Error::NoSuchAssignment { id: "nope".into() }));
+    assert_eq!(s.retarget("nope", Target::Pid(1), None), Err(Error::NoSuchAssignment { id: "nope".into() }));
     assert_eq!(s, before);
 }
 
