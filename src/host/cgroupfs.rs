@@ -303,6 +303,25 @@ impl CgroupFs {
             .collect()
     }
 
+    /// Writes a cgroup's `cpuset.cpus`. Emptying it lets the cgroup go (it then follows its
+    /// parent), but cgroup v2 refuses to empty a populated cgroup's cpuset (ENOSPC): such a
+    /// cgroup gets everything its parent has instead.
+    pub fn set_cpus(&self, path: &CgroupPath, cpus: &CpuSet) -> Result<(), HostError> {
+        let file = self.dir(path).join("cpuset.cpus");
+        match write_file(&file, &cpus.to_string()) {
+            Err(HostError::Write { source, .. })
+                if cpus.is_empty() && source.raw_os_error() == Some(libc::ENOSPC) =>
+            {
+                let parent = self.dir(path).parent().map(|d| d.join("cpuset.cpus.effective"));
+                let Some(parent) = parent else { return Ok(()) };
+                let text = fs::read_to_string(&parent)
+                    .map_err(|source| HostError::Read { path: parent.clone(), source })?;
+                write_file(&file, text.trim())
+            }
+            r => r,
+        }
+    }
+
     /// Executes one planned effect.
     pub fn apply(&self, effect: &Effect) -> Result<(), HostError> {
         match effect {
@@ -312,7 +331,7 @@ impl CgroupFs {
                 if *optional && !self.exists(path) {
                     return Ok(());
                 }
-                write_file(&self.dir(path).join("cpuset.cpus"), &cpus.to_string())
+                self.set_cpus(path, cpus)
             }
             Effect::SetMems { path, mems, optional } => {
                 if *optional && !self.exists(path) {

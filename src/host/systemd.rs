@@ -364,6 +364,11 @@ impl Backend for Systemd {
                         return Ok(());
                     }
                     self.set_cpus(unit, cpus)?;
+                    if cpus.is_empty() && self.fs.populated(path) {
+                        // systemd's write of "" fails on a populated cgroup (ENOSPC): the
+                        // cgroup is let go directly, to what its parent has.
+                        return self.fs.set_cpus(path, cpus);
+                    }
                     self.wait_realized(path, cpus);
                     Ok(())
                 }
