@@ -434,3 +434,35 @@ async fn kubelet_peer_end_to_end() {
     assert!(p99 < Duration::from_secs(1), "p99 {p99:?}; times {times:?}\n{}", d.logs());
     d.stop();
 }
+
+/// A host where the kubelet comes after cpupoold, or its directory is removed and made again: no
+/// device-plugin directory (the daemon waits quietly), then the kubelet creates it and every
+/// pool registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_installed_after_the_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugins = tmp.path().join("sb/kubelet/device-plugins");
+    let d = Daemon::start_shaped(tmp.path(), "2x4x2:2", Some(CONFIG), &["--bus", "none"]);
+    // The sandbox makes the directory; this host has none.
+    std::fs::remove_dir_all(&plugins).unwrap();
+    until(&d, "the daemon says it waits for the kubelet", || {
+        d.logs().contains("waiting for the kubelet's directory")
+    })
+    .await;
+    std::fs::create_dir_all(&plugins).unwrap();
+    let (tx, mut registered) = mpsc::unbounded_channel();
+    let _kubelet = Kubelet::serve(&plugins, tx);
+    let mut pools = Vec::new();
+    for _ in 0..3 {
+        let r = tokio::time::timeout(WAIT, registered.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no registration within {WAIT:?}\n{}", d.logs()))
+            .unwrap();
+        pools.push(r.resource_name);
+    }
+    pools.sort();
+    assert_eq!(pools, ["cpupool.io/dp", "cpupool.io/th", "cpupool.io/web"]);
+    // Waiting is not failing: nothing was logged as a warning.
+    assert!(!d.logs().contains("warning: device plugin"), "{}", d.logs());
+    d.stop();
+}

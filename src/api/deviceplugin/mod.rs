@@ -159,7 +159,7 @@ pub async fn run(
         held_changed: Notify::new(),
     });
     let mut mgr =
-        Manager { opts: opts.clone(), shared: shared.clone(), running: BTreeMap::new(), failures: 0 };
+        Manager { opts: opts.clone(), shared: shared.clone(), running: BTreeMap::new(), failures: 0, waiting: false };
     let mut events = handle.subscribe();
     let mut reconciler = reconcile::Reconciler::new(opts.clone(), shared);
     let mut tick = tokio::time::interval(opts.reconcile_interval);
@@ -261,7 +261,12 @@ struct Manager {
     running: BTreeMap<PoolName, Running>,
     /// Consecutive failed syncs, for the backoff.
     failures: u32,
+    /// The device-plugin directory is missing (logged once).
+    waiting: bool,
 }
+
+/// How often a missing device-plugin directory is looked for.
+const DIR_POLL: Duration = Duration::from_secs(2);
 
 impl Manager {
     /// Makes every offered pool served and registered with the current kubelet; returns when
@@ -277,6 +282,21 @@ impl Manager {
             .filter(|p| p.kubelet && p.kind != PoolKind::Reserved)
             .map(|p| p.name.clone())
             .collect();
+        if !self.opts.plugin_dir().is_dir() {
+            // No kubelet on this host (yet): not a failure. inotify cannot watch what does not
+            // exist, so look again every few seconds, quietly.
+            if !self.waiting {
+                log::info!(
+                    "device plugin: waiting for the kubelet's directory `{}`",
+                    self.opts.plugin_dir().display()
+                );
+                self.waiting = true;
+            }
+            self.stop_all();
+            self.failures = 0;
+            return Some(tokio::time::Instant::now() + DIR_POLL);
+        }
+        self.waiting = false;
         let gone: Vec<PoolName> = self.running.keys().filter(|p| !wanted.contains(p)).cloned().collect();
         for p in gone {
             if let Some(r) = self.running.remove(&p) {
@@ -338,7 +358,7 @@ impl Manager {
     /// Logs with backoff: the 1st, 2nd, 4th, 8th... failure in a row, then every 64th.
     fn log_failure(&self, what: &str) {
         let n = self.failures + 1;
-        if n.is_power_of_two() || n % 64 == 0 {
+        if n.is_power_of_two() || n.is_multiple_of(64) {
             log::warn!("device plugin: {what} (attempt {n}; retrying with backoff)");
         }
     }
