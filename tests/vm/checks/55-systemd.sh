@@ -5,19 +5,7 @@
 
 CG=/sys/fs/cgroup
 DP=$CG/cpupool.slice/cpupool-dp.slice
-cat >/etc/cpupoold/config.d/50-vmtest.toml <<'EOF'
-[pools.reserved]
-kind = "reserved"
-cpus = "0"
-[pools.web]
-kind = "shared"
-cpus = "1"
-[pools.dp]
-kind = "exclusive"
-cpus = "2-3"
-smt = "threads"
-isolate = true
-EOF
+vm_pools "isolate = true"
 check "restart with the 4-CPU pools" systemctl restart cpupoold
 check_output "the systemd backend is used" 'through the systemd backend' \
   journalctl -b -u cpupoold --no-pager -o cat

@@ -63,3 +63,22 @@ wait_for() {
 
 # The daemon's main pid, for looking into its mount namespace.
 main_pid() { systemctl show -p MainPID --value cpupoold.service; }
+
+# vm_pools [TOML]: the 4-CPU pools of the systemd and kubelet checks (reserved 0, shared web 1,
+# exclusive dp 2-3 in threads) in /etc/cpupoold/config.d/50-vmtest.toml, TOML appended after
+# [pools.dp]. The check removes the file when it is done.
+vm_pools() {
+  cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
+[pools.reserved]
+kind = "reserved"
+cpus = "0"
+[pools.web]
+kind = "shared"
+cpus = "1"
+[pools.dp]
+kind = "exclusive"
+cpus = "2-3"
+smt = "threads"
+${1:-}
+EOF
+}
