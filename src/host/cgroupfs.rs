@@ -445,10 +445,13 @@ fn is_cgroupfs(dir: &Path) -> bool {
 }
 
 /// Writes `data` in one `write(2)`, as cgroupfs expects.
+/// Writes `data` in one write(2). An empty value is written as a newline: a write of nothing
+/// never reaches the kernel, which would leave a cgroup file as it was.
 fn write_file(path: &Path, data: &str) -> Result<(), HostError> {
     let err = |source| HostError::Write { path: path.to_owned(), data: data.to_owned(), source };
     let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).map_err(err)?;
-    f.write_all(data.as_bytes()).map_err(err)
+    let bytes = if data.is_empty() { b"\n".as_slice() } else { data.as_bytes() };
+    f.write_all(bytes).map_err(err)
 }
 
 #[cfg(test)]

@@ -178,7 +178,8 @@ impl Daemon {
 
     /// The sandbox's cgroupfs file `rel`.
     pub fn cgroup(&self, rel: &str) -> Option<String> {
-        fs::read_to_string(self.sb.join("cgroup").join(rel)).ok()
+        // The daemon writes an empty set as a newline, as the kernel shows it.
+        fs::read_to_string(self.sb.join("cgroup").join(rel)).ok().map(|s| s.trim_end_matches('\n').to_owned())
     }
 
     /// Every assignment the daemon serves (over varlink), after checking it against the host:
