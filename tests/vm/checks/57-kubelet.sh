@@ -82,5 +82,7 @@ check_output "so does the other" '^0-3$' cat $CG/cri-containerd-bbb.scope/cpuset
 kill $peer
 wait $peer 2>/dev/null
 systemctl stop cri-containerd-aaa.scope cri-containerd-bbb.scope kubepods-podvmpod1.slice kubepods.slice 2>/dev/null
-rm -rf /etc/cpupoold/config.d/50-vmtest.toml $KD /run/containerd $PODS /run/peer1.log /run/peer2.log $PEER
+rm -rf /etc/cpupoold/config.d/50-vmtest.toml /run/containerd $PODS /run/peer1.log /run/peer2.log $PEER
+# The daemon binds its sockets again while the directory is being removed: until it is gone.
+check "the kubelet directory is removed" wait_for 10 sh -c "rm -rf $KD 2>/dev/null; ! test -e $KD"
 check "restart with the packaged configuration" systemctl restart cpupoold
