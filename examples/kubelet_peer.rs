@@ -171,7 +171,13 @@ async fn serve(kubelet_dir: &Path, runtime: &Path, pods: PathBuf) -> Result<(), 
     Ok(())
 }
 
-async fn allocate(kubelet_dir: &Path, pool: &str, count: i32, pods: &Path, who: &str) -> Result<Value, Failure> {
+async fn allocate(
+    kubelet_dir: &Path,
+    pool: &str,
+    count: i32,
+    pods: &Path,
+    who: &str,
+) -> Result<Value, Failure> {
     let [namespace, pod, uid, container, id] = who.split('/').collect::<Vec<_>>()[..] else {
         return Err(format!("`{who}` is not NAMESPACE/POD/UID/CONTAINER/ID").into());
     };

@@ -203,9 +203,9 @@ async fn kubelet_peer_end_to_end() {
     let mut got = Vec::new();
     for _ in 0..3 {
         let r = tokio::time::timeout(WAIT, registered.recv())
-                .await
-                .unwrap_or_else(|_| panic!("no registration within {WAIT:?}\n{}", d.logs()))
-                .unwrap();
+            .await
+            .unwrap_or_else(|_| panic!("no registration within {WAIT:?}\n{}", d.logs()))
+            .unwrap();
         assert_eq!(r.version, "v1beta1");
         assert!(r.options.as_ref().unwrap().get_preferred_allocation_available);
         assert!(plugins.join(&r.endpoint).exists());

@@ -162,13 +162,15 @@ pub fn assignments(list: &[Assignment], pool: Option<&str>) -> String {
     use Align::{Left, Right};
     // The CONTAINER column only when some assignment serves a kubelet container.
     let containers = list.iter().any(|a| !a.container.is_empty());
-    let mut headers = vec![("ID", Left), ("POOL", Left), ("CPUS", Left), ("MILLICPUS", Right), ("TARGET", Left)];
+    let mut headers =
+        vec![("ID", Left), ("POOL", Left), ("CPUS", Left), ("MILLICPUS", Right), ("TARGET", Left)];
     if containers {
         headers.push(("CONTAINER", Left));
     }
     let mut t = Table::new(&headers);
     for a in list {
-        let mut row = vec![a.id.clone(), a.pool.clone(), cpus(&a.cpus), millicpus(a.millicpus), a.target.clone()];
+        let mut row =
+            vec![a.id.clone(), a.pool.clone(), cpus(&a.cpus), millicpus(a.millicpus), a.target.clone()];
         if containers {
             row.push(a.container.clone());
         }
@@ -179,16 +181,18 @@ pub fn assignments(list: &[Assignment], pool: Option<&str>) -> String {
 
 /// `pool assign`.
 pub fn assignment(a: &Assignment) -> String {
-    block(&[
-        ("id", a.id.clone()),
-        ("pool", a.pool.clone()),
-        ("cpus", cpus(&a.cpus)),
-        ("millicpus", millicpus(a.millicpus)),
-        ("target", a.target.clone()),
-    ]
-    .into_iter()
-    .chain((!a.container.is_empty()).then(|| ("container", a.container.clone())))
-    .collect::<Vec<_>>())
+    block(
+        &[
+            ("id", a.id.clone()),
+            ("pool", a.pool.clone()),
+            ("cpus", cpus(&a.cpus)),
+            ("millicpus", millicpus(a.millicpus)),
+            ("target", a.target.clone()),
+        ]
+        .into_iter()
+        .chain((!a.container.is_empty()).then(|| ("container", a.container.clone())))
+        .collect::<Vec<_>>(),
+    )
 }
 
 /// `pool release`.

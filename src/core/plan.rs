@@ -263,7 +263,10 @@ pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
             .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
         let cpus = topo.online().difference(&exclusive).union(&lent);
         for c in &opts.unpooled {
-            out.insert(Key::Cgroup(c.clone()), Placement::new(cpus.clone(), topo.nodes_of(&cpus), Role::Unpooled));
+            out.insert(
+                Key::Cgroup(c.clone()),
+                Placement::new(cpus.clone(), topo.nodes_of(&cpus), Role::Unpooled),
+            );
         }
     }
     for a in state.assignments().values() {

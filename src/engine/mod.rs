@@ -736,7 +736,10 @@ impl Engine {
         Ok(out)
     }
 
-    fn set_unpooled(&mut self, cgroups: std::collections::BTreeSet<CgroupPath>) -> Result<usize, EngineError> {
+    fn set_unpooled(
+        &mut self,
+        cgroups: std::collections::BTreeSet<CgroupPath>,
+    ) -> Result<usize, EngineError> {
         if cgroups == self.opts.unpooled {
             return Ok(0);
         }

@@ -158,8 +158,13 @@ pub async fn run(
         held: Mutex::new(BTreeMap::new()),
         held_changed: Notify::new(),
     });
-    let mut mgr =
-        Manager { opts: opts.clone(), shared: shared.clone(), running: BTreeMap::new(), failures: 0, waiting: false };
+    let mut mgr = Manager {
+        opts: opts.clone(),
+        shared: shared.clone(),
+        running: BTreeMap::new(),
+        failures: 0,
+        waiting: false,
+    };
     let mut events = handle.subscribe();
     let mut reconciler = reconcile::Reconciler::new(opts.clone(), shared);
     let mut tick = tokio::time::interval(opts.reconcile_interval);

@@ -168,7 +168,9 @@ impl Reconciler {
             Ok(_) => log::info!(
                 "device plugin: {count} container(s) that use no pool kept off the exclusive pools' CPUs"
             ),
-            Err(e) => log::warn!("device plugin: confining the containers that use no pool: {}", error_chain(&e)),
+            Err(e) => {
+                log::warn!("device plugin: confining the containers that use no pool: {}", error_chain(&e))
+            }
         }
     }
 

@@ -215,8 +215,9 @@ fn layout_from_state() {
     let after = layout(&s2, &t, &lend);
     assert_eq!(after[&Key::Cgroup(side.clone())].cpus, set("0-1"));
     let effects = check(&before, &after);
-    let shrink =
-        effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == Key::Cgroup(side.clone())));
+    let shrink = effects
+        .iter()
+        .position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == Key::Cgroup(side.clone())));
     let grow = effects.iter().position(|e| matches!(e, Effect::SetCpus { key, .. } if *key == cg("k/ctr2")));
     assert!(shrink < grow, "{effects:#?}");
 }
