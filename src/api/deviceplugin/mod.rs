@@ -18,6 +18,7 @@
 //! the cgroupfs backend, `AllowedCPUs` on the `.scope` with systemd's).
 #![deny(missing_docs)]
 
+mod containers;
 pub mod devices;
 pub mod host;
 pub mod proto;
@@ -42,6 +43,8 @@ use crate::engine::{Event, Handle};
 use proto::v1beta1;
 use server::{PoolPlugin, Shared};
 
+pub use containers::ContainerSource;
+
 /// The API version registered.
 pub const VERSION: &str = "v1beta1";
 
@@ -62,6 +65,8 @@ pub struct Options {
     pub reconcile_interval: Duration,
     /// `kubelet.runtime_endpoint`.
     pub runtime_endpoint: PathBuf,
+    /// Consulted before the CRI for a container's pod UID and id (the `k8s` pod watch).
+    pub containers: Option<Arc<dyn ContainerSource>>,
 }
 
 impl Options {
@@ -75,6 +80,7 @@ impl Options {
             release_grace: s.kubelet.release_grace,
             reconcile_interval: s.kubelet.reconcile_interval,
             runtime_endpoint: s.kubelet.runtime_endpoint.clone(),
+            containers: None,
         }
     }
 
