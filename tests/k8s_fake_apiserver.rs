@@ -187,7 +187,7 @@ fn fake_apiserver_report_updates_are_coalesced() {
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::start();
     fake.put("nodes", node(None));
-    let interval = Duration::from_millis(500);
+    let interval = Duration::from_millis(200);
     let d = start(dir.path(), &fake, interval.as_millis() as u64);
     wait_for(WAIT, "a first report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
     let patches = || fake.count(|r| r.method == "PATCH" && r.path.ends_with("/status"));

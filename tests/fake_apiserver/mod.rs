@@ -451,7 +451,9 @@ async fn stream_watch(
     }
     sock.flush().await?;
     loop {
+        // A cut made before an event was sent wins over that event.
         tokio::select! {
+            biased;
             _ = cut_rx.changed() => {
                 // A dropped connection: no terminating chunk, the socket just closes.
                 return Ok(());
