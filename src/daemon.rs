@@ -317,6 +317,7 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
 /// (`<runtime_dir>/cluster.toml`, written from a ConfigMap earlier in this boot) is merged last,
 /// here and on every reload; one that no longer loads is removed and the local files apply.
 /// Without the `k8s` feature, `k8s.enabled = true` is an error rather than silently ignored.
+#[allow(clippy::result_large_err)] // run()'s own error, made once at start
 fn with_cluster_fragment(opts: RunOptions) -> Result<(RunOptions, Settings), DaemonError> {
     let settings = load_settings(&opts).map_err(DaemonError::Config)?;
     if !settings.k8s.enabled {

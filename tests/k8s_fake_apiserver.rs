@@ -3,6 +3,7 @@
 //! ConfigMaps and node, and writes its CpuPoolNode report; the pod watch runs in-process.
 //! There is no API server on these machines, so every test here is a fake.
 #![cfg(feature = "k8s")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 mod fake_apiserver;

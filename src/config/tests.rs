@@ -665,7 +665,9 @@ fn the_cluster_fragment_is_merged_last() {
     let s = load_with(&dirs, (&cluster, Some("[daemon]\nlog_level = \"trace\"\n")))
         .unwrap_or_else(|e| panic!("{}", chain(&e)));
     assert_eq!(s.log_level, log::LevelFilter::Trace);
-    let e = load_with(&dirs, (&cluster, Some("[daemon]\nlog_level = \"loud\"\n"))).unwrap_err();
+    let Err(e) = load_with(&dirs, (&cluster, Some("[daemon]\nlog_level = \"loud\"\n"))) else {
+        panic!("a bad log level in the cluster fragment loaded");
+    };
     assert_eq!((e.file(), e.key()), (Some(cluster.as_path()), Some("daemon.log_level")));
 
     // A local drop-in checked in its place (the runtime drop-in on a pool edit) stays before it.
