@@ -586,7 +586,11 @@ fn shipped_config_comments_are_valid() {
     assert_eq!(s.host_cgroups, defaults.host_cgroups);
     assert_eq!(s.admin_group, defaults.admin_group);
     assert_eq!(s.log_level, defaults.log_level);
+    assert_eq!(s.k8s, defaults.k8s);
     for key in [
+        "k8s.enabled",
+        "k8s.kubeconfig",
+        "k8s.report_interval_ms",
         "paths.sysfs_root",
         "paths.cgroup_root",
         "paths.state_dir",
