@@ -23,10 +23,15 @@ const WAIT: u64 = 60;
 
 /// Starts the daemon on the shared 1x4x2 sandbox config with `[k8s]` pointing at `fake`.
 fn start(dir: &Path, fake: &Fake, report_interval_ms: u64) -> Daemon {
+    start_with(dir, fake, report_interval_ms, "")
+}
+
+/// Like [`start`], with `extra` configuration.
+fn start_with(dir: &Path, fake: &Fake, report_interval_ms: u64, extra: &str) -> Daemon {
     let kubeconfig = dir.join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig);
     let config = format!(
-        "{}\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\nnamespace = \"{NS}\"\n\
+        "{}\n{extra}\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\nnamespace = \"{NS}\"\n\
          report_interval_ms = {report_interval_ms}\n",
         common::CONFIG,
         kubeconfig.display()
@@ -324,4 +329,136 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
     assert!(lists(&fake, "/pods") > lists_before, "no relist after 410");
     let _ = stop.send(true);
     rt.block_on(task).unwrap();
+}
+
+/// The kubelet's side the device plugin needs: registration and PodResources (no CRI socket,
+/// so only the pod watch can tell which container holds the devices).
+mod kubelet {
+    use std::sync::{Arc, Mutex};
+
+    use cpupoold::api::deviceplugin::proto::{podresources as pr, v1beta1 as dp};
+    use tonic::{Request, Response, Status};
+
+    pub struct Registration;
+
+    #[tonic::async_trait]
+    impl dp::registration_server::Registration for Registration {
+        async fn register(&self, _: Request<dp::RegisterRequest>) -> Result<Response<dp::Empty>, Status> {
+            Ok(Response::new(dp::Empty {}))
+        }
+    }
+
+    #[derive(Clone, Default)]
+    pub struct PodResources(pub Arc<Mutex<Vec<pr::PodResources>>>);
+
+    #[tonic::async_trait]
+    impl pr::pod_resources_lister_server::PodResourcesLister for PodResources {
+        async fn list(
+            &self,
+            _: Request<pr::ListPodResourcesRequest>,
+        ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
+            Ok(Response::new(pr::ListPodResourcesResponse { pod_resources: self.0.lock().unwrap().clone() }))
+        }
+        async fn get_allocatable_resources(
+            &self,
+            _: Request<pr::AllocatableResourcesRequest>,
+        ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
+            Ok(Response::new(pr::AllocatableResourcesResponse::default()))
+        }
+    }
+}
+
+/// The pod watch gives the device plugin the container's pod UID and id (no CRI here), the
+/// plugin moves the kubelet allocation to the container's cgroup, and the node report names
+/// the pod and container as its owner.
+#[test]
+fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
+    use cpupoold::api::deviceplugin::proto::{podresources as pr, v1beta1 as dp};
+    use tokio::net::UnixListener;
+    use tokio_stream::wrappers::UnixListenerStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let sb = dir.path().join("sb");
+    let plugins = sb.join("kubelet/device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::create_dir_all(sb.join("kubelet/pod-resources")).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let pods = kubelet::PodResources::default();
+    {
+        let _guard = rt.enter();
+        let reg = UnixListener::bind(plugins.join("kubelet.sock")).unwrap();
+        rt.spawn(
+            tonic::transport::Server::builder()
+                .add_service(dp::registration_server::RegistrationServer::new(kubelet::Registration))
+                .serve_with_incoming(UnixListenerStream::new(reg)),
+        );
+        let list = UnixListener::bind(sb.join("kubelet/pod-resources/kubelet.sock")).unwrap();
+        rt.spawn(
+            tonic::transport::Server::builder()
+                .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()))
+                .serve_with_incoming(UnixListenerStream::new(list)),
+        );
+    }
+    let fake = Fake::start();
+    fake.put("nodes", node(None));
+    let uid = "5e1f-0001";
+    fake.put(
+        "pods",
+        json!({"metadata": {"name": "p1", "namespace": "apps", "uid": uid},
+               "spec": {"nodeName": NODE, "containers": [{"name": "c1"}]},
+               "status": {"qosClass": "Guaranteed", "containerStatuses": [
+                   {"name": "c1", "containerID": "containerd://abc", "image": "i", "imageID": "", "ready": true, "restartCount": 0}]}}),
+    );
+    let scope = "kubepods.slice/kubepods-pod5e1f_0001.slice/cri-containerd-abc.scope";
+    std::fs::create_dir_all(sb.join("cgroup").join(scope)).unwrap();
+    let d = start_with(dir.path(), &fake, 50, "[kubelet]\nreconcile_interval_ms = 50\n");
+
+    // The pods were listed (and indexed) before the watch that follows the list started.
+    wait_for(WAIT, "the pod watch", || if watches(&fake, "/pods") > 0 { Ok(()) } else { Err(d.logs()) });
+    // The kubelet allocates core-1 of dp (CPUs 1 and 5) to apps/p1/c1.
+    *pods.0.lock().unwrap() = vec![pr::PodResources {
+        name: "p1".into(),
+        namespace: "apps".into(),
+        containers: vec![pr::ContainerResources {
+            name: "c1".into(),
+            devices: vec![pr::ContainerDevices {
+                resource_name: "cpupool.io/dp".into(),
+                device_ids: vec!["core-1".into()],
+                topology: None,
+            }],
+            ..Default::default()
+        }],
+    }];
+    let sock = plugins.join("cpupoold-dp.sock");
+    wait_for(WAIT, "the dp plugin socket", || if sock.exists() { Ok(()) } else { Err(d.logs()) });
+    let envs = rt.block_on(async {
+        let channel = cpupoold::api::deviceplugin::unix_channel(sock.clone()).await.unwrap();
+        let mut c = dp::device_plugin_client::DevicePluginClient::new(channel);
+        let req = dp::AllocateRequest {
+            container_requests: vec![dp::ContainerAllocateRequest { devices_ids: vec!["core-1".into()] }],
+        };
+        c.allocate(req).await.unwrap().into_inner().container_responses[0].envs.clone()
+    });
+    assert_eq!(envs["CPUPOOL_CPUS"], "1,5");
+    let mut v = Varlink::connect(&d.varlink);
+    wait_for(WAIT, "the allocation moved to the container's cgroup", || {
+        let a = v.call("GetAssignment", json!({"id": "kubelet-core-1"})).map_err(|e| format!("{e:?}"))?;
+        let target = a["assignment"]["target"].as_str().unwrap_or("").to_owned();
+        if target == format!("cgroup:{scope}") { Ok(()) } else { Err(target) }
+    });
+    assert_eq!(std::fs::read_to_string(sb.join("cgroup").join(scope).join("cpuset.cpus")).unwrap(), "1,5");
+    let owner = wait_for(WAIT, "the owner in the report", || {
+        let s = fake.status(NODE).ok_or("no status")?;
+        let a = s["assignments"].as_array().and_then(|a| a.iter().find(|a| a["id"] == "kubelet-core-1").cloned());
+        match a {
+            Some(a) if a["owner"]["pod"] == "p1" => Ok(a["owner"].clone()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert_eq!(
+        owner,
+        json!({"target": format!("cgroup:{scope}"), "namespace": "apps", "pod": "p1", "podUid": uid, "container": "c1"})
+    );
+    assert!(!d.logs().contains("containerd.sock"), "the CRI was not needed");
+    d.stop();
 }
