@@ -213,15 +213,22 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         let task = match (&pod_index, &opts.dirs.cluster) {
             (Some(pods), Some(path)) => match crate::k8s::Options::from_settings(&settings.k8s) {
                 Ok(k8s_opts) => {
-                    let (h, source, path, pods) = (handle.clone(), config_source(&opts), path.clone(), pods.clone());
+                    let (h, source, path, pods) =
+                        (handle.clone(), config_source(&opts), path.clone(), pods.clone());
                     Some(tokio::spawn(async move {
                         if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, pods, stopped).await {
-                            log::error!("k8s: {}; the local configuration files alone apply", engine::error_chain(&e));
+                            log::error!(
+                                "k8s: {}; the local configuration files alone apply",
+                                engine::error_chain(&e)
+                            );
                         }
                     }))
                 }
                 Err(e) => {
-                    log::error!("k8s: {}; the local configuration files alone apply", engine::error_chain(&e));
+                    log::error!(
+                        "k8s: {}; the local configuration files alone apply",
+                        engine::error_chain(&e)
+                    );
                     None
                 }
             },

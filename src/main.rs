@@ -72,7 +72,9 @@ fn main() -> ExitCode {
     };
     let dirs = match &sandbox {
         Some(sb) => sb.config_dirs(),
-        None => ConfigDirs { etc: args.config_dir.clone(), vendor: args.vendor_config_dir.clone(), cluster: None },
+        None => {
+            ConfigDirs { etc: args.config_dir.clone(), vendor: args.vendor_config_dir.clone(), cluster: None }
+        }
     };
     let bus = args.bus.clone().unwrap_or(if sandbox.is_some() {
         BusChoice::Private

@@ -69,7 +69,10 @@ fn wait_generation(fake: &Fake, name: Option<&str>) -> Value {
 }
 
 fn pool_names(status: &Value) -> Vec<String> {
-    status["pools"].as_array().map(|p| p.iter().map(|p| p["name"].as_str().unwrap_or("").to_owned()).collect()).unwrap_or_default()
+    status["pools"]
+        .as_array()
+        .map(|p| p.iter().map(|p| p["name"].as_str().unwrap_or("").to_owned()).collect())
+        .unwrap_or_default()
 }
 
 fn watches(fake: &Fake, path_end: &str) -> usize {
@@ -135,7 +138,13 @@ fn fake_apiserver_configmap_precedence_reconnect_and_410() {
     wait_generation(&fake, Some("cpupoold-config.default"));
     fake.delete("configmaps", "cpupoold-config.default");
     wait_generation(&fake, None);
-    wait_for(WAIT, "the cluster file removed", || if cluster_file.exists() { Err("exists".into()) } else { Ok(()) });
+    wait_for(WAIT, "the cluster file removed", || {
+        if cluster_file.exists() {
+            Err("exists".into())
+        } else {
+            Ok(())
+        }
+    });
     let logs = d.logs();
     d.stop();
     eprintln!("precedence/reconnect/410 test: {:.1} s", started.elapsed().as_secs_f64());
@@ -156,7 +165,10 @@ fn fake_apiserver_rejected_configmap_keeps_running_config() {
 
     // A node ConfigMap with a bad key: rejected whole, the running configuration stays.
     let name = format!("cpupoold-config.node.{NODE}");
-    fake.put("configmaps", configmap(&name, "[pools.web]\nenforce_quota = true\n[pools.dp2]\nkind = \"shared\"\ncount = 0\n"));
+    fake.put(
+        "configmaps",
+        configmap(&name, "[pools.web]\nenforce_quota = true\n[pools.dp2]\nkind = \"shared\"\ncount = 0\n"),
+    );
     let status = wait_for(WAIT, "ConfigInvalid=True", || {
         let s = fake.status(NODE).ok_or("no status")?;
         match condition(&s, "ConfigInvalid") {
@@ -166,12 +178,20 @@ fn fake_apiserver_rejected_configmap_keeps_running_config() {
     });
     let (status, message) = status;
     assert!(message.contains(&name) && message.contains("pools.dp2.count"), "{message}");
-    assert_eq!(status["configGeneration"].as_str().map(|g| g.starts_with("cpupoold-config.default@")), Some(true));
+    assert_eq!(
+        status["configGeneration"].as_str().map(|g| g.starts_with("cpupoold-config.default@")),
+        Some(true)
+    );
     assert_eq!(pool_names(&status), ["sys", "web"]);
-    assert_eq!(std::fs::read_to_string(&cluster_file).unwrap(), good, "the cluster file is the last good one");
+    assert_eq!(
+        std::fs::read_to_string(&cluster_file).unwrap(),
+        good,
+        "the cluster file is the last good one"
+    );
     let mut v = Varlink::connect(&d.varlink);
     let pools = v.call("ListPools", json!({})).unwrap();
-    let names: Vec<&str> = pools["pools"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        pools["pools"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["sys", "web"]);
 
     // One without the key is rejected too; a fixed one applies and clears the condition.
@@ -179,7 +199,11 @@ fn fake_apiserver_rejected_configmap_keeps_running_config() {
     wait_for(WAIT, "the missing key reported", || {
         let s = fake.status(NODE).ok_or("no status")?;
         let c = condition(&s, "ConfigInvalid").ok_or("no condition")?;
-        if c.1.contains("no `config.toml` key") { Ok(()) } else { Err(c.1) }
+        if c.1.contains("no `config.toml` key") {
+            Ok(())
+        } else {
+            Err(c.1)
+        }
     });
     fake.put("configmaps", configmap(&name, "[pools.web]\nenforce_quota = true\n"));
     let status = wait_generation(&fake, Some(&name));
@@ -211,7 +235,11 @@ fn fake_apiserver_report_updates_are_coalesced() {
     let status = wait_for(WAIT, "the final state reported", || {
         let s = fake.status(NODE).ok_or("no status")?;
         let n = s["assignments"].as_array().map_or(0, Vec::len);
-        if n == N { Ok(s) } else { Err(format!("{n} assignments")) }
+        if n == N {
+            Ok(s)
+        } else {
+            Err(format!("{n} assignments"))
+        }
     });
     let elapsed = t0.elapsed();
     let writes = patches() - before;
@@ -261,7 +289,10 @@ fn fake_apiserver_401_and_409_are_retried() {
         logs.contains("watching ConfigMaps: the API server refused our credentials (401 Unauthorized"),
         "{logs}"
     );
-    assert!(logs.contains("writing the node report CpuPoolNode/node-a: the API server refused our credentials"), "{logs}");
+    assert!(
+        logs.contains("writing the node report CpuPoolNode/node-a: the API server refused our credentials"),
+        "{logs}"
+    );
     assert!(logs.contains("conflicted with another write (409)"), "{logs}");
     d.stop();
 }
@@ -309,7 +340,10 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
     let p1 = found(&index, "p1", "aaa");
     assert_eq!((p1.pod_uid.as_str(), p1.qos_class.as_deref()), ("uid-p1", Some("Guaranteed")));
     assert_eq!(index.lookup("apps", "elsewhere", "c"), None, "another node's pod");
-    assert!(fake.requests().iter().any(|r| r.query.get("fieldSelector").map(String::as_str) == Some("spec.nodeName=node-a")));
+    assert!(fake
+        .requests()
+        .iter()
+        .any(|r| r.query.get("fieldSelector").map(String::as_str) == Some("spec.nodeName=node-a")));
 
     // A dropped connection: the pod created meanwhile arrives over the new watch.
     fake.drop_watches();
@@ -444,12 +478,17 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     wait_for(WAIT, "the allocation moved to the container's cgroup", || {
         let a = v.call("GetAssignment", json!({"id": "kubelet-core-1"})).map_err(|e| format!("{e:?}"))?;
         let target = a["assignment"]["target"].as_str().unwrap_or("").to_owned();
-        if target == format!("cgroup:{scope}") { Ok(()) } else { Err(target) }
+        if target == format!("cgroup:{scope}") {
+            Ok(())
+        } else {
+            Err(target)
+        }
     });
     assert_eq!(std::fs::read_to_string(sb.join("cgroup").join(scope).join("cpuset.cpus")).unwrap(), "1,5");
     let owner = wait_for(WAIT, "the owner in the report", || {
         let s = fake.status(NODE).ok_or("no status")?;
-        let a = s["assignments"].as_array().and_then(|a| a.iter().find(|a| a["id"] == "kubelet-core-1").cloned());
+        let a =
+            s["assignments"].as_array().and_then(|a| a.iter().find(|a| a["id"] == "kubelet-core-1").cloned());
         match a {
             Some(a) if a["owner"]["pod"] == "p1" => Ok(a["owner"].clone()),
             other => Err(format!("{other:?}")),

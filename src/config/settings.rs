@@ -291,7 +291,10 @@ impl Settings {
             Some(p) => {
                 return Err(invalid(
                     "k8s.kubeconfig",
-                    format!("`{}` must be an absolute path (or empty for the in-cluster account)", p.display()),
+                    format!(
+                        "`{}` must be an absolute path (or empty for the in-cluster account)",
+                        p.display()
+                    ),
                 ))
             }
             None => None,
@@ -300,7 +303,10 @@ impl Settings {
             if !is_dns_subdomain(name) {
                 return Err(invalid(
                     "k8s.node_name",
-                    format!("`{}` is not a node name (a DNS subdomain: a-z, 0-9, - and .)", name.escape_debug()),
+                    format!(
+                        "`{}` is not a node name (a DNS subdomain: a-z, 0-9, - and .)",
+                        name.escape_debug()
+                    ),
                 ));
             }
         }
@@ -308,7 +314,10 @@ impl Settings {
             if !is_dns_label(ns) {
                 return Err(invalid(
                     "k8s.namespace",
-                    format!("`{}` is not a namespace name (a DNS label: a-z, 0-9 and -, at most 63)", ns.escape_debug()),
+                    format!(
+                        "`{}` is not a namespace name (a DNS label: a-z, 0-9 and -, at most 63)",
+                        ns.escape_debug()
+                    ),
                 ));
             }
         }

@@ -25,7 +25,8 @@ struct Tree {
 impl Tree {
     fn new() -> Self {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let dirs = ConfigDirs { etc: tmp.path().join("etc"), vendor: tmp.path().join("vendor"), cluster: None };
+        let dirs =
+            ConfigDirs { etc: tmp.path().join("etc"), vendor: tmp.path().join("vendor"), cluster: None };
         Tree { _tmp: tmp, dirs }
     }
     fn etc(&self, rel: &str, text: &str) -> &Self {
@@ -618,7 +619,10 @@ fn k8s_defaults_and_keys() {
     assert_eq!(s.k8s, K8s::default());
     assert!(!s.k8s.enabled);
     assert_eq!(s.k8s.report_interval, std::time::Duration::from_millis(DEFAULT_REPORT_INTERVAL_MS));
-    assert_eq!((s.k8s.kubeconfig.as_ref(), s.k8s.node_name.as_ref(), s.k8s.namespace.as_ref()), (None, None, None));
+    assert_eq!(
+        (s.k8s.kubeconfig.as_ref(), s.k8s.node_name.as_ref(), s.k8s.namespace.as_ref()),
+        (None, None, None)
+    );
 
     let s = ok(&format!(
         "{RESERVED}[k8s]\nenabled = true\nkubeconfig = \"/etc/cpupoold/kubeconfig\"\n\
@@ -636,7 +640,10 @@ fn k8s_defaults_and_keys() {
     );
     assert_eq!(s.origins.get("k8s.report_interval_ms"), Some(Path::new("t.toml")));
     // Parse errors name the key too.
-    for (text, key, reason) in [("enabled = \"yes\"", "k8s.enabled", "expected a boolean"), ("node = \"x\"", "k8s.node", "unknown field `node`")] {
+    for (text, key, reason) in [
+        ("enabled = \"yes\"", "k8s.enabled", "expected a boolean"),
+        ("node = \"x\"", "k8s.node", "unknown field `node`"),
+    ] {
         let e = err(&format!("{RESERVED}[k8s]\n{text}\n"));
         assert_eq!(e.key(), Some(key), "{text}");
         assert!(chain(&e).contains(reason), "{text}: {}", chain(&e));

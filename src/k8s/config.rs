@@ -46,7 +46,11 @@ pub fn candidates(node: &str, group: Option<&str>) -> Vec<String> {
 }
 
 /// The ConfigMap that applies to `node` in group `group`, if any exists in `maps`.
-pub fn choose<'a>(maps: &'a BTreeMap<String, ConfigMap>, node: &str, group: Option<&str>) -> Option<&'a ConfigMap> {
+pub fn choose<'a>(
+    maps: &'a BTreeMap<String, ConfigMap>,
+    node: &str,
+    group: Option<&str>,
+) -> Option<&'a ConfigMap> {
     candidates(node, group).iter().find_map(|n| maps.get(n))
 }
 
@@ -73,14 +77,22 @@ pub struct Applier {
 
 impl Applier {
     /// An applier that writes `path` (which `source` must read as its cluster fragment).
-    pub fn new(handle: Handle, source: ConfigSource, path: PathBuf, status: watch::Sender<ClusterStatus>) -> Self {
+    pub fn new(
+        handle: Handle,
+        source: ConfigSource,
+        path: PathBuf,
+        status: watch::Sender<ClusterStatus>,
+    ) -> Self {
         Applier { handle, source, path, last: None, status }
     }
 
     /// Makes `chosen` the cluster fragment, or removes it when `None`.
     pub async fn decide(&mut self, chosen: Option<&ConfigMap>) {
         let key = chosen.map(|cm| {
-            (cm.metadata.name.clone().unwrap_or_default(), cm.metadata.resource_version.clone().unwrap_or_default())
+            (
+                cm.metadata.name.clone().unwrap_or_default(),
+                cm.metadata.resource_version.clone().unwrap_or_default(),
+            )
         });
         if self.last.as_ref() == Some(&key) {
             return;
@@ -156,7 +168,9 @@ impl Applier {
         });
         if existed {
             match self.handle.reload_from_disk().await {
-                Ok(_) => log::info!("k8s: no cpupoold-config ConfigMap applies any more; the local files alone apply"),
+                Ok(_) => log::info!(
+                    "k8s: no cpupoold-config ConfigMap applies any more; the local files alone apply"
+                ),
                 Err(e) => log::error!("k8s: reloading the local files: {}", error_chain(&e)),
             }
         }
@@ -186,7 +200,13 @@ fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 
 /// Follows the node's group label and the ConfigMaps in `namespace` until `stop` is set,
 /// applying the one that wins through `applier`.
-pub async fn run(client: Client, node: String, namespace: String, mut applier: Applier, stop: watch::Receiver<bool>) {
+pub async fn run(
+    client: Client,
+    node: String,
+    namespace: String,
+    mut applier: Applier,
+    stop: watch::Receiver<bool>,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let nodes: Api<Node> = Api::all(client.clone());
     let node_config = watcher::Config::default().fields(&format!("metadata.name={node}"));
@@ -299,7 +319,11 @@ mod tests {
         let name = |m: Option<&ConfigMap>| m.and_then(|c| c.metadata.name.clone());
         let mut maps: BTreeMap<String, ConfigMap> = BTreeMap::new();
         assert_eq!(name(choose(&maps, "n1", Some("g"))), None);
-        maps.extend([cm("cpupoold-config.default"), cm("cpupoold-config.group.g"), cm("cpupoold-config.node.n2")]);
+        maps.extend([
+            cm("cpupoold-config.default"),
+            cm("cpupoold-config.group.g"),
+            cm("cpupoold-config.node.n2"),
+        ]);
         assert_eq!(name(choose(&maps, "n1", None)).as_deref(), Some("cpupoold-config.default"));
         assert_eq!(name(choose(&maps, "n1", Some("g"))).as_deref(), Some("cpupoold-config.group.g"));
         assert_eq!(name(choose(&maps, "n1", Some("h"))).as_deref(), Some("cpupoold-config.default"));

@@ -20,8 +20,12 @@ fn documents(rel: &str) -> Vec<(String, serde_yaml::Value)> {
     let text = std::fs::read_to_string(deploy(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
     serde_yaml::Deserializer::from_str(&text)
         .map(|doc| {
-            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap_or_else(|e| panic!("{rel}: {e}"));
-            let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_else(|| panic!("{rel}: a document without kind"));
+            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{rel}: {e}"));
+            let kind = v
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .unwrap_or_else(|| panic!("{rel}: a document without kind"));
             (kind.to_owned(), v)
         })
         .collect()
@@ -110,14 +114,18 @@ fn the_rbac_grants_exactly_what_the_daemon_uses() {
             .collect()
     };
     let cluster = rules(&docs[2].1);
-    let verbs = |res: &str| cluster.iter().find(|(r, _)| r == res).map(|(_, v)| v.clone()).unwrap_or_default();
+    let verbs =
+        |res: &str| cluster.iter().find(|(r, _)| r == res).map(|(_, v)| v.clone()).unwrap_or_default();
     assert_eq!(verbs("nodes"), ["list", "watch"]);
     assert_eq!(verbs("pods"), ["list", "watch"]);
     assert_eq!(verbs("cpupoolnodes"), ["create", "patch"]);
     assert_eq!(verbs("cpupoolnodes/status"), ["patch"]);
     let role: Role = typed("rbac.yaml", &docs[4].1);
     let rule = &role.rules.unwrap_or_default()[0];
-    assert_eq!((rule.resources.clone().unwrap_or_default(), rule.verbs.clone()), (vec!["configmaps".to_owned()], vec!["list".to_owned(), "watch".to_owned()]));
+    assert_eq!(
+        (rule.resources.clone().unwrap_or_default(), rule.verbs.clone()),
+        (vec!["configmaps".to_owned()], vec!["list".to_owned(), "watch".to_owned()])
+    );
 }
 
 #[test]
@@ -125,7 +133,8 @@ fn the_example_configmaps_load_over_the_bootstrap_config() {
     let ds = documents("daemonset.yaml");
     let bootstrap: ConfigMap = typed("daemonset.yaml", &ds[0].1);
     let bootstrap = bootstrap.data.unwrap_or_default();
-    let base = bootstrap.get("10-k8s.toml").unwrap_or_else(|| panic!("10-k8s.toml in the bootstrap ConfigMap"));
+    let base =
+        bootstrap.get("10-k8s.toml").unwrap_or_else(|| panic!("10-k8s.toml in the bootstrap ConfigMap"));
     let topo = Topology::synthetic(1, 8, 2, 1);
     for (_, v) in documents("configmap-example.yaml") {
         let cm: ConfigMap = typed("configmap-example.yaml", &v);
@@ -135,6 +144,8 @@ fn the_example_configmaps_load_over_the_bootstrap_config() {
         let settings = crate::config::load_strs(&[("10-k8s.toml", base), (&name, &text)])
             .unwrap_or_else(|e| panic!("{name}: {}", crate::engine::error_chain(&e)));
         assert!(settings.k8s.enabled);
-        settings.resolve_pools(&topo).unwrap_or_else(|e| panic!("{name}: {}", crate::engine::error_chain(&e)));
+        settings
+            .resolve_pools(&topo)
+            .unwrap_or_else(|e| panic!("{name}: {}", crate::engine::error_chain(&e)));
     }
 }

@@ -62,8 +62,14 @@ impl Options {
         if !crate::config::is_node_name(&node) {
             return Err(K8sError::NodeName(node));
         }
-        let namespace = k8s.namespace.clone().or_else(|| env("POD_NAMESPACE")).unwrap_or(DEFAULT_NAMESPACE.into());
-        Ok(Options { kubeconfig: k8s.kubeconfig.clone(), node, namespace, report_interval: k8s.report_interval })
+        let namespace =
+            k8s.namespace.clone().or_else(|| env("POD_NAMESPACE")).unwrap_or(DEFAULT_NAMESPACE.into());
+        Ok(Options {
+            kubeconfig: k8s.kubeconfig.clone(),
+            node,
+            namespace,
+            report_interval: k8s.report_interval,
+        })
     }
 }
 
@@ -74,7 +80,9 @@ pub enum K8sError {
     #[error("reading the host name for k8s.node_name (set it, or NODE_NAME)")]
     Hostname(#[source] std::io::Error),
     /// The node name is not one Kubernetes accepts.
-    #[error("the node name `{0}` (from NODE_NAME or the host name) is not a DNS subdomain; set k8s.node_name")]
+    #[error(
+        "the node name `{0}` (from NODE_NAME or the host name) is not a DNS subdomain; set k8s.node_name"
+    )]
     NodeName(String),
     /// The kubeconfig named by `k8s.kubeconfig` could not be read.
     #[error("k8s.kubeconfig: reading `{}`", path.display())]
@@ -106,7 +114,9 @@ pub async fn client(opts: &Options) -> Result<Client, K8sError> {
         }
         None => match kube::Config::incluster() {
             Ok(c) => c,
-            Err(_) => kube::Config::from_kubeconfig(&KubeConfigOptions::default()).await.map_err(K8sError::NoConfig)?,
+            Err(_) => kube::Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .map_err(K8sError::NoConfig)?,
         },
     };
     Client::try_from(config).map_err(K8sError::Client)

@@ -127,7 +127,8 @@ fn pod_key(pod: &Pod) -> Option<(String, String)> {
 fn containers(pod: &Pod) -> Vec<(String, ContainerInfo)> {
     let Some(status) = &pod.status else { return Vec::new() };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let all = status.container_statuses.iter().flatten().chain(status.init_container_statuses.iter().flatten());
+    let all =
+        status.container_statuses.iter().flatten().chain(status.init_container_statuses.iter().flatten());
     let mut out: Vec<(String, ContainerInfo)> = all
         .filter_map(|c| {
             let id = strip_runtime(c.container_id.as_deref()?);
@@ -153,7 +154,12 @@ pub fn strip_runtime(id: &str) -> &str {
 }
 
 /// Follows this node's pods into `index` until `stop` is set.
-pub async fn run(client: Client, node: String, index: PodIndex, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn run(
+    client: Client,
+    node: String,
+    index: PodIndex,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut listing: Vec<Pod> = Vec::new();

@@ -245,7 +245,10 @@ impl Writer {
                 Err(e) => {
                     let msg = super::describe(&e);
                     if !self.failing {
-                        log::warn!("k8s: writing the node report CpuPoolNode/{}: {msg}; retrying with backoff", self.node);
+                        log::warn!(
+                            "k8s: writing the node report CpuPoolNode/{}: {msg}; retrying with backoff",
+                            self.node
+                        );
                     } else {
                         log::debug!("k8s: writing the node report: {msg}");
                     }
@@ -271,12 +274,7 @@ pub fn rfc3339(t: SystemTime) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 #[cfg(test)]

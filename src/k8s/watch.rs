@@ -46,7 +46,8 @@ pub async fn follow<K, F>(
                     on_event(event);
                 }
                 Some(Err(e)) => {
-                    let gone = matches!(&e, watcher::Error::WatchStartFailed(kube::Error::Api(r)) if r.code == 410);
+                    let gone =
+                        matches!(&e, watcher::Error::WatchStartFailed(kube::Error::Api(r)) if r.code == 410);
                     if !failing {
                         log::warn!("k8s: watching {what}: {}; retrying", describe_watch(&e));
                     } else {

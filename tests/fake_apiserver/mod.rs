@@ -255,7 +255,9 @@ fn collection(path: &str) -> Option<(&'static str, &'static str)> {
     match path {
         "/api/v1/nodes" => Some(("nodes", "Node")),
         "/api/v1/pods" => Some(("pods", "Pod")),
-        p if p.starts_with("/api/v1/namespaces/") && p.ends_with("/configmaps") => Some(("configmaps", "ConfigMap")),
+        p if p.starts_with("/api/v1/namespaces/") && p.ends_with("/configmaps") => {
+            Some(("configmaps", "ConfigMap"))
+        }
         _ => None,
     }
 }
@@ -327,13 +329,21 @@ async fn serve(
             .split('&')
             .filter_map(|kv| kv.split_once('=').map(|(k, v)| (decode(k), decode(v))))
             .collect();
-        let req = Request { method: method.clone(), path: path.to_owned(), query, body: String::from_utf8_lossy(&body).into() };
+        let req = Request {
+            method: method.clone(),
+            path: path.to_owned(),
+            query,
+            body: String::from_utf8_lossy(&body).into(),
+        };
 
         // Injected failures first.
         let fault = {
             let mut s = state.lock().unwrap();
             s.requests.push(req.clone());
-            let hit = s.faults.iter_mut().find(|f| f.count > 0 && f.method == req.method && req.path.contains(&f.path));
+            let hit = s
+                .faults
+                .iter_mut()
+                .find(|f| f.count > 0 && f.method == req.method && req.path.contains(&f.path));
             hit.map(|f| {
                 f.count -= 1;
                 f.code
@@ -375,28 +385,31 @@ async fn serve(
             let (name, sub) = rest.split_once('/').unwrap_or((rest, ""));
             let patch: Value = serde_json::from_str(&req.body).unwrap_or(Value::Null);
             let answer = {
-            let mut s = state.lock().unwrap();
-            let key = ("cpupoolnodes".to_owned(), name.to_owned());
-            match (sub, s.objects.get(&key).cloned()) {
-                ("status", None) => (404, status_body(404, &format!("cpupoolnodes.cpupool.io \"{name}\" not found"))),
-                ("status", Some(mut obj)) => {
-                    obj["status"] = patch["status"].clone();
-                    s.rv += 1;
-                    obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-                    s.objects.insert(key, obj.clone());
-                    (200, obj)
+                let mut s = state.lock().unwrap();
+                let key = ("cpupoolnodes".to_owned(), name.to_owned());
+                match (sub, s.objects.get(&key).cloned()) {
+                    ("status", None) => {
+                        (404, status_body(404, &format!("cpupoolnodes.cpupool.io \"{name}\" not found")))
+                    }
+                    ("status", Some(mut obj)) => {
+                        obj["status"] = patch["status"].clone();
+                        s.rv += 1;
+                        obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+                        s.objects.insert(key, obj.clone());
+                        (200, obj)
+                    }
+                    (_, existing) => {
+                        let mut obj =
+                            existing.unwrap_or_else(|| json!({"metadata": {"name": name, "uid": "uid-cpn"}}));
+                        obj["apiVersion"] = patch["apiVersion"].clone();
+                        obj["kind"] = patch["kind"].clone();
+                        obj["spec"] = patch["spec"].clone();
+                        s.rv += 1;
+                        obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+                        s.objects.insert(key, obj.clone());
+                        (200, obj)
+                    }
                 }
-                (_, existing) => {
-                    let mut obj = existing.unwrap_or_else(|| json!({"metadata": {"name": name, "uid": "uid-cpn"}}));
-                    obj["apiVersion"] = patch["apiVersion"].clone();
-                    obj["kind"] = patch["kind"].clone();
-                    obj["spec"] = patch["spec"].clone();
-                    s.rv += 1;
-                    obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-                    s.objects.insert(key, obj.clone());
-                    (200, obj)
-                }
-            }
             };
             respond(sock, answer.0, &answer.1).await?;
             continue;
@@ -425,8 +438,10 @@ async fn stream_watch(
         let backlog: Vec<_> = s.log.iter().filter(|(rv, c, _, _)| *rv > from && c == coll).cloned().collect();
         (backlog, gone)
     };
-    sock.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-        .await?;
+    sock.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )
+    .await?;
     let send = |v: Value| {
         let line = format!("{v}\n");
         format!("{:x}\r\n{line}\r\n", line.len())
