@@ -104,6 +104,10 @@ pub enum DaemonError {
         #[source]
         source: zbus::Error,
     },
+    /// `[k8s] enabled = true` in a daemon built without the `k8s` feature.
+    #[error("k8s.enabled = true, but this cpupoold was built without the `k8s` feature (cargo build --features k8s); \
+             set k8s.enabled = false or install a build with it")]
+    K8sNotBuilt,
     /// The varlink socket could not be bound.
     #[error("binding the varlink socket `{}`", path.display())]
     Varlink {
@@ -135,7 +139,7 @@ fn config_source(opts: &RunOptions) -> ConfigSource {
 
 /// Runs the daemon until `shutdown` completes or SIGTERM/SIGINT arrives.
 pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
-    let settings = load_settings(&opts).map_err(DaemonError::Config)?;
+    let (opts, settings) = with_cluster_fragment(opts)?;
     let fs = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
     let (backend, systemd_conn) = backend(&settings, &opts, fs.clone()).await?;
     log::info!("applying pools through the {} backend", backend.name());
@@ -186,14 +190,52 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     // The device plugin: it waits for a kubelet, and refuses (logged) to run beside the
     // kubelet's static CPU manager owning pool CPUs.
     let (stop_plugin, plugin_stopped) = tokio::sync::watch::channel(false);
+    #[cfg(feature = "k8s")]
+    let pod_index = settings.k8s.enabled.then(crate::k8s::pods::PodIndex::new);
     let plugin = settings.kubelet.enabled.then(|| {
-        let (h, opts) = (handle.clone(), deviceplugin::Options::from_settings(&settings));
+        #[allow(unused_mut)]
+        let (h, mut opts) = (handle.clone(), deviceplugin::Options::from_settings(&settings));
+        #[cfg(feature = "k8s")]
+        if let Some(index) = &pod_index {
+            opts.containers = Some(std::sync::Arc::new(index.clone()));
+        }
         tokio::spawn(async move {
             if let Err(e) = deviceplugin::run(h, opts, plugin_stopped).await {
                 log::error!("{}", engine::error_chain(&e));
             }
         })
     });
+
+    // The cluster integration: configuration from ConfigMaps, the pod watch, the node report.
+    #[cfg(feature = "k8s")]
+    let (stop_k8s, cluster) = {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = match (&pod_index, &opts.dirs.cluster) {
+            (Some(pods), Some(path)) => match crate::k8s::Options::from_settings(&settings.k8s) {
+                Ok(k8s_opts) => {
+                    let (h, source, path, pods) =
+                        (handle.clone(), config_source(&opts), path.clone(), pods.clone());
+                    Some(tokio::spawn(async move {
+                        if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, pods, stopped).await {
+                            log::error!(
+                                "k8s: {}; the local configuration files alone apply",
+                                engine::error_chain(&e)
+                            );
+                        }
+                    }))
+                }
+                Err(e) => {
+                    log::error!(
+                        "k8s: {}; the local configuration files alone apply",
+                        engine::error_chain(&e)
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
+        (stop, task)
+    };
 
     // The sandbox's own bus lives as long as this function (unless it was already running).
     let mut _private_bus = None;
@@ -253,6 +295,15 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let _ = stop_api.send(());
     let _ = stop_reclaim.send(());
     let _ = reclaimer.await;
+    #[cfg(feature = "k8s")]
+    {
+        let _ = stop_k8s.send(true);
+        if let Some(task) = cluster {
+            if let Err(e) = task.await {
+                log::error!("the cluster integration failed: {e}");
+            }
+        }
+    }
     let _ = stop_plugin.send(true);
     if let Some(p) = plugin {
         if let Err(e) = p.await {
@@ -267,6 +318,42 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         log::error!("the engine thread panicked");
     }
     Ok(())
+}
+
+/// The settings to start with. With `[k8s]` enabled, the cluster fragment
+/// (`<runtime_dir>/cluster.toml`, written from a ConfigMap earlier in this boot) is merged last,
+/// here and on every reload; one that no longer loads is removed and the local files apply.
+/// Without the `k8s` feature, `k8s.enabled = true` is an error rather than silently ignored.
+#[allow(clippy::result_large_err)] // run()'s own error, made once at start
+fn with_cluster_fragment(opts: RunOptions) -> Result<(RunOptions, Settings), DaemonError> {
+    let settings = load_settings(&opts).map_err(DaemonError::Config)?;
+    if !settings.k8s.enabled {
+        return Ok((opts, settings));
+    }
+    #[cfg(not(feature = "k8s"))]
+    {
+        Err(DaemonError::K8sNotBuilt)
+    }
+    #[cfg(feature = "k8s")]
+    {
+        let mut opts = opts;
+        let path = crate::k8s::cluster_file(&settings.paths.runtime_dir);
+        opts.dirs.cluster = Some(path.clone());
+        match load_settings(&opts) {
+            Ok(with_cluster) => Ok((opts, with_cluster)),
+            Err(e) => {
+                log::error!(
+                    "k8s: the cluster configuration `{}` no longer loads ({}); removing it, the local files apply",
+                    path.display(),
+                    engine::error_chain(&e)
+                );
+                if let Err(e) = std::fs::remove_file(&path) {
+                    log::error!("k8s: removing `{}`: {e}", path.display());
+                }
+                Ok((opts, settings))
+            }
+        }
+    }
 }
 
 /// The backend the settings and options ask for, and the connection to systemd it uses.

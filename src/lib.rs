@@ -11,6 +11,8 @@ pub mod core;
 pub mod daemon;
 pub mod engine;
 pub mod host;
+#[cfg(feature = "k8s")]
+pub mod k8s;
 pub mod logging;
 pub mod reclaim;
 pub mod sandbox;

@@ -41,10 +41,27 @@ struct Args {
     /// Log level (overrides daemon.log_level): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<log::LevelFilter>,
+    /// Print the CpuPoolNode CustomResourceDefinition (deploy/crd.yaml) and exit.
+    #[cfg(feature = "k8s")]
+    #[arg(long)]
+    print_crd: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    #[cfg(feature = "k8s")]
+    if args.print_crd {
+        return match cpupoold::k8s::crd::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cpupoold: generating the CRD: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     cpupoold::logging::init(args.log_level.unwrap_or(log::LevelFilter::Info));
     let sandbox = match &args.sandbox {
         Some(dir) => match Sandbox::prepare(dir, args.topology.as_deref()) {
@@ -55,7 +72,9 @@ fn main() -> ExitCode {
     };
     let dirs = match &sandbox {
         Some(sb) => sb.config_dirs(),
-        None => ConfigDirs { etc: args.config_dir.clone(), vendor: args.vendor_config_dir.clone() },
+        None => {
+            ConfigDirs { etc: args.config_dir.clone(), vendor: args.vendor_config_dir.clone(), cluster: None }
+        }
     };
     let bus = args.bus.clone().unwrap_or(if sandbox.is_some() {
         BusChoice::Private

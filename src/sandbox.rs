@@ -220,7 +220,7 @@ impl Sandbox {
 
     /// Where the sandbox's configuration is read from.
     pub fn config_dirs(&self) -> ConfigDirs {
-        ConfigDirs { etc: self.etc(), vendor: self.vendor() }
+        ConfigDirs { etc: self.etc(), vendor: self.vendor(), cluster: None }
     }
 
     /// Points every root of `settings` into the sandbox, whatever the configuration says, so

@@ -27,6 +27,19 @@ pub(crate) struct Fragment {
     pub pools: BTreeMap<String, PoolFragment>,
     #[serde(default)]
     pub kubelet: KubeletFragment,
+    #[serde(default)]
+    pub k8s: K8sFragment,
+}
+
+/// `[k8s]` as written in one file: the cluster integration (the `k8s` cargo feature).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct K8sFragment {
+    pub enabled: Option<bool>,
+    pub kubeconfig: Option<PathBuf>,
+    pub node_name: Option<String>,
+    pub namespace: Option<String>,
+    pub report_interval_ms: Option<u64>,
 }
 
 /// `[kubelet]` as written in one file: the device plugin.
@@ -126,12 +139,21 @@ pub(crate) fn read_all_with(
     if let Some((path, text)) = replace {
         files.retain(|f| f != path);
         if text.is_some() {
-            // Its place among the local drop-ins, which are read last, in file-name order.
-            let dropins = dirs.etc.join("config.d");
-            let at = files
-                .iter()
-                .position(|f| f.parent() == Some(dropins.as_path()) && f.file_name() > path.file_name())
-                .unwrap_or(files.len());
+            // The cluster fragment goes last; any other file takes its place among the local
+            // drop-ins, which are read in file-name order before the cluster fragment.
+            let cluster = dirs.cluster.as_deref();
+            let at = if cluster == Some(path) {
+                files.len()
+            } else {
+                let dropins = dirs.etc.join("config.d");
+                files
+                    .iter()
+                    .position(|f| {
+                        Some(f.as_path()) == cluster
+                            || (f.parent() == Some(dropins.as_path()) && f.file_name() > path.file_name())
+                    })
+                    .unwrap_or(files.len())
+            };
             files.insert(at, path.to_owned());
         }
     }
@@ -165,6 +187,13 @@ pub(crate) fn files(dirs: &ConfigDirs) -> Result<Vec<PathBuf>, ConfigError> {
         Err(source) => return Err(ConfigError::Read { file: main, source }),
     }
     out.extend(etc_dropins.into_values());
+    if let Some(cluster) = &dirs.cluster {
+        match fs::metadata(cluster) {
+            Ok(_) => out.push(cluster.clone()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(ConfigError::Read { file: cluster.clone(), source }),
+        }
+    }
     Ok(out)
 }
 

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::fragments::{DaemonFragment, Fragment, KubeletFragment, PathsFragment};
+use super::fragments::{DaemonFragment, Fragment, K8sFragment, KubeletFragment, PathsFragment};
 use super::{pool_key, ConfigError, Origins};
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::{PoolKind, Smt};
@@ -27,6 +27,7 @@ pub(crate) struct Inputs {
     pub paths: PathsFragment,
     pub daemon: DaemonFragment,
     pub kubelet: KubeletFragment,
+    pub k8s: K8sFragment,
     /// By name as written; names are validated in the settings stage.
     pub pools: BTreeMap<String, PoolInput>,
     /// Who set each key last.
@@ -65,7 +66,13 @@ impl Inputs {
         self.files.push(file.to_owned());
         let mut set = Setter { origins: &mut self.origins, file };
 
-        let Fragment { paths, daemon, pools, kubelet } = fragment;
+        let Fragment { paths, daemon, pools, kubelet, k8s } = fragment;
+        let c = &mut self.k8s;
+        set.field(&mut c.enabled, k8s.enabled, "k8s.enabled");
+        set.field(&mut c.kubeconfig, k8s.kubeconfig, "k8s.kubeconfig");
+        set.field(&mut c.node_name, k8s.node_name, "k8s.node_name");
+        set.field(&mut c.namespace, k8s.namespace, "k8s.namespace");
+        set.field(&mut c.report_interval_ms, k8s.report_interval_ms, "k8s.report_interval_ms");
         let k = &mut self.kubelet;
         set.field(&mut k.enabled, kubelet.enabled, "kubelet.enabled");
         set.field(&mut k.resource_prefix, kubelet.resource_prefix, "kubelet.resource_prefix");

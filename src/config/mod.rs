@@ -19,6 +19,9 @@
 //!    file of the same name; a symlink to `/dev/null` there masks it without replacing it.
 //! 2. `/etc/cpupoold/config.toml`, the main file.
 //! 3. `/etc/cpupoold/config.d/*.toml`, local drop-ins, in lexical order of file name.
+//! 4. The cluster fragment ([`ConfigDirs::cluster`], `/run/cpupoold/cluster.toml`), when the
+//!    `k8s` integration has written one from a ConfigMap. It lives in the runtime directory, so
+//!    after a reboot without an API server the local files alone apply.
 //!
 //! The daemon itself writes one local drop-in, `config.d/90-cpupoold-runtime.toml`, for pools
 //! created, resized or deleted over the APIs (see [`runtime`]). A pool table with
@@ -58,8 +61,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use settings::{
-    Backend, Kubelet, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL,
-    DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_RESOURCE_PREFIX,
+    Backend, K8s, Kubelet, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL,
+    DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS, DEFAULT_RESOURCE_PREFIX,
 };
 
 use crate::core::cpuset::CpuSetError;
@@ -73,11 +76,15 @@ pub struct ConfigDirs {
     pub etc: PathBuf,
     /// The package's directory: `config.d/` (`/usr/lib/cpupoold`).
     pub vendor: PathBuf,
+    /// The cluster's fragment (`<runtime_dir>/cluster.toml`, written by the `k8s` integration
+    /// from the chosen ConfigMap), merged after every other file when it exists. `None`: there
+    /// is no cluster integration.
+    pub cluster: Option<PathBuf>,
 }
 
 impl Default for ConfigDirs {
     fn default() -> Self {
-        ConfigDirs { etc: "/etc/cpupoold".into(), vendor: "/usr/lib/cpupoold".into() }
+        ConfigDirs { etc: "/etc/cpupoold".into(), vendor: "/usr/lib/cpupoold".into(), cluster: None }
     }
 }
 
@@ -86,6 +93,11 @@ impl ConfigDirs {
     pub fn files(&self) -> Result<Vec<PathBuf>, ConfigError> {
         fragments::files(self)
     }
+}
+
+/// Whether `name` is a name Kubernetes accepts for a node (an RFC 1123 subdomain).
+pub fn is_node_name(name: &str) -> bool {
+    settings::is_dns_subdomain(name)
 }
 
 /// Reads, merges and validates every fragment under `dirs`.

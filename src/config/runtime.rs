@@ -289,7 +289,7 @@ mod tests {
     }
 
     fn dirs(root: &Path) -> ConfigDirs {
-        ConfigDirs { etc: root.join("etc"), vendor: root.join("vendor") }
+        ConfigDirs { etc: root.join("etc"), vendor: root.join("vendor"), cluster: None }
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub struct Settings {
     pub pools: Vec<PoolSpec>,
     /// `[kubelet]`: the device plugin.
     pub kubelet: Kubelet,
+    /// `[k8s]`: the cluster integration (used only when built with the `k8s` feature).
+    pub k8s: K8s,
     /// Which file set each key, for error messages.
     pub origins: Origins,
 }
@@ -109,6 +111,41 @@ impl Default for Kubelet {
     }
 }
 
+/// `[k8s]`: the cluster integration (see `k8s`, built with the `k8s` cargo feature).
+///
+/// The node name and namespace stay `None` when no file sets them: the daemon takes them from
+/// its environment (`NODE_NAME`, the host name; `POD_NAMESPACE`, `cpupool-system`) when it starts
+/// the integration, so that the settings themselves do not depend on the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K8s {
+    /// `k8s.enabled`: report to and take configuration from the API server.
+    pub enabled: bool,
+    /// `k8s.kubeconfig`: the kubeconfig file; `None` (unset or empty) tries the in-cluster
+    /// service account first, then `$KUBECONFIG` and `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `k8s.node_name`: this node's name (a DNS subdomain).
+    pub node_name: Option<String>,
+    /// `k8s.namespace`: where the `cpupoold-config.*` ConfigMaps live (a DNS label).
+    pub namespace: Option<String>,
+    /// `k8s.report_interval_ms`: the least time between two updates of the node report.
+    pub report_interval: std::time::Duration,
+}
+
+impl Default for K8s {
+    fn default() -> Self {
+        K8s {
+            enabled: false,
+            kubeconfig: None,
+            node_name: None,
+            namespace: None,
+            report_interval: std::time::Duration::from_millis(DEFAULT_REPORT_INTERVAL_MS),
+        }
+    }
+}
+
+/// `k8s.report_interval_ms` when no file sets it.
+pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 2_000;
+
 /// `kubelet.resource_prefix` when no file sets it.
 pub const DEFAULT_RESOURCE_PREFIX: &str = "cpupool.io";
 /// `kubelet.millicpus_per_device` when no file sets it: a 512-CPU shared pool is 5120 devices,
@@ -131,7 +168,7 @@ pub const DEFAULT_LOG_LEVEL: log::LevelFilter = log::LevelFilter::Info;
 impl Settings {
     /// Validates merged inputs.
     pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
-        let Inputs { paths, daemon, pools, origins, files, kubelet } = inputs;
+        let Inputs { paths, daemon, pools, origins, files, kubelet, k8s } = inputs;
         let lend_idle = daemon.lend_idle.unwrap_or(false);
         let backend = match daemon.backend.as_deref() {
             None | Some("auto") => Backend::Auto,
@@ -246,6 +283,57 @@ impl Settings {
             confine_unpooled: kubelet.confine_unpooled.unwrap_or(defaults.confine_unpooled),
         };
 
+        let report_interval = k8s.report_interval_ms.unwrap_or(DEFAULT_REPORT_INTERVAL_MS);
+        if !(10..=3_600_000).contains(&report_interval) {
+            return Err(invalid(
+                "k8s.report_interval_ms",
+                format!("{report_interval} must be between 10 and 3600000"),
+            ));
+        }
+        let kubeconfig = match k8s.kubeconfig {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) if p.is_absolute() => Some(p),
+            Some(p) => {
+                return Err(invalid(
+                    "k8s.kubeconfig",
+                    format!(
+                        "`{}` must be an absolute path (or empty for the in-cluster account)",
+                        p.display()
+                    ),
+                ))
+            }
+            None => None,
+        };
+        if let Some(name) = &k8s.node_name {
+            if !is_dns_subdomain(name) {
+                return Err(invalid(
+                    "k8s.node_name",
+                    format!(
+                        "`{}` is not a node name (a DNS subdomain: a-z, 0-9, - and .)",
+                        name.escape_debug()
+                    ),
+                ));
+            }
+        }
+        if let Some(ns) = &k8s.namespace {
+            if !is_dns_label(ns) {
+                return Err(invalid(
+                    "k8s.namespace",
+                    format!(
+                        "`{}` is not a namespace name (a DNS label: a-z, 0-9 and -, at most 63)",
+                        ns.escape_debug()
+                    ),
+                ));
+            }
+        }
+        let k8s = K8s {
+            enabled: k8s.enabled.unwrap_or(false),
+            kubeconfig,
+            node_name: k8s.node_name,
+            namespace: k8s.namespace,
+            report_interval: std::time::Duration::from_millis(report_interval),
+        };
+
         let mut pools = pools;
         pools.retain(|_, p| p.removed != Some(true));
         if pools.is_empty() {
@@ -265,6 +353,7 @@ impl Settings {
             backend,
             pools,
             kubelet,
+            k8s,
             origins,
         })
     }
@@ -316,16 +405,23 @@ impl Settings {
     }
 }
 
+/// An RFC 1123 label: what Kubernetes accepts as a namespace name.
+pub(crate) fn is_dns_label(l: &str) -> bool {
+    !l.is_empty()
+        && l.len() <= 63
+        && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !l.starts_with('-')
+        && !l.ends_with('-')
+}
+
+/// An RFC 1123 subdomain: what Kubernetes accepts as a node or object name.
+pub(crate) fn is_dns_subdomain(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 253 && p.split('.').all(is_dns_label)
+}
+
 /// A resource prefix is a DNS subdomain (RFC 1123): the kubelet refuses anything else.
 fn check_resource_prefix(p: &str) -> Result<(), String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if p.is_empty() || p.len() > 253 || !p.split('.').all(label_ok) {
+    if !is_dns_subdomain(p) {
         return Err(format!(
             "`{}` is not a DNS subdomain such as cpupool.io (lower-case letters, digits, - and .)",
             p.escape_debug()

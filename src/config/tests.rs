@@ -25,7 +25,8 @@ struct Tree {
 impl Tree {
     fn new() -> Self {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let dirs = ConfigDirs { etc: tmp.path().join("etc"), vendor: tmp.path().join("vendor") };
+        let dirs =
+            ConfigDirs { etc: tmp.path().join("etc"), vendor: tmp.path().join("vendor"), cluster: None };
         Tree { _tmp: tmp, dirs }
     }
     fn etc(&self, rel: &str, text: &str) -> &Self {
@@ -351,6 +352,11 @@ fn every_validation_error_names_file_and_key() {
         ("[kubelet]\nreconcile_interval_ms = 0\n", "kubelet.reconcile_interval_ms", "between 10"),
         ("[kubelet]\nrelease_grace_ms = 99999999999\n", "kubelet.release_grace_ms", "at most"),
         ("[kubelet]\nruntime_endpoint = \"containerd.sock\"\n", "kubelet.runtime_endpoint", "absolute"),
+        ("[k8s]\nkubeconfig = \"kube/config\"\n", "k8s.kubeconfig", "must be an absolute path"),
+        ("[k8s]\nnode_name = \"Node_1\"\n", "k8s.node_name", "is not a node name"),
+        ("[k8s]\nnode_name = \"\"\n", "k8s.node_name", "is not a node name"),
+        ("[k8s]\nnamespace = \"a.b\"\n", "k8s.namespace", "is not a namespace name"),
+        ("[k8s]\nreport_interval_ms = 1\n", "k8s.report_interval_ms", "between 10 and 3600000"),
     ];
     for (text, key, reason) in cases {
         // With a valid reserved pool beside it, the case's key is the only thing wrong.
@@ -583,7 +589,11 @@ fn shipped_config_comments_are_valid() {
     assert_eq!(s.host_cgroups, defaults.host_cgroups);
     assert_eq!(s.admin_group, defaults.admin_group);
     assert_eq!(s.log_level, defaults.log_level);
+    assert_eq!(s.k8s, defaults.k8s);
     for key in [
+        "k8s.enabled",
+        "k8s.kubeconfig",
+        "k8s.report_interval_ms",
         "paths.sysfs_root",
         "paths.cgroup_root",
         "paths.state_dir",
@@ -603,4 +613,81 @@ fn shipped_config_comments_are_valid() {
     assert!(pool(&s, "dp").isolate);
     let pools = s.resolve_pools(&Topology::synthetic(1, 8, 2, 1)).unwrap_or_else(|e| panic!("{}", chain(&e)));
     assert_eq!(pools.len(), 3);
+}
+
+#[test]
+fn k8s_defaults_and_keys() {
+    let s = ok(RESERVED);
+    assert_eq!(s.k8s, K8s::default());
+    assert!(!s.k8s.enabled);
+    assert_eq!(s.k8s.report_interval, std::time::Duration::from_millis(DEFAULT_REPORT_INTERVAL_MS));
+    assert_eq!(
+        (s.k8s.kubeconfig.as_ref(), s.k8s.node_name.as_ref(), s.k8s.namespace.as_ref()),
+        (None, None, None)
+    );
+
+    let s = ok(&format!(
+        "{RESERVED}[k8s]\nenabled = true\nkubeconfig = \"/etc/cpupoold/kubeconfig\"\n\
+         node_name = \"worker-1.example\"\nnamespace = \"kube-system\"\nreport_interval_ms = 500\n"
+    ));
+    assert_eq!(
+        s.k8s,
+        K8s {
+            enabled: true,
+            kubeconfig: Some("/etc/cpupoold/kubeconfig".into()),
+            node_name: Some("worker-1.example".into()),
+            namespace: Some("kube-system".into()),
+            report_interval: std::time::Duration::from_millis(500),
+        }
+    );
+    assert_eq!(s.origins.get("k8s.report_interval_ms"), Some(Path::new("t.toml")));
+    // Parse errors name the key too.
+    for (text, key, reason) in [
+        ("enabled = \"yes\"", "k8s.enabled", "expected a boolean"),
+        ("node = \"x\"", "k8s.node", "unknown field `node`"),
+    ] {
+        let e = err(&format!("{RESERVED}[k8s]\n{text}\n"));
+        assert_eq!(e.key(), Some(key), "{text}");
+        assert!(chain(&e).contains(reason), "{text}: {}", chain(&e));
+    }
+    // Empty: the in-cluster account.
+    let s = ok(&format!("{RESERVED}[k8s]\nkubeconfig = \"\"\n"));
+    assert_eq!(s.k8s.kubeconfig, None);
+}
+
+#[test]
+fn the_cluster_fragment_is_merged_last() {
+    let t = Tree::new();
+    t.etc("config.toml", &format!("{RESERVED}[daemon]\nlog_level = \"warn\"\n"))
+        // Named after `cluster.toml` in lexical order: still read before it.
+        .etc("config.d/zz-local.toml", "[daemon]\nlog_level = \"error\"\nadmin_group = \"local\"\n");
+    let mut dirs = t.dirs.clone();
+    let cluster = t.etc_path("run/cluster.toml");
+    dirs.cluster = Some(cluster.clone());
+    // No cluster file yet: the local files alone.
+    let s = load(&dirs).unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(s.log_level, log::LevelFilter::Error);
+    t.etc("run/cluster.toml", "[daemon]\nlog_level = \"debug\"\n");
+    let s = load(&dirs).unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(s.log_level, log::LevelFilter::Debug);
+    assert_eq!(s.admin_group, "local", "keys the cluster does not set stay the local ones");
+    assert_eq!(s.origins.get("daemon.log_level"), Some(cluster.as_path()));
+    assert_eq!(dirs.files().unwrap_or_else(|e| panic!("{e}")).last(), Some(&cluster));
+
+    // A candidate checked in the cluster file's place goes last too, and its errors name it.
+    let s = load_with(&dirs, (&cluster, Some("[daemon]\nlog_level = \"trace\"\n")))
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!(s.log_level, log::LevelFilter::Trace);
+    let Err(e) = load_with(&dirs, (&cluster, Some("[daemon]\nlog_level = \"loud\"\n"))) else {
+        panic!("a bad log level in the cluster fragment loaded");
+    };
+    assert_eq!((e.file(), e.key()), (Some(cluster.as_path()), Some("daemon.log_level")));
+
+    // A local drop-in checked in its place (the runtime drop-in on a pool edit) stays before it.
+    let runtime = t.etc_path("config.d/90-cpupoold-runtime.toml");
+    let s = load_with(&dirs, (&runtime, Some("[daemon]\nlog_level = \"info\"\nadmin_group = \"rt\"\n")))
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    assert_eq!((s.log_level, s.admin_group.as_str()), (log::LevelFilter::Debug, "local"));
+    let s = load_with(&dirs, (&t.etc_path("config.d/zzz.toml"), Some("admin_group = 1\n")));
+    assert!(s.is_err(), "an unknown top-level key is refused wherever the file goes");
 }

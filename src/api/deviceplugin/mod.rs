@@ -18,6 +18,7 @@
 //! the cgroupfs backend, `AllowedCPUs` on the `.scope` with systemd's).
 #![deny(missing_docs)]
 
+mod containers;
 pub mod devices;
 pub mod host;
 pub mod proto;
@@ -41,6 +42,8 @@ use crate::core::pool::{PoolKind, PoolName};
 use crate::engine::{Event, Handle};
 use proto::v1beta1;
 use server::{PoolPlugin, Shared};
+
+pub use containers::ContainerSource;
 
 /// The API version registered.
 pub const VERSION: &str = "v1beta1";
@@ -67,6 +70,8 @@ pub struct Options {
     pub runtime_endpoint: PathBuf,
     /// `kubelet.confine_unpooled`.
     pub confine_unpooled: bool,
+    /// Consulted before the CRI for a container's pod UID and id (the `k8s` pod watch).
+    pub containers: Option<Arc<dyn ContainerSource>>,
 }
 
 impl Options {
@@ -81,6 +86,7 @@ impl Options {
             reconcile_interval: s.kubelet.reconcile_interval,
             runtime_endpoint: s.kubelet.runtime_endpoint.clone(),
             confine_unpooled: s.kubelet.confine_unpooled,
+            containers: None,
         }
     }
 

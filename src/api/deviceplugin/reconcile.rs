@@ -116,14 +116,19 @@ impl Reconciler {
             if a.kind == crate::core::pool::PoolKind::Shared {
                 self.shared.set_held(id, Some(h.devices.clone()));
             }
-            if containers.is_none() {
+            let extra =
+                self.opts.containers.as_ref().and_then(|s| s.container(&h.namespace, &h.pod, &h.container));
+            if extra.is_none() && containers.is_none() {
                 containers = Some(self.cri_containers().await.unwrap_or_else(|e| {
                     log::debug!("device plugin: the container runtime's CRI is not reachable: {e}");
                     Containers::new()
                 }));
             }
             let key = (h.namespace.clone(), h.pod.clone(), h.container.clone());
-            let Some((uid, cid)) = containers.as_ref().and_then(|c| c.get(&key)) else { continue };
+            let Some((uid, cid)) = extra.as_ref().or_else(|| containers.as_ref().and_then(|c| c.get(&key)))
+            else {
+                continue;
+            };
             let Some(path) = host::find_container(&self.opts.cgroup_root, uid, cid) else { continue };
             let target = Target::Cgroup(path);
             let container =

@@ -1,0 +1,215 @@
+//! Cluster integration (the `k8s` cargo feature): the daemon as a Kubernetes node agent.
+//!
+//! ```text
+//!                 ┌─ config.rs: node label + ConfigMaps cpupoold-config.{node.N,group.G,default}
+//! API server ◄────┤     → <runtime_dir>/cluster.toml → handle.reload_from_disk() (like SIGHUP)
+//! (kube client,   ├─ pods.rs: pods with spec.nodeName=N → PodIndex → the device plugin's
+//!  rustls)        │     container identity (pod UID, QoS class, container id)
+//!                 └─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
+//!                       field manager cpupoold, at most one write per report_interval)
+//! ```
+//!
+//! Every task keeps going when the API server is away (watches retry with backoff, the report
+//! is written again when it answers); the local files stay the configuration meanwhile. The
+//! CRD is generated from [`crd`] and shipped as `deploy/crd.yaml`.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod crd;
+pub mod pods;
+pub mod report;
+pub mod watch;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+
+use crate::engine::{error_chain, ConfigSource, Handle};
+
+/// The namespace when neither `k8s.namespace` nor `POD_NAMESPACE` says.
+pub const DEFAULT_NAMESPACE: &str = "cpupool-system";
+
+/// The cluster fragment's file in the runtime directory.
+pub fn cluster_file(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("cluster.toml")
+}
+
+/// What the integration runs with: `[k8s]` with the environment's defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// `k8s.kubeconfig` (`None`: in-cluster, then `$KUBECONFIG` / `~/.kube/config`).
+    pub kubeconfig: Option<PathBuf>,
+    /// `k8s.node_name`, else `$NODE_NAME`, else the host name.
+    pub node: String,
+    /// `k8s.namespace`, else `$POD_NAMESPACE`, else [`DEFAULT_NAMESPACE`].
+    pub namespace: String,
+    /// `k8s.report_interval_ms`.
+    pub report_interval: Duration,
+}
+
+impl Options {
+    /// The options for `k8s`, reading the environment and the host name for what it leaves out.
+    pub fn from_settings(k8s: &crate::config::K8s) -> Result<Options, K8sError> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let node = match k8s.node_name.clone().or_else(|| env("NODE_NAME")) {
+            Some(n) => n,
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_lowercase())
+                .map_err(K8sError::Hostname)?,
+        };
+        if !crate::config::is_node_name(&node) {
+            return Err(K8sError::NodeName(node));
+        }
+        let namespace =
+            k8s.namespace.clone().or_else(|| env("POD_NAMESPACE")).unwrap_or(DEFAULT_NAMESPACE.into());
+        Ok(Options {
+            kubeconfig: k8s.kubeconfig.clone(),
+            node,
+            namespace,
+            report_interval: k8s.report_interval,
+        })
+    }
+}
+
+/// Why the integration could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sError {
+    /// The host name could not be read for the node name.
+    #[error("reading the host name for k8s.node_name (set it, or NODE_NAME)")]
+    Hostname(#[source] std::io::Error),
+    /// The node name is not one Kubernetes accepts.
+    #[error(
+        "the node name `{0}` (from NODE_NAME or the host name) is not a DNS subdomain; set k8s.node_name"
+    )]
+    NodeName(String),
+    /// The kubeconfig named by `k8s.kubeconfig` could not be read.
+    #[error("k8s.kubeconfig: reading `{}`", path.display())]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither the in-cluster account nor a kubeconfig could be used.
+    #[error("k8s.kubeconfig is empty and neither the in-cluster service account nor $KUBECONFIG / ~/.kube/config can be used")]
+    NoConfig(#[source] kube::config::KubeconfigError),
+    /// The client could not be built from the configuration.
+    #[error("building the Kubernetes client")]
+    Client(#[source] kube::Error),
+}
+
+/// The client for `opts`: the kubeconfig file, or the in-cluster account, then the default
+/// kubeconfig.
+pub async fn client(opts: &Options) -> Result<Client, K8sError> {
+    let config = match &opts.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|source| K8sError::Kubeconfig { path: path.clone(), source })?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| K8sError::Kubeconfig { path: path.clone(), source })?
+        }
+        None => match kube::Config::incluster() {
+            Ok(c) => c,
+            Err(_) => kube::Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .map_err(K8sError::NoConfig)?,
+        },
+    };
+    Client::try_from(config).map_err(K8sError::Client)
+}
+
+/// The cluster configuration's state, for the node report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// `<ConfigMap>@<resourceVersion>` last applied.
+    pub generation: Option<String>,
+    /// Why the chosen ConfigMap was rejected (naming the key), while it is.
+    pub rejected: Option<String>,
+}
+
+/// Runs the three tasks (configuration, pods, report) until `stop` is set. `source` must read
+/// [`cluster_file`] as its cluster fragment.
+pub async fn run(
+    handle: Handle,
+    source: ConfigSource,
+    cluster_path: PathBuf,
+    opts: Options,
+    pods: pods::PodIndex,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), K8sError> {
+    let client = client(&opts).await?;
+    log::info!(
+        "k8s: node {} in namespace {}: following ConfigMaps {} and the node's pods; reporting to CpuPoolNode/{}",
+        opts.node,
+        opts.namespace,
+        config::candidates(&opts.node, Some("<group>")).join(", "),
+        opts.node
+    );
+    let (status_tx, status_rx) = tokio::sync::watch::channel(ClusterStatus::default());
+    let applier = config::Applier::new(handle.clone(), source, cluster_path, status_tx);
+    let config_task = tokio::spawn(config::run(
+        client.clone(),
+        opts.node.clone(),
+        opts.namespace.clone(),
+        applier,
+        stop.clone(),
+    ));
+    let pods_task = tokio::spawn(pods::run(client.clone(), opts.node.clone(), pods.clone(), stop.clone()));
+    let report_task = tokio::spawn(report::run(
+        client,
+        opts.node.clone(),
+        handle,
+        status_rx,
+        pods,
+        opts.report_interval,
+        stop,
+    ));
+    for (name, task) in [("configuration", config_task), ("pods", pods_task), ("report", report_task)] {
+        if let Err(e) = task.await {
+            log::error!("k8s: the {name} task failed: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Resolves once `stop` is set (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// A client error in words that say what to fix.
+pub fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(r) => describe_status(r),
+        other => error_chain(other),
+    }
+}
+
+/// An API server `Status` in words.
+pub fn describe_status(r: &kube::core::ErrorResponse) -> String {
+    match r.code {
+        401 => format!(
+            "the API server refused our credentials (401 Unauthorized: {}); check the token or certificate in \
+             k8s.kubeconfig or the service account",
+            r.message
+        ),
+        403 => format!(
+            "forbidden (403: {}); the daemon's role needs what deploy/rbac.yaml grants",
+            r.message
+        ),
+        code => format!("{code} {}: {}", r.reason, r.message),
+    }
+}
+
+impl crate::api::deviceplugin::ContainerSource for pods::PodIndex {
+    fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<(String, String)> {
+        self.lookup(namespace, pod, container).map(|i| (i.pod_uid, i.container_id))
+    }
+}
+
+#[cfg(test)]
+mod deploy_tests;

@@ -1,0 +1,75 @@
+//! One watch loop for every resource the daemon follows (ConfigMaps, the node, pods).
+//!
+//! `kube::runtime::watcher` lists, then watches from the list's `resourceVersion`; when the
+//! stream ends or the connection drops it watches again from the last version it saw, and an
+//! `ERROR` event with `410 Gone` (the version is too old) makes it list again, which shows here
+//! as [`watcher::Event::Init`]. Errors come back with the default backoff (0.8 s doubling to 30 s).
+//! This loop adds what the watcher leaves to its caller: a `410` answered to the watch request
+//! itself (not inside the stream) would make it retry the same version forever, so the watcher
+//! is started afresh; and every outage is logged once, in words that say what to fix.
+
+use std::fmt::Debug;
+
+use futures_util::StreamExt;
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+
+/// Follows `api` until `stop` resolves, handing every event to `on_event`.
+pub async fn follow<K, F>(
+    what: &str,
+    api: Api<K>,
+    config: watcher::Config,
+    mut on_event: F,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    F: FnMut(watcher::Event<K>),
+{
+    let mut failing = false;
+    'restart: loop {
+        let stream = watcher(api.clone(), config.clone()).default_backoff();
+        futures_util::pin_mut!(stream);
+        loop {
+            let next = tokio::select! {
+                n = stream.next() => n,
+                _ = super::stopped(stop) => return,
+            };
+            match next {
+                None => continue 'restart,
+                Some(Ok(event)) => {
+                    if failing {
+                        log::info!("k8s: watching {what} again");
+                        failing = false;
+                    }
+                    on_event(event);
+                }
+                Some(Err(e)) => {
+                    let gone =
+                        matches!(&e, watcher::Error::WatchStartFailed(kube::Error::Api(r)) if r.code == 410);
+                    if !failing {
+                        log::warn!("k8s: watching {what}: {}; retrying", describe_watch(&e));
+                    } else {
+                        log::debug!("k8s: watching {what}: {}", describe_watch(&e));
+                    }
+                    failing = true;
+                    if gone {
+                        continue 'restart;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A watch error in words: the cause first (credentials, permissions, the server's own words).
+fn describe_watch(e: &watcher::Error) -> String {
+    match e {
+        watcher::Error::InitialListFailed(c)
+        | watcher::Error::WatchStartFailed(c)
+        | watcher::Error::WatchFailed(c) => super::describe(c),
+        watcher::Error::WatchError(r) => super::describe_status(r),
+        watcher::Error::NoResourceVersion => e.to_string(),
+    }
+}
