@@ -24,12 +24,14 @@ check() {
 }
 
 # check_output WHAT REGEX CMD...: PASS when CMD exits 0 and its output matches REGEX (grep -E).
+# grep reads all of its input (no -q): a grep that quits at the first match leaves printf
+# writing into a closed pipe, and dash then reports "printf: I/O error".
 check_output() {
   what=$1 re=$2
   shift 2
   out=$("$@" 2>&1)
   rc=$?
-  if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -Eq -- "$re"; then
+  if [ "$rc" -eq 0 ] && printf '%s\n' "$out" | grep -E -- "$re" >/dev/null; then
     pass "$what"
   else
     fail "$what (exit $rc, wanted /$re/)"
@@ -43,7 +45,7 @@ check_fails() {
   shift 3
   out=$("$@" 2>&1)
   rc=$?
-  if [ "$rc" -eq "$want" ] && printf '%s\n' "$out" | grep -Eq -- "$re"; then
+  if [ "$rc" -eq "$want" ] && printf '%s\n' "$out" | grep -E -- "$re" >/dev/null; then
     pass "$what"
   else
     fail "$what (exit $rc, wanted exit $want and /$re/)"
