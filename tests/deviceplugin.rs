@@ -443,8 +443,13 @@ async fn kubelet_installed_after_the_daemon() {
     let tmp = tempfile::tempdir().unwrap();
     let plugins = tmp.path().join("sb/kubelet/device-plugins");
     let d = Daemon::start_shaped(tmp.path(), "2x4x2:2", Some(CONFIG), &["--bus", "none"]);
-    // The sandbox makes the directory; this host has none.
-    std::fs::remove_dir_all(&plugins).unwrap();
+    // The sandbox makes the directory; this host has none. The daemon serves its sockets again
+    // as they are removed, until it sees the directory gone: remove it until it is.
+    until(&d, "the device-plugin directory is gone", || {
+        let _ = std::fs::remove_dir_all(&plugins);
+        !plugins.exists()
+    })
+    .await;
     until(&d, "the daemon says it waits for the kubelet", || {
         d.logs().contains("waiting for the kubelet's directory")
     })

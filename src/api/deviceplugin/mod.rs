@@ -294,18 +294,7 @@ impl Manager {
             .map(|p| p.name.clone())
             .collect();
         if !self.opts.plugin_dir().is_dir() {
-            // No kubelet on this host (yet): not a failure. inotify cannot watch what does not
-            // exist, so look again every few seconds, quietly.
-            if !self.waiting {
-                log::info!(
-                    "device plugin: waiting for the kubelet's directory `{}`",
-                    self.opts.plugin_dir().display()
-                );
-                self.waiting = true;
-            }
-            self.stop_all();
-            self.failures = 0;
-            return Some(tokio::time::Instant::now() + DIR_POLL);
+            return self.wait_for_dir();
         }
         self.waiting = false;
         let gone: Vec<PoolName> = self.running.keys().filter(|p| !wanted.contains(p)).cloned().collect();
@@ -333,6 +322,7 @@ impl Manager {
                     Ok(r) => {
                         self.running.insert(pool.clone(), r);
                     }
+                    Err(_) if !self.opts.plugin_dir().is_dir() => return self.wait_for_dir(),
                     Err(e) => {
                         failed = true;
                         self.log_failure(&format!("binding `{}`: {e}", sock.display()));
@@ -364,6 +354,21 @@ impl Manager {
             self.failures = 0;
             None
         }
+    }
+
+    /// No kubelet on this host (yet), or its directory was just removed: not a failure.
+    /// inotify cannot watch what does not exist, so look again every few seconds, quietly.
+    fn wait_for_dir(&mut self) -> Option<tokio::time::Instant> {
+        if !self.waiting {
+            log::info!(
+                "device plugin: waiting for the kubelet's directory `{}`",
+                self.opts.plugin_dir().display()
+            );
+            self.waiting = true;
+        }
+        self.stop_all();
+        self.failures = 0;
+        Some(tokio::time::Instant::now() + DIR_POLL)
     }
 
     /// Logs with backoff: the 1st, 2nd, 4th, 8th... failure in a row, then every 64th.
@@ -408,11 +413,15 @@ impl Manager {
         Ok(Running { stop, ino, registered: None })
     }
 
-    /// Makes the next sync register every pool again.
+    /// Makes the next sync register every pool again, with a fresh backoff: the failures so
+    /// far were against the kubelet that went away (while its socket file stays, connecting
+    /// to it is refused, and every event in the directory counts one more), and carrying them
+    /// over would make the new kubelet wait out their backoff (1.3 s was seen).
     fn forget_registrations(&mut self) {
         for r in self.running.values_mut() {
             r.registered = None;
         }
+        self.failures = 0;
     }
 
     fn stop_all(&mut self) {
