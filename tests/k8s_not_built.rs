@@ -13,8 +13,11 @@ fn k8s_enabled_without_the_feature_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let sb = dir.path().join("sb");
     std::fs::create_dir_all(sb.join("etc/cpupoold")).unwrap();
-    std::fs::write(sb.join("etc/cpupoold/config.toml"), format!("{}\n[k8s]\nenabled = true\n", common::CONFIG))
-        .unwrap();
+    std::fs::write(
+        sb.join("etc/cpupoold/config.toml"),
+        format!("{}\n[k8s]\nenabled = true\n", common::CONFIG),
+    )
+    .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
         .arg("--sandbox")
         .arg(&sb)
@@ -24,6 +27,9 @@ fn k8s_enabled_without_the_feature_is_refused() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "started anyway:\n{stderr}");
-    assert!(stderr.contains("k8s.enabled = true, but this cpupoold was built without the `k8s` feature"), "{stderr}");
+    assert!(
+        stderr.contains("k8s.enabled = true, but this cpupoold was built without the `k8s` feature"),
+        "{stderr}"
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("READY"));
 }
