@@ -151,6 +151,53 @@ fn fake_apiserver_configmap_precedence_reconnect_and_410() {
     assert!(logs.contains("watching ConfigMaps"), "the 410 was logged:\n{logs}");
 }
 
+/// The watch request itself answered with HTTP 410 (not an `ERROR` event in the stream): the
+/// daemon lists again, pausing longer while the server keeps answering so, and a ConfigMap made
+/// meanwhile is applied once the watch works again.
+#[test]
+fn fake_apiserver_410_on_the_watch_request_lists_again_with_pauses() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    fake.put("nodes", node(None));
+    let d = start(dir.path(), &fake, 50);
+    wait_for(WAIT, "a first report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    wait_for(WAIT, "the ConfigMap watch", || {
+        if watches(&fake, "/configmaps") > 0 {
+            Ok(())
+        } else {
+            Err("no watch yet".to_owned())
+        }
+    });
+
+    // Every watch request on ConfigMaps gets 410 for a while: the server compacted its history
+    // and the watch goes on failing. Cut the open watch so the daemon comes back with one.
+    let lists_before = lists(&fake, "/configmaps");
+    fake.fail_next_watches("/configmaps", 410, 1_000);
+    fake.drop_watches();
+    let watched = Instant::now();
+    wait_for(WAIT, "three lists after 410s", || {
+        let n = lists(&fake, "/configmaps") - lists_before;
+        if n >= 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} lists\n{}", d.logs()))
+        }
+    });
+    // In 2 s the pauses (none, then 0.1, 0.2, 0.4, 0.8 s) leave room for about 5 lists; without
+    // them a debug build here lists 16 times. The bound only fails when lists come too fast.
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(watched.elapsed()));
+    let relists = lists(&fake, "/configmaps") - lists_before;
+    assert!(relists <= 10, "{relists} lists in 2 s of 410s: the daemon does not pause");
+
+    // The server recovers: the ConfigMap made meanwhile is applied.
+    fake.clear_faults();
+    fake.put("configmaps", configmap("cpupoold-config.default", "[daemon]\nlog_level = \"debug\"\n"));
+    wait_generation(&fake, Some("cpupoold-config.default"));
+    let logs = d.logs();
+    d.stop();
+    assert!(logs.contains("watching ConfigMaps"), "the 410 was logged:\n{logs}");
+}
+
 #[test]
 fn fake_apiserver_rejected_configmap_keeps_running_config() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,9 @@
 //! as [`watcher::Event::Init`]. Errors come back with the default backoff (0.8 s doubling to 30 s).
 //! This loop adds what the watcher leaves to its caller: a `410` answered to the watch request
 //! itself (not inside the stream) would make it retry the same version forever, so the watcher
-//! is started afresh; and every outage is logged once, in words that say what to fix.
+//! is started afresh (after a pause that doubles while the watch keeps answering 410, so a
+//! server that always does cannot drive a list-and-watch loop at full speed); and every outage
+//! is logged once, in words that say what to fix.
 
 use std::fmt::Debug;
 
@@ -28,7 +30,16 @@ pub async fn follow<K, F>(
     F: FnMut(watcher::Event<K>),
 {
     let mut failing = false;
+    // Watches started afresh after a 410 on the watch request, since a watch last delivered.
+    let mut relists = 0u32;
     'restart: loop {
+        if relists > 1 {
+            let pause = RELIST_PAUSE.saturating_mul(1 << (relists - 2).min(8)).min(RELIST_PAUSE_MAX);
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = super::stopped(stop) => return,
+            }
+        }
         let stream = watcher(api.clone(), config.clone()).default_backoff();
         futures_util::pin_mut!(stream);
         loop {
@@ -39,6 +50,10 @@ pub async fn follow<K, F>(
             match next {
                 None => continue 'restart,
                 Some(Ok(event)) => {
+                    if matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_)) {
+                        // A watch event (not the list's): the watch itself works.
+                        relists = 0;
+                    }
                     if failing {
                         log::info!("k8s: watching {what} again");
                         failing = false;
@@ -46,8 +61,11 @@ pub async fn follow<K, F>(
                     on_event(event);
                 }
                 Some(Err(e)) => {
-                    let gone =
-                        matches!(&e, watcher::Error::WatchStartFailed(kube::Error::Api(r)) if r.code == 410);
+                    // kube 2 reports the watch request's own 410 as WatchFailed (it reads the
+                    // answer as the first item of the stream), older ones as WatchStartFailed.
+                    let gone = matches!(&e,
+                        watcher::Error::WatchStartFailed(kube::Error::Api(r))
+                        | watcher::Error::WatchFailed(kube::Error::Api(r)) if r.code == 410);
                     if !failing {
                         log::warn!("k8s: watching {what}: {}; retrying", describe_watch(&e));
                     } else {
@@ -55,6 +73,7 @@ pub async fn follow<K, F>(
                     }
                     failing = true;
                     if gone {
+                        relists = relists.saturating_add(1);
                         continue 'restart;
                     }
                 }
@@ -62,6 +81,11 @@ pub async fn follow<K, F>(
         }
     }
 }
+
+/// The pause before the second list in a row that a 410 on the watch request forces, doubling
+/// up to [`RELIST_PAUSE_MAX`]; the first list comes at once.
+const RELIST_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+const RELIST_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A watch error in words: the cause first (credentials, permissions, the server's own words).
 fn describe_watch(e: &watcher::Error) -> String {

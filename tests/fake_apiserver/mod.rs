@@ -10,7 +10,8 @@
 //!   sends it; [`Fake::drop_watches`] cuts every open watch mid-stream;
 //! - `PATCH` (server-side apply) of `cpupoolnodes/NAME` creates or updates the object, and of
 //!   `cpupoolnodes/NAME/status` sets its status (`404` while the object does not exist);
-//! - [`Fake::fail_next`] answers the next matching requests with a `Status` error (401, 409...).
+//! - [`Fake::fail_next`] answers the next matching requests with a `Status` error (401, 409...),
+//!   [`Fake::fail_next_watches`] only the watch requests (410 on the watch request itself).
 //!
 //! Every request is recorded for the tests to count.
 #![allow(dead_code)]
@@ -46,6 +47,8 @@ struct Fault {
     path: String,
     code: u16,
     count: usize,
+    /// Only watch requests (`watch=true`), not the lists of the same path.
+    watch_only: bool,
 }
 
 #[derive(Default)]
@@ -159,8 +162,21 @@ impl Fake {
     /// Answers the next `count` requests with `method` whose path contains `path` with a
     /// `Status` error of `code`.
     pub fn fail_next(&self, method: &str, path: &str, code: u16, count: usize) {
-        let f = Fault { method: method.into(), path: path.into(), code, count };
+        let f = Fault { method: method.into(), path: path.into(), code, count, watch_only: false };
         self.state.lock().unwrap().faults.push(f);
+    }
+
+    /// Answers the next `count` watch requests whose path contains `path` with a `Status`
+    /// error of `code`, as the API server answers a watch from a compacted version with an
+    /// HTTP 410 (rather than an `ERROR` event in the stream); lists are answered as usual.
+    pub fn fail_next_watches(&self, path: &str, code: u16, count: usize) {
+        let f = Fault { method: "GET".into(), path: path.into(), code, count, watch_only: true };
+        self.state.lock().unwrap().faults.push(f);
+    }
+
+    /// Forgets every fault still pending.
+    pub fn clear_faults(&self) {
+        self.state.lock().unwrap().faults.clear();
     }
 
     pub fn requests(&self) -> Vec<Request> {
@@ -340,10 +356,12 @@ async fn serve(
         let fault = {
             let mut s = state.lock().unwrap();
             s.requests.push(req.clone());
-            let hit = s
-                .faults
-                .iter_mut()
-                .find(|f| f.count > 0 && f.method == req.method && req.path.contains(&f.path));
+            let hit = s.faults.iter_mut().find(|f| {
+                f.count > 0
+                    && f.method == req.method
+                    && req.path.contains(&f.path)
+                    && (!f.watch_only || req.is_watch())
+            });
             hit.map(|f| {
                 f.count -= 1;
                 f.code
