@@ -100,6 +100,10 @@ fn the_daemonset_is_privileged_without_host_pid_and_mounts_the_host() {
     }
     let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
     assert!(env.contains(&"NODE_NAME") && env.contains(&"POD_NAMESPACE"), "{env:?}");
+    // Owning org.cpupool.Manager1 on the host's bus needs a policy file only the packages
+    // install: the DaemonSet serves varlink alone.
+    let command: Vec<&str> = c.command.iter().flatten().map(String::as_str).collect();
+    assert!(command.windows(2).any(|w| w == ["--bus", "none"]), "{command:?}");
 }
 
 #[test]
