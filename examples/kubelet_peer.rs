@@ -83,14 +83,14 @@ impl pr::pod_resources_lister_server::PodResourcesLister for Pods {
                         devices: c["devices"]
                             .as_object()
                             .map(|m| {
+                                // As the kubelet lists them: one entry per device.
                                 m.iter()
-                                    .map(|(resource, ids)| pr::ContainerDevices {
-                                        resource_name: resource.clone(),
-                                        device_ids: ids
-                                            .as_array()
-                                            .map(|a| a.iter().map(s).collect())
-                                            .unwrap_or_default(),
-                                        topology: None,
+                                    .flat_map(|(resource, ids)| {
+                                        ids.as_array().into_iter().flatten().map(|id| pr::ContainerDevices {
+                                            resource_name: resource.clone(),
+                                            device_ids: vec![s(id)],
+                                            topology: None,
+                                        })
                                     })
                                     .collect()
                             })

@@ -173,16 +173,24 @@ fn ids(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubelet_peer_end_to_end() {
-    let tmp = tempfile::tempdir().unwrap();
-    let sb = tmp.path().join("sb");
+/// The kubelet-shaped peer in the sandbox `sb`: its registration socket, PodResources and the
+/// runtime's CRI, served before the daemon starts.
+struct Peer {
+    plugins: PathBuf,
+    kubelet: Kubelet,
+    tx: mpsc::UnboundedSender<dp::RegisterRequest>,
+    registered: mpsc::UnboundedReceiver<dp::RegisterRequest>,
+    pods: PodResources,
+    runtime: Runtime,
+}
+
+fn serve_peer(sb: &Path) -> Peer {
     let plugins = sb.join("kubelet/device-plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     std::fs::create_dir_all(sb.join("kubelet/pod-resources")).unwrap();
     std::fs::create_dir_all(sb.join("run")).unwrap();
-    let (tx, mut registered) = mpsc::unbounded_channel();
-    let mut kubelet = Kubelet::serve(&plugins, tx.clone());
+    let (tx, registered) = mpsc::unbounded_channel();
+    let kubelet = Kubelet::serve(&plugins, tx.clone());
     let pods = PodResources::default();
     let listener = UnixListener::bind(sb.join("kubelet/pod-resources/kubelet.sock")).unwrap();
     tokio::spawn(
@@ -197,6 +205,14 @@ async fn kubelet_peer_end_to_end() {
             .add_service(cri::runtime_service_server::RuntimeServiceServer::new(runtime.clone()))
             .serve_with_incoming(UnixListenerStream::new(listener)),
     );
+    Peer { plugins, kubelet, tx, registered, pods, runtime }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_peer_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sb = tmp.path().join("sb");
+    let Peer { plugins, mut kubelet, tx, mut registered, pods, runtime } = serve_peer(&sb);
     let d = Daemon::start_shaped(tmp.path(), "2x4x2:2", Some(CONFIG), &["--bus", "none"]);
 
     // Register: one per pool offered to the kubelet, never the reserved one.
@@ -284,11 +300,14 @@ async fn kubelet_peer_end_to_end() {
         namespace: "default".into(),
         containers: vec![pr::ContainerResources {
             name: "c1".into(),
-            devices: vec![pr::ContainerDevices {
-                resource_name: "cpupool.io/dp".into(),
-                device_ids: ids(&["core-6", "core-7"]),
-                topology: None,
-            }],
+            // As the kubelet lists them: one entry per device and NUMA node.
+            devices: ["core-7", "core-6"]
+                .map(|id| pr::ContainerDevices {
+                    resource_name: "cpupool.io/dp".into(),
+                    device_ids: ids(&[id]),
+                    topology: Some(pr::TopologyInfo { nodes: vec![pr::NumaNode { id: 1 }] }),
+                })
+                .to_vec(),
             ..Default::default()
         }],
     }];
@@ -469,5 +488,75 @@ async fn kubelet_installed_after_the_daemon() {
     assert_eq!(pools, ["cpupool.io/dp", "cpupool.io/th", "cpupool.io/web"]);
     // Waiting is not failing: nothing was logged as a warning.
     assert!(!d.logs().contains("warning: device plugin"), "{}", d.logs());
+    d.stop();
+}
+
+/// The kubelet hands a terminated pod's devices out again at once; cpupoold still holds them
+/// for `release_grace_ms` (a minute here). Allocate must not be refused meanwhile: what no
+/// container holds in PodResources is released for it. What a container still holds is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_takes_back_devices_the_kubelet_freed_within_the_grace_period() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sb = tmp.path().join("sb");
+    let mut peer = serve_peer(&sb);
+    let config = CONFIG.replace("release_grace_ms = 500", "release_grace_ms = 60000");
+    let d = Daemon::start_shaped(tmp.path(), "2x4x2:2", Some(&config), &["--bus", "none"]);
+    for _ in 0..3 {
+        tokio::time::timeout(WAIT, peer.registered.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no registration within {WAIT:?}\n{}", d.logs()));
+    }
+    let sock = |pool: &str| peer.plugins.join(format!("cpupoold-{pool}.sock"));
+    let alloc = |d: &[&str]| dp::AllocateRequest {
+        container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids(d) }],
+    };
+    // Pod a holds 3 of web's 4 units (as PodResources lists them: one entry per device) and
+    // core 6 of dp.
+    let holds = |pod: &str, resource: &str, devs: &[&str]| pr::PodResources {
+        name: pod.into(),
+        namespace: "default".into(),
+        containers: vec![pr::ContainerResources {
+            name: "c".into(),
+            devices: devs
+                .iter()
+                .map(|id| pr::ContainerDevices {
+                    resource_name: resource.into(),
+                    device_ids: ids(&[id]),
+                    topology: None,
+                })
+                .collect(),
+            ..Default::default()
+        }],
+    };
+    let mut web = plugin(sock("web")).await;
+    let mut dpc = plugin(sock("dp")).await;
+    web.allocate(alloc(&["milli-web-00000", "milli-web-00001", "milli-web-00002"])).await.unwrap();
+    dpc.allocate(alloc(&["core-6", "core-7"])).await.unwrap();
+    *peer.pods.0.lock().unwrap() = vec![
+        holds("a", "cpupool.io/web", &["milli-web-00000", "milli-web-00001", "milli-web-00002"]),
+        holds("a2", "cpupool.io/dp", &["core-6", "core-7"]),
+    ];
+    let mut v = Varlink::connect(&d.varlink);
+
+    // While pod a still holds them, an overlapping Allocate is refused and changes nothing.
+    let before = v.call("ListAssignments", json!({})).unwrap();
+    let e = web.allocate(alloc(&["milli-web-00000", "milli-web-00001"])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+    let e = dpc.allocate(alloc(&["core-7"])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{}", e.message());
+    assert_eq!(v.call("ListAssignments", json!({})).unwrap(), before);
+
+    // Pod a terminates: the kubelet frees its devices and hands them to pod b at once.
+    peer.pods.0.lock().unwrap().clear();
+    let r = web.allocate(alloc(&["milli-web-00000", "milli-web-00001"])).await.unwrap().into_inner();
+    assert_eq!(r.container_responses[0].envs["CPUPOOL_POOL"], "web");
+    let a = v.call("GetAssignment", json!({"id": "kubelet-milli-web-00000"})).unwrap();
+    assert_eq!(a["assignment"]["millicpus"], 1000, "{a}");
+    let r = dpc.allocate(alloc(&["core-7"])).await.unwrap().into_inner();
+    assert_eq!(r.container_responses[0].envs["EXCLUSIVE_CPUS"], "7,15");
+    let e = v.call("GetAssignment", json!({"id": "kubelet-core-6"})).unwrap_err();
+    assert_eq!(e.0, "org.cpupool.Manager.NoSuchAssignment");
+    let logs = d.logs();
+    assert!(logs.contains("released kubelet-core-6: the kubelet hands out its devices again"), "{logs}");
     d.stop();
 }

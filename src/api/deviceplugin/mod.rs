@@ -161,6 +161,8 @@ pub async fn run(
     let shared = Arc::new(Shared {
         handle: handle.clone(),
         millis_per_device: opts.millis_per_device,
+        resource_prefix: opts.resource_prefix.clone(),
+        pod_resources: opts.pod_resources_socket(),
         held: Mutex::new(BTreeMap::new()),
         held_changed: Notify::new(),
     });

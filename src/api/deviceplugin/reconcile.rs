@@ -10,7 +10,8 @@
 //!   off the exclusive pools' CPUs (`kubelet.confine_unpooled`, `engine.set_unpooled`), as the
 //!   kubelet's static CPU manager keeps its shared pool off exclusively allocated CPUs.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,11 +26,46 @@ type Containers = HashMap<(String, String, String), (String, String)>;
 
 /// Who holds one allocation.
 #[derive(Debug, Clone)]
-struct Holder {
+pub(super) struct Holder {
     namespace: String,
     pod: String,
     container: String,
     devices: BTreeSet<String>,
+}
+
+/// The kubelet's PodResources `List`.
+pub(super) async fn pod_resources(socket: &Path) -> Result<podresources::ListPodResourcesResponse, String> {
+    let channel = unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))?;
+    let mut client = podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel);
+    let call = client.list(podresources::ListPodResourcesRequest {});
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
+    Ok(reply.into_inner())
+}
+
+/// Who holds which allocation, by assignment id (`kubelet-<first device>`). The kubelet lists a
+/// container's devices one `ContainerDevices` entry per device (and per NUMA node of it), so
+/// the entries of one container and resource are gathered into the one allocation its
+/// Allocate made.
+pub(super) fn holders(list: podresources::ListPodResourcesResponse, prefix: &str) -> HashMap<String, Holder> {
+    let mut held: BTreeMap<(String, String, String, String), BTreeSet<String>> = BTreeMap::new();
+    for pod in list.pod_resources {
+        for c in pod.containers {
+            for d in c.devices.into_iter().filter(|d| d.resource_name.starts_with(prefix)) {
+                held.entry((pod.namespace.clone(), pod.name.clone(), c.name.clone(), d.resource_name))
+                    .or_default()
+                    .extend(d.device_ids);
+            }
+        }
+    }
+    held.into_iter()
+        .filter_map(|((namespace, pod, container, _), devices)| {
+            let id = format!("{}{}", devices::ID_PREFIX, devices::first_device(&devices)?);
+            Some((id, Holder { namespace, pod, container, devices }))
+        })
+        .collect()
 }
 
 /// The reconciler's memory between rounds.
@@ -49,7 +85,7 @@ impl Reconciler {
 
     /// One round.
     pub(super) async fn reconcile(&mut self, handle: &Handle) {
-        let list = match self.pod_resources().await {
+        let list = match pod_resources(&self.opts.pod_resources_socket()).await {
             Ok(l) => {
                 if self.unreachable {
                     log::info!("device plugin: the kubelet's PodResources API answers again");
@@ -67,27 +103,7 @@ impl Reconciler {
                 return;
             }
         };
-        let prefix = format!("{}/", self.opts.resource_prefix);
-        let mut holders: HashMap<String, Holder> = HashMap::new();
-        for pod in list.pod_resources {
-            for c in pod.containers {
-                for d in c.devices {
-                    if !d.resource_name.starts_with(&prefix) {
-                        continue;
-                    }
-                    let Some(first) = devices::first_device(&d.device_ids) else { continue };
-                    holders.insert(
-                        format!("{}{first}", devices::ID_PREFIX),
-                        Holder {
-                            namespace: pod.namespace.clone(),
-                            pod: pod.name.clone(),
-                            container: c.name.clone(),
-                            devices: d.device_ids.iter().cloned().collect(),
-                        },
-                    );
-                }
-            }
-        }
+        let holders = holders(list, &format!("{}/", self.opts.resource_prefix));
         let snap = handle.snapshot();
         // Needed when some container is not in its cgroup yet, and to confine the others.
         let mut containers: Option<Containers> = None;
@@ -179,17 +195,6 @@ impl Reconciler {
         }
     }
 
-    async fn pod_resources(&self) -> Result<podresources::ListPodResourcesResponse, String> {
-        let channel = unix_channel(self.opts.pod_resources_socket()).await.map_err(|e| error_chain(&e))?;
-        let mut client = podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel);
-        let call = client.list(podresources::ListPodResourcesRequest {});
-        let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
-            .await
-            .map_err(|_| "no answer within 5 s".to_owned())?
-            .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
-        Ok(reply.into_inner())
-    }
-
     /// Running containers by (namespace, pod, container name): (pod UID, container id).
     async fn cri_containers(&self) -> Result<Containers, String> {
         let channel = unix_channel(self.opts.runtime_endpoint.clone()).await.map_err(|e| error_chain(&e))?;
@@ -218,5 +223,61 @@ impl Reconciler {
                 (key, (label(&c, "io.kubernetes.pod.uid"), c.id))
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(resource: &str, id: &str, node: i64) -> podresources::ContainerDevices {
+        podresources::ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: vec![id.into()],
+            topology: Some(podresources::TopologyInfo { nodes: vec![podresources::NumaNode { id: node }] }),
+        }
+    }
+
+    /// The shape the kubelet sends (`containerDevicesFromResourceDeviceInstances`): one entry per
+    /// device and NUMA node, in map order.
+    #[test]
+    fn one_entry_per_device_is_one_allocation() {
+        let container = |name: &str, devices| podresources::ContainerResources {
+            name: name.into(),
+            devices,
+            ..Default::default()
+        };
+        let list = podresources::ListPodResourcesResponse {
+            pod_resources: vec![podresources::PodResources {
+                name: "p1".into(),
+                namespace: "default".into(),
+                containers: vec![
+                    container(
+                        "app",
+                        vec![
+                            entry("cpupool.io/web", "milli-web-00003", 0),
+                            entry("cpupool.io/dp", "core-7", 1),
+                            entry("cpupool.io/web", "milli-web-00001", 0),
+                            entry("other.io/gpu", "gpu-0", 0),
+                            entry("cpupool.io/dp", "core-6", 1),
+                            entry("cpupool.io/web", "milli-web-00002", 0),
+                        ],
+                    ),
+                    container("side", vec![entry("cpupool.io/web", "milli-web-00004", 0)]),
+                ],
+            }],
+        };
+        let h = holders(list, "cpupool.io/");
+        let mut ids: Vec<&str> = h.keys().map(String::as_str).collect();
+        ids.sort();
+        assert_eq!(ids, ["kubelet-core-6", "kubelet-milli-web-00001", "kubelet-milli-web-00004"]);
+        let devs = |id: &str| h[id].devices.iter().map(String::as_str).collect::<Vec<_>>();
+        assert_eq!(devs("kubelet-core-6"), ["core-6", "core-7"]);
+        assert_eq!(
+            devs("kubelet-milli-web-00001"),
+            ["milli-web-00001", "milli-web-00002", "milli-web-00003"]
+        );
+        assert_eq!(h["kubelet-milli-web-00004"].container, "side");
+        assert_eq!(h["kubelet-core-6"].container, "app");
     }
 }

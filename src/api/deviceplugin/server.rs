@@ -2,6 +2,7 @@
 //! the engine, and encodes the answer or maps the error to a gRPC status naming the field.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
@@ -11,9 +12,10 @@ use tonic::{Request, Response, Status};
 
 use super::devices::{self, Refused};
 use super::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
+use super::reconcile;
 use crate::api::ops;
 use crate::core::pool::{Pool, PoolKind, PoolName};
-use crate::core::state::{AssignmentId, Outcome};
+use crate::core::state::{AssignmentId, Outcome, Size};
 use crate::engine::{EngineError, Handle, Snapshot};
 
 /// What every pool's service shares.
@@ -22,6 +24,10 @@ pub struct Shared {
     pub handle: Handle,
     /// `kubelet.millicpus_per_device`.
     pub millis_per_device: u64,
+    /// `kubelet.resource_prefix`.
+    pub resource_prefix: String,
+    /// The kubelet's PodResources socket.
+    pub pod_resources: PathBuf,
     /// Devices of shared pools the kubelet holds, by assignment (Allocate and PodResources).
     pub held: Mutex<BTreeMap<String, BTreeSet<String>>>,
     /// Woken when `held` changes: shared pools' health follows it.
@@ -78,6 +84,56 @@ fn engine_status(e: &EngineError) -> Status {
 }
 
 impl PoolPlugin {
+    /// Releases this pool's kubelet assignments that stand in the way of `alloc` although the
+    /// kubelet has freed their devices: no container holds them in PodResources. The kubelet
+    /// hands a terminated pod's devices out again at once, and reconciliation waits out
+    /// `release_grace_ms` before it lets go; until then, Allocate must not refuse what the
+    /// kubelet has decided. Exclusive pools: those whose CPUs overlap, or with the same id;
+    /// shared pools: every freed one (units are interchangeable). Returns how many went; none
+    /// when PodResources cannot be asked (the refusal stands).
+    async fn release_freed(&self, pool: &Pool, alloc: &devices::Allocation, made: &[AssignmentId]) -> usize {
+        let list = match reconcile::pod_resources(&self.shared.pod_resources).await {
+            Ok(l) => l,
+            Err(e) => {
+                log::info!(POOL = pool.name.as_str(); "Allocate: PodResources not reachable ({e}); cannot tell whether the kubelet freed the devices in the way");
+                return 0;
+            }
+        };
+        let held = reconcile::holders(list, &format!("{}/", self.shared.resource_prefix));
+        let snap = self.shared.handle.snapshot();
+        let freed: Vec<AssignmentId> = snap
+            .state
+            .assignments()
+            .values()
+            .filter(|a| devices::is_kubelet(a) && a.pool == pool.name)
+            .filter(|a| !made.contains(&a.id) && !held.contains_key(a.id.as_str()))
+            .filter(|a| {
+                Some(&a.id) == alloc.spec.id.as_ref()
+                    || match &alloc.spec.size {
+                        Size::Cpuset(c) => !a.cpus.is_disjoint(c),
+                        _ => pool.kind == PoolKind::Shared,
+                    }
+            })
+            .map(|a| a.id.clone())
+            .collect();
+        let mut released = 0;
+        for id in freed {
+            match self.shared.handle.release(id.as_str()).await {
+                Ok(_) => {
+                    released += 1;
+                    self.shared.set_held(id.as_str(), None);
+                    log::info!(POOL = pool.name.as_str(), ASSIGNMENT = id.as_str();
+                        "Allocate: released {id}: the kubelet hands out its devices again and no container holds them");
+                }
+                Err(e) => log::warn!(
+                    "Allocate: releasing `{id}`, whose devices the kubelet freed: {}",
+                    crate::engine::error_chain(&e)
+                ),
+            }
+        }
+        released
+    }
+
     fn pool_of(&self, snap: &Snapshot) -> Result<Pool, Status> {
         snap.state
             .pools()
@@ -202,7 +258,13 @@ impl DevicePlugin for PoolPlugin {
             let existing = alloc.spec.id.as_ref().and_then(|id| snap.state.assignments().get(id));
             let result = match existing {
                 Some(a) if devices::same(a, alloc) => Ok(Outcome::Identity(a.clone())),
-                _ => self.shared.handle.assign(alloc.spec.clone()).await,
+                _ => match self.shared.handle.assign(alloc.spec.clone()).await {
+                    Err(EngineError::State(e)) => match self.release_freed(&pool, alloc, &made).await {
+                        0 => Err(EngineError::State(e)),
+                        _ => self.shared.handle.assign(alloc.spec.clone()).await,
+                    },
+                    r => r,
+                },
             };
             match result {
                 Ok(out) => {
