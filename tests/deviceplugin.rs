@@ -273,6 +273,20 @@ async fn kubelet_peer_end_to_end() {
         all_dp
     );
 
+    // CPU hotplug: CPU 15 goes offline, and core 7 (7,15) turns Unhealthy on the open stream
+    // within a reconcile tick; it comes back when the CPU does.
+    let online = sb.join("sys/devices/system/cpu/online");
+    assert_eq!(std::fs::read_to_string(&online).unwrap().trim(), "0-15");
+    std::fs::write(&online, "0-14\n").unwrap();
+    let next = devices(tokio::time::timeout(WAIT, stream.message()).await.unwrap().unwrap().unwrap());
+    let sick: Vec<&str> = next.iter().filter(|d| d.1 == "Unhealthy").map(|d| d.0.as_str()).collect();
+    assert_eq!(sick, ["core-7"], "{next:?}");
+    std::fs::write(&online, "0-15\n").unwrap();
+    assert_eq!(
+        devices(tokio::time::timeout(WAIT, stream.message()).await.unwrap().unwrap().unwrap()),
+        all_dp
+    );
+
     // GetPreferredAllocation: whole cores, packed on one NUMA node, must_include honoured.
     let ids_dp: Vec<String> = all_dp.iter().map(|d| d.0.clone()).collect();
     let prefer = |must: Vec<String>, size| dp::PreferredAllocationRequest {

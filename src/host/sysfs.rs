@@ -223,6 +223,12 @@ fn read_optional(path: &Path) -> Result<Option<String>, SysfsError> {
     }
 }
 
+/// The CPUs the kernel has online now (`devices/system/cpu/online`), for noticing CPU hotplug
+/// between topology reads.
+pub fn read_online(sysfs_root: &Path) -> Result<CpuSet, SysfsError> {
+    read_list(&sysfs_root.join("devices/system/cpu/online"))
+}
+
 fn read_list(path: &Path) -> Result<CpuSet, SysfsError> {
     parse_list(path, &read_file(path)?)
 }

@@ -98,22 +98,25 @@ fn units(pool: &Pool, topo: &Topology, millis_per_device: u64) -> Vec<Unit> {
     }
 }
 
-/// The ListAndWatch device list of `pool`. `held`: shared units the kubelet holds.
+/// The ListAndWatch device list of `pool`. `held`: shared units the kubelet holds; `online`:
+/// the CPUs online now (CPU hotplug since the topology was read).
 pub fn list(
     state: &State,
     topo: &Topology,
     pool: &Pool,
     millis_per_device: u64,
     held: &BTreeSet<String>,
+    online: &CpuSet,
 ) -> Vec<v1beta1::Device> {
     let others: Vec<&Assignment> =
         state.assignments().values().filter(|a| a.pool == pool.name && !is_kubelet(a)).collect();
     let taken = others.iter().fold(CpuSet::new(), |acc, a| acc.union(&a.cpus));
-    let online = topo.online();
     let units = units(pool, topo, millis_per_device);
     let mut unhealthy: BTreeSet<u32> = BTreeSet::new();
     if pool.kind == PoolKind::Shared {
-        let used: u64 = others.iter().map(|a| a.millicpus).sum();
+        // What others use, and what offline CPUs took away, is not for the kubelet.
+        let offline = pool.cpus.difference(online).len() as u64 * 1000;
+        let used: u64 = others.iter().map(|a| a.millicpus).sum::<u64>() + offline;
         let mut need = used.div_ceil(millis_per_device.max(1));
         for u in units.iter().rev() {
             if need == 0 {
@@ -132,7 +135,7 @@ pub fn list(
             let (nodes, ok) = if pool.kind == PoolKind::Shared {
                 (pool_nodes.clone(), !unhealthy.contains(&u.n))
             } else {
-                (topo.nodes_of(&u.cpus), u.cpus.is_subset(&online) && u.cpus.is_disjoint(&taken))
+                (topo.nodes_of(&u.cpus), u.cpus.is_subset(online) && u.cpus.is_disjoint(&taken))
             };
             v1beta1::Device {
                 id: u.id,
@@ -328,7 +331,8 @@ mod tests {
     #[test]
     fn ids_health_and_numa() {
         let (t, mut s, cores, threads, shared) = host();
-        let l = list(&s, &t, &cores, 100, &BTreeSet::new());
+        let on = t.online();
+        let l = list(&s, &t, &cores, 100, &BTreeSet::new(), &on);
         let got: Vec<(&str, &str, Vec<i64>)> = l
             .iter()
             .map(|d| {
@@ -342,9 +346,9 @@ mod tests {
         assert_eq!(got.len(), 6);
         assert_eq!(got[0], ("core-1", HEALTHY, vec![0]));
         assert_eq!(got[5], ("core-7", HEALTHY, vec![1]));
-        let l = list(&s, &t, &threads, 100, &BTreeSet::new());
+        let l = list(&s, &t, &threads, 100, &BTreeSet::new(), &on);
         assert_eq!(l.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["cpu-4", "cpu-12"]);
-        let l = list(&s, &t, &shared, 250, &BTreeSet::new());
+        let l = list(&s, &t, &shared, 250, &BTreeSet::new(), &on);
         assert_eq!(l.len(), 8);
         assert_eq!(l[0].id, "milli-web-00000");
 
@@ -362,13 +366,29 @@ mod tests {
         let sick = |l: Vec<v1beta1::Device>| -> Vec<String> {
             l.into_iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id).collect()
         };
-        assert_eq!(sick(list(&s, &t, &cores, 100, &BTreeSet::new())), ["core-2"]);
+        assert_eq!(sick(list(&s, &t, &cores, 100, &BTreeSet::new(), &on)), ["core-2"]);
         let held = BTreeSet::from(["milli-web-00007".to_owned()]);
-        assert_eq!(sick(list(&s, &t, &shared, 250, &held)), ["milli-web-00005", "milli-web-00006"]);
+        assert_eq!(sick(list(&s, &t, &shared, 250, &held, &on)), ["milli-web-00005", "milli-web-00006"]);
         // The kubelet's own assignments keep their devices healthy.
         let a = allocation(&cores, &t, 100, &ids(&["core-3"])).unwrap();
         s.assign(&t, &a.spec).unwrap();
-        assert_eq!(sick(list(&s, &t, &cores, 100, &BTreeSet::new())), ["core-2"]);
+        assert_eq!(sick(list(&s, &t, &cores, 100, &BTreeSet::new(), &on)), ["core-2"]);
+
+        // CPU 15 goes offline (hotplug after the topology was read): core 7's device turns
+        // Unhealthy; CPU 8 going takes 1000 millicpus (4 units) from the shared pool.
+        let on = on.difference(&CpuSet::parse("8,15").unwrap());
+        assert_eq!(sick(list(&s, &t, &cores, 100, &BTreeSet::new(), &on)), ["core-2", "core-7"]);
+        assert_eq!(
+            sick(list(&s, &t, &shared, 250, &held, &on)),
+            [
+                "milli-web-00001",
+                "milli-web-00002",
+                "milli-web-00003",
+                "milli-web-00004",
+                "milli-web-00005",
+                "milli-web-00006"
+            ]
+        );
     }
 
     #[test]
@@ -397,8 +417,10 @@ mod tests {
     #[test]
     fn preferred_whole_cores_and_numa_packing() {
         let (t, _, cores, threads, shared) = host();
-        let all: Vec<String> =
-            list(&State::default(), &t, &cores, 100, &BTreeSet::new()).into_iter().map(|d| d.id).collect();
+        let all: Vec<String> = list(&State::default(), &t, &cores, 100, &BTreeSet::new(), &t.online())
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
         // Node 0 has cores 1-3, node 1 cores 5-7: two cores from one node.
         let got = preferred(&cores, &t, 100, &all, &[], 2).unwrap();
         assert_eq!(got, ["core-1", "core-2"]);

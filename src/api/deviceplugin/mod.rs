@@ -58,6 +58,8 @@ pub struct Options {
     pub kubelet_dir: PathBuf,
     /// The cgroup root (`paths.cgroup_root`), where container cgroups are found.
     pub cgroup_root: PathBuf,
+    /// The sysfs root (`paths.sysfs_root`), where CPU hotplug is noticed.
+    pub sysfs_root: PathBuf,
     /// `kubelet.resource_prefix`.
     pub resource_prefix: String,
     /// `kubelet.millicpus_per_device`.
@@ -80,6 +82,7 @@ impl Options {
         Options {
             kubelet_dir: s.paths.kubelet_dir.clone(),
             cgroup_root: s.paths.cgroup_root.clone(),
+            sysfs_root: s.paths.sysfs_root.clone(),
             resource_prefix: s.kubelet.resource_prefix.clone(),
             millis_per_device: s.kubelet.millicpus_per_device,
             release_grace: s.kubelet.release_grace,
@@ -164,7 +167,8 @@ pub async fn run(
         resource_prefix: opts.resource_prefix.clone(),
         pod_resources: opts.pod_resources_socket(),
         held: Mutex::new(BTreeMap::new()),
-        held_changed: Notify::new(),
+        online: Mutex::new(None),
+        health_changed: Notify::new(),
     });
     let mut mgr = Manager {
         opts: opts.clone(),
@@ -174,7 +178,7 @@ pub async fn run(
         waiting: false,
     };
     let mut events = handle.subscribe();
-    let mut reconciler = reconcile::Reconciler::new(opts.clone(), shared);
+    let mut reconciler = reconcile::Reconciler::new(opts.clone(), shared.clone());
     let mut tick = tokio::time::interval(opts.reconcile_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut watcher: Option<inotify::EventStream<Vec<u8>>> = None;
@@ -218,7 +222,10 @@ pub async fn run(
                 }
             }
             _ = retry => retry_at = mgr.sync().await,
-            _ = tick.tick() => reconciler.reconcile(&handle).await,
+            _ = tick.tick() => {
+                shared.refresh_online(&opts.sysfs_root);
+                reconciler.reconcile(&handle).await
+            }
         }
     }
     mgr.stop_all();

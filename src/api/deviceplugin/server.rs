@@ -2,7 +2,7 @@
 //! the engine, and encodes the answer or maps the error to a gRPC status naming the field.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +14,7 @@ use super::devices::{self, Refused};
 use super::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
 use super::reconcile;
 use crate::api::ops;
+use crate::core::cpuset::CpuSet;
 use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{AssignmentId, Outcome, Size};
 use crate::engine::{EngineError, Handle, Snapshot};
@@ -30,8 +31,10 @@ pub struct Shared {
     pub pod_resources: PathBuf,
     /// Devices of shared pools the kubelet holds, by assignment (Allocate and PodResources).
     pub held: Mutex<BTreeMap<String, BTreeSet<String>>>,
-    /// Woken when `held` changes: shared pools' health follows it.
-    pub held_changed: Notify,
+    /// The CPUs online as last read on the reconcile tick; `None` until then (the topology's).
+    pub online: Mutex<Option<CpuSet>>,
+    /// Woken when `held` or `online` changes: the devices' health follows them.
+    pub health_changed: Notify,
 }
 
 impl Shared {
@@ -49,9 +52,39 @@ impl Shared {
                 None => h.remove(id),
             };
             if before != devs {
-                self.held_changed.notify_waiters();
+                self.health_changed.notify_waiters();
             }
         }
+    }
+
+    /// Reads the online CPUs again: a CPU taken offline makes its devices Unhealthy (and a
+    /// shared pool's capacity smaller) on every open ListAndWatch, until it comes back.
+    pub fn refresh_online(&self, sysfs_root: &Path) {
+        let now = match crate::host::sysfs::read_online(sysfs_root) {
+            Ok(set) => set,
+            Err(e) => {
+                log::debug!("device plugin: reading the online CPUs: {}", crate::engine::error_chain(&e));
+                return;
+            }
+        };
+        let Ok(mut online) = self.online.lock() else { return };
+        let before = online.clone().unwrap_or_else(|| self.handle.snapshot().topology.online());
+        if before != now {
+            let (gone, back) = (before.difference(&now), now.difference(&before));
+            if !gone.is_empty() {
+                log::warn!("device plugin: CPUs {gone} went offline; their devices are Unhealthy");
+            }
+            if !back.is_empty() {
+                log::info!("device plugin: CPUs {back} are online again");
+            }
+            self.health_changed.notify_waiters();
+        }
+        *online = Some(now);
+    }
+
+    /// The CPUs online now, as far as the plugin knows.
+    fn online_now(&self, snap: &Snapshot) -> CpuSet {
+        self.online.lock().ok().and_then(|o| o.clone()).unwrap_or_else(|| snap.topology.online())
     }
 }
 
@@ -154,6 +187,7 @@ impl PoolPlugin {
                 p,
                 self.shared.millis_per_device,
                 &self.shared.held_devices(),
+                &self.shared.online_now(&snap),
             ),
             _ => Vec::new(),
         }
@@ -187,7 +221,7 @@ impl DevicePlugin for PoolPlugin {
         tokio::spawn(async move {
             let mut last = None;
             loop {
-                let held = this.shared.held_changed.notified();
+                let held = this.shared.health_changed.notified();
                 let devices = this.list();
                 if last.as_ref() != Some(&devices) {
                     let msg = v1beta1::ListAndWatchResponse { devices: devices.clone() };
