@@ -149,8 +149,12 @@ pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 2_000;
 /// `kubelet.resource_prefix` when no file sets it.
 pub const DEFAULT_RESOURCE_PREFIX: &str = "cpupool.io";
 /// `kubelet.millicpus_per_device` when no file sets it: a 512-CPU shared pool is 5120 devices,
-/// a ListAndWatch message of about 250 KiB (the gRPC limit is 4 MiB).
+/// a ListAndWatch message of at most 0.5 MiB (the kubelet's gRPC limit is 4 MiB).
 pub const DEFAULT_MILLICPUS_PER_DEVICE: u64 = 100;
+/// The most devices one shared pool may offer the kubelet: at about 100 bytes a device (a
+/// 32-character pool name, `Unhealthy`, 8 NUMA nodes) its ListAndWatch message stays under
+/// 2 MiB, half the kubelet's 4 MiB gRPC limit (a test encodes it).
+pub const MAX_SHARED_DEVICES: u64 = 16_384;
 /// `kubelet.release_grace_ms` when no file sets it.
 pub const DEFAULT_RELEASE_GRACE_MS: u64 = 60_000;
 /// `kubelet.reconcile_interval_ms` when no file sets it.
@@ -361,10 +365,38 @@ impl Settings {
     /// Resolves the pools against the host's topology (see [`pool::resolve`]). An error names the
     /// file that set the key at fault; `source()` is the [`PoolError`].
     pub fn resolve_pools(&self, topo: &Topology) -> Result<Vec<Pool>, ConfigError> {
-        pool::resolve(&self.pools, topo).map_err(|source| {
+        let pools = pool::resolve(&self.pools, topo).map_err(|source| {
             let key = self.key_for(&source);
             ConfigError::Pool { file: self.origins.file_for(&key), key, source }
-        })
+        })?;
+        self.check_device_counts(&pools)?;
+        Ok(pools)
+    }
+
+    /// Refuses a shared pool that would offer the kubelet more than [`MAX_SHARED_DEVICES`].
+    fn check_device_counts(&self, pools: &[Pool]) -> Result<(), ConfigError> {
+        if !self.kubelet.enabled {
+            return Ok(());
+        }
+        let per_device = self.kubelet.millicpus_per_device.max(1);
+        for p in pools.iter().filter(|p| p.kubelet && p.kind == crate::core::pool::PoolKind::Shared) {
+            let devices = p.capacity_millis() / per_device;
+            if devices > MAX_SHARED_DEVICES {
+                let key = "kubelet.millicpus_per_device";
+                return Err(ConfigError::Invalid {
+                    file: self.origins.file_for(key).unwrap_or_default(),
+                    key: key.to_owned(),
+                    reason: format!(
+                        "{per_device} makes shared pool `{}` ({} CPUs) {devices} devices, more than the {MAX_SHARED_DEVICES} \
+                         one ListAndWatch message carries well under the kubelet's 4 MiB; use a larger unit, or \
+                         `kubelet = false` on the pool",
+                        p.name,
+                        p.cpus.len()
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The key a resolution error is about.

@@ -691,3 +691,26 @@ fn the_cluster_fragment_is_merged_last() {
     let s = load_with(&dirs, (&t.etc_path("config.d/zzz.toml"), Some("admin_group = 1\n")));
     assert!(s.is_err(), "an unknown top-level key is refused wherever the file goes");
 }
+
+#[test]
+fn a_shared_pool_of_too_many_kubelet_devices_is_refused_by_the_unit_key() {
+    // 512 CPUs: the shared pool takes 511 of them.
+    let topo = Topology::synthetic(2, 128, 2, 8);
+    let pools =
+        "[pools.sys]\nkind = \"reserved\"\ncpus = \"0\"\n[pools.web]\nkind = \"shared\"\ncpus = \"1-511\"\n";
+    // 100 millicpus a device (the default): 5110 devices, fine.
+    let t = Tree::new();
+    t.etc("config.toml", pools);
+    assert!(t.load().resolve_pools(&topo).is_ok());
+    // 10: 51,100 devices, refused, naming the key and the file that set it.
+    t.etc("config.d/50-fine.toml", "[kubelet]\nmillicpus_per_device = 10\n");
+    let e = t.load().resolve_pools(&topo).err().unwrap_or_else(|| panic!("resolved"));
+    assert_eq!(e.key(), Some("kubelet.millicpus_per_device"), "{}", chain(&e));
+    assert_eq!(e.file(), Some(t.etc_path("config.d/50-fine.toml").as_path()));
+    assert!(chain(&e).contains("shared pool `web` (511 CPUs) 51100 devices"), "{}", chain(&e));
+    // Not offered to the kubelet (or no kubelet at all): no limit.
+    t.etc("config.d/60-off.toml", "[pools.web]\nkubelet = false\n");
+    assert!(t.load().resolve_pools(&topo).is_ok());
+    t.etc("config.d/60-off.toml", "[kubelet]\nenabled = false\n");
+    assert!(t.load().resolve_pools(&topo).is_ok());
+}

@@ -77,6 +77,10 @@ impl PoolName {
         if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
             return Err(bad("only a-z, 0-9 and _ may be used (it becomes a slice name)"));
         }
+        if name.starts_with('_') || name.ends_with('_') {
+            // The kubelet refuses a resource name `<prefix>/<name>` whose name part does.
+            return Err(bad("it must start and end with a-z or 0-9 (it becomes a Kubernetes resource name)"));
+        }
         Ok(PoolName(name.to_owned()))
     }
 
@@ -440,7 +444,7 @@ mod tests {
     fn names() {
         assert!(PoolName::new("dp_1").is_ok());
         assert!(PoolName::new(&"a".repeat(32)).is_ok());
-        for bad in ["", "Dp", "a-b", "a.b", "a/b", "ä", &"a".repeat(33)] {
+        for bad in ["", "Dp", "a-b", "a.b", "a/b", "ä", "_a", "a_", "_", &"a".repeat(33)] {
             assert!(matches!(PoolName::new(bad), Err(PoolError::InvalidName { .. })), "{bad}");
         }
     }

@@ -391,6 +391,34 @@ mod tests {
         );
     }
 
+    /// ListAndWatch message sizes, encoded: a 512-CPU, 8-node host's shared pool at the default
+    /// unit, and the largest pool the configuration lets through (`MAX_SHARED_DEVICES` units of
+    /// a 32-character pool, all `Unhealthy`, spanning 8 nodes) against the kubelet's 4 MiB.
+    #[test]
+    fn list_and_watch_messages_stay_well_under_4_mib() {
+        use prost::Message;
+        let t = Topology::synthetic(2, 128, 2, 8);
+        let name = "a_shared_pool_named_32_chars_web";
+        let web = pool(name, PoolKind::Shared, "1-511", Smt::Threads);
+        let s = State::with_pools(vec![web.clone()]);
+        let devices = list(&s, &t, &web, 100, &BTreeSet::new(), &t.online());
+        assert_eq!(devices.len(), 5110);
+        let bytes = v1beta1::ListAndWatchResponse { devices }.encoded_len();
+        assert!(bytes < 512 * 1024, "{bytes} bytes at the default unit");
+
+        let max = crate::config::MAX_SHARED_DEVICES;
+        let nodes: Vec<v1beta1::NumaNode> = (0..8).map(|id| v1beta1::NumaNode { id }).collect();
+        let devices = (0..max)
+            .map(|i| v1beta1::Device {
+                id: format!("milli-{name}-{i:05}"),
+                health: UNHEALTHY.to_owned(),
+                topology: Some(v1beta1::TopologyInfo { nodes: nodes.clone() }),
+            })
+            .collect();
+        let bytes = v1beta1::ListAndWatchResponse { devices }.encoded_len();
+        assert!(bytes < 2 * 1024 * 1024, "{bytes} bytes at {max} devices");
+    }
+
     #[test]
     fn allocation_decodes_and_refuses_by_field() {
         let (t, _, cores, threads, shared) = host();
