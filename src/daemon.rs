@@ -108,6 +108,11 @@ pub enum DaemonError {
     #[error("k8s.enabled = true, but this cpupoold was built without the `k8s` feature (cargo build --features k8s); \
              set k8s.enabled = false or install a build with it")]
     K8sNotBuilt,
+    /// Only a start anew can serve what the daemon must (the device plugin's directory was made
+    /// after the start, read-only to this service): it stopped cleanly for systemd to start it
+    /// again (exit status [`EXIT_RESTART`]).
+    #[error("{0}")]
+    NeedsRestart(String),
     /// The varlink socket could not be bound.
     #[error("binding the varlink socket `{}`", path.display())]
     Varlink {
@@ -190,6 +195,8 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     // The device plugin: it waits for a kubelet, and refuses (logged) to run beside the
     // kubelet's static CPU manager owning pool CPUs.
     let (stop_plugin, plugin_stopped) = tokio::sync::watch::channel(false);
+    // Why the device plugin needs the daemon started anew, if it does.
+    let (needs_restart_tx, mut needs_restart) = tokio::sync::mpsc::channel::<String>(1);
     #[cfg(feature = "k8s")]
     let pod_index = settings.k8s.enabled.then(crate::k8s::pods::PodIndex::new);
     let plugin = settings.kubelet.enabled.then(|| {
@@ -200,8 +207,12 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             opts.containers = Some(std::sync::Arc::new(index.clone()));
         }
         tokio::spawn(async move {
-            if let Err(e) = deviceplugin::run(h, opts, plugin_stopped).await {
-                log::error!("{}", engine::error_chain(&e));
+            match deviceplugin::run(h, opts, plugin_stopped).await {
+                Err(e @ deviceplugin::PluginError::NeedsRestart { .. }) => {
+                    let _ = needs_restart_tx.send(engine::error_chain(&e)).await;
+                }
+                Err(e) => log::error!("{}", engine::error_chain(&e)),
+                Ok(()) => {}
             }
         })
     });
@@ -272,9 +283,15 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let period = if watchdog { Duration::from_micros(usec / 2) } else { Duration::from_secs(3600) };
     let mut ticker = tokio::time::interval(period.max(Duration::from_millis(10)));
     tokio::pin!(shutdown);
+    let mut restart = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            Some(why) = needs_restart.recv() => {
+                log::warn!("{why}: stopping, for systemd to start cpupoold again (exit status {EXIT_RESTART})");
+                restart = Some(why);
+                break
+            }
             _ = term.recv() => { log::info!("SIGTERM: stopping"); break }
             _ = int.recv() => { log::info!("SIGINT: stopping"); break }
             _ = hup.recv() => reload(&handle).await,
@@ -317,8 +334,15 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     if thread.join().is_err() {
         log::error!("the engine thread panicked");
     }
-    Ok(())
+    match restart {
+        Some(why) => Err(DaemonError::NeedsRestart(why)),
+        None => Ok(()),
+    }
 }
+
+/// The exit status that asks systemd for a start anew (the unit's `RestartForceExitStatus=`;
+/// EX_TEMPFAIL), with [`DaemonError::NeedsRestart`].
+pub const EXIT_RESTART: u8 = 75;
 
 /// The settings to start with. With `[k8s]` enabled, the cluster fragment
 /// (`<runtime_dir>/cluster.toml`, written from a ConfigMap earlier in this boot) is merged last,

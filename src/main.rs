@@ -108,6 +108,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(daemon::run(opts, std::future::pending())) {
         Ok(()) => ExitCode::SUCCESS,
+        // Stopped on purpose, and already said why.
+        Err(daemon::DaemonError::NeedsRestart(_)) => ExitCode::from(daemon::EXIT_RESTART),
         Err(e) => fail(&e),
     }
 }

@@ -115,6 +115,24 @@ pub enum PluginError {
     /// The kubelet's static CPU manager owns pool CPUs.
     #[error("the device plugin is not started")]
     StaticPolicy(#[source] host::StaticConflict),
+    /// The device-plugin directory was made after the daemon started, and the service's mount
+    /// namespace has it read-only: systemd's `ReadWritePaths=` takes only what exists at start.
+    /// Only a new start (with the directory there) can serve it.
+    #[error(
+        "the kubelet's directory `{}` was made after cpupoold started, and this service's mount \
+         namespace has it read-only (ReadWritePaths= takes only what exists at start)",
+        dir.display()
+    )]
+    NeedsRestart {
+        /// The device-plugin directory.
+        dir: PathBuf,
+    },
+}
+
+/// Whether a start anew would see the device-plugin directory writable: systemd runs us (it
+/// sets `INVOCATION_ID`) and sets up the unit's mount namespace again at every start.
+fn restart_helps() -> bool {
+    std::env::var_os("INVOCATION_ID").is_some()
 }
 
 /// A gRPC channel over a unix socket (tonic needs a URI; it is not used).
@@ -176,12 +194,28 @@ pub async fn run(
         running: BTreeMap::new(),
         failures: 0,
         waiting: false,
+        seen_missing: false,
     };
     let mut events = handle.subscribe();
-    let mut reconciler = reconcile::Reconciler::new(opts.clone(), shared.clone());
-    let mut tick = tokio::time::interval(opts.reconcile_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Reconciliation asks the kubelet and the runtime, each up to 5 s: on a task of its own, so
+    // a kubelet slow to answer cannot hold up re-registration.
+    let _reconciling = {
+        let (mut reconciler, handle, shared) =
+            (reconcile::Reconciler::new(opts.clone(), shared.clone()), handle.clone(), shared.clone());
+        let (interval, sysfs_root) = (opts.reconcile_interval, opts.sysfs_root.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                shared.refresh_online(&sysfs_root);
+                reconciler.reconcile(&handle).await;
+            }
+        }))
+    };
     let mut watcher: Option<inotify::EventStream<Vec<u8>>> = None;
+    // The directory exists but cannot be watched (logged once).
+    let mut unwatched = false;
     let mut retry_at: Option<tokio::time::Instant> = Some(tokio::time::Instant::now());
     log::info!("device plugin: serving pools in `{}`", opts.plugin_dir().display());
     loop {
@@ -189,7 +223,26 @@ pub async fn run(
             break;
         }
         if watcher.is_none() {
-            watcher = watch_dir(&opts.plugin_dir());
+            match watch_dir(&opts.plugin_dir()) {
+                Ok(w) => {
+                    watcher = Some(w);
+                    unwatched = false;
+                }
+                // Without inotify (its limits reached), a sync every few seconds still notices a
+                // new kubelet.sock or a removed socket of ours, by their identities.
+                Err(e) if opts.plugin_dir().is_dir() => {
+                    if !unwatched {
+                        log::warn!(
+                            "device plugin: cannot watch `{}` ({e}); looking for kubelet restarts every {} s instead",
+                            opts.plugin_dir().display(),
+                            DIR_POLL.as_secs()
+                        );
+                        unwatched = true;
+                    }
+                    retry_at.get_or_insert_with(|| tokio::time::Instant::now() + DIR_POLL);
+                }
+                Err(_) => {}
+            }
         }
         let retry = async {
             match retry_at {
@@ -213,41 +266,44 @@ pub async fn run(
                         // the old one's.
                         mgr.forget_registrations();
                     }
-                    retry_at = mgr.sync().await;
+                    retry_at = mgr.sync().await?;
                 }
             },
             e = events.recv() => {
                 if matches!(e, Ok(Event::PoolChanged(_)) | Err(_)) {
-                    retry_at = mgr.sync().await;
+                    retry_at = mgr.sync().await?;
                 }
             }
-            _ = retry => retry_at = mgr.sync().await,
-            _ = tick.tick() => {
-                shared.refresh_online(&opts.sysfs_root);
-                reconciler.reconcile(&handle).await
-            }
+            _ = retry => retry_at = mgr.sync().await?,
         }
     }
     mgr.stop_all();
     Ok(())
 }
 
+/// Ends a task when the plugin returns, whichever way.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// An inotify watch on the device-plugin directory: creations (kubelet.sock) and removals
 /// (our sockets).
-fn watch_dir(dir: &Path) -> Option<inotify::EventStream<Vec<u8>>> {
-    let ino = inotify::Inotify::init().ok()?;
-    ino.watches()
-        .add(
-            dir,
-            inotify::WatchMask::CREATE
-                | inotify::WatchMask::DELETE
-                | inotify::WatchMask::MOVED_TO
-                | inotify::WatchMask::MOVED_FROM
-                | inotify::WatchMask::DELETE_SELF
-                | inotify::WatchMask::MOVE_SELF,
-        )
-        .ok()?;
-    ino.into_event_stream(vec![0u8; 4096]).ok()
+fn watch_dir(dir: &Path) -> std::io::Result<inotify::EventStream<Vec<u8>>> {
+    let ino = inotify::Inotify::init()?;
+    ino.watches().add(
+        dir,
+        inotify::WatchMask::CREATE
+            | inotify::WatchMask::DELETE
+            | inotify::WatchMask::MOVED_TO
+            | inotify::WatchMask::MOVED_FROM
+            | inotify::WatchMask::DELETE_SELF
+            | inotify::WatchMask::MOVE_SELF,
+    )?;
+    ino.into_event_stream(vec![0u8; 4096])
 }
 
 /// What happened in the device-plugin directory.
@@ -283,6 +339,8 @@ struct Manager {
     failures: u32,
     /// The device-plugin directory is missing (logged once).
     waiting: bool,
+    /// The directory was missing at some time since the start.
+    seen_missing: bool,
 }
 
 /// How often a missing device-plugin directory is looked for.
@@ -293,7 +351,10 @@ impl Manager {
     /// to try again if something failed (backoff: 20 ms doubling to 30 s, never giving up). The
     /// first retries come soon: inotify reports a new kubelet.sock at bind(), and a connection
     /// before the kubelet's listen() is refused.
-    async fn sync(&mut self) -> Option<tokio::time::Instant> {
+    ///
+    /// Fails only when the directory, made since the start, is read-only to this service and a
+    /// start anew would fix that ([`PluginError::NeedsRestart`]).
+    async fn sync(&mut self) -> Result<Option<tokio::time::Instant>, PluginError> {
         let snap = self.shared.handle.snapshot();
         let wanted: Vec<PoolName> = snap
             .state
@@ -303,7 +364,7 @@ impl Manager {
             .map(|p| p.name.clone())
             .collect();
         if !self.opts.plugin_dir().is_dir() {
-            return self.wait_for_dir();
+            return Ok(self.wait_for_dir());
         }
         self.waiting = false;
         let gone: Vec<PoolName> = self.running.keys().filter(|p| !wanted.contains(p)).cloned().collect();
@@ -331,7 +392,15 @@ impl Manager {
                     Ok(r) => {
                         self.running.insert(pool.clone(), r);
                     }
-                    Err(_) if !self.opts.plugin_dir().is_dir() => return self.wait_for_dir(),
+                    Err(_) if !self.opts.plugin_dir().is_dir() => return Ok(self.wait_for_dir()),
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem
+                            && self.seen_missing
+                            && restart_helps() =>
+                    {
+                        self.stop_all();
+                        return Err(PluginError::NeedsRestart { dir: self.opts.plugin_dir() });
+                    }
                     Err(e) => {
                         failed = true;
                         self.log_failure(&format!("binding `{}`: {e}", sock.display()));
@@ -355,14 +424,14 @@ impl Manager {
                 }
             }
         }
-        if failed {
+        Ok(if failed {
             self.failures = self.failures.saturating_add(1);
             let ms = 10u64.saturating_mul(1 << self.failures.min(12)).min(30_000);
             Some(tokio::time::Instant::now() + Duration::from_millis(ms))
         } else {
             self.failures = 0;
             None
-        }
+        })
     }
 
     /// No kubelet on this host (yet), or its directory was just removed: not a failure.
@@ -375,6 +444,7 @@ impl Manager {
             );
             self.waiting = true;
         }
+        self.seen_missing = true;
         self.stop_all();
         self.failures = 0;
         Some(tokio::time::Instant::now() + DIR_POLL)

@@ -20,14 +20,25 @@ release_grace_ms = 3000"
 # pods FILE CONTENT: what PodResources and the runtime report, replaced in one rename.
 pods() { printf '%s\n' "$1" >$PODS.tmp && mv $PODS.tmp $PODS; }
 pods '{"pods": []}'
-# The kubelet runs first, as on a node: the unit's ReadWritePaths= takes device-plugins/ only
-# if it exists when cpupoold starts.
+# The kubelet comes after cpupoold (the package first, then the node joins): cpupoold starts
+# without the kubelet's directory and waits. The unit's ReadWritePaths= takes device-plugins/
+# only if it exists at start, so once the kubelet has made it, cpupoold stops with status 75
+# and systemd starts it anew (RestartForceExitStatus=75), now with the directory writable.
+rm -rf $KD
+check "restart with the kubelet pools, before the kubelet" systemctl restart cpupoold
+inv=$(systemctl show -p InvocationID --value cpupoold)
+restarts=$(systemctl show -p NRestarts --value cpupoold)
+check "it waits for the kubelet's directory" wait_for 20 sh -c \
+  "journalctl _SYSTEMD_INVOCATION_ID=$inv --no-pager | grep -q 'waiting for the kubelet'"
 mkdir -p $KD/device-plugins $KD/pod-resources /run/containerd
 "$PEER" serve $KD /run/containerd/containerd.sock $PODS >/run/peer1.log 2>&1 &
 peer=$!
-check "restart with the kubelet pools" systemctl restart cpupoold
-check "dp and web register with the kubelet" wait_for 30 sh -c \
+check "dp and web register with the kubelet" wait_for 60 sh -c \
   'grep -q "^registered cpupool.io/dp cpupoold-dp.sock " /run/peer1.log && grep -q "^registered cpupool.io/web cpupoold-web.sock " /run/peer1.log'
+check_output "it stopped with status 75 to be started anew" 'for systemd to start cpupoold again' \
+  journalctl _SYSTEMD_INVOCATION_ID=$inv --no-pager
+check "systemd started it anew" test "$(systemctl show -p NRestarts --value cpupoold)" -gt "$restarts"
+check "and it is active" systemctl -q is-active cpupoold
 check "the reserved pool is not offered" sh -c '! grep -q cpupool.io/reserved /run/peer1.log'
 
 # Two containers of one pod: app asks for a dp device, side for none.
