@@ -206,8 +206,17 @@ pub fn describe_status(r: &kube::core::ErrorResponse) -> String {
 }
 
 impl crate::api::deviceplugin::ContainerSource for pods::PodIndex {
-    fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<(String, String)> {
-        self.lookup(namespace, pod, container).map(|i| (i.pod_uid, i.container_id))
+    fn container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Option<crate::api::deviceplugin::ContainerRef> {
+        self.lookup(namespace, pod, container).map(|i| crate::api::deviceplugin::ContainerRef {
+            pod_uid: i.pod_uid,
+            container_id: i.container_id,
+            qos_class: i.qos_class,
+        })
     }
 }
 

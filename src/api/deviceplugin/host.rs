@@ -53,8 +53,16 @@ pub fn check_cpu_manager(file: &Path, pools: &[(String, CpuSet)]) -> Result<(), 
 /// (cgroupfs driver: `kubepods/[<qos>/]pod<uid>`) or `kubepods.slice` (systemd driver:
 /// `kubepods[-<qos>]-pod<uid with _>.slice`), and in it the container's: `<id>` (cgroupfs) or
 /// `<runtime>-<id>.scope` (systemd: `cri-containerd-`, `crio-`, `docker-`).
-pub fn find_container(root: &Path, pod_uid: &str, container_id: &str) -> Option<CgroupPath> {
-    if pod_uid.is_empty() || container_id.is_empty() || container_id.contains('/') {
+///
+/// With the pod's QoS class (from the pod watch) the pod's cgroup is named outright, in both
+/// drivers' layouts; without it, or when neither is there, the pod is looked for by its UID.
+pub fn find_container(
+    root: &Path,
+    pod_uid: &str,
+    container_id: &str,
+    qos: Option<&str>,
+) -> Option<CgroupPath> {
+    if pod_uid.is_empty() || container_id.is_empty() || container_id.contains('/') || pod_uid.contains('/') {
         return None;
     }
     let systemd_pod = format!("pod{}.slice", pod_uid.replace('-', "_"));
@@ -62,6 +70,28 @@ pub fn find_container(root: &Path, pod_uid: &str, container_id: &str) -> Option<
     let is_pod = |name: &str| name == cgroupfs_pod || name.ends_with(&format!("-{systemd_pod}"));
     let scope = format!("-{container_id}.scope");
     let is_container = |name: &str| name == container_id || name.ends_with(&scope);
+    let in_pod = |rel: &str| {
+        children(&root.join(rel))
+            .into_iter()
+            .find(|c| is_container(c))
+            .and_then(|c| CgroupPath::new(&format!("{rel}/{c}")).ok())
+    };
+    let named = match qos {
+        Some("Guaranteed") => {
+            Some([format!("kubepods.slice/kubepods-{systemd_pod}"), format!("kubepods/{cgroupfs_pod}")])
+        }
+        Some(q @ ("Burstable" | "BestEffort")) => {
+            let q = q.to_ascii_lowercase();
+            Some([
+                format!("kubepods.slice/kubepods-{q}.slice/kubepods-{q}-{systemd_pod}"),
+                format!("kubepods/{q}/{cgroupfs_pod}"),
+            ])
+        }
+        _ => None,
+    };
+    if let Some(pod) = named.into_iter().flatten().find(|p| root.join(p).is_dir()) {
+        return in_pod(&pod);
+    }
     for top in ["kubepods.slice", "kubepods"] {
         // kubepods/pod, kubepods/<qos>/pod: at most two levels down.
         let mut level = vec![top.to_owned()];
@@ -71,10 +101,7 @@ pub fn find_container(root: &Path, pod_uid: &str, container_id: &str) -> Option<
                 for name in children(&root.join(dir)) {
                     let rel = format!("{dir}/{name}");
                     if is_pod(&name) {
-                        if let Some(c) = children(&root.join(&rel)).into_iter().find(|c| is_container(c)) {
-                            return CgroupPath::new(&format!("{rel}/{c}")).ok();
-                        }
-                        return None;
+                        return in_pod(&rel);
                     }
                     next.push(rel);
                 }
@@ -115,17 +142,42 @@ mod tests {
             fs::create_dir_all(r.join(d)).unwrap();
         }
         assert_eq!(
-            find_container(r, uid, "abc").map(|p| p.to_string()),
+            find_container(r, uid, "abc", None).map(|p| p.to_string()),
             Some("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5f_42.slice/cri-containerd-abc.scope".into())
         );
         assert_eq!(
-            find_container(r, "77", "def").map(|p| p.to_string()),
+            find_container(r, "77", "def", None).map(|p| p.to_string()),
             Some("kubepods/besteffort/pod77/def".into())
         );
-        assert_eq!(find_container(r, "88", "xyz").map(|p| p.to_string()), Some("kubepods/pod88/xyz".into()));
-        assert_eq!(find_container(r, uid, "gone"), None);
-        assert_eq!(find_container(r, "nope", "abc"), None);
-        assert_eq!(find_container(r, uid, "../x"), None);
+        assert_eq!(
+            find_container(r, "88", "xyz", None).map(|p| p.to_string()),
+            Some("kubepods/pod88/xyz".into())
+        );
+        assert_eq!(find_container(r, uid, "gone", None), None);
+        assert_eq!(find_container(r, "nope", "abc", None), None);
+        assert_eq!(find_container(r, uid, "../x", None), None);
+
+        // With the QoS class the pod's cgroup is named outright; a wrong class, or a layout that
+        // is neither driver's, falls back to the search by UID.
+        let burstable = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5f_42.slice";
+        assert_eq!(
+            find_container(r, uid, "abc", Some("Burstable")).map(|p| p.to_string()),
+            Some(format!("{burstable}/cri-containerd-abc.scope"))
+        );
+        assert_eq!(
+            find_container(r, "77", "def", Some("BestEffort")).map(|p| p.to_string()),
+            Some("kubepods/besteffort/pod77/def".into())
+        );
+        assert_eq!(
+            find_container(r, "88", "xyz", Some("Guaranteed")).map(|p| p.to_string()),
+            Some("kubepods/pod88/xyz".into())
+        );
+        assert_eq!(
+            find_container(r, "88", "xyz", Some("Burstable")).map(|p| p.to_string()),
+            Some("kubepods/pod88/xyz".into())
+        );
+        assert_eq!(find_container(r, uid, "gone", Some("Burstable")), None);
+        assert_eq!(find_container(r, "../77", "def", Some("BestEffort")), None);
     }
 
     #[test]

@@ -43,7 +43,7 @@ use crate::engine::{Event, Handle};
 use proto::v1beta1;
 use server::{PoolPlugin, Shared};
 
-pub use containers::ContainerSource;
+pub use containers::{ContainerRef, ContainerSource};
 
 /// The API version registered.
 pub const VERSION: &str = "v1beta1";

@@ -141,11 +141,14 @@ impl Reconciler {
                 }));
             }
             let key = (h.namespace.clone(), h.pod.clone(), h.container.clone());
-            let Some((uid, cid)) = extra.as_ref().or_else(|| containers.as_ref().and_then(|c| c.get(&key)))
-            else {
-                continue;
+            let found = match &extra {
+                Some(r) => Some((r.pod_uid.as_str(), r.container_id.as_str(), r.qos_class.as_deref())),
+                None => {
+                    containers.as_ref().and_then(|c| c.get(&key)).map(|(u, c)| (u.as_str(), c.as_str(), None))
+                }
             };
-            let Some(path) = host::find_container(&self.opts.cgroup_root, uid, cid) else { continue };
+            let Some((uid, cid, qos)) = found else { continue };
+            let Some(path) = host::find_container(&self.opts.cgroup_root, uid, cid, qos) else { continue };
             let target = Target::Cgroup(path);
             let container =
                 Container { namespace: h.namespace.clone(), pod: h.pod.clone(), name: h.container.clone() };
@@ -181,7 +184,7 @@ impl Reconciler {
         let unpooled: BTreeSet<CgroupPath> = containers
             .iter()
             .filter(|((ns, pod, name), _)| !pooled.contains(&(ns.as_str(), pod.as_str(), name.as_str())))
-            .filter_map(|(_, (uid, cid))| host::find_container(&self.opts.cgroup_root, uid, cid))
+            .filter_map(|(_, (uid, cid))| host::find_container(&self.opts.cgroup_root, uid, cid, None))
             .collect();
         let count = unpooled.len();
         match handle.set_unpooled(unpooled).await {
