@@ -28,8 +28,13 @@ fn start(dir: &Path, fake: &Fake, report_interval_ms: u64) -> Daemon {
 
 /// Like [`start`], with `extra` configuration.
 fn start_with(dir: &Path, fake: &Fake, report_interval_ms: u64, extra: &str) -> Daemon {
+    fake.write_kubeconfig(&dir.join("kubeconfig"));
+    start_before_kubeconfig(dir, report_interval_ms, extra)
+}
+
+/// Starts the daemon with `[k8s]` reading `dir/kubeconfig`, whether or not it exists yet.
+fn start_before_kubeconfig(dir: &Path, report_interval_ms: u64, extra: &str) -> Daemon {
     let kubeconfig = dir.join("kubeconfig");
-    fake.write_kubeconfig(&kubeconfig);
     let config = format!(
         "{}\n{extra}\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\nnamespace = \"{NS}\"\n\
          report_interval_ms = {report_interval_ms}\n",
@@ -149,6 +154,33 @@ fn fake_apiserver_configmap_precedence_reconnect_and_410() {
     d.stop();
     eprintln!("precedence/reconnect/410 test: {:.1} s", started.elapsed().as_secs_f64());
     assert!(logs.contains("watching ConfigMaps"), "the 410 was logged:\n{logs}");
+}
+
+/// The host-package route: the kubeconfig is written when the node joins, after cpupoold
+/// started. Until then the local files apply; then the daemon connects without a restart.
+#[test]
+fn fake_apiserver_kubeconfig_written_after_the_start_is_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    fake.put("nodes", node(None));
+    let d = start_before_kubeconfig(dir.path(), 50, "");
+    let mut v = Varlink::connect(&d.varlink);
+    let pools = v.call("ListPools", json!({})).unwrap();
+    assert_eq!(pools["pools"].as_array().map(Vec::len), Some(3), "{pools}");
+    wait_for(WAIT, "the missing kubeconfig logged", || {
+        if d.logs().contains("the local configuration files alone apply until it can be made") {
+            Ok(())
+        } else {
+            Err(d.logs())
+        }
+    });
+    assert_eq!(fake.count(|_| true), 0, "no request without a kubeconfig");
+    fake.write_kubeconfig(&dir.path().join("kubeconfig"));
+    let status = wait_for(WAIT, "a report once the kubeconfig is there", || {
+        fake.status(NODE).ok_or_else(|| "none".to_owned())
+    });
+    assert_eq!(pool_names(&status), ["dp", "sys", "web"]);
+    d.stop();
 }
 
 /// The watch request itself answered with HTTP 410 (not an `ERROR` event in the stream): the

@@ -131,6 +131,37 @@ pub struct ClusterStatus {
     pub rejected: Option<String>,
 }
 
+/// A client, once one can be made: a kubeconfig that is not there yet (the host-package route
+/// writes it when the node joins) or not valid is tried again, 1 s doubling to 60 s, while the
+/// local configuration files apply. `None` when `stop` is set first.
+async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiver<bool>) -> Option<Client> {
+    let mut pause = std::time::Duration::from_secs(1);
+    let mut failing = false;
+    loop {
+        match client(opts).await {
+            Ok(c) => {
+                if failing {
+                    log::info!("k8s: the client is ready");
+                }
+                return Some(c);
+            }
+            Err(e) if !failing => {
+                log::error!(
+                    "k8s: {}; the local configuration files alone apply until it can be made (trying again)",
+                    error_chain(&e)
+                );
+                failing = true;
+            }
+            Err(e) => log::debug!("k8s: {}", error_chain(&e)),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stopped(stop) => return None,
+        }
+        pause = (pause * 2).min(std::time::Duration::from_secs(60));
+    }
+}
+
 /// Runs the three tasks (configuration, pods, report) until `stop` is set. `source` must read
 /// [`cluster_file`] as its cluster fragment.
 pub async fn run(
@@ -139,9 +170,9 @@ pub async fn run(
     cluster_path: PathBuf,
     opts: Options,
     pods: pods::PodIndex,
-    stop: tokio::sync::watch::Receiver<bool>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), K8sError> {
-    let client = client(&opts).await?;
+    let Some(client) = client_when_ready(&opts, &mut stop).await else { return Ok(()) };
     log::info!(
         "k8s: node {} in namespace {}: following ConfigMaps {} and the node's pods; reporting to CpuPoolNode/{}",
         opts.node,
