@@ -59,8 +59,10 @@ impl dp::registration_server::Registration for Registration {
     }
 }
 
+/// What the kubelet's PodResources answers: the pods, and the CPUs its CPU manager allocates
+/// from (none with the `none` policy).
 #[derive(Clone, Default)]
-struct PodResources(Arc<Mutex<Vec<pr::PodResources>>>);
+struct PodResources(Arc<Mutex<Vec<pr::PodResources>>>, Arc<Mutex<Vec<i64>>>);
 
 #[tonic::async_trait]
 impl pr::pod_resources_lister_server::PodResourcesLister for PodResources {
@@ -74,7 +76,10 @@ impl pr::pod_resources_lister_server::PodResourcesLister for PodResources {
         &self,
         _: Request<pr::AllocatableResourcesRequest>,
     ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(pr::AllocatableResourcesResponse::default()))
+        Ok(Response::new(pr::AllocatableResourcesResponse {
+            cpu_ids: self.1.lock().unwrap().clone(),
+            ..Default::default()
+        }))
     }
 }
 
@@ -572,5 +577,16 @@ async fn allocate_takes_back_devices_the_kubelet_freed_within_the_grace_period()
     assert_eq!(e.0, "org.cpupool.Manager.NoSuchAssignment");
     let logs = d.logs();
     assert!(logs.contains("released kubelet-core-6: the kubelet hands out its devices again"), "{logs}");
+
+    // The kubelet turns to the static CPU manager with only CPUs 0,8 (the reserved pool)
+    // reserved: it may hand out the pools' CPUs, and the daemon says which.
+    assert!(!logs.contains("static CPU manager may give"), "{logs}");
+    *peer.pods.1.lock().unwrap() = (1..16).filter(|c| *c != 8).collect();
+    until(&d, "the CPU manager conflict is logged", || {
+        d.logs().contains(
+            "the kubelet's static CPU manager may give CPUs 1-7,9-15 of pool(s) dp, th, web to Guaranteed containers",
+        )
+    })
+    .await;
     d.stop();
 }

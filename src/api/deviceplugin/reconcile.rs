@@ -18,6 +18,7 @@ use std::time::Instant;
 use super::proto::{cri, podresources};
 use super::server::Shared;
 use super::{devices, host, unix_channel, Options};
+use crate::core::cpuset::CpuSet;
 use crate::core::state::{CgroupPath, Container, Target};
 use crate::engine::{error_chain, Handle};
 
@@ -43,6 +44,18 @@ pub(super) async fn pod_resources(socket: &Path) -> Result<podresources::ListPod
         .map_err(|_| "no answer within 5 s".to_owned())?
         .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
     Ok(reply.into_inner())
+}
+
+/// The CPUs the kubelet's CPU manager allocates from (PodResources `GetAllocatableResources`).
+async fn allocatable_cpus(socket: &Path) -> Result<CpuSet, String> {
+    let channel = unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))?;
+    let mut client = podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel);
+    let call = client.get_allocatable_resources(podresources::AllocatableResourcesRequest {});
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
+    Ok(reply.into_inner().cpu_ids.into_iter().filter_map(|c| u32::try_from(c).ok()).collect())
 }
 
 /// Who holds which allocation, by assignment id (`kubelet-<first device>`). The kubelet lists a
@@ -76,15 +89,53 @@ pub(super) struct Reconciler {
     missing: HashMap<String, Instant>,
     /// Whether the last PodResources call failed (logged once per outage).
     unreachable: bool,
+    /// Pool CPUs the kubelet's CPU manager may hand out exclusively, as last logged.
+    cpu_manager_conflict: CpuSet,
 }
 
 impl Reconciler {
     pub(super) fn new(opts: Options, shared: Arc<Shared>) -> Reconciler {
-        Reconciler { opts, shared, missing: HashMap::new(), unreachable: false }
+        Reconciler {
+            opts,
+            shared,
+            missing: HashMap::new(),
+            unreachable: false,
+            cpu_manager_conflict: CpuSet::new(),
+        }
+    }
+
+    /// Says (once per change) when the kubelet's CPU manager may give pool CPUs to containers
+    /// exclusively: its `GetAllocatableResources` CPUs are those the static policy allocates
+    /// from (all but `reservedSystemCPUs`); the `none` policy reports none. Set up that way at
+    /// start, the plugin refuses to start (`cpu_manager_state`); this notices a kubelet changed
+    /// to the static policy while cpupoold runs.
+    async fn check_cpu_manager(&mut self, handle: &Handle) {
+        let Ok(allocatable) = allocatable_cpus(&self.opts.pod_resources_socket()).await else { return };
+        let snap = handle.snapshot();
+        let pools: Vec<&crate::core::pool::Pool> = snap
+            .state
+            .pools()
+            .values()
+            .filter(|p| p.kubelet && p.kind != crate::core::pool::PoolKind::Reserved)
+            .collect();
+        let conflict =
+            pools.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus.intersection(&allocatable)));
+        if conflict != self.cpu_manager_conflict && !conflict.is_empty() {
+            let names: Vec<&str> =
+                pools.iter().filter(|p| !p.cpus.is_disjoint(&conflict)).map(|p| p.name.as_str()).collect();
+            log::error!(
+                "device plugin: the kubelet's static CPU manager may give CPUs {conflict} of pool(s) {} to \
+                 Guaranteed containers exclusively (GetAllocatableResources); keep them out of its reach with \
+                 reservedSystemCPUs, or set cpuManagerPolicy: none",
+                names.join(", ")
+            );
+        }
+        self.cpu_manager_conflict = conflict;
     }
 
     /// One round.
     pub(super) async fn reconcile(&mut self, handle: &Handle) {
+        self.check_cpu_manager(handle).await;
         let list = match pod_resources(&self.opts.pod_resources_socket()).await {
             Ok(l) => {
                 if self.unreachable {
