@@ -183,6 +183,23 @@ fn fake_apiserver_kubeconfig_written_after_the_start_is_picked_up() {
     d.stop();
 }
 
+/// A CpuPoolNode deleted by hand comes back with the periodic resync (every 150 report
+/// intervals, 7.5 s here), though nothing on the node changed.
+#[test]
+fn fake_apiserver_deleted_report_is_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    fake.put("nodes", node(None));
+    let d = start(dir.path(), &fake, 50);
+    wait_for(WAIT, "a first report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    fake.delete("cpupoolnodes", NODE);
+    assert!(fake.object("cpupoolnodes", NODE).is_none());
+    let status =
+        wait_for(WAIT, "the report written again", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    assert_eq!(pool_names(&status), ["dp", "sys", "web"]);
+    d.stop();
+}
+
 /// The watch request itself answered with HTTP 410 (not an `ERROR` event in the stream): the
 /// daemon lists again, pausing longer while the server keeps answering so, and a ConfigMap made
 /// meanwhile is applied once the watch works again.

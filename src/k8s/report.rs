@@ -133,8 +133,11 @@ pub async fn run(
     let api: Api<CpuPoolNode> = Api::all(client);
     let mut events = handle.subscribe();
     let mut pod_changes = pods.subscribe();
-    let mut writer = Writer { api, node, exists: false, written: None, failing: false };
+    let mut writer = Writer { api, node, exists: false, written: None, failing: false, stale: false };
     let mut dirty = true;
+    // Written again now and then even when nothing changed, so a CpuPoolNode deleted (or
+    // edited) by hand comes back: every 150 intervals (5 min at the default 2 s).
+    let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + interval * 150, interval * 150);
     let mut last_write: Option<Instant> = None;
     let mut backoff = Duration::ZERO;
     loop {
@@ -165,6 +168,10 @@ pub async fn run(
                 Ok(()) => dirty = true,
                 Err(_) => return,
             },
+            _ = resync.tick() => {
+                writer.stale = true;
+                dirty = true;
+            }
             _ = sleep => {
                 dirty = false;
                 let status = build_status(
@@ -194,13 +201,15 @@ struct Writer {
     exists: bool,
     written: Option<CpuPoolNodeStatus>,
     failing: bool,
+    /// Write even what was written already (the periodic resync).
+    stale: bool,
 }
 
 impl Writer {
     /// One write (and the object's creation first when needed). `Err` when it must be retried
     /// later; the cause is logged, once per outage.
     async fn write(&mut self, status: CpuPoolNodeStatus) -> Result<(), ()> {
-        if self.written.as_ref() == Some(&status) && self.exists {
+        if self.written.as_ref() == Some(&status) && self.exists && !self.stale {
             return Ok(());
         }
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -230,6 +239,7 @@ impl Writer {
                         log::info!("k8s: the node report is written again");
                     }
                     self.failing = false;
+                    self.stale = false;
                     self.written = Some(status);
                     return Ok(());
                 }
