@@ -34,28 +34,37 @@ pub(super) struct Holder {
     devices: BTreeSet<String>,
 }
 
-/// The kubelet's PodResources `List`.
-pub(super) async fn pod_resources(socket: &Path) -> Result<podresources::ListPodResourcesResponse, String> {
-    let channel = unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))?;
-    let mut client = podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel);
-    let call = client.list(podresources::ListPodResourcesRequest {});
-    let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
+/// A gRPC channel to the kubelet's or the runtime's `socket`, the error in words.
+async fn channel(socket: &Path) -> Result<tonic::transport::Channel, String> {
+    unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))
+}
+
+/// The answer to a call to the kubelet or the runtime, waited for at most 5 s; the error in
+/// words.
+async fn answer<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, String> {
+    tokio::time::timeout(std::time::Duration::from_secs(5), call)
         .await
         .map_err(|_| "no answer within 5 s".to_owned())?
-        .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
-    Ok(reply.into_inner())
+        .map(tonic::Response::into_inner)
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))
+}
+
+/// The kubelet's PodResources `List`.
+pub(super) async fn pod_resources(socket: &Path) -> Result<podresources::ListPodResourcesResponse, String> {
+    let mut client =
+        podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel(socket).await?);
+    answer(client.list(podresources::ListPodResourcesRequest {})).await
 }
 
 /// The CPUs the kubelet's CPU manager allocates from (PodResources `GetAllocatableResources`).
 async fn allocatable_cpus(socket: &Path) -> Result<CpuSet, String> {
-    let channel = unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))?;
-    let mut client = podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel);
-    let call = client.get_allocatable_resources(podresources::AllocatableResourcesRequest {});
-    let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
-        .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
-        .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
-    Ok(reply.into_inner().cpu_ids.into_iter().filter_map(|c| u32::try_from(c).ok()).collect())
+    let mut client =
+        podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel(socket).await?);
+    let reply =
+        answer(client.get_allocatable_resources(podresources::AllocatableResourcesRequest {})).await?;
+    Ok(reply.cpu_ids.into_iter().filter_map(|c| u32::try_from(c).ok()).collect())
 }
 
 /// Who holds which allocation, by assignment id (`kubelet-<first device>`). The kubelet lists a
@@ -251,21 +260,18 @@ impl Reconciler {
 
     /// Running containers by (namespace, pod, container name): (pod UID, container id).
     async fn cri_containers(&self) -> Result<Containers, String> {
-        let channel = unix_channel(self.opts.runtime_endpoint.clone()).await.map_err(|e| error_chain(&e))?;
-        let mut client = cri::runtime_service_client::RuntimeServiceClient::new(channel);
-        let call = client.list_containers(cri::ListContainersRequest {
+        let mut client = cri::runtime_service_client::RuntimeServiceClient::new(
+            channel(&self.opts.runtime_endpoint).await?,
+        );
+        let reply = answer(client.list_containers(cri::ListContainersRequest {
             filter: Some(cri::ContainerFilter {
                 state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
                 ..Default::default()
             }),
-        });
-        let reply = tokio::time::timeout(std::time::Duration::from_secs(5), call)
-            .await
-            .map_err(|_| "no answer within 5 s".to_owned())?
-            .map_err(|s| format!("{}: {}", s.code(), s.message()))?;
+        }))
+        .await?;
         let label = |c: &cri::Container, k: &str| c.labels.get(k).cloned().unwrap_or_default();
         Ok(reply
-            .into_inner()
             .containers
             .into_iter()
             .map(|c| {
