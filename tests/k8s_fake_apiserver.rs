@@ -73,6 +73,11 @@ fn wait_generation(fake: &Fake, name: Option<&str>) -> Value {
     })
 }
 
+/// Waits until the node report has a status; the status.
+fn wait_report(fake: &Fake, what: &str) -> Value {
+    wait_for(WAIT, what, || fake.status(NODE).ok_or_else(|| "none".to_owned()))
+}
+
 fn pool_names(status: &Value) -> Vec<String> {
     status["pools"]
         .as_array()
@@ -98,7 +103,7 @@ fn fake_apiserver_configmap_precedence_reconnect_and_410() {
     let cluster_file = d.sb.join("run/cluster.toml");
 
     // No ConfigMap: the local files alone, reported without a generation.
-    let status = wait_for(WAIT, "a first report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    let status = wait_report(&fake, "a first report");
     assert_eq!(pool_names(&status), ["dp", "sys", "web"]);
     assert_eq!(condition(&status, "ConfigInvalid").map(|c| c.0).as_deref(), Some("False"));
     assert!(!cluster_file.exists());
@@ -176,9 +181,7 @@ fn fake_apiserver_kubeconfig_written_after_the_start_is_picked_up() {
     });
     assert_eq!(fake.count(|_| true), 0, "no request without a kubeconfig");
     fake.write_kubeconfig(&dir.path().join("kubeconfig"));
-    let status = wait_for(WAIT, "a report once the kubeconfig is there", || {
-        fake.status(NODE).ok_or_else(|| "none".to_owned())
-    });
+    let status = wait_report(&fake, "a report once the kubeconfig is there");
     assert_eq!(pool_names(&status), ["dp", "sys", "web"]);
     d.stop();
 }
@@ -191,11 +194,10 @@ fn fake_apiserver_deleted_report_is_written_again() {
     let fake = Fake::start();
     fake.put("nodes", node(None));
     let d = start(dir.path(), &fake, 50);
-    wait_for(WAIT, "a first report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    wait_report(&fake, "a first report");
     fake.delete("cpupoolnodes", NODE);
     assert!(fake.object("cpupoolnodes", NODE).is_none());
-    let status =
-        wait_for(WAIT, "the report written again", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    let status = wait_report(&fake, "the report written again");
     assert_eq!(pool_names(&status), ["dp", "sys", "web"]);
     d.stop();
 }
@@ -209,7 +211,7 @@ fn fake_apiserver_410_on_the_watch_request_lists_again_with_pauses() {
     let fake = Fake::start();
     fake.put("nodes", node(None));
     let d = start(dir.path(), &fake, 50);
-    wait_for(WAIT, "a first report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    wait_report(&fake, "a first report");
     wait_for(WAIT, "the ConfigMap watch", || {
         if watches(&fake, "/configmaps") > 0 {
             Ok(())
@@ -315,7 +317,7 @@ fn fake_apiserver_report_updates_are_coalesced() {
     fake.put("nodes", node(None));
     let interval = Duration::from_millis(200);
     let d = start(dir.path(), &fake, interval.as_millis() as u64);
-    wait_for(WAIT, "a first report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    wait_report(&fake, "a first report");
     let patches = || fake.count(|r| r.method == "PATCH" && r.path.ends_with("/status"));
     let before = patches();
 

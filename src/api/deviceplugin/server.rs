@@ -67,8 +67,7 @@ impl Shared {
                 return;
             }
         };
-        let Ok(mut online) = self.online.lock() else { return };
-        let before = online.clone().unwrap_or_else(|| self.handle.snapshot().topology.online());
+        let before = self.online_now(&self.handle.snapshot());
         if before != now {
             let (gone, back) = (before.difference(&now), now.difference(&before));
             if !gone.is_empty() {
@@ -77,9 +76,11 @@ impl Shared {
             if !back.is_empty() {
                 log::info!("device plugin: CPUs {back} are online again");
             }
+            if let Ok(mut online) = self.online.lock() {
+                *online = Some(now);
+            }
             self.health_changed.notify_waiters();
         }
-        *online = Some(now);
     }
 
     /// The CPUs online now, as far as the plugin knows.
