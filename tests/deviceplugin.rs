@@ -174,6 +174,19 @@ async fn until(d: &Daemon, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A container's `devices` as the kubelet's PodResources lists them: one entry per device
+/// (and NUMA node, here at most one).
+fn listed(resource: &str, devices: &[&str], node: Option<i64>) -> Vec<pr::ContainerDevices> {
+    devices
+        .iter()
+        .map(|id| pr::ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: ids(&[id]),
+            topology: node.map(|id| pr::TopologyInfo { nodes: vec![pr::NumaNode { id }] }),
+        })
+        .collect()
+}
+
 fn ids(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -319,14 +332,7 @@ async fn kubelet_peer_end_to_end() {
         namespace: "default".into(),
         containers: vec![pr::ContainerResources {
             name: "c1".into(),
-            // As the kubelet lists them: one entry per device and NUMA node.
-            devices: ["core-7", "core-6"]
-                .map(|id| pr::ContainerDevices {
-                    resource_name: "cpupool.io/dp".into(),
-                    device_ids: ids(&[id]),
-                    topology: Some(pr::TopologyInfo { nodes: vec![pr::NumaNode { id: 1 }] }),
-                })
-                .to_vec(),
+            devices: listed("cpupool.io/dp", &["core-7", "core-6"], Some(1)),
             ..Default::default()
         }],
     }];
@@ -536,14 +542,7 @@ async fn allocate_takes_back_devices_the_kubelet_freed_within_the_grace_period()
         namespace: "default".into(),
         containers: vec![pr::ContainerResources {
             name: "c".into(),
-            devices: devs
-                .iter()
-                .map(|id| pr::ContainerDevices {
-                    resource_name: resource.into(),
-                    device_ids: ids(&[id]),
-                    topology: None,
-                })
-                .collect(),
+            devices: listed(resource, devs, None),
             ..Default::default()
         }],
     };
