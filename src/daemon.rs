@@ -27,6 +27,8 @@ pub struct RunOptions {
     pub restore_previous_state: bool,
     /// Where processes are found (normally `/proc`).
     pub proc_root: PathBuf,
+    /// How often drift is looked for ([`crate::engine::Handle::check_drift`]); zero: never.
+    pub check_interval: Duration,
     /// Where to serve the D-Bus API.
     pub bus: BusChoice,
     /// Where systemd is reached: forces the systemd backend (the system bus on a real host
@@ -145,7 +147,11 @@ fn config_source(opts: &RunOptions) -> ConfigSource {
 /// Runs the daemon until `shutdown` completes or SIGTERM/SIGINT arrives.
 pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
     let (opts, settings) = with_cluster_fragment(opts)?;
-    let fs = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
+    let mut fs = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
+    if let Some(sb) = &opts.sandbox {
+        // The sandbox never changes a real process: affinities are recorded in DIR/proc.
+        fs = fs.simulated_processes(sb.procfs());
+    }
     let (backend, systemd_conn) = backend(&settings, &opts, fs.clone()).await?;
     log::info!("applying pools through the {} backend", backend.name());
     let started = std::time::Instant::now();
@@ -282,6 +288,12 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     let watchdog = sd_notify::watchdog_enabled(false, &mut usec);
     let period = if watchdog { Duration::from_micros(usec / 2) } else { Duration::from_secs(3600) };
     let mut ticker = tokio::time::interval(period.max(Duration::from_millis(10)));
+    let checking = !opts.check_interval.is_zero();
+    let mut drift =
+        tokio::time::interval(if checking { opts.check_interval } else { Duration::from_secs(3600) });
+    drift.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is now: start has just reconciled.
+    drift.tick().await;
     tokio::pin!(shutdown);
     let mut restart = None;
     loop {
@@ -295,6 +307,11 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             _ = term.recv() => { log::info!("SIGTERM: stopping"); break }
             _ = int.recv() => { log::info!("SIGINT: stopping"); break }
             _ = hup.recv() => reload(&handle).await,
+            _ = drift.tick(), if checking => {
+                if let Err(e) = handle.check_drift().await {
+                    log::warn!("drift check: {}", engine::error_chain(&e));
+                }
+            }
             _ = ticker.tick(), if watchdog => {
                 // Only a live engine keeps the watchdog fed: a stuck one gets us restarted.
                 match engine::ping_within(&handle, engine::PING_TIMEOUT).await {

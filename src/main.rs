@@ -38,6 +38,11 @@ struct Args {
     /// Default: the system bus when systemd runs the host (daemon.backend = "auto").
     #[arg(long, value_name = "BUS")]
     systemd_bus: Option<BusChoice>,
+    /// Every SECONDS, read back what the kernel enforces on every assignment's target,
+    /// correct what someone changed, and report what cannot be corrected as degraded
+    /// (0: only at start and after systemd reloads).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    check_interval: u64,
     /// Log level (overrides daemon.log_level): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<log::LevelFilter>,
@@ -86,6 +91,7 @@ fn main() -> ExitCode {
         sandbox,
         restore_previous_state: args.restore_previous_state,
         proc_root: "/proc".into(),
+        check_interval: std::time::Duration::from_secs(args.check_interval),
         bus,
         systemd_bus: match args.systemd_bus {
             Some(BusChoice::Bus(b)) => Some(b),

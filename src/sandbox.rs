@@ -10,6 +10,9 @@
 //! DIR/state/                 state.json
 //! DIR/run/                   runtime dir (API sockets)
 //! DIR/run/bus.sock           the sandbox's private D-Bus bus (see [`Sandbox::private_bus`])
+//! DIR/proc/                  simulated process attributes: the affinity a pid target or
+//!                            `Run` would set, as PID/status (Cpus_allowed_list); processes
+//!                            themselves are only read, never changed
 //! DIR/kubelet/               kubelet dir: device-plugins/ holds the plugin's sockets; a
 //!                            kubelet-shaped peer puts kubelet.sock there and
 //!                            pod-resources/kubelet.sock beside it
@@ -151,6 +154,10 @@ impl Sandbox {
     /// Runtime dir.
     pub fn run(&self) -> PathBuf {
         self.root.join("run")
+    }
+    /// Where the sandbox records what it would have set on real processes (`PID/status`).
+    pub fn procfs(&self) -> PathBuf {
+        self.root.join("proc")
     }
     /// Kubelet dir.
     pub fn kubelet(&self) -> PathBuf {

@@ -205,7 +205,7 @@ fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
     let out = call(false, &["Assign", "ssuts", "dp", "cgroup:k/a", "2", "0", "x"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["data"], json!(["x", "dp", "1,5", 2000, "cgroup:k/a", true, ""]));
+    assert_eq!(v["data"], json!(["x", "dp", "1,5", 2000, "cgroup:k/a", true, "", "applied", ""]));
     assert_eq!(d.cgroup("k/a/cpuset.cpus").as_deref(), Some("1,5"));
     let out = call(false, &["Release", "s", "x"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

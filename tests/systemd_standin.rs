@@ -47,6 +47,77 @@ struct StandIn {
     shared: Arc<Mutex<Shared>>,
 }
 
+/// A unit's object, for the properties cpupoold reads back: `Slice` and `ControlGroup` (empty
+/// while the unit has no cgroup, as systemd shows a unit that does not run).
+struct UnitObject {
+    name: String,
+    cgroupfs: PathBuf,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl UnitObject {
+    fn slice(&self) -> String {
+        if self.name.ends_with(".slice") {
+            let parent = StandIn::cgroup_of(&self.name, None);
+            return parent
+                .rsplit_once('/')
+                .map_or("-.slice", |(p, _)| p.rsplit('/').next().unwrap_or("-.slice"))
+                .to_owned();
+        }
+        let s = self.shared.lock().unwrap();
+        match s.units.get(&self.name) {
+            Some(dir) => dir
+                .parent()
+                .and_then(|p| p.file_name())
+                .and_then(|n| n.to_str())
+                .unwrap_or("-.slice")
+                .to_owned(),
+            None => "system.slice".to_owned(),
+        }
+    }
+
+    fn control_group(&self) -> String {
+        let s = self.shared.lock().unwrap();
+        let dir = match s.units.get(&self.name) {
+            Some(d) => d.clone(),
+            None if ["system.slice", "user.slice", "init.scope"].contains(&self.name.as_str()) => {
+                self.cgroupfs.join(&self.name)
+            }
+            None => return String::new(),
+        };
+        format!("/{}", dir.strip_prefix(&self.cgroupfs).unwrap().display())
+    }
+}
+
+macro_rules! unit_interface {
+    ($ty:ident, $iface:literal) => {
+        struct $ty(UnitObject);
+        #[zbus::interface(name = $iface)]
+        impl $ty {
+            #[zbus(property)]
+            fn slice(&self) -> String {
+                self.0.slice()
+            }
+            #[zbus(property)]
+            fn control_group(&self) -> String {
+                self.0.control_group()
+            }
+        }
+    };
+}
+unit_interface!(ServiceObject, "org.freedesktop.systemd1.Service");
+unit_interface!(ScopeObject, "org.freedesktop.systemd1.Scope");
+unit_interface!(SliceObject, "org.freedesktop.systemd1.Slice");
+
+/// A unit's object path, escaped as systemd does.
+fn unit_path(name: &str) -> OwnedObjectPath {
+    let escaped: String = name
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("_{b:02x}") })
+        .collect();
+    OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/unit/{escaped}")).unwrap()
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -186,16 +257,30 @@ impl StandIn {
         if s.units.contains_key(&name)
             || ["system.slice", "user.slice", "init.scope"].contains(&name.as_str())
         {
-            let escaped: String = name
-                .bytes()
-                .map(
-                    |b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("_{b:02x}") },
-                )
-                .collect();
-            Ok(OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/unit/{escaped}")).unwrap())
+            Ok(unit_path(&name))
         } else {
             Err(SdError::NoSuchUnit(format!("Unit {name} not loaded.")))
         }
+    }
+
+    /// Loads a unit: its object, with `Slice` and `ControlGroup`, at its path.
+    async fn load_unit(
+        &self,
+        #[zbus(object_server)] server: &zbus::ObjectServer,
+        name: String,
+    ) -> Result<OwnedObjectPath, SdError> {
+        self.shared.lock().unwrap().calls.push(("LoadUnit".into(), name.clone(), vec![]));
+        let path = unit_path(&name);
+        let object =
+            UnitObject { name: name.clone(), cgroupfs: self.cgroupfs.clone(), shared: self.shared.clone() };
+        // Already there: `at` says so and keeps the first.
+        let _ = match name.rsplit('.').next() {
+            Some("service") => server.at(&path, ServiceObject(object)).await,
+            Some("scope") => server.at(&path, ScopeObject(object)).await,
+            Some("slice") => server.at(&path, SliceObject(object)).await,
+            _ => Ok(false),
+        };
+        Ok(path)
     }
 
     async fn subscribe(&self) {}
@@ -284,11 +369,32 @@ fn standin_systemd1_gets_allowed_cpus_slices_scopes_and_reclaim() {
     // Written by the stand-in, which spells lists out.
     assert_eq!(d.cgroup("cpupool.slice/cpupool-dp.slice/cpuset.cpus").as_deref(), Some("1,2,5,6"));
 
-    // A unit target gets AllowedCPUs through systemd; releasing it lifts them (an empty array).
-    let app = sb.join("cgroup/system.slice/app.service");
+    // A unit in system.slice cannot run on dp's CPUs (its slice has the reserved ones):
+    // refused, naming the slice and its CPUs, and nothing is set on it.
+    let mut v = Varlink::connect(&d.varlink);
+    let stray = sb.join("cgroup/system.slice/stray.service");
+    std::fs::create_dir_all(&stray).unwrap();
+    std::fs::write(sb.join("cgroup/system.slice/cpuset.cpus.effective"), "0,4\n").unwrap();
+    shared.lock().unwrap().units.insert("stray.service".into(), stray);
+    let Err((name, params)) =
+        v.call("Assign", json!({ "pool": "dp", "target": "unit:stray.service", "cpus": 2, "id": "stray" }))
+    else {
+        panic!("a unit outside its pool's slice was accepted")
+    };
+    assert_eq!(name, "org.cpupool.Manager.TargetOutsidePool", "{params}");
+    assert_eq!(
+        (params["parent"].as_str(), params["parent_cpus"].as_str()),
+        (Some("system.slice"), Some("0,4"))
+    );
+    assert!(params["hint"].as_str().unwrap().contains("--slice=cpupool-dp.slice"), "{params}");
+    assert!(calls(&shared, "SetUnitProperties", "stray.service").is_empty());
+    assert_eq!(v.call("ListAssignments", json!({})).unwrap()["assignments"], json!([]));
+
+    // A unit target in its pool's slice gets AllowedCPUs through systemd; releasing it lifts
+    // them (an empty array).
+    let app = sb.join("cgroup/cpupool.slice/cpupool-dp.slice/app.service");
     std::fs::create_dir_all(&app).unwrap();
     shared.lock().unwrap().units.insert("app.service".into(), app);
-    let mut v = Varlink::connect(&d.varlink);
     let a = v
         .call(
             "Assign",
@@ -348,7 +454,7 @@ fn standin_systemd1_gets_allowed_cpus_slices_scopes_and_reclaim() {
 
     // A call systemd never answers does not hang the daemon: the release fails after the call
     // timeout, nothing changes, and it keeps answering.
-    let lost = sb.join("cgroup/system.slice/lost.service");
+    let lost = sb.join("cgroup/cpupool.slice/cpupool-dp.slice/lost.service");
     std::fs::create_dir_all(&lost).unwrap();
     shared.lock().unwrap().units.insert("lost.service".into(), lost);
     v.call(

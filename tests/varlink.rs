@@ -134,9 +134,9 @@ fn introspection_reads_assign_release_and_errors() {
     );
 
     // Assign a core of dp to a cgroup; the daemon writes its cpuset.cpus.
-    let cg = d.sb.join("cgroup/work/app");
+    let cg = d.sb.join("cgroup/cpupool.slice/cpupool-dp.slice/app");
     fs::create_dir_all(&cg).unwrap_or_else(|e| panic!("{e}"));
-    let a = ok(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/app", "cpus": 2, "id": "app-1" }))
+    let a = ok(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:cpupool.slice/cpupool-dp.slice/app", "cpus": 2, "id": "app-1" }))
         ["assignment"]
         .clone();
     assert_eq!(
@@ -144,12 +144,15 @@ fn introspection_reads_assign_release_and_errors() {
         (Some("app-1"), Some("dp"), Some(2000)),
         "{a}"
     );
-    assert_eq!(a["target"], "cgroup:work/app");
+    assert_eq!(a["target"], "cgroup:cpupool.slice/cpupool-dp.slice/app");
     let cpus = a["cpus"].as_str().unwrap_or_default().to_owned();
     assert_eq!(fs::read_to_string(cg.join("cpuset.cpus")).unwrap_or_default().trim(), cpus);
     // An idempotent repeat answers the same assignment.
-    let again =
-        ok(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/app", "cpus": 2, "id": "app-1" }));
+    let again = ok(
+        &d,
+        "Assign",
+        json!({ "pool": "dp", "target": "cgroup:cpupool.slice/cpupool-dp.slice/app", "cpus": 2, "id": "app-1" }),
+    );
     assert_eq!(again["assignment"], a);
     let listed = ok(&d, "ListAssignments", json!({ "pool": "dp" }));
     assert_eq!(listed["assignments"], json!([a]));
@@ -161,18 +164,27 @@ fn introspection_reads_assign_release_and_errors() {
     );
 
     // Errors come back by name, and change nothing.
-    let e = call(&d, "Assign", json!({ "pool": "nope", "target": "cgroup:work/other", "cpus": 1 }));
+    let e = call(
+        &d,
+        "Assign",
+        json!({ "pool": "nope", "target": "cgroup:cpupool.slice/cpupool-dp.slice/other", "cpus": 1 }),
+    );
     assert!(
         e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.NoSuchPool") && e.contains("nope")),
         "{e:?}"
     );
-    let e = call(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/other", "cpus": 2 }));
+    let e = call(
+        &d,
+        "Assign",
+        json!({ "pool": "dp", "target": "cgroup:cpupool.slice/cpupool-dp.slice/other", "cpus": 2 }),
+    );
     assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.InsufficientCapacity")), "{e:?}");
     let e = call(&d, "GetPool", json!({ "name": "nope" }));
     assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.NoSuchPool")), "{e:?}");
     let e = call(&d, "Release", json!({ "id": "nope" }));
     assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.NoSuchAssignment")), "{e:?}");
-    let e = call(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:work/other" }));
+    let e =
+        call(&d, "Assign", json!({ "pool": "dp", "target": "cgroup:cpupool.slice/cpupool-dp.slice/other" }));
     assert!(e.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.InvalidArgument")), "{e:?}");
     assert_eq!(pools(&d), after);
     assert_eq!(ok(&d, "Status", json!({}))["assignments"], 1);
@@ -258,7 +270,7 @@ fn unprivileged_callers_may_read_but_not_assign() {
         &python,
         &env,
         "Assign",
-        json!({ "pool": "web", "target": "cgroup:work/denied", "millicpus": 500 }),
+        json!({ "pool": "web", "target": "cgroup:cpupool.slice/cpupool-web.slice/denied", "millicpus": 500 }),
     );
     assert!(
         denied.as_ref().is_err_and(|e| e.contains("org.cpupool.Manager.AccessDenied") && e.contains("65534")),
@@ -317,11 +329,12 @@ fn monitor_streams_changes() {
     }
     assert_eq!(replay, ["dp", "reserved", "web"]);
 
-    fs::create_dir_all(d.sb.join("cgroup/work/mon")).unwrap_or_else(|e| panic!("{e}"));
+    fs::create_dir_all(d.sb.join("cgroup/cpupool.slice/cpupool-web.slice/mon"))
+        .unwrap_or_else(|e| panic!("{e}"));
     let a = ok(
         &d,
         "Assign",
-        json!({ "pool": "web", "target": "cgroup:work/mon", "millicpus": 250, "id": "mon-1" }),
+        json!({ "pool": "web", "target": "cgroup:cpupool.slice/cpupool-web.slice/mon", "millicpus": 250, "id": "mon-1" }),
     );
     assert_eq!(a["assignment"]["millicpus"], 250);
     assert_eq!(

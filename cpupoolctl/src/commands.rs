@@ -149,14 +149,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
         }
         Command::Pool(PoolCommand::Show { name }) => {
             let pool = m.get_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
-            p.print(|| output::pool(&pool), || output::pool_json(&pool))
+            let list = m.list_assignments(Some(name)).unwrap_or_default();
+            p.print(|| output::pool_with(&pool, &list), || output::pool_json(&pool))
         }
         Command::Run(r) => {
             let amount = match (r.amount.cpus, r.amount.millicpus) {
                 (Some(n), _) => Amount::Cpus(n),
                 (None, m) => Amount::Millicpus(m.unwrap_or_default()),
             };
-            crate::run::parent(m.as_mut(), r, amount)
+            crate::run::parent(m.as_mut(), r, amount, cli.global.sandbox.is_some())
         }
         Command::Pool(PoolCommand::Assign(a)) => {
             let amount = match (a.amount.cpus, a.amount.millicpus) {

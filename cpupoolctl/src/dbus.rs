@@ -74,8 +74,8 @@ impl fmt::Display for Bus {
 /// `(ssssttbus)`: name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated,
 /// assignments, partition.
 type PoolTuple = (String, String, String, String, u64, u64, bool, u32, String);
-/// `(ssstsbs)`: id, pool, cpus, millicpus, target, reclaim, container.
-type AssignmentTuple = (String, String, String, u64, String, bool, String);
+/// `(ssstsbsss)`: id, pool, cpus, millicpus, target, reclaim, container, state, reason.
+type AssignmentTuple = (String, String, String, u64, String, bool, String, String, String);
 /// `(uuuuuu)`: cpu, core, package, die, node, l3.
 type CpuTuple = (u32, u32, u32, u32, u32, u32);
 
@@ -96,8 +96,8 @@ fn pool(t: PoolTuple) -> Pool {
 }
 
 fn assignment(t: AssignmentTuple) -> Assignment {
-    let (id, pool, cpus, millicpus, target, reclaim, container) = t;
-    Assignment { id, pool, cpus, millicpus, target, reclaim, container }
+    let (id, pool, cpus, millicpus, target, reclaim, container, state, reason) = t;
+    Assignment { id, pool, cpus, millicpus, target, reclaim, container, state, reason }
 }
 
 fn cpu(t: CpuTuple) -> Cpu {
@@ -355,13 +355,14 @@ impl crate::client::Manager for Client {
     }
 
     fn status(&mut self) -> Result<Status, Error> {
-        let (version, uptime_seconds, pools, assignments, state_file, config_error): (
+        let (version, uptime_seconds, pools, assignments, state_file, config_error, degraded): (
             String,
             u64,
             u32,
             u32,
             String,
             String,
+            u32,
         ) = self.call("Status", &())?;
         Ok(Status {
             version,
@@ -370,6 +371,7 @@ impl crate::client::Manager for Client {
             assignments: assignments.into(),
             state_file,
             config_error: Some(config_error).filter(|e| !e.is_empty()),
+            degraded_assignments: degraded.into(),
         })
     }
 
@@ -484,7 +486,17 @@ mod tests {
             (p.assignments, p.free_cpus.as_str(), p.isolated, p.partition.as_str()),
             (1, "3", true, "isolated")
         );
-        let a = assignment(("a".into(), "dp".into(), "2".into(), 1000, "pid:1".into(), false, String::new()));
+        let a = assignment((
+            "a".into(),
+            "dp".into(),
+            "2".into(),
+            1000,
+            "pid:1".into(),
+            false,
+            String::new(),
+            "applied".into(),
+            String::new(),
+        ));
         assert_eq!((a.id.as_str(), a.millicpus, a.target.as_str(), a.reclaim), ("a", 1000, "pid:1", false));
         assert_eq!(cpu((1, 2, 3, 4, 5, 6)).l3, 6);
     }

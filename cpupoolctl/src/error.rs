@@ -137,7 +137,7 @@ impl DaemonError {
         let keys: &[&str] = match self.kind.as_str() {
             "NoSuchPool" | "PoolExists" | "PoolInUse" | "ReservedPool" => &["pool"],
             "NoSuchAssignment" | "DuplicateId" => &["id"],
-            "TargetBusy" => &["target"],
+            "TargetBusy" | "TargetNotAllowed" | "TargetOutsidePool" => &["target"],
             "NotWholeCores" => &["pool", "requested"],
             "InsufficientCapacity" => &["pool", "requested", "unit"],
             _ => &[],
@@ -224,6 +224,28 @@ impl DaemonError {
                             .into()
                     }
                 };
+                (what, hint)
+            }
+            "TargetNotAllowed" => (
+                match (p("target"), p("reason")) {
+                    (Some(t), Some(r)) => Some(Full(format!("target `{t}` cannot be assigned: {r}"))),
+                    (Some(t), None) => Some(Partial(format!("target `{t}` cannot be assigned"))),
+                    _ => None,
+                },
+                "assign a unit or cgroup inside a pool's slice (`cpupool-POOL.slice`)".into(),
+            ),
+            "TargetOutsidePool" => {
+                let what = match (p("target"), p("cpus"), p("parent"), p("parent_cpus")) {
+                    (Some(t), Some(c), Some(par), Some(pc)) => Some(Full(format!(
+                        "target `{t}` cannot run on CPUs {c}: it sits in `{par}`, whose effective CPUs are {}",
+                        if pc.is_empty() { "none".to_owned() } else { pc }
+                    ))),
+                    (Some(t), ..) => Some(Partial(format!("target `{t}` cannot run on the pool's CPUs where it is"))),
+                    _ => None,
+                };
+                let hint = p("hint").unwrap_or_else(|| {
+                    "start it in the pool's slice (`systemd-run --slice=cpupool-POOL.slice`) or use `cpupoolctl run`".into()
+                });
                 (what, hint)
             }
             "InvalidArgument" => {

@@ -162,21 +162,46 @@ pub fn assignments(list: &[Assignment], pool: Option<&str>) -> String {
     use Align::{Left, Right};
     // The CONTAINER column only when some assignment serves a kubelet container.
     let containers = list.iter().any(|a| !a.container.is_empty());
-    let mut headers =
-        vec![("ID", Left), ("POOL", Left), ("CPUS", Left), ("MILLICPUS", Right), ("TARGET", Left)];
+    let mut headers = vec![
+        ("ID", Left),
+        ("POOL", Left),
+        ("CPUS", Left),
+        ("MILLICPUS", Right),
+        ("STATE", Left),
+        ("TARGET", Left),
+    ];
     if containers {
         headers.push(("CONTAINER", Left));
     }
     let mut t = Table::new(&headers);
     for a in list {
-        let mut row =
-            vec![a.id.clone(), a.pool.clone(), cpus(&a.cpus), millicpus(a.millicpus), a.target.clone()];
+        let mut row = vec![
+            a.id.clone(),
+            a.pool.clone(),
+            cpus(&a.cpus),
+            millicpus(a.millicpus),
+            a.state.clone(),
+            a.target.clone(),
+        ];
         if containers {
             row.push(a.container.clone());
         }
         t.row(row);
     }
-    t.render()
+    let mut out = t.render();
+    for a in list.iter().filter(|a| !a.reason.is_empty()) {
+        out.push_str(&format!("{} is {}: {}\n", a.id, a.state, a.reason));
+    }
+    out
+}
+
+/// `pool show`: the pool, and why its degraded assignments are.
+pub fn pool_with(p: &Pool, list: &[Assignment]) -> String {
+    let mut out = pool(p);
+    for a in list.iter().filter(|a| a.state == "degraded") {
+        out.push_str(&format!("degraded: assignment {} ({}): {}\n", a.id, a.target, a.reason));
+    }
+    out
 }
 
 /// `pool assign`.
@@ -188,6 +213,10 @@ pub fn assignment(a: &Assignment) -> String {
             ("cpus", cpus(&a.cpus)),
             ("millicpus", millicpus(a.millicpus)),
             ("target", a.target.clone()),
+            (
+                "state",
+                if a.reason.is_empty() { a.state.clone() } else { format!("{}: {}", a.state, a.reason) },
+            ),
         ]
         .into_iter()
         .chain((!a.container.is_empty()).then(|| ("container", a.container.clone())))
@@ -240,6 +269,13 @@ pub fn status(s: &Status) -> String {
         ("pools", s.pools.to_string()),
         ("assignments", s.assignments.to_string()),
         ("state file", s.state_file.clone()),
+        (
+            "enforcement",
+            match s.degraded_assignments {
+                0 => "every assignment enforced as assigned".to_owned(),
+                n => format!("{n} assignment(s) degraded (`cpupoolctl assignments` says why)"),
+            },
+        ),
         (
             "configuration",
             match &s.config_error {
@@ -348,6 +384,8 @@ assignments:  1
             target: "cgroup:work/app".into(),
             reclaim: true,
             container: String::new(),
+            state: "applied".into(),
+            reason: String::new(),
         };
         let b = Assignment {
             id: "x".into(),
@@ -357,20 +395,22 @@ assignments:  1
             target: "pid:7".into(),
             reclaim: true,
             container: String::new(),
+            state: "applied".into(),
+            reason: String::new(),
         };
         assert_eq!(
             assignments(&[a.clone(), b], None),
             "\
-ID     POOL  CPUS  MILLICPUS  TARGET
-app-1  dp    2,6       2000m  cgroup:work/app
-x      web   1,5        250m  pid:7
+ID     POOL  CPUS  MILLICPUS  STATE    TARGET
+app-1  dp    2,6       2000m  applied  cgroup:work/app
+x      web   1,5        250m  applied  pid:7
 "
         );
         assert_eq!(assignments(&[], None), "no assignments\n");
         assert_eq!(assignments(&[], Some("dp")), "no assignments in pool `dp`\n");
         assert_eq!(
             assignment(&a),
-            "id:         app-1\npool:       dp\ncpus:       2,6\nmillicpus:  2000m\ntarget:     cgroup:work/app\n"
+            "id:         app-1\npool:       dp\ncpus:       2,6\nmillicpus:  2000m\ntarget:     cgroup:work/app\nstate:      applied\n"
         );
         assert_eq!(released(&a), "released `app-1`: pool dp, CPUs 2,6, 2000m, cgroup:work/app\n");
         assert_eq!(assignment_json(&a)["assignment"]["millicpus"], 2000);
@@ -383,13 +423,16 @@ x      web   1,5        250m  pid:7
             target: "cgroup:kubepods.slice/ctr.scope".into(),
             reclaim: true,
             container: "default/web-0/nginx".into(),
+            state: "degraded".into(),
+            reason: "target `cgroup:kubepods.slice/ctr.scope` cannot run on CPUs 6,14".into(),
         };
         assert_eq!(
             assignments(&[a, k.clone()], None),
             "\
-ID              POOL  CPUS  MILLICPUS  TARGET                           CONTAINER
-app-1           dp    2,6       2000m  cgroup:work/app
-kubelet-core-6  dp    6,14      2000m  cgroup:kubepods.slice/ctr.scope  default/web-0/nginx
+ID              POOL  CPUS  MILLICPUS  STATE     TARGET                           CONTAINER
+app-1           dp    2,6       2000m  applied   cgroup:work/app
+kubelet-core-6  dp    6,14      2000m  degraded  cgroup:kubepods.slice/ctr.scope  default/web-0/nginx
+kubelet-core-6 is degraded: target `cgroup:kubepods.slice/ctr.scope` cannot run on CPUs 6,14
 "
         );
         assert!(assignment(&k).ends_with("container:  default/web-0/nginx\n"), "{}", assignment(&k));
@@ -425,6 +468,7 @@ CPU  CORE  PACKAGE  DIE  NODE  L3
             assignments: 0,
             state_file: "/var/lib/cpupoold/state.json".into(),
             config_error: None,
+            degraded_assignments: 0,
         };
         let text = status(&s);
         assert!(text.starts_with("version:        0.1.0\nuptime:         1d 2h 3m 4s\n"), "{text}");

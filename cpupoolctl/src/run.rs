@@ -10,7 +10,8 @@
 //! into the FIFO. The child sets it and executes COMMAND in place: same pid, so the scope and
 //! the affinity hold. The parent waits, releases the assignment and exits with COMMAND's
 //! status (128 + N when a signal N ended it). If cpupoolctl itself dies, the daemon reclaims
-//! the assignment when the process exits.
+//! the assignment when the process exits. Against a sandbox the CPUs are simulated: COMMAND
+//! runs unconfined and gets `CPUPOOL_SIMULATED=1`.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -63,8 +64,11 @@ impl Drop for FifoDir {
     }
 }
 
-/// The parent side: never returns when COMMAND ran (exits with its status).
-pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount) -> Result<(), Error> {
+/// The parent side: never returns when COMMAND ran (exits with its status). Against a sandbox
+/// (`sandbox`), the CPUs are the simulated host's: the daemon records them in its own
+/// directory and never touches this process, so COMMAND runs unconfined, which is said on
+/// stderr and in `CPUPOOL_SIMULATED=1`.
+pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount, sandbox: bool) -> Result<(), Error> {
     // Fails early (and clearly) on a pool that does not exist, before anything is started.
     let pool = m.get_pool(&args.pool)?;
     let dir = FifoDir::new()?;
@@ -93,7 +97,15 @@ pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount) -> Result<(),
         (kind_var, a.cpus.as_str()),
         ("CPUPOOL_ASSIGNMENT", a.id.as_str()),
     ];
-    let text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let mut text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    if sandbox {
+        eprintln!(
+            "cpupoolctl: sandbox: CPUs {} belong to the simulated host; `{}` runs on this machine's CPUs, unconfined",
+            a.cpus,
+            args.command.first().map(|c| c.to_string_lossy()).unwrap_or_default()
+        );
+        text.push_str("CPUPOOL_SIMULATED=1\n");
+    }
     // Opening blocks until the child opens its end, which it does first thing.
     let written = std::fs::OpenOptions::new()
         .write(true)

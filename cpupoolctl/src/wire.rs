@@ -52,6 +52,16 @@ pub struct Assignment {
     /// Kubelet assignments: `NAMESPACE/POD/CONTAINER`; empty otherwise.
     #[serde(default)]
     pub container: String,
+    /// `applied`, or `degraded` when the kernel does not enforce its CPUs on the target.
+    #[serde(default = "applied")]
+    pub state: String,
+    /// Why it is degraded; empty otherwise.
+    #[serde(default)]
+    pub reason: String,
+}
+
+fn applied() -> String {
+    "applied".into()
 }
 
 fn yes() -> bool {
@@ -105,6 +115,9 @@ pub struct Status {
     /// the JSON output (`null` when the configuration runs), whichever transport answered.
     #[serde(default)]
     pub config_error: Option<String>,
+    /// Assignments the kernel does not enforce as assigned.
+    #[serde(default)]
+    pub degraded_assignments: u64,
 }
 
 /// A committed change, as `Monitor` streams it (`type Event`).

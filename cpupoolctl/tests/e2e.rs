@@ -236,29 +236,59 @@ fn reads_assign_release_and_errors(dbus: bool) {
     );
 
     // Assign a core of dp to a cgroup; the daemon writes its cpuset.cpus.
-    let cg = d.cgroup("work/app");
-    let a = ctl.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "app-1"])
-        ["assignment"]
+    let cg = d.cgroup("cpupool.slice/cpupool-dp.slice/app");
+    let a = ctl.ok(&[
+        "pool",
+        "assign",
+        "dp",
+        "--cgroup",
+        "cpupool.slice/cpupool-dp.slice/app",
+        "--cpus",
+        "2",
+        "--id",
+        "app-1",
+    ])["assignment"]
         .clone();
     assert_eq!(
         (a["id"].as_str(), a["pool"].as_str(), a["millicpus"].as_u64(), a["target"].as_str()),
-        (Some("app-1"), Some("dp"), Some(2000), Some("cgroup:work/app")),
+        (Some("app-1"), Some("dp"), Some(2000), Some("cgroup:cpupool.slice/cpupool-dp.slice/app")),
         "{a}"
     );
     let cpus = a["cpus"].as_str().unwrap_or_default().to_owned();
     assert_eq!(fs::read_to_string(cg.join("cpuset.cpus")).unwrap_or_default().trim(), cpus);
     // The same call again is a no-op answering the same assignment.
-    let again = ctl.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "app-1"]);
+    let again = ctl.ok(&[
+        "pool",
+        "assign",
+        "dp",
+        "--cgroup",
+        "cpupool.slice/cpupool-dp.slice/app",
+        "--cpus",
+        "2",
+        "--id",
+        "app-1",
+    ]);
     assert_eq!(again["assignment"], a);
     assert_eq!(ctl.ok(&["assignments", "--pool", "dp"])["assignments"], json!([a]));
     assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([a]));
     assert_eq!(ctl.ok(&["assignments", "--pool", "web"])["assignments"], json!([]));
     let (code, table, _) = ctl.human(&["assignments"]);
     assert_eq!(code, 0);
-    assert!(table.contains("app-1") && table.contains("cgroup:work/app"), "{table}");
+    assert!(
+        table.contains("app-1") && table.contains("cgroup:cpupool.slice/cpupool-dp.slice/app"),
+        "{table}"
+    );
     // A shared assignment by millicpus.
-    d.cgroup("work/web");
-    let w = ctl.ok(&["pool", "assign", "web", "--cgroup", "work/web", "--millicpus", "1500"])["assignment"]
+    d.cgroup("cpupool.slice/cpupool-web.slice/web");
+    let w = ctl.ok(&[
+        "pool",
+        "assign",
+        "web",
+        "--cgroup",
+        "cpupool.slice/cpupool-web.slice/web",
+        "--millicpus",
+        "1500",
+    ])["assignment"]
         .clone();
     assert_eq!((w["pool"].as_str(), w["millicpus"].as_u64()), (Some("web"), Some(1500)), "{w}");
     let wid = w["id"].as_str().unwrap_or_default().to_owned();
@@ -285,22 +315,47 @@ fn reads_assign_release_and_errors(dbus: bool) {
         stderr.trim(),
         "cpupoolctl: error NoSuchPool: no pool `nope`; `cpupoolctl pool list` shows the pools"
     );
-    let (code, e) = ctl.err(&["pool", "assign", "nope", "--cgroup", "work/other", "--cpus", "1"]);
+    let (code, e) = ctl.err(&[
+        "pool",
+        "assign",
+        "nope",
+        "--cgroup",
+        "cpupool.slice/cpupool-dp.slice/other",
+        "--cpus",
+        "1",
+    ]);
     assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
-    d.cgroup("work/other");
-    let (code, e) = ctl.err(&["pool", "assign", "dp", "--cgroup", "work/other", "--cpus", "2"]);
+    d.cgroup("cpupool.slice/cpupool-dp.slice/other");
+    let (code, e) =
+        ctl.err(&["pool", "assign", "dp", "--cgroup", "cpupool.slice/cpupool-dp.slice/other", "--cpus", "2"]);
     assert_eq!(
         (code, e["error"].as_str(), e["parameters"]["pool"].as_str()),
         (1, Some("InsufficientCapacity"), Some("dp")),
         "{e}"
     );
-    let (code, e) = ctl.err(&["pool", "assign", "web", "--cgroup", "work/app", "--millicpus", "100"]);
+    let (code, e) = ctl.err(&[
+        "pool",
+        "assign",
+        "web",
+        "--cgroup",
+        "cpupool.slice/cpupool-dp.slice/app",
+        "--millicpus",
+        "100",
+    ]);
     assert_eq!(
         (code, e["error"].as_str(), e["parameters"]["target"].as_str()),
-        (1, Some("TargetBusy"), Some("cgroup:work/app")),
+        (1, Some("TargetBusy"), Some("cgroup:cpupool.slice/cpupool-dp.slice/app")),
         "{e}"
     );
-    let (code, e) = ctl.err(&["pool", "assign", "reserved", "--cgroup", "work/other", "--cpus", "1"]);
+    let (code, e) = ctl.err(&[
+        "pool",
+        "assign",
+        "reserved",
+        "--cgroup",
+        "cpupool.slice/cpupool-dp.slice/other",
+        "--cpus",
+        "1",
+    ]);
     assert_eq!((code, e["error"].as_str()), (1, Some("ReservedPool")), "{e}");
     let (code, e) = ctl.err(&["pool", "release", "nope"]);
     assert_eq!(
@@ -339,8 +394,18 @@ fn both_transports_print_the_same() {
     let dir = tempdir();
     let d = Daemon::start(dir.path());
     let (v, b) = (Ctl::new(&d, false), Ctl::new(&d, true));
-    d.cgroup("work/app");
-    v.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "same"]);
+    d.cgroup("cpupool.slice/cpupool-dp.slice/app");
+    v.ok(&[
+        "pool",
+        "assign",
+        "dp",
+        "--cgroup",
+        "cpupool.slice/cpupool-dp.slice/app",
+        "--cpus",
+        "2",
+        "--id",
+        "same",
+    ]);
     for args in [&["pool", "list"][..], &["pool", "show", "web"], &["assignments"], &["topology"]] {
         assert_eq!(v.ok(args), b.ok(args), "{args:?}");
         assert_eq!(v.human(args), b.human(args), "{args:?}");
@@ -381,8 +446,18 @@ fn monitor_streams_changes(dbus: bool) {
         replay,
         ["dp", "reserved", "web"].map(|p| json!({"kind": "pool", "pool": p, "change": "current"}))
     );
-    d.cgroup("work/mon");
-    ctl.ok(&["pool", "assign", "web", "--cgroup", "work/mon", "--millicpus", "250", "--id", "mon-1"]);
+    d.cgroup("cpupool.slice/cpupool-web.slice/mon");
+    ctl.ok(&[
+        "pool",
+        "assign",
+        "web",
+        "--cgroup",
+        "cpupool.slice/cpupool-web.slice/mon",
+        "--millicpus",
+        "250",
+        "--id",
+        "mon-1",
+    ]);
     assert_eq!(next("assignment added"), json!({"kind": "assignment", "id": "mon-1", "change": "added"}));
     assert_eq!(next("pool changed"), json!({"kind": "pool", "pool": "web", "change": "changed"}));
     ctl.ok(&["pool", "release", "mon-1"]);
@@ -450,8 +525,18 @@ fn pool_create_resize_delete(dbus: bool) {
     assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
 
     // A pool with an assignment is not deleted, nor shrunk under it.
-    d.cgroup("work/app");
-    ctl.ok(&["pool", "assign", "dp", "--cgroup", "work/app", "--cpus", "2", "--id", "app-1"]);
+    d.cgroup("cpupool.slice/cpupool-dp.slice/app");
+    ctl.ok(&[
+        "pool",
+        "assign",
+        "dp",
+        "--cgroup",
+        "cpupool.slice/cpupool-dp.slice/app",
+        "--cpus",
+        "2",
+        "--id",
+        "app-1",
+    ]);
     let (code, e) = ctl.err(&["pool", "delete", "dp"]);
     assert_eq!(
         (code, e["error"].as_str(), e["parameters"]["pool"].as_str()),
@@ -504,14 +589,29 @@ fn unprivileged_callers_are_denied(dbus: bool) {
     };
     let before = root.pools();
     assert_eq!(nobody.pools(), before);
-    d.cgroup("work/denied");
-    let (code, e) = nobody.err(&["pool", "assign", "web", "--cgroup", "work/denied", "--millicpus", "500"]);
+    d.cgroup("cpupool.slice/cpupool-web.slice/denied");
+    let (code, e) = nobody.err(&[
+        "pool",
+        "assign",
+        "web",
+        "--cgroup",
+        "cpupool.slice/cpupool-web.slice/denied",
+        "--millicpus",
+        "500",
+    ]);
     assert_eq!((code, e["error"].as_str()), (1, Some("AccessDenied")), "{e}");
     assert!(e["message"].as_str().is_some_and(|m| m.contains("daemon.admin_group")), "{e}");
     let (code, e) = nobody.err(&["pool", "release", "whatever"]);
     assert_eq!((code, e["error"].as_str()), (1, Some("AccessDenied")), "{e}");
-    let (code, _, stderr) =
-        nobody.human(&["pool", "assign", "web", "--cgroup", "work/denied", "--millicpus", "500"]);
+    let (code, _, stderr) = nobody.human(&[
+        "pool",
+        "assign",
+        "web",
+        "--cgroup",
+        "cpupool.slice/cpupool-web.slice/denied",
+        "--millicpus",
+        "500",
+    ]);
     assert_eq!(code, 1);
     assert!(
         stderr.starts_with("cpupoolctl: error AccessDenied: ") && stderr.contains("run as root"),
@@ -680,26 +780,28 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
     assert_eq!(out, format!("dp {cpus} {cpus}\njob\n"));
     assert!(d.logs().contains("assigned CPUs"), "{}", d.logs());
     assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
-    // Under the sandbox (no systemd) the process itself is confined: its affinity is the
-    // pool's CPUs that exist on this machine, never one outside them.
-    let out = ctl.run(&[
-        "run",
-        "--pool",
-        "dp",
-        "--cpus",
-        "2",
-        "--",
-        "grep",
-        "Cpus_allowed_list",
-        "/proc/self/status",
-    ]);
+    // The sandbox never touches a real process: the command keeps this machine's CPUs,
+    // is told so, and the daemon records the simulated affinity in DIR/proc/PID/status.
+    let mine = std::fs::read_to_string("/proc/self/status").unwrap();
+    let mine = mine.lines().find(|l| l.starts_with("Cpus_allowed_list")).unwrap().to_owned();
+    let script = "grep Cpus_allowed_list /proc/self/status; echo \"$CPUPOOL_SIMULATED\"; \
+                  cat \"$SB/proc/$$/status\"";
+    let out = ctl
+        .command(&["run", "--pool", "dp", "--cpus", "2", "--", "sh", "-c", script])
+        .env("SB", &d.sb)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let allowed = text(&out.stdout);
-    let allowed = allowed.split_whitespace().last().unwrap_or_default();
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(lines.first(), Some(&mine), "{lines:?}");
+    assert_eq!(lines.get(1).map(String::as_str), Some("1"), "{lines:?}");
+    let recorded = lines.get(2).and_then(|l| l.split_whitespace().last()).unwrap_or_default().to_owned();
     let pool_cpus: Vec<&str> = cpus.split(',').collect();
-    for c in allowed.split(',') {
-        assert!(pool_cpus.contains(&c), "CPU {c} of `{allowed}` is not in dp {cpus}");
+    assert_eq!(recorded.split(',').count(), 2, "{lines:?}");
+    for c in recorded.split(',') {
+        assert!(pool_cpus.contains(&c), "CPU {c} of `{recorded}` is not in dp {cpus}");
     }
+    assert!(text(&out.stderr).contains("belong to the simulated host"), "{}", text(&out.stderr));
     // Refused: COMMAND never runs.
     let marker = dir.path().join("ran");
     let touch = format!("touch {}", marker.display());

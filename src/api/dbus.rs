@@ -270,16 +270,24 @@ impl Manager {
     #[zbus(out_args("assignments"))]
     async fn list_assignments(&self, pool: &str) -> Result<Vec<AssignmentView>, Error> {
         let pool = Some(pool).filter(|p| !p.is_empty());
-        Ok(AssignmentView::list(&self.handle.snapshot().state, pool)?)
+        Ok(AssignmentView::list(&self.handle.snapshot(), pool)?)
     }
 
     #[zbus(out_args("assignment"))]
     async fn get_assignment(&self, id: &str) -> Result<AssignmentView, Error> {
-        Ok(AssignmentView::find(&self.handle.snapshot().state, id)?)
+        Ok(AssignmentView::find(&self.handle.snapshot(), id)?)
     }
 
-    #[zbus(out_args("version", "uptime_seconds", "pools", "assignments", "state_file", "config_error"))]
-    async fn status(&self) -> (String, u64, u32, u32, String, String) {
+    #[zbus(out_args(
+        "version",
+        "uptime_seconds",
+        "pools",
+        "assignments",
+        "state_file",
+        "config_error",
+        "degraded_assignments"
+    ))]
+    async fn status(&self) -> (String, u64, u32, u32, String, String, u32) {
         let snap = self.handle.snapshot();
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         (
@@ -289,6 +297,7 @@ impl Manager {
             count(snap.state.assignments().len()),
             snap.state_path.display().to_string(),
             snap.config_error.clone().unwrap_or_default(),
+            count(snap.assignment_health.len()),
         )
     }
 

@@ -79,7 +79,7 @@ fn pool_named<'a>(state: &'a State, name: &str) -> Result<&'a Pool, ApiError> {
         .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
 }
 
-/// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsbs)`.
+/// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsbsss)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type)]
 pub struct AssignmentView {
     /// Its id.
@@ -97,6 +97,11 @@ pub struct AssignmentView {
     /// Kubelet assignments: `NAMESPACE/POD/CONTAINER` of the container holding the devices;
     /// empty otherwise.
     pub container: String,
+    /// `applied` (the kernel enforces its CPUs on the target, as last read back) or
+    /// `degraded` (it does not, and correcting it failed).
+    pub state: String,
+    /// Why it is degraded; empty when applied.
+    pub reason: String,
 }
 
 impl From<&Assignment> for AssignmentView {
@@ -109,13 +114,26 @@ impl From<&Assignment> for AssignmentView {
             target: a.target.to_string(),
             reclaim: a.reclaim,
             container: a.container.as_ref().map(|c| c.to_string()).unwrap_or_default(),
+            state: "applied".into(),
+            reason: String::new(),
         }
     }
 }
 
 impl AssignmentView {
+    /// `a` with its health in `snap`.
+    pub fn new(snap: &Snapshot, a: &Assignment) -> AssignmentView {
+        let mut v = AssignmentView::from(a);
+        if let Some(why) = snap.assignment_health.get(&a.id) {
+            v.state = "degraded".into();
+            v.reason = why.clone();
+        }
+        v
+    }
+
     /// All assignments, or those of `pool` (which must exist).
-    pub fn list(state: &State, pool: Option<&str>) -> Result<Vec<AssignmentView>, ApiError> {
+    pub fn list(snap: &Snapshot, pool: Option<&str>) -> Result<Vec<AssignmentView>, ApiError> {
+        let state = &snap.state;
         if let Some(name) = pool {
             pool_named(state, name)?;
         }
@@ -123,16 +141,16 @@ impl AssignmentView {
             .assignments()
             .values()
             .filter(|a| pool.is_none_or(|p| a.pool.as_str() == p))
-            .map(AssignmentView::from)
+            .map(|a| AssignmentView::new(snap, a))
             .collect())
     }
 
     /// The assignment `id`.
-    pub fn find(state: &State, id: &str) -> Result<AssignmentView, ApiError> {
+    pub fn find(snap: &Snapshot, id: &str) -> Result<AssignmentView, ApiError> {
         AssignmentId::new(id)
             .ok()
-            .and_then(|k| state.assignments().get(&k))
-            .map(AssignmentView::from)
+            .and_then(|k| snap.state.assignments().get(&k))
+            .map(|a| AssignmentView::new(snap, a))
             .ok_or_else(|| state_error(&state::Error::NoSuchAssignment { id: id.to_owned() }))
     }
 }
@@ -191,7 +209,7 @@ impl ApiError {
 
 /// Every error kind the management interfaces return, as documented in the IDL and the D-Bus
 /// introspection file.
-pub const KINDS: [&str; 18] = [
+pub const KINDS: [&str; 20] = [
     "NoSuchPool",
     "PoolExists",
     "PoolInUse",
@@ -199,6 +217,8 @@ pub const KINDS: [&str; 18] = [
     "InsufficientCapacity",
     "DuplicateId",
     "TargetBusy",
+    "TargetNotAllowed",
+    "TargetOutsidePool",
     "InvalidArgument",
     "ReservedPool",
     "NotWholeCores",
@@ -258,6 +278,13 @@ pub fn state_error(e: &state::Error) -> ApiError {
         E::TargetBusy { target, id, pool } => {
             ("TargetBusy", json!({ "target": target, "id": id, "pool": pool }))
         }
+        E::TargetNotAllowed { target, reason } => {
+            ("TargetNotAllowed", json!({ "target": target, "reason": reason }))
+        }
+        E::TargetOutsidePool { target, cpus, parent, parent_cpus, hint } => (
+            "TargetOutsidePool",
+            json!({ "target": target, "cpus": cpus, "parent": parent, "parent_cpus": parent_cpus, "hint": hint }),
+        ),
         E::InvalidArgument { arg, reason } => return invalid_argument(arg, reason),
         E::ReservedPool { pool } => ("ReservedPool", json!({ "pool": pool })),
         E::NotWholeCores { pool, requested } => {
@@ -452,6 +479,14 @@ mod tests {
             state::Error::InsufficientCapacity { pool: "x".into(), requested: 2, free: 1, unit: "cpus" },
             state::Error::DuplicateId { id: "x".into() },
             state::Error::TargetBusy { target: "pid:1".into(), id: "a".into(), pool: "p".into() },
+            state::Error::TargetNotAllowed { target: "unit:system.slice".into(), reason: "r".into() },
+            state::Error::TargetOutsidePool {
+                target: "cgroup:w/a".into(),
+                cpus: "2".into(),
+                parent: "w".into(),
+                parent_cpus: "0-1".into(),
+                hint: "h".into(),
+            },
             state::Error::InvalidArgument { arg: "cpus", reason: "bad".into() },
             state::Error::ReservedPool { pool: "x".into() },
             state::Error::NotWholeCores { pool: "x".into(), requested: 3 },

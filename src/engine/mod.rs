@@ -50,6 +50,11 @@ pub enum Change {
     Added,
     /// Released.
     Removed,
+    /// What the kernel enforces on its target no longer matches its CPUs, and reconciling
+    /// could not restore it (the reason is in the snapshot's `assignment_health`).
+    Degraded,
+    /// Enforced as assigned again after being degraded.
+    Restored,
 }
 
 impl Change {
@@ -58,6 +63,8 @@ impl Change {
         match self {
             Change::Added => "added",
             Change::Removed => "removed",
+            Change::Degraded => "degraded",
+            Change::Restored => "restored",
         }
     }
 }
@@ -156,6 +163,9 @@ pub struct Snapshot {
     pub partitions: Arc<std::collections::BTreeMap<PoolName, String>>,
     /// `cgroupfs` or `systemd`.
     pub backend: &'static str,
+    /// Assignments whose target the kernel does not confine to their CPUs, with the reason,
+    /// found by the last drift check and not restored by it.
+    pub assignment_health: Arc<std::collections::BTreeMap<AssignmentId, String>>,
 }
 
 impl Snapshot {
@@ -163,6 +173,9 @@ impl Snapshot {
     pub fn summary(&self) -> String {
         let mut s =
             format!("{} pools, {} assignments", self.state.pools().len(), self.state.assignments().len());
+        if !self.assignment_health.is_empty() {
+            s.push_str(&format!("; {} degraded", self.assignment_health.len()));
+        }
         if self.config_error.is_some() {
             s.push_str("; configuration on disk rejected, running the last good one");
         }
@@ -189,6 +202,9 @@ pub enum Request {
     Reapply(oneshot::Sender<Result<usize, EngineError>>),
     /// Answer, to prove the engine thread is alive (watchdog).
     Ping(oneshot::Sender<()>),
+    /// Look for drift: correct what differs from the state, then read back what the kernel
+    /// enforces on every assignment's target and mark those that differ degraded.
+    CheckDrift(oneshot::Sender<Result<DriftReport, EngineError>>),
     /// Point an assignment at another target, keeping its CPUs, and record its container (the
     /// device plugin, once it knows the container of a kubelet allocation).
     Retarget(
@@ -280,6 +296,11 @@ impl Handle {
         self.call(|tx| Request::SetUnpooled(cgroups, tx)).await
     }
 
+    /// Corrects drift and reads back every assignment's target (see [`Request::CheckDrift`]).
+    pub async fn check_drift(&self) -> Result<DriftReport, EngineError> {
+        self.call(Request::CheckDrift).await
+    }
+
     /// Waits until the engine thread answers.
     pub async fn ping(&self) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
@@ -309,6 +330,17 @@ pub struct StartReport {
     pub failed_corrections: usize,
 }
 
+/// What a drift check found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DriftReport {
+    /// Corrections made (a file rewritten, a property set again).
+    pub corrected: usize,
+    /// Corrections that failed.
+    pub failed: usize,
+    /// Assignments degraded after the check.
+    pub degraded: usize,
+}
+
 /// The engine. Build it with [`Engine::start`], then [`Engine::spawn`] it.
 pub struct Engine {
     state: Arc<State>,
@@ -320,6 +352,8 @@ pub struct Engine {
     opts: LayoutOptions,
     config_error: Option<String>,
     degraded: Vec<String>,
+    /// See [`Snapshot::assignment_health`].
+    health: std::collections::BTreeMap<AssignmentId, String>,
     events: broadcast::Sender<Event>,
     snapshots: watch::Sender<Snapshot>,
     config: Option<ConfigSource>,
@@ -389,6 +423,7 @@ impl Engine {
             degraded: Vec::new(),
             partitions: Arc::default(),
             backend: backend.name(),
+            assignment_health: Arc::default(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -400,6 +435,7 @@ impl Engine {
             opts: LayoutOptions::default(),
             config_error,
             degraded: Vec::new(),
+            health: std::collections::BTreeMap::new(),
             events,
             snapshots,
             config: None,
@@ -449,7 +485,7 @@ impl Engine {
                 // Only cgroups report memory nodes and partitions.
                 (_, Some(o)) => Some(crate::host::Observed { mems: want.mems.clone(), ..o }),
                 // The cgroupfs backend cannot read units: take them as they should be.
-                (Key::Unit(_), None) if self.backend.name() == "cgroupfs" => Some(crate::host::Observed {
+                (Key::Unit(_), None) if !self.backend.can_read_units() => Some(crate::host::Observed {
                     cpus: want.cpus.clone(),
                     mems: want.mems.clone(),
                     ..Default::default()
@@ -581,6 +617,9 @@ impl Engine {
             Request::Ping(reply) => {
                 let _ = reply.send(());
             }
+            Request::CheckDrift(reply) => {
+                let _ = reply.send(Ok(self.check_drift()));
+            }
             Request::Retarget(id, target, container, reply) => {
                 let _ = reply.send(self.retarget(&id, target, container));
             }
@@ -617,7 +656,7 @@ impl Engine {
             );
         };
         let pid = *pid;
-        if self.backend.name() != "systemd" {
+        if !self.backend.runs_scopes() {
             return self.assign(&spec);
         }
         let pool = self.state.pool(&spec.pool)?.clone();
@@ -627,13 +666,21 @@ impl Engine {
         let scoped = AssignSpec { target, process_start: None, ..spec };
         let out = next.assign(&self.topo, &scoped)?;
         let Outcome::Changed(a) = &out else { return Ok(out) };
+        // The scope does not exist yet: where it sits is read back once it does.
+        state::check_target(
+            &a.target,
+            &self.opts.host_cgroups,
+            next.assignments().values().filter(|o| o.id != a.id),
+        )?;
         let slice = plan::pool_slice(&pool.name);
         let slice_unit = slice.as_str().rsplit('/').next().unwrap_or_default().to_owned();
         // The scope starts with the pool slice's CPUs only; its own (exclusive ones) are set by
         // the commit, after the save, like any assignment's: a crash in between leaves no
         // CPU given away that the saved state does not name. The process waits meanwhile.
         self.backend.start_scope(&scope, &slice_unit, pid, &CpuSet::new()).map_err(EngineError::Apply)?;
+        let before = (*self.state).clone();
         self.commit(next)?;
+        self.verify_or_undo(before, a)?;
         self.publish(assigned(a));
         Ok(out)
     }
@@ -649,11 +696,11 @@ impl Engine {
             return;
         }
         let mut next = (*self.state).clone();
-        let decided: Vec<Decided> = group
+        let mut decided: Vec<Decided> = group
             .iter()
             .map(|m| match m {
                 Mutation::Assign(spec, _) => {
-                    Decided::Assign(self.stamp(spec.clone()).and_then(|s| next.assign(&self.topo, &s)))
+                    Decided::Assign(self.stamp(spec.clone()).and_then(|s| self.decide(&mut next, &s)))
                 }
                 Mutation::Release(id, _) => Decided::Release(next.release(id)),
             })
@@ -662,6 +709,7 @@ impl Engine {
             .iter()
             .any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
         if changed {
+            let before = (*self.state).clone();
             if let Err(e) = self.commit(next) {
                 log::warn!(
                     "applying {} grouped changes failed ({}); doing them one by one",
@@ -672,6 +720,33 @@ impl Engine {
                     self.handle(m.into_request());
                 }
                 return;
+            }
+            // Read back: assignments the kernel does not enforce are taken back out, together.
+            let refused: Vec<(usize, state::Error)> = decided
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| match d {
+                    Decided::Assign(Ok(Outcome::Changed(a))) => self.verify(a).err().map(|e| (i, e)),
+                    _ => None,
+                })
+                .collect();
+            if !refused.is_empty() {
+                let mut fixed = (*self.state).clone();
+                for (i, _) in &refused {
+                    if let Decided::Assign(Ok(Outcome::Changed(a))) = &decided[*i] {
+                        let _ = fixed.release(a.id.as_str());
+                    }
+                }
+                if let Err(e) = self.commit(fixed) {
+                    log::error!(
+                        "taking back assignments the kernel does not enforce failed: {}",
+                        error_chain(&e)
+                    );
+                    let _ = self.commit(before);
+                }
+                for (i, e) in refused {
+                    decided[i] = Decided::Assign(Err(e));
+                }
             }
         }
         let mut events = Vec::new();
@@ -701,12 +776,116 @@ impl Engine {
 
     fn assign(&mut self, spec: &AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
         let mut next = (*self.state).clone();
-        let out = next.assign(&self.topo, spec)?;
+        let out = self.decide(&mut next, spec)?;
         if let Outcome::Changed(a) = &out {
+            let before = (*self.state).clone();
             self.commit(next)?;
+            self.verify_or_undo(before, a)?;
             self.publish(assigned(a));
         }
         Ok(out)
+    }
+
+    /// Decides an assignment on `next` and admits its target: on refusal `next` is as it was.
+    fn decide(&self, next: &mut State, spec: &AssignSpec) -> Result<Outcome<Assignment>, state::Error> {
+        let out = next.assign(&self.topo, spec)?;
+        if let Outcome::Changed(a) = &out {
+            if let Err(e) = self.admit_target(next, a) {
+                let _ = next.release(a.id.as_str());
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Refuses a new assignment's target before anything is applied: targets that would
+    /// defeat the pools ([`state::check_target`]), and targets whose place gives them fewer
+    /// CPUs than assigned (the kernel would enforce the intersection, and the books would not
+    /// match it).
+    fn admit_target(&self, next: &State, a: &Assignment) -> Result<(), state::Error> {
+        let others = next.assignments().values().filter(|o| o.id != a.id);
+        state::check_target(&a.target, &self.opts.host_cgroups, others)?;
+        let Some(key) = Key::of(&a.target) else { return Ok(()) };
+        match self.backend.confinement(&key) {
+            Ok(Some(c)) if !a.cpus.is_subset(&c.cpus) => Err(outside(a, &c.parent, &c.cpus)),
+            Ok(_) => Ok(()),
+            // Unknown is not a refusal: the read-back after applying decides.
+            Err(e) => {
+                log::debug!("cannot tell where {} sits: {}", a.target, error_chain(&e));
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal.
+    fn verify(&self, a: &Assignment) -> Result<(), state::Error> {
+        let Some(key) = Key::of(&a.target) else { return Ok(()) };
+        match self.backend.enforced(&key) {
+            Ok(Some(now)) if now != a.cpus => {
+                let (parent, cpus) = match self.backend.confinement(&key) {
+                    Ok(Some(c)) => (c.parent, c.cpus),
+                    _ => ("its cgroup".to_owned(), now),
+                };
+                Err(outside(a, &parent, &cpus))
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(state::Error::TargetOutsidePool {
+                target: a.target.to_string(),
+                cpus: a.cpus.to_string(),
+                parent: "?".into(),
+                parent_cpus: String::new(),
+                hint: format!("reading back what the kernel enforces failed: {}", error_chain(&e)),
+            }),
+        }
+    }
+
+    /// [`Engine::verify`] after a commit; on a difference the commit is undone (applied and
+    /// saved back to `before`), so nothing stays booked.
+    fn verify_or_undo(&mut self, before: State, a: &Assignment) -> Result<(), EngineError> {
+        if let Err(e) = self.verify(a) {
+            log::warn!(
+                TARGET = a.target.to_string().as_str();
+                "refusing assignment {} of CPUs {} to {}: {e}", a.id, a.cpus, a.target
+            );
+            if let Err(undo) = self.commit(before) {
+                log::error!("taking back assignment {} failed: {}", a.id, error_chain(&undo));
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Drift: reconciles (rewrites what someone changed), then reads back what the kernel
+    /// enforces on every assignment's target. Those that still differ are degraded, with the
+    /// reason; changes of that are published as `degraded` / `restored` events.
+    fn check_drift(&mut self) -> DriftReport {
+        let (corrected, failed) = self.reconcile();
+        let mut health = std::collections::BTreeMap::new();
+        for a in self.state.assignments().values() {
+            if let Err(e) = self.verify(a) {
+                health.insert(a.id.clone(), e.to_string());
+            }
+        }
+        let mut events = Vec::new();
+        for (id, why) in &health {
+            if self.health.get(id) != Some(why) {
+                log::warn!(ASSIGNMENT = id.as_str(); "assignment {id} is degraded: {why}");
+                events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Degraded });
+            }
+        }
+        for id in self.health.keys() {
+            if !health.contains_key(id) && self.state.assignments().contains_key(id) {
+                log::info!(ASSIGNMENT = id.as_str(); "assignment {id} is enforced as assigned again");
+                events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Restored });
+            }
+        }
+        let report = DriftReport { corrected, failed, degraded: health.len() };
+        self.health = health;
+        if corrected > 0 || failed > 0 || !events.is_empty() {
+            log::info!("drift check: {corrected} corrections, {failed} failed, {} degraded", report.degraded);
+        }
+        self.publish(events);
+        report
     }
 
     fn release(&mut self, id: &str) -> Result<Assignment, EngineError> {
@@ -1018,6 +1197,13 @@ impl Engine {
             degraded: self.degraded.clone(),
             partitions: Arc::new(partitions),
             backend: self.backend.name(),
+            assignment_health: Arc::new(
+                self.health
+                    .iter()
+                    .filter(|(id, _)| self.state.assignments().contains_key(*id))
+                    .map(|(id, why)| (id.clone(), why.clone()))
+                    .collect(),
+            ),
         };
         self.snapshots.send_replace(snap);
         for e in events {
@@ -1049,6 +1235,29 @@ impl Mutation {
 enum Decided {
     Assign(Result<Outcome<Assignment>, state::Error>),
     Release(Result<Assignment, state::Error>),
+}
+
+/// The refusal of `a`, whose target sits in `parent` with effective CPUs `cpus`.
+fn outside(a: &Assignment, parent: &str, cpus: &CpuSet) -> state::Error {
+    let hint = match &a.target {
+        Target::Unit(_) => format!(
+            "start the unit in the pool's slice (`Slice=cpupool-{0}.slice`, or `systemd-run --slice=cpupool-{0}.slice`), or use `cpupoolctl run --pool {0}`",
+            a.pool
+        ),
+        Target::Cgroup(_) => format!(
+            "use a cgroup inside the pool's slice (`cpupool.slice/cpupool-{}.slice/NAME`), or give its parent these CPUs first",
+            a.pool
+        ),
+        Target::Pid(_) => format!("start the process with `cpupoolctl run --pool {}`, which puts it where the CPUs are", a.pool),
+        Target::Kubelet(_) => String::new(),
+    };
+    state::Error::TargetOutsidePool {
+        target: a.target.to_string(),
+        cpus: a.cpus.to_string(),
+        parent: parent.to_owned(),
+        parent_cpus: cpus.to_string(),
+        hint,
+    }
 }
 
 /// Logs a new assignment and returns its events.

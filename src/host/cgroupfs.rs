@@ -87,6 +87,24 @@ pub enum HostError {
         /// systemd's result (`failed`, `timeout`, ...).
         result: String,
     },
+    /// A cgroup to be written does not exist.
+    #[error("no cgroup `{}`", path.display())]
+    NoSuchCgroup {
+        /// The cgroup's directory.
+        path: PathBuf,
+    },
+    /// A cgroup has no `cpuset.cpus` because its parent does not enable the cpuset controller
+    /// for its children.
+    #[error(
+        "cgroup `{}` has no cpuset.cpus: the cpuset controller is not enabled in `{}/cgroup.subtree_control` (cpupoold enables it only below cpupool.slice; `echo +cpuset > {}/cgroup.subtree_control` there, or use a cgroup inside a pool's slice)",
+        path.display(), parent.display(), parent.display()
+    )]
+    CpusetNotEnabled {
+        /// The cgroup's directory.
+        path: PathBuf,
+        /// Its parent's directory.
+        parent: PathBuf,
+    },
     /// A cgroup to be removed still holds processes.
     #[error("cgroup `{}` still holds processes", path.display())]
     Populated {
@@ -95,18 +113,35 @@ pub enum HostError {
     },
 }
 
-/// Where processes' thread lists are read from.
+/// Where cgroups are written and processes' thread lists are read from.
 #[derive(Debug, Clone)]
 pub struct CgroupFs {
     root: PathBuf,
     proc_root: PathBuf,
+    /// Whether `root` is a real cgroup2 mount. Otherwise it is a tree of plain files (the
+    /// sandbox, tests), whose effective CPUs are computed by [`simhost::effective_cpus`] and
+    /// whose files are created on first write.
+    kernel: bool,
+    /// The sandbox's simulated process attributes: affinities are recorded in
+    /// `DIR/PID/status` (`Cpus_allowed_list:`) instead of being set on the real process.
+    sim_procs: Option<PathBuf>,
 }
 
 impl CgroupFs {
     /// A backend writing under `root` (normally `/sys/fs/cgroup`) and finding threads under
     /// `proc_root` (normally `/proc`).
     pub fn new(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
-        CgroupFs { root: root.into(), proc_root: proc_root.into() }
+        let root = root.into();
+        let kernel = is_cgroupfs(&root);
+        CgroupFs { root, proc_root: proc_root.into(), kernel, sim_procs: None }
+    }
+
+    /// Never changes a real process: affinities are recorded under `dir` (the sandbox's
+    /// `proc/`) as `DIR/PID/status`, in the kernel's `Cpus_allowed_list:` format, and read
+    /// back from there. Processes are still looked up (read-only) under the procfs root.
+    pub fn simulated_processes(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.sim_procs = Some(dir.into());
+        self
     }
 
     /// The cgroup root.
@@ -308,6 +343,7 @@ impl CgroupFs {
     /// cgroup gets everything its parent has instead.
     pub fn set_cpus(&self, path: &CgroupPath, cpus: &CpuSet) -> Result<(), HostError> {
         let file = self.dir(path).join("cpuset.cpus");
+        self.ensure_cpuset_file(path, &file)?;
         match write_file(&file, &cpus.to_string()) {
             Err(HostError::Write { source, .. })
                 if cpus.is_empty() && source.raw_os_error() == Some(libc::ENOSPC) =>
@@ -319,6 +355,123 @@ impl CgroupFs {
                 write_file(&file, text.trim())
             }
             r => r,
+        }
+    }
+
+    /// Makes sure `file` (a cgroup's `cpuset.cpus`) is there to write: kernfs answers a missing
+    /// one with EACCES on open, which would read as "Permission denied". A missing cgroup is
+    /// said so; a parent that does not enable the cpuset controller gets it enabled where
+    /// cpupoold owns the subtree (below `cpupool.slice`), and is named otherwise. A simulated
+    /// tree creates its files on first write, unless the parent's `cgroup.subtree_control`
+    /// exists and lacks cpuset.
+    fn ensure_cpuset_file(&self, path: &CgroupPath, file: &Path) -> Result<(), HostError> {
+        if file.exists() {
+            return Ok(());
+        }
+        let dir = self.dir(path);
+        if !dir.is_dir() {
+            return Err(HostError::NoSuchCgroup { path: dir });
+        }
+        let parent = dir.parent().map(Path::to_owned).unwrap_or_else(|| self.root.clone());
+        let enabled = |p: &Path| match fs::read_to_string(p.join("cgroup.subtree_control")) {
+            Ok(t) => t.split_whitespace().any(|c| c.trim_start_matches('+') == "cpuset"),
+            // A plain directory of a simulated tree: nothing says the controller is off.
+            Err(_) => !self.kernel,
+        };
+        if !enabled(&parent) {
+            let top = self.root.join(crate::core::plan::TOP_SLICE);
+            if !parent.starts_with(&top) {
+                return Err(HostError::CpusetNotEnabled { path: dir, parent });
+            }
+            // Ours: enable it from cpupool.slice down to the parent.
+            let mut chain: Vec<PathBuf> =
+                parent.ancestors().take_while(|a| a.starts_with(&top)).map(Path::to_owned).collect();
+            chain.reverse();
+            for d in chain {
+                self.enable_cpuset(&d)?;
+            }
+        }
+        if self.kernel && !file.exists() {
+            return Err(HostError::CpusetNotEnabled { path: dir, parent });
+        }
+        Ok(())
+    }
+
+    /// The CPUs the kernel lets cgroup `path` use (`cpuset.cpus.effective`; a cgroup without
+    /// the file uses its parent's). `None` if the cgroup does not exist, or the cpuset
+    /// controller is not on this hierarchy at all.
+    pub fn effective(&self, path: &CgroupPath) -> Result<Option<CpuSet>, HostError> {
+        if !self.kernel {
+            return Ok(super::simhost::effective_cpus(&self.root, path));
+        }
+        let dir = self.dir(path);
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        self.effective_at(&dir)
+    }
+
+    fn effective_at(&self, dir: &Path) -> Result<Option<CpuSet>, HostError> {
+        for d in dir.ancestors().take_while(|d| d.starts_with(&self.root)) {
+            let file = d.join("cpuset.cpus.effective");
+            match fs::read_to_string(&file) {
+                Ok(text) => {
+                    return CpuSet::parse(text.trim())
+                        .map(Some)
+                        .map_err(|_| HostError::Parse { path: file, text })
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(source) => return Err(HostError::Read { path: file, source }),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Where `key` sits and the CPUs the kernel lets it use there: a cgroup's parent (the
+    /// nearest that exists), a process's own cgroup. `None` where that cannot be known (units,
+    /// the sandbox's processes, a host without the cpuset controller).
+    pub fn confinement(&self, key: &Key) -> Result<Option<super::Confinement>, HostError> {
+        match key {
+            Key::Cgroup(path) => self.nearest(path.ancestors().last()),
+            Key::Pid(pid) if self.sim_procs.is_none() => {
+                let file = self.proc_root.join(pid.to_string()).join("cgroup");
+                let Ok(text) = fs::read_to_string(&file) else { return Ok(None) };
+                // cgroup v2: the one line "0::/path".
+                let Some(rel) = text.lines().find_map(|l| l.strip_prefix("0::")) else { return Ok(None) };
+                let rel = rel.trim().trim_start_matches('/');
+                let cpus = match CgroupPath::new(rel) {
+                    Ok(p) => self.effective(&p)?,
+                    Err(_) if self.kernel => self.effective_at(&self.root)?,
+                    Err(_) => None,
+                };
+                let name = if rel.is_empty() { "/".to_owned() } else { rel.to_owned() };
+                Ok(cpus.map(|cpus| super::Confinement { parent: name, cpus }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The nearest cgroup that exists at or above `path` (`None`: the root) and its effective
+    /// CPUs: where something in `path` would sit.
+    pub fn nearest(&self, path: Option<&CgroupPath>) -> Result<Option<super::Confinement>, HostError> {
+        let mut chain: Vec<CgroupPath> = path.map(|p| p.ancestors()).unwrap_or_default();
+        chain.extend(path.cloned());
+        let found = chain.into_iter().rev().find(|a| self.exists(a));
+        let cpus = match &found {
+            Some(p) => self.effective(p)?,
+            None if self.kernel => self.effective_at(&self.root)?,
+            None => Some(super::simhost::root_effective(&self.root)),
+        };
+        let name = found.map_or_else(|| "/".to_owned(), |p| p.to_string());
+        Ok(cpus.map(|cpus| super::Confinement { parent: name, cpus }))
+    }
+
+    /// What the kernel enforces on `key` now: a cgroup's effective CPUs, a process's affinity.
+    pub fn enforced(&self, key: &Key) -> Result<Option<CpuSet>, HostError> {
+        match key {
+            Key::Cgroup(path) => self.effective(path),
+            Key::Pid(pid) => Ok(self.affinity(*pid)),
+            Key::Unit(_) => Ok(None),
         }
     }
 
@@ -371,6 +524,9 @@ impl CgroupFs {
     /// still confines the threads to their cpuset). A process that is gone is not an error
     /// when `optional`.
     pub fn set_affinity(&self, pid: u32, cpus: &CpuSet, optional: bool) -> Result<(), HostError> {
+        if let Some(dir) = &self.sim_procs {
+            return self.set_sim_affinity(dir, pid, cpus, optional);
+        }
         let mut set = nix::sched::CpuSet::new();
         let all = CpuSet::range(0, (nix::sched::CpuSet::count() as u32).saturating_sub(1));
         let cpus = if cpus.is_empty() { &all } else { cpus };
@@ -398,8 +554,48 @@ impl CgroupFs {
         Ok(())
     }
 
+    /// The sandbox's `sched_setaffinity`: records `cpus` (empty: every simulated CPU) as the
+    /// process's `Cpus_allowed_list` under `dir`, after checking that the process exists.
+    fn set_sim_affinity(&self, dir: &Path, pid: u32, cpus: &CpuSet, optional: bool) -> Result<(), HostError> {
+        let proc_dir = self.proc_root.join(pid.to_string());
+        if !proc_dir.is_dir() {
+            if optional {
+                return Ok(());
+            }
+            return Err(HostError::Read { path: proc_dir, source: io::Error::from(io::ErrorKind::NotFound) });
+        }
+        let all = self.effective_at_root();
+        let cpus = if cpus.is_empty() { &all } else { cpus };
+        let status = dir.join(pid.to_string()).join("status");
+        if let Some(d) = status.parent() {
+            fs::create_dir_all(d).map_err(|source| HostError::Dir {
+                op: "creating",
+                path: d.to_owned(),
+                source,
+            })?;
+        }
+        write_file(&status, &format!("Cpus_allowed_list:\t{cpus}\n"))
+    }
+
+    fn effective_at_root(&self) -> CpuSet {
+        fs::read_to_string(self.root.join("cpuset.cpus.effective"))
+            .ok()
+            .and_then(|t| CpuSet::parse(t.trim()).ok())
+            .unwrap_or_default()
+    }
+
     /// The affinity of `pid`'s main thread, `None` if it is gone.
     pub fn affinity(&self, pid: u32) -> Option<CpuSet> {
+        if let Some(dir) = &self.sim_procs {
+            if !self.proc_root.join(pid.to_string()).is_dir() {
+                return None;
+            }
+            let text = fs::read_to_string(dir.join(pid.to_string()).join("status")).unwrap_or_default();
+            let listed = text.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"));
+            return Some(
+                listed.and_then(|l| CpuSet::parse(l.trim()).ok()).unwrap_or_else(|| self.effective_at_root()),
+            );
+        }
         let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).ok()?);
         let set = nix::sched::sched_getaffinity(pid).ok()?;
         Some(
@@ -435,6 +631,15 @@ impl super::Backend for CgroupFs {
     }
     fn process_start(&self, pid: u32) -> Option<u64> {
         CgroupFs::process_start(self, pid)
+    }
+    fn enforced(&self, key: &Key) -> Result<Option<CpuSet>, HostError> {
+        CgroupFs::enforced(self, key)
+    }
+    fn confinement(&self, key: &Key) -> Result<Option<super::Confinement>, HostError> {
+        CgroupFs::confinement(self, key)
+    }
+    fn can_read_units(&self) -> bool {
+        false
     }
 }
 
@@ -499,9 +704,40 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.starts_with("writing `0-1` to `") && err.ends_with("missing/x/cpuset.cpus`"), "{err}");
+        assert!(err.starts_with("no cgroup `") && err.ends_with("missing/x`"), "{err}");
         fs_.apply(&Effect::RemoveCgroup(p.clone())).unwrap_or_else(|e| panic!("{e}"));
         assert!(!fs_.exists(&p));
+    }
+
+    /// A missing cpuset.cpus is said as what it is: no cgroup, or a parent without the cpuset
+    /// controller (enabled by cpupoold below cpupool.slice only), never "Permission denied".
+    #[test]
+    fn a_missing_cpuset_file_names_the_cgroup_or_the_parent_without_the_controller() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let fs_ = CgroupFs::new(dir.path(), "/proc");
+        let two = CpuSet::range(2, 2);
+        let err = fs_.set_cpus(&cg("nope/x"), &two).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.starts_with("no cgroup `") && err.ends_with("nope/x`"), "{err}");
+        // Outside cpupool.slice: the parent's subtree_control lacks cpuset; named, not enabled.
+        fs::create_dir_all(dir.path().join("work/app")).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(dir.path().join("work/cgroup.subtree_control"), "cpu\n").unwrap_or_else(|e| panic!("{e}"));
+        let err = fs_.set_cpus(&cg("work/app"), &two).err();
+        assert!(matches!(err, Some(HostError::CpusetNotEnabled { .. })), "{err:?}");
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("work/cgroup.subtree_control"), "{text}");
+        assert!(!dir.path().join("work/app/cpuset.cpus").exists());
+        assert_eq!(
+            fs::read_to_string(dir.path().join("work/cgroup.subtree_control")).unwrap_or_default(),
+            "cpu\n"
+        );
+        // Inside cpupool.slice (ours): enabled along the way, then written.
+        fs_.create(&cg("cpupool.slice/cpupool-dp.slice")).unwrap_or_else(|e| panic!("{e}"));
+        let slice = dir.path().join("cpupool.slice/cpupool-dp.slice");
+        fs::create_dir_all(slice.join("app")).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(slice.join("cgroup.subtree_control"), "\n").unwrap_or_else(|e| panic!("{e}"));
+        fs_.set_cpus(&cg("cpupool.slice/cpupool-dp.slice/app"), &two).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs::read_to_string(slice.join("cgroup.subtree_control")).unwrap_or_default(), "+cpuset");
+        assert_eq!(fs::read_to_string(slice.join("app/cpuset.cpus")).unwrap_or_default(), "2");
     }
 
     #[test]

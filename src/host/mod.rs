@@ -27,6 +27,15 @@ pub struct Observed {
     pub partition: Partition,
 }
 
+/// Where a target sits, and the CPUs the kernel lets it use there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confinement {
+    /// The cgroup (or slice) it sits in, relative to the cgroup root (`/` for the root).
+    pub parent: String,
+    /// That cgroup's effective CPUs.
+    pub cpus: CpuSet,
+}
+
 /// Executes planned effects and reads back what the host holds.
 pub trait Backend: Send {
     /// `cgroupfs` or `systemd`, for logs.
@@ -47,6 +56,22 @@ pub trait Backend: Send {
     /// When a process started (`/proc/PID/stat` field 22, clock ticks since boot); `None` if
     /// it does not exist. With the pid, it names one process for good.
     fn process_start(&self, pid: u32) -> Option<u64>;
+    /// What the kernel enforces on `key` now: the effective CPUs of a cgroup or of a running
+    /// unit's cgroup, a process's affinity. `None`: nothing to read (a unit that is not
+    /// running, a process that is gone, a host without the cpuset controller).
+    fn enforced(&self, key: &Key) -> Result<Option<CpuSet>, HostError>;
+    /// Where `key` sits and the CPUs the kernel lets it use there (a cgroup's parent, a unit's
+    /// slice, a process's cgroup); `None` where that cannot be known.
+    fn confinement(&self, key: &Key) -> Result<Option<Confinement>, HostError>;
+    /// Whether [`Backend::observe`] can read units (systemd can; cgroupfs cannot).
+    fn can_read_units(&self) -> bool {
+        true
+    }
+    /// Whether this backend moves a process into a scope for `Run` (systemd) rather than
+    /// setting its affinity in place.
+    fn runs_scopes(&self) -> bool {
+        false
+    }
     /// Starts a transient scope `unit` in `slice` holding `pid`, confined to `cpus` (empty: to
     /// the slice's).
     fn start_scope(&self, unit: &str, slice: &str, pid: u32, cpus: &CpuSet) -> Result<(), HostError> {

@@ -83,6 +83,9 @@ mod proxies {
         /// `GetUnit(in s name, out o unit)`: fails with NoSuchUnit when it is not loaded.
         fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
 
+        /// Loads a unit (if it is not) and returns its object path.
+        fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+
         /// `Subscribe()`: ask for the unit and job signals.
         fn subscribe(&self) -> zbus::Result<()>;
 
@@ -331,6 +334,34 @@ impl Systemd {
     }
 }
 
+impl Systemd {
+    /// A unit's slice (`Slice`) and its cgroup (`ControlGroup`, empty while it does not run),
+    /// as systemd holds them; `None` for unit types without a cgroup.
+    fn unit_place(&self, unit: &str) -> Result<Option<(String, String)>, HostError> {
+        let Some(iface) = cgroup_interface(unit) else { return Ok(None) };
+        let what = format!("reading Slice and ControlGroup of {unit}");
+        self.block_on(async {
+            let m = ManagerProxy::new(&self.conn).await?;
+            let path = m.load_unit(unit).await?;
+            let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
+                .destination("org.freedesktop.systemd1")?
+                .path(path)?
+                .build()
+                .await?;
+            let iface = zbus::names::InterfaceName::try_from(iface).map_err(zbus::Error::from)?;
+            let slice = String::try_from(props.get(iface.clone(), "Slice").await?).unwrap_or_default();
+            let cg = String::try_from(props.get(iface, "ControlGroup").await?).unwrap_or_default();
+            Ok(Some((slice, cg)))
+        })
+        .map_err(Self::err(what))
+    }
+}
+
+/// A cgroup path as systemd prints it (`/system.slice/x.service`, `/` for the root), relative.
+fn relative(cg: &str) -> Option<CgroupPath> {
+    CgroupPath::new(cg.trim_start_matches('/')).ok()
+}
+
 impl Backend for Systemd {
     fn name(&self) -> &'static str {
         "systemd"
@@ -378,7 +409,15 @@ impl Backend for Systemd {
                 if *optional && !self.loaded(unit)? {
                     return Ok(());
                 }
-                self.set_cpus(unit, cpus)
+                self.set_cpus(unit, cpus)?;
+                // A running unit's cgroup is written from systemd's event loop: wait for it, so
+                // what is read back next is what systemd made of this call.
+                if let Some((_, cg)) = self.unit_place(unit)? {
+                    if let Some(path) = relative(&cg) {
+                        self.wait_realized(&path, cpus);
+                    }
+                }
+                Ok(())
             }
             Effect::SetCpus { key: Key::Pid(_), .. } => self.fs.apply(effect),
             Effect::SetMems { path, mems, optional } => match unit_of(path) {
@@ -424,6 +463,34 @@ impl Backend for Systemd {
 
     fn children(&self, top: &CgroupPath) -> Vec<CgroupPath> {
         self.fs.children(top)
+    }
+
+    fn enforced(&self, key: &Key) -> Result<Option<CpuSet>, HostError> {
+        match key {
+            Key::Unit(unit) => match self.unit_place(unit)? {
+                Some((_, cg)) => match relative(&cg) {
+                    Some(path) => self.fs.effective(&path),
+                    None => Ok(None),
+                },
+                None => Ok(None),
+            },
+            other => self.fs.enforced(other),
+        }
+    }
+
+    fn confinement(&self, key: &Key) -> Result<Option<super::Confinement>, HostError> {
+        let Key::Unit(unit) = key else { return self.fs.confinement(key) };
+        let Some((slice, cg)) = self.unit_place(unit)? else { return Ok(None) };
+        // Running: the cgroup it sits in. Not running: the cgroup of its slice, where it will.
+        let parent = match relative(&cg) {
+            Some(path) => path.ancestors().pop(),
+            None => crate::core::state::slice_cgroup(&slice),
+        };
+        self.fs.nearest(parent.as_ref())
+    }
+
+    fn runs_scopes(&self) -> bool {
+        true
     }
 
     fn partition_status(&self, path: &CgroupPath) -> Option<String> {

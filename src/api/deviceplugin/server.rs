@@ -109,9 +109,13 @@ fn engine_status(e: &EngineError) -> Status {
     let msg = format!("{}: {}", api.kind, api.message);
     match api.kind {
         "InvalidArgument" | "NotWholeCores" => Status::invalid_argument(msg),
-        "InsufficientCapacity" | "TargetBusy" | "DuplicateId" | "NoSuchPool" | "ReservedPool" => {
-            Status::failed_precondition(msg)
-        }
+        "InsufficientCapacity"
+        | "TargetBusy"
+        | "TargetNotAllowed"
+        | "TargetOutsidePool"
+        | "DuplicateId"
+        | "NoSuchPool"
+        | "ReservedPool" => Status::failed_precondition(msg),
         "ShuttingDown" => Status::unavailable(msg),
         _ => Status::internal(msg),
     }

@@ -305,10 +305,10 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
         }
         Method::ListAssignments => {
             let pool = params.opt_string("pool")?;
-            Ok(json!({ "assignments": to_json(&AssignmentView::list(state, pool.as_deref()).map_err(api)?) }))
+            Ok(json!({ "assignments": to_json(&AssignmentView::list(snap, pool.as_deref()).map_err(api)?) }))
         }
         Method::GetAssignment => Ok(
-            json!({ "assignment": to_json(&AssignmentView::find(state, &params.string("id")?).map_err(api)?) }),
+            json!({ "assignment": to_json(&AssignmentView::find(snap, &params.string("id")?).map_err(api)?) }),
         ),
         Method::Status => Ok(json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -317,6 +317,7 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
             "assignments": state.assignments().len(),
             "state_file": snap.state_path.display().to_string(),
             "config_error": snap.config_error,
+            "degraded_assignments": snap.assignment_health.len(),
         })),
         Method::GetInfo => Ok(info()),
         Method::GetInterfaceDescription => describe(params),

@@ -365,3 +365,80 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn slice_units_map_to_systemds_cgroup_paths() {
+    let path = |s: &str| slice_cgroup(s).map(|p| p.to_string());
+    assert_eq!(path("system.slice").as_deref(), Some("system.slice"));
+    assert_eq!(path("cpupool-dp.slice").as_deref(), Some("cpupool.slice/cpupool-dp.slice"));
+    assert_eq!(path("a-b-c.slice").as_deref(), Some("a.slice/a-b.slice/a-b-c.slice"));
+    assert_eq!(path("-.slice"), None);
+    assert_eq!(path("app.service"), None);
+}
+
+/// Targets that would defeat the pools are refused before anything is booked.
+#[test]
+fn targets_that_defeat_the_pools_are_refused() {
+    let t = |s: &str| Target::parse(s).unwrap_or_else(|e| panic!("{e}"));
+    let host =
+        vec![CgroupPath::new("kubepods.slice/kubepods-besteffort.slice").unwrap_or_else(|e| panic!("{e}"))];
+    let refused = |target: &str, others: &[Assignment]| {
+        matches!(check_target(&t(target), &host, others.iter()), Err(Error::TargetNotAllowed { .. }))
+    };
+    for target in [
+        "cgroup:cpupool.slice",
+        "cgroup:cpupool.slice/cpupool-dp.slice",
+        "unit:cpupool.slice",
+        "unit:cpupool-web.slice",
+        "cgroup:system.slice",
+        "unit:system.slice",
+        "unit:user.slice",
+        "cgroup:init.scope",
+        "unit:init.scope",
+        "unit:-.slice",
+        // A host cgroup of the configuration, and its ancestor.
+        "cgroup:kubepods.slice/kubepods-besteffort.slice",
+        "cgroup:kubepods.slice",
+        "unit:kubepods.slice",
+    ] {
+        assert!(refused(target, &[]), "{target} was admitted");
+    }
+    for target in [
+        "cgroup:cpupool.slice/cpupool-dp.slice/app",
+        "unit:app.service",
+        "unit:cpupool-dp-app.slice",
+        "cgroup:system.slice/app.service",
+        "cgroup:kubepods.slice/kubepods-burstable.slice/pod1/ctr",
+        "pid:1",
+    ] {
+        assert!(!refused(target, &[]), "{target} was refused");
+    }
+    // Nested in, or holding, another assignment's target.
+    let other = Assignment {
+        id: AssignmentId::new("app").unwrap_or_else(|e| panic!("{e}")),
+        pool: PoolName::new("dp").unwrap_or_else(|e| panic!("{e}")),
+        kind: PoolKind::Exclusive,
+        target: t("cgroup:cpupool.slice/cpupool-dp.slice/app"),
+        cpus: CpuSet::range(1, 1),
+        millicpus: 1000,
+        reclaim: true,
+        process_start: None,
+        container: None,
+    };
+    let others = [other];
+    assert!(refused("cgroup:cpupool.slice/cpupool-dp.slice/app/sub", &others));
+    assert!(refused(
+        "unit:cpupool-dp-x.slice",
+        &[Assignment {
+            target: t("cgroup:cpupool.slice/cpupool-dp.slice/cpupool-dp-x.slice/y"),
+            ..others[0].clone()
+        }]
+    ));
+    assert!(!refused("cgroup:cpupool.slice/cpupool-dp.slice/app2", &others));
+    let Err(Error::TargetNotAllowed { reason, .. }) =
+        check_target(&t("cgroup:cpupool.slice/cpupool-dp.slice/app/sub"), &host, others.iter())
+    else {
+        panic!("admitted")
+    };
+    assert!(reason.contains("lies inside") && reason.contains("assignment `app` (pool `dp`)"), "{reason}");
+}
