@@ -106,7 +106,14 @@ impl Log for Stderr {
             Level::Debug => "debug",
             Level::Trace => "trace",
         };
-        let _ = writeln!(std::io::stderr().lock(), "cpupoold {level}: {}{}", record.args(), fields.0);
+        // A library's line says whose it is.
+        let target = record.target();
+        let from = if target == "cpupoold" || target.starts_with("cpupoold::") {
+            String::new()
+        } else {
+            format!(" [{target}]")
+        };
+        let _ = writeln!(std::io::stderr().lock(), "cpupoold {level}{from}: {}{}", record.args(), fields.0);
     }
 
     fn flush(&self) {}
