@@ -306,7 +306,8 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             }
             _ = term.recv() => { log::info!("SIGTERM: stopping"); break }
             _ = int.recv() => { log::info!("SIGINT: stopping"); break }
-            _ = hup.recv() => reload(&handle).await,
+            // The outcome is logged and shown in STATUS=; `cpupoolctl reload` reports it too.
+            _ = hup.recv() => { let _ = crate::api::ops::reload(&handle).await; }
             _ = drift.tick(), if checking => {
                 if let Err(e) = handle.check_drift().await {
                     log::warn!("drift check: {}", engine::error_chain(&e));
@@ -422,17 +423,6 @@ async fn backend(
         .map_err(|source| DaemonError::Systemd { bus: bus.to_string(), source })?;
     let conn = backend.connection().clone();
     Ok((Box::new(backend), Some(conn)))
-}
-
-async fn reload(handle: &Handle) {
-    notify(&[NotifyState::Reloading]);
-    let result = handle.reload_from_disk().await;
-    match result {
-        Ok(true) => log::info!("configuration reloaded: {}", handle.snapshot().summary()),
-        Ok(false) => log::info!("configuration reloaded: nothing changed"),
-        Err(e) => log::error!("configuration rejected, the running one stays: {}", engine::error_chain(&e)),
-    }
-    notify(&[NotifyState::Ready, NotifyState::Status(&handle.snapshot().summary())]);
 }
 
 fn notify(states: &[NotifyState<'_>]) {

@@ -166,3 +166,30 @@ fn damaged_state_refuses_to_start_until_told_to_restore() {
     d.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(d.wait_exit().success());
 }
+
+/// `Reload` over varlink (what `cpupoolctl reload` calls) tells the service manager as SIGHUP
+/// does: RELOADING=1 with the time, then READY=1 with the new status, before the reply.
+#[test]
+fn reload_over_varlink_notifies_reloading_then_ready() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let sb = dir.path().join("sb");
+    let d = Daemon::start(&sb, &["--topology", "1x4x2:1"]);
+    d.wait_for("READY=1");
+    let mut conn = std::os::unix::net::UnixStream::connect(sb.join("run/org.cpupool.Manager"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    conn.write_all(b"{\"method\":\"org.cpupool.Manager.Reload\",\"parameters\":{}}\0")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    while conn.read(&mut byte).unwrap_or_else(|e| panic!("{e}")) == 1 && byte[0] != 0 {
+        reply.push(byte[0]);
+    }
+    assert_eq!(String::from_utf8_lossy(&reply), "{\"parameters\":{\"changed\":false}}");
+    let seen = d.wait_for("READY=1");
+    let reloading = seen.find("RELOADING=1").unwrap_or_else(|| panic!("no RELOADING=1: {seen}"));
+    assert!(seen[reloading..].contains("MONOTONIC_USEC="), "{seen}");
+    assert!(seen.contains("STATUS=3 pools, 0 assignments"), "{seen}");
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait_exit().success());
+}

@@ -608,3 +608,31 @@ fn changes_are_signalled_on_the_bus() {
     rt.block_on(async move { drop(client) });
     d.stop();
 }
+
+/// At `info` the daemon's log holds its own lines only: zbus's tracing spans and events (which
+/// reach `log` in builds with the `k8s` feature) stay out. At `trace` they are let in; in such a
+/// build that shows this test sees them when they are there.
+#[test]
+fn libraries_do_not_log_below_warn_at_info() {
+    for (level, libraries_expected) in [("info", false), ("trace", cfg!(feature = "k8s"))] {
+        let dir = tempfile::tempdir().unwrap();
+        let bus = PrivateBus::start(dir.path());
+        let d = Daemon::start(dir.path(), &["--bus", &bus.address, "--log-level", level]);
+        for method in ["ListPools", "Status"] {
+            let out = busctl(&bus, false, &["call", DEST, PATH, IFACE, method]);
+            assert!(out.status.success(), "{method}: {}", text(&out.stderr));
+        }
+        let logs = d.logs();
+        d.stop();
+        let libraries: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains(" [zbus") || l.contains(" [tracing") || l.contains(" span="))
+            .collect();
+        if libraries_expected {
+            assert!(!libraries.is_empty(), "--log-level {level}: no zbus lines:\n{logs}");
+        } else {
+            assert!(libraries.is_empty(), "--log-level {level}: {} library lines:\n{logs}", libraries.len());
+            assert!(logs.contains("serving org.cpupool.Manager1"), "{logs}");
+        }
+    }
+}

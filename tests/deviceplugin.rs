@@ -589,3 +589,37 @@ async fn allocate_takes_back_devices_the_kubelet_freed_within_the_grace_period()
     .await;
     d.stop();
 }
+
+/// A host without a kubelet: one line at info says it is not there yet, however many
+/// reconcile rounds run (every 10 ms here); no warning, and no transport error about PodResources.
+#[test]
+fn no_kubelet_is_said_once_at_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}\n[kubelet]\nreconcile_interval_ms = 10\n", common::CONFIG);
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(&config), &["--bus", "none"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !d.logs().contains("no kubelet yet") {
+        assert!(Instant::now() < deadline, "no word of the missing kubelet:\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Reconcile rounds keep running meanwhile; answer a few calls so that several pass.
+    let mut v = Varlink::connect(&d.varlink);
+    for _ in 0..20 {
+        v.call("Status", json!({})).unwrap();
+    }
+    let logs = d.logs();
+    d.stop();
+    let socket = dir.path().join("sb/kubelet/pod-resources/kubelet.sock");
+    let said: Vec<&str> = logs.lines().filter(|l| l.contains("kubelet yet")).collect();
+    assert_eq!(
+        said,
+        [format!(
+            "cpupoold info: device plugin: no kubelet yet (`{}` does not exist); its containers are \
+             reconciled once it is there",
+            socket.display()
+        )],
+        "{logs}"
+    );
+    assert!(!logs.contains("PodResources"), "{logs}");
+    assert!(!logs.lines().any(|l| l.starts_with("cpupoold warning")), "{logs}");
+}

@@ -131,6 +131,11 @@ pub enum Command {
     /// Show the daemon's version, uptime, counts and state file, and whether the configuration
     /// on disk is the one running.
     Status,
+    /// Have the daemon read its configuration files again and apply them, and wait until it
+    /// has: `systemctl reload cpupoold` runs this. A configuration that does not load or would
+    /// take CPUs from live assignments is rejected whole: the running one stays, and this
+    /// exits 1 printing why.
+    Reload,
     /// Print pool and assignment changes as they happen, until interrupted. The current pools
     /// come first (change "current"), so you know the subscription is live.
     Monitor,

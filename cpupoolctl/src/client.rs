@@ -39,6 +39,9 @@ pub trait Manager {
     fn resize_pool(&mut self, name: &str, source: &CpuSource) -> Result<Pool, Error>;
     /// Removes a pool without assignments.
     fn delete_pool(&mut self, name: &str) -> Result<(), Error>;
+    /// Has the daemon read its configuration files again and apply them; whether anything
+    /// changed. A rejected configuration is an error with the reason.
+    fn reload(&mut self) -> Result<bool, Error>;
     /// Hands every change to `each`, starting with a replay of the pools (change `current`),
     /// until the daemon goes away or `each` fails.
     fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error>;
@@ -187,6 +190,10 @@ impl Manager for varlink::Client {
 
     fn delete_pool(&mut self, name: &str) -> Result<(), Error> {
         self.call("DeletePool", json!({ "name": name })).map(|_| ())
+    }
+
+    fn reload(&mut self) -> Result<bool, Error> {
+        self.call_field("Reload", json!({}), "changed")
     }
 
     fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {

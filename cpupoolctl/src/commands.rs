@@ -229,6 +229,10 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let s = m.status()?;
             p.print(|| output::status(&s), || json!(s))
         }
+        Command::Reload => {
+            let changed = m.reload()?;
+            p.print(|| output::reloaded(changed), || json!({ "changed": changed }))
+        }
         Command::Monitor => {
             let json = cli.global.json;
             m.monitor(&mut |e| p.write(&if json { format!("{}\n", json!(e)) } else { output::event(&e) }))

@@ -411,6 +411,10 @@ impl crate::client::Manager for Client {
         self.call("DeletePool", &(name,))
     }
 
+    fn reload(&mut self) -> Result<bool, Error> {
+        self.call("Reload", &())
+    }
+
     /// Subscribes to PoolChanged and AssignmentChanged, then replays every pool with change
     /// `current` (as varlink's Monitor does, so the output is the same), then forwards signals
     /// until the daemon leaves the bus.

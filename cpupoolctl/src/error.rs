@@ -278,9 +278,8 @@ impl DaemonError {
                     .into(),
             ),
             "ApplyFailed" => (
-                p("reason").map(|r| {
-                    Full(format!("applying the change to the host failed, and it was rolled back: {r}"))
-                }),
+                // Worded as the daemon's D-Bus message is, so both transports print the same.
+                p("reason").map(|r| Full(format!("applying the change failed and was rolled back: {r}"))),
                 "the daemon's log says more (`journalctl -u cpupoold`)".into(),
             ),
             "NotDurable" => (
@@ -290,11 +289,17 @@ impl DaemonError {
             ),
             "ConfigRejected" => (
                 p("reason")
-                    .map(|r| Full(format!("the change is invalid, the running configuration stays: {r}"))),
-                "`cpupoolctl pool list` and `cpupoolctl topology` show what there is".into(),
+                    .map(|r| Full(format!("the new configuration is invalid; the running one stays: {r}"))),
+                "fix what it names, then `cpupoolctl reload`; `cpupoolctl pool list` and \
+                 `cpupoolctl topology` show what there is"
+                    .into(),
             ),
             "AssignmentsStranded" => (
-                p("reason").map(|r| Full(format!("the change would take CPUs from live assignments: {r}"))),
+                p("reason").map(|r| {
+                    Full(format!(
+                        "the new configuration would strand assignments; the running one stays: {r}"
+                    ))
+                }),
                 "release them first; `cpupoolctl assignments` lists them".into(),
             ),
             "TopologyFailed" => (
@@ -424,6 +429,18 @@ mod tests {
         assert_eq!(
             m("InvalidArgument", json!({"argument": "target", "reason": "empty"}), None),
             "invalid target: empty; `cpupoolctl --help` describes the arguments"
+        );
+        // The reason is the cause alone: each phrase once (the daemon's D-Bus message reads the same).
+        assert_eq!(
+            m("ApplyFailed", json!({"reason": "writing `2` to x: EBUSY"}), None),
+            "applying the change failed and was rolled back: writing `2` to x: EBUSY; \
+             the daemon's log says more (`journalctl -u cpupoold`)"
+        );
+        assert_eq!(
+            m("ConfigRejected", json!({"reason": "`c.toml`: pools.x.count: must be at least 1"}), None),
+            "the new configuration is invalid; the running one stays: `c.toml`: pools.x.count: must be at \
+             least 1; fix what it names, then `cpupoolctl reload`; `cpupoolctl pool list` and \
+             `cpupoolctl topology` show what there is"
         );
         // Without parameters the daemon's message is the first half.
         assert_eq!(

@@ -241,6 +241,15 @@ pub fn deleted(name: &str) -> String {
     format!("deleted pool `{name}`; its CPUs joined the reserved pool\n")
 }
 
+/// `reload`.
+pub fn reloaded(changed: bool) -> String {
+    if changed {
+        "configuration reloaded and applied\n".into()
+    } else {
+        "configuration reloaded: nothing changed\n".into()
+    }
+}
+
 /// `topology`.
 pub fn topology(t: &Topology) -> String {
     let mut out =

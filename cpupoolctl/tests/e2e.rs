@@ -40,8 +40,25 @@ fn cpupoold_bin() -> PathBuf {
     bin
 }
 
+/// The `dbus-daemon`s serving the private bus of the sandbox in `dir/sb`, found by the
+/// configuration file on their command line.
+fn bus_daemons(dir: &Path) -> Vec<i32> {
+    let needle = format!("--config-file={}", dir.join("sb/run/bus.conf").display());
+    let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
+    procs
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(e.path().join("cmdline")).ok()?;
+            cmdline.split(|b| *b == 0).any(|a| a == needle.as_bytes()).then_some(pid)
+        })
+        .collect()
+}
+
 struct Daemon {
     child: Child,
+    /// The test's directory (the sandbox is `dir/sb`).
+    dir: PathBuf,
     /// The sandbox directory.
     sb: PathBuf,
     log: PathBuf,
@@ -50,6 +67,11 @@ struct Daemon {
 impl Daemon {
     /// Starts the daemon on a fresh sandbox in `dir/sb` and reads its banner up to `READY`.
     fn start(dir: &Path) -> Daemon {
+        // The daemon starts the sandbox's bus; if the daemon is killed, the bus is orphaned.
+        // As a subreaper this process inherits it, so Drop can reap it (nothing is left behind
+        // as a zombie either).
+        static SUBREAPER: std::sync::Once = std::sync::Once::new();
+        SUBREAPER.call_once(|| nix::sys::prctl::set_child_subreaper(true).unwrap());
         let sb = dir.join("sb");
         let log = dir.join("daemon.log");
         let log_file = fs::File::create(&log).unwrap();
@@ -75,7 +97,7 @@ impl Daemon {
                 break;
             }
         }
-        let d = Daemon { child, sb, log };
+        let d = Daemon { child, dir: dir.to_owned(), sb, log };
         assert!(ready, "no READY from the daemon:\n{banner}\n{}", d.logs());
         d
     }
@@ -108,10 +130,26 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// After a failed assertion, or a test that did not stop it: leave neither the daemon nor
+    /// the sandbox's bus behind. SIGTERM lets the daemon stop the bus itself; whatever is left
+    /// after that (or after SIGKILL) is killed and reaped here.
     fn drop(&mut self) {
-        // After a failed assertion: do not leave the daemon behind.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Ok(None) = self.child.try_wait() {
+            let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        for pid in bus_daemons(&self.dir) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            // Ours to reap once it was orphaned (see `start`); ECHILD otherwise.
+            let _ = nix::sys::wait::waitpid(pid, None);
+        }
     }
 }
 
@@ -568,6 +606,89 @@ fn dbus_pool_create_resize_delete() {
     pool_create_resize_delete(true);
 }
 
+/// `reload` (what `systemctl reload cpupoold` runs): applies an edited configuration and says
+/// whether anything changed; a rejected one exits 1 with the reason, and the running
+/// configuration stays.
+fn reload_applies_or_says_why_not(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+    let (code, out, err) = ctl.human(&["reload"]);
+    assert_eq!((code, out.as_str()), (0, "configuration reloaded: nothing changed\n"), "{err}");
+    assert_eq!(ctl.ok(&["reload"]), json!({ "changed": false }));
+
+    // web: 4 CPUs -> 2.
+    let cfg = d.sb.join("etc/cpupoold/config.toml");
+    let good = fs::read_to_string(&cfg).unwrap();
+    assert!(good.contains("[pools.web]\nkind = \"shared\"\ncount = 4\n"), "{good}");
+    fs::write(&cfg, good.replace("count = 4", "count = 2")).unwrap();
+    let (code, out, err) = ctl.human(&["reload"]);
+    assert_eq!((code, out.as_str()), (0, "configuration reloaded and applied\n"), "{err}");
+    let running = ctl.pools();
+    assert_eq!(pool(&running, "web")["capacity_millicpus"], 2000, "{running}");
+
+    // Rejected: exit 1, the reason once, and nothing changes.
+    fs::write(&cfg, format!("{good}\n[pools.broken]\nkind = \"exclusive\"\n")).unwrap();
+    let (code, out, err) = ctl.human(&["reload"]);
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "cpupoolctl: error ConfigRejected: the new configuration is invalid; the running one stays: \
+             `{}`: pools.broken: no CPU source: set one of cpus, count or isolcpus = true; fix what it names, then \
+             `cpupoolctl reload`; `cpupoolctl pool list` and `cpupoolctl topology` show what there is\n",
+            cfg.display()
+        )
+    );
+    let (code, e) = ctl.err(&["reload"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("ConfigRejected")), "{e}");
+    assert_eq!(ctl.pools(), running);
+    let status = ctl.ok(&["status"]);
+    assert!(status["config_error"].as_str().is_some_and(|s| s.contains("pools.broken")), "{status}");
+    assert!(
+        d.logs().contains("reload: the new configuration is invalid; the running one stays: "),
+        "{}",
+        d.logs()
+    );
+
+    // Fixed: applied again (web back to 4), and the status is clean.
+    fs::write(&cfg, &good).unwrap();
+    assert_eq!(ctl.ok(&["reload"]), json!({ "changed": true }));
+    assert_eq!(pool(&ctl.pools(), "web")["capacity_millicpus"], 4000);
+    assert_eq!(ctl.ok(&["status"])["config_error"], Value::Null);
+    d.stop();
+}
+
+#[test]
+fn varlink_reload_applies_or_says_why_not() {
+    reload_applies_or_says_why_not(false);
+}
+
+#[test]
+fn dbus_reload_applies_or_says_why_not() {
+    reload_applies_or_says_why_not(true);
+}
+
+/// A harness dropped without `stop` (a test that ends early, or panics) leaves no
+/// `dbus-daemon` of its sandbox running.
+#[test]
+fn no_bus_daemon_outlives_the_harness() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    Ctl::new(&d, true).ok(&["status"]);
+    assert_eq!(bus_daemons(dir.path()).len(), 1, "the sandbox's bus runs while the daemon does");
+    drop(d);
+    assert_eq!(bus_daemons(dir.path()), Vec::<i32>::new(), "a dbus-daemon outlived the harness");
+
+    let panicked = std::panic::catch_unwind(|| {
+        let d = Daemon::start(dir.path());
+        Ctl::new(&d, true).ok(&["status"]);
+        panic!("a failed assertion");
+    });
+    assert!(panicked.is_err());
+    assert_eq!(bus_daemons(dir.path()), Vec::<i32>::new(), "a dbus-daemon outlived a panic");
+}
+
 /// An unprivileged caller (`nobody`) may read but not change anything.
 fn unprivileged_callers_are_denied(dbus: bool) {
     if !nix::unistd::getuid().is_root() {
@@ -602,6 +723,8 @@ fn unprivileged_callers_are_denied(dbus: bool) {
     assert_eq!((code, e["error"].as_str()), (1, Some("AccessDenied")), "{e}");
     assert!(e["message"].as_str().is_some_and(|m| m.contains("daemon.admin_group")), "{e}");
     let (code, e) = nobody.err(&["pool", "release", "whatever"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("AccessDenied")), "{e}");
+    let (code, e) = nobody.err(&["reload"]);
     assert_eq!((code, e["error"].as_str()), (1, Some("AccessDenied")), "{e}");
     let (code, _, stderr) = nobody.human(&[
         "pool",

@@ -396,6 +396,14 @@ impl Manager {
         Ok(())
     }
 
+    /// `changed` is false when the files say what already runs; a rejected configuration is
+    /// an error (ConfigRejected, AssignmentsStranded) and the running one stays.
+    #[zbus(out_args("changed"))]
+    async fn reload(&self, #[zbus(header)] hdr: Header<'_>) -> Result<bool, Error> {
+        self.authorize(&hdr).await?;
+        Ok(ops::reload(&self.handle).await?)
+    }
+
     #[zbus(property)]
     async fn pools(&self) -> Vec<PoolView> {
         PoolView::all(&self.handle.snapshot())

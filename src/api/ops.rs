@@ -15,7 +15,7 @@ use crate::core::cpuset::CpuSet;
 use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
 use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, Size, State, Target};
 use crate::core::topology::Topology;
-use crate::engine::{error_chain, EngineError, Snapshot};
+use crate::engine::{error_chain, EngineError, Handle, Snapshot};
 
 /// A pool as both interfaces show it: the varlink `Pool` type, the D-Bus `(ssssttbus)`.
 #[derive(
@@ -307,8 +307,41 @@ pub fn engine_error(e: &EngineError) -> ApiError {
         EngineError::Topology(_) => "TopologyFailed",
         EngineError::Stopped => return shutting_down(),
     };
-    let reason = error_chain(e);
-    ApiError::new(kind, json!({ "reason": reason }), reason)
+    // The kind already says what failed and that nothing changed (clients word it their own
+    // way, cpupoolctl: "applying the change to the host failed, and it was rolled back: ..."),
+    // so the reason is the cause alone; the D-Bus message, which has no kind to lean on, is
+    // the whole chain.
+    let reason = match (e, std::error::Error::source(e)) {
+        (EngineError::Stranded(misfits), _) => misfits.clone(),
+        (_, Some(cause)) => error_chain(cause),
+        (_, None) => e.to_string(),
+    };
+    ApiError::new(kind, json!({ "reason": reason }), error_chain(e))
+}
+
+/// Reads the configuration files again and applies them: SIGHUP, and `Reload` over varlink and
+/// D-Bus. Tells systemd (`RELOADING=1`, then `READY=1` with the new `STATUS=`) and logs the
+/// outcome. `Ok(false)`: the files say what already runs.
+pub async fn reload(handle: &Handle) -> Result<bool, EngineError> {
+    use sd_notify::NotifyState;
+    let notify = |states: &[NotifyState<'_>]| {
+        if let Err(e) = sd_notify::notify(false, states) {
+            log::warn!("sd_notify failed: {e}");
+        }
+    };
+    // systemd 253+ (Type=notify-reload) wants the time with RELOADING=1; older ones ignore it.
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => notify(&[NotifyState::Reloading, now]),
+        Err(_) => notify(&[NotifyState::Reloading]),
+    }
+    let result = handle.reload_from_disk().await;
+    match &result {
+        Ok(true) => log::info!("configuration reloaded: {}", handle.snapshot().summary()),
+        Ok(false) => log::info!("configuration reloaded: nothing changed"),
+        Err(e) => log::error!("reload: {}", error_chain(e)),
+    }
+    notify(&[NotifyState::Ready, NotifyState::Status(&handle.snapshot().summary())]);
+    result
 }
 
 /// Decodes `Assign`'s arguments. `cpus` and `millicpus`: exactly one is given.
@@ -468,6 +501,42 @@ pub fn delete_pool(name: &str) -> Result<PoolEdit, ApiError> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// The reason is the cause alone (clients say what the kind means); the D-Bus message says
+    /// each part once.
+    #[test]
+    fn engine_errors_say_each_phrase_once() {
+        let config = EngineError::Config(Box::new(crate::config::ConfigError::Invalid {
+            file: "/etc/cpupoold/config.toml".into(),
+            key: "pools.dp.count".into(),
+            reason: "must be at least 1".into(),
+        }));
+        let e = engine_error(&config);
+        assert_eq!(e.kind, "ConfigRejected");
+        assert_eq!(
+            e.params,
+            json!({ "reason": "`/etc/cpupoold/config.toml`: pools.dp.count: must be at least 1" })
+        );
+        assert_eq!(
+            e.message,
+            "the new configuration is invalid; the running one stays: \
+             `/etc/cpupoold/config.toml`: pools.dp.count: must be at least 1"
+        );
+        let apply = EngineError::Apply(crate::host::cgroupfs::HostError::Write {
+            path: "/sys/fs/cgroup/a/cpuset.cpus".into(),
+            data: "2".into(),
+            source: std::io::Error::from_raw_os_error(16),
+        });
+        let e = engine_error(&apply);
+        assert_eq!(e.kind, "ApplyFailed");
+        let reason = e.params["reason"].as_str().unwrap_or_default().to_owned();
+        assert!(reason.starts_with("writing `2` to `/sys/fs/cgroup/a/cpuset.cpus`: "), "{reason}");
+        assert_eq!(e.message, format!("applying the change failed and was rolled back: {reason}"));
+        let stranded = EngineError::Stranded("assignment `a` of pool `dp` holds CPU 3".into());
+        let e = engine_error(&stranded);
+        assert_eq!(e.params, json!({ "reason": "assignment `a` of pool `dp` holds CPU 3" }));
+        assert_eq!(e.message.matches("the running one stays").count(), 1, "{}", e.message);
+    }
 
     #[test]
     fn every_state_error_has_a_documented_kind() {

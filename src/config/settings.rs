@@ -365,7 +365,18 @@ impl Settings {
     /// Resolves the pools against the host's topology (see [`pool::resolve`]). An error names the
     /// file that set the key at fault; `source()` is the [`PoolError`].
     pub fn resolve_pools(&self, topo: &Topology) -> Result<Vec<Pool>, ConfigError> {
-        let pools = pool::resolve(&self.pools, topo).map_err(|source| {
+        self.resolve_pools_keeping(topo, &std::collections::BTreeMap::new())
+    }
+
+    /// Like [`Settings::resolve_pools`], keeping the CPUs each `count` pool has now where it
+    /// can (see [`pool::resolve_keeping`]): the running pools on a reload or pool edit, the
+    /// saved ones at start.
+    pub fn resolve_pools_keeping(
+        &self,
+        topo: &Topology,
+        current: &std::collections::BTreeMap<crate::core::pool::PoolName, crate::core::cpuset::CpuSet>,
+    ) -> Result<Vec<Pool>, ConfigError> {
+        let pools = pool::resolve_keeping(&self.pools, topo, current).map_err(|source| {
             let key = self.key_for(&source);
             ConfigError::Pool { file: self.origins.file_for(&key), key, source }
         })?;

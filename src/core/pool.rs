@@ -291,6 +291,31 @@ pub enum PoolError {
 
 /// Resolves and validates the configured pools against `topo`. Returns the pools in name order.
 pub fn resolve(specs: &[PoolSpec], topo: &Topology) -> Result<Vec<Pool>, PoolError> {
+    resolve_keeping(specs, topo, &BTreeMap::new())
+}
+
+/// Like [`resolve`], with the CPUs each pool has now (`current`): a `count` pool keeps the
+/// CPUs it has where they still fit its request, shrinks within them, grows around them, and
+/// only a new or moved pool takes from what nobody keeps. So creating or resizing one pool does
+/// not move another's CPUs (and its live assignments). When keeping cannot work (e.g. a new
+/// `numa` pool needs CPUs another pool holds there) the pools are resolved afresh, as [`resolve`]
+/// does.
+pub fn resolve_keeping(
+    specs: &[PoolSpec],
+    topo: &Topology,
+    current: &BTreeMap<PoolName, CpuSet>,
+) -> Result<Vec<Pool>, PoolError> {
+    match resolve_with(specs, topo, current) {
+        Err(_) if !current.is_empty() => resolve_with(specs, topo, &BTreeMap::new()),
+        other => other,
+    }
+}
+
+fn resolve_with(
+    specs: &[PoolSpec],
+    topo: &Topology,
+    current: &BTreeMap<PoolName, CpuSet>,
+) -> Result<Vec<Pool>, PoolError> {
     let online = topo.online();
     let mut seen: BTreeMap<&PoolName, &PoolSpec> = BTreeMap::new();
     let mut reserved: Option<&PoolName> = None;
@@ -350,10 +375,51 @@ pub fn resolve(specs: &[PoolSpec], topo: &Topology) -> Result<Vec<Pool>, PoolErr
     let mut requests: Vec<&PoolSpec> =
         specs.iter().filter(|s| matches!(s.source, CpuSource::Request { .. })).collect();
     requests.sort_by_key(|s| (s.kind != PoolKind::Reserved, s.name.clone()));
+    // First each request keeps what it has (up to its count), so the others' picks below
+    // cannot take it.
+    for spec in &requests {
+        let CpuSource::Request { count, numa } = spec.source else { continue };
+        let Some(now) = current.get(&spec.name) else { continue };
+        let claimed = resolved.values().fold(CpuSet::new(), |acc, c| acc.union(c));
+        let mut keep = now.intersection(&online).difference(&claimed).difference(&topo.isolated());
+        if let Some(node_cpus) = numa.and_then(|n| topo.nodes().get(&n)) {
+            keep = keep.intersection(node_cpus);
+        }
+        let smt = if spec.kind == PoolKind::Exclusive { spec.smt } else { Smt::Threads };
+        if keep.len() > count as usize && spec.kind == PoolKind::Reserved {
+            // The reserved pool holds its count and the CPUs nobody claims. Its own are those a
+            // fresh resolution gives it (it picks first): keep those, so the host's slices do
+            // not move when another pool takes the unclaimed ones.
+            let free = online.difference(&claimed).difference(&topo.isolated());
+            let free = match numa.and_then(|n| topo.nodes().get(&n)) {
+                Some(node_cpus) => free.intersection(node_cpus),
+                None => free,
+            };
+            if let Ok(own) = alloc::pick(topo, &free, &CpuSet::new(), count as usize, smt) {
+                if own.is_subset(&keep) {
+                    keep = own;
+                }
+            }
+        }
+        if keep.len() > count as usize {
+            match alloc::pick(topo, &keep, &CpuSet::new(), count as usize, smt) {
+                Ok(cpus) => keep = cpus,
+                Err(_) => continue,
+            }
+        }
+        if !keep.is_empty() {
+            claim(&spec.name, keep, &mut resolved)?;
+        }
+    }
     for spec in requests {
         let CpuSource::Request { count, numa } = spec.source else { continue };
         if count == 0 {
             return Err(PoolError::ZeroCount(spec.name.clone()));
+        }
+        let kept = resolved.remove(&spec.name).unwrap_or_default();
+        if kept.len() == count as usize {
+            resolved.insert(spec.name.clone(), kept);
+            continue;
         }
         let claimed = resolved.values().fold(CpuSet::new(), |acc, c| acc.union(c));
         // Kernel-isolated CPUs are only handed out on purpose, through `isolcpus = true`.
@@ -370,7 +436,10 @@ pub fn resolve(specs: &[PoolSpec], topo: &Topology) -> Result<Vec<Pool>, PoolErr
         }
         // Pools are carved in whole cores where possible so that pools don't share cores.
         let smt = if spec.kind == PoolKind::Exclusive { spec.smt } else { Smt::Threads };
-        let cpus = match alloc::pick(topo, &free, &CpuSet::new(), count as usize, smt) {
+        // Growing around what it kept; if its cores do not allow that, picked afresh.
+        let picked = alloc::pick(topo, &free, &kept, count as usize, smt)
+            .or_else(|_| alloc::pick(topo, &free, &CpuSet::new(), count as usize, smt));
+        let cpus = match picked {
             Ok(cpus) => cpus,
             Err(alloc::PickError::NotWholeCores { .. }) => {
                 return Err(PoolError::CountNotWholeCores { pool: spec.name.clone(), requested: count })
@@ -438,6 +507,53 @@ mod tests {
     }
     fn cpus_of(pools: &[Pool], n: &str) -> CpuSet {
         pools.iter().find(|p| p.name.as_str() == n).map(|p| p.cpus.clone()).unwrap_or_default()
+    }
+
+    /// Creating or resizing a count pool leaves the other count pools' CPUs where they are; a
+    /// fresh resolution would move the shared pool (the new pool sorts before it).
+    #[test]
+    fn count_pools_keep_their_cpus() {
+        let t = Topology::synthetic(2, 8, 2, 2);
+        let mut specs = vec![
+            count("reserved", PoolKind::Reserved, 2, None),
+            PoolSpec { smt: Smt::FullCores, ..count("dp", PoolKind::Exclusive, 14, Some(1)) },
+            count("web", PoolKind::Shared, 8, None),
+        ];
+        let before = resolve(&specs, &t).unwrap_or_else(|e| panic!("{e}"));
+        let now: BTreeMap<PoolName, CpuSet> =
+            before.iter().map(|p| (p.name.clone(), p.cpus.clone())).collect();
+        specs.push(PoolSpec { smt: Smt::FullCores, ..count("batch", PoolKind::Exclusive, 4, Some(0)) });
+        let after = resolve_keeping(&specs, &t, &now).unwrap_or_else(|e| panic!("{e}"));
+        for p in ["dp", "web"] {
+            assert_eq!(cpus_of(&after, p), now[&name(p)], "{p} moved");
+        }
+        // The reserved pool gives up unclaimed CPUs, and keeps its own two.
+        let reserved = cpus_of(&after, "reserved");
+        assert!(reserved.is_subset(&now[&name("reserved")]), "{reserved}");
+        let own = CpuSet::parse("0,16").unwrap_or_else(|e| panic!("{e}"));
+        assert!(own.is_subset(&reserved) && now[&name("reserved")].len() > 2, "{reserved}");
+        let batch = cpus_of(&after, "batch");
+        assert_eq!(batch.len(), 4);
+        assert!(batch.is_subset(&t.nodes()[&0]), "{batch}");
+        let fresh = resolve(&specs, &t).unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(
+            cpus_of(&fresh, "web"),
+            now[&name("web")],
+            "the case must be one a fresh resolution moves"
+        );
+
+        // Shrinking stays within the pool's CPUs, growing keeps them all.
+        let now: BTreeMap<PoolName, CpuSet> =
+            after.iter().map(|p| (p.name.clone(), p.cpus.clone())).collect();
+        specs[2] = count("web", PoolKind::Shared, 6, None);
+        let shrunk = resolve_keeping(&specs, &t, &now).unwrap_or_else(|e| panic!("{e}"));
+        assert!(cpus_of(&shrunk, "web").is_subset(&now[&name("web")]));
+        assert_eq!(cpus_of(&shrunk, "batch"), now[&name("batch")]);
+        specs[2] = count("web", PoolKind::Shared, 10, None);
+        let grown = resolve_keeping(&specs, &t, &now).unwrap_or_else(|e| panic!("{e}"));
+        assert!(now[&name("web")].is_subset(&cpus_of(&grown, "web")));
+        assert_eq!(cpus_of(&grown, "web").len(), 10);
+        assert_eq!(cpus_of(&grown, "dp"), now[&name("dp")]);
     }
 
     #[test]

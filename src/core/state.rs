@@ -632,7 +632,8 @@ impl State {
             return Err(Error::TargetBusy {
                 target: spec.target.to_string(),
                 id: a.id.to_string(),
-                pool: pool.name.to_string(),
+                // The pool of the assignment that holds it, which says where to release it.
+                pool: a.pool.to_string(),
             });
         }
         let (cpus, millicpus) = match pool.kind {

@@ -398,6 +398,11 @@ impl Engine {
             }
             Loaded::State(data) => {
                 let mut state = State::from(data);
+                // Count pools keep the CPUs saved for them (a pool created at run time took
+                // CPUs others did not hold, which a fresh resolution would not give it again).
+                let pools = settings
+                    .resolve_pools_keeping(&topo, &current_cpus(&state))
+                    .map_err(|e| StartError::Config(Box::new(e)))?;
                 if let Err(misfits) = state.set_pools(pools) {
                     for m in &misfits {
                         log::error!(
@@ -953,7 +958,10 @@ impl Engine {
     /// Checks new settings against the host and the live assignments, changing nothing.
     fn prepare(&self, settings: &Settings) -> Result<(Topology, State), EngineError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(EngineError::Topology)?;
-        let pools = settings.resolve_pools(&topo).map_err(|e| EngineError::Config(Box::new(e)))?;
+        // Count pools keep their CPUs: editing one pool does not move the others.
+        let pools = settings
+            .resolve_pools_keeping(&topo, &current_cpus(&self.state))
+            .map_err(|e| EngineError::Config(Box::new(e)))?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
@@ -1211,6 +1219,11 @@ impl Engine {
             let _ = self.events.send(e);
         }
     }
+}
+
+/// Each pool's CPUs, for resolving count pools where they are.
+fn current_cpus(state: &State) -> std::collections::BTreeMap<PoolName, CpuSet> {
+    state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect()
 }
 
 /// The most mutations decided and saved together.

@@ -98,6 +98,8 @@ pub(super) struct Reconciler {
     missing: HashMap<String, Instant>,
     /// Whether the last PodResources call failed (logged once per outage).
     unreachable: bool,
+    /// Whether the kubelet was found absent (no PodResources socket) and that was said.
+    absent: bool,
     /// Pool CPUs the kubelet's CPU manager may hand out exclusively, as last logged.
     cpu_manager_conflict: CpuSet,
 }
@@ -109,6 +111,7 @@ impl Reconciler {
             shared,
             missing: HashMap::new(),
             unreachable: false,
+            absent: false,
             cpu_manager_conflict: CpuSet::new(),
         }
     }
@@ -151,7 +154,23 @@ impl Reconciler {
                     log::info!("device plugin: the kubelet's PodResources API answers again");
                 }
                 self.unreachable = false;
+                self.absent = false;
                 l
+            }
+            // No kubelet on this host (yet): nothing is wrong, and there is nothing to reconcile.
+            // Said once, and only here when the registrar has not said it already (it waits for
+            // the device-plugin directory, and says so, when that is missing too).
+            Err(_) if !self.opts.pod_resources_socket().exists() => {
+                if !self.absent && self.opts.plugin_dir().is_dir() {
+                    log::info!(
+                        "device plugin: no kubelet yet (`{}` does not exist); its containers are \
+                         reconciled once it is there",
+                        self.opts.pod_resources_socket().display()
+                    );
+                }
+                self.absent = true;
+                self.unreachable = false;
+                return;
             }
             Err(e) => {
                 if !self.unreachable {

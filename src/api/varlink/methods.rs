@@ -110,6 +110,8 @@ pub enum Method {
     ResizePool,
     /// `DeletePool` (mutating).
     DeletePool,
+    /// `Reload` (mutating).
+    Reload,
     /// `Monitor` (streaming).
     Monitor,
 }
@@ -135,6 +137,7 @@ impl Method {
             (INTERFACE, "CreatePool") => Method::CreatePool,
             (INTERFACE, "ResizePool") => Method::ResizePool,
             (INTERFACE, "DeletePool") => Method::DeletePool,
+            (INTERFACE, "Reload") => Method::Reload,
             (INTERFACE, "Monitor") => Method::Monitor,
             (SERVICE | INTERFACE, _) => return Err(service("MethodNotFound", json!({ "method": full }))),
             _ => return Err(service("InterfaceNotFound", json!({ "interface": iface }))),
@@ -152,6 +155,7 @@ impl Method {
                 | Method::CreatePool
                 | Method::ResizePool
                 | Method::DeletePool
+                | Method::Reload
         )
     }
 }
@@ -327,6 +331,7 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
         | Method::CreatePool
         | Method::ResizePool
         | Method::DeletePool
+        | Method::Reload
         | Method::Monitor) => Err(not_implemented(&format!("{INTERFACE}.{m:?}"))),
     }
 }
@@ -334,7 +339,12 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
 /// The argument names each method takes.
 pub fn arguments(method: Method) -> &'static [&'static str] {
     match method {
-        Method::GetInfo | Method::ListPools | Method::GetTopology | Method::Status | Method::Monitor => &[],
+        Method::GetInfo
+        | Method::ListPools
+        | Method::GetTopology
+        | Method::Status
+        | Method::Monitor
+        | Method::Reload => &[],
         Method::GetInterfaceDescription => &["interface"],
         Method::GetPool | Method::DeletePool => &["name"],
         Method::CreatePool => &["name", "kind", "cpus", "count", "numa", "smt", "isolate", "kubelet"],
@@ -414,6 +424,10 @@ pub async fn mutate(
         Method::Release => {
             let id = params.string("id")?;
             handle.release(&id).await.map_err(engine)?
+        }
+        Method::Reload => {
+            let changed = ops::reload(handle).await.map_err(engine)?;
+            return Ok(json!({ "changed": changed }));
         }
         Method::CreatePool | Method::ResizePool | Method::DeletePool => {
             let pool = handle.edit_pool(pool_edit(method, params)?).await.map_err(engine)?;

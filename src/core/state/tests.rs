@@ -73,6 +73,13 @@ fn idempotent_repeat_and_conflicts() {
         s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("y"))),
         Err(Error::TargetBusy { target: "cgroup:a".into(), id: "x".into(), pool: "dp".into() })
     );
+    // Asked from another pool, the error names the pool of the assignment that holds the target.
+    let busy = s.assign(&t, &spec("web", "cgroup:a", Size::Millicpus(100), None));
+    assert_eq!(busy, Err(Error::TargetBusy { target: "cgroup:a".into(), id: "x".into(), pool: "dp".into() }));
+    assert_eq!(
+        busy.err().map(|e| e.to_string()).as_deref(),
+        Some("target `cgroup:a` already holds assignment `x` from pool `dp`; release it first")
+    );
     assert_eq!(s, snapshot);
 }
 
