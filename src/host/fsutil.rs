@@ -226,7 +226,7 @@ impl Root {
         let rel = rel.as_ref();
         let err = self.err("removing", rel);
         let (dir, name) = self.parent(rel).map_err(err)?;
-        rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR).map_err(|e| err(e.into()))
+        rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR).map_err(|e| err(self.refusal(rel, e)))
     }
 
     /// Removes the directory `rel` and everything in it. Links inside are removed, not followed.
