@@ -105,6 +105,9 @@ pub enum PrevCopy {
     Good(PathBuf),
     /// The previous copy at this path exists but cannot be used either.
     Damaged(PathBuf),
+    /// The previous copy at this path decodes but breaks the state's rules as well (the caller
+    /// checks them; the store knows nothing of them).
+    Inconsistent(PathBuf),
     /// The error is about the previous copy itself.
     Itself,
 }
@@ -120,6 +123,9 @@ impl fmt::Display for PrevCopy {
             ),
             PrevCopy::Damaged(path) => {
                 write!(f, "; the previous copy at `{}` is damaged", path.display())
+            }
+            PrevCopy::Inconsistent(path) => {
+                write!(f, "; the previous copy at `{}` is inconsistent too", path.display())
             }
             PrevCopy::Itself => Ok(()),
         }
