@@ -25,8 +25,8 @@ struct Args {
     /// Vendor configuration directory (config.d/).
     #[arg(long, value_name = "DIR", default_value = "/usr/lib/cpupoold", conflicts_with = "sandbox")]
     vendor_config_dir: PathBuf,
-    /// If the state file is damaged, start from the previous good copy (the damaged file is
-    /// kept as state.json.corrupt).
+    /// If the state file is damaged or inconsistent, start from the previous good copy (the
+    /// file is kept as state.json.corrupt).
     #[arg(long)]
     restore_previous_state: bool,
     /// Where to serve the D-Bus API: system, session, none, a D-Bus address

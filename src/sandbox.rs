@@ -117,9 +117,11 @@ impl Sandbox {
             // Written last: its presence means the sandbox is complete.
             fs::write(&shape_file, format!("{}\n", sb.shape)).map_err(io_err(&shape_file))?;
         }
-        // The device plugin serves its sockets here (older sandboxes lack it).
-        let plugins = sb.kubelet().join("device-plugins");
-        fs::create_dir_all(&plugins).map_err(io_err(&plugins))?;
+        // The device plugin serves its sockets here, and the simulated process attributes go
+        // here (older sandboxes lack them).
+        for d in [sb.kubelet().join("device-plugins"), sb.procfs()] {
+            fs::create_dir_all(&d).map_err(io_err(&d))?;
+        }
         Ok(sb)
     }
 

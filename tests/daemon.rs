@@ -193,3 +193,62 @@ fn reload_over_varlink_notifies_reloading_then_ready() {
     d.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(d.wait_exit().success());
 }
+
+/// An assignment made behind the core's back, as a hand edit or a faulty release would.
+fn crafted(id: &str, cpus: &str) -> cpupoold::core::state::Assignment {
+    use cpupoold::core::state::{Assignment, AssignmentId, Target};
+    let cpus = cpupoold::core::cpuset::CpuSet::parse(cpus).unwrap_or_else(|e| panic!("{e}"));
+    Assignment {
+        id: AssignmentId::new(id).unwrap_or_else(|e| panic!("{e}")),
+        pool: cpupoold::core::pool::PoolName::new("dp").unwrap_or_else(|e| panic!("{e}")),
+        kind: cpupoold::core::pool::PoolKind::Exclusive,
+        target: Target::parse(&format!("cgroup:{id}")).unwrap_or_else(|e| panic!("{e}")),
+        millicpus: cpus.len() as u64 * 1000,
+        cpus,
+        reclaim: true,
+        process_start: None,
+        container: None,
+    }
+}
+
+#[test]
+fn inconsistent_state_refuses_to_start_naming_file_and_assignments() {
+    use cpupoold::core::state::StateData;
+    use cpupoold::host::store::{Loaded, Store};
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let sb = dir.path().join("sb");
+    let d = Daemon::start(&sb, &["--topology", "1x4x2:1"]);
+    d.wait_for("READY=1");
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait_exit().success());
+
+    // Two exclusive assignments owning the same core, in a file with a valid checksum (the
+    // store's own save writes it); the state before it becomes the previous good copy.
+    let store = Store::open(&sb.join("state")).unwrap_or_else(|e| panic!("{e}"));
+    let Ok(Loaded::State(mut data)) = store.load::<StateData>() else { panic!("no state") };
+    let dp = data.pools.keys().find(|p| p.as_str() == "dp").cloned();
+    let cpus = dp.and_then(|p| data.pools.get(&p)).map(|p| p.cpus.to_string()).unwrap_or_default();
+    let first_core = cpus.split([',', '-']).next().unwrap_or_default().to_owned();
+    for a in [crafted("app-x", &first_core), crafted("app-y", &first_core)] {
+        data.assignments.insert(a.id.clone(), a);
+    }
+    store.save(&data).unwrap_or_else(|e| panic!("{e}"));
+    let state = sb.join("state/state.json");
+    let bytes = fs::read(&state).unwrap_or_default();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_cpupoold")).arg("--sandbox").arg(&sb).output();
+    let out = out.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("`{}` has a valid checksum", state.display())), "{err}");
+    assert!(err.contains(&format!("assignments `app-x` and `app-y` both own CPUs {first_core}")), "{err}");
+    assert!(err.contains("--restore-previous-state") && err.contains("cpupoold(8)"), "{err}");
+    assert_eq!(fs::read(&state).unwrap_or_default(), bytes, "the file is left alone");
+
+    let d = Daemon::start(&sb, &["--restore-previous-state"]);
+    let ready = d.wait_for("READY=1");
+    assert!(ready.contains("0 assignments"), "{ready}");
+    assert_eq!(fs::read(sb.join("state/state.json.corrupt")).unwrap_or_default(), bytes);
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(d.wait_exit().success());
+}

@@ -19,8 +19,7 @@
 //! directory), so a crash leaves either the old or the new drop-in.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use toml::{Table, Value};
@@ -28,6 +27,7 @@ use toml::{Table, Value};
 use super::{fragments, ConfigDirs, ConfigError, TomlError};
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::{PoolKind, PoolName, Smt};
+use crate::host::fsutil::{FsError, Root};
 
 /// The drop-in's file name, in `config.d/` of the administrator's directory.
 pub const DROPIN_NAME: &str = "90-cpupoold-runtime.toml";
@@ -131,6 +131,8 @@ pub struct DropinError {
 /// The drop-in's pools, as read from disk and edited in memory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dropin {
+    /// The administrator's configuration directory, which the drop-in is written below.
+    etc: Root,
     path: PathBuf,
     pools: Table,
 }
@@ -156,7 +158,7 @@ impl Dropin {
             Some(Value::Table(pools)) => pools,
             _ => Table::new(),
         };
-        Ok(Dropin { path, pools })
+        Ok(Dropin { etc: Root::new(&dirs.etc), path, pools })
     }
 
     /// The file.
@@ -241,41 +243,31 @@ impl Dropin {
         self.pools.remove(name.as_str());
     }
 
-    /// Writes the drop-in durably, or removes it when it defines nothing.
+    /// Writes the drop-in durably, or removes it when it defines nothing. A symbolic link at
+    /// `config.d/` or at the drop-in's name is not written through ([`Root`]).
     pub fn write(&self) -> Result<(), DropinError> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        let err = |op: &'static str, path: &Path| {
-            let path = path.to_owned();
-            move |source| DropinError { op, path, source }
-        };
+        let rel = Path::new("config.d").join(DROPIN_NAME);
         match self.text() {
-            None => match fs::remove_file(&self.path) {
+            None => match self.etc.remove_file(&rel) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(err("removing", &self.path)(e)),
+                Err(e) => return Err(e.into()),
             },
             Some(text) => {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(dir)
-                    .map_err(err("creating the directory", dir))?;
-                // Hidden, so a concurrent reader of config.d never takes it for a drop-in.
-                let tmp = dir.join(format!(".{DROPIN_NAME}.tmp"));
-                let mut f = fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o644)
-                    .open(&tmp)
-                    .map_err(err("creating", &tmp))?;
-                f.write_all(text.as_bytes()).map_err(err("writing", &tmp))?;
-                f.sync_all().map_err(err("fsyncing", &tmp))?;
-                drop(f);
-                fs::rename(&tmp, &self.path).map_err(err("renaming into place", &self.path))?;
+                Root::create(self.etc.path(), 0o755)?;
+                self.etc.create_dir_all("config.d", 0o755)?;
+                // The temporary file is hidden: a concurrent reader of config.d never takes it
+                // for a drop-in.
+                return Ok(self.etc.replace(&rel, text.as_bytes(), 0o644)?);
             }
         }
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err("fsyncing the directory", dir))
+        Ok(self.etc.sync_dir("config.d")?)
+    }
+}
+
+impl From<FsError> for DropinError {
+    fn from(e: FsError) -> DropinError {
+        DropinError { op: e.op, path: e.path, source: e.source }
     }
 }
 
@@ -332,6 +324,44 @@ mod tests {
         assert!(!d.path().exists(), "an empty drop-in is removed");
         // And removing what is not there is fine.
         again.write().unwrap();
+    }
+
+    #[test]
+    fn the_drop_in_is_never_written_through_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = dirs(tmp.path());
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("passwd"), "root:x:0:0\n").unwrap();
+        fs::create_dir_all(&dirs.etc).unwrap();
+        let create = PoolEdit::Create {
+            name: name("web"),
+            kind: PoolKind::Shared,
+            source: Source::Cpus(CpuSet::parse("2-3").unwrap()),
+            smt: None,
+            isolate: None,
+            kubelet: None,
+        };
+        // config.d a link to a directory elsewhere: refused, naming the link.
+        std::os::unix::fs::symlink(&outside, dirs.etc.join("config.d")).unwrap();
+        let mut d = Dropin::read(&dirs).unwrap();
+        d.apply(&create);
+        let err = d.write().unwrap_err();
+        let chain = crate::engine::error_chain(&err);
+        let link = dirs.etc.join("config.d");
+        assert!(
+            chain.contains(&format!("refusing to follow the symbolic link `{}`", link.display())),
+            "{chain}"
+        );
+        assert!(!outside.join(DROPIN_NAME).exists());
+        // The drop-in's own name a link to a file elsewhere: the link is replaced, the file kept.
+        fs::remove_file(&link).unwrap();
+        fs::create_dir_all(&link).unwrap();
+        std::os::unix::fs::symlink(outside.join("passwd"), link.join(DROPIN_NAME)).unwrap();
+        d.write().unwrap();
+        assert_eq!(fs::read_to_string(outside.join("passwd")).unwrap(), "root:x:0:0\n");
+        assert!(!fs::symlink_metadata(d.path()).unwrap().file_type().is_symlink());
+        assert!(fs::read_to_string(d.path()).unwrap().contains("[pools.web]"));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::core::state::{
 };
 use crate::core::topology::Topology;
 use crate::host::cgroupfs::HostError;
-use crate::host::store::{Loaded, Store, StoreError};
+use crate::host::store::{Loaded, PrevCopy, Store, StoreError};
 use crate::host::sysfs::{self, SysfsError};
 use crate::host::Backend;
 
@@ -143,6 +143,23 @@ pub enum StartError {
     /// The state could not be opened, loaded or saved.
     #[error("the state in the state directory cannot be used")]
     Store(#[source] StoreError),
+    /// The state file is intact but breaks the state's rules ([`StateData::validate`]): the
+    /// daemon cannot tell which CPUs it really handed out, so it changes nothing.
+    #[error(
+        "`{}` has a valid checksum but its state is inconsistent: {}{prev}; {} the named assignments \
+         by hand (see STATE RECOVERY in cpupoold(8))",
+        path.display(),
+        violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+        if matches!(prev, PrevCopy::Good(_)) { "or release" } else { "release" }
+    )]
+    Inconsistent {
+        /// The state file.
+        path: std::path::PathBuf,
+        /// What is wrong, naming the assignments.
+        violations: Vec<state::Violation>,
+        /// The previous copy, and whether `--restore-previous-state` can use it.
+        prev: PrevCopy,
+    },
 }
 
 /// What the APIs read: one committed state, never torn.
@@ -319,6 +336,30 @@ impl Handle {
     }
 }
 
+/// `--restore-previous-state`: installs `state.json.prev` if it decodes and keeps the state's
+/// rules; otherwise changes nothing.
+fn restore_previous_state(store: &Store) -> Result<Loaded<StateData>, StartError> {
+    let prev = store.previous::<StateData>().map_err(StartError::Store)?;
+    if let Err(violations) = prev.validate() {
+        let path = store.prev_path().to_owned();
+        return Err(StartError::Inconsistent { path, violations, prev: PrevCopy::Itself });
+    }
+    let data = store.restore_previous::<StateData>().map_err(StartError::Store)?;
+    log::warn!("state restored from the previous good copy `{}`", store.prev_path().display());
+    Ok(Loaded::State(data))
+}
+
+/// What `--restore-previous-state` would find, for the error message.
+fn previous_copy(store: &Store) -> PrevCopy {
+    let path = store.prev_path().to_owned();
+    match store.previous::<StateData>() {
+        Ok(data) if data.validate().is_ok() => PrevCopy::Good(path),
+        Ok(_) => PrevCopy::Inconsistent(path),
+        Err(StoreError::NoPrevious { .. }) => PrevCopy::Absent,
+        Err(_) => PrevCopy::Damaged(path),
+    }
+}
+
 /// What starting found and did.
 #[derive(Debug, Default)]
 pub struct StartReport {
@@ -383,12 +424,18 @@ impl Engine {
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         let mut report = StartReport::default();
         let mut config_error = None;
+        // A file that is damaged or breaks the state's rules is evidence: it is left alone unless
+        // the operator asked for the previous copy.
         let loaded = match store.load::<StateData>() {
-            Err(_) if restore_previous => {
-                let data = store.restore_previous::<StateData>().map_err(StartError::Store)?;
-                log::warn!("state restored from the previous good copy `{}`", store.prev_path().display());
-                Loaded::State(data)
-            }
+            Ok(Loaded::State(data)) => match data.validate() {
+                Ok(()) => Loaded::State(data),
+                Err(_) if restore_previous => restore_previous_state(&store)?,
+                Err(violations) => {
+                    let prev = previous_copy(&store);
+                    return Err(StartError::Inconsistent { path: store.path().to_owned(), violations, prev });
+                }
+            },
+            Err(_) if restore_previous => restore_previous_state(&store)?,
             other => other.map_err(StartError::Store)?,
         };
         let state = match loaded {

@@ -289,6 +289,100 @@ fn start_with_a_stranding_config_keeps_the_persisted_pools() {
     let _ = thread.join();
 }
 
+/// An assignment of `pool` (`kind`) to `cgroup:ID` holding `cpus` and `millicpus`, made behind
+/// the core's back as a hand edit or a faulty release would.
+fn crafted(id: &str, pool: &str, kind: PoolKind, cpus: &str, millicpus: u64) -> Assignment {
+    Assignment {
+        id: AssignmentId::new(id).unwrap_or_else(|e| panic!("{e}")),
+        pool: PoolName::new(pool).unwrap_or_else(|e| panic!("{e}")),
+        kind,
+        target: Target::parse(&format!("cgroup:{id}")).unwrap_or_else(|e| panic!("{e}")),
+        cpus: CpuSet::parse(cpus).unwrap_or_else(|e| panic!("{e}")),
+        millicpus,
+        reclaim: true,
+        process_start: None,
+        container: None,
+    }
+}
+
+#[test]
+fn start_refuses_an_inconsistent_state_file_until_told_to_restore() {
+    let f = Fixture::new();
+    drop(f.start());
+    let store = Store::open(&f.sb.state()).unwrap_or_else(|e| panic!("{e}"));
+    let good = match store.load::<StateData>() {
+        Ok(Loaded::State(data)) => data,
+        other => panic!("{other:?}"),
+    };
+    let with = |assignments: Vec<Assignment>| {
+        let mut data = good.clone();
+        data.assignments = assignments.into_iter().map(|a| (a.id.clone(), a)).collect();
+        data
+    };
+    let start = |restore: bool| {
+        let backend = crate::host::cgroupfs::CgroupFs::new(f.sb.cgroupfs(), "/proc");
+        Engine::start(&f.settings(), Box::new(backend), restore)
+    };
+    let state_path = f.sb.state().join("state.json");
+    let cases = [
+        (
+            with(vec![
+                crafted("x", "dp", PoolKind::Exclusive, "1,5", 2000),
+                crafted("y", "dp", PoolKind::Exclusive, "1-2,5-6", 4000),
+            ]),
+            "assignments `x` and `y` both own CPUs 1,5",
+        ),
+        (
+            with(vec![crafted("x", "dp", PoolKind::Exclusive, "1,3", 2000)]),
+            "assignment `x` holds CPUs 3, which its pool `dp` does not have",
+        ),
+        (
+            with(vec![
+                crafted("w1", "web", PoolKind::Shared, "3,7", 1500),
+                crafted("w2", "web", PoolKind::Shared, "3,7", 1000),
+            ]),
+            "shared pool `web` has 2000 millicpus but its assignments `w1`, `w2` hold 2500",
+        ),
+    ];
+    for (bad, violation) in &cases {
+        // A good previous copy, then the inconsistent file with a valid checksum.
+        store.save(&good).unwrap_or_else(|e| panic!("{e}"));
+        store.save(bad).unwrap_or_else(|e| panic!("{e}"));
+        let before = f.state_file();
+        let cgroups = f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus");
+        let err = start(false).err().unwrap_or_else(|| panic!("started with {violation}"));
+        let StartError::Inconsistent { ref path, ref violations, ref prev } = err else { panic!("{err:?}") };
+        assert_eq!(path, &state_path);
+        assert!(!violations.is_empty());
+        assert_eq!(prev, &PrevCopy::Good(f.sb.state().join("state.json.prev")));
+        let msg = err.to_string();
+        assert!(msg.starts_with(&format!("`{}` has a valid checksum", state_path.display())), "{msg}");
+        assert!(msg.contains(violation), "{msg}");
+        assert!(msg.contains("--restore-previous-state") && msg.contains("STATE RECOVERY"), "{msg}");
+        assert_eq!(f.state_file(), before, "the file is evidence: left alone");
+        assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), cgroups, "the host is left alone");
+    }
+    // Told to restore: the previous good copy is installed, the inconsistent file kept aside.
+    let bad = f.state_file();
+    let (engine, _) = start(true).unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    assert_eq!(engine.state.data().assignments, good.assignments);
+    assert_eq!(fs::read(f.sb.state().join("state.json.corrupt")).unwrap_or_default(), bad);
+    drop(engine);
+
+    // The previous copy inconsistent too: said so, and restoring it is refused, moving nothing.
+    let (twice, _) = &cases[0];
+    store.save(twice).unwrap_or_else(|e| panic!("{e}"));
+    store.save(twice).unwrap_or_else(|e| panic!("{e}"));
+    let msg = start(false).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(msg.contains("is inconsistent too") && msg.contains("; release the named"), "{msg}");
+    let before = f.state_file();
+    let err = start(true).err().unwrap_or_else(|| panic!("restored an inconsistent copy"));
+    let StartError::Inconsistent { ref path, ref prev, .. } = err else { panic!("{err:?}") };
+    assert_eq!((path, prev), (&f.sb.state().join("state.json.prev"), &PrevCopy::Itself));
+    assert_eq!(f.state_file(), before);
+    assert!(!f.sb.state().join("state.json.corrupt.1").exists());
+}
+
 #[test]
 fn sandbox_confines_every_root() {
     let f = Fixture::new();

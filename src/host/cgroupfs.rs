@@ -5,7 +5,7 @@
 //! path and the data written, e.g. "writing `2-3` to `/sys/fs/cgroup/x/cpuset.cpus`".
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::core::cpuset::CpuSet;
@@ -168,11 +168,10 @@ impl CgroupFs {
         dirs.push(path.clone());
         for (parent, dir) in parents.iter().zip(dirs) {
             self.enable_cpuset(parent)?;
-            let dir = self.dir(&dir);
-            match fs::create_dir(&dir) {
+            match self.fs().create_dir(dir.as_str(), 0o755) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(source) => return Err(HostError::Dir { op: "creating", path: dir, source }),
+                Err(e) => return Err(HostError::Dir { op: "creating", path: e.path, source: e.source }),
             }
         }
         Ok(())
@@ -188,25 +187,23 @@ impl CgroupFs {
         if current.split_whitespace().any(|c| c == "cpuset") {
             return Ok(());
         }
-        write_file(&file, "+cpuset")
+        self.write_file(&file, "+cpuset")
     }
 
     /// Removes a cgroup the daemon created (it must hold no process).
     pub fn remove(&self, path: &CgroupPath) -> Result<(), HostError> {
         let dir = self.dir(path);
-        match fs::remove_dir(&dir) {
+        let failed =
+            |e: super::fsutil::FsError| HostError::Dir { op: "removing", path: e.path, source: e.source };
+        match self.fs().remove_dir(path.as_str()) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             // A simulated cgroupfs (the sandbox) holds plain files that the kernel would not
             // let anyone create: remove them too.
             Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty && !is_cgroupfs(&dir) => {
-                fs::remove_dir_all(&dir).map_err(|source| HostError::Dir {
-                    op: "removing",
-                    path: dir,
-                    source,
-                })
+                self.fs().remove_dir_all(path.as_str()).map_err(failed)
             }
-            Err(source) => Err(HostError::Dir { op: "removing", path: dir, source }),
+            Err(e) => Err(failed(e)),
         }
     }
 
@@ -249,19 +246,19 @@ impl CgroupFs {
         let file = dir.join("cpuset.cpus.partition");
         match partition {
             Partition::Member => {
-                write_file(&file, "member")?;
+                self.write_file(&file, "member")?;
                 if exclusive.exists() {
-                    write_file(&exclusive, "")?;
+                    self.write_file(&exclusive, "")?;
                 }
                 Ok(())
             }
-            Partition::Parent(cpus) if exclusive.exists() => write_file(&exclusive, &cpus.to_string()),
-            Partition::Parent(_) => write_file(&file, "root"),
+            Partition::Parent(cpus) if exclusive.exists() => self.write_file(&exclusive, &cpus.to_string()),
+            Partition::Parent(_) => self.write_file(&file, "root"),
             Partition::Isolated(cpus) => {
                 if exclusive.exists() {
-                    write_file(&exclusive, &cpus.to_string())?;
+                    self.write_file(&exclusive, &cpus.to_string())?;
                 }
-                write_file(&file, "isolated")
+                self.write_file(&file, "isolated")
             }
         }
     }
@@ -316,7 +313,7 @@ impl CgroupFs {
             Some(m) => format!("{} {PERIOD_USEC}", (m * PERIOD_USEC / 1000).max(1000)),
             None => format!("max {PERIOD_USEC}"),
         };
-        write_file(&self.dir(path).join("cpu.max"), &data)
+        self.write_file(&self.dir(path).join("cpu.max"), &data)
     }
 
     /// When process `pid` started: field 22 of `/proc/PID/stat`, in clock ticks since boot.
@@ -344,7 +341,7 @@ impl CgroupFs {
     pub fn set_cpus(&self, path: &CgroupPath, cpus: &CpuSet) -> Result<(), HostError> {
         let file = self.dir(path).join("cpuset.cpus");
         self.ensure_cpuset_file(path, &file)?;
-        match write_file(&file, &cpus.to_string()) {
+        match self.write_file(&file, &cpus.to_string()) {
             Err(HostError::Write { source, .. })
                 if cpus.is_empty() && source.raw_os_error() == Some(libc::ENOSPC) =>
             {
@@ -352,7 +349,7 @@ impl CgroupFs {
                 let Some(parent) = parent else { return Ok(()) };
                 let text = fs::read_to_string(&parent)
                     .map_err(|source| HostError::Read { path: parent.clone(), source })?;
-                write_file(&file, text.trim())
+                self.write_file(&file, text.trim())
             }
             r => r,
         }
@@ -490,7 +487,7 @@ impl CgroupFs {
                 if *optional && !self.exists(path) {
                     return Ok(());
                 }
-                write_file(&self.dir(path).join("cpuset.mems"), &mems.to_string())
+                self.write_file(&self.dir(path).join("cpuset.mems"), &mems.to_string())
             }
             Effect::SetCpus { key: Key::Pid(pid), cpus, optional } => {
                 self.set_affinity(*pid, cpus, *optional)
@@ -566,15 +563,17 @@ impl CgroupFs {
         }
         let all = self.effective_at_root();
         let cpus = if cpus.is_empty() { &all } else { cpus };
+        // Inside the sandbox only, and never through a link planted there.
+        let root = super::fsutil::Root::new(dir);
+        let data = format!("Cpus_allowed_list:\t{cpus}\n");
         let status = dir.join(pid.to_string()).join("status");
-        if let Some(d) = status.parent() {
-            fs::create_dir_all(d).map_err(|source| HostError::Dir {
-                op: "creating",
-                path: d.to_owned(),
-                source,
-            })?;
-        }
-        write_file(&status, &format!("Cpus_allowed_list:\t{cpus}\n"))
+        let err = |e: super::fsutil::FsError| HostError::Write {
+            path: status.clone(),
+            data: data.clone(),
+            source: e.source,
+        };
+        root.create_dir_all(pid.to_string(), 0o755).map_err(err)?;
+        root.write_or_create(format!("{pid}/status"), data.as_bytes(), 0o644).map_err(err)
     }
 
     fn effective_at_root(&self) -> CpuSet {
@@ -649,14 +648,30 @@ fn is_cgroupfs(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Writes `data` in one `write(2)`, as cgroupfs expects.
-/// Writes `data` in one write(2). An empty value is written as a newline: a write of nothing
-/// never reaches the kernel, which would leave a cgroup file as it was.
-fn write_file(path: &Path, data: &str) -> Result<(), HostError> {
-    let err = |source| HostError::Write { path: path.to_owned(), data: data.to_owned(), source };
-    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).map_err(err)?;
-    let bytes = if data.is_empty() { b"\n".as_slice() } else { data.as_bytes() };
-    f.write_all(bytes).map_err(err)
+impl CgroupFs {
+    /// The cgroup root as the one way to write below it: a symbolic link anywhere below the
+    /// root (planted by whoever may create cgroups) is refused, never followed.
+    fn fs(&self) -> super::fsutil::Root {
+        super::fsutil::Root::new(&self.root)
+    }
+
+    /// Writes `data` to `path` (a file below the root) in one write(2), as cgroupfs expects. An
+    /// empty value is written as a newline: a write of nothing never reaches the kernel, which
+    /// would leave a cgroup file as it was. The kernel makes every cgroup file itself, so on a
+    /// real cgroupfs a missing file is an error; a simulated one (the sandbox, tests) is plain
+    /// files that the first write creates.
+    fn write_file(&self, path: &Path, data: &str) -> Result<(), HostError> {
+        let err = |source| HostError::Write { path: path.to_owned(), data: data.to_owned(), source };
+        let rel =
+            path.strip_prefix(&self.root).map_err(|_| err(io::Error::from(io::ErrorKind::InvalidInput)))?;
+        let bytes = if data.is_empty() { b"\n".as_slice() } else { data.as_bytes() };
+        let written = if self.kernel {
+            self.fs().write(rel, bytes)
+        } else {
+            self.fs().write_or_create(rel, bytes, 0o644)
+        };
+        written.map_err(|e| err(e.source))
+    }
 }
 
 #[cfg(test)]

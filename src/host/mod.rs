@@ -5,6 +5,7 @@
 //! through systemd's D-Bus API and writes directly only what systemd does not manage
 //! (partitions, cgroups that are not units). Both execute the same planned effects.
 pub mod cgroupfs;
+pub mod fsutil;
 pub mod pidwatch;
 pub mod simhost;
 pub mod store;

@@ -57,14 +57,14 @@
 //! `state.json.corrupt` (`.corrupt.1`, ... if taken) rather than deleting it.
 
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+use super::fsutil::{FsError, Root};
 
 /// The on-disk format version written by this build and the only one it reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -105,6 +105,9 @@ pub enum PrevCopy {
     Good(PathBuf),
     /// The previous copy at this path exists but cannot be used either.
     Damaged(PathBuf),
+    /// The previous copy at this path decodes but breaks the state's rules as well (the caller
+    /// checks them; the store knows nothing of them).
+    Inconsistent(PathBuf),
     /// The error is about the previous copy itself.
     Itself,
 }
@@ -120,6 +123,9 @@ impl fmt::Display for PrevCopy {
             ),
             PrevCopy::Damaged(path) => {
                 write!(f, "; the previous copy at `{}` is damaged", path.display())
+            }
+            PrevCopy::Inconsistent(path) => {
+                write!(f, "; the previous copy at `{}` is inconsistent too", path.display())
             }
             PrevCopy::Itself => Ok(()),
         }
@@ -267,14 +273,24 @@ pub enum StoreError {
     },
 }
 
+impl From<FsError> for StoreError {
+    fn from(e: FsError) -> StoreError {
+        StoreError::Io { op: e.op, path: e.path, source: e.source }
+    }
+}
+
 /// The state directory and the files in it. All methods take `&self`; the engine owns the one
 /// `Store` and serializes calls, so no locking is done here.
+///
+/// Every file is opened, linked and renamed relative to the directory through
+/// [`Root`]: a symbolic link planted at one of the names is refused (reading) or replaced
+/// (saving), never followed.
 #[derive(Debug)]
 pub struct Store {
+    root: Root,
     dir: PathBuf,
     current: PathBuf,
     prev: PathBuf,
-    tmp: PathBuf,
     prev_tmp: PathBuf,
     last_size: AtomicU64,
 }
@@ -283,12 +299,12 @@ impl Store {
     /// Opens the store in `state_dir`, creating the directory (mode 0700) and any missing parents
     /// if needed. An existing directory's mode is left alone. Reads no state file.
     pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
-        create_dir_durably(state_dir)?;
+        let root = Root::create(state_dir, 0o700)?;
         Ok(Store {
+            root,
             dir: state_dir.to_path_buf(),
             current: state_dir.join(STATE_FILE),
             prev: state_dir.join(PREV_FILE),
-            tmp: state_dir.join(TMP_FILE),
             prev_tmp: state_dir.join(PREV_TMP_FILE),
             last_size: AtomicU64::new(0),
         })
@@ -330,7 +346,7 @@ impl Store {
     /// Reads `state.json`. Returns [`Loaded::Fresh`] when neither it nor `state.json.prev`
     /// exists. Never modifies, moves or deletes any file, damaged or not.
     pub fn load<T: DeserializeOwned>(&self) -> Result<Loaded<T>, StoreError> {
-        let bytes = match fs::read(&self.current) {
+        let bytes = match self.root.read(STATE_FILE) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return match self.prev_copy::<T>() {
@@ -338,7 +354,7 @@ impl Store {
                     prev => Err(StoreError::CurrentMissing { path: self.current.clone(), prev }),
                 };
             }
-            Err(source) => return Err(StoreError::Io { op: "reading", path: self.current.clone(), source }),
+            Err(e) => return Err(e.into()),
         };
         match decode::<T>(&bytes) {
             Ok(state) => {
@@ -356,17 +372,10 @@ impl Store {
     /// `state.json` is moved aside even if it is intact: the operator asked for the previous
     /// state. `state.json.prev` itself is kept.
     pub fn restore_previous<T: DeserializeOwned>(&self) -> Result<T, StoreError> {
-        let bytes = match fs::read(&self.prev) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(StoreError::NoPrevious { path: self.prev.clone() })
-            }
-            Err(source) => return Err(StoreError::Io { op: "reading", path: self.prev.clone(), source }),
-        };
-        let state = decode::<T>(&bytes).map_err(|d| d.into_error(self.prev.clone(), PrevCopy::Itself))?;
+        let (state, bytes) = self.read_previous::<T>()?;
         // Link, not rename: `state.json` keeps its name until the restored copy replaces it, and
         // `link` fails rather than overwrite an earlier corrupt copy.
-        if self.current.exists() {
+        if self.root.exists(STATE_FILE) {
             self.link_aside()?;
         }
         // The damaged file must not become the previous copy, hence `keep_prev = false`.
@@ -375,89 +384,65 @@ impl Store {
         Ok(state)
     }
 
-    /// Steps 1 to 4 of the module docs; step 2 only when `keep_prev`.
+    /// Decodes `state.json.prev` without changing any file: what `--restore-previous-state`
+    /// would install.
+    pub fn previous<T: DeserializeOwned>(&self) -> Result<T, StoreError> {
+        self.read_previous().map(|(state, _)| state)
+    }
+
+    fn read_previous<T: DeserializeOwned>(&self) -> Result<(T, Vec<u8>), StoreError> {
+        let bytes = match self.root.read(PREV_FILE) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(StoreError::NoPrevious { path: self.prev.clone() })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let state = decode::<T>(&bytes).map_err(|d| d.into_error(self.prev.clone(), PrevCopy::Itself))?;
+        Ok((state, bytes))
+    }
+
+    /// Steps 1 to 4 of the module docs ([`Root::replace_with`]); step 2 only when `keep_prev`.
     fn replace_current(&self, bytes: &[u8], keep_prev: bool) -> Result<(), StoreError> {
-        let result = self.write_tmp(bytes).and_then(|()| {
-            if keep_prev {
-                self.link_prev()?;
-            }
-            fs::rename(&self.tmp, &self.current).map_err(|source| StoreError::Io {
-                op: "renaming the new state file over",
-                path: self.current.clone(),
-                source,
-            })
-        });
-        if let Err(e) = result {
-            // Best effort: the error already says what failed; a leftover temp file is harmless
-            // and replaced by the next save.
-            if let Err(rm) = fs::remove_file(&self.tmp) {
-                if rm.kind() != io::ErrorKind::NotFound {
-                    log::warn!("removing `{}` after a failed save: {rm}", self.tmp.display());
-                }
-            }
-            return Err(e);
-        }
-        sync_dir(&self.dir)?;
+        let keep = || if keep_prev { self.link_prev() } else { Ok(()) };
+        self.root.replace_with(Path::new(STATE_FILE), TMP_FILE, bytes, 0o600, keep)?;
         self.last_size.store(len_u64(bytes), Ordering::Relaxed);
         Ok(())
     }
 
-    fn write_tmp(&self, bytes: &[u8]) -> Result<(), StoreError> {
-        let io_err = |op| move |source| StoreError::Io { op, path: self.tmp.clone(), source };
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&self.tmp)
-            .map_err(io_err("creating"))?;
-        file.write_all(bytes).map_err(io_err("writing"))?;
-        file.sync_all().map_err(io_err("fsyncing"))
-    }
-
     /// Makes the outgoing `state.json` the previous copy without ever removing `state.json`.
-    fn link_prev(&self) -> Result<(), StoreError> {
+    fn link_prev(&self) -> Result<(), FsError> {
         // Left over by a crash between link and rename; `link` will not replace it.
-        if let Err(e) = fs::remove_file(&self.prev_tmp) {
+        if let Err(e) = self.root.remove_file(PREV_TMP_FILE) {
             if e.kind() != io::ErrorKind::NotFound {
                 log::debug!("removing stale `{}`: {e}", self.prev_tmp.display());
             }
         }
-        match fs::hard_link(&self.current, &self.prev_tmp) {
+        match self.root.hard_link(STATE_FILE, PREV_TMP_FILE) {
             Ok(()) => {}
             // First save: nothing to keep.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.current.exists() => return Ok(()),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    op: "linking the current state file to",
-                    path: self.prev_tmp.clone(),
-                    source,
-                })
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.root.exists(STATE_FILE) => return Ok(()),
+            Err(e) => return Err(e),
         }
-        fs::rename(&self.prev_tmp, &self.prev).map_err(|source| StoreError::Io {
-            op: "renaming the previous copy to",
-            path: self.prev.clone(),
-            source,
-        })
+        self.root.rename(PREV_TMP_FILE, PREV_FILE)
     }
 
     /// Links `state.json` to the first free `state.json.corrupt[.N]`.
     fn link_aside(&self) -> Result<PathBuf, StoreError> {
         for n in 0..MAX_CORRUPT_COPIES {
             let name = if n == 0 { CORRUPT_FILE.to_owned() } else { format!("{CORRUPT_FILE}.{n}") };
-            let aside = self.dir.join(name);
-            match fs::hard_link(&self.current, &aside) {
+            let aside = self.dir.join(&name);
+            match self.root.hard_link(STATE_FILE, &name) {
                 Ok(()) => {
                     log::warn!("moved `{}` aside to `{}`", self.current.display(), aside.display());
                     return Ok(aside);
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(source) => {
+                Err(e) => {
                     return Err(StoreError::Io {
                         op: "moving the current state file aside to",
                         path: aside,
-                        source,
+                        source: e.source,
                     })
                 }
             }
@@ -471,7 +456,7 @@ impl Store {
 
     /// Checks `state.json.prev` for an error message. Reads only.
     fn prev_copy<T: DeserializeOwned>(&self) -> PrevCopy {
-        match fs::read(&self.prev) {
+        match self.root.read(PREV_FILE) {
             Ok(bytes) => match decode::<T>(&bytes) {
                 Ok(_) => PrevCopy::Good(self.prev.clone()),
                 Err(_) => PrevCopy::Damaged(self.prev.clone()),
@@ -595,35 +580,10 @@ fn len_u64(bytes: &[u8]) -> u64 {
     u64::try_from(bytes.len()).unwrap_or(u64::MAX)
 }
 
-/// fsyncs a directory so that the names created or replaced in it survive a crash.
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    let io_err = |op| move |source| StoreError::Io { op, path: dir.to_path_buf(), source };
-    File::open(dir).map_err(io_err("opening the directory"))?.sync_all().map_err(io_err("fsyncing"))
-}
-
-/// Creates `dir` and missing parents with mode 0700, then fsyncs the parent of each directory it
-/// created, so that the state directory's own name is durable before a save relies on it.
-fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
-    let missing: Vec<&Path> =
-        dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && !d.exists()).collect();
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| StoreError::Io {
-        op: "creating the state directory",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    for created in missing.iter().rev() {
-        let parent = match created.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        sync_dir(parent)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests {
+    use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
     use serde::Deserialize;
@@ -910,5 +870,37 @@ mod tests {
         let err = store.save(&bad).unwrap_err();
         assert!(matches!(err, StoreError::Encode { .. }), "{err:?}");
         assert!(!store.path().exists());
+    }
+
+    #[test]
+    fn links_in_the_state_directory_are_never_followed() {
+        let (dir, store) = two_saves();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, b"precious\n").unwrap();
+        // A link at the temporary name: removed, the outside file keeps its bytes.
+        std::os::unix::fs::symlink(&outside, store.dir().join(TMP_FILE)).unwrap();
+        store.save(&state(3)).unwrap();
+        assert_eq!(fs::read(&outside).unwrap(), b"precious\n");
+        assert_eq!(load(&store).unwrap(), Loaded::State(state(3)));
+        // A link at `state.json`: refused when read, naming the link; restoring moves the link
+        // aside and installs a real file.
+        fs::remove_file(store.path()).unwrap();
+        std::os::unix::fs::symlink(&outside, store.path()).unwrap();
+        let err = load(&store).unwrap_err();
+        let chain = crate::engine::error_chain(&err);
+        assert!(
+            chain.contains(&format!("refusing to follow the symbolic link `{}`", store.path().display())),
+            "{chain}"
+        );
+        assert_eq!(store.restore_previous::<TestState>().unwrap(), state(2));
+        assert!(!fs::symlink_metadata(store.path()).unwrap().file_type().is_symlink());
+        assert_eq!(fs::read(&outside).unwrap(), b"precious\n");
+        // A link at `state.json.prev`: refused too.
+        fs::remove_file(store.prev_path()).unwrap();
+        std::os::unix::fs::symlink(&outside, store.prev_path()).unwrap();
+        assert!(matches!(store.previous::<TestState>(), Err(StoreError::Io { .. })));
+        let msg = load(&store).map(|_| ()).and_then(|()| store.restore_previous::<TestState>().map(drop));
+        assert!(msg.is_err());
+        assert_eq!(fs::read(&outside).unwrap(), b"precious\n");
     }
 }

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::ClusterStatus;
 use crate::engine::{error_chain, ConfigSource, Handle};
+use crate::host::fsutil::{FsError, Root};
 
 /// Every ConfigMap the daemon reads is named with this prefix.
 pub const PREFIX: &str = "cpupoold-config.";
@@ -137,14 +138,14 @@ impl Applier {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(format!("reading `{}`: {e}", self.path.display())),
         };
-        write_atomically(&self.path, text).map_err(|e| format!("writing `{}`: {e}", self.path.display()))?;
+        write_atomically(&self.path, text).map_err(|e| error_chain(&e))?;
         match self.handle.reload_from_disk().await {
             Ok(changed) => Ok(changed),
             Err(e) => {
                 // The engine kept the running configuration: put back the file it came from.
                 let restored = match &previous {
-                    Some(t) => write_atomically(&self.path, t),
-                    None => remove(&self.path),
+                    Some(t) => write_atomically(&self.path, t).map_err(|e| error_chain(&e)),
+                    None => remove(&self.path).map_err(|e| e.to_string()),
                 };
                 if let Err(re) = restored {
                     log::error!("k8s: restoring `{}`: {re}", self.path.display());
@@ -184,18 +185,12 @@ fn remove(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Temp file, fsync, rename, fsync of the directory: the file is the old or the new one.
-fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+/// The durable write ([`Root::replace`]): the file is the old or the new one, and a symbolic link
+/// at its name is replaced, not written through.
+fn write_atomically(path: &Path, text: &str) -> Result<(), FsError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("toml.tmp");
-    {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    fs::File::open(dir)?.sync_all()
+    let root = Root::create(dir, 0o755)?;
+    root.replace(path.file_name().unwrap_or_default(), text.as_bytes(), 0o644)
 }
 
 /// Follows the node's group label and the ConfigMaps in `namespace` until `stop` is set,
@@ -330,5 +325,26 @@ mod tests {
         maps.extend([cm("cpupoold-config.node.n1")]);
         assert_eq!(name(choose(&maps, "n1", Some("g"))).as_deref(), Some("cpupoold-config.node.n1"));
         assert_eq!(candidates("n", Some("")), ["cpupoold-config.node.n", "cpupoold-config.default"]);
+    }
+
+    #[test]
+    fn the_cluster_fragment_is_written_durably_and_never_through_a_link() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = tmp.path().join("run/cpupoold/cluster.toml");
+        write_atomically(&path, "[pools]\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs::read_to_string(&path).unwrap_or_default(), "[pools]\n");
+        let outside = tmp.path().join("passwd");
+        fs::write(&outside, "root:x:0:0\n").unwrap_or_else(|e| panic!("{e}"));
+        fs::remove_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink(&outside, &path).unwrap_or_else(|e| panic!("{e}"));
+        // Links at the temporary names, the one used before and the one used now.
+        for tmp_name in ["cluster.toml.tmp", ".cluster.toml.tmp"] {
+            std::os::unix::fs::symlink(&outside, path.with_file_name(tmp_name))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        write_atomically(&path, "[daemon]\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs::read_to_string(&outside).unwrap_or_default(), "root:x:0:0\n");
+        assert!(fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file()));
+        assert_eq!(fs::read_to_string(&path).unwrap_or_default(), "[daemon]\n");
     }
 }
