@@ -294,6 +294,10 @@ impl Server {
     }
 
     async fn start_with(limits: Limits) -> Server {
+        Server::start_authorized(limits, Authorizer::default()).await
+    }
+
+    async fn start_authorized(limits: Limits, auth: Authorizer) -> Server {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let etc = dir.path().join("etc/cpupoold");
         std::fs::create_dir_all(&etc).unwrap_or_else(|e| panic!("{e}"));
@@ -308,7 +312,7 @@ impl Server {
         let (handle, engine) = engine.spawn();
         let listener = bind(&settings.paths.runtime_dir).unwrap_or_else(|e| panic!("{e}"));
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(serve_with(listener, handle, Authorizer::default(), limits, async {
+        let task = tokio::spawn(serve_with(listener, handle, auth, limits, async {
             let _ = rx.await;
         }));
         Server { path: socket_path(&settings.paths.runtime_dir), _dir: dir, stop: Some(tx), task, engine }
@@ -492,10 +496,15 @@ const PEER_PY: &str = include_str!("../../../tests/fixtures/varlink_peer.py");
 /// A `varlink_peer.py` run as `uid` (gid the same, no supplementary groups) with `args`: the
 /// child (holding its connections until its stdin closes) and its report.
 fn peer_as(uid: u32, args: &[&str]) -> (std::process::Child, Value) {
+    peer_as_ids(uid, uid, args)
+}
+
+/// [`peer_as`] with primary group `gid`.
+fn peer_as_ids(uid: u32, gid: u32, args: &[&str]) -> (std::process::Child, Value) {
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     let mut child = Command::new("setpriv")
-        .args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".to_owned()])
+        .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".to_owned()])
         .args(["/usr/bin/python3", "-c", PEER_PY])
         .args(args)
         .stdin(Stdio::piped())
@@ -519,15 +528,19 @@ fn open_dirs(path: &std::path::Path) {
 
 /// Real unprivileged peers (uids 65534 and 65533, through `setpriv`) hold connections: each uid
 /// gets at most `per_uid`, all together at most `unprivileged`, the rest are answered `Busy`;
-/// root still has its own room, and a closed connection's place is given back.
+/// root and the admin group still have their own room, and a closed connection's place is
+/// given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unprivileged_peers_share_a_small_budget_and_root_keeps_its_room() {
     if !nix::unistd::getuid().is_root() {
         eprintln!("SKIPPED: needs root to run peers as other uids");
         return;
     }
-    let limits = Limits { privileged: 2, unprivileged: 3, per_uid: 2, ..Limits::default() };
-    let srv = Server::start_with(limits).await;
+    let limits = Limits { privileged: 3, unprivileged: 3, per_uid: 2, ..Limits::default() };
+    let admin_gid = 4242;
+    let srv =
+        Server::start_authorized(limits, Authorizer { admin_gid: Some(admin_gid), ..Default::default() })
+            .await;
     open_dirs(&srv.path);
     let sock = srv.path.display().to_string();
     let hold = |uid: u32, n: &'static str| {
@@ -538,7 +551,12 @@ async fn unprivileged_peers_share_a_small_budget_and_root_keeps_its_room() {
     assert_eq!((ra["ok"].clone(), ra["busy"].clone()), (json!(2), json!(1)), "uid 65534: {ra}");
     let (mut b, rb) = hold(65533, "3").await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((rb["ok"].clone(), rb["busy"].clone()), (json!(1), json!(2)), "uid 65533: {rb}");
-    // Root: its own two connections, whatever the others hold.
+    // A member of the admin group: privileged room, whatever the others hold.
+    let sock2 = sock.clone();
+    let admin = tokio::task::spawn_blocking(move || peer_as_ids(65530, admin_gid, &[&sock2, "1", "hold"]));
+    let (mut admin, radmin) = admin.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(radmin["ok"], 1, "the admin group: {radmin}");
+    // Root: the two connections left, whatever the others hold.
     let mut r1 = srv.connect().await;
     let mut r2 = srv.connect().await;
     for r in [&mut r1, &mut r2] {
@@ -568,6 +586,7 @@ async fn unprivileged_peers_share_a_small_budget_and_root_keeps_its_room() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     drop(b.stdin.take());
-    let _ = tokio::task::spawn_blocking(move || b.wait()).await;
+    drop(admin.stdin.take());
+    let _ = tokio::task::spawn_blocking(move || (b.wait(), admin.wait())).await;
     srv.stop().await;
 }
