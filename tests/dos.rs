@@ -337,8 +337,9 @@ fn an_unprivileged_dbus_flood_does_not_starve_root() {
     assert!(v.call("ListPools", json!({})).is_ok(), "varlink after the flood");
     eprintln!(
         "D-Bus flood by uid 65534 ({FLOOD_CONNECTIONS} connections x {FLOOD_IN_FLIGHT} calls in flight, \
-         {} calls answered, {} of them AccessDenied, in about {flood_secs:.1} s): root Status, {ROOT_CALLS} calls: \
-         p50 {:.2} ms / max {:.2} ms quiet, p50 {:.2} ms / max {:.2} ms during the flood (p50 ratio {:.2})",
+         {} calls answered, {} of them AccessDenied, in about {flood_secs:.1} s): root Status, \
+         {ROOT_CALLS} calls: p50 {:.2} ms / max {:.2} ms quiet, p50 {:.2} ms / max {:.2} ms during the \
+         flood (p50 ratio {:.2})",
         report["answered"],
         report["denied"],
         quiet.0,

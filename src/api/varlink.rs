@@ -315,11 +315,13 @@ impl Refusals {
     }
 }
 
-/// Answers `Busy` and closes.
-fn refuse(stream: UnixStream, refusals: &mut Refusals, why: &str) {
-    refusals.note(why);
-    // Best effort, never waiting: the peer reads it as the answer to its call.
-    let _ = stream.try_write(&error_reply(&methods::busy()).encode());
+/// Fills in the peer's supplementary groups, off the async workers.
+async fn look_up(stream: UnixStream, mut peer: Peer) -> (UnixStream, Peer) {
+    let (uid, gid) = (peer.uid, peer.gid);
+    peer.groups = tokio::task::spawn_blocking(move || crate::api::auth::supplementary_groups(uid, gid))
+        .await
+        .unwrap_or_default();
+    (stream, peer)
 }
 
 /// `org.cpupool.Manager.MessageTooLarge`: a call longer than the limit.
@@ -367,12 +369,15 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()>,
 ) {
     let ctx = Arc::new(Ctx { handle, auth, started: Instant::now(), limits });
-    let budget = Budget::new(limits);
+    let mut gate = Gate {
+        ctx: ctx.clone(),
+        budget: Budget::new(limits),
+        lookups: JoinSet::new(),
+        admins: AdminCache::default(),
+        refusals: Refusals::default(),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
-    let mut lookups: JoinSet<(UnixStream, Peer)> = JoinSet::new();
-    let mut admins = AdminCache::default();
-    let mut refusals = Refusals::default();
     tokio::pin!(shutdown);
     loop {
         let admitted = tokio::select! {
@@ -381,73 +386,96 @@ pub async fn serve_with(
                 if let Err(e) = done {
                     log::error!("varlink: a connection task failed: {e}");
                 }
-                continue;
+                None
             }
-            Some(done) = lookups.join_next(), if !lookups.is_empty() => {
-                let Ok((stream, peer)) = done else { continue };
-                let admin = ctx.auth.allows(&peer);
-                admins.insert(peer.uid, admin);
-                let class = if admin { Class::Privileged } else { Class::Unprivileged(peer.uid) };
-                match budget.admit(class) {
-                    Ok(slot) => Admitted { stream, peer: Some(peer), looked_up: true, slot },
-                    Err(full) => {
-                        refuse(stream, &mut refusals, &format!("{full} at their limit"));
-                        continue;
-                    }
-                }
+            Some(done) = gate.lookups.join_next(), if !gate.lookups.is_empty() => {
+                done.ok().and_then(|(stream, peer)| gate.looked_up(stream, peer))
             }
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let peer = stream.peer_cred().ok().map(|c| Peer { uid: c.uid(), gid: c.gid(), groups: Vec::new() });
-                    let class = match &peer {
-                        Some(p) if ctx.auth.allows_by_ids(p) || admins.get(p.uid) == Some(true) => Class::Privileged,
-                        Some(p) => Class::Unprivileged(p.uid),
-                        // No credentials: counted as a stranger, and mutations are refused.
-                        None => Class::Unprivileged(u32::MAX),
-                    };
-                    match budget.admit(class) {
-                        Ok(slot) => Admitted { stream, peer, looked_up: false, slot },
-                        Err(full) => {
-                            // A member of the admin group by supplementary group only: privileged
-                            // after all, which only the group database can tell.
-                            let unknown = peer.as_ref().filter(|p| {
-                                ctx.auth.admin_gid.is_some() && admins.get(p.uid).is_none()
-                            });
-                            match unknown {
-                                Some(p) if lookups.len() < MAX_LOOKUPS => {
-                                    let mut p = p.clone();
-                                    lookups.spawn(async move {
-                                        let (uid, gid) = (p.uid, p.gid);
-                                        p.groups = tokio::task::spawn_blocking(move || {
-                                            crate::api::auth::supplementary_groups(uid, gid)
-                                        })
-                                        .await
-                                        .unwrap_or_default();
-                                        (stream, p)
-                                    });
-                                }
-                                _ => refuse(stream, &mut refusals, &format!("{full} at their limit")),
-                            }
-                            continue;
-                        }
-                    }
-                }
+                Ok((stream, _)) => gate.accepted(stream),
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     log::warn!("varlink: accept: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
+                    None
                 }
             },
         };
-        tasks.spawn(connection(admitted, ctx.clone(), stop_rx.clone()));
+        if let Some(a) = admitted {
+            tasks.spawn(connection(a, ctx.clone(), stop_rx.clone()));
+        }
     }
-    lookups.abort_all();
+    gate.lookups.abort_all();
     let _ = stop_tx.send(true);
     while let Some(done) = tasks.join_next().await {
         if let Err(e) = done {
             log::error!("varlink: a connection task failed: {e}");
         }
+    }
+}
+
+/// Admission: which connections are served, within the [`Budget`].
+struct Gate {
+    ctx: Arc<Ctx>,
+    budget: Arc<Budget>,
+    /// Peers waiting for the group database, with their connections.
+    lookups: JoinSet<(UnixStream, Peer)>,
+    admins: AdminCache,
+    refusals: Refusals,
+}
+
+impl Gate {
+    /// A new connection: admitted, refused, or (when only the group database can tell whether
+    /// the peer is privileged and its budget is full) looked up first.
+    fn accepted(&mut self, stream: UnixStream) -> Option<Admitted> {
+        let peer = stream.peer_cred().ok().map(|c| Peer { uid: c.uid(), gid: c.gid(), groups: Vec::new() });
+        let class = match &peer {
+            Some(p) if self.ctx.auth.allows_by_ids(p) || self.admins.get(p.uid) == Some(true) => {
+                Class::Privileged
+            }
+            Some(p) => Class::Unprivileged(p.uid),
+            // No credentials: counted as a stranger, and mutations are refused.
+            None => Class::Unprivileged(u32::MAX),
+        };
+        match self.budget.admit(class) {
+            Ok(slot) => Some(Admitted { stream, peer, looked_up: false, slot }),
+            Err(full) => {
+                match peer {
+                    // A member of the admin group by a supplementary group only is privileged
+                    // after all.
+                    Some(p)
+                        if self.ctx.auth.admin_gid.is_some()
+                            && self.admins.get(p.uid).is_none()
+                            && self.lookups.len() < MAX_LOOKUPS =>
+                    {
+                        self.lookups.spawn(look_up(stream, p));
+                    }
+                    _ => self.refuse(stream, full),
+                }
+                None
+            }
+        }
+    }
+
+    /// A peer back from the group database.
+    fn looked_up(&mut self, stream: UnixStream, peer: Peer) -> Option<Admitted> {
+        let admin = self.ctx.auth.allows(&peer);
+        self.admins.insert(peer.uid, admin);
+        let class = if admin { Class::Privileged } else { Class::Unprivileged(peer.uid) };
+        match self.budget.admit(class) {
+            Ok(slot) => Some(Admitted { stream, peer: Some(peer), looked_up: true, slot }),
+            Err(full) => {
+                self.refuse(stream, full);
+                None
+            }
+        }
+    }
+
+    /// Answers `Busy` and closes.
+    fn refuse(&mut self, stream: UnixStream, full: Full) {
+        self.refusals.note(&format!("{full} at their limit"));
+        // Best effort, never waiting: the peer reads it as the answer to its call.
+        let _ = stream.try_write(&error_reply(&methods::busy()).encode());
     }
 }
 
@@ -594,7 +622,10 @@ async fn monitor(
             // Anything the peer sends now (or its hang-up) ends the stream.
             _ = reader.next() => return Err(End::Close),
             ev = events.recv() => match ev {
-                Ok(e) => send(ctx, wr, reply(serde_json::json!({ "event": methods::event_json(&e) }), true)).await?,
+                Ok(e) => {
+                    let event = serde_json::json!({ "event": methods::event_json(&e) });
+                    send(ctx, wr, reply(event, true)).await?
+                }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     log::warn!("varlink: a monitor fell {n} events behind; replaying the pools");
                     for e in methods::current_events(&ctx.handle.snapshot()) {
