@@ -1,5 +1,6 @@
-//! Unit tests: framing limits, argument decoding, the error mapping against the IDL, the
-//! authorizer, binding, and the server's handling of bad input on a real engine.
+//! Unit tests: framing limits and buffer sizes, argument decoding, the error mapping against the
+//! IDL, the authorizer, binding, the connection budgets (with real peers of other uids), the idle
+//! timeout, and the server's handling of bad input on a real engine.
 
 use std::collections::BTreeSet;
 use std::io;
