@@ -30,8 +30,9 @@ pub struct Peer {
 }
 
 impl Authorizer {
-    /// Whether `peer` may mutate without looking at supplementary groups.
-    fn allows_by_ids(&self, peer: &Peer) -> bool {
+    /// Whether `peer` may mutate without looking at supplementary groups: root, the owner, or
+    /// the admin group as primary group.
+    pub fn allows_by_ids(&self, peer: &Peer) -> bool {
         peer.uid == 0 || self.owner_uid == Some(peer.uid) || self.admin_gid == Some(peer.gid)
     }
 
@@ -72,7 +73,9 @@ impl Authorizer {
     }
 }
 
-fn supplementary_groups(uid: u32, gid: u32) -> Vec<u32> {
+/// The groups of user `uid` (primary group `gid`) in the group database. It may be NSS-backed
+/// (LDAP, sssd): call it off the async workers.
+pub fn supplementary_groups(uid: u32, gid: u32) -> Vec<u32> {
     use nix::unistd::{getgrouplist, Gid, Uid, User};
     let user = match User::from_uid(Uid::from_raw(uid)) {
         Ok(Some(u)) => u,

@@ -7,23 +7,27 @@
 //! connection are answered in order.
 //!
 //! Reads are open to everyone. Mutations are checked with the peer's `SO_PEERCRED` credentials
-//! by the [`Authorizer`].
+//! by the [`Authorizer`]. The same credentials decide which connection budget a peer draws on
+//! ([`Limits`]): unprivileged users share a small one and cannot crowd out root or the admin
+//! group; idle connections are closed, calls are bounded in size, and a connection's read
+//! buffer is given back between calls.
 //!
 //! Under socket activation (`LISTEN_FDS`, e.g. a `.socket` unit or `systemd-socket-activate`)
 //! the first listening unix socket passed in is served instead of binding one ([`listen`]);
 //! turning the descriptor into a listener is left to the `listenfd` crate, since this crate
 //! forbids `unsafe`.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
@@ -35,13 +39,10 @@ pub mod methods;
 pub mod wire;
 
 use methods::{Method, MethodError, Params};
-use wire::{Call, FrameReader, Reply};
+use wire::{Call, FrameError, FrameReader, Reply};
 
 /// The socket's file name, and the interface name.
 pub const SOCKET_NAME: &str = "org.cpupool.Manager";
-
-/// Connections served at once; more are answered `Busy` and closed.
-pub const MAX_CONNECTIONS: usize = 256;
 
 /// The socket path under `runtime_dir`.
 pub fn socket_path(runtime_dir: &Path) -> PathBuf {
@@ -98,55 +99,383 @@ pub fn listen(runtime_dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
     Ok((bind(runtime_dir)?, socket_path(runtime_dir)))
 }
 
+/// What one peer, and all peers together, may hold of the server.
+///
+/// The socket is open to everyone (mode 0666: reads are public), so without these an
+/// unprivileged user could take every connection or fill the daemon's memory. Peers are told
+/// apart by their `SO_PEERCRED` uid and gid at accept:
+/// - *privileged* peers (those the [`Authorizer`] lets mutate: root, the admin group, the
+///   sandbox's owner) have room of their own, which unprivileged connections never use;
+/// - every other uid has at most [`Limits::per_uid`] connections, and all of them together at
+///   most [`Limits::unprivileged`].
+///
+/// A connection over its budget is answered `Busy` and closed. Each connection waits at most
+/// [`Limits::idle_timeout`] for its peer (see there), and a call may be at most
+/// [`Limits::max_message`] bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once from privileged peers.
+    pub privileged: usize,
+    /// Connections open at once from all unprivileged peers together.
+    pub unprivileged: usize,
+    /// Connections open at once from one unprivileged uid.
+    pub per_uid: usize,
+    /// How long a connection may keep the daemon waiting: from the end of one reply until the
+    /// next call has arrived whole (so an idle connection and one that sends half a call and
+    /// stalls end alike), and for the peer to take a reply off the socket. A call being
+    /// answered and a `Monitor` subscription are not idle.
+    pub idle_timeout: Duration,
+    /// Largest call, in bytes (NUL excluded).
+    pub max_message: usize,
+}
+
+impl Limits {
+    /// Room kept for privileged peers: far more than `cpupoolctl` runs and monitors need, and
+    /// with the others well under the 1024 descriptors a service gets by default.
+    pub const PRIVILEGED: usize = 128;
+    /// All unprivileged peers together: reads are for monitoring tools and users checking
+    /// their pools, a handful of connections each.
+    pub const UNPRIVILEGED: usize = 64;
+    /// One unprivileged uid: so that one user cannot take the whole unprivileged budget alone.
+    pub const PER_UID: usize = 16;
+    /// 30 s: well beyond any pause of a working client between calls; clients that keep a
+    /// connection for longer without using it connect again.
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            privileged: Limits::PRIVILEGED,
+            unprivileged: Limits::UNPRIVILEGED,
+            per_uid: Limits::PER_UID,
+            idle_timeout: Limits::IDLE_TIMEOUT,
+            max_message: wire::MAX_MESSAGE,
+        }
+    }
+}
+
+/// Which budget a connection counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Privileged,
+    Unprivileged(u32),
+}
+
+/// Connections open, per [`Class`].
+#[derive(Debug, Default)]
+struct Counts {
+    privileged: usize,
+    unprivileged: usize,
+    per_uid: HashMap<u32, usize>,
+}
+
+/// The connection budgets of [`Limits`]. Connections hold a [`Slot`], given back when the
+/// connection's task ends however it ends.
+#[derive(Debug)]
+struct Budget {
+    limits: Limits,
+    counts: Mutex<Counts>,
+}
+
+/// Which budget was exhausted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    Privileged,
+    Unprivileged,
+    Uid(u32),
+}
+
+impl std::fmt::Display for Full {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Full::Privileged => write!(f, "privileged peers' connections"),
+            Full::Unprivileged => write!(f, "unprivileged peers' connections"),
+            Full::Uid(uid) => write!(f, "connections of uid {uid}"),
+        }
+    }
+}
+
+/// One connection's place in the [`Budget`].
+#[derive(Debug)]
+struct Slot {
+    budget: Arc<Budget>,
+    class: Class,
+}
+
+impl Budget {
+    fn new(limits: Limits) -> Arc<Budget> {
+        Arc::new(Budget { limits, counts: Mutex::new(Counts::default()) })
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        // The counters stay consistent even if a holder panicked: each update is one step.
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn admit(self: &Arc<Self>, class: Class) -> Result<Slot, Full> {
+        let mut c = self.counts();
+        match class {
+            Class::Privileged if c.privileged >= self.limits.privileged => return Err(Full::Privileged),
+            Class::Privileged => c.privileged += 1,
+            Class::Unprivileged(uid) => {
+                let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
+                if mine >= self.limits.per_uid {
+                    return Err(Full::Uid(uid));
+                }
+                if c.unprivileged >= self.limits.unprivileged {
+                    return Err(Full::Unprivileged);
+                }
+                c.unprivileged += 1;
+                c.per_uid.insert(uid, mine + 1);
+            }
+        }
+        Ok(Slot { budget: self.clone(), class })
+    }
+
+    /// (privileged, unprivileged) connections open.
+    #[cfg(test)]
+    fn open(&self) -> (usize, usize) {
+        let c = self.counts();
+        (c.privileged, c.unprivileged)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut c = self.budget.counts();
+        match self.class {
+            Class::Privileged => c.privileged = c.privileged.saturating_sub(1),
+            Class::Unprivileged(uid) => {
+                c.unprivileged = c.unprivileged.saturating_sub(1);
+                // Uids without connections are forgotten, so the map stays as small as the budget.
+                if let Some(n) = c.per_uid.get_mut(&uid) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        c.per_uid.remove(&uid);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Group-database lookups (is this uid in the admin group?) running at once. A peer is looked
+/// up only when its uid alone does not make it privileged, an admin group is configured, and
+/// the unprivileged budget has no room for it; the answer is kept for [`ADMIN_CACHE_TTL`], so a
+/// flood from one uid costs one lookup.
+const MAX_LOOKUPS: usize = 4;
+/// How long a group-database answer is trusted.
+const ADMIN_CACHE_TTL: Duration = Duration::from_secs(60);
+/// At most this many uids' answers are kept; older ones are dropped first.
+const ADMIN_CACHE_SIZE: usize = 1024;
+/// Refusals are logged at most once per this period, with a count, so that a flood of
+/// connections does not become a flood of log lines.
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Whether uids are in the admin group, as the group database said recently.
+#[derive(Default)]
+struct AdminCache(HashMap<u32, (bool, Instant)>);
+
+impl AdminCache {
+    fn get(&self, uid: u32) -> Option<bool> {
+        self.0.get(&uid).filter(|(_, at)| at.elapsed() < ADMIN_CACHE_TTL).map(|(admin, _)| *admin)
+    }
+
+    fn insert(&mut self, uid: u32, admin: bool) {
+        if self.0.len() >= ADMIN_CACHE_SIZE {
+            self.0.retain(|_, (_, at)| at.elapsed() < ADMIN_CACHE_TTL);
+            if self.0.len() >= ADMIN_CACHE_SIZE {
+                self.0.clear();
+            }
+        }
+        self.0.insert(uid, (admin, Instant::now()));
+    }
+}
+
+/// Logs refused connections, at most once per [`REFUSAL_LOG_PERIOD`].
+#[derive(Default)]
+struct Refusals {
+    since_logged: u64,
+    logged_at: Option<Instant>,
+}
+
+impl Refusals {
+    fn note(&mut self, why: &str) {
+        self.since_logged += 1;
+        if self.logged_at.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_PERIOD) {
+            log::warn!(
+                "varlink: refused {} connection(s) in the last {} s; latest: {why}",
+                self.since_logged,
+                REFUSAL_LOG_PERIOD.as_secs()
+            );
+            self.since_logged = 0;
+            self.logged_at = Some(Instant::now());
+        }
+    }
+}
+
+/// Fills in the peer's supplementary groups, off the async workers.
+async fn look_up(stream: UnixStream, mut peer: Peer) -> (UnixStream, Peer) {
+    let (uid, gid) = (peer.uid, peer.gid);
+    peer.groups = tokio::task::spawn_blocking(move || crate::api::auth::supplementary_groups(uid, gid))
+        .await
+        .unwrap_or_default();
+    (stream, peer)
+}
+
+/// `org.cpupool.Manager.MessageTooLarge`: a call longer than the limit.
+pub fn message_too_large(limit: usize) -> MethodError {
+    MethodError {
+        name: format!("{}.MessageTooLarge", methods::INTERFACE),
+        parameters: serde_json::json!({ "limit": limit }),
+    }
+}
+
 struct Ctx {
     handle: Handle,
     auth: Authorizer,
     started: Instant,
+    limits: Limits,
 }
 
-/// Serves connections on `listener` until `shutdown` completes; then lets each connection
-/// finish the call it is answering, closes them all and returns. Every [`Handle`] clone it
-/// made is dropped by then, so the engine can stop.
+/// A connection to serve: its peer as far as known, and its place in the budget.
+struct Admitted {
+    stream: UnixStream,
+    peer: Option<Peer>,
+    /// The peer's supplementary groups were looked up already.
+    looked_up: bool,
+    slot: Slot,
+}
+
+/// [`serve_with`] with the default [`Limits`].
 pub async fn serve(
     listener: UnixListener,
     handle: Handle,
     auth: Authorizer,
     shutdown: impl Future<Output = ()>,
 ) {
-    let ctx = Arc::new(Ctx { handle, auth, started: Instant::now() });
+    serve_with(listener, handle, auth, Limits::default(), shutdown).await
+}
+
+/// Serves connections on `listener` within `limits` until `shutdown` completes; then lets
+/// each connection finish the call it is answering, closes them all and returns. Every
+/// [`Handle`] clone it made is dropped by then, so the engine can stop.
+pub async fn serve_with(
+    listener: UnixListener,
+    handle: Handle,
+    auth: Authorizer,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let ctx = Arc::new(Ctx { handle, auth, started: Instant::now(), limits });
+    let mut gate = Gate {
+        ctx: ctx.clone(),
+        budget: Budget::new(limits),
+        lookups: JoinSet::new(),
+        admins: AdminCache::default(),
+        refusals: Refusals::default(),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
+        let admitted = tokio::select! {
             _ = &mut shutdown => break,
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Err(e) = done {
                     log::error!("varlink: a connection task failed: {e}");
                 }
+                None
+            }
+            Some(done) = gate.lookups.join_next(), if !gate.lookups.is_empty() => {
+                done.ok().and_then(|(stream, peer)| gate.looked_up(stream, peer))
             }
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) if tasks.len() >= MAX_CONNECTIONS => {
-                    log::warn!("varlink: {MAX_CONNECTIONS} connections open; refusing another");
-                    // Best effort, never waiting: the peer reads it as the answer to its call.
-                    let _ = stream.try_write(&error_reply(&methods::busy()).encode());
-                }
-                Ok((stream, _)) => {
-                    tasks.spawn(connection(stream, ctx.clone(), stop_rx.clone()));
-                }
+                Ok((stream, _)) => gate.accepted(stream),
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     log::warn!("varlink: accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    None
                 }
             },
+        };
+        if let Some(a) = admitted {
+            tasks.spawn(connection(a, ctx.clone(), stop_rx.clone()));
         }
     }
+    gate.lookups.abort_all();
     let _ = stop_tx.send(true);
     while let Some(done) = tasks.join_next().await {
         if let Err(e) = done {
             log::error!("varlink: a connection task failed: {e}");
         }
+    }
+}
+
+/// Admission: which connections are served, within the [`Budget`].
+struct Gate {
+    ctx: Arc<Ctx>,
+    budget: Arc<Budget>,
+    /// Peers waiting for the group database, with their connections.
+    lookups: JoinSet<(UnixStream, Peer)>,
+    admins: AdminCache,
+    refusals: Refusals,
+}
+
+impl Gate {
+    /// A new connection: admitted, refused, or (when only the group database can tell whether
+    /// the peer is privileged and its budget is full) looked up first.
+    fn accepted(&mut self, stream: UnixStream) -> Option<Admitted> {
+        let peer = stream.peer_cred().ok().map(|c| Peer { uid: c.uid(), gid: c.gid(), groups: Vec::new() });
+        let class = match &peer {
+            Some(p) if self.ctx.auth.allows_by_ids(p) || self.admins.get(p.uid) == Some(true) => {
+                Class::Privileged
+            }
+            Some(p) => Class::Unprivileged(p.uid),
+            // No credentials: counted as a stranger, and mutations are refused.
+            None => Class::Unprivileged(u32::MAX),
+        };
+        match self.budget.admit(class) {
+            Ok(slot) => Some(Admitted { stream, peer, looked_up: false, slot }),
+            Err(full) => {
+                match peer {
+                    // A member of the admin group by a supplementary group only is privileged
+                    // after all.
+                    Some(p)
+                        if self.ctx.auth.admin_gid.is_some()
+                            && self.admins.get(p.uid).is_none()
+                            && self.lookups.len() < MAX_LOOKUPS =>
+                    {
+                        self.lookups.spawn(look_up(stream, p));
+                    }
+                    _ => self.refuse(stream, full),
+                }
+                None
+            }
+        }
+    }
+
+    /// A peer back from the group database.
+    fn looked_up(&mut self, stream: UnixStream, peer: Peer) -> Option<Admitted> {
+        let admin = self.ctx.auth.allows(&peer);
+        self.admins.insert(peer.uid, admin);
+        let class = if admin { Class::Privileged } else { Class::Unprivileged(peer.uid) };
+        match self.budget.admit(class) {
+            Ok(slot) => Some(Admitted { stream, peer: Some(peer), looked_up: true, slot }),
+            Err(full) => {
+                self.refuse(stream, full);
+                None
+            }
+        }
+    }
+
+    /// Answers `Busy` and closes.
+    fn refuse(&mut self, stream: UnixStream, full: Full) {
+        self.refusals.note(&format!("{full} at their limit"));
+        // Best effort, never waiting: the peer reads it as the answer to its call.
+        let _ = stream.try_write(&error_reply(&methods::busy()).encode());
     }
 }
 
@@ -164,22 +493,36 @@ enum End {
     Close,
 }
 
-async fn connection(stream: UnixStream, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
-    let mut peer = stream.peer_cred().ok().map(|c| Peer { uid: c.uid(), gid: c.gid(), groups: Vec::new() });
-    let mut looked_up = false;
+async fn connection(admitted: Admitted, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    // Held until the connection ends, however it ends.
+    let Admitted { stream, mut peer, mut looked_up, slot: _slot } = admitted;
     let (rd, mut wr) = stream.into_split();
-    let mut reader = FrameReader::new(rd);
+    let mut reader = FrameReader::with_limit(rd, ctx.limits.max_message);
     loop {
+        // The whole next call must arrive in time, not just some bytes of it.
+        let deadline = tokio::time::Instant::now() + ctx.limits.idle_timeout;
         let frame = tokio::select! {
             biased;
             _ = stop.changed() => break,
-            f = reader.next() => f,
+            f = tokio::time::timeout_at(deadline, reader.next()) => f,
         };
         let bytes = match frame {
-            Ok(Some(b)) => b,
-            Ok(None) => break,
-            Err(e) => {
+            Ok(Ok(Some(b))) => b,
+            Ok(Ok(None)) => break,
+            Ok(Err(e @ FrameError::TooLong { limit })) => {
                 log::debug!("varlink: dropping a connection: {e}");
+                let _ = send(&ctx, &mut wr, error_reply(&message_too_large(limit))).await;
+                break;
+            }
+            Ok(Err(e)) => {
+                log::debug!("varlink: dropping a connection: {}", crate::engine::error_chain(&e));
+                break;
+            }
+            Err(_) => {
+                log::debug!(
+                    "varlink: closing a connection idle for {} ms",
+                    ctx.limits.idle_timeout.as_millis()
+                );
                 break;
             }
         };
@@ -191,6 +534,7 @@ async fn connection(stream: UnixStream, ctx: Arc<Ctx>, mut stop: watch::Receiver
                 break;
             }
         };
+        drop(bytes);
         let result = answer(&call, &ctx, &mut peer, &mut looked_up, &mut reader, &mut wr, &mut stop).await;
         if result.is_err() {
             break;
@@ -204,7 +548,7 @@ async fn answer(
     ctx: &Ctx,
     peer: &mut Option<Peer>,
     looked_up: &mut bool,
-    reader: &mut FrameReader<tokio::net::unix::OwnedReadHalf>,
+    reader: &mut FrameReader<OwnedReadHalf>,
     wr: &mut OwnedWriteHalf,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), End> {
@@ -232,24 +576,33 @@ async fn answer(
     .await;
     match outcome {
         Ok(Some(_)) | Err(_) if call.oneway => Ok(()),
-        Ok(Some(params)) => send(wr, reply(params, false)).await,
-        Err(e) => send(wr, error_reply(&e)).await,
+        Ok(Some(params)) => send(ctx, wr, reply(params, false)).await,
+        Err(e) => send(ctx, wr, error_reply(&e)).await,
         Ok(None) => monitor(ctx, reader, wr, stop, call.oneway).await,
     }
 }
 
-async fn send(wr: &mut OwnedWriteHalf, r: Reply) -> Result<(), End> {
-    wr.write_all(&r.encode()).await.map_err(|e| {
-        log::debug!("varlink: dropping a connection: {e}");
-        End::Close
-    })
+/// Writes a reply; a peer that does not take it within the idle timeout (its socket buffer
+/// stays full) is dropped rather than holding its connection forever.
+async fn send(ctx: &Ctx, wr: &mut OwnedWriteHalf, r: Reply) -> Result<(), End> {
+    match tokio::time::timeout(ctx.limits.idle_timeout, wr.write_all(&r.encode())).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            log::debug!("varlink: dropping a connection: {e}");
+            Err(End::Close)
+        }
+        Err(_) => {
+            log::debug!("varlink: dropping a connection that does not read its replies");
+            Err(End::Close)
+        }
+    }
 }
 
 /// Streams events until the peer hangs up or we stop. Always ends the connection: the call
 /// never completes, so nothing after it could be answered in order.
 async fn monitor(
     ctx: &Ctx,
-    reader: &mut FrameReader<tokio::net::unix::OwnedReadHalf>,
+    reader: &mut FrameReader<OwnedReadHalf>,
     wr: &mut OwnedWriteHalf,
     stop: &mut watch::Receiver<bool>,
     oneway: bool,
@@ -260,7 +613,7 @@ async fn monitor(
     // Subscribe before reading the snapshot, so no change falls between the two.
     let mut events = ctx.handle.subscribe();
     for e in methods::current_events(&ctx.handle.snapshot()) {
-        send(wr, reply(serde_json::json!({ "event": e }), true)).await?;
+        send(ctx, wr, reply(serde_json::json!({ "event": e }), true)).await?;
     }
     loop {
         tokio::select! {
@@ -269,15 +622,18 @@ async fn monitor(
             // Anything the peer sends now (or its hang-up) ends the stream.
             _ = reader.next() => return Err(End::Close),
             ev = events.recv() => match ev {
-                Ok(e) => send(wr, reply(serde_json::json!({ "event": methods::event_json(&e) }), true)).await?,
+                Ok(e) => {
+                    let event = serde_json::json!({ "event": methods::event_json(&e) });
+                    send(ctx, wr, reply(event, true)).await?
+                }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     log::warn!("varlink: a monitor fell {n} events behind; replaying the pools");
                     for e in methods::current_events(&ctx.handle.snapshot()) {
-                        send(wr, reply(serde_json::json!({ "event": e }), true)).await?;
+                        send(ctx, wr, reply(serde_json::json!({ "event": e }), true)).await?;
                     }
                 }
                 Err(broadcast::error::RecvError::Closed) => {
-                    send(wr, error_reply(&methods::shutting_down())).await?;
+                    send(ctx, wr, error_reply(&methods::shutting_down())).await?;
                     return Err(End::Close);
                 }
             },

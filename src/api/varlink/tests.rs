@@ -1,5 +1,6 @@
-//! Unit tests: framing limits, argument decoding, the error mapping against the IDL, the
-//! authorizer, binding, and the server's handling of bad input on a real engine.
+//! Unit tests: framing limits and buffer sizes, argument decoding, the error mapping against the
+//! IDL, the authorizer, binding, the connection budgets (with real peers of other uids), the idle
+//! timeout, and the server's handling of bad input on a real engine.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -9,7 +10,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::methods::{self, Method, MethodError, Params, IDL, INTERFACE};
-use super::wire::{FrameReader, MAX_MESSAGE};
+use super::wire::{FrameError, FrameReader, MAX_MESSAGE};
 use super::*;
 use crate::core::state;
 use crate::engine::{Engine, EngineError};
@@ -72,6 +73,7 @@ fn every_error() -> Vec<MethodError> {
     out.extend(engines.iter().map(methods::engine_error));
     out.push(methods::access_denied(1000));
     out.push(methods::busy());
+    out.push(message_too_large(MAX_MESSAGE));
     out
 }
 
@@ -200,8 +202,8 @@ async fn frames_are_split_and_bounded() {
     });
     assert_eq!(r.next().await.ok().flatten().as_deref(), Some(&b"{\"x\":1}"[..]));
     assert_eq!(r.next().await.ok().flatten().as_deref(), Some(&b"{\"y\":2}"[..]));
-    let e = r.next().await.err().map(|e| e.kind());
-    assert_eq!(e, Some(io::ErrorKind::InvalidData));
+    let e = r.next().await.err();
+    assert!(matches!(e, Some(FrameError::TooLong { limit: MAX_MESSAGE })), "{e:?}");
     drop(r);
     let _ = writer.await;
 
@@ -209,7 +211,66 @@ async fn frames_are_split_and_bounded() {
     let mut r = FrameReader::new(b);
     a.write_all(b"{\"x\"").await.unwrap_or_else(|e| panic!("{e}"));
     drop(a);
-    assert_eq!(r.next().await.err().map(|e| e.kind()), Some(io::ErrorKind::UnexpectedEof));
+    assert!(matches!(r.next().await, Err(FrameError::Truncated)));
+}
+
+/// A message of exactly the limit passes, one byte more does not; the buffer never grows much
+/// past the limit, and is given back once the message is taken.
+#[tokio::test]
+async fn frame_buffers_stay_within_the_limit_and_are_given_back() {
+    let limit = 10_000;
+    let (mut a, b) = tokio::io::duplex(1 << 16);
+    let mut r = FrameReader::with_limit(b, limit);
+    let writer = tokio::spawn(async move {
+        let mut big = vec![b'a'; limit];
+        big.push(0);
+        a.write_all(&big).await?;
+        // A small call right behind a big one, then a pause (the stream stays open).
+        a.write_all(b"{}\0{\"half").await?;
+        io::Result::Ok(a)
+    });
+    let first = r.next().await.ok().flatten().map(|m| m.len());
+    assert_eq!(first, Some(limit));
+    assert_eq!(r.next().await.ok().flatten().as_deref(), Some(&b"{}"[..]));
+    // Only the half call is left: the buffer was shrunk from its peak.
+    assert!(r.capacity() <= 2048, "{} bytes kept", r.capacity());
+    let mut a = writer.await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+    a.write_all(b"\":1}\0").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.next().await.ok().flatten().as_deref(), Some(&b"{\"half\":1}"[..]));
+    assert_eq!(r.capacity(), 0, "an empty buffer is freed");
+
+    let (mut a, b) = tokio::io::duplex(1 << 16);
+    let mut r = FrameReader::with_limit(b, limit);
+    let writer = tokio::spawn(async move { a.write_all(&vec![b'a'; limit + 1]).await });
+    let e = r.next().await.err();
+    assert!(matches!(e, Some(FrameError::TooLong { limit: 10_000 })), "{e:?}");
+    assert!(r.capacity() <= limit + 1 + 64, "{} bytes for a limit of {limit}", r.capacity());
+    drop(r);
+    let _ = writer.await;
+}
+
+#[test]
+fn budgets_keep_room_for_privileged_peers_and_are_given_back() {
+    let limits = Limits { privileged: 2, unprivileged: 3, per_uid: 2, ..Limits::default() };
+    let b = Budget::new(limits);
+    let nobody = Class::Unprivileged(65534);
+    let other = Class::Unprivileged(1000);
+    let n1 = b.admit(nobody).unwrap_or_else(|e| panic!("{e}"));
+    let _n2 = b.admit(nobody).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.admit(nobody).err(), Some(Full::Uid(65534)));
+    let _o1 = b.admit(other).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.admit(other).err(), Some(Full::Unprivileged));
+    // Unprivileged peers filled their budget; privileged ones have their own.
+    let r1 = b.admit(Class::Privileged).unwrap_or_else(|e| panic!("{e}"));
+    let _r2 = b.admit(Class::Privileged).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.admit(Class::Privileged).err(), Some(Full::Privileged));
+    assert_eq!(b.open(), (2, 3));
+    drop(n1);
+    drop(r1);
+    assert_eq!(b.open(), (1, 2));
+    let _o2 = b.admit(other).unwrap_or_else(|e| panic!("{e}"));
+    let _r3 = b.admit(Class::Privileged).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.counts().per_uid.len(), 2);
 }
 
 #[tokio::test]
@@ -238,6 +299,14 @@ struct Server {
 
 impl Server {
     async fn start() -> Server {
+        Server::start_with(Limits::default()).await
+    }
+
+    async fn start_with(limits: Limits) -> Server {
+        Server::start_authorized(limits, Authorizer::default()).await
+    }
+
+    async fn start_authorized(limits: Limits, auth: Authorizer) -> Server {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let etc = dir.path().join("etc/cpupoold");
         std::fs::create_dir_all(&etc).unwrap_or_else(|e| panic!("{e}"));
@@ -252,7 +321,7 @@ impl Server {
         let (handle, engine) = engine.spawn();
         let listener = bind(&settings.paths.runtime_dir).unwrap_or_else(|e| panic!("{e}"));
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(serve(listener, handle, Authorizer::default(), async {
+        let task = tokio::spawn(serve_with(listener, handle, auth, limits, async {
             let _ = rx.await;
         }));
         Server { path: socket_path(&settings.paths.runtime_dir), _dir: dir, stop: Some(tx), task, engine }
@@ -323,10 +392,13 @@ async fn server_answers_errors_and_survives_bad_input() {
     // Malformed JSON: the connection is closed, the server lives on.
     s.write_all(b"{not json\0").await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(read_reply(&mut s).await, None);
-    // An endless message: closed once it passes the limit.
+    // An endless message: answered `MessageTooLarge` and closed once it passes the limit.
     let mut s = srv.connect().await;
     let junk = vec![b'x'; MAX_MESSAGE + 64 * 1024];
     let _ = s.write_all(&junk).await;
+    let too_large =
+        json!({ "error": "org.cpupool.Manager.MessageTooLarge", "parameters": { "limit": MAX_MESSAGE } });
+    assert_eq!(read_reply(&mut s).await, Some(too_large));
     assert_eq!(read_reply(&mut s).await, None);
 
     // A monitor streams until the server stops; stopping does not wait for it.
@@ -337,5 +409,193 @@ async fn server_answers_errors_and_survives_bad_input() {
     let mut s = srv.connect().await;
     let r = call(&mut s, json!({ "method": "org.cpupool.Manager.ListPools" })).await;
     assert_eq!(r["parameters"]["pools"].as_array().map(Vec::len), Some(2));
+    srv.stop().await;
+}
+
+/// The largest legitimate calls (see [`MAX_MESSAGE`]) are read and answered; one byte past the
+/// limit is answered `MessageTooLarge` and the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_legitimate_calls_fit_and_a_larger_one_is_refused() {
+    let srv = Server::start().await;
+    let envelope = |method: &str, params: Value| {
+        let mut b =
+            serde_json::to_vec(&json!({ "method": format!("{INTERFACE}.{method}"), "parameters": params }))
+                .unwrap_or_default();
+        b.push(0);
+        b
+    };
+    // Every CPU named one by one, with the longest pool name.
+    let all: Vec<String> = (0..=crate::core::cpuset::MAX_CPU).map(|c| c.to_string()).collect();
+    let name = "p".repeat(crate::core::pool::MAX_POOL_NAME);
+    let create = envelope("CreatePool", json!({ "name": name, "kind": "shared", "cpus": all.join(",") }));
+    // A cgroup path of the longest length in two-byte characters, each escaped as `\u00e9`.
+    let component = "\u{e9}".repeat(127);
+    let mut path = String::new();
+    while path.len() + 1 + component.len() <= state::MAX_CGROUP_PATH {
+        path.push_str(&component);
+        path.push('/');
+    }
+    let id = "i".repeat(state::MAX_ID);
+    let assign =
+        envelope("Assign", json!({ "pool": name, "target": format!("cgroup:{path}"), "cpus": 1, "id": id }));
+    let assign = String::from_utf8_lossy(&assign).replace('\u{e9}', "\\u00e9").into_bytes();
+    for msg in [&create, &assign] {
+        assert!(msg.len() < MAX_MESSAGE, "{} bytes", msg.len());
+        let mut s = srv.connect().await;
+        s.write_all(msg).await.unwrap_or_else(|e| panic!("{e}"));
+        let r = read_reply(&mut s).await.unwrap_or_else(|| panic!("no reply"));
+        // Parsed and decided on (this 8-CPU host has no CPU 8191, no such pool): not refused
+        // for its size.
+        let error = r["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with("org.cpupool.Manager.") && !error.ends_with("MessageTooLarge"), "{r}");
+        let r = call(&mut s, json!({ "method": "org.varlink.service.GetInfo" })).await;
+        assert_eq!(r["parameters"]["product"], "cpupoold", "{r}");
+    }
+    eprintln!("largest legitimate calls: CreatePool {} bytes, Assign {} bytes", create.len(), assign.len());
+
+    let mut s = srv.connect().await;
+    let mut over = vec![b' '; MAX_MESSAGE + 1];
+    over.push(0);
+    let _ = s.write_all(&over).await;
+    let r = read_reply(&mut s).await;
+    assert_eq!(r.as_ref().map(|r| r["error"].clone()), Some(json!("org.cpupool.Manager.MessageTooLarge")));
+    assert_eq!(read_reply(&mut s).await, None, "the connection is closed");
+    srv.stop().await;
+}
+
+/// Idle connections and half-sent calls are closed after the idle timeout; a Monitor is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_and_stalled_calls_are_closed_but_monitors_stay() {
+    let limits = Limits { idle_timeout: std::time::Duration::from_millis(300), ..Limits::default() };
+    let srv = Server::start_with(limits).await;
+    let mut m = srv.connect().await;
+    let r = call(&mut m, json!({ "method": "org.cpupool.Manager.Monitor", "more": true })).await;
+    assert_eq!(r["continues"], true);
+    let r = read_reply(&mut m).await.unwrap_or_default();
+    assert_eq!(r["continues"], true, "{r}");
+
+    let mut idle = srv.connect().await;
+    let r = call(&mut idle, json!({ "method": "org.varlink.service.GetInfo" })).await;
+    assert_eq!(r["parameters"]["product"], "cpupoold");
+    let mut never = srv.connect().await;
+    let mut stalled = srv.connect().await;
+    stalled.write_all(b"{\"method\":\"org.varlink.").await.unwrap_or_else(|e| panic!("{e}"));
+    // The server closes them; a generous bound only keeps a broken server from hanging the test.
+    async fn closed(s: &mut UnixStream) -> Result<Option<Value>, tokio::time::error::Elapsed> {
+        tokio::time::timeout(std::time::Duration::from_secs(30), read_reply(s)).await
+    }
+    assert_eq!(closed(&mut idle).await.ok(), Some(None), "idle after a call");
+    assert_eq!(closed(&mut never).await.ok(), Some(None), "never called");
+    assert_eq!(closed(&mut stalled).await.ok(), Some(None), "half a call");
+
+    // The monitor outlived the idle timeout: it still streams.
+    std::fs::create_dir_all(srv._dir.path().join("cgroup/idle-test")).unwrap_or_else(|e| panic!("{e}"));
+    let mut s = srv.connect().await;
+    let assign = json!({ "pool": "web", "target": "cgroup:idle-test", "millicpus": 100, "id": "idle-test" });
+    let r = call(&mut s, json!({ "method": "org.cpupool.Manager.Assign", "parameters": assign })).await;
+    assert!(r.get("error").is_none(), "{r}");
+    let r = read_reply(&mut m).await.unwrap_or_default();
+    assert_eq!(r["parameters"]["event"]["id"], "idle-test", "{r}");
+    srv.stop().await;
+}
+
+/// The connection-limit tests' peer (`tests/fixtures/varlink_peer.py`).
+const PEER_PY: &str = include_str!("../../../tests/fixtures/varlink_peer.py");
+
+/// A `varlink_peer.py` run as `uid` (gid the same, no supplementary groups) with `args`: the
+/// child (holding its connections until its stdin closes) and its report.
+fn peer_as(uid: u32, args: &[&str]) -> (std::process::Child, Value) {
+    peer_as_ids(uid, uid, args)
+}
+
+/// [`peer_as`] with primary group `gid`.
+fn peer_as_ids(uid: u32, gid: u32, args: &[&str]) -> (std::process::Child, Value) {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("setpriv")
+        .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".to_owned()])
+        .args(["/usr/bin/python3", "-c", PEER_PY])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("setpriv python3: {e}"));
+    let mut line = String::new();
+    let out = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    std::io::BufReader::new(out).read_line(&mut line).unwrap_or_else(|e| panic!("{e}"));
+    let report = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    (child, report)
+}
+
+/// Lets other uids reach the server's socket.
+fn open_dirs(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for d in path.ancestors().skip(1).take_while(|d| *d != std::path::Path::new("/tmp")) {
+        let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
+    }
+}
+
+/// Real unprivileged peers (uids 65534 and 65533, through `setpriv`) hold connections: each uid
+/// gets at most `per_uid`, all together at most `unprivileged`, the rest are answered `Busy`;
+/// root and the admin group still have their own room, and a closed connection's place is
+/// given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unprivileged_peers_share_a_small_budget_and_root_keeps_its_room() {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIPPED: needs root to run peers as other uids");
+        return;
+    }
+    let limits = Limits { privileged: 3, unprivileged: 3, per_uid: 2, ..Limits::default() };
+    let admin_gid = 4242;
+    let srv =
+        Server::start_authorized(limits, Authorizer { admin_gid: Some(admin_gid), ..Default::default() })
+            .await;
+    open_dirs(&srv.path);
+    let sock = srv.path.display().to_string();
+    let hold = |uid: u32, n: &'static str| {
+        let sock = sock.clone();
+        tokio::task::spawn_blocking(move || peer_as(uid, &[&sock, n, "hold"]))
+    };
+    let (mut a, ra) = hold(65534, "3").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((ra["ok"].clone(), ra["busy"].clone()), (json!(2), json!(1)), "uid 65534: {ra}");
+    let (mut b, rb) = hold(65533, "3").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((rb["ok"].clone(), rb["busy"].clone()), (json!(1), json!(2)), "uid 65533: {rb}");
+    // A member of the admin group: privileged room, whatever the others hold.
+    let sock2 = sock.clone();
+    let admin = tokio::task::spawn_blocking(move || peer_as_ids(65530, admin_gid, &[&sock2, "1", "hold"]));
+    let (mut admin, radmin) = admin.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(radmin["ok"], 1, "the admin group: {radmin}");
+    // Root: the two connections left, whatever the others hold.
+    let mut r1 = srv.connect().await;
+    let mut r2 = srv.connect().await;
+    for r in [&mut r1, &mut r2] {
+        let reply = call(r, json!({ "method": "org.varlink.service.GetInfo" })).await;
+        assert_eq!(reply["parameters"]["product"], "cpupoold", "{reply}");
+    }
+    let mut r3 = srv.connect().await;
+    // Refused at accept: the call may meet a closed socket, the answer is there all the same.
+    let _ = r3.write_all(b"{\"method\":\"org.varlink.service.GetInfo\"}\0").await;
+    let reply = read_reply(&mut r3).await.unwrap_or_default();
+    assert_eq!(reply["error"], "org.cpupool.Manager.Busy", "{reply}");
+
+    // 65534 lets go: its places are given back, which a third uid sees once the server has
+    // noticed the hang-ups.
+    drop(a.stdin.take());
+    let _ = tokio::task::spawn_blocking(move || a.wait()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (mut c, rc) = hold(65532, "1").await.unwrap_or_else(|e| panic!("{e}"));
+        drop(c.stdin.take());
+        let _ = tokio::task::spawn_blocking(move || c.wait()).await;
+        if rc["ok"] == 1 {
+            break;
+        }
+        assert_eq!(rc["busy"], 1, "{rc}");
+        assert!(std::time::Instant::now() < deadline, "the places of a closed peer were never given back");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(b.stdin.take());
+    drop(admin.stdin.take());
+    let _ = tokio::task::spawn_blocking(move || (b.wait(), admin.wait())).await;
     srv.stop().await;
 }

@@ -10,53 +10,109 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// Largest message accepted. A client that sends more without a NUL is disconnected, so a
-/// peer cannot make the daemon buffer without bound.
-pub const MAX_MESSAGE: usize = 1 << 20;
+/// Largest call accepted, NUL excluded: 64 KiB.
+///
+/// The largest legitimate call is a `CreatePool` or `ResizePool` whose `cpus` names every
+/// possible CPU one by one, `"0,1,2,…,8191"` ([`MAX_CPU`](crate::core::cpuset::MAX_CPU)): 39,849
+/// bytes, about 40 KiB with the envelope. Next come an `Assign` of a `cgroup:` target at
+/// [`MAX_CGROUP_PATH`](crate::core::state::MAX_CGROUP_PATH) (4,096 bytes; 12 KiB even when a
+/// client escapes every byte of two-byte UTF-8 characters as `\u00XX`) and the identifiers
+/// (128 bytes), pool names (32) and unit names (255) of the other calls. 64 KiB leaves more than
+/// half again of that, and bounds what a connection can make the daemon buffer: a peer that sends
+/// more without a NUL gets `MessageTooLarge` and is disconnected. (The unit test
+/// `the_largest_legitimate_calls_fit_and_a_larger_one_is_refused` builds both calls: 39,976 and
+/// 12,469 bytes.)
+pub const MAX_MESSAGE: usize = 64 * 1024;
 
-/// Splits a byte stream into NUL-terminated messages.
+/// What a connection's read buffer starts at, and shrinks back to between calls: enough for
+/// every ordinary call in one read, so idle connections hold little.
+const INITIAL_BUFFER: usize = 1024;
+
+/// Why no message came.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// More than the limit arrived without a NUL.
+    #[error("message longer than {limit} bytes")]
+    TooLong {
+        /// The limit.
+        limit: usize,
+    },
+    /// The peer closed the connection in the middle of a message.
+    #[error("connection closed inside a message")]
+    Truncated,
+    /// Reading failed.
+    #[error("reading from the connection")]
+    Io(#[source] io::Error),
+}
+
+/// Splits a byte stream into NUL-terminated messages of at most `limit` bytes.
+///
+/// The buffer grows only as a message needs it (doubling from [`INITIAL_BUFFER`], never past
+/// the limit) and is given back once no partial message is left in it, so a connection that
+/// once carried a large call does not keep its peak allocation while it sits idle.
 pub struct FrameReader<R> {
     inner: R,
     buf: Vec<u8>,
     /// How far `buf` has been searched for a NUL already.
     scanned: usize,
+    limit: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
-    /// Reads from `inner`.
+    /// Reads from `inner`, with the default limit [`MAX_MESSAGE`].
     pub fn new(inner: R) -> Self {
-        FrameReader { inner, buf: Vec::new(), scanned: 0 }
+        FrameReader::with_limit(inner, MAX_MESSAGE)
+    }
+
+    /// Reads from `inner`, refusing messages longer than `limit` bytes (NUL excluded).
+    pub fn with_limit(inner: R, limit: usize) -> Self {
+        FrameReader { inner, buf: Vec::new(), scanned: 0, limit }
+    }
+
+    /// The bytes the buffer holds allocated (for tests of its memory use).
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// The next message without its NUL; `None` at a clean end of stream.
     ///
     /// Cancel-safe: bytes read before a cancellation stay buffered for the next call.
-    pub async fn next(&mut self) -> io::Result<Option<Vec<u8>>> {
+    pub async fn next(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
         loop {
             if let Some(i) = self.buf[self.scanned..].iter().position(|&b| b == 0) {
                 let end = self.scanned + i;
-                let mut msg: Vec<u8> = self.buf.drain(..=end).collect();
-                msg.pop();
+                let msg = self.buf[..end].to_vec();
+                self.buf.drain(..=end);
                 self.scanned = 0;
+                self.give_back();
                 return Ok(Some(msg));
             }
             self.scanned = self.buf.len();
-            if self.buf.len() > MAX_MESSAGE {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("message longer than {MAX_MESSAGE} bytes"),
-                ));
+            // One byte past the limit, so a message of exactly `limit` bytes plus its NUL fits.
+            let room = (self.limit + 1).saturating_sub(self.buf.len());
+            if room == 0 {
+                return Err(FrameError::TooLong { limit: self.limit });
             }
-            let mut chunk = [0u8; 16 * 1024];
-            let n = self.inner.read(&mut chunk).await?;
+            if self.buf.len() == self.buf.capacity() {
+                let grow = self.buf.len().max(INITIAL_BUFFER).min(room);
+                self.buf.reserve_exact(grow);
+            }
+            // Reads into the spare capacity only, and only advances the length once data came:
+            // a cancelled read leaves the buffer as it was.
+            let n = self.inner.read_buf(&mut self.buf).await.map_err(FrameError::Io)?;
             if n == 0 {
-                return if self.buf.is_empty() {
-                    Ok(None)
-                } else {
-                    Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed inside a message"))
-                };
+                return if self.buf.is_empty() { Ok(None) } else { Err(FrameError::Truncated) };
             }
-            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Frees the buffer when nothing is left in it, and shrinks it when a little is (the next
+    /// pipelined call), so its peak size is not kept.
+    fn give_back(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = Vec::new();
+        } else if self.buf.capacity() > 2 * self.buf.len().max(INITIAL_BUFFER) {
+            self.buf.shrink_to(self.buf.len().max(INITIAL_BUFFER));
         }
     }
 }
