@@ -395,6 +395,8 @@ pub struct Engine {
     degraded: Vec<String>,
     /// See [`Snapshot::assignment_health`].
     health: std::collections::BTreeMap<AssignmentId, String>,
+    /// Assignments the last drift check found not enforced for the first time.
+    suspects: std::collections::BTreeSet<AssignmentId>,
     events: broadcast::Sender<Event>,
     snapshots: watch::Sender<Snapshot>,
     config: Option<ConfigSource>,
@@ -488,6 +490,7 @@ impl Engine {
             config_error,
             degraded: Vec::new(),
             health: std::collections::BTreeMap::new(),
+            suspects: std::collections::BTreeSet::new(),
             events,
             snapshots,
             config: None,
@@ -908,16 +911,25 @@ impl Engine {
     }
 
     /// Drift: reconciles (rewrites what someone changed), then reads back what the kernel
-    /// enforces on every assignment's target. Those that still differ are degraded, with the
-    /// reason; changes of that are published as `degraded` / `restored` events.
+    /// enforces on every assignment's target. Those that still differ at two checks in a row
+    /// are degraded, with the reason; changes of that are published as `degraded` / `restored`
+    /// events.
     fn check_drift(&mut self) -> DriftReport {
         let (corrected, failed) = self.reconcile();
         let mut health = std::collections::BTreeMap::new();
+        let mut suspects = std::collections::BTreeSet::new();
         for a in self.state.assignments().values() {
             if let Err(e) = self.verify(a) {
-                health.insert(a.id.clone(), e.to_string());
+                // Seen once, it may be a unit caught mid-restart: degraded when the next check
+                // (after this one's corrections) still finds it so.
+                if self.suspects.contains(&a.id) || self.health.contains_key(&a.id) {
+                    health.insert(a.id.clone(), e.to_string());
+                } else {
+                    suspects.insert(a.id.clone());
+                }
             }
         }
+        self.suspects = suspects;
         let mut events = Vec::new();
         for (id, why) in &health {
             if self.health.get(id) != Some(why) {
