@@ -249,6 +249,15 @@ pub enum PoolError {
     /// `isolcpus` but the kernel isolated nothing.
     #[error("pool `{0}`: isolcpus = true but the kernel isolated no online CPU (boot with isolcpus=)")]
     IsolcpusEmpty(PoolName),
+    /// The reserved pool holds only CPUs the kernel isolated at boot.
+    #[error("pool `{pool}` (reserved)")]
+    NoHousekeeping {
+        /// The reserved pool.
+        pool: PoolName,
+        /// Which CPUs.
+        #[source]
+        source: crate::core::housekeeping::NoHousekeeping,
+    },
     /// A pool with no CPU.
     #[error("pool `{0}`: cpus is empty")]
     Empty(PoolName),
@@ -469,6 +478,12 @@ fn resolve_with(
         let Some(spec) = seen.get(&name) else { continue };
         if spec.kind == PoolKind::Reserved && cpus.is_empty() {
             return Err(PoolError::ReservedEmpty(name));
+        }
+        // Interrupts, kernel threads and host slices run on the reserved pool's CPUs: some must
+        // be ones the kernel did not isolate at boot.
+        if spec.kind == PoolKind::Reserved {
+            crate::core::housekeeping::housekeeping_cpus(&cpus, &topo.isolated())
+                .map_err(|source| PoolError::NoHousekeeping { pool: name.clone(), source })?;
         }
         if spec.kind == PoolKind::Exclusive && spec.smt == Smt::FullCores {
             let partial = topo.partial_cores(&cpus);
