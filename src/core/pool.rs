@@ -255,8 +255,9 @@ pub enum PoolError {
         /// The reserved pool.
         pool: PoolName,
         /// Which CPUs.
+        // Boxed: two CPU sets would make every configuration error as large.
         #[source]
-        source: crate::core::housekeeping::NoHousekeeping,
+        source: Box<crate::core::housekeeping::NoHousekeeping>,
     },
     /// A pool with no CPU.
     #[error("pool `{0}`: cpus is empty")]
@@ -483,7 +484,7 @@ fn resolve_with(
         // be ones the kernel did not isolate at boot.
         if spec.kind == PoolKind::Reserved {
             crate::core::housekeeping::housekeeping_cpus(&cpus, &topo.isolated())
-                .map_err(|source| PoolError::NoHousekeeping { pool: name.clone(), source })?;
+                .map_err(|e| PoolError::NoHousekeeping { pool: name.clone(), source: Box::new(e) })?;
         }
         if spec.kind == PoolKind::Exclusive && spec.smt == Smt::FullCores {
             let partial = topo.partial_cores(&cpus);
