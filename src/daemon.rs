@@ -29,6 +29,8 @@ pub struct RunOptions {
     pub proc_root: PathBuf,
     /// How often drift is looked for ([`crate::engine::Handle::check_drift`]); zero: never.
     pub check_interval: Duration,
+    /// How often isolation health is sampled; zero: never.
+    pub health_interval: Duration,
     /// Where to serve the D-Bus API.
     pub bus: BusChoice,
     /// Where systemd is reached: forces the systemd backend (the system bus on a real host
@@ -158,11 +160,19 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     // Starting blocks (files, fsync, and the systemd backend's calls, which wait on this
     // runtime): off the async workers.
     let (start_settings, restore) = (settings.clone(), opts.restore_previous_state);
-    let (engine, report) =
-        tokio::task::spawn_blocking(move || Engine::start(&start_settings, backend, restore))
-            .await
-            .map_err(|e| DaemonError::EngineThread(e.to_string()))?
-            .map_err(DaemonError::Start)?;
+    let roots = engine::housekeeping::Roots {
+        // The kernel's counters: the sandbox simulates them in DIR/proc.
+        procfs: opts.sandbox.as_ref().map_or_else(|| opts.proc_root.clone(), |sb| sb.procfs()),
+        sysfs: settings.paths.sysfs_root.clone(),
+        cgroup: settings.paths.cgroup_root.clone(),
+        state_dir: settings.paths.state_dir.clone(),
+    };
+    let (engine, report) = tokio::task::spawn_blocking(move || {
+        Engine::start(&start_settings, backend, restore).map(|(e, r)| (e.with_housekeeping(roots), r))
+    })
+    .await
+    .map_err(|e| DaemonError::EngineThread(e.to_string()))?
+    .map_err(DaemonError::Start)?;
     let (handle, thread) = engine.with_config(config_source(&opts)).spawn();
     let snap = handle.snapshot();
     log::info!(
@@ -294,6 +304,12 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     drift.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is now: start has just reconciled.
     drift.tick().await;
+    let sampling = !opts.health_interval.is_zero();
+    let mut health =
+        tokio::time::interval(if sampling { opts.health_interval } else { Duration::from_secs(3600) });
+    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first sample was taken at start.
+    health.tick().await;
     tokio::pin!(shutdown);
     let mut restart = None;
     loop {
@@ -312,6 +328,9 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
                 if let Err(e) = handle.check_drift().await {
                     log::warn!("drift check: {}", engine::error_chain(&e));
                 }
+            }
+            _ = health.tick(), if sampling => {
+                let _ = handle.sample_isolation().await;
             }
             _ = ticker.tick(), if watchdog => {
                 // Only a live engine keeps the watchdog fed: a stuck one gets us restarted.

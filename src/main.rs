@@ -43,6 +43,10 @@ struct Args {
     /// (0: only at start and after systemd reloads).
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     check_interval: u64,
+    /// Every SECONDS, sample /proc/interrupts, /proc/stat and the pool slices' cpu.stat to
+    /// measure isolation health (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    health_interval: u64,
     /// Log level (overrides daemon.log_level): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<log::LevelFilter>,
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         restore_previous_state: args.restore_previous_state,
         proc_root: "/proc".into(),
         check_interval: std::time::Duration::from_secs(args.check_interval),
+        health_interval: std::time::Duration::from_secs(args.health_interval),
         bus,
         systemd_bus: match args.systemd_bus {
             Some(BusChoice::Bus(b)) => Some(b),

@@ -122,6 +122,7 @@ impl Sandbox {
         for d in [sb.kubelet().join("device-plugins"), sb.procfs()] {
             fs::create_dir_all(&d).map_err(io_err(&d))?;
         }
+        simhost::write_procfs(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))?;
         Ok(sb)
     }
 

@@ -27,6 +27,8 @@ pub trait Manager {
     fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error>;
     /// The daemon in brief.
     fn status(&mut self) -> Result<Status, Error>;
+    /// Isolation health of one pool, or of every isolated pool (`""`).
+    fn isolation(&mut self, pool: &str) -> Result<crate::wire::Isolation, Error>;
     /// Assigns CPUs to a target.
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error>;
     /// Releases an assignment, returning what it held.
@@ -166,6 +168,11 @@ impl Manager for varlink::Client {
     fn status(&mut self) -> Result<Status, Error> {
         let reply = self.call("Status", json!({}))?;
         self.decode(Value::Object(reply), "Status reply")
+    }
+
+    fn isolation(&mut self, pool: &str) -> Result<crate::wire::Isolation, Error> {
+        let reply = self.call("GetIsolation", json!({ "pool": pool }))?;
+        self.decode(Value::Object(reply), "GetIsolation reply")
     }
 
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error> {

@@ -150,7 +150,12 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
         Command::Pool(PoolCommand::Show { name }) => {
             let pool = m.get_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
             let list = m.list_assignments(Some(name)).unwrap_or_default();
-            p.print(|| output::pool_with(&pool, &list), || output::pool_json(&pool))
+            // A daemon without GetIsolation (older) shows the pool without it.
+            let iso = if pool.isolated { m.isolation(name).unwrap_or_default() } else { Default::default() };
+            p.print(
+                || output::pool_with(&pool, &list) + &output::isolation_lines(&iso, false),
+                || output::pool_json(&pool),
+            )
         }
         Command::Run(r) => {
             let amount = match (r.amount.cpus, r.amount.millicpus) {
@@ -227,7 +232,8 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
         }
         Command::Status => {
             let s = m.status()?;
-            p.print(|| output::status(&s), || json!(s))
+            let iso = m.isolation("").unwrap_or_default();
+            p.print(|| output::status(&s) + &output::isolation_lines(&iso, true), || json!(s))
         }
         Command::Reload => {
             let changed = m.reload()?;

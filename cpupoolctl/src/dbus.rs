@@ -354,6 +354,19 @@ impl crate::client::Manager for Client {
         Ok(list.into_iter().map(assignment).collect())
     }
 
+    fn isolation(&mut self, pool: &str) -> Result<crate::wire::Isolation, Error> {
+        type PerCpu = (u32, f64, f64, f64, String);
+        type PoolTuple = (String, String, String, String, String, f64, Vec<PerCpu>);
+        let (_, _, _, _, pools): (String, String, String, String, Vec<PoolTuple>) =
+            self.call("GetIsolation", &(pool,))?;
+        Ok(crate::wire::Isolation {
+            pools: pools
+                .into_iter()
+                .map(|(pool, _, state, summary, ..)| crate::wire::PoolIsolation { pool, state, summary })
+                .collect(),
+        })
+    }
+
     fn status(&mut self) -> Result<Status, Error> {
         let (version, uptime_seconds, pools, assignments, state_file, config_error, degraded): (
             String,

@@ -204,6 +204,23 @@ pub fn pool_with(p: &Pool, list: &[Assignment]) -> String {
     out
 }
 
+/// `isolation: holds` per isolated pool (`isolation dp: ...` when `named`, for `status`).
+pub fn isolation_lines(iso: &crate::wire::Isolation, named: bool) -> String {
+    let pairs: Vec<(String, String)> = iso
+        .pools
+        .iter()
+        .map(|p| {
+            (if named { format!("isolation {}", p.pool) } else { "isolation".to_owned() }, p.summary.clone())
+        })
+        .collect();
+    let refs: Vec<(&str, String)> = pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    if refs.is_empty() {
+        String::new()
+    } else {
+        block(&refs)
+    }
+}
+
 /// `pool assign`.
 pub fn assignment(a: &Assignment) -> String {
     block(

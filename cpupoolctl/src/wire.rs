@@ -215,3 +215,21 @@ pub struct CreatePoolRequest {
     /// Offer the pool to the kubelet; the daemon's default when `None`.
     pub kubelet: Option<bool>,
 }
+
+/// One isolated pool in the reply of `GetIsolation` (the fields `cpupoolctl` shows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolIsolation {
+    /// The pool.
+    pub pool: String,
+    /// `holds`, `leaks`, `degraded` or `unmeasured`.
+    pub state: String,
+    /// One line: `holds`, or what breaks isolation.
+    pub summary: String,
+}
+
+/// The reply of `GetIsolation` (the fields `cpupoolctl` shows).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Isolation {
+    /// The isolated pools asked for.
+    pub pools: Vec<PoolIsolation>,
+}

@@ -301,6 +301,15 @@ impl Manager {
         )
     }
 
+    #[zbus(out_args("isolcpus", "nohz_full", "housekeeping", "workqueue", "pools"))]
+    async fn get_isolation(
+        &self,
+        pool: &str,
+    ) -> Result<(String, String, String, String, Vec<crate::api::ops::IsolationView>), Error> {
+        let r = crate::api::ops::IsolationReply::new(&self.handle.snapshot(), pool)?;
+        Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, r.pools))
+    }
+
     #[zbus(out_args("assignment"))]
     async fn assign(
         &self,

@@ -606,3 +606,115 @@ mod tests {
         );
     }
 }
+
+/// One isolated CPU's health: varlink `CpuHealth`, D-Bus `(uddds)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
+pub struct CpuHealthView {
+    /// The CPU.
+    pub cpu: u32,
+    /// Device interrupts per second.
+    pub device_irqs_per_sec: f64,
+    /// Inter-processor interrupts per second (reported, not fixable).
+    pub ipis_per_sec: f64,
+    /// Local timer interrupts per second.
+    pub timer_per_sec: f64,
+    /// The device IRQs responsible, busiest first: `32 virtio1-requests 71/s, ...`.
+    pub sources: String,
+}
+
+/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds))`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
+pub struct IsolationView {
+    /// The pool.
+    pub pool: String,
+    /// Its CPUs.
+    pub cpus: String,
+    /// `holds`, `leaks`, `degraded` (its partition is invalid) or `unmeasured`.
+    pub state: String,
+    /// One line: `holds`, `71 IRQ/s from irq 32 virtio1-requests on CPU 2`, or the kernel's
+    /// reason for an invalid partition.
+    pub summary: String,
+    /// The kernel's reason when the partition is invalid; empty otherwise.
+    pub reason: String,
+    /// CPU time used on its CPUs by tasks outside the pool, in percent; -1 when unknown.
+    pub foreign_percent: f64,
+    /// Each CPU over the last interval (empty until measured).
+    pub per_cpu: Vec<CpuHealthView>,
+}
+
+/// The reply of `GetIsolation`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IsolationReply {
+    /// `isolcpus=` on the kernel command line.
+    pub isolcpus: String,
+    /// `nohz_full=` on the kernel command line.
+    pub nohz_full: String,
+    /// CPUs left for interrupts, kernel threads and host slices.
+    pub housekeeping: String,
+    /// The unbound workqueue mask as read back, and who keeps isolated CPUs off it
+    /// (`0-1 (cpupoold)`, `0-1 (kernel)`); empty where the kernel has no such file.
+    pub workqueue: String,
+    /// The isolated pools asked for.
+    pub pools: Vec<IsolationView>,
+}
+
+impl IsolationReply {
+    /// Isolation of the pool `name`, or of every isolated pool when `name` is empty. A pool
+    /// that is not isolated has an empty list.
+    pub fn new(snap: &Snapshot, name: &str) -> Result<IsolationReply, ApiError> {
+        if !name.is_empty() {
+            pool_named(&snap.state, name)?;
+        }
+        let iso = &snap.isolation;
+        let pools = iso
+            .pools
+            .iter()
+            .filter(|(n, _)| name.is_empty() || n.as_str() == name)
+            .map(|(n, p)| IsolationView {
+                pool: n.to_string(),
+                cpus: p.cpus.to_string(),
+                state: p.state().to_owned(),
+                summary: p.summary(),
+                reason: p.invalid.clone().unwrap_or_default(),
+                foreign_percent: p.health.as_ref().and_then(|h| h.foreign_percent).unwrap_or(-1.0),
+                per_cpu: p
+                    .health
+                    .iter()
+                    .flat_map(|h| &h.cpus)
+                    .map(|c| CpuHealthView {
+                        cpu: c.cpu,
+                        device_irqs_per_sec: c.device_per_sec,
+                        ipis_per_sec: c.ipi_per_sec,
+                        timer_per_sec: c.timer_per_sec,
+                        sources: c
+                            .sources
+                            .iter()
+                            .map(|s| {
+                                format!(
+                                    "{} {} {}/s",
+                                    s.irq,
+                                    s.name,
+                                    crate::core::housekeeping::rate(s.per_sec)
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let workqueue = iso
+            .masks
+            .iter()
+            .find(|m| m.file == crate::host::housekeeping::WORKQUEUE_MASK)
+            .map(|m| format!("{} ({})", m.mask, m.by))
+            .unwrap_or_default();
+        Ok(IsolationReply {
+            isolcpus: iso.kernel.boot.isolcpus.to_string(),
+            nohz_full: iso.kernel.boot.nohz_full.union(&iso.kernel.nohz_full).to_string(),
+            housekeeping: iso.housekeeping.to_string(),
+            workqueue,
+            pools,
+        })
+    }
+}

@@ -427,7 +427,7 @@ impl Settings {
             PoolError::TwoReserved(_, second) => pool_key(second.as_str(), "kind"),
             // The later pool in claim order is the one that did not fit.
             PoolError::Overlap { b, .. } => source_key(b),
-            PoolError::ReservedEmpty(name) => source_key(name),
+            PoolError::ReservedEmpty(name) | PoolError::NoHousekeeping { pool: name, .. } => source_key(name),
             PoolError::NotOnline { pool, .. } | PoolError::Empty(pool) => pool_key(pool.as_str(), "cpus"),
             // A list or the isolated set that splits cores is the list's fault; a counted pool
             // can only end up with part of a core because of what smt asks for.

@@ -537,6 +537,22 @@ fn resolve_errors_name_the_file_that_set_the_key() {
 }
 
 #[test]
+fn a_reserved_pool_the_kernel_isolated_leaves_no_housekeeping_cpu() {
+    let mut data = Topology::synthetic(1, 4, 1, 1).data().clone();
+    data.isolated = set("0-1");
+    let topo = Topology::new(data);
+    let s = ok("[pools.sys]\nkind = \"reserved\"\ncpus = \"0-1\"\n[pools.dp]\nkind = \"exclusive\"\ncpus = \"2-3\"\nisolate = true\n");
+    let e = s.resolve_pools(&topo).err().unwrap_or_else(|| panic!("resolved"));
+    assert_eq!(e.key(), Some("pools.sys.cpus"), "{}", chain(&e));
+    assert!(chain(&e).contains("no housekeeping CPU"), "{}", chain(&e));
+    // One CPU the kernel left alone is enough.
+    let s = ok(
+        "[pools.sys]\nkind = \"reserved\"\ncpus = \"0-2\"\n[pools.dp]\nkind = \"exclusive\"\ncpus = \"3\"\n",
+    );
+    assert!(s.resolve_pools(&topo).is_ok());
+}
+
+#[test]
 fn resolves() {
     let s = ok(&format!(
         "{RESERVED}[pools.dp]\nkind = \"exclusive\"\ncount = 2\n[pools.web]\nkind = \"shared\"\ncpus = \"3,7\"\n"

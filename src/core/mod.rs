@@ -4,6 +4,7 @@
 //! effects it returns through the host side.
 pub mod alloc;
 pub mod cpuset;
+pub mod housekeeping;
 pub mod plan;
 pub mod pool;
 pub mod state;

@@ -249,6 +249,16 @@ pub enum PoolError {
     /// `isolcpus` but the kernel isolated nothing.
     #[error("pool `{0}`: isolcpus = true but the kernel isolated no online CPU (boot with isolcpus=)")]
     IsolcpusEmpty(PoolName),
+    /// The reserved pool holds only CPUs the kernel isolated at boot.
+    #[error("pool `{pool}` (reserved)")]
+    NoHousekeeping {
+        /// The reserved pool.
+        pool: PoolName,
+        /// Which CPUs.
+        // Boxed: two CPU sets would make every configuration error as large.
+        #[source]
+        source: Box<crate::core::housekeeping::NoHousekeeping>,
+    },
     /// A pool with no CPU.
     #[error("pool `{0}`: cpus is empty")]
     Empty(PoolName),
@@ -469,6 +479,12 @@ fn resolve_with(
         let Some(spec) = seen.get(&name) else { continue };
         if spec.kind == PoolKind::Reserved && cpus.is_empty() {
             return Err(PoolError::ReservedEmpty(name));
+        }
+        // Interrupts, kernel threads and host slices run on the reserved pool's CPUs: some must
+        // be ones the kernel did not isolate at boot.
+        if spec.kind == PoolKind::Reserved {
+            crate::core::housekeeping::housekeeping_cpus(&cpus, &topo.isolated())
+                .map_err(|e| PoolError::NoHousekeeping { pool: name.clone(), source: Box::new(e) })?;
         }
         if spec.kind == PoolKind::Exclusive && spec.smt == Smt::FullCores {
             let partial = topo.partial_cores(&cpus);

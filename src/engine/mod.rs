@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+pub mod housekeeping;
+
 use crate::config::runtime::{Dropin, DropinError, PoolEdit};
 use crate::config::{self, ConfigDirs, ConfigError, Settings};
 use crate::core::cpuset::CpuSet;
@@ -183,6 +185,9 @@ pub struct Snapshot {
     /// Assignments whose target the kernel does not confine to their CPUs, with the reason,
     /// found by the last drift check and not restored by it.
     pub assignment_health: Arc<std::collections::BTreeMap<AssignmentId, String>>,
+    /// Isolation: partition validity, workqueue masks, the kernel's own isolation and the
+    /// health measured on each isolated pool.
+    pub isolation: Arc<housekeeping::IsolationReport>,
 }
 
 impl Snapshot {
@@ -219,6 +224,8 @@ pub enum Request {
     Reapply(oneshot::Sender<Result<usize, EngineError>>),
     /// Answer, to prove the engine thread is alive (watchdog).
     Ping(oneshot::Sender<()>),
+    /// Sample the isolation health counters.
+    SampleIsolation(oneshot::Sender<()>),
     /// Look for drift: correct what differs from the state, then read back what the kernel
     /// enforces on every assignment's target and mark those that differ degraded.
     CheckDrift(oneshot::Sender<Result<DriftReport, EngineError>>),
@@ -318,6 +325,13 @@ impl Handle {
         self.call(Request::CheckDrift).await
     }
 
+    /// Samples the isolation health counters (the daemon's health tick).
+    pub async fn sample_isolation(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Request::SampleIsolation(tx)).await.map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
     /// Waits until the engine thread answers.
     pub async fn ping(&self) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
@@ -400,6 +414,9 @@ pub struct Engine {
     events: broadcast::Sender<Event>,
     snapshots: watch::Sender<Snapshot>,
     config: Option<ConfigSource>,
+    /// Workqueue masks, partition validity, isolation health; `None` until
+    /// [`Engine::with_housekeeping`].
+    hk: Option<housekeeping::Housekeeping>,
 }
 
 impl Engine {
@@ -407,6 +424,16 @@ impl Engine {
     /// [`Handle::reload_from_disk`] and pool edits.
     pub fn with_config(mut self, source: ConfigSource) -> Engine {
         self.config = Some(source);
+        self
+    }
+
+    /// Lets the engine keep kernel housekeeping off the isolated pools and measure them; fits
+    /// the workqueue masks to the pools now.
+    pub fn with_housekeeping(mut self, roots: housekeeping::Roots) -> Engine {
+        self.hk = Some(housekeeping::Housekeeping::new(roots));
+        let events = self.sync_housekeeping();
+        self.sample_isolation();
+        self.publish(events);
         self
     }
 
@@ -478,6 +505,7 @@ impl Engine {
             partitions: Arc::default(),
             backend: backend.name(),
             assignment_health: Arc::default(),
+            isolation: Arc::default(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -494,6 +522,7 @@ impl Engine {
             events,
             snapshots,
             config: None,
+            hk: None,
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         let (done, failed) = engine.reconcile();
@@ -663,13 +692,19 @@ impl Engine {
             }
             Request::Reapply(reply) => {
                 let (done, failed) = self.reconcile();
-                self.publish(Vec::new());
+                let events = self.sync_housekeeping();
+                self.publish(events);
                 if done > 0 || failed > 0 {
                     log::info!("re-applied after systemd reloaded: {done} corrections, {failed} failed");
                 }
                 let _ = reply.send(Ok(done));
             }
             Request::Ping(reply) => {
+                let _ = reply.send(());
+            }
+            Request::SampleIsolation(reply) => {
+                self.sample_isolation();
+                self.publish(Vec::new());
                 let _ = reply.send(());
             }
             Request::CheckDrift(reply) => {
@@ -945,6 +980,7 @@ impl Engine {
         }
         let report = DriftReport { corrected, failed, degraded: health.len() };
         self.health = health;
+        events.extend(self.sync_housekeeping());
         if corrected > 0 || failed > 0 || !events.is_empty() {
             log::info!("drift check: {corrected} corrections, {failed} failed, {} degraded", report.degraded);
         }
@@ -1056,6 +1092,8 @@ impl Engine {
         for p in self.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }
+        let mut changed = changed;
+        changed.extend(self.sync_housekeeping());
         self.publish(changed);
         Ok(true)
     }
@@ -1271,6 +1309,7 @@ impl Engine {
                     .map(|(id, why)| (id.clone(), why.clone()))
                     .collect(),
             ),
+            isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
         };
         self.snapshots.send_replace(snap);
         for e in events {

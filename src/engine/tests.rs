@@ -730,3 +730,145 @@ fn pid_targets_record_the_start_time_and_need_a_live_process() {
     drop(handle);
     let _ = thread.join();
 }
+
+mod housekeeping_tests {
+    use super::*;
+
+    const WQ: &str = "devices/virtual/workqueue/cpumask";
+    const WB: &str = "devices/virtual/workqueue/writeback/cpumask";
+
+    impl Fixture {
+        fn roots(&self) -> housekeeping::Roots {
+            housekeeping::Roots {
+                procfs: self.sb.procfs(),
+                sysfs: self.sb.sysfs(),
+                cgroup: self.sb.cgroupfs(),
+                state_dir: self.sb.state(),
+            }
+        }
+
+        fn sys(&self, rel: &str) -> String {
+            fs::read_to_string(self.sb.sysfs().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+        }
+    }
+
+    fn isolated_dp() -> String {
+        CONFIG.replace("cpus = \"1-2,5-6\"", "cpus = \"1-2,5-6\"\nisolate = true")
+    }
+
+    #[test]
+    fn workqueue_masks_leave_isolated_cpus_and_come_back() {
+        let f = Fixture::new();
+        assert_eq!(f.sys(WQ), "ff\n");
+        f.config(&isolated_dp());
+        let (engine, _) = f.start();
+        let engine = engine.with_housekeeping(f.roots());
+        // Narrowed to sys and web (0,3-4,7), read back, and the masks found recorded.
+        assert_eq!(f.sys(WQ), "99\n");
+        assert_eq!(f.sys(WB), "99\n");
+        let saved = fs::read_to_string(f.sb.state().join("housekeeping.json")).unwrap_or_default();
+        assert!(saved.contains("\"workqueue\": \"ff\""), "{saved}");
+        let snap = engine.snapshots.borrow().clone();
+        assert!(snap.isolation.masks.iter().all(|m| m.by == "cpupoold"), "{:?}", snap.isolation.masks);
+        // A kill -9: the next start finds the record and keeps the masks as they are.
+        drop(engine);
+        let (engine, _) = f.start();
+        let (handle, thread) = engine.with_housekeeping(f.roots()).spawn();
+        assert_eq!(f.sys(WQ), "99\n");
+        rt().block_on(async {
+            // Isolation ends: the masks found before go back and the record goes.
+            f.config(CONFIG);
+            assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(true)));
+        });
+        assert_eq!(f.sys(WQ), "ff\n");
+        assert_eq!(f.sys(WB), "ff\n");
+        assert!(!f.sb.state().join("housekeeping.json").exists());
+        drop(handle);
+        let _ = thread.join();
+    }
+
+    #[test]
+    fn isolation_ended_while_down_is_restored_at_start() {
+        let f = Fixture::new();
+        f.config(&isolated_dp());
+        let (engine, _) = f.start();
+        drop(engine.with_housekeeping(f.roots()));
+        assert_eq!(f.sys(WQ), "99\n");
+        f.config(CONFIG);
+        let (engine, _) = f.start();
+        drop(engine.with_housekeeping(f.roots()));
+        assert_eq!(f.sys(WQ), "ff\n");
+        assert!(!f.sb.state().join("housekeeping.json").exists());
+    }
+
+    #[test]
+    fn a_kernel_that_keeps_isolated_cpus_off_itself_is_left_alone() {
+        let f = Fixture::new();
+        // Linux 6.12 shows the mask without the isolated partitions' CPUs.
+        fs::write(f.sb.sysfs().join(WQ), "99\n").unwrap_or_else(|e| panic!("{e}"));
+        f.config(&isolated_dp());
+        let (engine, _) = f.start();
+        let engine = engine.with_housekeeping(f.roots());
+        assert_eq!(f.sys(WQ), "99\n");
+        let snap = engine.snapshots.borrow().clone();
+        let wq = snap.isolation.masks.iter().find(|m| m.file == WQ).unwrap_or_else(|| panic!("no mask"));
+        assert_eq!(wq.by, "kernel");
+        let saved = fs::read_to_string(f.sb.state().join("housekeeping.json")).unwrap_or_default();
+        assert!(!saved.contains("workqueue"), "{saved}");
+    }
+
+    #[test]
+    fn an_invalid_partition_degrades_the_pool_with_the_kernels_reason() {
+        let f = Fixture::new();
+        f.config(&isolated_dp());
+        let (engine, _) = f.start();
+        let mut engine = engine.with_housekeeping(f.roots());
+        let dp = PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(engine.snapshots.borrow().isolation.pools.get(&dp).map(|p| p.invalid.clone()), Some(None));
+        // What the kernel answers when the pool's CPUs cannot be made exclusive; the sandbox's
+        // plain file would be rewritten by a reconcile, so the read-back is driven directly.
+        f.write(
+            "cpupool.slice/cpupool-dp.slice/cpuset.cpus.partition",
+            "isolated invalid (Cpu list in cpuset.cpus not exclusive)\n",
+        );
+        let events = engine.sync_housekeeping();
+        assert!(
+            events.iter().any(|e| matches!(e, Event::PoolChanged(p) if p.as_str() == "dp")),
+            "{events:?}"
+        );
+        engine.publish(events);
+        let snap = engine.snapshots.borrow().clone();
+        let p = &snap.isolation.pools[&dp];
+        assert_eq!(p.state(), "degraded");
+        assert!(p.summary().contains("Cpu list in cpuset.cpus not exclusive"), "{}", p.summary());
+        // Once is enough: the same reason again is no new event.
+        assert!(engine.sync_housekeeping().is_empty());
+    }
+
+    #[test]
+    fn fake_procfs_health_names_the_irq_on_the_isolated_cpu() {
+        let f = Fixture::new();
+        f.config(&isolated_dp());
+        let (engine, _) = f.start();
+        let (handle, thread) = engine.with_housekeeping(f.roots()).spawn();
+        let dp = PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"));
+        let online: Vec<u32> = (0..8).collect();
+        rt().block_on(async {
+            handle.sample_isolation().await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(handle.snapshot().isolation.pools[&dp].summary(), "holds");
+            let mut counts = std::collections::BTreeMap::new();
+            counts.insert(("32", 2), 500);
+            counts.insert(("LOC", 2), 100);
+            let text = crate::host::simhost::interrupts_text(&online, &counts);
+            fs::write(f.sb.procfs().join("interrupts"), text).unwrap_or_else(|e| panic!("{e}"));
+            handle.sample_isolation().await.unwrap_or_else(|e| panic!("{e}"));
+        });
+        let snap = handle.snapshot();
+        let p = &snap.isolation.pools[&dp];
+        assert_eq!(p.state(), "leaks");
+        let s = p.summary();
+        assert!(s.contains("IRQ/s from irq 32 virtio1-requests on CPU 2"), "{s}");
+        drop(handle);
+        let _ = thread.join();
+    }
+}

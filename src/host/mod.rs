@@ -6,6 +6,8 @@
 //! (partitions, cgroups that are not units). Both execute the same planned effects.
 pub mod cgroupfs;
 pub mod fsutil;
+pub mod health;
+pub mod housekeeping;
 pub mod pidwatch;
 pub mod simhost;
 pub mod store;

@@ -99,6 +99,13 @@ pub fn write_sysfs(root: &Path, topo: &Topology) -> io::Result<()> {
         put(&c.join("shared_cpu_list"), &l3)?;
     }
 
+    // The unbound and writeback workqueue masks, as `%*pb` prints a cpumask of the possible
+    // CPUs: all of them until someone narrows it (Linux before 6.12 never does by itself).
+    let possible = present.last().map_or(1, |l| l + 1);
+    let mask = format!("{}\n", crate::core::housekeeping::format_mask(&present, possible));
+    put(&root.join("devices/virtual/workqueue/cpumask"), &mask)?;
+    put(&root.join("devices/virtual/workqueue/writeback/cpumask"), &mask)?;
+
     let node_dir = root.join("devices/system/node");
     let nodes: CpuSet = topo.nodes().keys().copied().collect();
     put(&node_dir.join("online"), &list(&nodes))?;
@@ -108,6 +115,51 @@ pub fn write_sysfs(root: &Path, topo: &Topology) -> io::Result<()> {
         put(&node_dir.join(format!("node{node}/cpulist")), &list(cpus))?;
     }
     Ok(())
+}
+
+/// Writes the kernel counters the isolation health sampler reads, where they are missing:
+/// `interrupts` (one virtio device IRQ, the local timer and function-call IPIs, all zero) and
+/// `stat` (per-CPU times, all zero), in the kernel's formats. Tests rewrite them to make counts
+/// move.
+pub fn write_procfs(root: &Path, topo: &Topology) -> io::Result<()> {
+    let online: Vec<u32> = topo.online().iter().collect();
+    let interrupts = root.join("interrupts");
+    if !interrupts.exists() {
+        put(&interrupts, &interrupts_text(&online, &BTreeMap::new()))?;
+    }
+    let stat = root.join("stat");
+    if !stat.exists() {
+        let mut text = "cpu  0 0 0 0 0 0 0 0 0 0\n".to_owned();
+        for cpu in &online {
+            text.push_str(&format!("cpu{cpu} 0 0 0 0 0 0 0 0 0 0\n"));
+        }
+        text.push_str("intr 0\nctxt 0\nbtime 0\nprocesses 1\nprocs_running 1\nprocs_blocked 0\n");
+        put(&stat, &text)?;
+    }
+    Ok(())
+}
+
+/// `/proc/interrupts` for `online` CPUs with `counts[(label, cpu)]` (zero where missing):
+/// device IRQ 32 `virtio1-requests`, `LOC` and `CAL`.
+pub fn interrupts_text(online: &[u32], counts: &BTreeMap<(&str, u32), u64>) -> String {
+    let mut text = String::from("    ");
+    for cpu in online {
+        text.push_str(&format!(" {:>10}", format!("CPU{cpu}")));
+    }
+    text.push('\n');
+    for (label, tail) in [
+        ("32", "  PCI-MSI 1048576-edge      virtio1-requests"),
+        ("LOC", "   Local timer interrupts"),
+        ("CAL", "   Function call interrupts"),
+    ] {
+        text.push_str(&format!("{label:>4}:"));
+        for cpu in online {
+            text.push_str(&format!(" {:>10}", counts.get(&(label, *cpu)).copied().unwrap_or(0)));
+        }
+        text.push_str(tail);
+        text.push('\n');
+    }
+    text
 }
 
 /// Creates a cgroup2-like root under `root` as plain files: the controllers, an empty

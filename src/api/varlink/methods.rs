@@ -98,6 +98,8 @@ pub enum Method {
     GetAssignment,
     /// `Status`.
     Status,
+    /// `GetIsolation`.
+    GetIsolation,
     /// `Assign` (mutating).
     Assign,
     /// `Run` (mutating).
@@ -131,6 +133,7 @@ impl Method {
             (INTERFACE, "ListAssignments") => Method::ListAssignments,
             (INTERFACE, "GetAssignment") => Method::GetAssignment,
             (INTERFACE, "Status") => Method::Status,
+            (INTERFACE, "GetIsolation") => Method::GetIsolation,
             (INTERFACE, "Assign") => Method::Assign,
             (INTERFACE, "Run") => Method::Run,
             (INTERFACE, "Release") => Method::Release,
@@ -323,6 +326,10 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
             "config_error": snap.config_error,
             "degraded_assignments": snap.assignment_health.len(),
         })),
+        Method::GetIsolation => {
+            let name = params.opt_string("pool")?.unwrap_or_default();
+            Ok(to_json(&crate::api::ops::IsolationReply::new(snap, &name).map_err(api)?))
+        }
         Method::GetInfo => Ok(info()),
         Method::GetInterfaceDescription => describe(params),
         m @ (Method::Assign
@@ -346,6 +353,7 @@ pub fn arguments(method: Method) -> &'static [&'static str] {
         | Method::Monitor
         | Method::Reload => &[],
         Method::GetInterfaceDescription => &["interface"],
+        Method::GetIsolation => &["pool"],
         Method::GetPool | Method::DeletePool => &["name"],
         Method::CreatePool => &["name", "kind", "cpus", "count", "numa", "smt", "isolate", "kubelet"],
         Method::ResizePool => &["name", "cpus", "count", "numa"],

@@ -1,0 +1,501 @@
+//! Kernel housekeeping and isolation health, decided without I/O.
+//!
+//! Data flow: the host reads `/proc/cmdline`, the workqueue cpumask files, `/proc/interrupts`,
+//! `/proc/stat` and the pool slices' `cpu.stat`, and hands the text here. This module parses
+//! them, decides which mask the unbound workqueues should have, and turns two samples into
+//! rates per isolated CPU ([`assess`]). Nothing here reads a file or a clock: the caller passes
+//! the time between samples.
+#![deny(missing_docs)]
+
+use std::collections::BTreeMap;
+
+use super::cpuset::CpuSet;
+
+/// What the kernel was told at boot to keep off CPUs (`/proc/cmdline`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BootIsolation {
+    /// `isolcpus=` (its flags, such as `domain` or `managed_irq`, dropped).
+    pub isolcpus: CpuSet,
+    /// `nohz_full=`.
+    pub nohz_full: CpuSet,
+}
+
+/// Reads `isolcpus=` and `nohz_full=` from a kernel command line. A value that is not a CPU
+/// list is ignored rather than fatal: it is reported as found, never acted on.
+pub fn parse_cmdline(cmdline: &str) -> BootIsolation {
+    let mut boot = BootIsolation::default();
+    for word in cmdline.split_whitespace() {
+        let Some((key, value)) = word.split_once('=') else { continue };
+        match key {
+            // `isolcpus=[flag,...,]cpu-list`: flags are words, the list starts at a digit.
+            "isolcpus" => {
+                let list: Vec<&str> =
+                    value.split(',').filter(|t| t.starts_with(|c: char| c.is_ascii_digit())).collect();
+                if let Ok(set) = CpuSet::parse(&list.join(",")) {
+                    boot.isolcpus = boot.isolcpus.union(&set);
+                }
+            }
+            "nohz_full" => {
+                if let Ok(set) = CpuSet::parse(value) {
+                    boot.nohz_full = boot.nohz_full.union(&set);
+                }
+            }
+            _ => {}
+        }
+    }
+    boot
+}
+
+/// Why a layout leaves no CPU for housekeeping.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no housekeeping CPU: the reserved pool's CPUs {reserved} are all isolated by the kernel (isolcpus=/nohz_full= {kernel}), which leaves none for interrupts, kernel threads and host slices")]
+pub struct NoHousekeeping {
+    /// The reserved pool's CPUs.
+    pub reserved: CpuSet,
+    /// The CPUs the kernel isolated at boot.
+    pub kernel: CpuSet,
+}
+
+/// The CPUs left for interrupts, kernel threads and host slices: the reserved pool's, less those
+/// the kernel isolated at boot. Pools other than the reserved one never count: exclusive and
+/// isolated pools belong to their workloads.
+pub fn housekeeping_cpus(reserved: &CpuSet, kernel_isolated: &CpuSet) -> Result<CpuSet, NoHousekeeping> {
+    let left = reserved.difference(kernel_isolated);
+    if left.is_empty() {
+        return Err(NoHousekeeping { reserved: reserved.clone(), kernel: kernel_isolated.clone() });
+    }
+    Ok(left)
+}
+
+/// Why a cpumask could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a hexadecimal CPU mask")]
+pub struct MaskError {
+    /// The text.
+    pub text: String,
+}
+
+/// Parses the kernel's hexadecimal cpumask (`f`, `ff,ffffffff`: 32-bit groups separated by
+/// commas, most significant first), as `workqueue/cpumask` shows it.
+pub fn parse_mask(text: &str) -> Result<CpuSet, MaskError> {
+    let err = || MaskError { text: text.trim().to_owned() };
+    let digits: String = text.trim().chars().filter(|c| *c != ',').collect();
+    if digits.is_empty() {
+        return Err(err());
+    }
+    let mut set = CpuSet::new();
+    for (i, c) in digits.chars().rev().enumerate() {
+        let nibble = c.to_digit(16).ok_or_else(err)?;
+        for bit in 0..4 {
+            if nibble & (1 << bit) != 0 {
+                let cpu = u32::try_from(i * 4 + bit).map_err(|_| err())?;
+                set.insert(cpu);
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// Formats `cpus` as the kernel prints a cpumask of `bits` CPUs: 32-bit groups of eight hex
+/// digits separated by commas, the first group only as wide as the CPUs it holds (`f` for four
+/// CPUs, `ff,ffffffff` for forty).
+pub fn format_mask(cpus: &CpuSet, bits: u32) -> String {
+    let bits = bits.max(cpus.last().map_or(1, |l| l + 1)).max(1);
+    let groups = bits.div_ceil(32);
+    let mut out = Vec::new();
+    for g in (0..groups).rev() {
+        let mut word = 0u32;
+        for bit in 0..32 {
+            if cpus.contains(g * 32 + bit) {
+                word |= 1 << bit;
+            }
+        }
+        let width = if g == groups - 1 { (bits - g * 32).div_ceil(4) as usize } else { 8 };
+        out.push(format!("{word:0width$x}"));
+    }
+    out.join(",")
+}
+
+/// What the unbound workqueues' (or writeback's) mask should be with `isolated` CPUs taken out
+/// of `current`; `None` when nothing needs writing (the kernel already keeps them off, as
+/// Linux 6.12 does for isolated partitions, or there is no isolation).
+pub fn trimmed_mask(current: &CpuSet, isolated: &CpuSet) -> Option<CpuSet> {
+    let want = current.difference(isolated);
+    (want != *current && !want.is_empty()).then_some(want)
+}
+
+/// One `/proc/interrupts` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IrqLine {
+    /// Counts per CPU.
+    pub counts: BTreeMap<u32, u64>,
+    /// Device IRQs: the action names (`virtio1-requests`); others: the kernel's description.
+    pub name: String,
+}
+
+/// Parsed `/proc/interrupts`: lines by their label (`32`, `LOC`, `CAL`).
+pub type Interrupts = BTreeMap<String, IrqLine>;
+
+/// Parses `/proc/interrupts`: a header naming the CPU columns (`CPU0 CPU2`: only online CPUs
+/// appear), then `LABEL: count... [chip hwirq-type] names`.
+pub fn parse_interrupts(text: &str) -> Interrupts {
+    let mut lines = text.lines();
+    let cpus: Vec<u32> = lines
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
+        .collect();
+    let mut out = Interrupts::new();
+    for line in lines {
+        let Some((label, rest)) = line.split_once(':') else { continue };
+        let label = label.trim().to_owned();
+        let mut words = rest.split_whitespace().peekable();
+        let mut counts = BTreeMap::new();
+        for &cpu in &cpus {
+            match words.peek().and_then(|w| w.parse::<u64>().ok()) {
+                Some(n) => {
+                    counts.insert(cpu, n);
+                    words.next();
+                }
+                None => break,
+            }
+        }
+        let tail: Vec<&str> = words.collect();
+        let name = if label.chars().all(|c| c.is_ascii_digit()) {
+            // `PCI-MSI 1048576-edge virtio1-requests`: the action names come last.
+            tail.last().copied().unwrap_or("").to_owned()
+        } else {
+            tail.join(" ")
+        };
+        out.insert(label, IrqLine { counts, name });
+    }
+    out
+}
+
+/// What kind of interrupt a `/proc/interrupts` label counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IrqKind {
+    /// A device IRQ (numbered): movable, the point of isolation.
+    Device,
+    /// Inter-processor interrupts (x86 `RES`, `CAL`, `TLB`, `IWI`; arm64 `IPIn`): reported,
+    /// not fixable from here.
+    Ipi,
+    /// The local timer (`LOC`).
+    Timer,
+    /// Anything else (NMIs, machine checks, counters): not counted.
+    Other,
+}
+
+/// The kind of `label`.
+pub fn irq_kind(label: &str) -> IrqKind {
+    match label {
+        l if l.chars().all(|c| c.is_ascii_digit()) => IrqKind::Device,
+        "LOC" => IrqKind::Timer,
+        "RES" | "CAL" | "TLB" | "IWI" => IrqKind::Ipi,
+        l if l.starts_with("IPI") => IrqKind::Ipi,
+        _ => IrqKind::Other,
+    }
+}
+
+/// Per CPU task time from `/proc/stat`, in clock ticks: `user + nice + system` (guest time is
+/// already in user). Interrupt time is not task time.
+pub fn parse_stat(text: &str) -> BTreeMap<u32, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let cpu: u32 = w.next()?.strip_prefix("cpu")?.parse().ok()?;
+            let f: Vec<u64> = w.take(3).filter_map(|x| x.parse().ok()).collect();
+            (f.len() == 3).then(|| (cpu, f.iter().sum()))
+        })
+        .collect()
+}
+
+/// `usage_usec` from a cgroup's `cpu.stat`.
+pub fn parse_cpu_stat(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())
+}
+
+/// One reading of the counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// `/proc/interrupts`.
+    pub interrupts: Interrupts,
+    /// Task ticks per CPU (`/proc/stat`).
+    pub task_ticks: BTreeMap<u32, u64>,
+    /// Each isolated pool's slice `usage_usec`, where readable.
+    pub pool_usage_usec: BTreeMap<String, u64>,
+}
+
+/// One device IRQ firing on an isolated CPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IrqSource {
+    /// Its number.
+    pub irq: String,
+    /// Its action names.
+    pub name: String,
+    /// Interrupts per second on this CPU.
+    pub per_sec: f64,
+}
+
+/// One isolated CPU over one interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuHealth {
+    /// The CPU.
+    pub cpu: u32,
+    /// Device interrupts per second.
+    pub device_per_sec: f64,
+    /// The device IRQs responsible, busiest first.
+    pub sources: Vec<IrqSource>,
+    /// Inter-processor interrupts per second.
+    pub ipi_per_sec: f64,
+    /// Local timer interrupts per second.
+    pub timer_per_sec: f64,
+}
+
+/// One isolated pool over one interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolHealth {
+    /// Its CPUs.
+    pub cpus: Vec<CpuHealth>,
+    /// CPU time used on its CPUs by tasks outside its slice, in percent of its CPUs' time;
+    /// `None` where the slice's `cpu.stat` cannot be read.
+    pub foreign_percent: Option<f64>,
+}
+
+/// Foreign task time above this (percent of the pool's CPU time) breaks isolation: the
+/// measured good case is 0.01–0.06 %, kernel threads that must run there included.
+pub const FOREIGN_LIMIT_PERCENT: f64 = 1.0;
+
+impl PoolHealth {
+    /// Whether isolation holds: no device interrupt and no foreign task time to speak of.
+    pub fn holds(&self) -> bool {
+        self.cpus.iter().all(|c| c.device_per_sec == 0.0)
+            && self.foreign_percent.is_none_or(|f| f < FOREIGN_LIMIT_PERCENT)
+    }
+
+    /// `holds`, or what breaks it: the busiest device IRQ and its CPU, foreign task time.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        let worst = self
+            .cpus
+            .iter()
+            .filter(|c| c.device_per_sec > 0.0)
+            .max_by(|a, b| a.device_per_sec.total_cmp(&b.device_per_sec));
+        if let Some(c) = worst {
+            let mut s = format!("{} IRQ/s", rate(c.device_per_sec));
+            if let Some(top) = c.sources.first() {
+                s.push_str(&format!(" from irq {} {}", top.irq, top.name));
+            }
+            s.push_str(&format!(" on CPU {}", c.cpu));
+            let others = self.cpus.iter().filter(|x| x.device_per_sec > 0.0).count() - 1;
+            if others > 0 {
+                s.push_str(&format!(" (and {others} more CPU(s))"));
+            }
+            parts.push(s);
+        }
+        if let Some(f) = self.foreign_percent.filter(|f| *f >= FOREIGN_LIMIT_PERCENT) {
+            parts.push(format!("{f:.1}% CPU time used by tasks outside the pool"));
+        }
+        if parts.is_empty() {
+            "holds".to_owned()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
+/// A rate as people read it: whole numbers from 10 up, one decimal below.
+pub fn rate(r: f64) -> String {
+    if r >= 10.0 {
+        format!("{r:.0}")
+    } else {
+        format!("{r:.1}")
+    }
+}
+
+/// The health of a pool on `cpus` between `before` and `after`, `secs` apart; `ticks_per_sec`
+/// is the kernel's USER_HZ (100 on every Linux architecture).
+pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: f64) -> PoolHealth {
+    let secs = if secs > 0.0 { secs } else { 1.0 };
+    let delta = |line: &str, cpu: u32| -> u64 {
+        let get = |s: &Sample| s.interrupts.get(line).and_then(|l| l.counts.get(&cpu)).copied();
+        match (get(before), get(after)) {
+            // A counter that went down is a new IRQ with the number reused: count from zero.
+            (Some(a), Some(b)) if b >= a => b - a,
+            (_, Some(b)) => b,
+            _ => 0,
+        }
+    };
+    let mut health = Vec::new();
+    for cpu in cpus.iter() {
+        let (mut device, mut ipi, mut timer) = (0u64, 0u64, 0u64);
+        let mut sources = Vec::new();
+        for (label, line) in &after.interrupts {
+            let d = delta(label, cpu);
+            if d == 0 {
+                continue;
+            }
+            match irq_kind(label) {
+                IrqKind::Device => {
+                    device += d;
+                    sources.push(IrqSource {
+                        irq: label.clone(),
+                        name: line.name.clone(),
+                        per_sec: d as f64 / secs,
+                    });
+                }
+                IrqKind::Ipi => ipi += d,
+                IrqKind::Timer => timer += d,
+                IrqKind::Other => {}
+            }
+        }
+        sources.sort_by(|a, b| b.per_sec.total_cmp(&a.per_sec));
+        health.push(CpuHealth {
+            cpu,
+            device_per_sec: device as f64 / secs,
+            sources,
+            ipi_per_sec: ipi as f64 / secs,
+            timer_per_sec: timer as f64 / secs,
+        });
+    }
+    let foreign_percent = match (before.pool_usage_usec.get(pool), after.pool_usage_usec.get(pool)) {
+        (Some(a), Some(b)) if !cpus.is_empty() => {
+            let ticks: u64 = cpus
+                .iter()
+                .map(|c| {
+                    let t = |s: &Sample| s.task_ticks.get(&c).copied().unwrap_or(0);
+                    t(after).saturating_sub(t(before))
+                })
+                .sum();
+            // USER_HZ is 100: a tick is 10 ms.
+            let busy_usec = ticks as f64 * 10_000.0;
+            let own_usec = b.saturating_sub(*a) as f64;
+            let total_usec = secs * 1e6 * cpus.len() as f64;
+            Some(((busy_usec - own_usec).max(0.0) / total_usec * 100.0).min(100.0))
+        }
+        _ => None,
+    };
+    PoolHealth { cpus: health, foreign_percent }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn cmdline_isolation_drops_flags() {
+        let b = parse_cmdline(
+            "BOOT_IMAGE=/vmlinuz root=/dev/vda1 isolcpus=managed_irq,domain,2-3 nohz_full=2-3,5 quiet",
+        );
+        assert_eq!(b.isolcpus, set("2-3"));
+        assert_eq!(b.nohz_full, set("2-3,5"));
+        assert_eq!(parse_cmdline("quiet isolcpus=nohz"), BootIsolation::default());
+    }
+
+    #[test]
+    fn housekeeping_needs_a_reserved_cpu_the_kernel_did_not_isolate() {
+        assert_eq!(housekeeping_cpus(&set("0-1"), &set("1-3")), Ok(set("0")));
+        let e = housekeeping_cpus(&set("0-1"), &set("0-3")).err().unwrap_or_else(|| panic!("accepted"));
+        assert!(e.to_string().contains("reserved pool's CPUs 0-1"), "{e}");
+    }
+
+    #[test]
+    fn masks_in_the_kernels_format() {
+        assert_eq!(format_mask(&set("0-3"), 4), "f");
+        assert_eq!(format_mask(&set("0-1"), 4), "3");
+        assert_eq!(format_mask(&set("0-39"), 40), "ff,ffffffff");
+        assert_eq!(format_mask(&set("0,33"), 40), "02,00000001");
+        assert_eq!(parse_mask("ff,ffffffff\n"), Ok(set("0-39")));
+        assert_eq!(parse_mask("3"), Ok(set("0-1")));
+        assert_eq!(parse_mask("00000000,0000000c"), Ok(set("2-3")));
+        for s in ["0-1", "", "xyz"] {
+            assert!(parse_mask(s).is_err(), "{s}");
+        }
+        for cpus in ["0", "0-5", "1,31-33,63", "0-127"] {
+            assert_eq!(parse_mask(&format_mask(&set(cpus), 128)), Ok(set(cpus)));
+        }
+    }
+
+    #[test]
+    fn trimmed_mask_only_when_the_kernel_left_isolated_cpus_in() {
+        assert_eq!(trimmed_mask(&set("0-3"), &set("2-3")), Some(set("0-1")));
+        // 6.12: the kernel took them out itself.
+        assert_eq!(trimmed_mask(&set("0-1"), &set("2-3")), None);
+        assert_eq!(trimmed_mask(&set("0-3"), &CpuSet::new()), None);
+        // Never an empty mask.
+        assert_eq!(trimmed_mask(&set("2-3"), &set("2-3")), None);
+    }
+
+    const INTERRUPTS: &str = "           CPU0       CPU1       CPU2       CPU3       \n  \
+        0:         44          0          0          0   IO-APIC   2-edge      timer\n \
+        32:          0          5        100          0  PCI-MSI 1048576-edge      virtio1-requests\n \
+        33:          1          0          0          0  PCI-MSI 1048577-edge      virtio2-config\n\
+        NMI:          0          0          0          0   Non-maskable interrupts\n\
+        LOC:       1000       1000         10          0   Local timer interrupts\n\
+        CAL:          3          3        246          0   Function call interrupts\n\
+        ERR:          0\n";
+
+    fn sample(text: &str) -> Sample {
+        Sample { interrupts: parse_interrupts(text), ..Default::default() }
+    }
+
+    #[test]
+    fn interrupts_parse_by_label_and_cpu() {
+        let i = parse_interrupts(INTERRUPTS);
+        let l = &i["32"];
+        assert_eq!(l.name, "virtio1-requests");
+        assert_eq!(l.counts.get(&2), Some(&100));
+        assert_eq!(i["CAL"].name, "Function call interrupts");
+        assert_eq!(i["ERR"].counts.get(&0), Some(&0));
+        assert_eq!(irq_kind("32"), IrqKind::Device);
+        assert_eq!(irq_kind("CAL"), IrqKind::Ipi);
+        assert_eq!(irq_kind("IPI3"), IrqKind::Ipi);
+        assert_eq!(irq_kind("LOC"), IrqKind::Timer);
+        assert_eq!(irq_kind("NMI"), IrqKind::Other);
+    }
+
+    #[test]
+    fn assess_names_the_irq_and_cpu_responsible() {
+        let before = sample(INTERRUPTS);
+        let after = sample(
+            &INTERRUPTS
+                .replace("        100          0  PCI", "        242          0  PCI")
+                .replace("         10          0   Local", "         30          0   Local")
+                .replace("        246          0   Function", "        738          0   Function"),
+        );
+        let h = assess("dp", &set("2-3"), &before, &after, 2.0);
+        assert_eq!(h.cpus[0].device_per_sec, 71.0);
+        assert_eq!(h.cpus[0].sources[0].name, "virtio1-requests");
+        assert_eq!(h.cpus[0].ipi_per_sec, 246.0);
+        assert_eq!(h.cpus[0].timer_per_sec, 10.0);
+        assert_eq!(h.cpus[1].device_per_sec, 0.0);
+        assert!(!h.holds());
+        assert_eq!(h.summary(), "71 IRQ/s from irq 32 virtio1-requests on CPU 2");
+        let quiet = assess("dp", &set("2-3"), &before, &before, 2.0);
+        assert!(quiet.holds());
+        assert_eq!(quiet.summary(), "holds");
+    }
+
+    #[test]
+    fn foreign_time_is_busy_time_less_the_pools_own() {
+        let stat0 = "cpu  1 2 3 4\ncpu2 100 0 50 900 0 0 0 0 0 0\ncpu3 10 0 0 900\nintr 5\n";
+        let stat1 = "cpu  1 2 3 4\ncpu2 200 0 60 900 0 0 0 0 0 0\ncpu3 10 0 2 1100\n";
+        assert_eq!(parse_stat(stat0).get(&2), Some(&150));
+        let mut before = Sample { task_ticks: parse_stat(stat0), ..Default::default() };
+        let mut after = Sample { task_ticks: parse_stat(stat1), ..Default::default() };
+        // 112 ticks = 1.12 s busy over 2 CPUs x 2 s; the pool ran 1.0 s of it.
+        before.pool_usage_usec.insert("dp".into(), 5_000_000);
+        after.pool_usage_usec.insert("dp".into(), 6_000_000);
+        let h = assess("dp", &set("2-3"), &before, &after, 2.0);
+        let f = h.foreign_percent.unwrap_or_else(|| panic!("no foreign time"));
+        assert!((f - 3.0).abs() < 1e-9, "{f}");
+        assert!(h.summary().contains("3.0% CPU time used by tasks outside the pool"), "{}", h.summary());
+        assert_eq!(parse_cpu_stat("usage_usec 42\nuser_usec 40\n"), Some(42));
+        assert_eq!(assess("web", &set("2-3"), &before, &after, 2.0).foreign_percent, None);
+    }
+}

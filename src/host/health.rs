@@ -1,0 +1,60 @@
+//! Reads the counters isolation health is measured from: `/proc/interrupts`, `/proc/stat` and
+//! the pool slices' `cpu.stat`. These are read on a housekeeping CPU and do not disturb the
+//! isolated ones (unlike, say, reading per-CPU MSRs or sending them an IPI).
+//!
+//! Data flow: [`read_sample`] is given the procfs root (`/proc`, the sandbox's `DIR/proc`) and
+//! the cgroup root, and returns a [`Sample`] for [`crate::core::housekeeping::assess`].
+#![deny(missing_docs)]
+
+use std::path::Path;
+
+use super::fsutil::{FsError, Root};
+use crate::core::housekeeping::{parse_cpu_stat, parse_interrupts, parse_stat, Sample};
+
+/// Reads one sample; `slices` are `(pool, slice path relative to the cgroup root)`. A slice
+/// whose `cpu.stat` cannot be read (no cpu controller) is left out: its foreign time is then
+/// unknown rather than wrong.
+pub fn read_sample(procfs: &Path, cgroup: &Path, slices: &[(String, String)]) -> Result<Sample, FsError> {
+    let proc = Root::new(procfs);
+    let interrupts = parse_interrupts(&proc.read_to_string("interrupts")?);
+    let task_ticks = parse_stat(&proc.read_to_string("stat")?);
+    let cg = Root::new(cgroup);
+    let pool_usage_usec = slices
+        .iter()
+        .filter_map(|(pool, slice)| {
+            let text = cg.read_to_string(format!("{}/cpu.stat", slice.trim_start_matches('/'))).ok()?;
+            Some((pool.clone(), parse_cpu_stat(&text)?))
+        })
+        .collect();
+    Ok(Sample { interrupts, task_ticks, pool_usage_usec })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_procfs_sample_reads_interrupts_stat_and_cpu_stat() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (p, c) = (dir.path().join("proc"), dir.path().join("cg"));
+        let slice = "cpupool.slice/cpupool-dp.slice";
+        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(c.join(slice)).unwrap_or_else(|e| panic!("{e}"));
+        let pools = [("dp".to_owned(), slice.to_owned())];
+        assert!(read_sample(&p, &c, &pools).is_err(), "no /proc/interrupts");
+        std::fs::write(
+            p.join("interrupts"),
+            "      CPU0  CPU1\n 32:  1  2  PCI-MSI 1-edge  virtio1-requests\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(p.join("stat"), "cpu 1 1 1 1\ncpu0 1 2 3 4\ncpu1 5 6 7 8\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = read_sample(&p, &c, &pools).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.interrupts["32"].counts.get(&1), Some(&2));
+        assert_eq!(s.task_ticks.get(&1), Some(&18));
+        assert!(s.pool_usage_usec.is_empty());
+        std::fs::write(c.join(slice).join("cpu.stat"), "usage_usec 77\n").unwrap_or_else(|e| panic!("{e}"));
+        let s = read_sample(&p, &c, &pools).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.pool_usage_usec.get("dp"), Some(&77));
+    }
+}

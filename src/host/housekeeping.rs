@@ -1,0 +1,208 @@
+//! Kernel housekeeping files: the unbound workqueue and writeback cpumasks, the kernel's word
+//! on isolation (`/proc/cmdline`, `devices/system/cpu/{isolated,nohz_full}`,
+//! `cpuset.cpus.isolated`), and the durable record of the masks found before we changed them.
+//!
+//! Data flow: the engine reads the masks after the partitions exist, asks
+//! [`crate::core::housekeeping::trimmed_mask`] what they should be, writes them here and reads
+//! them back. Before its first write it records the masks it found in
+//! `<state_dir>/housekeeping.json` ([`Saved`]), durably, so that ending isolation, stopping, or
+//! starting after a crash puts back what the host had. Each function takes its root.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::fsutil::{FsError, Root};
+use crate::core::cpuset::CpuSet;
+use crate::core::housekeeping::{self, BootIsolation, MaskError};
+
+/// The unbound workqueues' cpumask, relative to the sysfs root.
+pub const WORKQUEUE_MASK: &str = "devices/virtual/workqueue/cpumask";
+/// The writeback workqueue's cpumask, relative to the sysfs root. `/sys/bus/workqueue/devices/
+/// writeback` is a symlink to this directory, and writes never follow symlinks.
+pub const WRITEBACK_MASK: &str = "devices/virtual/workqueue/writeback/cpumask";
+/// Where the masks found before our first write are kept, in the state directory.
+pub const SAVED_FILE: &str = "housekeeping.json";
+
+/// A housekeeping file that could not be read, parsed or written.
+#[derive(Debug, thiserror::Error)]
+pub enum HousekeepingError {
+    /// Reading or writing failed.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// A mask file holds something that is not a mask.
+    #[error("parsing `{}`", path.display())]
+    Mask {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        #[source]
+        source: MaskError,
+    },
+    /// The saved masks could not be encoded or decoded.
+    #[error("`{}` is not a saved housekeeping record", path.display())]
+    Saved {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads the mask file `rel` below `sysfs`; `None` when the kernel has none.
+pub fn read_mask(sysfs: &Path, rel: &str) -> Result<Option<CpuSet>, HousekeepingError> {
+    let root = Root::new(sysfs);
+    if !root.exists(rel) {
+        return Ok(None);
+    }
+    let text = root.read_to_string(rel)?;
+    housekeeping::parse_mask(&text)
+        .map(Some)
+        .map_err(|source| HousekeepingError::Mask { path: sysfs.join(rel), source })
+}
+
+/// Writes `cpus` to the mask file `rel`, as the kernel prints a mask of `bits` CPUs.
+pub fn write_mask(sysfs: &Path, rel: &str, cpus: &CpuSet, bits: u32) -> Result<(), HousekeepingError> {
+    let text = format!("{}\n", housekeeping::format_mask(cpus, bits));
+    Root::new(sysfs).write(rel, text.as_bytes())?;
+    Ok(())
+}
+
+/// What the kernel isolates on its own: the boot command line, the CPUs it isolated from the
+/// scheduler and from the tick, and those isolated partitions hold now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelIsolation {
+    /// `isolcpus=` and `nohz_full=` on `/proc/cmdline`.
+    pub boot: BootIsolation,
+    /// `devices/system/cpu/isolated`.
+    pub isolated: CpuSet,
+    /// `devices/system/cpu/nohz_full` (the kernel prints `(null)` when there are none).
+    pub nohz_full: CpuSet,
+    /// The root cgroup's `cpuset.cpus.isolated` (Linux 6.6+); `None` on older kernels.
+    pub partitions: Option<CpuSet>,
+}
+
+/// Reads [`KernelIsolation`]; a file that is missing or unreadable counts as empty.
+pub fn read_kernel(procfs: &Path, sysfs: &Path, cgroup: &Path) -> KernelIsolation {
+    let read = |root: &Path, rel: &str| Root::new(root).read_to_string(rel).ok();
+    let list = |text: Option<String>| text.and_then(|t| CpuSet::parse(&t).ok()).unwrap_or_default();
+    KernelIsolation {
+        boot: housekeeping::parse_cmdline(&read(procfs, "cmdline").unwrap_or_default()),
+        isolated: list(read(sysfs, "devices/system/cpu/isolated")),
+        nohz_full: list(read(sysfs, "devices/system/cpu/nohz_full")),
+        partitions: read(cgroup, "cpuset.cpus.isolated").and_then(|t| CpuSet::parse(&t).ok()),
+    }
+}
+
+/// The masks as they were before cpupoold first changed them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Saved {
+    /// The unbound workqueues' mask, in the kernel's hex format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workqueue: Option<String>,
+    /// The writeback mask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writeback: Option<String>,
+}
+
+impl Saved {
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.workqueue.is_none() && self.writeback.is_none()
+    }
+
+    /// The record for the mask file `rel`.
+    pub fn slot(&mut self, rel: &str) -> &mut Option<String> {
+        if rel == WRITEBACK_MASK {
+            &mut self.writeback
+        } else {
+            &mut self.workqueue
+        }
+    }
+
+    /// Reads the record from `state_dir`; none is an empty record.
+    pub fn load(state_dir: &Path) -> Result<Saved, HousekeepingError> {
+        let root = Root::new(state_dir);
+        if !root.exists(SAVED_FILE) {
+            return Ok(Saved::default());
+        }
+        let bytes = root.read(SAVED_FILE)?;
+        serde_json::from_slice(&bytes)
+            .map_err(|source| HousekeepingError::Saved { path: state_dir.join(SAVED_FILE), source })
+    }
+
+    /// Writes the record durably, or removes it when it is empty.
+    pub fn store(&self, state_dir: &Path) -> Result<(), HousekeepingError> {
+        let root = Root::new(state_dir);
+        if self.is_empty() {
+            if root.exists(SAVED_FILE) {
+                root.remove_file(SAVED_FILE)?;
+                root.sync_dir("")?;
+            }
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec_pretty(self)
+            .map_err(|source| HousekeepingError::Saved { path: state_dir.join(SAVED_FILE), source })?;
+        root.replace(SAVED_FILE, &bytes, 0o600)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn masks_are_written_in_the_kernels_format_and_read_back() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read_mask(dir.path(), WORKQUEUE_MASK).unwrap_or_else(|e| panic!("{e}")), None);
+        let file = dir.path().join(WORKQUEUE_MASK);
+        std::fs::create_dir_all(file.parent().unwrap_or(dir.path())).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&file, "f\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read_mask(dir.path(), WORKQUEUE_MASK).unwrap_or_else(|e| panic!("{e}")), Some(set("0-3")));
+        write_mask(dir.path(), WORKQUEUE_MASK, &set("0-1"), 4).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(std::fs::read_to_string(&file).unwrap_or_default(), "3\n");
+        std::fs::write(&file, "zz\n").unwrap_or_else(|e| panic!("{e}"));
+        let e = read_mask(dir.path(), WORKQUEUE_MASK).err().unwrap_or_else(|| panic!("parsed"));
+        assert!(e.to_string().contains("workqueue/cpumask"), "{e}");
+    }
+
+    #[test]
+    fn saved_masks_survive_and_go() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut s = Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(s.is_empty());
+        *s.slot(WRITEBACK_MASK) = Some("f".into());
+        s.store(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}")), s);
+        Saved::default().store(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!dir.path().join(SAVED_FILE).exists());
+    }
+
+    #[test]
+    fn kernel_isolation_from_cmdline_sysfs_and_cgroup() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (p, s, c) = (dir.path().join("proc"), dir.path().join("sys"), dir.path().join("cg"));
+        for d in [&p, &s.join("devices/system/cpu"), &c] {
+            std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{e}"));
+        }
+        std::fs::write(p.join("cmdline"), "ro isolcpus=domain,3 nohz_full=3\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(s.join("devices/system/cpu/isolated"), "3\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(s.join("devices/system/cpu/nohz_full"), "(null)\n").unwrap_or_else(|e| panic!("{e}"));
+        let k = read_kernel(&p, &s, &c);
+        assert_eq!(k.boot.isolcpus, set("3"));
+        assert_eq!(k.boot.nohz_full, set("3"));
+        assert_eq!(k.isolated, set("3"));
+        assert_eq!(k.nohz_full, CpuSet::new());
+        assert_eq!(k.partitions, None);
+        std::fs::write(c.join("cpuset.cpus.isolated"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read_kernel(&p, &s, &c).partitions, Some(set("2-3")));
+    }
+}

@@ -1,0 +1,50 @@
+# Kernel housekeeping and isolation health (issue 15 items 2-4): with dp 2-3 isolated the
+# unbound workqueue mask excludes 2-3 (on 6.1 because cpupoold narrowed it, on 6.12 because the
+# kernel does), restored after isolate = false + reload; status and pool show carry the
+# isolation line; the daemon's device IRQ/s next to /proc/interrupts deltas in $RESULTS/health.txt.
+. "$(dirname "$0")/lib.sh"
+
+WQ=/sys/devices/virtual/workqueue/cpumask
+RESULTS=${RESULTS:-/tmp}
+# Bits 2 and 3 of the last hex digit of a mask (CPUs 2-3 are in its lowest nibble).
+has_2_3() { d=$(tr -d ',\n' <"$1" | tail -c 1); [ $((0x$d & 12)) -ne 0 ]; }
+excludes_2_3() { ! has_2_3 "$1"; }
+
+before=$(cat $WQ)
+vm_pools "isolate = true"
+check "restart with dp isolated" systemctl restart cpupoold
+check "the unbound workqueue mask excludes 2-3" wait_for 10 excludes_2_3 $WQ
+check "the writeback mask excludes 2-3" excludes_2_3 /sys/devices/virtual/workqueue/writeback/cpumask
+check_output "status shows the isolation line" '^isolation dp: ' cpupoolctl status
+# Two health samples (5 s apart) before the line is a measurement.
+wait_for 15 sh -c 'cpupoolctl pool show dp | grep -Eq "^isolation: +(holds|[0-9.]+ IRQ/s)"'
+check_output "pool show dp shows isolation health" '^isolation: +(holds|[0-9.]+ IRQ/s|.*tasks outside)' \
+  cpupoolctl pool show dp
+check_output "GetIsolation over D-Bus" 'holds|leaks' \
+  busctl call org.cpupool.Manager1 /org/cpupool/Manager1 org.cpupool.Manager1 GetIsolation s dp
+
+# The daemon's figure against /proc/interrupts over about the same 10 s: device IRQs on 2-3.
+dev_irqs_2_3() {
+  awk 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+       $1 ~ /^[0-9]+:$/ { s += $(col["CPU2"] + 1) + $(col["CPU3"] + 1) } END { print s + 0 }' /proc/interrupts
+}
+a=$(dev_irqs_2_3); t0=$(date +%s)
+dd if=/dev/zero of=/var/tmp/hk-load bs=1M count=256 oflag=direct 2>/dev/null
+sleep 10
+b=$(dev_irqs_2_3); t1=$(date +%s)
+{
+  echo "kernel: $(uname -r)"
+  echo "/proc/interrupts device IRQs on CPUs 2-3: $(( (b - a) / (t1 - t0) ))/s over $((t1 - t0)) s"
+  echo "daemon: $(cpupoolctl pool show dp | grep '^isolation:')"
+  cpupoolctl status | grep '^isolation'
+} >"$RESULTS/health.txt"
+rm -f /var/tmp/hk-load
+check_output "the daemon's health line is sane" '^daemon: isolation: +(holds|[0-9.]+ IRQ/s from irq [0-9]+ .* on CPU [23])' \
+  cat "$RESULTS/health.txt"
+
+# Isolation ends: the mask comes back.
+vm_pools "isolate = false"
+check "reload with isolate = false" cpupoolctl reload
+check_output "the unbound workqueue mask is restored" "^$before\$" cat $WQ
+rm -f /etc/cpupoold/config.d/50-vmtest.toml
+check "reload without the test pools" cpupoolctl reload
