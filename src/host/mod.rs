@@ -6,8 +6,11 @@
 //! (partitions, cgroups that are not units). Both execute the same planned effects.
 pub mod cgroupfs;
 pub mod fsutil;
+pub mod irq;
+pub mod irqbalance;
 pub mod pidwatch;
 pub mod simhost;
+pub mod simirq;
 pub mod store;
 pub mod sysfs;
 pub mod systemd;
