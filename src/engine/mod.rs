@@ -10,6 +10,9 @@
 //! it ([`plan::kept`]), so a crash never leaves CPUs with a target the saved state lacks. If an effect or the save fails, the effects already executed are undone by
 //! executing the reverse plan, and the caller is told.
 
+mod irq;
+pub use irq::IrqReport;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -183,6 +186,8 @@ pub struct Snapshot {
     /// Assignments whose target the kernel does not confine to their CPUs, with the reason,
     /// found by the last drift check and not restored by it.
     pub assignment_health: Arc<std::collections::BTreeMap<AssignmentId, String>>,
+    /// Interrupt affinity as the last pass left it (see [`irq`]).
+    pub irq: Arc<IrqReport>,
 }
 
 impl Snapshot {
@@ -398,6 +403,7 @@ pub struct Engine {
     events: broadcast::Sender<Event>,
     snapshots: watch::Sender<Snapshot>,
     config: Option<ConfigSource>,
+    irq: irq::IrqManager,
 }
 
 impl Engine {
@@ -476,6 +482,7 @@ impl Engine {
             partitions: Arc::default(),
             backend: backend.name(),
             assignment_health: Arc::default(),
+            irq: Arc::default(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -491,12 +498,14 @@ impl Engine {
             events,
             snapshots,
             config: None,
+            irq: irq::IrqManager::new(settings),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
         engine.store.save(engine.state.data()).map_err(StartError::Store)?;
+        engine.apply_irqs();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
@@ -628,6 +637,7 @@ impl Engine {
             }
             self.mutate(group);
         }
+        self.stop_irqs();
     }
 
     fn handle(&mut self, req: Request) {
@@ -912,6 +922,7 @@ impl Engine {
     /// reason; changes of that are published as `degraded` / `restored` events.
     fn check_drift(&mut self) -> DriftReport {
         let (corrected, failed) = self.reconcile();
+        self.apply_irqs();
         let mut health = std::collections::BTreeMap::new();
         for a in self.state.assignments().values() {
             if let Err(e) = self.verify(a) {
@@ -1025,6 +1036,10 @@ impl Engine {
         let before = plan::layout(&self.state, &old_topo, &old_opts);
         let after = self.layout(&next);
         if before == after && next == *self.state {
+            // Interrupt settings alone may have changed.
+            self.irq.configure(settings);
+            self.apply_irqs();
+            self.publish(Vec::new());
             return Ok(false);
         }
         let names: std::collections::BTreeSet<&PoolName> =
@@ -1041,6 +1056,8 @@ impl Engine {
             return Err(e);
         }
         self.state = Arc::new(next);
+        self.irq.configure(settings);
+        self.apply_irqs();
         for p in self.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }
@@ -1259,6 +1276,7 @@ impl Engine {
                     .map(|(id, why)| (id.clone(), why.clone()))
                     .collect(),
             ),
+            irq: Arc::new(self.irq.report().clone()),
         };
         self.snapshots.send_replace(snap);
         for e in events {

@@ -263,7 +263,7 @@ pub fn format_mask(cpus: &CpuSet, width: usize) -> String {
     digits.reverse();
     let mut out = String::new();
     for (i, c) in digits.iter().enumerate() {
-        if i > 0 && (width - i) % 8 == 0 {
+        if i > 0 && (width - i).is_multiple_of(8) {
             out.push(',');
         }
         out.push(*c);
