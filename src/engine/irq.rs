@@ -93,7 +93,7 @@ impl IrqManager {
             log::info!("irq: {} affinities remembered from an earlier run", memory.irqs.len());
         }
         IrqManager {
-            fs: IrqFs::new(&settings.paths.procfs_root),
+            fs: irq_fs(settings),
             config: settings.irq.clone(),
             irqbalance_dir: settings.paths.irqbalance_dir.clone(),
             state_dir,
@@ -105,7 +105,7 @@ impl IrqManager {
     /// Takes new settings (a reload).
     pub(crate) fn configure(&mut self, settings: &Settings) {
         self.config = settings.irq.clone();
-        self.fs = IrqFs::new(&settings.paths.procfs_root);
+        self.fs = irq_fs(settings);
         self.irqbalance_dir = settings.paths.irqbalance_dir.clone();
     }
 
@@ -131,9 +131,10 @@ impl IrqManager {
         let mut report = IrqReport::default();
         if !self.fs.available() {
             if !self.memory.irqs.is_empty() || pools.iter().any(|p| p.mode == isolation::IrqMode::Isolate) {
-                report
-                    .problems
-                    .push(format!("`{}` has no irq/: interrupts cannot be moved", self.fs.root().display()));
+                report.problems.push(format!(
+                    "`{}` does not exist: interrupts cannot be moved",
+                    self.fs.dir().display()
+                ));
             }
             self.finish(report);
             return;
@@ -360,6 +361,11 @@ impl IrqManager {
         }
         self.report = report;
     }
+}
+
+fn irq_fs(settings: &Settings) -> IrqFs {
+    let p = &settings.paths;
+    IrqFs::new(&p.procfs_root, crate::host::irq::irq_dir(&p.procfs_root, &p.runtime_dir))
 }
 
 impl Engine {

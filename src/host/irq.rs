@@ -66,41 +66,57 @@ pub enum IrqError {
     },
 }
 
-/// The IRQ files below one procfs root.
+/// The IRQ files: `interrupts` below a procfs root, the affinities in an `irq/` directory.
 #[derive(Debug, Clone)]
 pub struct IrqFs {
     root: PathBuf,
-    /// Whether `root` is a real procfs; otherwise [`super::simirq`] plays the kernel.
+    /// procfs's `irq/`, or where it is bound writable (see [`irq_dir`]).
+    irq_dir: PathBuf,
+    /// Whether `irq_dir` is a real procfs; otherwise [`super::simirq`] plays the kernel.
     kernel: bool,
 }
 
+/// Where the IRQ affinities are written: `<runtime_dir>/irq` when the service manager bound
+/// procfs's `irq/` there (cpupoold.service does, `BindPaths=/proc/irq:/run/cpupoold/irq`,
+/// because `ProtectKernelTunables=yes` makes `/proc/irq` itself read-only and a
+/// `ReadWritePaths=/proc/irq` loses to it), else `<procfs_root>/irq`.
+pub fn irq_dir(procfs_root: &Path, runtime_dir: &Path) -> PathBuf {
+    let bound = runtime_dir.join("irq");
+    if bound.join("default_smp_affinity").exists() {
+        bound
+    } else {
+        procfs_root.join("irq")
+    }
+}
+
 impl IrqFs {
-    /// The IRQ files below `procfs_root` (normally `/proc`).
-    pub fn new(procfs_root: impl Into<PathBuf>) -> IrqFs {
-        let root = procfs_root.into();
-        let kernel = nix::sys::statfs::statfs(&root)
+    /// The IRQ files: `interrupts` below `procfs_root` (normally `/proc`), affinities in
+    /// `irq_dir` (normally `/proc/irq`).
+    pub fn new(procfs_root: impl Into<PathBuf>, irq_dir: impl Into<PathBuf>) -> IrqFs {
+        let (root, irq_dir) = (procfs_root.into(), irq_dir.into());
+        let kernel = nix::sys::statfs::statfs(&irq_dir)
             .map(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
             .unwrap_or(false);
-        IrqFs { root, kernel }
+        IrqFs { root, irq_dir, kernel }
     }
 
-    /// The procfs root.
-    pub fn root(&self) -> &Path {
-        &self.root
+    /// The affinity directory.
+    pub fn dir(&self) -> &Path {
+        &self.irq_dir
     }
 
     fn fs(&self) -> Root {
-        Root::new(&self.root)
+        Root::new(&self.irq_dir)
     }
 
     /// Whether the kernel offers IRQ affinity here at all (`irq/` exists).
     pub fn available(&self) -> bool {
-        self.root.join("irq").is_dir()
+        self.irq_dir.is_dir()
     }
 
     /// The IRQ numbers with an affinity file, in order.
     pub fn irqs(&self) -> Result<Vec<u32>, IrqError> {
-        let dir = self.root.join("irq");
+        let dir = self.irq_dir.clone();
         let read = |source| IrqError::Read { path: dir.clone(), source };
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(read)? {
@@ -117,8 +133,9 @@ impl IrqFs {
     /// Each numbered IRQ's action names from `/proc/interrupts`.
     pub fn names(&self) -> Result<BTreeMap<u32, Vec<String>>, IrqError> {
         let path = self.root.join("interrupts");
-        let text =
-            self.fs().read_to_string("interrupts").map_err(|e| IrqError::Read { path, source: e.source })?;
+        let text = Root::new(&self.root)
+            .read_to_string("interrupts")
+            .map_err(|e| IrqError::Read { path, source: e.source })?;
         Ok(parse_interrupt_names(&text))
     }
 
@@ -133,13 +150,13 @@ impl IrqFs {
 
     /// IRQ `irq`'s affinity as set (`smp_affinity_list`).
     pub fn affinity(&self, irq: u32) -> Result<CpuSet, IrqError> {
-        self.read_list(&format!("irq/{irq}/smp_affinity_list"))
+        self.read_list(&format!("{irq}/smp_affinity_list"))
     }
 
     /// Where the kernel delivers IRQ `irq` now (`effective_affinity_list`); `None` where the
     /// architecture has no such file.
     pub fn effective(&self, irq: u32) -> Result<Option<CpuSet>, IrqError> {
-        let rel = format!("irq/{irq}/effective_affinity_list");
+        let rel = format!("{irq}/effective_affinity_list");
         match self.read_list(&rel) {
             Ok(c) => Ok(Some(c)),
             Err(IrqError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -149,24 +166,24 @@ impl IrqFs {
 
     /// Writes IRQ `irq`'s affinity; `EIO` from the kernel is [`IrqError::KernelPlaced`].
     pub fn set_affinity(&self, irq: u32, cpus: &CpuSet) -> Result<(), IrqError> {
-        let rel = format!("irq/{irq}/smp_affinity_list");
+        let rel = format!("{irq}/smp_affinity_list");
         let data = cpus.to_string();
         let written = if self.kernel {
             self.fs().write(&rel, format!("{data}\n").as_bytes()).map_err(|e| e.source)
         } else {
-            super::simirq::write_affinity(&self.root, irq, cpus)
+            super::simirq::write_affinity(&self.root, &self.irq_dir, irq, cpus)
         };
         match written {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(nix::libc::EIO) => Err(IrqError::KernelPlaced { irq }),
-            Err(source) => Err(IrqError::Write { path: self.root.join(rel), data, source }),
+            Err(source) => Err(IrqError::Write { path: self.irq_dir.join(rel), data, source }),
         }
     }
 
     /// Where the kernel puts new IRQs (`irq/default_smp_affinity`).
     pub fn default_affinity(&self) -> Result<CpuSet, IrqError> {
-        let rel = "irq/default_smp_affinity";
-        let path = self.root.join(rel);
+        let rel = "default_smp_affinity";
+        let path = self.irq_dir.join(rel);
         let text = self
             .fs()
             .read_to_string(rel)
@@ -177,8 +194,8 @@ impl IrqFs {
     /// Sets where the kernel puts new IRQs, in the mask shape the file shows now (the kernel
     /// refuses a mask wider than its CPU count).
     pub fn set_default_affinity(&self, cpus: &CpuSet) -> Result<(), IrqError> {
-        let rel = "irq/default_smp_affinity";
-        let path = self.root.join(rel);
+        let rel = "default_smp_affinity";
+        let path = self.irq_dir.join(rel);
         let now = self
             .fs()
             .read_to_string(rel)

@@ -107,10 +107,11 @@ fn online(root: &Path) -> io::Result<CpuSet> {
     Ok(set)
 }
 
-/// The kernel's part in writing `cpus` to IRQ `irq`'s `smp_affinity_list` (module docs).
-pub fn write_affinity(root: &Path, irq: u32, cpus: &CpuSet) -> io::Result<()> {
-    let dir = format!("irq/{irq}");
-    let fs = Root::new(root);
+/// The kernel's part in writing `cpus` to IRQ `irq`'s `smp_affinity_list` in `irq_dir`
+/// (module docs); the online CPUs come from `root`'s `interrupts`.
+pub fn write_affinity(root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> io::Result<()> {
+    let dir = irq.to_string();
+    let fs = Root::new(irq_dir);
     if !fs.exists(&dir) {
         return Err(io::Error::from_raw_os_error(nix::libc::ENOENT));
     }
