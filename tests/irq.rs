@@ -236,3 +236,19 @@ fn fake_irqbalance_peer_is_told_the_isolated_cpus_and_given_them_back() {
     until(&d, "irqbalance given back its choice", || told("settings cpus NULL"));
     d.stop();
 }
+
+#[test]
+fn fake_procfs_one_cpu_reserved_pool_warns_about_irqbalance() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config =
+        ISOLATED.replace("cpus = \"0,4\"", "cpus = \"0\"").replace("cpus = \"3,7\"", "cpus = \"3-4,7\"");
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(&config), &[]);
+    assert!(all_movable_on(&d.sb, "0"), "{}", d.logs());
+    assert!(d.logs().contains("ConditionCPUs=>1"), "{}", d.logs());
+    d.stop();
+    // Two reserved CPUs: no warning.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(ISOLATED), &[]);
+    assert!(!d.logs().contains("ConditionCPUs"), "{}", d.logs());
+    d.stop();
+}

@@ -69,6 +69,8 @@ pub(crate) struct IrqManager {
     state_dir: PathBuf,
     memory: Memory,
     report: IrqReport,
+    /// Whether the one-CPU reserved pool warning was given for the current pools.
+    warned_one_cpu: bool,
 }
 
 impl IrqManager {
@@ -99,6 +101,7 @@ impl IrqManager {
             state_dir,
             memory,
             report: IrqReport::default(),
+            warned_one_cpu: false,
         }
     }
 
@@ -371,7 +374,19 @@ fn irq_fs(settings: &Settings) -> IrqFs {
 impl Engine {
     /// One interrupt pass over the current pools (see [`IrqManager`]).
     pub(crate) fn apply_irqs(&mut self) {
-        let (pools, base_sink) = self.irq_pools();
+        let (pools, base_sink, reserved) = self.irq_pools();
+        // systemd judges irqbalance.service's ConditionCPUs=>1 on the CPUs init.scope may use,
+        // which are the reserved pool's: with one, a restart of irqbalance is skipped and it
+        // stops without a word.
+        let one_cpu = reserved.len() == 1 && self.irq.config.irqbalance;
+        if one_cpu && !self.irq.warned_one_cpu {
+            log::warn!(
+                "irq: the reserved pool has one CPU ({reserved}): systemd skips starting irqbalance \
+                 (ConditionCPUs=>1 is judged on init.scope's CPUs), so `systemctl restart irqbalance` \
+                 stops it; give the reserved pool two CPUs to keep irqbalance"
+            );
+        }
+        self.irq.warned_one_cpu = one_cpu;
         let online = self.topo.online();
         let boot = self.topo.data().isolated.clone();
         self.irq.apply(&pools, &base_sink, &online, &boot);
@@ -384,8 +399,8 @@ impl Engine {
         }
     }
 
-    /// The pools as the interrupt plan sees them, and the daemon's sink.
-    fn irq_pools(&self) -> (Vec<IrqPool>, CpuSet) {
+    /// The pools as the interrupt plan sees them, the daemon's sink and the reserved CPUs.
+    fn irq_pools(&self) -> (Vec<IrqPool>, CpuSet, CpuSet) {
         let mut reserved = CpuSet::new();
         let pools = self
             .state
@@ -406,6 +421,6 @@ impl Engine {
                 }
             })
             .collect();
-        (pools, self.irq.config.cpus.clone().unwrap_or(reserved))
+        (pools, self.irq.config.cpus.clone().unwrap_or_else(|| reserved.clone()), reserved)
     }
 }
