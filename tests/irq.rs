@@ -252,3 +252,20 @@ fn fake_procfs_one_cpu_reserved_pool_warns_about_irqbalance() {
     assert!(!d.logs().contains("ConditionCPUs"), "{}", d.logs());
     d.stop();
 }
+
+#[test]
+fn fake_procfs_a_pool_claims_irqs_by_name() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = ISOLATED.replace("isolate = true\n", "isolate = true\nirq_claim = [\"virtio1-*\"]\n");
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(&config), &[]);
+    let sb = d.sb.clone();
+    // The claimed IRQ goes to exactly dp's CPUs; the others still avoid them.
+    assert_eq!(irq_file(&sb, 32, "smp_affinity_list"), "1-2,5-6", "{}", d.logs());
+    assert_eq!(irq_file(&sb, 32, "effective_affinity_list"), "1");
+    assert_eq!(irq_file(&sb, 24, "smp_affinity_list"), "0,4");
+    // The claim goes: IRQ 32 is displaced like the others.
+    reload(&d, ISOLATED);
+    until(&d, "IRQ 32 unclaimed", || irq_file(&sb, 32, "smp_affinity_list") == "0,4");
+    d.stop();
+    assert!(all_movable_on(&sb, "0-7"), "restored on stop");
+}

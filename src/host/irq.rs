@@ -331,3 +331,40 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fake_procfs_tests {
+    use super::*;
+    use crate::host::simirq;
+
+    /// The sandbox's model of the kernel (host::simirq) behind the same calls as on a host.
+    #[test]
+    fn fake_procfs_managed_irq_refuses_and_a_mask_without_online_cpus_fails() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let online = CpuSet::range(0, 3);
+        simirq::write_procfs(dir.path(), &online, &simirq::default_irqs(&online))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let fs = IrqFs::new(dir.path(), irq_dir(dir.path(), &dir.path().join("run")));
+        assert_eq!(fs.dir(), dir.path().join("irq"));
+        let cpus = CpuSet::range(0, 1);
+        assert!(matches!(fs.set_affinity(41, &cpus), Err(IrqError::KernelPlaced { irq: 41 })));
+        fs.set_affinity(32, &cpus).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()));
+        assert_eq!(fs.effective(32).ok().flatten(), Some(CpuSet::range(0, 0)));
+        let offline = CpuSet::range(8, 9);
+        match fs.set_affinity(32, &offline) {
+            Err(e @ IrqError::Write { .. }) => assert!(e.to_string().contains("writing `8-9`"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()), "a refused write changes nothing");
+        fs.set_default_affinity(&cpus).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs.default_affinity().ok(), Some(cpus));
+        assert_eq!(fs.names().unwrap_or_default()[&32], ["virtio1-requests"]);
+        assert_eq!(fs.irqs().unwrap_or_default(), [0, 1, 8, 9, 24, 25, 26, 32, 40, 41, 42]);
+        // A service's writable binding of irq/ is preferred where it exists.
+        std::fs::create_dir_all(dir.path().join("run/irq")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("run/irq/default_smp_affinity"), "f\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(irq_dir(dir.path(), &dir.path().join("run")), dir.path().join("run/irq"));
+    }
+}
