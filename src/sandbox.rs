@@ -13,6 +13,9 @@
 //! DIR/proc/                  simulated process attributes: the affinity a pid target or
 //!                            `Run` would set, as PID/status (Cpus_allowed_list); processes
 //!                            themselves are only read, never changed
+//! DIR/proc/irq/, interrupts  simulated interrupts (paths.procfs_root points here; see
+//!                            host::simirq for the model, managed IRQs included)
+//! DIR/run/irqbalance/        where an irqbalance socket would be (paths.irqbalance_dir)
 //! DIR/kubelet/               kubelet dir: device-plugins/ holds the plugin's sockets; a
 //!                            kubelet-shaped peer puts kubelet.sock there and
 //!                            pod-resources/kubelet.sock beside it
@@ -121,6 +124,16 @@ impl Sandbox {
         // here (older sandboxes lack them).
         for d in [sb.kubelet().join("device-plugins"), sb.procfs()] {
             fs::create_dir_all(&d).map_err(io_err(&d))?;
+        }
+        // The simulated interrupts (older sandboxes lack them).
+        if !sb.procfs().join("interrupts").exists() {
+            let online = sb.shape.topology().online();
+            crate::host::simirq::write_procfs(
+                &sb.procfs(),
+                &online,
+                &crate::host::simirq::default_irqs(&online),
+            )
+            .map_err(io_err(&sb.procfs()))?;
         }
         simhost::write_procfs(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))?;
         Ok(sb)
@@ -241,6 +254,8 @@ impl Sandbox {
         settings.paths.state_dir = self.state();
         settings.paths.runtime_dir = self.run();
         settings.paths.kubelet_dir = self.kubelet();
+        settings.paths.procfs_root = self.procfs();
+        settings.paths.irqbalance_dir = self.run().join("irqbalance");
         settings.kubelet.runtime_endpoint = self.run().join("containerd.sock");
     }
 }

@@ -64,6 +64,8 @@ pub(crate) struct PathsFragment {
     pub state_dir: Option<PathBuf>,
     pub runtime_dir: Option<PathBuf>,
     pub kubelet_dir: Option<PathBuf>,
+    pub procfs_root: Option<PathBuf>,
+    pub irqbalance_dir: Option<PathBuf>,
 }
 
 /// `[daemon]` as written in one file.
@@ -75,6 +77,9 @@ pub(crate) struct DaemonFragment {
     pub log_level: Option<String>,
     pub lend_idle: Option<bool>,
     pub backend: Option<String>,
+    pub irq_cpus: Option<String>,
+    pub irq_restore_on_stop: Option<bool>,
+    pub irqbalance: Option<bool>,
 }
 
 /// `[pools.NAME]` as written in one file.
@@ -94,6 +99,8 @@ pub(crate) struct PoolFragment {
     pub kubelet: Option<bool>,
     pub enforce_quota: Option<bool>,
     pub removed: Option<bool>,
+    pub irq: Option<String>,
+    pub irq_claim: Option<Vec<String>>,
 }
 
 impl PoolFragment {

@@ -49,6 +49,8 @@ pub(crate) struct PoolInput {
     pub kubelet: Option<bool>,
     pub enforce_quota: Option<bool>,
     pub removed: Option<bool>,
+    pub irq: Option<String>,
+    pub irq_claim: Option<Vec<String>>,
 }
 
 impl Inputs {
@@ -95,6 +97,15 @@ impl Inputs {
         set.field(&mut self.daemon.log_level, daemon.log_level, "daemon.log_level");
         set.field(&mut self.daemon.lend_idle, daemon.lend_idle, "daemon.lend_idle");
         set.field(&mut self.daemon.backend, daemon.backend, "daemon.backend");
+        set.field(&mut self.daemon.irq_cpus, daemon.irq_cpus, "daemon.irq_cpus");
+        set.field(
+            &mut self.daemon.irq_restore_on_stop,
+            daemon.irq_restore_on_stop,
+            "daemon.irq_restore_on_stop",
+        );
+        set.field(&mut self.daemon.irqbalance, daemon.irqbalance, "daemon.irqbalance");
+        set.field(&mut self.paths.procfs_root, paths.procfs_root, "paths.procfs_root");
+        set.field(&mut self.paths.irqbalance_dir, paths.irqbalance_dir, "paths.irqbalance_dir");
 
         for (name, p) in pools {
             // Parsed even when a later file overrides it: a broken file is broken on its own.
@@ -129,6 +140,8 @@ impl Inputs {
             set.field(&mut pool.kubelet, p.kubelet, &key("kubelet"));
             set.field(&mut pool.enforce_quota, p.enforce_quota, &key("enforce_quota"));
             set.field(&mut pool.removed, p.removed, &key("removed"));
+            set.field(&mut pool.irq, p.irq, &key("irq"));
+            set.field(&mut pool.irq_claim, p.irq_claim, &key("irq_claim"));
         }
         Ok(())
     }

@@ -25,6 +25,11 @@ pub struct Paths {
     pub runtime_dir: PathBuf,
     /// The kubelet's root directory (`/var/lib/kubelet`); device-plugin sockets go below it.
     pub kubelet_dir: PathBuf,
+    /// procfs mount point (`/proc`): interrupt affinities are read and written below it
+    /// (`irq/`, `interrupts`). Processes are always looked up in the real `/proc`.
+    pub procfs_root: PathBuf,
+    /// Where irqbalance puts its control socket (`/run/irqbalance`).
+    pub irqbalance_dir: PathBuf,
 }
 
 impl Default for Paths {
@@ -35,6 +40,8 @@ impl Default for Paths {
             state_dir: "/var/lib/cpupoold".into(),
             runtime_dir: "/run/cpupoold".into(),
             kubelet_dir: "/var/lib/kubelet".into(),
+            procfs_root: "/proc".into(),
+            irqbalance_dir: crate::host::irqbalance::SOCKET_DIR.into(),
         }
     }
 }
@@ -60,8 +67,35 @@ pub struct Settings {
     pub kubelet: Kubelet,
     /// `[k8s]`: the cluster integration (used only when built with the `k8s` feature).
     pub k8s: K8s,
+    /// Interrupt affinity: `daemon.irq_*`, `daemon.irqbalance` and each pool's `irq` and
+    /// `irq_claim`.
+    pub irq: Irq,
     /// Which file set each key, for error messages.
     pub origins: Origins,
+}
+
+/// Where interrupts go (see [`crate::core::isolation`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Irq {
+    /// `daemon.irq_cpus`: where interrupts displaced from isolated CPUs go; `None`: the
+    /// reserved pool's CPUs.
+    pub cpus: Option<crate::core::cpuset::CpuSet>,
+    /// `daemon.irq_restore_on_stop`: write the remembered affinities back when the daemon
+    /// stops (otherwise they stay until isolation ends).
+    pub restore_on_stop: bool,
+    /// `daemon.irqbalance`: tell a running irqbalance the isolated CPUs.
+    pub irqbalance: bool,
+    /// Each pool's `irq` and `irq_claim`.
+    pub pools: std::collections::BTreeMap<PoolName, IrqPool>,
+}
+
+/// One pool's `irq` and `irq_claim`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IrqPool {
+    /// `irq`: `isolate` by default for `isolate = true` pools, `none` otherwise.
+    pub mode: crate::core::isolation::IrqMode,
+    /// `irq_claim`: globs on IRQ names whose interrupts go to exactly this pool's CPUs.
+    pub claims: Vec<String>,
 }
 
 /// How the daemon applies its plan (`daemon.backend`).
@@ -173,6 +207,7 @@ impl Settings {
     /// Validates merged inputs.
     pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
         let Inputs { paths, daemon, pools, origins, files, kubelet, k8s } = inputs;
+        let daemon_irq = (daemon.irq_cpus.clone(), daemon.irq_restore_on_stop, daemon.irqbalance);
         let lend_idle = daemon.lend_idle.unwrap_or(false);
         let backend = match daemon.backend.as_deref() {
             None | Some("auto") => Backend::Auto,
@@ -204,6 +239,8 @@ impl Settings {
             state_dir: absolute(paths.state_dir, defaults.state_dir, "paths.state_dir")?,
             runtime_dir: absolute(paths.runtime_dir, defaults.runtime_dir, "paths.runtime_dir")?,
             kubelet_dir: absolute(paths.kubelet_dir, defaults.kubelet_dir, "paths.kubelet_dir")?,
+            procfs_root: absolute(paths.procfs_root, defaults.procfs_root, "paths.procfs_root")?,
+            irqbalance_dir: absolute(paths.irqbalance_dir, defaults.irqbalance_dir, "paths.irqbalance_dir")?,
         };
 
         let host_cgroups = match daemon.host_cgroups {
@@ -343,10 +380,13 @@ impl Settings {
         if pools.is_empty() {
             return Err(ConfigError::NoPools { files });
         }
+        let irq_inputs: Vec<(String, Option<String>, Option<Vec<String>>)> =
+            pools.iter().map(|(n, p)| (n.clone(), p.irq.clone(), p.irq_claim.clone())).collect();
         let pools = pools
             .into_iter()
             .map(|(name, input)| pool_spec(&name, input, &origins))
             .collect::<Result<Vec<_>, _>>()?;
+        let irq = irq_settings(&daemon_irq, irq_inputs, &pools, &origins)?;
 
         Ok(Settings {
             paths,
@@ -358,6 +398,7 @@ impl Settings {
             pools,
             kubelet,
             k8s,
+            irq,
             origins,
         })
     }
@@ -477,6 +518,62 @@ fn check_resource_prefix(p: &str) -> Result<(), String> {
 }
 
 /// Checks one merged pool.
+/// The interrupt settings: `daemon.irq_*` and each pool's `irq` and `irq_claim`.
+fn irq_settings(
+    daemon: &(Option<String>, Option<bool>, Option<bool>),
+    inputs: Vec<(String, Option<String>, Option<Vec<String>>)>,
+    specs: &[PoolSpec],
+    origins: &Origins,
+) -> Result<Irq, ConfigError> {
+    use crate::core::isolation::{check_glob, IrqMode};
+    let invalid = |key: String, reason: String| ConfigError::Invalid {
+        file: origins.file_for(&key).unwrap_or_default(),
+        key,
+        reason,
+    };
+    let cpus = match &daemon.0 {
+        None => None,
+        Some(text) => Some(crate::core::cpuset::CpuSet::parse(text).map_err(|source| ConfigError::Cpus {
+            file: origins.file_for("daemon.irq_cpus").unwrap_or_default(),
+            key: "daemon.irq_cpus".to_owned(),
+            source,
+        })?),
+    };
+    if cpus.as_ref().is_some_and(crate::core::cpuset::CpuSet::is_empty) {
+        return Err(invalid(
+            "daemon.irq_cpus".into(),
+            "must name at least one CPU (omit it for the reserved pool's)".into(),
+        ));
+    }
+    let mut pools = std::collections::BTreeMap::new();
+    for (name, mode, claims) in inputs {
+        let Some(spec) = specs.iter().find(|s| s.name.as_str() == name) else { continue };
+        let mode = match mode.as_deref() {
+            None if spec.isolate => IrqMode::Isolate,
+            None => IrqMode::None,
+            Some(word) => IrqMode::parse(word).ok_or_else(|| {
+                invalid(
+                    pool_key(&name, "irq"),
+                    format!("`{}` is not one of isolate, sink, none", word.escape_debug()),
+                )
+            })?,
+        };
+        if mode == IrqMode::Sink && spec.isolate {
+            return Err(invalid(
+                pool_key(&name, "irq"),
+                "an isolate = true pool cannot take displaced interrupts (irq = \"sink\")".into(),
+            ));
+        }
+        let claims = claims.unwrap_or_default();
+        for (i, glob) in claims.iter().enumerate() {
+            check_glob(glob)
+                .map_err(|reason| invalid(format!("{}[{i}]", pool_key(&name, "irq_claim")), reason))?;
+        }
+        pools.insert(spec.name.clone(), IrqPool { mode, claims });
+    }
+    Ok(Irq { cpus, restore_on_stop: daemon.1.unwrap_or(true), irqbalance: daemon.2.unwrap_or(true), pools })
+}
+
 fn pool_spec(name: &str, input: PoolInput, origins: &Origins) -> Result<PoolSpec, ConfigError> {
     let at = |field: &str| {
         let key = pool_key(name, field);

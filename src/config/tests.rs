@@ -168,6 +168,8 @@ fn every_key_is_read() {
             state_dir: "/st".into(),
             runtime_dir: "/r".into(),
             kubelet_dir: "/k".into(),
+            procfs_root: "/proc".into(),
+            irqbalance_dir: "/run/irqbalance".into(),
         }
     );
     let cgroups: Vec<&str> = s.host_cgroups.iter().map(|c| c.as_str()).collect();
@@ -415,7 +417,7 @@ fn unknown_fields_are_rejected_by_key() {
     assert_eq!(
         chain(&e),
         "`t.toml`:3:1: pools.dp.cont: unknown field `cont`, expected one of `kind`, `cpus`, `count`, \
-         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`"
+         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`"
     );
 }
 
@@ -729,4 +731,37 @@ fn a_shared_pool_of_too_many_kubelet_devices_is_refused_by_the_unit_key() {
     assert!(t.load().resolve_pools(&topo).is_ok());
     t.etc("config.d/60-off.toml", "[kubelet]\nenabled = false\n");
     assert!(t.load().resolve_pools(&topo).is_ok());
+}
+
+#[test]
+fn irq_keys_defaults_and_errors() {
+    use crate::core::isolation::IrqMode;
+    let base = "[pools.r]\nkind = \"reserved\"\ncpus = \"0-1\"\n[pools.dp]\nkind = \"exclusive\"\ncpus = \"2-3\"\nisolate = true\n[pools.web]\nkind = \"shared\"\ncpus = \"4-7\"\n";
+    let s = ok(base);
+    assert_eq!((s.irq.cpus.clone(), s.irq.restore_on_stop, s.irq.irqbalance), (None, true, true));
+    let mode = |s: &Settings, p: &str| s.irq.pools[&PoolName::new(p).unwrap_or_else(|e| panic!("{e}"))].mode;
+    assert_eq!(
+        (mode(&s, "dp"), mode(&s, "web"), mode(&s, "r")),
+        (IrqMode::Isolate, IrqMode::None, IrqMode::None)
+    );
+    assert_eq!(s.paths.procfs_root, Path::new("/proc"));
+
+    let s =
+        ok(&format!("[daemon]\nirq_cpus = \"0,4\"\nirq_restore_on_stop = false\nirqbalance = false\n{base}")
+            .replace("isolate = true\n", "isolate = true\nirq = \"none\"\nirq_claim = [\"eth0-rx-*\"]\n"));
+    assert_eq!(s.irq.cpus, Some(set("0,4")));
+    assert!(!s.irq.restore_on_stop && !s.irq.irqbalance);
+    assert_eq!(mode(&s, "dp"), IrqMode::None);
+    assert_eq!(s.irq.pools[&PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"))].claims, ["eth0-rx-*"]);
+
+    let e = chain(&err(&base.replace("cpus = \"4-7\"\n", "cpus = \"4-7\"\nirq = \"sometimes\"\n")));
+    assert!(e.contains("pools.web.irq") && e.contains("t.toml") && e.contains("sometimes"), "{e}");
+    let e = chain(&err(&base.replace("isolate = true\n", "isolate = true\nirq = \"sink\"\n")));
+    assert!(e.contains("pools.dp.irq"), "{e}");
+    let e = chain(&err(&base.replace("isolate = true\n", "isolate = true\nirq_claim = [\"\"]\n")));
+    assert!(e.contains("pools.dp.irq_claim[0]"), "{e}");
+    let e = chain(&err(&format!("[daemon]\nirq_cpus = \"0-x\"\n{base}")));
+    assert!(e.contains("daemon.irq_cpus"), "{e}");
+    let e = chain(&err(&format!("[daemon]\nirq_cpus = \"\"\n{base}")));
+    assert!(e.contains("daemon.irq_cpus"), "{e}");
 }

@@ -10,6 +10,9 @@
 //! it ([`plan::kept`]), so a crash never leaves CPUs with a target the saved state lacks. If an effect or the save fails, the effects already executed are undone by
 //! executing the reverse plan, and the caller is told.
 
+mod irq;
+pub use irq::IrqReport;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -188,6 +191,8 @@ pub struct Snapshot {
     /// Isolation: partition validity, workqueue masks, the kernel's own isolation and the
     /// health measured on each isolated pool.
     pub isolation: Arc<housekeeping::IsolationReport>,
+    /// Interrupt affinity as the last pass left it (see [`irq`]).
+    pub irq: Arc<IrqReport>,
 }
 
 impl Snapshot {
@@ -417,6 +422,7 @@ pub struct Engine {
     /// Workqueue masks, partition validity, isolation health; `None` until
     /// [`Engine::with_housekeeping`].
     hk: Option<housekeeping::Housekeeping>,
+    irq: irq::IrqManager,
 }
 
 impl Engine {
@@ -506,6 +512,7 @@ impl Engine {
             backend: backend.name(),
             assignment_health: Arc::default(),
             isolation: Arc::default(),
+            irq: Arc::default(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -523,12 +530,14 @@ impl Engine {
             snapshots,
             config: None,
             hk: None,
+            irq: irq::IrqManager::new(settings),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
         engine.store.save(engine.state.data()).map_err(StartError::Store)?;
+        engine.apply_irqs();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
@@ -660,6 +669,7 @@ impl Engine {
             }
             self.mutate(group);
         }
+        self.stop_irqs();
     }
 
     fn handle(&mut self, req: Request) {
@@ -951,6 +961,7 @@ impl Engine {
     /// events.
     fn check_drift(&mut self) -> DriftReport {
         let (corrected, failed) = self.reconcile();
+        self.apply_irqs();
         let mut health = std::collections::BTreeMap::new();
         let mut suspects = std::collections::BTreeSet::new();
         for a in self.state.assignments().values() {
@@ -1073,6 +1084,10 @@ impl Engine {
         let before = plan::layout(&self.state, &old_topo, &old_opts);
         let after = self.layout(&next);
         if before == after && next == *self.state {
+            // Interrupt settings alone may have changed.
+            self.irq.configure(settings);
+            self.apply_irqs();
+            self.publish(Vec::new());
             return Ok(false);
         }
         let names: std::collections::BTreeSet<&PoolName> =
@@ -1089,6 +1104,8 @@ impl Engine {
             return Err(e);
         }
         self.state = Arc::new(next);
+        self.irq.configure(settings);
+        self.apply_irqs();
         for p in self.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }
@@ -1310,6 +1327,7 @@ impl Engine {
                     .collect(),
             ),
             isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
+            irq: Arc::new(self.irq.report().clone()),
         };
         self.snapshots.send_replace(snap);
         for e in events {

@@ -396,6 +396,8 @@ fn sandbox_confines_every_root() {
         &s.paths.state_dir,
         &s.paths.runtime_dir,
         &s.paths.kubelet_dir,
+        &s.paths.procfs_root,
+        &s.paths.irqbalance_dir,
     ] {
         assert!(p.starts_with(f.sb.root()), "{}", p.display());
     }

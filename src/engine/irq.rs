@@ -1,0 +1,426 @@
+//! Interrupt affinity, kept by the engine: after start's reconcile, after every installed
+//! configuration, at every drift check, and (when `daemon.irq_restore_on_stop`) once more on
+//! the way out to put everything back.
+//!
+//! Each pass reads every IRQ the kernel lists, asks [`crate::core::isolation`] what it should
+//! hold, and writes the difference through [`IrqFs`]. Before the first write to an IRQ its
+//! affinity as found is remembered durably (`irq.json` in the state directory, written with
+//! [`Root::replace`]), so that the daemon can put it back when isolation ends, its pool goes,
+//! or the daemon stops, also after a crash. IRQs the kernel places itself refuse the write and
+//! are reported as kernel-placed. Re-application after someone (irqbalance, an administrator)
+//! rewrites an affinity, and of IRQs that appear later (new ones also start on
+//! `default_smp_affinity`, which is set too), happens at the next drift check: procfs offers
+//! no event for either.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{error_chain, Engine};
+use crate::config::{Irq, Settings};
+use crate::core::cpuset::CpuSet;
+use crate::core::isolation::{self, IrqLayout, IrqPool, IrqWant};
+use crate::core::pool::PoolKind;
+use crate::host::fsutil::Root;
+use crate::host::irq::{IrqError, IrqFs};
+use crate::host::irqbalance;
+
+/// The file in the state directory that remembers affinities from before the daemon's writes.
+pub const MEMORY_FILE: &str = "irq.json";
+
+/// What the last pass found and did, for the snapshot and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IrqReport {
+    /// CPUs kept free of movable interrupts.
+    pub isolated: CpuSet,
+    /// Where displaced interrupts went.
+    pub sink: CpuSet,
+    /// IRQs whose affinity the daemon set (and remembers the previous one of).
+    pub moved: BTreeSet<u32>,
+    /// IRQs the kernel places itself (writes refused), with their names.
+    pub kernel_placed: BTreeMap<u32, String>,
+    /// What does not hold: IRQs still delivered to isolated CPUs, writes that failed or read
+    /// back differently, a layout that cannot be made.
+    pub problems: Vec<String>,
+    /// irqbalance: what it was told or why it could not be, `None` when it does not run.
+    pub irqbalance: Option<String>,
+}
+
+/// The durable memory: each changed IRQ's affinity as found, and whether irqbalance was told.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Memory {
+    /// IRQ number → its `smp_affinity_list` before the daemon first wrote it.
+    irqs: BTreeMap<u32, String>,
+    /// IRQ number → what the daemon last wrote to it: one found holding something else (that
+    /// avoids the isolated CPUs) was moved by someone else since, and is theirs again.
+    #[serde(default)]
+    written: BTreeMap<u32, String>,
+    /// `default_smp_affinity` before the daemon wrote it (as a CPU list).
+    default: Option<String>,
+    /// Whether irqbalance was given a banned list (to hand it back on the way out).
+    irqbalance: bool,
+}
+
+/// The engine's interrupt state.
+pub(crate) struct IrqManager {
+    fs: IrqFs,
+    config: Irq,
+    irqbalance_dir: PathBuf,
+    state_dir: PathBuf,
+    memory: Memory,
+    report: IrqReport,
+    /// Whether the one-CPU reserved pool warning was given for the current pools.
+    warned_one_cpu: bool,
+}
+
+impl IrqManager {
+    /// Set up from `settings`, reading the memory a previous run left.
+    pub(crate) fn new(settings: &Settings) -> IrqManager {
+        let state_dir = settings.paths.state_dir.clone();
+        let memory = match Root::new(&state_dir).read(MEMORY_FILE) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                log::error!(
+                    "irq: `{}` is not readable ({e}); the affinities it remembered cannot be restored",
+                    state_dir.join(MEMORY_FILE).display()
+                );
+                Memory::default()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Memory::default(),
+            Err(e) => {
+                log::error!("irq: {}", error_chain(&e));
+                Memory::default()
+            }
+        };
+        if !memory.irqs.is_empty() {
+            log::info!("irq: {} affinities remembered from an earlier run", memory.irqs.len());
+        }
+        IrqManager {
+            fs: irq_fs(settings),
+            config: settings.irq.clone(),
+            irqbalance_dir: settings.paths.irqbalance_dir.clone(),
+            state_dir,
+            memory,
+            report: IrqReport::default(),
+            warned_one_cpu: false,
+        }
+    }
+
+    /// Takes new settings (a reload).
+    pub(crate) fn configure(&mut self, settings: &Settings) {
+        self.config = settings.irq.clone();
+        self.fs = irq_fs(settings);
+        self.irqbalance_dir = settings.paths.irqbalance_dir.clone();
+    }
+
+    /// The last pass's report.
+    pub(crate) fn report(&self) -> &IrqReport {
+        &self.report
+    }
+
+    fn save(&self) -> bool {
+        let data = serde_json::to_vec_pretty(&self.memory).unwrap_or_default();
+        match Root::new(&self.state_dir).replace(MEMORY_FILE, &data, 0o600) {
+            Ok(()) => true,
+            Err(e) => {
+                log::error!("irq: saving the remembered affinities failed: {}", error_chain(&e));
+                false
+            }
+        }
+    }
+
+    /// One pass (module docs). `pools` as the plan sees them, `base_sink` the daemon's
+    /// `irq_cpus` or the reserved pool's CPUs.
+    fn apply(&mut self, pools: &[IrqPool], base_sink: &CpuSet, online: &CpuSet, boot_isolated: &CpuSet) {
+        let mut report = IrqReport::default();
+        if !self.fs.available() {
+            if !self.memory.irqs.is_empty() || pools.iter().any(|p| p.mode == isolation::IrqMode::Isolate) {
+                report.problems.push(format!(
+                    "`{}` does not exist: interrupts cannot be moved",
+                    self.fs.dir().display()
+                ));
+            }
+            self.finish(report);
+            return;
+        }
+        let layout = match isolation::layout(pools, base_sink, online) {
+            Ok(l) => l,
+            Err(e) => {
+                report.problems.push(e.to_string());
+                self.finish(report);
+                return;
+            }
+        };
+        report.isolated = layout.isolated.clone();
+        report.sink = layout.sink.clone();
+        let names = self.fs.names().unwrap_or_else(|e| {
+            log::warn!("irq: {}", error_chain(&e));
+            BTreeMap::new()
+        });
+        let irqs = match self.fs.irqs() {
+            Ok(i) => i,
+            Err(e) => {
+                report.problems.push(error_chain(&e));
+                self.finish(report);
+                return;
+            }
+        };
+        // Decide everything first, remember what is about to change, save, then write: a crash
+        // after any write finds its previous value on disk.
+        let mut wants = Vec::new();
+        for &irq in &irqs {
+            let empty = Vec::new();
+            let n = names.get(&irq).unwrap_or(&empty);
+            let current = self.fs.affinity(irq).ok();
+            let want = isolation::plan_irq(&layout, n, current.as_ref(), self.memory.irqs.contains_key(&irq));
+            if want == IrqWant::Keep && !layout.isolated.is_empty() {
+                let ours = self.memory.written.get(&irq);
+                if ours.is_some()
+                    && ours.map(String::as_str) != current.as_ref().map(ToString::to_string).as_deref()
+                {
+                    log::info!("irq: IRQ {irq} was moved by someone else to CPUs that are not isolated: theirs again");
+                    self.memory.irqs.remove(&irq);
+                    self.memory.written.remove(&irq);
+                }
+            }
+            if let (IrqWant::Set(_), Some(c)) = (&want, &current) {
+                self.memory.irqs.entry(irq).or_insert_with(|| c.to_string());
+            }
+            wants.push((irq, want));
+        }
+        let default_now = self.fs.default_affinity().ok();
+        let default_want =
+            isolation::plan_default(&layout, default_now.as_ref(), self.memory.default.is_some());
+        if let (IrqWant::Set(_), Some(c), None) = (&default_want, &default_now, &self.memory.default) {
+            self.memory.default = Some(c.to_string());
+        }
+        let saved_before = self.memory.clone();
+        let needs_save =
+            wants.iter().any(|(_, w)| matches!(w, IrqWant::Set(_))) || default_want != IrqWant::Keep;
+        if needs_save && !self.save() {
+            report.problems.push("the remembered affinities could not be saved: nothing was moved".into());
+            self.finish(report);
+            return;
+        }
+        let label = |irq: u32| match names.get(&irq) {
+            Some(n) if !n.is_empty() => format!("{irq} ({})", n.join(", ")),
+            _ => irq.to_string(),
+        };
+        let mut written = BTreeSet::new();
+        for (irq, want) in wants {
+            let restoring = matches!(want, IrqWant::Restore);
+            let target = match want {
+                IrqWant::Keep => continue,
+                IrqWant::Set(c) => c,
+                IrqWant::Restore => match self.memory.irqs.get(&irq).map(|s| CpuSet::parse(s)) {
+                    Some(Ok(c)) => c,
+                    _ => {
+                        self.memory.irqs.remove(&irq);
+                        self.memory.written.remove(&irq);
+                        continue;
+                    }
+                },
+            };
+            written.insert(irq);
+            match self.fs.set_affinity(irq, &target) {
+                Ok(()) => match self.fs.affinity(irq) {
+                    Ok(now) if now == target => {
+                        log::info!("irq: IRQ {} now on CPUs {target}", label(irq));
+                        if restoring {
+                            self.memory.irqs.remove(&irq);
+                            self.memory.written.remove(&irq);
+                        } else {
+                            self.memory.written.insert(irq, target.to_string());
+                        }
+                    }
+                    Ok(now) => report
+                        .problems
+                        .push(format!("IRQ {}: wrote CPUs {target}, the kernel holds {now}", label(irq))),
+                    Err(e) => report.problems.push(format!("IRQ {}: {}", label(irq), error_chain(&e))),
+                },
+                Err(IrqError::KernelPlaced { .. }) => {
+                    self.memory.irqs.remove(&irq);
+                    self.memory.written.remove(&irq);
+                    report
+                        .kernel_placed
+                        .insert(irq, names.get(&irq).map(|n| n.join(", ")).unwrap_or_default());
+                }
+                Err(e) => {
+                    log::warn!("irq: {}", error_chain(&e));
+                    report.problems.push(error_chain(&e));
+                }
+            }
+        }
+        match default_want {
+            IrqWant::Keep => {}
+            IrqWant::Set(c) => {
+                if let Err(e) = self.fs.set_default_affinity(&c) {
+                    report.problems.push(error_chain(&e));
+                }
+            }
+            IrqWant::Restore => {
+                let back = self.memory.default.as_deref().and_then(|s| CpuSet::parse(s).ok());
+                if let Some(c) = back {
+                    match self.fs.set_default_affinity(&c) {
+                        Ok(()) => self.memory.default = None,
+                        Err(e) => report.problems.push(error_chain(&e)),
+                    }
+                } else {
+                    self.memory.default = None;
+                }
+            }
+        }
+        // Read back where every interrupt is delivered. Those written just now may move only
+        // at their next interrupt: they are judged at the next pass.
+        for &irq in &irqs {
+            if written.contains(&irq) || report.kernel_placed.contains_key(&irq) {
+                continue;
+            }
+            let Ok(Some(eff)) = self.fs.effective(irq) else { continue };
+            let on = eff.intersection(&layout.isolated);
+            let claimed = self.fs.affinity(irq).ok().is_some_and(|a| !a.is_disjoint(&layout.isolated));
+            if !on.is_empty() && !claimed {
+                report.problems.push(format!("IRQ {} is still delivered to isolated CPUs {on}", label(irq)));
+            }
+        }
+        report.moved = self.memory.irqs.keys().copied().collect();
+        if self.memory != saved_before {
+            self.save();
+        }
+        if self.config.irqbalance {
+            report.irqbalance = self.coordinate_irqbalance(&layout, boot_isolated);
+        }
+        self.finish(report);
+    }
+
+    /// Tells each running irqbalance the isolated CPUs (and the CPUs it bans by itself at
+    /// start, `isolcpus=`, which its banned list would otherwise drop); hands the choice back
+    /// when nothing is isolated any more.
+    fn coordinate_irqbalance(&mut self, layout: &IrqLayout, boot_isolated: &CpuSet) -> Option<String> {
+        let sockets = irqbalance::sockets(&self.irqbalance_dir);
+        if sockets.is_empty() {
+            return None;
+        }
+        let want = (!layout.isolated.is_empty()).then(|| layout.isolated.union(boot_isolated));
+        let mut said = Vec::new();
+        for sock in &sockets {
+            let banned = irqbalance::banned(sock);
+            let result = match (&want, &banned) {
+                (Some(w), Ok(b)) if w == b => Ok(format!("irqbalance bans CPUs {w}")),
+                (Some(w), _) => irqbalance::set_banned(sock, Some(w)).map(|()| {
+                    self.memory.irqbalance = true;
+                    format!("irqbalance asked to ban CPUs {w}")
+                }),
+                (None, _) if self.memory.irqbalance => irqbalance::set_banned(sock, None).map(|()| {
+                    self.memory.irqbalance = false;
+                    "irqbalance given back its own banned CPUs".to_owned()
+                }),
+                (None, Ok(b)) => Ok(format!("irqbalance bans CPUs {b}")),
+                (None, Err(e)) => Ok(format!("irqbalance: {}", error_chain(e))),
+            };
+            match result {
+                Ok(s) => said.push(s),
+                Err(e) => said.push(format!("irqbalance: {}", error_chain(&e))),
+            }
+        }
+        Some(said.join("; "))
+    }
+
+    /// Writes every remembered affinity back and forgets it (the daemon stops).
+    fn restore_all(&mut self) {
+        let empty = IrqLayout::default();
+        self.memory.written.clear();
+        for (irq, text) in std::mem::take(&mut self.memory.irqs) {
+            let Ok(c) = CpuSet::parse(&text) else { continue };
+            match self.fs.set_affinity(irq, &c) {
+                Ok(()) | Err(IrqError::KernelPlaced { .. }) => log::info!("irq: IRQ {irq} back on CPUs {c}"),
+                Err(e) => log::warn!("irq: restoring: {}", error_chain(&e)),
+            }
+        }
+        if let Some(c) = self.memory.default.take().and_then(|s| CpuSet::parse(&s).ok()) {
+            if let Err(e) = self.fs.set_default_affinity(&c) {
+                log::warn!("irq: restoring: {}", error_chain(&e));
+            }
+        }
+        if self.memory.irqbalance {
+            let _ = self.coordinate_irqbalance(&empty, &CpuSet::new());
+        }
+        self.save();
+    }
+
+    fn finish(&mut self, report: IrqReport) {
+        if report.problems != self.report.problems {
+            for p in &report.problems {
+                log::warn!("irq: {p}");
+            }
+        }
+        if report.kernel_placed != self.report.kernel_placed && !report.kernel_placed.is_empty() {
+            let list: Vec<String> = report.kernel_placed.iter().map(|(i, n)| format!("{i} {n}")).collect();
+            log::info!("irq: placed by the kernel (managed), left where it puts them: {}", list.join(", "));
+        }
+        if report.irqbalance != self.report.irqbalance {
+            if let Some(s) = &report.irqbalance {
+                log::info!("irq: {s}");
+            }
+        }
+        self.report = report;
+    }
+}
+
+fn irq_fs(settings: &Settings) -> IrqFs {
+    let p = &settings.paths;
+    IrqFs::new(&p.procfs_root, crate::host::irq::irq_dir(&p.procfs_root, &p.runtime_dir))
+}
+
+impl Engine {
+    /// One interrupt pass over the current pools (see [`IrqManager`]).
+    pub(crate) fn apply_irqs(&mut self) {
+        let (pools, base_sink, reserved) = self.irq_pools();
+        // systemd judges irqbalance.service's ConditionCPUs=>1 on the CPUs init.scope may use,
+        // which are the reserved pool's: with one, a restart of irqbalance is skipped and it
+        // stops without a word.
+        let one_cpu = reserved.len() == 1 && self.irq.config.irqbalance;
+        if one_cpu && !self.irq.warned_one_cpu {
+            log::warn!(
+                "irq: the reserved pool has one CPU ({reserved}): systemd skips starting irqbalance \
+                 (ConditionCPUs=>1 is judged on init.scope's CPUs), so `systemctl restart irqbalance` \
+                 stops it; give the reserved pool two CPUs to keep irqbalance"
+            );
+        }
+        self.irq.warned_one_cpu = one_cpu;
+        let online = self.topo.online();
+        let boot = self.topo.data().isolated.clone();
+        self.irq.apply(&pools, &base_sink, &online, &boot);
+    }
+
+    /// Puts every interrupt back, if so configured (the daemon stops).
+    pub(crate) fn stop_irqs(&mut self) {
+        if self.irq.config.restore_on_stop {
+            self.irq.restore_all();
+        }
+    }
+
+    /// The pools as the interrupt plan sees them, the daemon's sink and the reserved CPUs.
+    fn irq_pools(&self) -> (Vec<IrqPool>, CpuSet, CpuSet) {
+        let mut reserved = CpuSet::new();
+        let pools = self
+            .state
+            .pools()
+            .values()
+            .map(|p| {
+                if p.kind == PoolKind::Reserved {
+                    reserved = p.cpus.clone();
+                }
+                let cfg = self.irq.config.pools.get(&p.name);
+                let default_mode =
+                    if p.isolate { isolation::IrqMode::Isolate } else { isolation::IrqMode::None };
+                IrqPool {
+                    name: p.name.to_string(),
+                    cpus: p.cpus.clone(),
+                    mode: cfg.map_or(default_mode, |c| c.mode),
+                    claims: cfg.map(|c| c.claims.clone()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        (pools, self.irq.config.cpus.clone().unwrap_or_else(|| reserved.clone()), reserved)
+    }
+}
