@@ -164,7 +164,7 @@ impl IrqFs {
         }
     }
 
-    /// Writes IRQ `irq`'s affinity; `EIO` from the kernel is [`IrqError::KernelPlaced`].
+    /// Writes IRQ `irq`'s affinity; `EIO` or `EPERM` from the kernel is [`IrqError::KernelPlaced`].
     pub fn set_affinity(&self, irq: u32, cpus: &CpuSet) -> Result<(), IrqError> {
         let rel = format!("{irq}/smp_affinity_list");
         let data = cpus.to_string();
@@ -175,7 +175,13 @@ impl IrqFs {
         };
         match written {
             Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(nix::libc::EIO) => Err(IrqError::KernelPlaced { irq }),
+            // EIO: the kernel lets no one place it (managed, or not movable at all); EPERM: the
+            // interrupt chip refused this IRQ's move (seen in the guest for the timer, the cascade
+            // and managed virtio queues when their old affinity is written back). Either way the
+            // kernel keeps it where it is, and nothing of ours is on it to restore.
+            Err(e) if matches!(e.raw_os_error(), Some(nix::libc::EIO | nix::libc::EPERM)) => {
+                Err(IrqError::KernelPlaced { irq })
+            }
             Err(source) => Err(IrqError::Write { path: self.irq_dir.join(rel), data, source }),
         }
     }
