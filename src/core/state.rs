@@ -875,12 +875,13 @@ pub fn check_target<'a>(
     };
     let Some(path) = path else { return Ok(()) };
     let top = CgroupPath(PROTECTED_CGROUPS[3].to_owned());
-    if path == top || path.ancestors().last() == Some(&top) {
-        if path == top || path.as_str().rsplit('/').next().is_some_and(|n| n.starts_with("cpupool-")) {
-            return refuse(format!(
-                "`{path}` is a slice cpupoold manages for its pools; assign a unit or cgroup inside a pool's slice instead"
-            ));
-        }
+    // cpupool.slice itself, or a pool slice directly below it.
+    let pool_slice = path.ancestors().last() == Some(&top)
+        && path.as_str().rsplit('/').next().is_some_and(|n| n.starts_with("cpupool-"));
+    if path == top || pool_slice {
+        return refuse(format!(
+            "`{path}` is a slice cpupoold manages for its pools; assign a unit or cgroup inside a pool's slice instead"
+        ));
     }
     let protected =
         PROTECTED_CGROUPS.iter().filter_map(|p| CgroupPath::new(p).ok()).chain(host_cgroups.iter().cloned());
