@@ -61,7 +61,9 @@ if wait_for 15 sh -c "[ \"\$(cat $DP/app/cpuset.cpus.effective)\" = $cpu ]"; the
 else
   fail "cpuset.cpus of app stayed $(cat $DP/app/cpuset.cpus)"
 fi
-check_output "the correction is logged" 'drift check: [1-9][0-9]* corrections' journalctl -b -u cpupoold --no-pager -o cat
+# Logged when the check ends, which may be after the file was seen restored.
+check "the correction is logged" wait_for 15 sh -c \
+  "journalctl -b -u cpupoold --no-pager -o cat | grep -Eq 'drift check: [1-9][0-9]* corrections'"
 check_output "and the assignment is applied" 'app +dp +'"$cpu"' +1000m +applied' cpupoolctl assignments
 
 # A unit in dp's slice moved out of it behind cpupoold's back cannot be corrected (its new
