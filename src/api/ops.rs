@@ -540,26 +540,7 @@ mod tests {
 
     #[test]
     fn every_state_error_has_a_documented_kind() {
-        let errors = [
-            state::Error::NoSuchPool { pool: "x".into() },
-            state::Error::PoolExists { pool: "x".into() },
-            state::Error::PoolInUse { pool: "x".into(), assignments: 2 },
-            state::Error::NoSuchAssignment { id: "x".into() },
-            state::Error::InsufficientCapacity { pool: "x".into(), requested: 2, free: 1, unit: "cpus" },
-            state::Error::DuplicateId { id: "x".into() },
-            state::Error::TargetBusy { target: "pid:1".into(), id: "a".into(), pool: "p".into() },
-            state::Error::TargetNotAllowed { target: "unit:system.slice".into(), reason: "r".into() },
-            state::Error::TargetOutsidePool {
-                target: "cgroup:w/a".into(),
-                cpus: "2".into(),
-                parent: "w".into(),
-                parent_cpus: "0-1".into(),
-                hint: "h".into(),
-            },
-            state::Error::InvalidArgument { arg: "cpus", reason: "bad".into() },
-            state::Error::ReservedPool { pool: "x".into() },
-            state::Error::NotWholeCores { pool: "x".into(), requested: 3 },
-        ];
+        let errors = state::every_error();
         for e in &errors {
             let a = state_error(e);
             assert!(KINDS.contains(&a.kind), "{}", a.kind);

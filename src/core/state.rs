@@ -911,6 +911,32 @@ pub fn check_target<'a>(
     Ok(())
 }
 
+/// One value of every [`Error`] variant: the API tests check that each maps to its own
+/// documented error, so a new variant goes here once.
+#[cfg(test)]
+pub(crate) fn every_error() -> Vec<Error> {
+    vec![
+        Error::NoSuchPool { pool: "p".into() },
+        Error::NoSuchAssignment { id: "a".into() },
+        Error::InsufficientCapacity { pool: "p".into(), requested: 3, free: 2, unit: "cpus" },
+        Error::DuplicateId { id: "a".into() },
+        Error::TargetBusy { target: "pid:1".into(), id: "a".into(), pool: "p".into() },
+        Error::TargetNotAllowed { target: "unit:system.slice".into(), reason: "r".into() },
+        Error::TargetOutsidePool {
+            target: "cgroup:w/a".into(),
+            cpus: "2".into(),
+            parent: "w".into(),
+            parent_cpus: "0-1".into(),
+            hint: "h".into(),
+        },
+        Error::InvalidArgument { arg: "cpus", reason: "r".into() },
+        Error::ReservedPool { pool: "p".into() },
+        Error::NotWholeCores { pool: "p".into(), requested: 3 },
+        Error::PoolExists { pool: "p".into() },
+        Error::PoolInUse { pool: "p".into(), assignments: 1 },
+    ]
+}
+
 /// An assignment that no longer fits the configured pools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Misfit {

@@ -767,11 +767,7 @@ impl Engine {
         let out = next.assign(&self.topo, &scoped)?;
         let Outcome::Changed(a) = &out else { return Ok(out) };
         // The scope does not exist yet: where it sits is read back once it does.
-        state::check_target(
-            &a.target,
-            &self.opts.host_cgroups,
-            next.assignments().values().filter(|o| o.id != a.id),
-        )?;
+        self.check_protected(&next, a)?;
         let slice = plan::pool_slice(&pool.name);
         let slice_unit = slice.as_str().rsplit('/').next().unwrap_or_default().to_owned();
         // The scope starts with the pool slice's CPUs only; its own (exclusive ones) are set by
@@ -903,8 +899,7 @@ impl Engine {
     /// CPUs than assigned (the kernel would enforce the intersection, and the books would not
     /// match it).
     fn admit_target(&self, next: &State, a: &Assignment) -> Result<(), state::Error> {
-        let others = next.assignments().values().filter(|o| o.id != a.id);
-        state::check_target(&a.target, &self.opts.host_cgroups, others)?;
+        self.check_protected(next, a)?;
         let Some(key) = Key::of(&a.target) else { return Ok(()) };
         match self.backend.confinement(&key) {
             Ok(Some(c)) if !a.cpus.is_subset(&c.cpus) => Err(outside(a, &c.parent, &c.cpus)),
@@ -915,6 +910,12 @@ impl Engine {
                 Ok(())
             }
         }
+    }
+
+    /// [`state::check_target`] for `a` against the host cgroups and `next`'s other assignments.
+    fn check_protected(&self, next: &State, a: &Assignment) -> Result<(), state::Error> {
+        let others = next.assignments().values().filter(|o| o.id != a.id);
+        state::check_target(&a.target, &self.opts.host_cgroups, others)
     }
 
     /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal.

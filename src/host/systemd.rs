@@ -312,6 +312,21 @@ impl Systemd {
         self.set_properties(unit, &[("AllowedCPUs", mask_value(cpus))], what)
     }
 
+    /// The properties of unit object `path` under `iface` (its unit-type interface).
+    async fn unit_properties(
+        &self,
+        path: OwnedObjectPath,
+        iface: &'static str,
+    ) -> zbus::Result<(zbus::fdo::PropertiesProxy<'_>, zbus::names::InterfaceName<'static>)> {
+        let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
+            .destination("org.freedesktop.systemd1")?
+            .path(path)?
+            .build()
+            .await?;
+        let iface = zbus::names::InterfaceName::try_from(iface).map_err(zbus::Error::from)?;
+        Ok((props, iface))
+    }
+
     /// AllowedCPUs of a unit, as systemd holds it.
     fn unit_cpus(&self, unit: &str) -> Result<Option<CpuSet>, HostError> {
         let Some(iface) = cgroup_interface(unit) else { return Ok(None) };
@@ -320,21 +335,14 @@ impl Systemd {
             .block_on(async {
                 let m = ManagerProxy::new(&self.conn).await?;
                 let Ok(path) = m.get_unit(unit).await else { return Ok(None) };
-                let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
-                    .destination("org.freedesktop.systemd1")?
-                    .path(path)?
-                    .build()
-                    .await?;
-                let iface = zbus::names::InterfaceName::try_from(iface).map_err(zbus::Error::from)?;
+                let (props, iface) = self.unit_properties(path, iface).await?;
                 let v = props.get(iface, "AllowedCPUs").await?;
                 Ok(Vec::<u8>::try_from(v).ok())
             })
             .map_err(Self::err(what))?;
         Ok(mask.map(|m| CpuSet::from_systemd_mask(&m).unwrap_or_default()))
     }
-}
 
-impl Systemd {
     /// A unit's slice (`Slice`) and its cgroup (`ControlGroup`, empty while it does not run),
     /// as systemd holds them; `None` for unit types without a cgroup.
     fn unit_place(&self, unit: &str) -> Result<Option<(String, String)>, HostError> {
@@ -343,12 +351,7 @@ impl Systemd {
         self.block_on(async {
             let m = ManagerProxy::new(&self.conn).await?;
             let path = m.load_unit(unit).await?;
-            let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
-                .destination("org.freedesktop.systemd1")?
-                .path(path)?
-                .build()
-                .await?;
-            let iface = zbus::names::InterfaceName::try_from(iface).map_err(zbus::Error::from)?;
+            let (props, iface) = self.unit_properties(path, iface).await?;
             let slice = String::try_from(props.get(iface.clone(), "Slice").await?).unwrap_or_default();
             let cg = String::try_from(props.get(iface, "ControlGroup").await?).unwrap_or_default();
             Ok(Some((slice, cg)))

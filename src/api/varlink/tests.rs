@@ -30,26 +30,7 @@ fn io_err() -> io::Error {
 /// One value of every error variant (adding a variant breaks the exhaustive matches in
 /// `methods`, and this list is where its test goes).
 fn every_error() -> Vec<MethodError> {
-    let states = [
-        state::Error::NoSuchPool { pool: "p".into() },
-        state::Error::NoSuchAssignment { id: "a".into() },
-        state::Error::InsufficientCapacity { pool: "p".into(), requested: 3, free: 2, unit: "cpus" },
-        state::Error::DuplicateId { id: "a".into() },
-        state::Error::TargetBusy { target: "pid:1".into(), id: "a".into(), pool: "p".into() },
-        state::Error::TargetNotAllowed { target: "unit:system.slice".into(), reason: "r".into() },
-        state::Error::TargetOutsidePool {
-            target: "cgroup:w/a".into(),
-            cpus: "2".into(),
-            parent: "w".into(),
-            parent_cpus: "0-1".into(),
-            hint: "h".into(),
-        },
-        state::Error::InvalidArgument { arg: "cpus", reason: "r".into() },
-        state::Error::ReservedPool { pool: "p".into() },
-        state::Error::NotWholeCores { pool: "p".into(), requested: 3 },
-        state::Error::PoolExists { pool: "p".into() },
-        state::Error::PoolInUse { pool: "p".into(), assignments: 1 },
-    ];
+    let states = state::every_error();
     let engines = [
         EngineError::Apply(crate::host::cgroupfs::HostError::Write {
             path: "/x/cpuset.cpus".into(),
