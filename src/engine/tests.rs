@@ -4,8 +4,11 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
+use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
-use crate::core::state::{Size, Target};
+use crate::core::pool::{PoolKind, PoolName};
+use crate::core::state::{AssignSpec, Assignment, Outcome, Size, StateData, Target};
+use crate::host::store::{Loaded, PrevCopy};
 use crate::sandbox::Sandbox;
 
 const CONFIG: &str = include_str!("../../tests/fixtures/1x4x2.toml");

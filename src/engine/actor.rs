@@ -1,0 +1,491 @@
+//! The owner loop: starting the engine from the saved state, the thread that takes requests
+//! one at a time (grouping queued assigns and releases), reconciling the host with the state,
+//! the drift check, and publishing snapshots.
+
+use std::sync::Arc;
+
+use tokio::sync::{broadcast, mpsc, watch};
+
+use super::commit::{Mutation, MAX_GROUP};
+use super::{
+    describe, error_chain, housekeeping, irq, Change, ConfigSource, DriftReport, Engine, EngineError, Event,
+    Handle, Request, Snapshot,
+};
+use crate::config::ConfigError;
+use crate::config::Settings;
+use crate::core::cpuset::CpuSet;
+use crate::core::plan::{self, Key, Layout, LayoutOptions, Placement, Role};
+use crate::core::pool::{PoolKind, PoolName};
+use crate::core::state::{self, CgroupPath, State, StateData};
+use crate::host::store::{Loaded, PrevCopy, Store, StoreError};
+use crate::host::sysfs::{self, SysfsError};
+use crate::host::Backend;
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Reading the topology failed.
+    #[error("reading the CPU topology")]
+    Topology(#[source] SysfsError),
+    /// The configuration is invalid.
+    #[error("the configuration is invalid")]
+    Config(#[source] Box<ConfigError>),
+    /// The state could not be opened, loaded or saved.
+    #[error("the state in the state directory cannot be used")]
+    Store(#[source] StoreError),
+    /// The state file is intact but breaks the state's rules ([`StateData::validate`]): the
+    /// daemon cannot tell which CPUs it really handed out, so it changes nothing.
+    #[error(
+        "`{}` has a valid checksum but its state is inconsistent: {}{prev}; {} the named assignments \
+         by hand (see STATE RECOVERY in cpupoold(8))",
+        path.display(),
+        violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+        if matches!(prev, PrevCopy::Good(_)) { "or release" } else { "release" }
+    )]
+    Inconsistent {
+        /// The state file.
+        path: std::path::PathBuf,
+        /// What is wrong, naming the assignments.
+        violations: Vec<state::Violation>,
+        /// The previous copy, and whether `--restore-previous-state` can use it.
+        prev: PrevCopy,
+    },
+}
+
+/// `--restore-previous-state`: installs `state.json.prev` if it decodes and keeps the state's
+/// rules; otherwise changes nothing.
+fn restore_previous_state(store: &Store) -> Result<Loaded<StateData>, StartError> {
+    let prev = store.previous::<StateData>().map_err(StartError::Store)?;
+    if let Err(violations) = prev.validate() {
+        let path = store.prev_path().to_owned();
+        return Err(StartError::Inconsistent { path, violations, prev: PrevCopy::Itself });
+    }
+    let data = store.restore_previous::<StateData>().map_err(StartError::Store)?;
+    log::warn!("state restored from the previous good copy `{}`", store.prev_path().display());
+    Ok(Loaded::State(data))
+}
+
+/// What `--restore-previous-state` would find, for the error message.
+fn previous_copy(store: &Store) -> PrevCopy {
+    let path = store.prev_path().to_owned();
+    match store.previous::<StateData>() {
+        Ok(data) if data.validate().is_ok() => PrevCopy::Good(path),
+        Ok(_) => PrevCopy::Inconsistent(path),
+        Err(StoreError::NoPrevious { .. }) => PrevCopy::Absent,
+        Err(_) => PrevCopy::Damaged(path),
+    }
+}
+
+/// What starting found and did.
+#[derive(Debug, Default)]
+pub struct StartReport {
+    /// Whether the state file was new.
+    pub fresh: bool,
+    /// Corrections made to the host to match the state.
+    pub corrections: usize,
+    /// Corrections that failed (logged).
+    pub failed_corrections: usize,
+}
+
+impl Engine {
+    /// Lets the engine read the configuration files itself: for
+    /// [`Handle::reload_from_disk`] and pool edits.
+    pub fn with_config(mut self, source: ConfigSource) -> Engine {
+        self.config = Some(source);
+        self
+    }
+
+    /// Lets the engine keep kernel housekeeping off the isolated pools and measure them; fits
+    /// the workqueue masks to the pools now.
+    pub fn with_housekeeping(mut self, roots: housekeeping::Roots) -> Engine {
+        self.hk = Some(housekeeping::Housekeeping::new(roots));
+        let events = self.sync_housekeeping();
+        self.sample_isolation();
+        self.publish(events);
+        self
+    }
+
+    /// Reads the topology, resolves the pools, loads the state (or starts fresh), re-applies
+    /// the state to the host and saves it.
+    ///
+    /// Persisted assignments that the configuration would strand are not dropped: the
+    /// configuration is rejected, every stranded assignment is logged, and the persisted pools
+    /// keep running until the configuration is fixed.
+    pub fn start(
+        settings: &Settings,
+        backend: Box<dyn Backend>,
+        restore_previous: bool,
+    ) -> Result<(Engine, StartReport), StartError> {
+        let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
+        let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
+        let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
+        let mut report = StartReport::default();
+        let mut config_error = None;
+        // A file that is damaged or breaks the state's rules is evidence: it is left alone unless
+        // the operator asked for the previous copy.
+        let loaded = match store.load::<StateData>() {
+            Ok(Loaded::State(data)) => match data.validate() {
+                Ok(()) => Loaded::State(data),
+                Err(_) if restore_previous => restore_previous_state(&store)?,
+                Err(violations) => {
+                    let prev = previous_copy(&store);
+                    return Err(StartError::Inconsistent { path: store.path().to_owned(), violations, prev });
+                }
+            },
+            Err(_) if restore_previous => restore_previous_state(&store)?,
+            other => other.map_err(StartError::Store)?,
+        };
+        let state = match loaded {
+            Loaded::Fresh => {
+                report.fresh = true;
+                State::with_pools(pools)
+            }
+            Loaded::State(data) => {
+                let mut state = State::from(data);
+                // Count pools keep the CPUs saved for them (a pool created at run time took
+                // CPUs others did not hold, which a fresh resolution would not give it again).
+                let pools = settings
+                    .resolve_pools_keeping(&topo, &current_cpus(&state))
+                    .map_err(|e| StartError::Config(Box::new(e)))?;
+                if let Err(misfits) = state.set_pools(pools) {
+                    for m in &misfits {
+                        log::error!(
+                            POOL = m.pool.as_str(), ASSIGNMENT = m.id.as_str();
+                            "configuration rejected: {m}"
+                        );
+                    }
+                    let reasons: Vec<String> = misfits.iter().map(ToString::to_string).collect();
+                    config_error = Some(format!(
+                        "the configuration would strand assignments ({}); running the pools from the state file",
+                        reasons.join("; ")
+                    ));
+                }
+                state
+            }
+        };
+        let (events, _) = broadcast::channel(1024);
+        let snapshot = Snapshot {
+            state: Arc::new(state.clone()),
+            topology: Arc::new(topo.clone()),
+            state_path: store.path().to_owned(),
+            config_error: config_error.clone(),
+            degraded: Vec::new(),
+            partitions: Arc::default(),
+            backend: backend.name(),
+            assignment_health: Arc::default(),
+            isolation: Arc::default(),
+            irq: Arc::default(),
+        };
+        let (snapshots, _) = watch::channel(snapshot);
+        let mut engine = Engine {
+            state: Arc::new(state),
+            topo: Arc::new(topo),
+            store,
+            backend,
+            lend_idle: settings.lend_idle,
+            opts: LayoutOptions::default(),
+            config_error,
+            degraded: Vec::new(),
+            health: std::collections::BTreeMap::new(),
+            suspects: std::collections::BTreeSet::new(),
+            events,
+            snapshots,
+            config: None,
+            hk: None,
+            irq: irq::IrqManager::new(settings),
+        };
+        engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
+        let (done, failed) = engine.reconcile();
+        report.corrections = done;
+        report.failed_corrections = failed;
+        engine.store.save(engine.state.data()).map_err(StartError::Store)?;
+        engine.apply_irqs();
+        engine.publish(Vec::new());
+        Ok((engine, report))
+    }
+
+    pub(super) fn layout(&self, state: &State) -> Layout {
+        plan::layout(state, &self.topo, &self.opts)
+    }
+
+    /// What the layout of `state` depends on. Lending needs the isolated pools to be remote
+    /// partitions: on kernels without `cpuset.cpus.exclusive` the parent of isolated pools is a
+    /// partition itself, and no CPU below it can be lent.
+    pub(super) fn layout_options(&self, state: &State, host_cgroups: &[CgroupPath]) -> LayoutOptions {
+        let isolating = state.pools().values().any(|p| p.isolate);
+        let lend_idle = self.lend_idle && (!isolating || self.backend.remote_partitions());
+        if self.lend_idle && !lend_idle {
+            log::warn!(
+                "lend_idle is off while pools are isolated: this kernel has no cpuset.cpus.exclusive (Linux 6.7)"
+            );
+        }
+        LayoutOptions { host_cgroups: host_cgroups.to_vec(), lend_idle, unpooled: self.opts.unpooled.clone() }
+    }
+
+    /// Makes the host match the state: reads what each placement holds now and applies the
+    /// difference, logging each correction. Stale pool slices are removed.
+    pub(super) fn reconcile(&mut self) -> (usize, usize) {
+        let desired = self.layout(&self.state);
+        let mut observed = Layout::new();
+        for (key, want) in &desired {
+            let now = match self.backend.observe(key) {
+                Ok(now) => now,
+                Err(e) => {
+                    log::warn!("reconcile: {}", error_chain(&e));
+                    None
+                }
+            };
+            let now = match (key, now) {
+                (Key::Cgroup(_), now) => now,
+                // Only cgroups report memory nodes and partitions.
+                (_, Some(o)) => Some(crate::host::Observed { mems: want.mems.clone(), ..o }),
+                // The cgroupfs backend cannot read units: take them as they should be.
+                (Key::Unit(_), None) if !self.backend.can_read_units() => Some(crate::host::Observed {
+                    cpus: want.cpus.clone(),
+                    mems: want.mems.clone(),
+                    ..Default::default()
+                }),
+                (_, None) => None,
+            };
+            if let Some(o) = now {
+                let mut place = Placement::new(o.cpus, o.mems, want.role.clone());
+                place.partition = o.partition;
+                // Quotas are not read back: written again whenever they are wanted.
+                observed.insert(key.clone(), place);
+            }
+        }
+        if let Ok(top) = CgroupPath::new(plan::TOP_SLICE) {
+            // No pool but the reserved one: a top slice left from before goes too.
+            let top_key = Key::Cgroup(top.clone());
+            if !desired.contains_key(&top_key) {
+                if let Ok(Some(o)) = self.backend.observe(&top_key) {
+                    let mut place = Placement::new(o.cpus, o.mems, Role::Parent);
+                    place.partition = o.partition;
+                    observed.insert(top_key, place);
+                }
+            }
+            for child in self.backend.children(&top) {
+                let key = Key::Cgroup(child.clone());
+                let ours = child
+                    .as_str()
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
+                if ours && !desired.contains_key(&key) {
+                    let o = self.backend.observe(&key).ok().flatten().unwrap_or_default();
+                    let mut place = Placement::new(o.cpus, CpuSet::new(), Role::Pool(PoolKind::Shared));
+                    place.partition = o.partition;
+                    observed.insert(key, place);
+                }
+            }
+        }
+        let effects = plan::plan(&observed, &desired);
+        let mut failed = 0;
+        let mut degraded = Vec::new();
+        for effect in &effects {
+            match self.backend.apply(effect) {
+                Ok(()) => log::info!("reconcile: {}", describe(effect)),
+                Err(e) => {
+                    failed += 1;
+                    degraded.push(format!("{}: {}", describe(effect), error_chain(&e)));
+                    log::error!("reconcile: {} failed: {}", describe(effect), error_chain(&e));
+                }
+            }
+        }
+        self.degraded = degraded;
+        (effects.len() - failed, failed)
+    }
+
+    /// Runs the engine on its own thread until every [`Handle`] is dropped.
+    pub fn spawn(self) -> (Handle, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(256);
+        let handle = Handle { tx, snapshots: self.snapshots.subscribe(), events: self.events.clone() };
+        let thread = std::thread::Builder::new()
+            .name("cpupoold-engine".into())
+            .spawn(move || self.run(rx))
+            .unwrap_or_else(|e| {
+                log::error!("cannot start the engine thread: {e}");
+                std::process::exit(1)
+            });
+        (handle, thread)
+    }
+
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        while let Some(first) = rx.blocking_recv() {
+            // Group commit: Assign and Release requests already queued behind this one are
+            // decided together and share one apply and one durable save.
+            let mut group = Vec::new();
+            let mut next = Some(first);
+            while let Some(req) = next.take() {
+                match req {
+                    Request::Assign(spec, reply) => group.push(Mutation::Assign(spec, reply)),
+                    Request::Release(id, reply) => group.push(Mutation::Release(id, reply)),
+                    other => {
+                        self.mutate(std::mem::take(&mut group));
+                        self.handle(other);
+                    }
+                }
+                if group.len() < MAX_GROUP {
+                    next = rx.try_recv().ok();
+                }
+            }
+            self.mutate(group);
+        }
+        self.stop_irqs();
+    }
+
+    pub(super) fn handle(&mut self, req: Request) {
+        match req {
+            Request::Assign(spec, reply) => {
+                let result = self.stamp(spec).map_err(EngineError::from).and_then(|s| self.assign(&s));
+                let _ = reply.send(result);
+            }
+            Request::Release(id, reply) => {
+                let _ = reply.send(self.release(&id));
+            }
+            Request::Reload(settings, reply) => {
+                let _ = reply.send(self.reload(settings));
+            }
+            Request::ReloadFromDisk(reply) => {
+                let result = match &self.config {
+                    Some(src) => {
+                        let settings = src.load(None).map(Box::new);
+                        self.reload(settings)
+                    }
+                    None => Err(EngineError::NoConfigFiles),
+                };
+                let _ = reply.send(result);
+            }
+            Request::EditPool(edit, reply) => {
+                let _ = reply.send(self.edit_pool(&edit));
+            }
+            Request::Run(spec, reply) => {
+                let _ = reply.send(self.run_process(spec));
+            }
+            Request::Reapply(reply) => {
+                let (done, failed) = self.reconcile();
+                let events = self.sync_housekeeping();
+                self.publish(events);
+                if done > 0 || failed > 0 {
+                    log::info!("re-applied after systemd reloaded: {done} corrections, {failed} failed");
+                }
+                let _ = reply.send(Ok(done));
+            }
+            Request::Ping(reply) => {
+                let _ = reply.send(());
+            }
+            Request::SampleIsolation(reply) => {
+                self.sample_isolation();
+                self.publish(Vec::new());
+                let _ = reply.send(());
+            }
+            Request::CheckDrift(reply) => {
+                let _ = reply.send(Ok(self.check_drift()));
+            }
+            Request::Retarget(id, target, container, reply) => {
+                let _ = reply.send(self.retarget(&id, target, container));
+            }
+            Request::SetUnpooled(cgroups, reply) => {
+                let _ = reply.send(self.set_unpooled(cgroups));
+            }
+        }
+    }
+
+    /// Drift: reconciles (rewrites what someone changed), then reads back what the kernel
+    /// enforces on every assignment's target. Those that still differ at two checks in a row
+    /// are degraded, with the reason; changes of that are published as `degraded` / `restored`
+    /// events.
+    pub(super) fn check_drift(&mut self) -> DriftReport {
+        let (corrected, failed) = self.reconcile();
+        self.apply_irqs();
+        let mut health = std::collections::BTreeMap::new();
+        let mut suspects = std::collections::BTreeSet::new();
+        for a in self.state.assignments().values() {
+            if let Err(e) = self.verify(a) {
+                // Seen once, it may be a unit caught mid-restart: degraded when the next check
+                // (after this one's corrections) still finds it so.
+                if self.suspects.contains(&a.id) || self.health.contains_key(&a.id) {
+                    health.insert(a.id.clone(), e.to_string());
+                } else {
+                    suspects.insert(a.id.clone());
+                }
+            }
+        }
+        self.suspects = suspects;
+        let mut events = Vec::new();
+        for (id, why) in &health {
+            if self.health.get(id) != Some(why) {
+                log::warn!(ASSIGNMENT = id.as_str(); "assignment {id} is degraded: {why}");
+                events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Degraded });
+            }
+        }
+        for id in self.health.keys() {
+            if !health.contains_key(id) && self.state.assignments().contains_key(id) {
+                log::info!(ASSIGNMENT = id.as_str(); "assignment {id} is enforced as assigned again");
+                events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Restored });
+            }
+        }
+        let report = DriftReport { corrected, failed, degraded: health.len() };
+        self.health = health;
+        events.extend(self.sync_housekeeping());
+        if corrected > 0 || failed > 0 || !events.is_empty() {
+            log::info!("drift check: {corrected} corrections, {failed} failed, {} degraded", report.degraded);
+        }
+        self.publish(events);
+        report
+    }
+
+    pub(super) fn publish(&self, mut events: Vec<Event>) {
+        // A group repeats a pool's event once per assignment: keep the last of each, which
+        // still follows every assignment event of that pool.
+        let mut seen = std::collections::HashSet::new();
+        let mut keep: Vec<bool> = events
+            .iter()
+            .rev()
+            .map(|e| match e {
+                Event::PoolChanged(p) => seen.insert(p.clone()),
+                Event::AssignmentChanged { .. } => true,
+            })
+            .collect();
+        keep.reverse();
+        let mut keep = keep.into_iter();
+        events.retain(|_| keep.next().unwrap_or(true));
+        let partitions = self
+            .state
+            .pools()
+            .values()
+            .filter(|p| p.kind != PoolKind::Reserved)
+            .filter_map(|p| {
+                Some((p.name.clone(), self.backend.partition_status(&plan::pool_slice(&p.name))?))
+            })
+            .collect();
+        let snap = Snapshot {
+            state: self.state.clone(),
+            topology: self.topo.clone(),
+            state_path: self.store.path().to_owned(),
+            config_error: self.config_error.clone(),
+            degraded: self.degraded.clone(),
+            partitions: Arc::new(partitions),
+            backend: self.backend.name(),
+            assignment_health: Arc::new(
+                self.health
+                    .iter()
+                    .filter(|(id, _)| self.state.assignments().contains_key(*id))
+                    .map(|(id, why)| (id.clone(), why.clone()))
+                    .collect(),
+            ),
+            isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
+            irq: Arc::new(self.irq.report().clone()),
+        };
+        self.snapshots.send_replace(snap);
+        for e in events {
+            // Nobody listening is fine.
+            let _ = self.events.send(e);
+        }
+    }
+}
+
+/// Each pool's CPUs, for resolving count pools where they are.
+pub(super) fn current_cpus(state: &State) -> std::collections::BTreeMap<PoolName, CpuSet> {
+    state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect()
+}

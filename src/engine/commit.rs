@@ -1,0 +1,443 @@
+//! The commit path: a mutation is decided on a copy of the state, planned, applied (taking
+//! CPUs before the save and giving them after it), saved, read back, and undone on any failure.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::{error_chain, Change, Engine, EngineError, Event, Request};
+use crate::core::cpuset::CpuSet;
+use crate::core::plan::{self, Effect, Key, Layout};
+use crate::core::state::{self, AssignSpec, Assignment, CgroupPath, Outcome, State, Target};
+
+impl Engine {
+    /// Records when a pid target's process started; refuses a process that does not exist.
+    pub(super) fn stamp(&self, mut spec: AssignSpec) -> Result<AssignSpec, state::Error> {
+        if let Target::Pid(pid) = spec.target {
+            match self.backend.process_start(pid) {
+                Some(start) => spec.process_start = Some(start),
+                None => {
+                    return Err(state::Error::InvalidArgument {
+                        arg: "target",
+                        reason: format!("process {pid} does not exist"),
+                    })
+                }
+            }
+        }
+        Ok(spec)
+    }
+
+    /// [`Handle::run`]: where systemd runs, the assignment's target is a new scope
+    /// `cpupool-run-<pid>-<start>.scope` in the pool's slice that holds the process; elsewhere
+    /// the process itself.
+    pub(super) fn run_process(&mut self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        let spec = self.stamp(spec)?;
+        let (Target::Pid(pid), Some(start)) = (&spec.target, spec.process_start) else {
+            return Err(
+                state::Error::InvalidArgument { arg: "pid", reason: "must name a process".into() }.into()
+            );
+        };
+        let pid = *pid;
+        if !self.backend.runs_scopes() {
+            return self.assign(&spec);
+        }
+        let pool = self.state.pool(&spec.pool)?.clone();
+        let scope = format!("cpupool-run-{pid}-{start}.scope");
+        let target = Target::parse(&format!("unit:{scope}"))?;
+        let mut next = (*self.state).clone();
+        let scoped = AssignSpec { target, process_start: None, ..spec };
+        let out = next.assign(&self.topo, &scoped)?;
+        let Outcome::Changed(a) = &out else { return Ok(out) };
+        // The scope does not exist yet: where it sits is read back once it does.
+        self.check_protected(&next, a)?;
+        let slice = plan::pool_slice(&pool.name);
+        let slice_unit = slice.as_str().rsplit('/').next().unwrap_or_default().to_owned();
+        // The scope starts with the pool slice's CPUs only; its own (exclusive ones) are set by
+        // the commit, after the save, like any assignment's: a crash in between leaves no
+        // CPU given away that the saved state does not name. The process waits meanwhile.
+        self.backend.start_scope(&scope, &slice_unit, pid, &CpuSet::new()).map_err(EngineError::Apply)?;
+        let before = (*self.state).clone();
+        self.commit(next)?;
+        self.verify_or_undo(before, a)?;
+        self.publish(assigned(a));
+        Ok(out)
+    }
+
+    /// Decides a group of mutations in order on one copy of the state, then applies and saves
+    /// the result once. If that fails, nothing of the group was kept, and each is done again on
+    /// its own, so every caller gets the answer it would have had alone.
+    pub(super) fn mutate(&mut self, group: Vec<Mutation>) {
+        if group.len() <= 1 {
+            for m in group {
+                self.handle(m.into_request());
+            }
+            return;
+        }
+        let mut next = (*self.state).clone();
+        let mut decided: Vec<Decided> = group
+            .iter()
+            .map(|m| match m {
+                Mutation::Assign(spec, _) => {
+                    Decided::Assign(self.stamp(spec.clone()).and_then(|s| self.decide(&mut next, &s)))
+                }
+                Mutation::Release(id, _) => Decided::Release(next.release(id)),
+            })
+            .collect();
+        let changed = decided
+            .iter()
+            .any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
+        if changed {
+            let before = (*self.state).clone();
+            if let Err(e) = self.commit(next) {
+                log::warn!(
+                    "applying {} grouped changes failed ({}); doing them one by one",
+                    group.len(),
+                    error_chain(&e)
+                );
+                for m in group {
+                    self.handle(m.into_request());
+                }
+                return;
+            }
+            // Read back: assignments the kernel does not enforce are taken back out, together.
+            let refused: Vec<(usize, state::Error)> = decided
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| match d {
+                    Decided::Assign(Ok(Outcome::Changed(a))) => self.verify(a).err().map(|e| (i, e)),
+                    _ => None,
+                })
+                .collect();
+            if !refused.is_empty() {
+                let mut fixed = (*self.state).clone();
+                for (i, _) in &refused {
+                    if let Decided::Assign(Ok(Outcome::Changed(a))) = &decided[*i] {
+                        let _ = fixed.release(a.id.as_str());
+                    }
+                }
+                if let Err(e) = self.commit(fixed) {
+                    log::error!(
+                        "taking back assignments the kernel does not enforce failed: {}",
+                        error_chain(&e)
+                    );
+                    let _ = self.commit(before);
+                }
+                for (i, e) in refused {
+                    decided[i] = Decided::Assign(Err(e));
+                }
+            }
+        }
+        let mut events = Vec::new();
+        for d in &decided {
+            match d {
+                Decided::Assign(Ok(Outcome::Changed(a))) => events.extend(assigned(a)),
+                Decided::Release(Ok(a)) => events.extend(released(a)),
+                _ => {}
+            }
+        }
+        // Publish before answering: a caller that reads right after its reply must see its
+        // change (tests/load.rs caught GetAssignment missing a just-acknowledged Assign).
+        self.publish(events);
+        for (m, d) in group.into_iter().zip(decided) {
+            match (m, d) {
+                (Mutation::Assign(_, reply), Decided::Assign(r)) => {
+                    let _ = reply.send(r.map_err(EngineError::from));
+                }
+                (Mutation::Release(_, reply), Decided::Release(r)) => {
+                    let _ = reply.send(r.map_err(EngineError::from));
+                }
+                // `decided` was made from `group` in order.
+                _ => {}
+            }
+        }
+    }
+
+    pub(super) fn assign(&mut self, spec: &AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        let mut next = (*self.state).clone();
+        let out = self.decide(&mut next, spec)?;
+        if let Outcome::Changed(a) = &out {
+            let before = (*self.state).clone();
+            self.commit(next)?;
+            self.verify_or_undo(before, a)?;
+            self.publish(assigned(a));
+        }
+        Ok(out)
+    }
+
+    /// Decides an assignment on `next` and admits its target: on refusal `next` is as it was.
+    pub(super) fn decide(
+        &self,
+        next: &mut State,
+        spec: &AssignSpec,
+    ) -> Result<Outcome<Assignment>, state::Error> {
+        let out = next.assign(&self.topo, spec)?;
+        if let Outcome::Changed(a) = &out {
+            if let Err(e) = self.admit_target(next, a) {
+                let _ = next.release(a.id.as_str());
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Refuses a new assignment's target before anything is applied: targets that would
+    /// defeat the pools ([`state::check_target`]), and targets whose place gives them fewer
+    /// CPUs than assigned (the kernel would enforce the intersection, and the books would not
+    /// match it).
+    pub(super) fn admit_target(&self, next: &State, a: &Assignment) -> Result<(), state::Error> {
+        self.check_protected(next, a)?;
+        let Some(key) = Key::of(&a.target) else { return Ok(()) };
+        match self.backend.confinement(&key) {
+            Ok(Some(c)) if !a.cpus.is_subset(&c.cpus) => Err(outside(a, &c.parent, &c.cpus)),
+            Ok(_) => Ok(()),
+            // Unknown is not a refusal: the read-back after applying decides.
+            Err(e) => {
+                log::debug!("cannot tell where {} sits: {}", a.target, error_chain(&e));
+                Ok(())
+            }
+        }
+    }
+
+    /// [`state::check_target`] for `a` against the host cgroups and `next`'s other assignments.
+    pub(super) fn check_protected(&self, next: &State, a: &Assignment) -> Result<(), state::Error> {
+        let others = next.assignments().values().filter(|o| o.id != a.id);
+        state::check_target(&a.target, &self.opts.host_cgroups, others)
+    }
+
+    /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal.
+    pub(super) fn verify(&self, a: &Assignment) -> Result<(), state::Error> {
+        let Some(key) = Key::of(&a.target) else { return Ok(()) };
+        match self.backend.enforced(&key) {
+            Ok(Some(now)) if now != a.cpus => {
+                let (parent, cpus) = match self.backend.confinement(&key) {
+                    Ok(Some(c)) => (c.parent, c.cpus),
+                    _ => ("its cgroup".to_owned(), now),
+                };
+                Err(outside(a, &parent, &cpus))
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(state::Error::TargetOutsidePool {
+                target: a.target.to_string(),
+                cpus: a.cpus.to_string(),
+                parent: "?".into(),
+                parent_cpus: String::new(),
+                hint: format!("reading back what the kernel enforces failed: {}", error_chain(&e)),
+            }),
+        }
+    }
+
+    /// [`Engine::verify`] after a commit; on a difference the commit is undone (applied and
+    /// saved back to `before`), so nothing stays booked.
+    pub(super) fn verify_or_undo(&mut self, before: State, a: &Assignment) -> Result<(), EngineError> {
+        if let Err(e) = self.verify(a) {
+            log::warn!(
+                TARGET = a.target.to_string().as_str();
+                "refusing assignment {} of CPUs {} to {}: {e}", a.id, a.cpus, a.target
+            );
+            if let Err(undo) = self.commit(before) {
+                log::error!("taking back assignment {} failed: {}", a.id, error_chain(&undo));
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    pub(super) fn release(&mut self, id: &str) -> Result<Assignment, EngineError> {
+        let mut next = (*self.state).clone();
+        let a = next.release(id)?;
+        self.commit(next)?;
+        self.publish(released(&a));
+        Ok(a)
+    }
+
+    pub(super) fn retarget(
+        &mut self,
+        id: &str,
+        target: state::Target,
+        container: Option<state::Container>,
+    ) -> Result<Outcome<Assignment>, EngineError> {
+        let mut next = (*self.state).clone();
+        let out = next.retarget(id, target, container)?;
+        if let Outcome::Changed(a) = &out {
+            self.commit(next)?;
+            log::info!(
+                POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+                "assignment {} (CPUs {}) now applies to {}", a.id, a.cpus, a.target
+            );
+            self.publish(vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Added }]);
+        }
+        Ok(out)
+    }
+
+    pub(super) fn set_unpooled(
+        &mut self,
+        cgroups: std::collections::BTreeSet<CgroupPath>,
+    ) -> Result<usize, EngineError> {
+        if cgroups == self.opts.unpooled {
+            return Ok(0);
+        }
+        let before = self.layout(&self.state);
+        let previous = std::mem::replace(&mut self.opts.unpooled, cgroups);
+        let after = self.layout(&self.state);
+        let effects = plan::plan(&before, &after).len();
+        if let Err(e) = self.apply_plan(&before, &after) {
+            // Back as it was, so that the next call tries again.
+            self.undo(&after, &before);
+            self.opts.unpooled = previous;
+            return Err(e);
+        }
+        Ok(effects)
+    }
+
+    /// Applies and saves `next`; on failure undoes what was applied.
+    pub(super) fn commit(&mut self, next: State) -> Result<(), EngineError> {
+        let before = self.layout(&self.state);
+        let after = self.layout(&next);
+        self.commit_layouts(&before, &after, &next)?;
+        self.state = Arc::new(next);
+        Ok(())
+    }
+
+    /// Takes CPUs away (`plan::kept`) before the save and gives them only after it, so that a
+    /// crash at any point leaves no target holding CPUs the saved state does not give it.
+    pub(super) fn commit_layouts(
+        &mut self,
+        before: &Layout,
+        after: &Layout,
+        next: &State,
+    ) -> Result<(), EngineError> {
+        let kept = plan::kept(before, after);
+        self.apply_plan(before, &kept).inspect_err(|_| self.undo(&kept, before))?;
+        if let Err(e) = self.store.save(next.data()) {
+            log::error!("saving the state failed: {}; rolling back", error_chain(&e));
+            self.undo(&kept, before);
+            self.resave_previous();
+            return Err(EngineError::Store(e));
+        }
+        if let Err(e) = self.apply_plan(&kept, after) {
+            self.undo(after, before);
+            self.resave_previous();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_plan(&self, from: &Layout, to: &Layout) -> Result<(), EngineError> {
+        for effect in plan::plan(from, to) {
+            if let Err(e) = self.backend.apply(&effect) {
+                log::warn!("{} failed: {}; rolling back", describe(&effect), error_chain(&e));
+                return Err(EngineError::Apply(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts the current state back on disk after a failed change (the new file may be in
+    /// place already: a failed directory fsync, or a failure applying after the save).
+    pub(super) fn resave_previous(&self) {
+        if let Err(e) = self.store.save(self.state.data()) {
+            log::error!("re-saving the previous state failed too: {}", error_chain(&e));
+        }
+    }
+
+    pub(super) fn undo(&self, applied: &Layout, back_to: &Layout) {
+        for effect in plan::plan(applied, back_to) {
+            if let Err(e) = self.backend.apply(&effect) {
+                log::error!("rollback: {} failed: {}", describe(&effect), error_chain(&e));
+            }
+        }
+    }
+}
+
+/// The most mutations decided and saved together.
+pub(super) const MAX_GROUP: usize = 256;
+
+/// An Assign or Release waiting in a group.
+pub(super) enum Mutation {
+    Assign(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
+    Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
+}
+
+impl Mutation {
+    fn into_request(self) -> Request {
+        match self {
+            Mutation::Assign(spec, reply) => Request::Assign(spec, reply),
+            Mutation::Release(id, reply) => Request::Release(id, reply),
+        }
+    }
+}
+
+/// What the core decided for one mutation of a group.
+enum Decided {
+    Assign(Result<Outcome<Assignment>, state::Error>),
+    Release(Result<Assignment, state::Error>),
+}
+
+/// The refusal of `a`, whose target sits in `parent` with effective CPUs `cpus`.
+pub(super) fn outside(a: &Assignment, parent: &str, cpus: &CpuSet) -> state::Error {
+    let hint = match &a.target {
+        Target::Unit(_) => format!(
+            "start the unit in the pool's slice (`Slice=cpupool-{0}.slice`, or `systemd-run --slice=cpupool-{0}.slice`), or use `cpupoolctl run --pool {0}`",
+            a.pool
+        ),
+        Target::Cgroup(_) => format!(
+            "use a cgroup inside the pool's slice (`cpupool.slice/cpupool-{}.slice/NAME`), or give its parent these CPUs first",
+            a.pool
+        ),
+        Target::Pid(_) => format!("start the process with `cpupoolctl run --pool {}`, which puts it where the CPUs are", a.pool),
+        Target::Kubelet(_) => String::new(),
+    };
+    state::Error::TargetOutsidePool {
+        target: a.target.to_string(),
+        cpus: a.cpus.to_string(),
+        parent: parent.to_owned(),
+        parent_cpus: cpus.to_string(),
+        hint,
+    }
+}
+
+/// Logs a new assignment and returns its events.
+pub(super) fn assigned(a: &Assignment) -> Vec<Event> {
+    log::info!(
+        POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+        "assigned CPUs {} ({} millicpus) from pool {} to {}", a.cpus, a.millicpus, a.pool, a.target
+    );
+    vec![
+        Event::AssignmentChanged { id: a.id.clone(), change: Change::Added },
+        Event::PoolChanged(a.pool.clone()),
+    ]
+}
+
+/// Logs a release and returns its events.
+pub(super) fn released(a: &Assignment) -> Vec<Event> {
+    log::info!(
+        POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
+        "released CPUs {} of pool {} from {}", a.cpus, a.pool, a.target
+    );
+    vec![
+        Event::AssignmentChanged { id: a.id.clone(), change: Change::Removed },
+        Event::PoolChanged(a.pool.clone()),
+    ]
+}
+
+/// A human description of an effect, for logs.
+pub fn describe(effect: &Effect) -> String {
+    match effect {
+        Effect::CreateCgroup(p) => format!("create cgroup {p}"),
+        Effect::RemoveCgroup(p) => format!("remove cgroup {p}"),
+        Effect::SetCpus { key, cpus, .. } if cpus.is_empty() => format!("lift the CPU restriction of {key}"),
+        Effect::SetCpus { key, cpus, .. } => format!("set CPUs of {key} to {cpus}"),
+        Effect::SetMems { path, mems, .. } => format!("set memory nodes of cgroup {path} to {mems}"),
+        Effect::SetPartition { path, partition } => match partition {
+            plan::Partition::Member => format!("make cgroup {path} a member (no partition)"),
+            plan::Partition::Parent(cpus) => {
+                format!("let cgroup {path} grant CPUs {cpus} to isolated partitions")
+            }
+            plan::Partition::Isolated(cpus) => {
+                format!("make cgroup {path} an isolated partition on CPUs {cpus}")
+            }
+        },
+        Effect::SetQuota { key, millis: Some(m) } => format!("limit the CPU time of {key} to {m} millicpus"),
+        Effect::SetQuota { key, millis: None } => format!("lift the CPU time limit of {key}"),
+    }
+}

@@ -1,0 +1,263 @@
+//! The engine's contract: what adapters send ([`Request`] through a [`Handle`]) and what they
+//! read ([`Snapshot`], [`Event`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+use super::{housekeeping, EngineError, IrqReport};
+use crate::config::runtime::PoolEdit;
+use crate::config::{ConfigError, Settings};
+use crate::core::pool::{Pool, PoolName};
+use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, CgroupPath, Outcome, State};
+use crate::core::topology::Topology;
+
+/// A change other parties may want to hear about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A pool was added, removed, resized, or its free capacity changed.
+    PoolChanged(PoolName),
+    /// An assignment was added or removed.
+    AssignmentChanged {
+        /// The assignment.
+        id: AssignmentId,
+        /// What happened.
+        change: Change,
+    },
+}
+
+/// What happened to an assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Created.
+    Added,
+    /// Released.
+    Removed,
+    /// What the kernel enforces on its target no longer matches its CPUs, and reconciling
+    /// could not restore it (the reason is in the snapshot's `assignment_health`).
+    Degraded,
+    /// Enforced as assigned again after being degraded.
+    Restored,
+}
+
+impl Change {
+    /// `added` or `removed`, as the APIs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Added => "added",
+            Change::Removed => "removed",
+            Change::Degraded => "degraded",
+            Change::Restored => "restored",
+        }
+    }
+}
+
+/// What the APIs read: one committed state, never torn.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Pools and assignments.
+    pub state: Arc<State>,
+    /// The host topology.
+    pub topology: Arc<Topology>,
+    /// The state file.
+    pub state_path: std::path::PathBuf,
+    /// Why the configuration on disk is not the one running, if it is not.
+    pub config_error: Option<String>,
+    /// Pools whose cgroups could not all be applied at the last reconcile.
+    pub degraded: Vec<String>,
+    /// The kernel's word on each pool slice's partition (`member`, `isolated`,
+    /// `isolated invalid (...)`), read after every change.
+    pub partitions: Arc<std::collections::BTreeMap<PoolName, String>>,
+    /// `cgroupfs` or `systemd`.
+    pub backend: &'static str,
+    /// Assignments whose target the kernel does not confine to their CPUs, with the reason,
+    /// found by the last drift check and not restored by it.
+    pub assignment_health: Arc<std::collections::BTreeMap<AssignmentId, String>>,
+    /// Isolation: partition validity, workqueue masks, the kernel's own isolation and the
+    /// health measured on each isolated pool.
+    pub isolation: Arc<housekeeping::IsolationReport>,
+    /// Interrupt affinity as the last pass left it (see [`irq`]).
+    pub irq: Arc<IrqReport>,
+}
+
+impl Snapshot {
+    /// The one-line summary for `STATUS=` and logs.
+    pub fn summary(&self) -> String {
+        let mut s =
+            format!("{} pools, {} assignments", self.state.pools().len(), self.state.assignments().len());
+        if !self.assignment_health.is_empty() {
+            s.push_str(&format!("; {} degraded", self.assignment_health.len()));
+        }
+        if self.config_error.is_some() {
+            s.push_str("; configuration on disk rejected, running the last good one");
+        }
+        s
+    }
+}
+
+/// A request to the engine.
+pub enum Request {
+    /// Assign CPUs.
+    Assign(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
+    /// Release an assignment.
+    Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
+    /// Apply a new configuration, or record why it could not be read.
+    Reload(Result<Box<Settings>, ConfigError>, oneshot::Sender<Result<bool, EngineError>>),
+    /// Read the configuration files again and apply them (SIGHUP).
+    ReloadFromDisk(oneshot::Sender<Result<bool, EngineError>>),
+    /// Create, resize or delete a pool, persisted in the runtime drop-in.
+    EditPool(PoolEdit, oneshot::Sender<Result<Option<Pool>, EngineError>>),
+    /// Assign CPUs to a process and start it a scope in the pool's slice (where systemd runs),
+    /// or confine it in place (elsewhere). The target of the spec is `pid:N`.
+    Run(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
+    /// Read back the host and correct what differs from the state (after systemd reloaded).
+    Reapply(oneshot::Sender<Result<usize, EngineError>>),
+    /// Answer, to prove the engine thread is alive (watchdog).
+    Ping(oneshot::Sender<()>),
+    /// Sample the isolation health counters.
+    SampleIsolation(oneshot::Sender<()>),
+    /// Look for drift: correct what differs from the state, then read back what the kernel
+    /// enforces on every assignment's target and mark those that differ degraded.
+    CheckDrift(oneshot::Sender<Result<DriftReport, EngineError>>),
+    /// Point an assignment at another target, keeping its CPUs, and record its container (the
+    /// device plugin, once it knows the container of a kubelet allocation).
+    Retarget(
+        String,
+        state::Target,
+        Option<state::Container>,
+        oneshot::Sender<Result<Outcome<Assignment>, EngineError>>,
+    ),
+    /// Keep these container cgroups off the exclusive pools' CPUs, and no others (the device
+    /// plugin, for the kubelet's containers that use no pool).
+    SetUnpooled(std::collections::BTreeSet<CgroupPath>, oneshot::Sender<Result<usize, EngineError>>),
+}
+
+/// How adapters reach the engine.
+#[derive(Clone)]
+pub struct Handle {
+    pub(super) tx: mpsc::Sender<Request>,
+    pub(super) snapshots: watch::Receiver<Snapshot>,
+    pub(super) events: broadcast::Sender<Event>,
+}
+
+impl Handle {
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, EngineError>>) -> Request,
+    ) -> Result<T, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Assigns CPUs.
+    pub async fn assign(&self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        self.call(|tx| Request::Assign(spec, tx)).await
+    }
+
+    /// Assigns CPUs to process `pid:N` of `spec` and starts it a scope in the pool's slice
+    /// where systemd runs (the assignment's target is then that scope); elsewhere confines the
+    /// process itself.
+    pub async fn run(&self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+        self.call(|tx| Request::Run(spec, tx)).await
+    }
+
+    /// Reads back the host and corrects what differs from the state; returns the corrections.
+    pub async fn reapply(&self) -> Result<usize, EngineError> {
+        self.call(Request::Reapply).await
+    }
+
+    /// Releases an assignment.
+    pub async fn release(&self, id: &str) -> Result<Assignment, EngineError> {
+        let id = id.to_owned();
+        self.call(|tx| Request::Release(id, tx)).await
+    }
+
+    /// Applies a new configuration, or records that the one on disk could not be read (it
+    /// shows in the status). `Ok(false)`: nothing changed.
+    pub async fn reload(&self, settings: Result<Settings, ConfigError>) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Reload(settings.map(Box::new), tx)).await
+    }
+
+    /// Reads the configuration files again and applies them, like [`Handle::reload`].
+    pub async fn reload_from_disk(&self) -> Result<bool, EngineError> {
+        self.call(Request::ReloadFromDisk).await
+    }
+
+    /// Creates, resizes or deletes a pool; returns the pool as it now is (`None` once deleted).
+    pub async fn edit_pool(&self, edit: PoolEdit) -> Result<Option<Pool>, EngineError> {
+        self.call(|tx| Request::EditPool(edit, tx)).await
+    }
+
+    /// Points an assignment at another target, keeping its CPUs, records the container it
+    /// serves, and applies it.
+    pub async fn retarget(
+        &self,
+        id: &str,
+        target: state::Target,
+        container: Option<state::Container>,
+    ) -> Result<Outcome<Assignment>, EngineError> {
+        let id = id.to_owned();
+        self.call(|tx| Request::Retarget(id, target, container, tx)).await
+    }
+
+    /// Keeps exactly these container cgroups off the exclusive pools' CPUs; returns how many
+    /// cgroups were written. Not saved: the device plugin says it again after a restart.
+    pub async fn set_unpooled(
+        &self,
+        cgroups: std::collections::BTreeSet<CgroupPath>,
+    ) -> Result<usize, EngineError> {
+        self.call(|tx| Request::SetUnpooled(cgroups, tx)).await
+    }
+
+    /// Corrects drift and reads back every assignment's target (see [`Request::CheckDrift`]).
+    pub async fn check_drift(&self) -> Result<DriftReport, EngineError> {
+        self.call(Request::CheckDrift).await
+    }
+
+    /// Samples the isolation health counters (the daemon's health tick).
+    pub async fn sample_isolation(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Request::SampleIsolation(tx)).await.map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Waits until the engine thread answers.
+    pub async fn ping(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Request::Ping(tx)).await.map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// The current committed state.
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshots.borrow().clone()
+    }
+
+    /// A stream of committed changes.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+}
+
+/// What a drift check found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DriftReport {
+    /// Corrections made (a file rewritten, a property set again).
+    pub corrected: usize,
+    /// Corrections that failed.
+    pub failed: usize,
+    /// Assignments degraded after the check.
+    pub degraded: usize,
+}
+
+/// How long the watchdog waits for the engine before it stops pinging.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Measures how long the engine takes to answer (used by the watchdog loop).
+pub async fn ping_within(handle: &Handle, timeout: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    tokio::time::timeout(timeout, handle.ping()).await.ok()?.ok()?;
+    Some(start.elapsed())
+}
