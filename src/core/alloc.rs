@@ -13,10 +13,31 @@
 //! independent of how many assignments exist and of the rest of the host (`benches/alloc.rs`).
 
 use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
 
 use super::cpuset::CpuSet;
-use super::pool::Smt;
 use super::topology::Topology;
+
+/// How SMT siblings are handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Smt {
+    /// Only whole cores: an assignment never shares a core with another.
+    FullCores,
+    /// Logical CPUs: siblings may go to different assignments.
+    Threads,
+}
+
+impl fmt::Display for Smt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Smt::FullCores => "full-cores",
+            Smt::Threads => "threads",
+        })
+    }
+}
 
 /// Why no CPUs could be picked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
