@@ -50,6 +50,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod edit;
 mod fragments;
 mod inputs;
 pub mod runtime;

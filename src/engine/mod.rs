@@ -26,11 +26,11 @@ use std::sync::Arc;
 
 use tokio::sync::{broadcast, watch};
 
+pub use crate::config::edit::ConfigSource;
 pub use actor::{StartError, StartReport};
 pub use commit::describe;
 pub use handle::{ping_within, Change, DriftReport, Event, Handle, Request, Snapshot, PING_TIMEOUT};
 pub use irq::IrqReport;
-pub use reload::ConfigSource;
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;

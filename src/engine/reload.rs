@@ -5,33 +5,14 @@ use std::sync::Arc;
 
 use super::actor::current_cpus;
 use super::{error_chain, Engine, EngineError, Event};
-use crate::config::runtime::{Dropin, PoolEdit};
-use crate::config::{self, ConfigDirs, ConfigError, Settings};
+use crate::config::edit::{self, EditError, PreparedEdit};
+use crate::config::runtime::PoolEdit;
+use crate::config::{self, ConfigError, Settings};
 use crate::core::plan;
 use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, State};
 use crate::core::topology::Topology;
 use crate::host::sysfs;
-
-/// Where the engine reads its configuration: on a reload request and to check a pool edit.
-pub struct ConfigSource {
-    /// The configuration directories.
-    pub dirs: ConfigDirs,
-    /// Adjusts what was loaded (the sandbox confines every root to its directory).
-    pub adjust: Box<dyn Fn(&mut Settings) + Send>,
-}
-
-impl ConfigSource {
-    /// Loads the settings, with `replace` standing in for one file if given.
-    pub fn load(&self, replace: Option<(&std::path::Path, Option<&str>)>) -> Result<Settings, ConfigError> {
-        let mut settings = match replace {
-            Some(r) => config::load_with(&self.dirs, r)?,
-            None => config::load(&self.dirs)?,
-        };
-        (self.adjust)(&mut settings);
-        Ok(settings)
-    }
-}
 
 impl Engine {
     pub(super) fn reload(
@@ -141,66 +122,11 @@ impl Engine {
             _ => {}
         }
         let src = self.config.as_ref().ok_or(EngineError::NoConfigFiles)?;
-        let old = Dropin::read(&src.dirs).map_err(|e| EngineError::Config(Box::new(e)))?;
-        let mut new = old.clone();
-        let load = |d: &Dropin| {
-            let text = d.text();
-            src.load(Some((d.path(), text.as_deref()))).map_err(|e| edit_error(name, d.path(), e))
-        };
-        let settings = match edit {
-            PoolEdit::Delete { .. } => {
-                // Without a table, unless another file defines the pool too.
-                new.forget(name);
-                let settings = load(&new)?;
-                if settings.pools.iter().any(|p| &p.name == name) {
-                    new.apply(edit);
-                    load(&new)?
-                } else {
-                    settings
-                }
-            }
-            _ => {
-                new.apply(edit);
-                let settings = load(&new)?;
-                if settings.pools.iter().any(|p| &p.name == name) {
-                    settings
-                } else {
-                    // An earlier file removes a pool of this name: bring it back.
-                    new.restore(name);
-                    load(&new)?
-                }
-            }
-        };
-        let wins = |key: &str| settings.origins.get(key).filter(|f| *f != new.path()).map(ToOwned::to_owned);
-        match edit {
-            PoolEdit::Delete { .. } => {
-                if settings.pools.iter().any(|p| &p.name == name) {
-                    let key = config::pool_key(name.as_str(), "removed");
-                    let file = wins(&key).or_else(|| wins(&config::pool_key(name.as_str(), "")));
-                    return Err(EngineError::Overridden {
-                        key,
-                        file: file.unwrap_or_default(),
-                        dropin: new.path().to_owned(),
-                    });
-                }
-            }
-            _ => {
-                if !settings.pools.iter().any(|p| &p.name == name) {
-                    let key = config::pool_key(name.as_str(), "removed");
-                    return Err(EngineError::Overridden {
-                        key: key.clone(),
-                        file: wins(&key).unwrap_or_default(),
-                        dropin: new.path().to_owned(),
-                    });
-                }
-                for field in edit.keys() {
-                    let key = config::pool_key(name.as_str(), field);
-                    if let Some(file) = wins(&key) {
-                        return Err(EngineError::Overridden { key, file, dropin: new.path().to_owned() });
-                    }
-                }
-            }
-        }
+        let PreparedEdit { old, new, settings } = edit::prepare(src, edit).map_err(|e| match e {
+            EditError::Read(e) => EngineError::Config(Box::new(e)),
+            EditError::Invalid { dropin, source } => edit_error(name, &dropin, source),
+            EditError::Overridden { key, file, dropin } => EngineError::Overridden { key, file, dropin },
+        })?;
         let (topo, next) = self.prepare(&settings).map_err(|e| match e {
             EngineError::Config(c) => edit_error(name, new.path(), *c),
             other => other,
