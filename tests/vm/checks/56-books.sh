@@ -68,15 +68,18 @@ check_output "and the assignment is applied" 'app +dp +'"$cpu"' +1000m +applied'
 
 # A unit in dp's slice moved out of it behind cpupoold's back cannot be corrected (its new
 # slice has CPU 0 only): degraded, shown everywhere, restored when it comes back.
-printf '[Service]\nSlice=cpupool-dp.slice\nExecStart=/bin/sleep infinity\n' >/run/systemd/system/drifter.service
-systemctl daemon-reload
+# drifter_in SLICE: (re)writes drifter.service to run in SLICE and reloads systemd.
+drifter_in() {
+  printf '[Service]\nSlice=%s\nExecStart=/bin/sleep infinity\n' "$1" >/run/systemd/system/drifter.service
+  systemctl daemon-reload
+}
+drifter_in cpupool-dp.slice
 systemctl start drifter.service
 # --no-reclaim: the restarts below must not release it.
 check "assign dp to drifter.service" cpupoolctl pool assign dp --unit drifter.service --cpus 1 --id drifter --no-reclaim
 cpupoolctl monitor >/tmp/monitor.log 2>&1 &
 mon=$!
-printf '[Service]\nSlice=system.slice\nExecStart=/bin/sleep infinity\n' >/run/systemd/system/drifter.service
-systemctl daemon-reload
+drifter_in system.slice
 systemctl restart drifter.service
 if wait_for 15 sh -c 'cpupoolctl assignments | grep -Eq "drifter +dp .* degraded"'; then
   pass "a unit moved out of its pool's slice is reported degraded"
@@ -96,8 +99,7 @@ check_output "varlink Status counts it" '"degraded_assignments": 1' \
   python3 -m varlink.cli call "$VARLINK/org.cpupool.Manager.Status" '{}'
 check_output "D-Bus GetAssignment says degraded" 'degraded' \
   busctl call org.cpupool.Manager1 /org/cpupool/Manager1 org.cpupool.Manager1 GetAssignment s drifter
-printf '[Service]\nSlice=cpupool-dp.slice\nExecStart=/bin/sleep infinity\n' >/run/systemd/system/drifter.service
-systemctl daemon-reload
+drifter_in cpupool-dp.slice
 systemctl restart drifter.service
 if wait_for 15 sh -c 'cpupoolctl assignments | grep -Eq "drifter +dp .* applied"'; then
   pass "back in its slice, it is applied again"
