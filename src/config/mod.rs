@@ -342,3 +342,6 @@ impl std::error::Error for TomlError {}
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod manpage_tests;
