@@ -90,7 +90,10 @@ impl<'de> de::Deserializer<'de> for Recorder<'_> {
     fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, DeError> {
         // A self-describing field (an untagged enum, a custom Deserialize) would need the
         // recorder taught its shape; say which one rather than guess.
-        Err(de::Error::custom(format!("`{}` asks for deserialize_any: teach the recorder its type", self.path)))
+        Err(de::Error::custom(format!(
+            "`{}` asks for deserialize_any: teach the recorder its type",
+            self.path
+        )))
     }
 
     leaf! {
@@ -325,7 +328,8 @@ fn man_page_examples_load() {
     }
     assert!(blocks.len() >= 2, "{blocks:?}");
     let names: Vec<String> = (0..blocks.len()).map(|i| format!("example-{i}.toml")).collect();
-    let fragments: Vec<(&str, &str)> = names.iter().map(String::as_str).zip(blocks.iter().map(String::as_str)).collect();
+    let fragments: Vec<(&str, &str)> =
+        names.iter().map(String::as_str).zip(blocks.iter().map(String::as_str)).collect();
     let settings = super::load_strs(&fragments).unwrap_or_else(|e| panic!("the man page's examples: {e}"));
     assert_eq!(settings.pools.len(), 3);
 }
