@@ -4,6 +4,14 @@
 //! and the test waits for its `READY` line; every other line runs with `sh` (after the block's
 //! variable assignments), and the first that fails fails the test with its output.
 //!
+//! `cargo run --example kubelet_peer --` becomes the example cargo built (`--all-targets`).
+//!
+//! The other tests here check what cannot run in the sandbox: every `toml` block of the README
+//! and of `docs/` loads with the real configuration parser; every `cpupoolctl` line of their
+//! `sh` blocks parses with cpupoolctl's real argument parser; the interface tables of
+//! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML; relative links
+//! resolve; and the README stays a guide (under 25 KB).
+//!
 //! Not run: `cargo test ...` (this is one of those tests). The varlink lines need the PyPI
 //! `varlink` package and are skipped, with a message, without it. The Monitor line streams until
 //! stopped: it passes once it printed its first event.
@@ -45,9 +53,22 @@ fn cpupoolctl_bin() -> PathBuf {
     bin
 }
 
+/// `target/debug/examples/kubelet_peer`, built by `cargo test --all-targets`.
+fn kubelet_peer_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(Path::parent).unwrap().join("examples/kubelet_peer");
+    assert!(bin.is_file(), "{} is missing: run `cargo build --examples` first", bin.display());
+    bin
+}
+
 /// The line with the demo directory and `cargo run` replaced.
 fn rewrite(line: &str, dir: &Path) -> String {
     let ctl = cpupoolctl_bin();
+    let line = if line.contains("cargo run --example kubelet_peer --") {
+        line.replace("cargo run --example kubelet_peer --", &kubelet_peer_bin().display().to_string())
+    } else {
+        line.to_owned()
+    };
     line.replace(DEMO, &dir.display().to_string())
         .replace("cargo run --release --bin cpupoold --", env!("CARGO_BIN_EXE_cpupoold"))
         .replace("cargo run --bin cpupoold --", env!("CARGO_BIN_EXE_cpupoold"))
@@ -125,7 +146,7 @@ fn every_try_it_example_works() {
         }
     }
     eprintln!("ran {} README lines:\n  {}", ran.len(), ran.join("\n  "));
-    assert!(ran.len() >= 12, "{ran:?}");
+    assert!(ran.len() >= 16, "{ran:?}");
     drop(guard);
 }
 
@@ -162,4 +183,307 @@ impl Drop for Kill {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.0.wait();
     }
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// README.md and every Markdown file under docs/, as (path relative to the root, text).
+fn documents() -> Vec<(PathBuf, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = vec![root().join("README.md")];
+    walk(&root().join("docs"), &mut paths);
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (p.strip_prefix(root()).unwrap().to_owned(), text)
+        })
+        .collect()
+}
+
+/// The fenced blocks of a Markdown text whose info string is `lang`, one string each.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current: Option<(bool, String)> = None;
+    for line in text.lines() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut current, fence) {
+            (None, Some(info)) => current = Some((info.trim() == lang, String::new())),
+            (Some(_), Some(_)) => {
+                let (wanted, block) = current.take().unwrap();
+                if wanted {
+                    out.push(block);
+                }
+            }
+            (Some((_, block)), None) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn readme_is_a_guide_under_25_kb() {
+    let len = std::fs::metadata(root().join("README.md")).unwrap().len();
+    assert!(len < 25 * 1024, "README.md is {len} bytes: move reference material to docs/");
+}
+
+/// Every `toml` block loads with the real parser: a full configuration as it is, a drop-in
+/// (a block without a reserved pool) on top of a base holding the pools the drop-ins edit, as
+/// the daemon would merge it.
+#[test]
+fn every_toml_block_in_the_docs_loads() {
+    const BASE: &str = "[pools.reserved]\nkind = \"reserved\"\ncount = 1\n\n\
+                        [pools.dp]\nkind = \"exclusive\"\ncount = 4\n\n\
+                        [pools.batch]\nkind = \"exclusive\"\ncount = 2\n";
+    let mut loaded = 0;
+    for (path, text) in documents() {
+        for block in blocks(&text, "toml") {
+            let full = block.contains("\"reserved\"");
+            let name = path.display().to_string();
+            let fragments: Vec<(&str, &str)> =
+                if full { vec![(&name, &block)] } else { vec![("base.toml", BASE), (&name, &block)] };
+            if let Err(e) = cpupoold::config::load_strs(&fragments) {
+                panic!("a toml block of {name} does not load: {e}\n{block}");
+            }
+            loaded += 1;
+        }
+    }
+    assert!(loaded >= 6, "only {loaded} toml blocks");
+}
+
+/// The `cpupoolctl` command of a documentation line (after `sudo`, up to a comment, pipe or
+/// redirection), with `cargo run --bin cpupoolctl --` as `cpupoolctl`; `None` for other lines.
+fn cpupoolctl_command(line: &str) -> Option<String> {
+    let line = line.trim().replace("cargo run --bin cpupoolctl --", "cpupoolctl");
+    let line = line.strip_prefix("sudo ").unwrap_or(&line);
+    let rest = line.strip_prefix("cpupoolctl ")?;
+    let end = [" #", " |", " >", " &&", " ;"].iter().filter_map(|s| rest.find(s)).min().unwrap_or(rest.len());
+    Some(rest[..end].trim().to_owned())
+}
+
+/// Runs cpupoolctl with `args` (shell words) where no daemon can be reached: exit 2 is a usage
+/// error, anything else means the arguments parsed.
+fn cpupoolctl_parses(args: &str, nowhere: &Path) -> Result<(), String> {
+    let global = ["--sandbox", "--dbus", "--bus", "--varlink-address"];
+    let args = args.replace(DEMO, &nowhere.display().to_string());
+    // Global options go before the subcommand, where clap takes them whatever the subcommand.
+    let args = if global.iter().any(|g| args.split_whitespace().any(|w| w == *g)) {
+        args
+    } else {
+        format!("--varlink-address unix:{} {args}", nowhere.join("socket").display())
+    };
+    let bus = format!("unix:path={}", nowhere.join("bus").display());
+    let out = Command::new("sh")
+        .args(["-c", &format!("exec \"$0\" --timeout 2 {args}"), &cpupoolctl_bin().display().to_string()])
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus)
+        .env("DBUS_SESSION_BUS_ADDRESS", &bus)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    match out.status.code() {
+        Some(2) => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        _ => Ok(()),
+    }
+}
+
+#[test]
+fn every_cpupoolctl_line_in_the_docs_parses() {
+    let nowhere = tempfile::tempdir().unwrap();
+    let nowhere = nowhere.path().join("no-daemon-here");
+    // The check can fail: a wrong option is a usage error.
+    assert!(cpupoolctl_parses("pool list --no-such-option", &nowhere).is_err());
+    assert!(cpupoolctl_parses("pool create batch --kind exclusive [--isolate]", &nowhere).is_err());
+    let mut checked = Vec::new();
+    let mut failed = Vec::new();
+    for (path, text) in documents() {
+        for block in blocks(&text, "sh") {
+            for line in block.lines() {
+                let Some(args) = cpupoolctl_command(line) else { continue };
+                if let Err(e) = cpupoolctl_parses(&args, &nowhere) {
+                    failed.push(format!("{}: cpupoolctl {args}\n{e}", path.display()));
+                }
+                checked.push(args);
+            }
+        }
+    }
+    assert!(failed.is_empty(), "lines cpupoolctl does not accept:\n{}", failed.join("\n"));
+    eprintln!("{} cpupoolctl lines parse", checked.len());
+    assert!(checked.len() >= 25, "{checked:?}");
+}
+
+/// The rows of the Markdown table whose header line is `header`: the first cell of each, with
+/// the table ending at the first line that is not a row (so a blank line cuts it short).
+fn table(text: &str, header: &str) -> Vec<Vec<String>> {
+    let start =
+        text.lines().position(|l| l.trim() == header).unwrap_or_else(|| panic!("no table `{header}`"));
+    text.lines()
+        .skip(start + 2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let l = l.trim().trim_start_matches('|').trim_end_matches('|').replace("\\|", "\u{1}");
+            l.split('|').map(|c| c.trim().replace('\u{1}', "|")).collect()
+        })
+        .collect()
+}
+
+/// The name in a cell such as "`Assign(pool, ...) -> (assignment)`" or "`Pools` property".
+fn cell_name(cell: &str) -> String {
+    let inner = cell.trim_start_matches('`');
+    inner.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).next().unwrap_or("").to_owned()
+}
+
+#[test]
+fn interfaces_doc_matches_the_idl() {
+    let idl = std::fs::read_to_string(root().join("src/api/org.cpupool.Manager.varlink")).unwrap();
+    let doc = std::fs::read_to_string(root().join("docs/interfaces.md")).unwrap();
+    let words = |prefix: &str| -> Vec<String> {
+        idl.lines().filter_map(|l| l.strip_prefix(prefix)).map(cell_name).collect()
+    };
+    let (methods, errors) = (words("method "), words("error "));
+    assert!(methods.len() >= 15 && errors.len() >= 20, "{methods:?} {errors:?}");
+
+    // Methods: every one in the one table, in a row naming its parameters as the IDL does.
+    let rows = table(&doc, "| method | what |");
+    let documented: Vec<String> = rows.iter().map(|r| cell_name(&r[0])).collect();
+    assert_eq!(
+        documented.iter().collect::<std::collections::BTreeSet<_>>(),
+        methods.iter().collect(),
+        "docs/interfaces.md's varlink method table against the IDL"
+    );
+    for row in &rows {
+        let name = cell_name(&row[0]);
+        let decl =
+            idl[idl.find(&format!("method {name}(")).unwrap()..].split(") ->").next().unwrap().to_owned();
+        let params: Vec<String> = decl
+            .split_once('(')
+            .unwrap()
+            .1
+            .split(',')
+            .filter_map(|p| p.split_once(':'))
+            .map(|(n, ty)| format!("{}{}", n.trim(), if ty.trim().starts_with('?') { "?" } else { "" }))
+            .collect();
+        let shown = row[0].split_once('(').unwrap().1.split(')').next().unwrap();
+        let shown: Vec<String> =
+            shown.split(',').map(|p| p.trim().to_owned()).filter(|p| !p.is_empty()).collect();
+        assert_eq!(shown, params, "docs/interfaces.md: the parameters of varlink `{name}`");
+    }
+
+    // Errors: every one, with its parameters.
+    let rows = table(&doc, "| error | parameters | when |");
+    let documented: Vec<String> = rows.iter().map(|r| cell_name(&r[0])).collect();
+    assert_eq!(documented, errors, "docs/interfaces.md's varlink error table against the IDL, in its order");
+    for row in &rows {
+        let name = cell_name(&row[0]);
+        let decl = idl.lines().find(|l| l.starts_with(&format!("error {name} "))).unwrap();
+        let params: Vec<&str> = decl
+            .split_once('(')
+            .unwrap()
+            .1
+            .trim_end_matches(')')
+            .split(',')
+            .filter_map(|p| p.split_once(':').map(|(n, _)| n.trim()))
+            .collect();
+        let shown: Vec<&str> =
+            row[1].split(',').map(|p| p.trim().trim_matches('`')).filter(|p| !p.is_empty()).collect();
+        assert_eq!(shown, params, "docs/interfaces.md: the parameters of error `{name}`");
+    }
+
+    // The mutating methods: the IDL's header says which need the admin group.
+    let header = idl.split("need root").next().unwrap();
+    let header = header.rsplit("Reads are open to everyone;").next().unwrap();
+    let mut mutating: Vec<String> = header
+        .split([',', ' ', '\n', '#'])
+        .filter(|w| !w.is_empty() && *w != "and")
+        .map(str::to_owned)
+        .collect();
+    mutating.sort();
+    let sentence = doc.split("The mutating methods (").nth(1).unwrap().split(')').next().unwrap();
+    let mut shown: Vec<String> = sentence.split(',').map(|w| w.trim().trim_matches('`').to_owned()).collect();
+    shown.sort();
+    assert_eq!(shown, mutating, "docs/interfaces.md: the varlink mutating methods against the IDL's header");
+}
+
+#[test]
+fn interfaces_doc_matches_the_dbus_xml() {
+    let xml = std::fs::read_to_string(root().join("dbus/org.cpupool.Manager1.xml")).unwrap();
+    let doc = std::fs::read_to_string(root().join("docs/interfaces.md")).unwrap();
+    let parsed = roxmltree::Document::parse_with_options(
+        &xml,
+        roxmltree::ParsingOptions { allow_dtd: true, ..Default::default() },
+    )
+    .unwrap();
+    let mut expected = std::collections::BTreeMap::new();
+    for node in parsed.descendants().filter(|n| n.has_tag_name("interface")).flat_map(|i| i.children()) {
+        let Some(name) = node.attribute("name") else { continue };
+        let sig = |dir: Option<&str>| -> String {
+            node.children()
+                .filter(|a| a.has_tag_name("arg") && (dir.is_none() || a.attribute("direction") == dir))
+                .filter_map(|a| a.attribute("type"))
+                .collect()
+        };
+        let (key, sig) = match node.tag_name().name() {
+            "method" => {
+                let (i, o) = (sig(Some("in")), sig(Some("out")));
+                (
+                    name.to_owned(),
+                    match (i.is_empty(), o.is_empty()) {
+                        (true, _) => format!("→ {o}"),
+                        (false, true) => format!("{i} →"),
+                        (false, false) => format!("{i} → {o}"),
+                    },
+                )
+            }
+            "signal" => (format!("{name} signal"), sig(None)),
+            "property" => (format!("{name} property"), node.attribute("type").unwrap().to_owned()),
+            _ => continue,
+        };
+        expected.insert(key, sig);
+    }
+    assert!(expected.len() >= 19, "{expected:?}");
+    let shown: std::collections::BTreeMap<String, String> = table(&doc, "| member | signature | what |")
+        .into_iter()
+        .map(|r| (r[0].replace('`', ""), r[1].trim_matches('`').to_owned()))
+        .collect();
+    assert_eq!(shown, expected, "docs/interfaces.md's D-Bus table against dbus/org.cpupool.Manager1.xml");
+}
+
+/// Relative links in the README and the docs point at files that exist.
+#[test]
+fn relative_links_resolve() {
+    let mut broken = Vec::new();
+    let mut seen = 0;
+    for (path, text) in documents() {
+        let dir = root().join(&path).parent().unwrap().to_owned();
+        for target in text.split("](").skip(1).filter_map(|rest| rest.split(')').next()) {
+            if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:") {
+                continue;
+            }
+            let file = target.split('#').next().unwrap();
+            seen += 1;
+            if !dir.join(file).exists() {
+                broken.push(format!("{}: {target}", path.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to nothing:\n{}", broken.join("\n"));
+    assert!(seen >= 20, "{seen}");
 }

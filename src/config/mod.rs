@@ -343,3 +343,6 @@ impl std::error::Error for TomlError {}
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod manpage_tests;
