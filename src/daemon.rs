@@ -277,6 +277,8 @@ pub async fn run(
         log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
     }
     let stop = CancellationToken::new();
+    // An early return (a bus or socket that cannot be served) stops what was started too.
+    let _stop_on_return = stop.clone().drop_guard();
     let tasks = TaskTracker::new();
     tasks.spawn(crate::reclaim::run(handle.clone(), fs, systemd, stop.clone().cancelled_owned()));
     let signals = Signals::install()?;
