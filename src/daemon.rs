@@ -1,12 +1,19 @@
-//! The daemon's lifecycle: start the engine, tell systemd we are ready, serve until SIGTERM,
-//! re-read the configuration on SIGHUP, keep the watchdog fed while the engine answers.
+//! The daemon's lifecycle: load the settings ([`settings`]), connect to the host
+//! ([`Host::connect`]), start the engine, tell systemd we are ready, serve until SIGTERM, re-read
+//! the configuration on SIGHUP, keep the watchdog fed while the engine answers, and stop every
+//! task through one cancellation token ([`run`]).
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sd_notify::NotifyState;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::api::dbus::{self, Bus};
 use crate::api::deviceplugin;
@@ -146,15 +153,98 @@ fn config_source(opts: &RunOptions) -> ConfigSource {
     }
 }
 
-/// Runs the daemon until `shutdown` completes or SIGTERM/SIGINT arrives.
-pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
-    let (opts, settings) = with_cluster_fragment(opts)?;
-    let mut fs = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
-    if let Some(sb) = &opts.sandbox {
-        // The sandbox never changes a real process: affinities are recorded in DIR/proc.
-        fs = fs.simulated_processes(sb.procfs());
+/// The settings to start with, loaded once by `main` and handed to [`Host::connect`] and [`run`].
+/// With `[k8s]` enabled, the cluster fragment (`<runtime_dir>/cluster.toml`, written from a
+/// ConfigMap earlier in this boot) is merged last, here and on every reload (the returned options
+/// name it); one that no longer loads is removed and the local files apply. Without the `k8s`
+/// feature, `k8s.enabled = true` is an error rather than silently ignored.
+#[allow(clippy::result_large_err)] // the daemon's own error, made once at start
+pub fn settings(opts: RunOptions) -> Result<(RunOptions, Settings), DaemonError> {
+    let settings = load_settings(&opts).map_err(DaemonError::Config)?;
+    if !settings.k8s.enabled {
+        return Ok((opts, settings));
     }
-    let (backend, systemd_conn) = backend(&settings, &opts, fs.clone()).await?;
+    #[cfg(not(feature = "k8s"))]
+    {
+        Err(DaemonError::K8sNotBuilt)
+    }
+    #[cfg(feature = "k8s")]
+    {
+        let mut opts = opts;
+        let path = crate::k8s::cluster_file(&settings.paths.runtime_dir);
+        opts.dirs.cluster = Some(path.clone());
+        match load_settings(&opts) {
+            Ok(with_cluster) => Ok((opts, with_cluster)),
+            Err(e) => {
+                log::error!(
+                    "k8s: the cluster configuration `{}` no longer loads ({}); removing it, the local files apply",
+                    path.display(),
+                    engine::error_chain(&e)
+                );
+                if let Err(e) = std::fs::remove_file(&path) {
+                    log::error!("k8s: removing `{}`: {e}", path.display());
+                }
+                Ok((opts, settings))
+            }
+        }
+    }
+}
+
+/// The host the daemon acts on: the backend that applies effects, the cgroup tree it reads
+/// back (the reclaimer watches it too), and the connection to systemd when that backend runs.
+pub struct Host {
+    backend: Box<dyn crate::host::Backend>,
+    fs: CgroupFs,
+    systemd: Option<zbus::Connection>,
+}
+
+impl Host {
+    /// The host `settings` and `opts` ask for: the systemd backend when `daemon.backend` says so
+    /// (or `auto` finds systemd running the host), the cgroupfs backend otherwise.
+    pub async fn connect(settings: &Settings, opts: &RunOptions) -> Result<Host, DaemonError> {
+        use crate::config::Backend as Choice;
+        let mut fs = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
+        if let Some(sb) = &opts.sandbox {
+            // The sandbox never changes a real process: affinities are recorded in DIR/proc.
+            fs = fs.simulated_processes(sb.procfs());
+        }
+        let systemd = match settings.backend {
+            Choice::Cgroupfs => false,
+            Choice::Systemd => true,
+            // The sandbox's cgroupfs is a directory of plain files: systemd has no say there.
+            Choice::Auto => {
+                opts.systemd_bus.is_some()
+                    || (opts.sandbox.is_none() && std::path::Path::new("/run/systemd/system").is_dir())
+            }
+        };
+        if !systemd {
+            return Ok(Host { backend: Box::new(fs.clone()), fs, systemd: None });
+        }
+        let bus = opts.systemd_bus.clone().unwrap_or(Bus::System);
+        let backend =
+            crate::host::systemd::Systemd::connect(&bus, fs.clone(), tokio::runtime::Handle::current())
+                .await
+                .map_err(|source| DaemonError::Systemd { bus: bus.to_string(), source })?;
+        let conn = backend.connection().clone();
+        Ok(Host { backend: Box::new(backend), fs, systemd: Some(conn) })
+    }
+}
+
+/// Runs the daemon on `host` with `settings` (both from [`settings`] and [`Host::connect`])
+/// until `shutdown` completes, SIGTERM/SIGINT arrives, or the device plugin asks for a start
+/// anew.
+///
+/// Every task started here stops on one [`CancellationToken`] and is tracked by one
+/// [`TaskTracker`]. The order of the stop: the D-Bus name and object go first (no new calls), then
+/// the token stops the varlink server, the reclaimer, the cluster integration and the device
+/// plugin; once all of them have let go of their engine handles, the engine thread ends.
+pub async fn run(
+    opts: RunOptions,
+    settings: Settings,
+    host: Host,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let Host { backend, fs, systemd } = host;
     log::info!("applying pools through the {} backend", backend.name());
     let started = std::time::Instant::now();
     // Starting blocks (files, fsync, and the systemd backend's calls, which wait on this
@@ -186,13 +276,12 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     for p in snap.state.pools().values() {
         log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
     }
-    let (stop_reclaim, reclaim_stopped) = tokio::sync::oneshot::channel::<()>();
-    let reclaimer = tokio::spawn(crate::reclaim::run(handle.clone(), fs, systemd_conn, async {
-        let _ = reclaim_stopped.await;
-    }));
-    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+    let stop = CancellationToken::new();
+    // An early return (a bus or socket that cannot be served) stops what was started too.
+    let _stop_on_return = stop.clone().drop_guard();
+    let tasks = TaskTracker::new();
+    tasks.spawn(crate::reclaim::run(handle.clone(), fs, systemd, stop.clone().cancelled_owned()));
+    let signals = Signals::install()?;
 
     let (listener, varlink_path) = varlink::listen(&settings.paths.runtime_dir).map_err(|source| {
         DaemonError::Varlink { path: varlink::socket_path(&settings.paths.runtime_dir), source }
@@ -203,66 +292,31 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         owner_uid: opts.sandbox.as_ref().map(|_| nix::unistd::getuid().as_raw()),
         proc_root: opts.proc_root.clone(),
     };
-    let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
-    let api = tokio::spawn(varlink::serve(listener, handle.clone(), auth.clone(), async {
-        let _ = api_stopped.await;
-    }));
+    let api =
+        tasks.spawn(varlink::serve(listener, handle.clone(), auth.clone(), stop.clone().cancelled_owned()));
+    watch_task(&tasks, "the varlink server", api);
 
-    // The device plugin: it waits for a kubelet, and refuses (logged) to run beside the
-    // kubelet's static CPU manager owning pool CPUs.
-    let (stop_plugin, plugin_stopped) = tokio::sync::watch::channel(false);
     // Why the device plugin needs the daemon started anew, if it does.
-    let (needs_restart_tx, mut needs_restart) = tokio::sync::mpsc::channel::<String>(1);
+    let restart = Arc::new(OnceLock::new());
     #[cfg(feature = "k8s")]
     let pod_index = settings.k8s.enabled.then(crate::k8s::pods::PodIndex::new);
-    let plugin = settings.kubelet.enabled.then(|| {
+    if settings.kubelet.enabled {
         #[allow(unused_mut)]
-        let (h, mut opts) = (handle.clone(), deviceplugin::Options::from_settings(&settings));
+        let mut plugin_opts = deviceplugin::Options::from_settings(&settings);
         #[cfg(feature = "k8s")]
         if let Some(index) = &pod_index {
-            opts.containers = Some(std::sync::Arc::new(index.clone()));
+            plugin_opts.containers = Some(Arc::new(index.clone()));
         }
-        tokio::spawn(async move {
-            match deviceplugin::run(h, opts, plugin_stopped).await {
-                Err(e @ deviceplugin::PluginError::NeedsRestart { .. }) => {
-                    let _ = needs_restart_tx.send(engine::error_chain(&e)).await;
-                }
-                Err(e) => log::error!("{}", engine::error_chain(&e)),
-                Ok(()) => {}
-            }
-        })
-    });
-
-    // The cluster integration: configuration from ConfigMaps, the pod watch, the node report.
+        let plugin = spawn_plugin(&tasks, &stop, handle.clone(), plugin_opts, restart.clone());
+        watch_task(&tasks, "the device plugin", plugin);
+    }
     #[cfg(feature = "k8s")]
-    let (stop_k8s, cluster) = {
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let task = match (&pod_index, &opts.dirs.cluster) {
-            (Some(pods), Some(path)) => match crate::k8s::Options::from_settings(&settings.k8s) {
-                Ok(k8s_opts) => {
-                    let (h, source, path, pods) =
-                        (handle.clone(), config_source(&opts), path.clone(), pods.clone());
-                    Some(tokio::spawn(async move {
-                        if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, pods, stopped).await {
-                            log::error!(
-                                "k8s: {}; the local configuration files alone apply",
-                                engine::error_chain(&e)
-                            );
-                        }
-                    }))
-                }
-                Err(e) => {
-                    log::error!(
-                        "k8s: {}; the local configuration files alone apply",
-                        engine::error_chain(&e)
-                    );
-                    None
-                }
-            },
-            _ => None,
-        };
-        (stop, task)
-    };
+    if let (Some(pods), Some(path)) = (&pod_index, &opts.dirs.cluster) {
+        let source = config_source(&opts);
+        if let Some(cluster) = spawn_cluster(&tasks, &stop, &handle, source, path, &settings, pods) {
+            watch_task(&tasks, "the cluster integration", cluster);
+        }
+    }
 
     // The sandbox's own bus lives as long as this function (unless it was already running).
     let mut _private_bus = None;
@@ -294,6 +348,59 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
         print_banner(sb, &handle, &varlink_path, bus.as_ref());
     }
 
+    serve(&opts, &handle, signals, &stop, shutdown).await;
+    let restart = restart.get().cloned();
+    if let Some(why) = &restart {
+        log::warn!("{why}: stopping, for systemd to start cpupoold again (exit status {EXIT_RESTART})");
+    }
+    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    // The APIs hold engine handles: they must let go before the engine thread can end.
+    if let Some(d) = dbus {
+        d.stop().await;
+    }
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    drop(handle);
+    if thread.join().is_err() {
+        log::error!("the engine thread panicked");
+    }
+    match restart {
+        Some(why) => Err(DaemonError::NeedsRestart(why)),
+        None => Ok(()),
+    }
+}
+
+/// The signals the daemon answers, installed before it says it is ready.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    #[allow(clippy::result_large_err)] // run()'s own error, made once at start
+    fn install() -> Result<Signals, DaemonError> {
+        let on = |kind| signal(kind).map_err(DaemonError::Signals);
+        Ok(Signals {
+            term: on(SignalKind::terminate())?,
+            int: on(SignalKind::interrupt())?,
+            hup: on(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// Serves until `shutdown` completes, SIGTERM or SIGINT arrives, or `stop` is cancelled (the device
+/// plugin asking for a start anew): re-reads the configuration on SIGHUP, looks for drift and
+/// samples isolation health on their intervals, and feeds systemd's watchdog while the engine
+/// answers.
+async fn serve(
+    opts: &RunOptions,
+    handle: &Handle,
+    mut signals: Signals,
+    stop: &CancellationToken,
+    shutdown: impl Future<Output = ()>,
+) {
     let mut usec = 0u64;
     let watchdog = sd_notify::watchdog_enabled(false, &mut usec);
     let period = if watchdog { Duration::from_micros(usec / 2) } else { Duration::from_secs(3600) };
@@ -311,19 +418,14 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
     // The first sample was taken at start.
     health.tick().await;
     tokio::pin!(shutdown);
-    let mut restart = None;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            Some(why) = needs_restart.recv() => {
-                log::warn!("{why}: stopping, for systemd to start cpupoold again (exit status {EXIT_RESTART})");
-                restart = Some(why);
-                break
-            }
-            _ = term.recv() => { log::info!("SIGTERM: stopping"); break }
-            _ = int.recv() => { log::info!("SIGINT: stopping"); break }
+            _ = stop.cancelled() => break,
+            _ = signals.term.recv() => { log::info!("SIGTERM: stopping"); break }
+            _ = signals.int.recv() => { log::info!("SIGINT: stopping"); break }
             // The outcome is logged and shown in STATUS=; `cpupoolctl reload` reports it too.
-            _ = hup.recv() => { let _ = crate::api::ops::reload(&handle).await; }
+            _ = signals.hup.recv() => { let _ = crate::api::ops::reload(handle).await; }
             _ = drift.tick(), if checking => {
                 if let Err(e) = handle.check_drift().await {
                     log::warn!("drift check: {}", engine::error_chain(&e));
@@ -334,115 +436,93 @@ pub async fn run(opts: RunOptions, shutdown: impl Future<Output = ()>) -> Result
             }
             _ = ticker.tick(), if watchdog => {
                 // Only a live engine keeps the watchdog fed: a stuck one gets us restarted.
-                match engine::ping_within(&handle, engine::PING_TIMEOUT).await {
+                match engine::ping_within(handle, engine::PING_TIMEOUT).await {
                     Some(_) => notify(&[NotifyState::Watchdog]),
                     None => log::error!("the engine did not answer within {:?}; not feeding the watchdog", engine::PING_TIMEOUT),
                 }
             }
         }
     }
-    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
-    // The APIs hold engine handles: they must let go before the engine thread can end.
-    if let Some(d) = dbus {
-        d.stop().await;
-    }
-    let _ = stop_api.send(());
-    let _ = stop_reclaim.send(());
-    let _ = reclaimer.await;
-    #[cfg(feature = "k8s")]
-    {
-        let _ = stop_k8s.send(true);
-        if let Some(task) = cluster {
-            if let Err(e) = task.await {
-                log::error!("the cluster integration failed: {e}");
+}
+
+/// Logs `task`'s end if it panicked (tracked, so the stop waits for it).
+fn watch_task(tasks: &TaskTracker, what: &'static str, task: JoinHandle<()>) {
+    tasks.spawn(async move {
+        if let Err(e) = task.await {
+            log::error!("{what} failed: {e}");
+        }
+    });
+}
+
+/// `stop` as the `true` of a watch channel, for the tasks that take their stop that way (the
+/// device plugin, the cluster integration).
+fn stop_flag(tasks: &TaskTracker, stop: &CancellationToken) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    let stop = stop.clone();
+    tasks.spawn(async move {
+        stop.cancelled().await;
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+/// The device plugin: it waits for a kubelet, and refuses (logged) to run beside the kubelet's
+/// static CPU manager owning pool CPUs. When only a start anew can serve it, it records why in
+/// `restart` and stops the daemon.
+fn spawn_plugin(
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    handle: Handle,
+    opts: deviceplugin::Options,
+    restart: Arc<OnceLock<String>>,
+) -> JoinHandle<()> {
+    let (stopped, stop) = (stop_flag(tasks, stop), stop.clone());
+    tasks.spawn(async move {
+        match deviceplugin::run(handle, opts, stopped).await {
+            Err(e @ deviceplugin::PluginError::NeedsRestart { .. }) => {
+                let _ = restart.set(engine::error_chain(&e));
+                stop.cancel();
             }
+            Err(e) => log::error!("{}", engine::error_chain(&e)),
+            Ok(()) => {}
         }
-    }
-    let _ = stop_plugin.send(true);
-    if let Some(p) = plugin {
-        if let Err(e) = p.await {
-            log::error!("the device plugin failed: {e}");
+    })
+}
+
+/// The cluster integration: configuration from ConfigMaps, the pod watch, the node report.
+#[cfg(feature = "k8s")]
+fn spawn_cluster(
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    handle: &Handle,
+    source: ConfigSource,
+    path: &std::path::Path,
+    settings: &Settings,
+    pods: &crate::k8s::pods::PodIndex,
+) -> Option<JoinHandle<()>> {
+    match crate::k8s::Options::from_settings(&settings.k8s) {
+        Ok(k8s_opts) => {
+            let (h, path, pods, stopped) =
+                (handle.clone(), path.to_owned(), pods.clone(), stop_flag(tasks, stop));
+            Some(tasks.spawn(async move {
+                if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, pods, stopped).await {
+                    log::error!(
+                        "k8s: {}; the local configuration files alone apply",
+                        engine::error_chain(&e)
+                    );
+                }
+            }))
         }
-    }
-    if let Err(e) = api.await {
-        log::error!("the varlink server failed: {e}");
-    }
-    drop(handle);
-    if thread.join().is_err() {
-        log::error!("the engine thread panicked");
-    }
-    match restart {
-        Some(why) => Err(DaemonError::NeedsRestart(why)),
-        None => Ok(()),
+        Err(e) => {
+            log::error!("k8s: {}; the local configuration files alone apply", engine::error_chain(&e));
+            None
+        }
     }
 }
 
 /// The exit status that asks systemd for a start anew (the unit's `RestartForceExitStatus=`;
 /// EX_TEMPFAIL), with [`DaemonError::NeedsRestart`].
 pub const EXIT_RESTART: u8 = 75;
-
-/// The settings to start with. With `[k8s]` enabled, the cluster fragment
-/// (`<runtime_dir>/cluster.toml`, written from a ConfigMap earlier in this boot) is merged last,
-/// here and on every reload; one that no longer loads is removed and the local files apply.
-/// Without the `k8s` feature, `k8s.enabled = true` is an error rather than silently ignored.
-#[allow(clippy::result_large_err)] // run()'s own error, made once at start
-fn with_cluster_fragment(opts: RunOptions) -> Result<(RunOptions, Settings), DaemonError> {
-    let settings = load_settings(&opts).map_err(DaemonError::Config)?;
-    if !settings.k8s.enabled {
-        return Ok((opts, settings));
-    }
-    #[cfg(not(feature = "k8s"))]
-    {
-        Err(DaemonError::K8sNotBuilt)
-    }
-    #[cfg(feature = "k8s")]
-    {
-        let mut opts = opts;
-        let path = crate::k8s::cluster_file(&settings.paths.runtime_dir);
-        opts.dirs.cluster = Some(path.clone());
-        match load_settings(&opts) {
-            Ok(with_cluster) => Ok((opts, with_cluster)),
-            Err(e) => {
-                log::error!(
-                    "k8s: the cluster configuration `{}` no longer loads ({}); removing it, the local files apply",
-                    path.display(),
-                    engine::error_chain(&e)
-                );
-                if let Err(e) = std::fs::remove_file(&path) {
-                    log::error!("k8s: removing `{}`: {e}", path.display());
-                }
-                Ok((opts, settings))
-            }
-        }
-    }
-}
-
-/// The backend the settings and options ask for, and the connection to systemd it uses.
-async fn backend(
-    settings: &Settings,
-    opts: &RunOptions,
-    fs: CgroupFs,
-) -> Result<(Box<dyn crate::host::Backend>, Option<zbus::Connection>), DaemonError> {
-    use crate::config::Backend as Choice;
-    let systemd = match settings.backend {
-        Choice::Cgroupfs => false,
-        Choice::Systemd => true,
-        // The sandbox's cgroupfs is a directory of plain files: systemd has no say there.
-        Choice::Auto => {
-            opts.systemd_bus.is_some()
-                || (opts.sandbox.is_none() && std::path::Path::new("/run/systemd/system").is_dir())
-        }
-    };
-    if !systemd {
-        return Ok((Box::new(fs), None));
-    }
-    let bus = opts.systemd_bus.clone().unwrap_or(Bus::System);
-    let backend = crate::host::systemd::Systemd::connect(&bus, fs, tokio::runtime::Handle::current())
-        .await
-        .map_err(|source| DaemonError::Systemd { bus: bus.to_string(), source })?;
-    let conn = backend.connection().clone();
-    Ok((Box::new(backend), Some(conn)))
-}
 
 fn notify(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(false, states) {

@@ -1,4 +1,5 @@
-//! `cpupoold`: parse arguments, set up logging, run the daemon, print the error chain.
+//! `cpupoold`: parse arguments, set up logging, load the settings, connect to the host, run the
+//! daemon, print the error chain.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,11 +73,37 @@ fn main() -> ExitCode {
         };
     }
     cpupoold::logging::init(args.log_level.unwrap_or(log::LevelFilter::Info));
+    let opts = match options(&args) {
+        Ok(opts) => opts,
+        Err(e) => return fail(&*e),
+    };
+    let (opts, settings) = match daemon::settings(opts) {
+        Ok(loaded) => loaded,
+        Err(e) => return fail(&e),
+    };
+    if args.log_level.is_none() {
+        log::set_max_level(settings.log_level);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e),
+    };
+    let ran = runtime.block_on(async {
+        let host = daemon::Host::connect(&settings, &opts).await?;
+        daemon::run(opts, settings, host, std::future::pending()).await
+    });
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        // Stopped on purpose, and already said why.
+        Err(daemon::DaemonError::NeedsRestart(_)) => ExitCode::from(daemon::EXIT_RESTART),
+        Err(e) => fail(&e),
+    }
+}
+
+/// What the arguments ask for; `--sandbox` prepares (or reuses) the simulated host.
+fn options(args: &Args) -> Result<RunOptions, Box<dyn std::error::Error>> {
     let sandbox = match &args.sandbox {
-        Some(dir) => match Sandbox::prepare(dir, args.topology.as_deref()) {
-            Ok(sb) => Some(sb),
-            Err(e) => return fail(&e),
-        },
+        Some(dir) => Some(Sandbox::prepare(dir, args.topology.as_deref())?),
         None => None,
     };
     let dirs = match &sandbox {
@@ -90,7 +117,16 @@ fn main() -> ExitCode {
     } else {
         BusChoice::Bus(cpupoold::api::dbus::Bus::System)
     });
-    let opts = RunOptions {
+    let systemd_bus = match &args.systemd_bus {
+        Some(BusChoice::Bus(b)) => Some(b.clone()),
+        Some(other) => {
+            return Err(
+                UsageError(format!("--systemd-bus {other:?}: give system, session or an address")).into()
+            )
+        }
+        None => None,
+    };
+    Ok(RunOptions {
         dirs,
         sandbox,
         restore_previous_state: args.restore_previous_state,
@@ -98,31 +134,8 @@ fn main() -> ExitCode {
         check_interval: std::time::Duration::from_secs(args.check_interval),
         health_interval: std::time::Duration::from_secs(args.health_interval),
         bus,
-        systemd_bus: match args.systemd_bus {
-            Some(BusChoice::Bus(b)) => Some(b),
-            Some(other) => {
-                return fail(&UsageError(format!(
-                    "--systemd-bus {other:?}: give system, session or an address"
-                )))
-            }
-            None => None,
-        },
-    };
-    if args.log_level.is_none() {
-        if let Ok(settings) = daemon::load_settings(&opts) {
-            log::set_max_level(settings.log_level);
-        }
-    }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => return fail(&e),
-    };
-    match runtime.block_on(daemon::run(opts, std::future::pending())) {
-        Ok(()) => ExitCode::SUCCESS,
-        // Stopped on purpose, and already said why.
-        Err(daemon::DaemonError::NeedsRestart(_)) => ExitCode::from(daemon::EXIT_RESTART),
-        Err(e) => fail(&e),
-    }
+        systemd_bus,
+    })
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -82,15 +82,19 @@ pub(crate) struct DaemonFragment {
     pub irqbalance: Option<bool>,
 }
 
-/// `[pools.NAME]` as written in one file.
+/// `[pools.NAME]`: as written in one file, and (as [`PoolInput`]) merged over all of them. The
+/// two differ only in `cpus`: text as written (`C = String`), parsed once merged.
+///
+/// [`PoolInput`]: super::inputs::PoolInput
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct PoolFragment {
+pub(crate) struct PoolFragment<C = String> {
     pub kind: Option<PoolKind>,
-    /// Kept as text here: the inputs stage parses it so the error can carry [`CpuSetError`].
+    /// Kept as text in a fragment: the inputs stage parses it so the error can carry
+    /// [`CpuSetError`] and name the file.
     ///
     /// [`CpuSetError`]: crate::core::cpuset::CpuSetError
-    pub cpus: Option<String>,
+    pub cpus: Option<C>,
     pub count: Option<u32>,
     pub numa: Option<u32>,
     pub isolcpus: Option<bool>,
@@ -103,7 +107,7 @@ pub(crate) struct PoolFragment {
     pub irq_claim: Option<Vec<String>>,
 }
 
-impl PoolFragment {
+impl<C> PoolFragment<C> {
     /// Whether this fragment redefines where the pool's CPUs come from.
     pub fn sets_source(&self) -> bool {
         self.cpus.is_some() || self.count.is_some() || self.isolcpus.is_some()

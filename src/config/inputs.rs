@@ -13,10 +13,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::fragments::{DaemonFragment, Fragment, K8sFragment, KubeletFragment, PathsFragment};
+use super::fragments::{DaemonFragment, Fragment, K8sFragment, KubeletFragment, PathsFragment, PoolFragment};
 use super::{pool_key, ConfigError, Origins};
 use crate::core::cpuset::CpuSet;
-use crate::core::pool::{PoolKind, Smt};
 
 /// The keys that together say where a pool's CPUs come from.
 const SOURCE_FIELDS: [&str; 4] = ["cpus", "count", "numa", "isolcpus"];
@@ -36,22 +35,8 @@ pub(crate) struct Inputs {
     pub files: Vec<PathBuf>,
 }
 
-/// One pool's merged keys.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct PoolInput {
-    pub kind: Option<PoolKind>,
-    pub cpus: Option<CpuSet>,
-    pub count: Option<u32>,
-    pub numa: Option<u32>,
-    pub isolcpus: Option<bool>,
-    pub smt: Option<Smt>,
-    pub isolate: Option<bool>,
-    pub kubelet: Option<bool>,
-    pub enforce_quota: Option<bool>,
-    pub removed: Option<bool>,
-    pub irq: Option<String>,
-    pub irq_claim: Option<Vec<String>>,
-}
+/// One pool's merged keys: a fragment's, with `cpus` parsed.
+pub(crate) type PoolInput = PoolFragment<CpuSet>;
 
 impl Inputs {
     /// Merges every fragment, first to last.

@@ -1,0 +1,77 @@
+//! Partitions: making a cgroup an `isolated` or `root` partition (or a member again), and
+//! reading back what the kernel made of it (`cpuset.cpus.partition`, `cpuset.cpus.exclusive`).
+
+use std::fs;
+
+use super::{CgroupFs, HostError};
+use crate::core::cpuset::CpuSet;
+use crate::core::plan::Partition;
+use crate::core::state::CgroupPath;
+
+impl CgroupFs {
+    /// Makes a cgroup a partition or a member again. `cpuset.cpus.exclusive` is written where
+    /// the kernel has it (6.7+); without it, the parent of isolated partitions becomes a
+    /// `root` partition itself, as older kernels require.
+    pub fn set_partition(&self, path: &CgroupPath, partition: &Partition) -> Result<(), HostError> {
+        let dir = self.dir(path);
+        let exclusive = dir.join("cpuset.cpus.exclusive");
+        let file = dir.join("cpuset.cpus.partition");
+        match partition {
+            Partition::Member => {
+                self.write_file(&file, "member")?;
+                if exclusive.exists() {
+                    self.write_file(&exclusive, "")?;
+                }
+                Ok(())
+            }
+            Partition::Parent(cpus) if exclusive.exists() => self.write_file(&exclusive, &cpus.to_string()),
+            Partition::Parent(_) => self.write_file(&file, "root"),
+            Partition::Isolated(cpus) => {
+                if exclusive.exists() {
+                    self.write_file(&exclusive, &cpus.to_string())?;
+                }
+                self.write_file(&file, "isolated")
+            }
+        }
+    }
+
+    /// The first line of `cpuset.cpus.partition`, `None` if there is none.
+    pub fn partition_status(&self, path: &CgroupPath) -> Option<String> {
+        let text = fs::read_to_string(self.dir(path).join("cpuset.cpus.partition")).ok()?;
+        Some(text.lines().next().unwrap_or("").trim().to_owned())
+    }
+
+    /// The partition a cgroup is now, as the planner would have written it: a valid
+    /// `isolated` one on its CPUs; a parent granting `cpuset.cpus.exclusive`, or a valid
+    /// `root` one granting the CPUs of its isolated children.
+    pub fn read_partition(&self, path: &CgroupPath) -> Result<Partition, HostError> {
+        let status = self.partition_status(path).unwrap_or_default();
+        let cpus = || self.read_cpus(path).map(Option::unwrap_or_default);
+        let exclusive = self.read_list(path, "cpuset.cpus.exclusive")?.unwrap_or_default();
+        Ok(match status.as_str() {
+            "isolated" => Partition::Isolated(if exclusive.is_empty() { cpus()? } else { exclusive }),
+            "root" => {
+                let mut granted = CpuSet::new();
+                for child in self.children(path) {
+                    if self.partition_status(&child).as_deref() == Some("isolated") {
+                        granted = granted.union(&self.read_cpus(&child)?.unwrap_or_default());
+                    }
+                }
+                Partition::Parent(granted)
+            }
+            _ if !exclusive.is_empty() => Partition::Parent(exclusive),
+            _ => Partition::Member,
+        })
+    }
+
+    /// Whether the kernel has `cpuset.cpus.exclusive`: some cgroup directly below the root
+    /// that has `cpuset.cpus` has it too.
+    pub fn has_exclusive_file(&self) -> bool {
+        let Ok(entries) = fs::read_dir(&self.root) else { return false };
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|d| d.join("cpuset.cpus").exists())
+            .is_some_and(|d| d.join("cpuset.cpus.exclusive").exists())
+    }
+}
