@@ -6,6 +6,7 @@
 //! the state and publishes the result.
 #![forbid(unsafe_code)]
 pub mod api;
+pub mod backoff;
 pub mod config;
 pub mod core;
 pub mod daemon;

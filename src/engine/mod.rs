@@ -10,8 +10,11 @@
 //! it ([`plan::kept`]), so a crash never leaves CPUs with a target the saved state lacks. If an effect or the save fails, the effects already executed are undone by
 //! executing the reverse plan, and the caller is told.
 
+mod batch;
 mod irq;
+mod kubelet;
 pub use irq::IrqReport;
+pub use kubelet::{KubeletUpdate, KubeletView};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -193,6 +196,8 @@ pub struct Snapshot {
     pub isolation: Arc<housekeeping::IsolationReport>,
     /// Interrupt affinity as the last pass left it (see [`irq`]).
     pub irq: Arc<IrqReport>,
+    /// What the kubelet wing observed: the CPUs online, the devices the kubelet holds.
+    pub kubelet: Arc<KubeletView>,
 }
 
 impl Snapshot {
@@ -245,6 +250,10 @@ pub enum Request {
     /// Keep these container cgroups off the exclusive pools' CPUs, and no others (the device
     /// plugin, for the kubelet's containers that use no pool).
     SetUnpooled(std::collections::BTreeSet<CgroupPath>, oneshot::Sender<Result<usize, EngineError>>),
+    /// Assign CPUs to several targets: all of them with one save, or none (see [`batch`]).
+    AssignAll(Vec<AssignSpec>, oneshot::Sender<Result<Vec<Outcome<Assignment>>, EngineError>>),
+    /// Record what the kubelet wing observed (see [`kubelet`]); answers whether it changed.
+    Kubelet(KubeletUpdate, oneshot::Sender<Result<bool, EngineError>>),
 }
 
 /// How adapters reach the engine.
@@ -337,6 +346,30 @@ impl Handle {
         rx.await.map_err(|_| EngineError::Stopped)
     }
 
+    /// Assigns every spec, all or nothing, with one save (see [`Request::AssignAll`]).
+    pub async fn assign_all(&self, specs: Vec<AssignSpec>) -> Result<Vec<Outcome<Assignment>>, EngineError> {
+        self.call(|tx| Request::AssignAll(specs, tx)).await
+    }
+
+    /// Publishes the CPUs online now; `true` when they changed.
+    pub async fn set_online(&self, cpus: CpuSet) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Online(cpus), tx)).await
+    }
+
+    /// Publishes the devices the kubelet holds for `id`; `true` when they changed.
+    pub async fn set_held(
+        &self,
+        id: AssignmentId,
+        devices: Option<std::collections::BTreeSet<String>>,
+    ) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Held(id, devices), tx)).await
+    }
+
+    /// Every committed snapshot from now on, for a reader that follows them.
+    pub fn watch(&self) -> watch::Receiver<Snapshot> {
+        self.snapshots.clone()
+    }
+
     /// Waits until the engine thread answers.
     pub async fn ping(&self) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
@@ -423,6 +456,7 @@ pub struct Engine {
     /// [`Engine::with_housekeeping`].
     hk: Option<housekeeping::Housekeeping>,
     irq: irq::IrqManager,
+    kubelet: Arc<KubeletView>,
 }
 
 impl Engine {
@@ -513,6 +547,7 @@ impl Engine {
             assignment_health: Arc::default(),
             isolation: Arc::default(),
             irq: Arc::default(),
+            kubelet: Arc::default(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -531,6 +566,7 @@ impl Engine {
             config: None,
             hk: None,
             irq: irq::IrqManager::new(settings),
+            kubelet: Arc::default(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         let (done, failed) = engine.reconcile();
@@ -725,6 +761,12 @@ impl Engine {
             }
             Request::SetUnpooled(cgroups, reply) => {
                 let _ = reply.send(self.set_unpooled(cgroups));
+            }
+            Request::AssignAll(specs, reply) => {
+                let _ = reply.send(self.assign_all(specs));
+            }
+            Request::Kubelet(update, reply) => {
+                let _ = reply.send(Ok(self.update_kubelet(update)));
             }
         }
     }
@@ -1329,6 +1371,7 @@ impl Engine {
             ),
             isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
             irq: Arc::new(self.irq.report().clone()),
+            kubelet: self.kubelet.clone(),
         };
         self.snapshots.send_replace(snap);
         for e in events {
