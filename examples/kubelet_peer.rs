@@ -24,8 +24,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cpupoold::api::deviceplugin::proto::{cri, podresources as pr, v1beta1 as dp};
-use cpupoold::api::deviceplugin::unix_channel;
+use cpupoold::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::kubelet::unix_channel;
 use serde_json::{json, Value};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;

@@ -9,11 +9,11 @@ use sd_notify::NotifyState;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::api::dbus::{self, Bus};
-use crate::api::deviceplugin;
 use crate::api::varlink;
 use crate::config::{ConfigDirs, ConfigError, Settings};
 use crate::engine::{self, ConfigSource, Engine, Handle, StartError};
 use crate::host::cgroupfs::CgroupFs;
+use crate::kubelet as deviceplugin;
 use crate::sandbox::Sandbox;
 
 /// How to run.

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod host;
 #[cfg(feature = "k8s")]
 pub mod k8s;
+pub mod kubelet;
 pub mod logging;
 pub mod reclaim;
 pub mod sandbox;

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Varlink};
-use cpupoold::api::deviceplugin::proto::{cri, podresources as pr, v1beta1 as dp};
-use cpupoold::api::deviceplugin::unix_channel;
+use cpupoold::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::kubelet::unix_channel;
 use serde_json::json;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};

@@ -468,7 +468,7 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
 mod kubelet {
     use std::sync::{Arc, Mutex};
 
-    use cpupoold::api::deviceplugin::proto::{podresources as pr, v1beta1 as dp};
+    use cpupoold::kubelet::proto::{podresources as pr, v1beta1 as dp};
     use tonic::{Request, Response, Status};
 
     pub struct Registration;
@@ -505,7 +505,7 @@ mod kubelet {
 /// the pod and container as its owner.
 #[test]
 fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
-    use cpupoold::api::deviceplugin::proto::{podresources as pr, v1beta1 as dp};
+    use cpupoold::kubelet::proto::{podresources as pr, v1beta1 as dp};
     use tokio::net::UnixListener;
     use tokio_stream::wrappers::UnixListenerStream;
 
@@ -564,7 +564,7 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     let sock = plugins.join("cpupoold-dp.sock");
     wait_for(WAIT, "the dp plugin socket", || if sock.exists() { Ok(()) } else { Err(d.logs()) });
     let envs = rt.block_on(async {
-        let channel = cpupoold::api::deviceplugin::unix_channel(sock.clone()).await.unwrap();
+        let channel = cpupoold::kubelet::unix_channel(sock.clone()).await.unwrap();
         let mut c = dp::device_plugin_client::DevicePluginClient::new(channel);
         let req = dp::AllocateRequest {
             container_requests: vec![dp::ContainerAllocateRequest { devices_ids: vec!["core-1".into()] }],

@@ -236,14 +236,9 @@ pub fn describe_status(r: &kube::core::ErrorResponse) -> String {
     }
 }
 
-impl crate::api::deviceplugin::ContainerSource for pods::PodIndex {
-    fn container(
-        &self,
-        namespace: &str,
-        pod: &str,
-        container: &str,
-    ) -> Option<crate::api::deviceplugin::ContainerRef> {
-        self.lookup(namespace, pod, container).map(|i| crate::api::deviceplugin::ContainerRef {
+impl crate::kubelet::ContainerSource for pods::PodIndex {
+    fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<crate::kubelet::ContainerRef> {
+        self.lookup(namespace, pod, container).map(|i| crate::kubelet::ContainerRef {
             pod_uid: i.pod_uid,
             container_id: i.container_id,
             qos_class: i.qos_class,
