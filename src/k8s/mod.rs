@@ -135,7 +135,9 @@ pub struct ClusterStatus {
 /// writes it when the node joins) or not valid is tried again, 1 s doubling to 60 s, while the
 /// local configuration files apply. `None` when `stop` is set first.
 async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiver<bool>) -> Option<Client> {
-    let mut pause = std::time::Duration::from_secs(1);
+    let mut backoff =
+        crate::backoff::Backoff::new(std::time::Duration::from_secs(1), std::time::Duration::from_secs(60));
+    let mut pause = backoff.fail();
     let mut failing = false;
     loop {
         match client(opts).await {
@@ -158,7 +160,7 @@ async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiv
             _ = tokio::time::sleep(pause) => {}
             _ = stopped(stop) => return None,
         }
-        pause = (pause * 2).min(std::time::Duration::from_secs(60));
+        pause = backoff.fail();
     }
 }
 
