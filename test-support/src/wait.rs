@@ -5,17 +5,26 @@ use std::time::{Duration, Instant};
 /// How often a condition is looked at again.
 const POLL: Duration = Duration::from_millis(20);
 
+/// One look at `cond`: its value, or `None` to look again; past `deadline`, a panic naming
+/// `what` and the last thing `cond` said.
+fn look<T>(deadline: Instant, what: &str, cond: &mut impl FnMut() -> Result<T, String>) -> Option<T> {
+    match cond() {
+        Ok(v) => Some(v),
+        Err(last) => {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; last: {last}");
+            None
+        }
+    }
+}
+
 /// Polls `cond` until it gives a value or `within` passes; then panics naming `what` and the
 /// last thing `cond` said.
 pub fn until<T>(within: Duration, what: &str, mut cond: impl FnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + within;
     loop {
-        match cond() {
-            Ok(v) => return v,
-            Err(last) => {
-                assert!(Instant::now() < deadline, "timed out waiting for {what}; last: {last}");
-                std::thread::sleep(POLL);
-            }
+        match look(deadline, what, &mut cond) {
+            Some(v) => return v,
+            None => std::thread::sleep(POLL),
         }
     }
 }
@@ -26,12 +35,9 @@ pub fn until<T>(within: Duration, what: &str, mut cond: impl FnMut() -> Result<T
 pub async fn until_async<T>(within: Duration, what: &str, mut cond: impl FnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + within;
     loop {
-        match cond() {
-            Ok(v) => return v,
-            Err(last) => {
-                assert!(Instant::now() < deadline, "timed out waiting for {what}; last: {last}");
-                tokio::time::sleep(POLL).await;
-            }
+        match look(deadline, what, &mut cond) {
+            Some(v) => return v,
+            None => tokio::time::sleep(POLL).await,
         }
     }
 }
