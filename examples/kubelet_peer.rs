@@ -24,25 +24,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cpupoold::api::deviceplugin::proto::{cri, podresources as pr, v1beta1 as dp};
-use cpupoold::api::deviceplugin::unix_channel;
+use cpupoold::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::kubelet::unix_channel;
 use serde_json::{json, Value};
-use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
+use test_support::kubelet::{self, PodSource};
+use tonic::Status;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
-
-struct Registration(Instant);
-
-#[tonic::async_trait]
-impl dp::registration_server::Registration for Registration {
-    async fn register(&self, r: Request<dp::RegisterRequest>) -> Result<Response<dp::Empty>, Status> {
-        let r = r.into_inner();
-        println!("registered {} {} {}", r.resource_name, r.endpoint, self.0.elapsed().as_millis());
-        Ok(Response::new(dp::Empty {}))
-    }
-}
 
 /// The pods file, read on every call: edits by the check take effect at once.
 #[derive(Clone)]
@@ -64,13 +52,9 @@ fn containers(pod: &Value) -> Vec<Value> {
     pod["containers"].as_array().cloned().unwrap_or_default()
 }
 
-#[tonic::async_trait]
-impl pr::pod_resources_lister_server::PodResourcesLister for Pods {
-    async fn list(
-        &self,
-        _: Request<pr::ListPodResourcesRequest>,
-    ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
-        let pod_resources = self
+impl PodSource for Pods {
+    fn pods(&self) -> Result<Vec<pr::PodResources>, Status> {
+        Ok(self
             .read()?
             .iter()
             .map(|p| pr::PodResources {
@@ -99,24 +83,10 @@ impl pr::pod_resources_lister_server::PodResourcesLister for Pods {
                     })
                     .collect(),
             })
-            .collect();
-        Ok(Response::new(pr::ListPodResourcesResponse { pod_resources }))
+            .collect())
     }
 
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<pr::AllocatableResourcesRequest>,
-    ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(pr::AllocatableResourcesResponse::default()))
-    }
-}
-
-#[tonic::async_trait]
-impl cri::runtime_service_server::RuntimeService for Pods {
-    async fn list_containers(
-        &self,
-        _: Request<cri::ListContainersRequest>,
-    ) -> Result<Response<cri::ListContainersResponse>, Status> {
+    fn containers(&self) -> Result<Vec<cri::Container>, Status> {
         let mut out = Vec::new();
         for p in self.read()? {
             for c in containers(&p) {
@@ -133,16 +103,8 @@ impl cri::runtime_service_server::RuntimeService for Pods {
                 });
             }
         }
-        Ok(Response::new(cri::ListContainersResponse { containers: out }))
+        Ok(out)
     }
-}
-
-fn bind(path: &Path) -> Result<UnixListenerStream, Failure> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let _ = std::fs::remove_file(path);
-    Ok(UnixListenerStream::new(UnixListener::bind(path)?))
 }
 
 async fn serve(kubelet_dir: &Path, runtime: &Path, pods: PathBuf) -> Result<(), Failure> {
@@ -152,22 +114,20 @@ async fn serve(kubelet_dir: &Path, runtime: &Path, pods: PathBuf) -> Result<(), 
         std::fs::remove_file(e?.path())?;
     }
     let pods = Pods(pods);
-    let resources = bind(&kubelet_dir.join("pod-resources/kubelet.sock"))?;
-    let cri_socket = bind(runtime)?;
-    let registration = bind(&plugins.join("kubelet.sock"))?;
+    let resources =
+        kubelet::serve_pod_resources(&kubelet_dir.join("pod-resources/kubelet.sock"), pods.clone())?;
+    let cri = kubelet::serve_runtime(runtime, pods)?;
     let bound = Instant::now();
-    let builder = || tonic::transport::Server::builder();
-    tokio::try_join!(
-        builder()
-            .add_service(dp::registration_server::RegistrationServer::new(Registration(bound)))
-            .serve_with_incoming(registration),
-        builder()
-            .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()))
-            .serve_with_incoming(resources),
-        builder()
-            .add_service(cri::runtime_service_server::RuntimeServiceServer::new(pods))
-            .serve_with_incoming(cri_socket),
-    )?;
+    let registration = kubelet::Registration::new(move |r| {
+        println!("registered {} {} {}", r.resource_name, r.endpoint, bound.elapsed().as_millis());
+    });
+    let kubelet = kubelet::Kubelet::serve(&plugins, registration)?;
+    // Runs until killed, or until a server fails.
+    tokio::select! {
+        r = resources => r??,
+        r = cri => r??,
+    }
+    drop(kubelet);
     Ok(())
 }
 

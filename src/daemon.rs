@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::dbus::{self, Bus};
-use crate::api::deviceplugin;
 use crate::api::varlink;
 use crate::config::{ConfigDirs, ConfigError, Settings};
 use crate::engine::{self, ConfigSource, Engine, Handle, StartError};
 use crate::host::cgroupfs::CgroupFs;
+use crate::kubelet as deviceplugin;
 use crate::sandbox::Sandbox;
 
 /// How to run.

@@ -6,6 +6,7 @@
 //! the state and publishes the result.
 #![forbid(unsafe_code)]
 pub mod api;
+pub mod backoff;
 pub mod config;
 pub mod core;
 pub mod daemon;
@@ -13,6 +14,7 @@ pub mod engine;
 pub mod host;
 #[cfg(feature = "k8s")]
 pub mod k8s;
+pub mod kubelet;
 pub mod logging;
 pub mod reclaim;
 pub mod sandbox;

@@ -21,6 +21,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use zbus::zvariant::OwnedValue;
 
+use crate::backoff::Backoff;
 use crate::core::state::{AssignmentId, Target};
 use crate::engine::{error_chain, Event, Handle};
 use crate::host::cgroupfs::CgroupFs;
@@ -80,7 +81,8 @@ pub async fn run(
     r.sync().await;
     let mut cgroup_tick = tokio::time::interval(CGROUP_PERIOD);
     let mut unit_tick = tokio::time::interval(UNIT_SWEEP);
-    let (mut retry_every, mut retry_at) = (UNIT_SWEEP, std::time::Instant::now());
+    // The first retry comes at once, the next after two sweeps, doubling from there.
+    let (mut retry, mut retry_at) = (Backoff::new(UNIT_SWEEP * 2, MAX_RETRY), std::time::Instant::now());
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -103,11 +105,10 @@ pub async fn run(
                             Ok(n) => log::info!("re-applied what failed before: {n} corrections"),
                             Err(e) => log::error!("re-applying: {}", error_chain(&e)),
                         }
-                        retry_every = (retry_every * 2).min(MAX_RETRY);
-                        retry_at = std::time::Instant::now() + retry_every;
+                        retry_at = std::time::Instant::now() + retry.fail();
                     }
                 } else {
-                    retry_every = UNIT_SWEEP;
+                    retry.reset();
                     retry_at = std::time::Instant::now();
                 }
             }

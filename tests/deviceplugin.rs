@@ -9,17 +9,14 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Varlink};
-use cpupoold::api::deviceplugin::proto::{cri, podresources as pr, v1beta1 as dp};
-use cpupoold::api::deviceplugin::unix_channel;
+use cpupoold::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::kubelet::unix_channel;
 use serde_json::json;
-use tokio::net::UnixListener;
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
+use test_support::kubelet::{self, MemoryPods};
+use tokio::sync::mpsc;
 
 /// reserved 0,8; dp: cores 1-3 (node 0) and 6-7 (node 1), whole cores; th: CPUs 4,12 as
 /// threads; web: shared 5,13 in 500-millicpu devices.
@@ -49,77 +46,15 @@ reconcile_interval_ms = 50
 
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Registration(mpsc::UnboundedSender<dp::RegisterRequest>);
-
-#[tonic::async_trait]
-impl dp::registration_server::Registration for Registration {
-    async fn register(&self, r: Request<dp::RegisterRequest>) -> Result<Response<dp::Empty>, Status> {
-        let _ = self.0.send(r.into_inner());
-        Ok(Response::new(dp::Empty {}))
-    }
-}
-
-/// What the kubelet's PodResources answers: the pods, and the CPUs its CPU manager allocates
-/// from (none with the `none` policy).
-#[derive(Clone, Default)]
-struct PodResources(Arc<Mutex<Vec<pr::PodResources>>>, Arc<Mutex<Vec<i64>>>);
-
-#[tonic::async_trait]
-impl pr::pod_resources_lister_server::PodResourcesLister for PodResources {
-    async fn list(
-        &self,
-        _: Request<pr::ListPodResourcesRequest>,
-    ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
-        Ok(Response::new(pr::ListPodResourcesResponse { pod_resources: self.0.lock().unwrap().clone() }))
-    }
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<pr::AllocatableResourcesRequest>,
-    ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(pr::AllocatableResourcesResponse {
-            cpu_ids: self.1.lock().unwrap().clone(),
-            ..Default::default()
-        }))
-    }
-}
-
-#[derive(Clone, Default)]
-struct Runtime(Arc<Mutex<Vec<cri::Container>>>);
-
-#[tonic::async_trait]
-impl cri::runtime_service_server::RuntimeService for Runtime {
-    async fn list_containers(
-        &self,
-        _: Request<cri::ListContainersRequest>,
-    ) -> Result<Response<cri::ListContainersResponse>, Status> {
-        Ok(Response::new(cri::ListContainersResponse { containers: self.0.lock().unwrap().clone() }))
-    }
-}
-
-/// The kubelet's registration socket.
-struct Kubelet {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-}
+/// The kubelet's registration socket, each Register sent to `tx`.
+struct Kubelet;
 
 impl Kubelet {
-    fn serve(dir: &Path, tx: mpsc::UnboundedSender<dp::RegisterRequest>) -> Kubelet {
-        let listener = UnixListener::bind(dir.join("kubelet.sock")).unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(dp::registration_server::RegistrationServer::new(Registration(tx)))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                }),
-        );
-        Kubelet { stop, task }
-    }
-
-    /// Stops like a kubelet process exiting: the listener is closed before a new kubelet binds.
-    async fn exit(self) {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().unwrap();
+    fn serve(plugins: &Path, tx: mpsc::UnboundedSender<dp::RegisterRequest>) -> kubelet::Kubelet {
+        let registration = kubelet::Registration::new(move |r| {
+            let _ = tx.send(r);
+        });
+        kubelet::Kubelet::serve(plugins, registration).unwrap()
     }
 }
 
@@ -167,11 +102,7 @@ async fn first_list(sock: PathBuf) -> Devices {
 /// Waits (polling, with a deadline) until `f` holds.
 /// Waits until `f` holds; on timeout, fails with the daemon's log.
 async fn until(d: &Daemon, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}\n{}", d.logs());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    test_support::wait::until_async(WAIT, what, || if f() { Ok(()) } else { Err(d.logs()) }).await
 }
 
 /// A container's `devices` as the kubelet's PodResources lists them: one entry per device
@@ -195,11 +126,11 @@ fn ids(v: &[&str]) -> Vec<String> {
 /// runtime's CRI, served before the daemon starts.
 struct Peer {
     plugins: PathBuf,
-    kubelet: Kubelet,
+    kubelet: kubelet::Kubelet,
     tx: mpsc::UnboundedSender<dp::RegisterRequest>,
     registered: mpsc::UnboundedReceiver<dp::RegisterRequest>,
-    pods: PodResources,
-    runtime: Runtime,
+    pods: MemoryPods,
+    runtime: MemoryPods,
 }
 
 fn serve_peer(sb: &Path) -> Peer {
@@ -209,20 +140,10 @@ fn serve_peer(sb: &Path) -> Peer {
     std::fs::create_dir_all(sb.join("run")).unwrap();
     let (tx, registered) = mpsc::unbounded_channel();
     let kubelet = Kubelet::serve(&plugins, tx.clone());
-    let pods = PodResources::default();
-    let listener = UnixListener::bind(sb.join("kubelet/pod-resources/kubelet.sock")).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()))
-            .serve_with_incoming(UnixListenerStream::new(listener)),
-    );
-    let runtime = Runtime::default();
-    let listener = UnixListener::bind(sb.join("run/containerd.sock")).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(cri::runtime_service_server::RuntimeServiceServer::new(runtime.clone()))
-            .serve_with_incoming(UnixListenerStream::new(listener)),
-    );
+    let pods = MemoryPods::default();
+    kubelet::serve_pod_resources(&sb.join("kubelet/pod-resources/kubelet.sock"), pods.clone()).unwrap();
+    let runtime = pods.clone();
+    kubelet::serve_runtime(&sb.join("run/containerd.sock"), runtime.clone()).unwrap();
     Peer { plugins, kubelet, tx, registered, pods, runtime }
 }
 
@@ -327,7 +248,7 @@ async fn kubelet_peer_end_to_end() {
     let scope =
         format!("kubepods.slice/kubepods-pod{}.slice/cri-containerd-abc.scope", uid.replace('-', "_"));
     std::fs::create_dir_all(sb.join("cgroup").join(&scope)).unwrap();
-    *pods.0.lock().unwrap() = vec![pr::PodResources {
+    *pods.pods.lock().unwrap() = vec![pr::PodResources {
         name: "p1".into(),
         namespace: "default".into(),
         containers: vec![pr::ContainerResources {
@@ -395,7 +316,7 @@ async fn kubelet_peer_end_to_end() {
         ]),
         ..Default::default()
     };
-    *runtime.0.lock().unwrap() = vec![ctr("abc", "c1"), ctr("def", "side")];
+    *runtime.containers.lock().unwrap() = vec![ctr("abc", "c1"), ctr("def", "side")];
     until(&d, "the container's scope has the CPUs", || {
         d.cgroup(&format!("{scope}/cpuset.cpus")).as_deref() == Some("6-7,14-15")
     })
@@ -414,8 +335,8 @@ async fn kubelet_peer_end_to_end() {
         v.call("GetAssignment", json!({"id": "kubelet-milli-web-00001"})).is_err()
     })
     .await;
-    pods.0.lock().unwrap().clear();
-    runtime.0.lock().unwrap().clear();
+    pods.pods.lock().unwrap().clear();
+    runtime.containers.lock().unwrap().clear();
     until(&d, "the dp allocation is released", || {
         v.call("GetAssignment", json!({"id": "kubelet-core-6"})).is_err()
     })
@@ -550,7 +471,7 @@ async fn allocate_takes_back_devices_the_kubelet_freed_within_the_grace_period()
     let mut dpc = plugin(sock("dp")).await;
     web.allocate(alloc(&["milli-web-00000", "milli-web-00001", "milli-web-00002"])).await.unwrap();
     dpc.allocate(alloc(&["core-6", "core-7"])).await.unwrap();
-    *peer.pods.0.lock().unwrap() = vec![
+    *peer.pods.pods.lock().unwrap() = vec![
         holds("a", "cpupool.io/web", &["milli-web-00000", "milli-web-00001", "milli-web-00002"]),
         holds("a2", "cpupool.io/dp", &["core-6", "core-7"]),
     ];
@@ -565,7 +486,7 @@ async fn allocate_takes_back_devices_the_kubelet_freed_within_the_grace_period()
     assert_eq!(v.call("ListAssignments", json!({})).unwrap(), before);
 
     // Pod a terminates: the kubelet frees its devices and hands them to pod b at once.
-    peer.pods.0.lock().unwrap().clear();
+    peer.pods.pods.lock().unwrap().clear();
     let r = web.allocate(alloc(&["milli-web-00000", "milli-web-00001"])).await.unwrap().into_inner();
     assert_eq!(r.container_responses[0].envs["CPUPOOL_POOL"], "web");
     let a = v.call("GetAssignment", json!({"id": "kubelet-milli-web-00000"})).unwrap();
@@ -580,7 +501,7 @@ async fn allocate_takes_back_devices_the_kubelet_freed_within_the_grace_period()
     // The kubelet turns to the static CPU manager with only CPUs 0,8 (the reserved pool)
     // reserved: it may hand out the pools' CPUs, and the daemon says which.
     assert!(!logs.contains("static CPU manager may give"), "{logs}");
-    *peer.pods.1.lock().unwrap() = (1..16).filter(|c| *c != 8).collect();
+    *peer.pods.allocatable.lock().unwrap() = (1..16).filter(|c| *c != 8).collect();
     until(&d, "the CPU manager conflict is logged", || {
         d.logs().contains(
             "the kubelet's static CPU manager may give CPUs 1-7,9-15 of pool(s) dp, th, web to Guaranteed containers",

@@ -463,51 +463,13 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
     rt.block_on(task).unwrap();
 }
 
-/// The kubelet's side the device plugin needs: registration and PodResources (no CRI socket,
-/// so only the pod watch can tell which container holds the devices).
-mod kubelet {
-    use std::sync::{Arc, Mutex};
-
-    use cpupoold::api::deviceplugin::proto::{podresources as pr, v1beta1 as dp};
-    use tonic::{Request, Response, Status};
-
-    pub struct Registration;
-
-    #[tonic::async_trait]
-    impl dp::registration_server::Registration for Registration {
-        async fn register(&self, _: Request<dp::RegisterRequest>) -> Result<Response<dp::Empty>, Status> {
-            Ok(Response::new(dp::Empty {}))
-        }
-    }
-
-    #[derive(Clone, Default)]
-    pub struct PodResources(pub Arc<Mutex<Vec<pr::PodResources>>>);
-
-    #[tonic::async_trait]
-    impl pr::pod_resources_lister_server::PodResourcesLister for PodResources {
-        async fn list(
-            &self,
-            _: Request<pr::ListPodResourcesRequest>,
-        ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
-            Ok(Response::new(pr::ListPodResourcesResponse { pod_resources: self.0.lock().unwrap().clone() }))
-        }
-        async fn get_allocatable_resources(
-            &self,
-            _: Request<pr::AllocatableResourcesRequest>,
-        ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
-            Ok(Response::new(pr::AllocatableResourcesResponse::default()))
-        }
-    }
-}
-
 /// The pod watch gives the device plugin the container's pod UID and id (no CRI here), the
 /// plugin moves the kubelet allocation to the container's cgroup, and the node report names
 /// the pod and container as its owner.
 #[test]
 fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
-    use cpupoold::api::deviceplugin::proto::{podresources as pr, v1beta1 as dp};
-    use tokio::net::UnixListener;
-    use tokio_stream::wrappers::UnixListenerStream;
+    use cpupoold::kubelet::proto::{podresources as pr, v1beta1 as dp};
+    use test_support::kubelet::{self, MemoryPods};
 
     let dir = tempfile::tempdir().unwrap();
     let sb = dir.path().join("sb");
@@ -515,22 +477,14 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     std::fs::create_dir_all(&plugins).unwrap();
     std::fs::create_dir_all(sb.join("kubelet/pod-resources")).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let pods = kubelet::PodResources::default();
-    {
+    // The kubelet's side the device plugin needs: registration and PodResources (no CRI
+    // socket, so only the pod watch can tell which container holds the devices).
+    let pods = MemoryPods::default();
+    let _kubelet = {
         let _guard = rt.enter();
-        let reg = UnixListener::bind(plugins.join("kubelet.sock")).unwrap();
-        rt.spawn(
-            tonic::transport::Server::builder()
-                .add_service(dp::registration_server::RegistrationServer::new(kubelet::Registration))
-                .serve_with_incoming(UnixListenerStream::new(reg)),
-        );
-        let list = UnixListener::bind(sb.join("kubelet/pod-resources/kubelet.sock")).unwrap();
-        rt.spawn(
-            tonic::transport::Server::builder()
-                .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(pods.clone()))
-                .serve_with_incoming(UnixListenerStream::new(list)),
-        );
-    }
+        kubelet::serve_pod_resources(&sb.join("kubelet/pod-resources/kubelet.sock"), pods.clone()).unwrap();
+        kubelet::Kubelet::serve(&plugins, kubelet::Registration::new(|_| {})).unwrap()
+    };
     let fake = Fake::start();
     fake.put("nodes", node(None));
     let uid = "5e1f-0001";
@@ -548,7 +502,7 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     // The pods were listed (and indexed) before the watch that follows the list started.
     wait_for(WAIT, "the pod watch", || if watches(&fake, "/pods") > 0 { Ok(()) } else { Err(d.logs()) });
     // The kubelet allocates core-1 of dp (CPUs 1 and 5) to apps/p1/c1.
-    *pods.0.lock().unwrap() = vec![pr::PodResources {
+    *pods.pods.lock().unwrap() = vec![pr::PodResources {
         name: "p1".into(),
         namespace: "apps".into(),
         containers: vec![pr::ContainerResources {
@@ -564,7 +518,7 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     let sock = plugins.join("cpupoold-dp.sock");
     wait_for(WAIT, "the dp plugin socket", || if sock.exists() { Ok(()) } else { Err(d.logs()) });
     let envs = rt.block_on(async {
-        let channel = cpupoold::api::deviceplugin::unix_channel(sock.clone()).await.unwrap();
+        let channel = cpupoold::kubelet::unix_channel(sock.clone()).await.unwrap();
         let mut c = dp::device_plugin_client::DevicePluginClient::new(channel);
         let req = dp::AllocateRequest {
             container_requests: vec![dp::ContainerAllocateRequest { devices_ids: vec!["core-1".into()] }],

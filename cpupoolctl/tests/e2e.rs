@@ -74,29 +74,8 @@ impl Daemon {
         SUBREAPER.call_once(|| nix::sys::prctl::set_child_subreaper(true).unwrap());
         let sb = dir.join("sb");
         let log = dir.join("daemon.log");
-        let log_file = fs::File::create(&log).unwrap();
-        let mut child = Command::new(cpupoold_bin())
-            .arg("--sandbox")
-            .arg(&sb)
-            .args(["--topology", "1x4x2:1"])
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut banner = String::new();
-        let mut ready = false;
-        // Lines arrive as the daemon prints them; EOF means it died.
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            banner.push_str(&line);
-            banner.push('\n');
-            if line == "READY" {
-                ready = true;
-                break;
-            }
-        }
+        let test_support::daemon::Spawned { child, banner, ready, .. } =
+            test_support::daemon::spawn(&cpupoold_bin(), &sb, "1x4x2:1", &[], &log);
         let d = Daemon { child, dir: dir.to_owned(), sb, log };
         assert!(ready, "no READY from the daemon:\n{banner}\n{}", d.logs());
         d
@@ -115,17 +94,8 @@ impl Daemon {
 
     /// Stops with SIGTERM and checks the exit status.
     fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM:\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "daemon exited with {status}:\n{}", self.logs());
+        let log = self.log.clone();
+        test_support::daemon::stop(&mut self.child, || fs::read_to_string(&log).unwrap_or_default());
     }
 }
 

@@ -6,6 +6,5 @@
 
 pub mod auth;
 pub mod dbus;
-pub mod deviceplugin;
 pub mod ops;
 pub mod varlink;

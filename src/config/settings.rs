@@ -110,7 +110,7 @@ pub enum Backend {
     Cgroupfs,
 }
 
-/// `[kubelet]`: how the pools are offered to the kubelet (see `api::deviceplugin`).
+/// `[kubelet]`: how the pools are offered to the kubelet (see `kubelet`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kubelet {
     /// `kubelet.enabled`: serve the device plugin (it waits for the kubelet if there is none).

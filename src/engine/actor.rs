@@ -175,6 +175,7 @@ impl Engine {
             assignment_health: Arc::default(),
             isolation: Arc::default(),
             irq: Arc::default(),
+            kubelet: Arc::default(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -193,6 +194,7 @@ impl Engine {
             config: None,
             hk: None,
             irq: irq::IrqManager::new(settings),
+            kubelet: Arc::default(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         let (done, failed) = engine.reconcile();
@@ -388,6 +390,12 @@ impl Engine {
             Request::SetUnpooled(cgroups, reply) => {
                 let _ = reply.send(self.set_unpooled(cgroups));
             }
+            Request::AssignAll(specs, reply) => {
+                let _ = reply.send(self.assign_all(specs));
+            }
+            Request::Kubelet(update, reply) => {
+                let _ = reply.send(Ok(self.update_kubelet(update)));
+            }
         }
     }
 
@@ -476,6 +484,7 @@ impl Engine {
             ),
             isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
             irq: Arc::new(self.irq.report().clone()),
+            kubelet: self.kubelet.clone(),
         };
         self.snapshots.send_replace(snap);
         for e in events {

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use super::{housekeeping, EngineError, IrqReport};
+use super::{housekeeping, EngineError, IrqReport, KubeletUpdate, KubeletView};
 use crate::config::runtime::PoolEdit;
 use crate::config::{ConfigError, Settings};
+use crate::core::cpuset::CpuSet;
 use crate::core::pool::{Pool, PoolName};
 use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, CgroupPath, Outcome, State};
 use crate::core::topology::Topology;
@@ -79,6 +80,8 @@ pub struct Snapshot {
     pub isolation: Arc<housekeeping::IsolationReport>,
     /// Interrupt affinity as the last pass left it (see [`irq`]).
     pub irq: Arc<IrqReport>,
+    /// What the kubelet wing observed: the CPUs online, the devices the kubelet holds.
+    pub kubelet: Arc<KubeletView>,
 }
 
 impl Snapshot {
@@ -131,6 +134,10 @@ pub enum Request {
     /// Keep these container cgroups off the exclusive pools' CPUs, and no others (the device
     /// plugin, for the kubelet's containers that use no pool).
     SetUnpooled(std::collections::BTreeSet<CgroupPath>, oneshot::Sender<Result<usize, EngineError>>),
+    /// Assign CPUs to several targets: all of them with one save, or none (see `batch`).
+    AssignAll(Vec<AssignSpec>, oneshot::Sender<Result<Vec<Outcome<Assignment>>, EngineError>>),
+    /// Record what the kubelet wing observed (see `kubelet`); answers whether it changed.
+    Kubelet(KubeletUpdate, oneshot::Sender<Result<bool, EngineError>>),
 }
 
 /// How adapters reach the engine.
@@ -221,6 +228,30 @@ impl Handle {
         let (tx, rx) = oneshot::channel();
         self.tx.send(Request::SampleIsolation(tx)).await.map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Assigns every spec, all or nothing, with one save (see [`Request::AssignAll`]).
+    pub async fn assign_all(&self, specs: Vec<AssignSpec>) -> Result<Vec<Outcome<Assignment>>, EngineError> {
+        self.call(|tx| Request::AssignAll(specs, tx)).await
+    }
+
+    /// Publishes the CPUs online now; `true` when they changed.
+    pub async fn set_online(&self, cpus: CpuSet) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Online(cpus), tx)).await
+    }
+
+    /// Publishes the devices the kubelet holds for `id`; `true` when they changed.
+    pub async fn set_held(
+        &self,
+        id: AssignmentId,
+        devices: Option<std::collections::BTreeSet<String>>,
+    ) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Held(id, devices), tx)).await
+    }
+
+    /// Every committed snapshot from now on, for a reader that follows them.
+    pub fn watch(&self) -> watch::Receiver<Snapshot> {
+        self.snapshots.clone()
     }
 
     /// Waits until the engine thread answers.

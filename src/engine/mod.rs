@@ -16,10 +16,12 @@
 //! settings and pool edits.
 
 mod actor;
+mod batch;
 mod commit;
 pub mod handle;
 pub mod housekeeping;
 mod irq;
+mod kubelet;
 mod reload;
 
 use std::sync::Arc;
@@ -31,6 +33,7 @@ pub use actor::{StartError, StartReport};
 pub use commit::describe;
 pub use handle::{ping_within, Change, DriftReport, Event, Handle, Request, Snapshot, PING_TIMEOUT};
 pub use irq::IrqReport;
+pub use kubelet::{KubeletUpdate, KubeletView};
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;
@@ -106,6 +109,7 @@ pub struct Engine {
     /// [`Engine::with_housekeeping`].
     hk: Option<housekeeping::Housekeeping>,
     irq: irq::IrqManager,
+    kubelet: Arc<KubeletView>,
 }
 
 /// An error and its causes on one line: "a: b: c".

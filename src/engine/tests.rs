@@ -13,14 +13,14 @@ use crate::sandbox::Sandbox;
 
 const CONFIG: &str = include_str!("../../tests/fixtures/1x4x2.toml");
 
-struct Fixture {
+pub(super) struct Fixture {
     _dir: tempfile::TempDir,
-    sb: Sandbox,
+    pub(super) sb: Sandbox,
 }
 
 impl Fixture {
     /// A 1x4x2 sandbox (CPU c and c+4 are siblings) with [`CONFIG`].
-    fn new() -> Fixture {
+    pub(super) fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let etc = dir.path().join("etc/cpupoold");
         fs::create_dir_all(&etc).unwrap_or_else(|e| panic!("{e}"));
@@ -35,7 +35,7 @@ impl Fixture {
         s
     }
 
-    fn start(&self) -> (Engine, StartReport) {
+    pub(super) fn start(&self) -> (Engine, StartReport) {
         // The sandbox's CPUs are not this machine's: processes get simulated affinities.
         let backend = crate::host::cgroupfs::CgroupFs::new(self.sb.cgroupfs(), "/proc")
             .simulated_processes(self.sb.procfs());
@@ -43,13 +43,13 @@ impl Fixture {
             .unwrap_or_else(|e| panic!("{}", error_chain(&e)))
     }
 
-    fn read(&self, rel: &str) -> String {
+    pub(super) fn read(&self, rel: &str) -> String {
         // An empty set is written as a newline, as the kernel shows it.
         let text = fs::read_to_string(self.sb.cgroupfs().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
         text.trim_end_matches('\n').to_owned()
     }
 
-    fn write(&self, rel: &str, data: &str) {
+    pub(super) fn write(&self, rel: &str, data: &str) {
         let p = self.sb.cgroupfs().join(rel);
         if let Some(parent) = p.parent() {
             fs::create_dir_all(parent).unwrap_or_else(|e| panic!("{e}"));
@@ -61,12 +61,12 @@ impl Fixture {
         fs::write(self.sb.etc().join("config.toml"), text).unwrap_or_else(|e| panic!("{e}"));
     }
 
-    fn state_file(&self) -> Vec<u8> {
+    pub(super) fn state_file(&self) -> Vec<u8> {
         fs::read(self.sb.state().join("state.json")).unwrap_or_default()
     }
 }
 
-fn spec(pool: &str, target: &str, size: Size, id: Option<&str>) -> AssignSpec {
+pub(super) fn spec(pool: &str, target: &str, size: Size, id: Option<&str>) -> AssignSpec {
     AssignSpec::new(
         pool,
         Target::parse(target).unwrap_or_else(|e| panic!("{e}")),
@@ -75,7 +75,7 @@ fn spec(pool: &str, target: &str, size: Size, id: Option<&str>) -> AssignSpec {
     )
 }
 
-fn rt() -> tokio::runtime::Runtime {
+pub(super) fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -10,6 +10,7 @@ pub mod health;
 pub mod housekeeping;
 pub mod irq;
 pub mod irqbalance;
+pub mod kubelet;
 pub mod pidwatch;
 pub mod simhost;
 pub mod simirq;

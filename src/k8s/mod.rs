@@ -135,7 +135,9 @@ pub struct ClusterStatus {
 /// writes it when the node joins) or not valid is tried again, 1 s doubling to 60 s, while the
 /// local configuration files apply. `None` when `stop` is set first.
 async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiver<bool>) -> Option<Client> {
-    let mut pause = std::time::Duration::from_secs(1);
+    let mut backoff =
+        crate::backoff::Backoff::new(std::time::Duration::from_secs(1), std::time::Duration::from_secs(60));
+    let mut pause = backoff.fail();
     let mut failing = false;
     loop {
         match client(opts).await {
@@ -158,7 +160,7 @@ async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiv
             _ = tokio::time::sleep(pause) => {}
             _ = stopped(stop) => return None,
         }
-        pause = (pause * 2).min(std::time::Duration::from_secs(60));
+        pause = backoff.fail();
     }
 }
 
@@ -236,14 +238,9 @@ pub fn describe_status(r: &kube::core::ErrorResponse) -> String {
     }
 }
 
-impl crate::api::deviceplugin::ContainerSource for pods::PodIndex {
-    fn container(
-        &self,
-        namespace: &str,
-        pod: &str,
-        container: &str,
-    ) -> Option<crate::api::deviceplugin::ContainerRef> {
-        self.lookup(namespace, pod, container).map(|i| crate::api::deviceplugin::ContainerRef {
+impl crate::kubelet::ContainerSource for pods::PodIndex {
+    fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<crate::kubelet::ContainerRef> {
+        self.lookup(namespace, pod, container).map(|i| crate::kubelet::ContainerRef {
             pod_uid: i.pod_uid,
             container_id: i.container_id,
             qos_class: i.qos_class,

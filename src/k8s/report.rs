@@ -139,14 +139,14 @@ pub async fn run(
     // edited) by hand comes back: every 150 intervals (5 min at the default 2 s).
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + interval * 150, interval * 150);
     let mut last_write: Option<Instant> = None;
-    let mut backoff = Duration::ZERO;
+    let mut backoff = crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         // Wait for something to report, or for the spacing after the last write to pass; every
         // change that comes meanwhile is absorbed into the one write that follows.
         let due = match (dirty, last_write) {
             (false, _) => None,
             (true, None) => Some(tokio::time::Instant::now()),
-            (true, Some(t)) => Some(tokio::time::Instant::from_std(t + interval.max(backoff))),
+            (true, Some(t)) => Some(tokio::time::Instant::from_std(t + interval.max(backoff.pause()))),
         };
         let sleep = async {
             match due {
@@ -182,10 +182,10 @@ pub async fn run(
                     &rfc3339(SystemTime::now()),
                 );
                 match writer.write(status).await {
-                    Ok(()) => backoff = Duration::ZERO,
+                    Ok(()) => backoff.reset(),
                     Err(()) => {
                         dirty = true;
-                        backoff = (backoff * 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
+                        backoff.fail();
                     }
                 }
                 last_write = Some(Instant::now());

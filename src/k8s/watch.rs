@@ -12,6 +12,7 @@
 
 use std::fmt::Debug;
 
+use crate::backoff::Backoff;
 use futures_util::StreamExt;
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
@@ -31,10 +32,12 @@ pub async fn follow<K, F>(
 {
     let mut failing = false;
     // Watches started afresh after a 410 on the watch request, since a watch last delivered.
-    let mut relists = 0u32;
+    // The first relist comes at once, the second after RELIST_PAUSE, each further one after
+    // twice the last (the floor is half the first pause: one failure earns no pause).
+    let mut relists = Backoff::new(RELIST_PAUSE / 2, RELIST_PAUSE_MAX);
     'restart: loop {
-        if relists > 1 {
-            let pause = RELIST_PAUSE.saturating_mul(1 << (relists - 2).min(8)).min(RELIST_PAUSE_MAX);
+        if relists.failures() > 1 {
+            let pause = relists.pause();
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = super::stopped(stop) => return,
@@ -52,7 +55,7 @@ pub async fn follow<K, F>(
                 Some(Ok(event)) => {
                     if matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_)) {
                         // A watch event (not the list's): the watch itself works.
-                        relists = 0;
+                        relists.reset();
                     }
                     if failing {
                         log::info!("k8s: watching {what} again");
@@ -73,7 +76,7 @@ pub async fn follow<K, F>(
                     }
                     failing = true;
                     if gone {
-                        relists = relists.saturating_add(1);
+                        relists.fail();
                         continue 'restart;
                     }
                 }

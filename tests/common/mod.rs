@@ -8,7 +8,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -137,30 +136,9 @@ impl Daemon {
             fs::write(sb.join("etc/cpupoold/config.toml"), config).unwrap();
         }
         let log = dir.join("daemon.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
-            .arg("--sandbox")
-            .arg(&sb)
-            .args(["--topology", shape])
-            .args(args)
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::piped())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut varlink = None;
-        let mut banner = String::new();
-        for line in BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            banner.push_str(&line);
-            banner.push('\n');
-            if let Some(p) = line.trim().strip_prefix("varlink").map(str::trim) {
-                varlink = p.strip_prefix("unix:").map(PathBuf::from);
-            }
-            if line == "READY" {
-                break;
-            }
-        }
+        let bin = Path::new(env!("CARGO_BIN_EXE_cpupoold"));
+        let test_support::daemon::Spawned { child, banner, varlink, .. } =
+            test_support::daemon::spawn(bin, &sb, shape, args, &log);
         let log_text = fs::read_to_string(&log).unwrap_or_default();
         let varlink = varlink.unwrap_or_else(|| panic!("no READY banner:\n{banner}\n{log_text}"));
         open_to_everyone(&sb.join("run"));
@@ -236,17 +214,8 @@ impl Daemon {
 
     /// Stops with SIGTERM and checks for a clean exit.
     pub fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM:\n{}", self.logs());
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "daemon exited with {status}:\n{}", self.logs());
+        let log = self.log.clone();
+        test_support::daemon::stop(&mut self.child, || fs::read_to_string(&log).unwrap_or_default());
     }
 }
 

@@ -4,8 +4,8 @@
 //! 2x4x2 host. A refusal must name a field; an accepted allocation must hold only the pool's
 //! CPUs, be applicable to the state (or refused by it with a typed error), and a preferred
 //! allocation must be a subset of what was available.
-use cpupoold::api::deviceplugin::devices;
-use cpupoold::api::deviceplugin::proto::v1beta1;
+use cpupoold::core::devices;
+use cpupoold::kubelet::proto::v1beta1;
 use cpupoold::config;
 use cpupoold::core::pool::Pool;
 use cpupoold::core::state::State;

@@ -10,90 +10,20 @@
 //!   off the exclusive pools' CPUs (`kubelet.confine_unpooled`, `engine.set_unpooled`), as the
 //!   kubelet's static CPU manager keeps its shared pool off exclusively allocated CPUs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
-use super::proto::{cri, podresources};
-use super::server::Shared;
-use super::{devices, host, unix_channel, Options};
+use super::clients::{self, Containers, Holder};
+use super::Options;
 use crate::core::cpuset::CpuSet;
-use crate::core::state::{CgroupPath, Container, Target};
+use crate::core::devices;
+use crate::core::state::{AssignmentId, CgroupPath, Container, Target};
 use crate::engine::{error_chain, Handle};
-
-/// Running containers by (namespace, pod, container name): (pod UID, container id).
-type Containers = HashMap<(String, String, String), (String, String)>;
-
-/// Who holds one allocation.
-#[derive(Debug, Clone)]
-pub(super) struct Holder {
-    namespace: String,
-    pod: String,
-    container: String,
-    devices: BTreeSet<String>,
-}
-
-/// A gRPC channel to the kubelet's or the runtime's `socket`, the error in words.
-async fn channel(socket: &Path) -> Result<tonic::transport::Channel, String> {
-    unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))
-}
-
-/// The answer to a call to the kubelet or the runtime, waited for at most 5 s; the error in
-/// words.
-async fn answer<T>(
-    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, String> {
-    tokio::time::timeout(std::time::Duration::from_secs(5), call)
-        .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
-        .map(tonic::Response::into_inner)
-        .map_err(|s| format!("{}: {}", s.code(), s.message()))
-}
-
-/// The kubelet's PodResources `List`.
-pub(super) async fn pod_resources(socket: &Path) -> Result<podresources::ListPodResourcesResponse, String> {
-    let mut client =
-        podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel(socket).await?);
-    answer(client.list(podresources::ListPodResourcesRequest {})).await
-}
-
-/// The CPUs the kubelet's CPU manager allocates from (PodResources `GetAllocatableResources`).
-async fn allocatable_cpus(socket: &Path) -> Result<CpuSet, String> {
-    let mut client =
-        podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel(socket).await?);
-    let reply =
-        answer(client.get_allocatable_resources(podresources::AllocatableResourcesRequest {})).await?;
-    Ok(reply.cpu_ids.into_iter().filter_map(|c| u32::try_from(c).ok()).collect())
-}
-
-/// Who holds which allocation, by assignment id (`kubelet-<first device>`). The kubelet lists a
-/// container's devices one `ContainerDevices` entry per device (and per NUMA node of it), so
-/// the entries of one container and resource are gathered into the one allocation its
-/// Allocate made.
-pub(super) fn holders(list: podresources::ListPodResourcesResponse, prefix: &str) -> HashMap<String, Holder> {
-    let mut held: BTreeMap<(String, String, String, String), BTreeSet<String>> = BTreeMap::new();
-    for pod in list.pod_resources {
-        for c in pod.containers {
-            for d in c.devices.into_iter().filter(|d| d.resource_name.starts_with(prefix)) {
-                held.entry((pod.namespace.clone(), pod.name.clone(), c.name.clone(), d.resource_name))
-                    .or_default()
-                    .extend(d.device_ids);
-            }
-        }
-    }
-    held.into_iter()
-        .filter_map(|((namespace, pod, container, _), devices)| {
-            let id = format!("{}{}", devices::ID_PREFIX, devices::first_device(&devices)?);
-            Some((id, Holder { namespace, pod, container, devices }))
-        })
-        .collect()
-}
+use crate::host;
 
 /// The reconciler's memory between rounds.
 pub(super) struct Reconciler {
     opts: Options,
-    shared: Arc<Shared>,
     /// Kubelet assignments no container holds, since when.
     missing: HashMap<String, Instant>,
     /// Whether the last PodResources call failed (logged once per outage).
@@ -105,10 +35,9 @@ pub(super) struct Reconciler {
 }
 
 impl Reconciler {
-    pub(super) fn new(opts: Options, shared: Arc<Shared>) -> Reconciler {
+    pub(super) fn new(opts: Options) -> Reconciler {
         Reconciler {
             opts,
-            shared,
             missing: HashMap::new(),
             unreachable: false,
             absent: false,
@@ -122,7 +51,9 @@ impl Reconciler {
     /// start, the plugin refuses to start (`cpu_manager_state`); this notices a kubelet changed
     /// to the static policy while cpupoold runs.
     async fn check_cpu_manager(&mut self, handle: &Handle) {
-        let Ok(allocatable) = allocatable_cpus(&self.opts.pod_resources_socket()).await else { return };
+        let Ok(allocatable) = clients::allocatable_cpus(&self.opts.pod_resources_socket()).await else {
+            return;
+        };
         let snap = handle.snapshot();
         let pools: Vec<&crate::core::pool::Pool> = snap
             .state
@@ -148,7 +79,7 @@ impl Reconciler {
     /// One round.
     pub(super) async fn reconcile(&mut self, handle: &Handle) {
         self.check_cpu_manager(handle).await;
-        let list = match pod_resources(&self.opts.pod_resources_socket()).await {
+        let list = match clients::pod_resources(&self.opts.pod_resources_socket()).await {
             Ok(l) => {
                 if self.unreachable {
                     log::info!("device plugin: the kubelet's PodResources API answers again");
@@ -182,7 +113,7 @@ impl Reconciler {
                 return;
             }
         };
-        let holders = holders(list, &format!("{}/", self.opts.resource_prefix));
+        let holders = clients::holders(list, &format!("{}/", self.opts.resource_prefix));
         let snap = handle.snapshot();
         // Needed when some container is not in its cgroup yet, and to confine the others.
         let mut containers: Option<Containers> = None;
@@ -203,13 +134,18 @@ impl Reconciler {
                         Err(e) => log::warn!("device plugin: releasing {id}: {}", error_chain(&e)),
                     }
                     self.missing.remove(id);
-                    self.shared.set_held(id, None);
+                    if snap.kubelet.held.contains_key(&a.id) {
+                        set_held(handle, &a.id, None).await;
+                    }
                 }
                 continue;
             };
             self.missing.remove(id);
-            if a.kind == crate::core::pool::PoolKind::Shared {
-                self.shared.set_held(id, Some(h.devices.clone()));
+            // Asked only for a change: the engine is not woken on every tick.
+            if a.kind == crate::core::pool::PoolKind::Shared
+                && snap.kubelet.held.get(&a.id) != Some(&h.devices)
+            {
+                set_held(handle, &a.id, Some(h.devices.clone())).await;
             }
             let extra =
                 self.opts.containers.as_ref().and_then(|s| s.container(&h.namespace, &h.pod, &h.container));
@@ -227,7 +163,9 @@ impl Reconciler {
                 }
             };
             let Some((uid, cid, qos)) = found else { continue };
-            let Some(path) = host::find_container(&self.opts.cgroup_root, uid, cid, qos) else { continue };
+            let Some(path) = host::kubelet::find_container(&self.opts.cgroup_root, uid, cid, qos) else {
+                continue;
+            };
             let target = Target::Cgroup(path);
             let container =
                 Container { namespace: h.namespace.clone(), pod: h.pod.clone(), name: h.container.clone() };
@@ -263,7 +201,9 @@ impl Reconciler {
         let unpooled: BTreeSet<CgroupPath> = containers
             .iter()
             .filter(|((ns, pod, name), _)| !pooled.contains(&(ns.as_str(), pod.as_str(), name.as_str())))
-            .filter_map(|(_, (uid, cid))| host::find_container(&self.opts.cgroup_root, uid, cid, None))
+            .filter_map(|(_, (uid, cid))| {
+                host::kubelet::find_container(&self.opts.cgroup_root, uid, cid, None)
+            })
             .collect();
         let count = unpooled.len();
         match handle.set_unpooled(unpooled).await {
@@ -279,84 +219,41 @@ impl Reconciler {
 
     /// Running containers by (namespace, pod, container name): (pod UID, container id).
     async fn cri_containers(&self) -> Result<Containers, String> {
-        let mut client = cri::runtime_service_client::RuntimeServiceClient::new(
-            channel(&self.opts.runtime_endpoint).await?,
-        );
-        let reply = answer(client.list_containers(cri::ListContainersRequest {
-            filter: Some(cri::ContainerFilter {
-                state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
-                ..Default::default()
-            }),
-        }))
-        .await?;
-        let label = |c: &cri::Container, k: &str| c.labels.get(k).cloned().unwrap_or_default();
-        Ok(reply
-            .containers
-            .into_iter()
-            .map(|c| {
-                let key = (
-                    label(&c, "io.kubernetes.pod.namespace"),
-                    label(&c, "io.kubernetes.pod.name"),
-                    label(&c, "io.kubernetes.container.name"),
-                );
-                (key, (label(&c, "io.kubernetes.pod.uid"), c.id))
-            })
-            .collect())
+        clients::cri_containers(&self.opts.runtime_endpoint).await
+    }
+
+    /// Reads the CPUs online again: a CPU taken offline makes its devices Unhealthy (and a
+    /// shared pool's capacity smaller) on every open ListAndWatch, until it comes back.
+    pub(super) async fn refresh_online(&self, handle: &Handle) {
+        let now = match host::sysfs::read_online(&self.opts.sysfs_root) {
+            Ok(set) => set,
+            Err(e) => {
+                log::debug!("device plugin: reading the online CPUs: {}", error_chain(&e));
+                return;
+            }
+        };
+        let snap = handle.snapshot();
+        let before = snap.kubelet.online(&snap.topology);
+        let (gone, back) = (before.difference(&now), now.difference(&before));
+        match handle.set_online(now).await {
+            Ok(true) => {
+                if !gone.is_empty() {
+                    log::warn!("device plugin: CPUs {gone} went offline; their devices are Unhealthy");
+                }
+                if !back.is_empty() {
+                    log::info!("device plugin: CPUs {back} are online again");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => log::debug!("device plugin: publishing the online CPUs: {}", error_chain(&e)),
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(resource: &str, id: &str, node: i64) -> podresources::ContainerDevices {
-        podresources::ContainerDevices {
-            resource_name: resource.into(),
-            device_ids: vec![id.into()],
-            topology: Some(podresources::TopologyInfo { nodes: vec![podresources::NumaNode { id: node }] }),
-        }
-    }
-
-    /// The shape the kubelet sends (`containerDevicesFromResourceDeviceInstances`): one entry per
-    /// device and NUMA node, in map order.
-    #[test]
-    fn one_entry_per_device_is_one_allocation() {
-        let container = |name: &str, devices| podresources::ContainerResources {
-            name: name.into(),
-            devices,
-            ..Default::default()
-        };
-        let list = podresources::ListPodResourcesResponse {
-            pod_resources: vec![podresources::PodResources {
-                name: "p1".into(),
-                namespace: "default".into(),
-                containers: vec![
-                    container(
-                        "app",
-                        vec![
-                            entry("cpupool.io/web", "milli-web-00003", 0),
-                            entry("cpupool.io/dp", "core-7", 1),
-                            entry("cpupool.io/web", "milli-web-00001", 0),
-                            entry("other.io/gpu", "gpu-0", 0),
-                            entry("cpupool.io/dp", "core-6", 1),
-                            entry("cpupool.io/web", "milli-web-00002", 0),
-                        ],
-                    ),
-                    container("side", vec![entry("cpupool.io/web", "milli-web-00004", 0)]),
-                ],
-            }],
-        };
-        let h = holders(list, "cpupool.io/");
-        let mut ids: Vec<&str> = h.keys().map(String::as_str).collect();
-        ids.sort();
-        assert_eq!(ids, ["kubelet-core-6", "kubelet-milli-web-00001", "kubelet-milli-web-00004"]);
-        let devs = |id: &str| h[id].devices.iter().map(String::as_str).collect::<Vec<_>>();
-        assert_eq!(devs("kubelet-core-6"), ["core-6", "core-7"]);
-        assert_eq!(
-            devs("kubelet-milli-web-00001"),
-            ["milli-web-00001", "milli-web-00002", "milli-web-00003"]
-        );
-        assert_eq!(h["kubelet-milli-web-00004"].container, "side");
-        assert_eq!(h["kubelet-core-6"].container, "app");
+/// Publishes the devices the kubelet holds for assignment `id` (they decide which shared units
+/// are Unhealthy); the engine going away is the shutdown, said elsewhere.
+pub(super) async fn set_held(handle: &Handle, id: &AssignmentId, devices: Option<BTreeSet<String>>) {
+    if let Err(e) = handle.set_held(id.clone(), devices).await {
+        log::debug!("device plugin: publishing the devices of {id}: {}", error_chain(&e));
     }
 }

@@ -1,7 +1,9 @@
-//! What the plugin reads from the node besides the kubelet's APIs: the kubelet's CPU manager
-//! checkpoint, and the cgroup tree where a container's cgroup is found.
+//! What the kubelet wing reads from the node besides the kubelet's APIs, each function given
+//! the file or root it reads: the kubelet's CPU manager checkpoint, the cgroup tree where a
+//! container's cgroup is found, and the identity of the sockets in the device-plugin directory.
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::core::cpuset::CpuSet;
@@ -110,6 +112,15 @@ pub fn find_container(
         }
     }
     None
+}
+
+/// A file's inode number and change time. The inode number alone does not tell a re-created
+/// socket from the old one: ext4 hands a freed inode number to the next file created.
+pub type FileId = (u64, i64, i64);
+
+/// The identity of the file at `path` (not followed if a link); `None` when there is none.
+pub fn file_id(path: &Path) -> Option<FileId> {
+    fs::symlink_metadata(path).ok().map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 fn children(dir: &Path) -> Vec<String> {

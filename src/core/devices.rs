@@ -1,5 +1,6 @@
 //! Devices: what each pool looks like to the kubelet, and the decoding of device ids back into
-//! CPUs. Pure: it reads a snapshot and decides nothing the engine has not.
+//! CPUs. Pure: it reads a state and a topology, does no I/O and decides nothing the engine has
+//! not; the kubelet wing (`crate::kubelet`) encodes what it returns as gRPC messages.
 //!
 //! Device ids are derived from the topology alone, so they are the same after every restart:
 //!
@@ -15,7 +16,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::proto::v1beta1;
 use crate::core::alloc;
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::{Pool, PoolKind, Smt};
@@ -56,6 +56,28 @@ pub struct Refused {
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "invalid {}: {}", self.field, self.reason)
+    }
+}
+
+/// One device as the kubelet sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// `cpu-<N>`, `core-<N>`, `milli-<pool>-<NNNNN>`.
+    pub id: String,
+    /// Whether the kubelet may hand it out.
+    pub healthy: bool,
+    /// The NUMA nodes it spans.
+    pub nodes: Vec<u32>,
+}
+
+impl Device {
+    /// `Healthy` or `Unhealthy`, as the kubelet spells it.
+    pub fn health(&self) -> &'static str {
+        if self.healthy {
+            HEALTHY
+        } else {
+            UNHEALTHY
+        }
     }
 }
 
@@ -107,7 +129,7 @@ pub fn list(
     millis_per_device: u64,
     held: &BTreeSet<String>,
     online: &CpuSet,
-) -> Vec<v1beta1::Device> {
+) -> Vec<Device> {
     let others: Vec<&Assignment> =
         state.assignments().values().filter(|a| a.pool == pool.name && !is_kubelet(a)).collect();
     let taken = others.iter().fold(CpuSet::new(), |acc, a| acc.union(&a.cpus));
@@ -137,13 +159,7 @@ pub fn list(
             } else {
                 (topo.nodes_of(&u.cpus), u.cpus.is_subset(online) && u.cpus.is_disjoint(&taken))
             };
-            v1beta1::Device {
-                id: u.id,
-                health: if ok { HEALTHY } else { UNHEALTHY }.to_owned(),
-                topology: Some(v1beta1::TopologyInfo {
-                    nodes: nodes.iter().map(|n| v1beta1::NumaNode { id: i64::from(n) }).collect(),
-                }),
-            }
+            Device { id: u.id, healthy: ok, nodes: nodes.iter().collect() }
         })
         .collect()
 }
@@ -333,16 +349,8 @@ mod tests {
         let (t, mut s, cores, threads, shared) = host();
         let on = t.online();
         let l = list(&s, &t, &cores, 100, &BTreeSet::new(), &on);
-        let got: Vec<(&str, &str, Vec<i64>)> = l
-            .iter()
-            .map(|d| {
-                (
-                    d.id.as_str(),
-                    d.health.as_str(),
-                    d.topology.as_ref().unwrap().nodes.iter().map(|n| n.id).collect(),
-                )
-            })
-            .collect();
+        let got: Vec<(&str, &str, Vec<u32>)> =
+            l.iter().map(|d| (d.id.as_str(), d.health(), d.nodes.clone())).collect();
         assert_eq!(got.len(), 6);
         assert_eq!(got[0], ("core-1", HEALTHY, vec![0]));
         assert_eq!(got[5], ("core-7", HEALTHY, vec![1]));
@@ -363,9 +371,8 @@ mod tests {
         };
         s.assign(&t, &spec("dp", Size::Cpuset(CpuSet::parse("2,10").unwrap()), "a")).unwrap();
         s.assign(&t, &spec("web", Size::Millicpus(300), "b")).unwrap();
-        let sick = |l: Vec<v1beta1::Device>| -> Vec<String> {
-            l.into_iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id).collect()
-        };
+        let sick =
+            |l: Vec<Device>| -> Vec<String> { l.into_iter().filter(|d| !d.healthy).map(|d| d.id).collect() };
         assert_eq!(sick(list(&s, &t, &cores, 100, &BTreeSet::new(), &on)), ["core-2"]);
         let held = BTreeSet::from(["milli-web-00007".to_owned()]);
         assert_eq!(sick(list(&s, &t, &shared, 250, &held, &on)), ["milli-web-00005", "milli-web-00006"]);
@@ -389,34 +396,6 @@ mod tests {
                 "milli-web-00006"
             ]
         );
-    }
-
-    /// ListAndWatch message sizes, encoded: a 512-CPU, 8-node host's shared pool at the default
-    /// unit, and the largest pool the configuration lets through (`MAX_SHARED_DEVICES` units of
-    /// a 32-character pool, all `Unhealthy`, spanning 8 nodes) against the kubelet's 4 MiB.
-    #[test]
-    fn list_and_watch_messages_stay_well_under_4_mib() {
-        use prost::Message;
-        let t = Topology::synthetic(2, 128, 2, 8);
-        let name = "a_shared_pool_named_32_chars_web";
-        let web = pool(name, PoolKind::Shared, "1-511", Smt::Threads);
-        let s = State::with_pools(vec![web.clone()]);
-        let devices = list(&s, &t, &web, 100, &BTreeSet::new(), &t.online());
-        assert_eq!(devices.len(), 5110);
-        let bytes = v1beta1::ListAndWatchResponse { devices }.encoded_len();
-        assert!(bytes < 512 * 1024, "{bytes} bytes at the default unit");
-
-        let max = crate::config::MAX_SHARED_DEVICES;
-        let nodes: Vec<v1beta1::NumaNode> = (0..8).map(|id| v1beta1::NumaNode { id }).collect();
-        let devices = (0..max)
-            .map(|i| v1beta1::Device {
-                id: format!("milli-{name}-{i:05}"),
-                health: UNHEALTHY.to_owned(),
-                topology: Some(v1beta1::TopologyInfo { nodes: nodes.clone() }),
-            })
-            .collect();
-        let bytes = v1beta1::ListAndWatchResponse { devices }.encoded_len();
-        assert!(bytes < 2 * 1024 * 1024, "{bytes} bytes at {max} devices");
     }
 
     #[test]

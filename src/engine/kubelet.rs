@@ -1,0 +1,105 @@
+//! What the kubelet wing observes and its device lists depend on, kept by the engine and
+//! published in every [`super::Snapshot`], so that the plugin holds no state of its own and
+//! every ListAndWatch stream follows one snapshot channel.
+//!
+//! Neither part is saved: both are observations the wing makes again within one reconcile tick
+//! after a start (the CPUs online from sysfs, the devices held from the kubelet's PodResources).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::Engine;
+use crate::core::cpuset::CpuSet;
+use crate::core::state::{AssignmentId, State};
+use crate::core::topology::Topology;
+
+/// The kubelet wing's observations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeletView {
+    /// The CPUs online as last read; `None` until then (the topology's are).
+    pub online: Option<CpuSet>,
+    /// Devices of shared pools the kubelet holds, by assignment (Allocate and PodResources).
+    pub held: BTreeMap<AssignmentId, BTreeSet<String>>,
+}
+
+impl KubeletView {
+    /// The CPUs online now, as far as anyone has looked.
+    pub fn online(&self, topo: &Topology) -> CpuSet {
+        self.online.clone().unwrap_or_else(|| topo.online())
+    }
+
+    /// The shared-pool devices the kubelet holds, of assignments `state` still has.
+    pub fn held_devices(&self, state: &State) -> BTreeSet<String> {
+        self.held
+            .iter()
+            .filter(|(id, _)| state.assignments().contains_key(*id))
+            .flat_map(|(_, d)| d.iter().cloned())
+            .collect()
+    }
+}
+
+/// One observation of the wing's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeletUpdate {
+    /// The CPUs online now.
+    Online(CpuSet),
+    /// The devices an assignment holds (`None`: none any more).
+    Held(AssignmentId, Option<BTreeSet<String>>),
+}
+
+impl Engine {
+    /// Records an observation; publishes (and returns `true`) only when it changes the view.
+    pub(super) fn update_kubelet(&mut self, update: KubeletUpdate) -> bool {
+        let view = std::sync::Arc::make_mut(&mut self.kubelet);
+        let changed = match update {
+            KubeletUpdate::Online(cpus) => view.online.replace(cpus.clone()) != Some(cpus),
+            KubeletUpdate::Held(id, Some(devices)) => view.held.insert(id, devices.clone()) != Some(devices),
+            KubeletUpdate::Held(id, None) => view.held.remove(&id).is_some(),
+        };
+        if changed {
+            self.publish(Vec::new());
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{rt, Fixture};
+    use super::*;
+
+    #[test]
+    fn observations_are_published_once_each() {
+        let f = Fixture::new();
+        let (engine, _) = f.start();
+        let (handle, thread) = engine.spawn();
+        let mut snaps = handle.watch();
+        snaps.borrow_and_update();
+        let all = handle.snapshot().topology.online();
+        assert_eq!(handle.snapshot().kubelet.online(&handle.snapshot().topology), all);
+        let fewer = all.difference(&CpuSet::parse("7").unwrap_or_default());
+        let id = AssignmentId::new("kubelet-milli-web-00001").unwrap_or_else(|e| panic!("{e}"));
+        let devs = BTreeSet::from(["milli-web-00001".to_owned()]);
+        rt().block_on(async {
+            assert!(handle.set_online(fewer.clone()).await.unwrap_or_else(|e| panic!("{e}")));
+            assert!(snaps.has_changed().unwrap_or(false));
+            snaps.borrow_and_update();
+            // The same again changes nothing, and nothing is published.
+            assert!(!handle.set_online(fewer.clone()).await.unwrap_or_else(|e| panic!("{e}")));
+            assert!(!snaps.has_changed().unwrap_or(true));
+            assert!(handle.set_held(id.clone(), Some(devs.clone())).await.unwrap_or_else(|e| panic!("{e}")));
+            assert!(!handle.set_held(id.clone(), Some(devs.clone())).await.unwrap_or_else(|e| panic!("{e}")));
+        });
+        let snap = handle.snapshot();
+        assert_eq!(snap.kubelet.online(&snap.topology), fewer);
+        assert_eq!(snap.kubelet.held.get(&id), Some(&devs));
+        // Held devices of an assignment the state does not have are not counted.
+        assert!(snap.kubelet.held_devices(&snap.state).is_empty());
+        rt().block_on(async {
+            assert!(handle.set_held(id.clone(), None).await.unwrap_or_else(|e| panic!("{e}")));
+            assert!(!handle.set_held(id.clone(), None).await.unwrap_or_else(|e| panic!("{e}")));
+        });
+        assert!(handle.snapshot().kubelet.held.is_empty());
+        drop(handle);
+        let _ = thread.join();
+    }
+}

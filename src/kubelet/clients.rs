@@ -1,0 +1,190 @@
+//! The wing's gRPC clients, each over a unix socket and waited for at most 5 s: the kubelet's
+//! `Registration` and `PodResourcesLister`, and the container runtime's CRI `RuntimeService`
+//! (only `ListContainers`). Errors come back in words, for the logs: every caller retries.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+
+use super::proto::{cri, podresources, v1beta1};
+use crate::core::cpuset::CpuSet;
+use crate::core::devices;
+use crate::engine::error_chain;
+
+/// How long the kubelet or the runtime may take to answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// A gRPC channel over a unix socket (tonic needs a URI; it is not used).
+pub async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+/// A gRPC channel to the kubelet's or the runtime's `socket`, the error in words.
+async fn channel(socket: &Path) -> Result<tonic::transport::Channel, String> {
+    unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))
+}
+
+/// The answer to a call to the kubelet or the runtime, waited for at most 5 s; the error in
+/// words.
+async fn answer<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, String> {
+    tokio::time::timeout(ANSWER_WITHIN, call)
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map(tonic::Response::into_inner)
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))
+}
+
+/// Registers `request` with the kubelet listening on `socket`.
+pub async fn register(socket: &Path, request: v1beta1::RegisterRequest) -> Result<(), String> {
+    let call = async {
+        let mut client = v1beta1::registration_client::RegistrationClient::new(channel(socket).await?);
+        answer(client.register(request)).await.map(drop)
+    };
+    tokio::time::timeout(ANSWER_WITHIN, call).await.map_err(|_| "no answer within 5 s".to_owned())?
+}
+
+/// The kubelet's PodResources `List`.
+pub async fn pod_resources(socket: &Path) -> Result<podresources::ListPodResourcesResponse, String> {
+    let mut client =
+        podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel(socket).await?);
+    answer(client.list(podresources::ListPodResourcesRequest {})).await
+}
+
+/// The CPUs the kubelet's CPU manager allocates from (PodResources `GetAllocatableResources`).
+pub async fn allocatable_cpus(socket: &Path) -> Result<CpuSet, String> {
+    let mut client =
+        podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel(socket).await?);
+    let reply =
+        answer(client.get_allocatable_resources(podresources::AllocatableResourcesRequest {})).await?;
+    Ok(reply.cpu_ids.into_iter().filter_map(|c| u32::try_from(c).ok()).collect())
+}
+
+/// Running containers by (namespace, pod, container name): (pod UID, container id).
+pub type Containers = HashMap<(String, String, String), (String, String)>;
+
+/// The runtime's running containers (CRI `ListContainers`), by their Kubernetes labels.
+pub async fn cri_containers(endpoint: &Path) -> Result<Containers, String> {
+    let mut client = cri::runtime_service_client::RuntimeServiceClient::new(channel(endpoint).await?);
+    let reply = answer(client.list_containers(cri::ListContainersRequest {
+        filter: Some(cri::ContainerFilter {
+            state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
+            ..Default::default()
+        }),
+    }))
+    .await?;
+    let label = |c: &cri::Container, k: &str| c.labels.get(k).cloned().unwrap_or_default();
+    Ok(reply
+        .containers
+        .into_iter()
+        .map(|c| {
+            let key = (
+                label(&c, "io.kubernetes.pod.namespace"),
+                label(&c, "io.kubernetes.pod.name"),
+                label(&c, "io.kubernetes.container.name"),
+            );
+            (key, (label(&c, "io.kubernetes.pod.uid"), c.id))
+        })
+        .collect())
+}
+
+/// Who holds one allocation.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod.
+    pub pod: String,
+    /// The container's name.
+    pub container: String,
+    /// The devices it holds.
+    pub devices: BTreeSet<String>,
+}
+
+/// Who holds which allocation, by assignment id (`kubelet-<first device>`). The kubelet lists a
+/// container's devices one `ContainerDevices` entry per device (and per NUMA node of it), so
+/// the entries of one container and resource are gathered into the one allocation its
+/// Allocate made.
+pub fn holders(list: podresources::ListPodResourcesResponse, prefix: &str) -> HashMap<String, Holder> {
+    let mut held: BTreeMap<(String, String, String, String), BTreeSet<String>> = BTreeMap::new();
+    for pod in list.pod_resources {
+        for c in pod.containers {
+            for d in c.devices.into_iter().filter(|d| d.resource_name.starts_with(prefix)) {
+                held.entry((pod.namespace.clone(), pod.name.clone(), c.name.clone(), d.resource_name))
+                    .or_default()
+                    .extend(d.device_ids);
+            }
+        }
+    }
+    held.into_iter()
+        .filter_map(|((namespace, pod, container, _), devices)| {
+            let id = format!("{}{}", devices::ID_PREFIX, devices::first_device(&devices)?);
+            Some((id, Holder { namespace, pod, container, devices }))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(resource: &str, id: &str, node: i64) -> podresources::ContainerDevices {
+        podresources::ContainerDevices {
+            resource_name: resource.into(),
+            device_ids: vec![id.into()],
+            topology: Some(podresources::TopologyInfo { nodes: vec![podresources::NumaNode { id: node }] }),
+        }
+    }
+
+    /// The shape the kubelet sends (`containerDevicesFromResourceDeviceInstances`): one entry per
+    /// device and NUMA node, in map order.
+    #[test]
+    fn one_entry_per_device_is_one_allocation() {
+        let container = |name: &str, devices| podresources::ContainerResources {
+            name: name.into(),
+            devices,
+            ..Default::default()
+        };
+        let list = podresources::ListPodResourcesResponse {
+            pod_resources: vec![podresources::PodResources {
+                name: "p1".into(),
+                namespace: "default".into(),
+                containers: vec![
+                    container(
+                        "app",
+                        vec![
+                            entry("cpupool.io/web", "milli-web-00003", 0),
+                            entry("cpupool.io/dp", "core-7", 1),
+                            entry("cpupool.io/web", "milli-web-00001", 0),
+                            entry("other.io/gpu", "gpu-0", 0),
+                            entry("cpupool.io/dp", "core-6", 1),
+                            entry("cpupool.io/web", "milli-web-00002", 0),
+                        ],
+                    ),
+                    container("side", vec![entry("cpupool.io/web", "milli-web-00004", 0)]),
+                ],
+            }],
+        };
+        let h = holders(list, "cpupool.io/");
+        let mut ids: Vec<&str> = h.keys().map(String::as_str).collect();
+        ids.sort();
+        assert_eq!(ids, ["kubelet-core-6", "kubelet-milli-web-00001", "kubelet-milli-web-00004"]);
+        let devs = |id: &str| h[id].devices.iter().map(String::as_str).collect::<Vec<_>>();
+        assert_eq!(devs("kubelet-core-6"), ["core-6", "core-7"]);
+        assert_eq!(
+            devs("kubelet-milli-web-00001"),
+            ["milli-web-00001", "milli-web-00002", "milli-web-00003"]
+        );
+        assert_eq!(h["kubelet-milli-web-00004"].container, "side");
+        assert_eq!(h["kubelet-core-6"].container, "app");
+    }
+}

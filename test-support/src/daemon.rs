@@ -1,0 +1,69 @@
+//! The real `cpupoold` on a sandbox host: `cpupoold --sandbox SB --topology SHAPE ARGS`, its
+//! stderr in a log file, its banner read from stdout up to the `READY` line.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A daemon that printed its banner.
+pub struct Spawned {
+    /// The process.
+    pub child: Child,
+    /// The banner's lines, up to `READY` or to the end of stdout (the daemon died).
+    pub banner: String,
+    /// Whether `READY` came.
+    pub ready: bool,
+    /// The varlink socket the banner names (`varlink unix:PATH`).
+    pub varlink: Option<PathBuf>,
+}
+
+/// Starts `bin --sandbox sb --topology shape args`, stderr to `log`, and reads its banner up
+/// to `READY`. `NOTIFY_SOCKET` is taken away: the test's own systemd (if any) is not told.
+pub fn spawn(bin: &Path, sb: &Path, shape: &str, args: &[&str], log: &Path) -> Spawned {
+    let log = fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let mut child = Command::new(bin)
+        .arg("--sandbox")
+        .arg(sb)
+        .args(["--topology", shape])
+        .args(args)
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    let Some(stdout) = child.stdout.take() else { panic!("the daemon's stdout was not piped") };
+    let (mut banner, mut ready, mut varlink) = (String::new(), false, None);
+    // Lines arrive as the daemon prints them; the end of stdout means it died.
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap_or_else(|e| panic!("reading the daemon's banner: {e}"));
+        banner.push_str(&line);
+        banner.push('\n');
+        if let Some(p) = line.trim().strip_prefix("varlink").map(str::trim) {
+            varlink = p.strip_prefix("unix:").map(PathBuf::from);
+        }
+        if line == "READY" {
+            ready = true;
+            break;
+        }
+    }
+    Spawned { child, banner, ready, varlink }
+}
+
+/// Stops `child` with SIGTERM and checks that it exits cleanly within 30 s; `logs` says what
+/// it logged, for the failure message.
+pub fn stop(child: &mut Child, logs: impl Fn() -> String) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+        .unwrap_or_else(|e| panic!("SIGTERM to the daemon: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "daemon did not exit on SIGTERM:\n{}", logs());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "daemon exited with {status}:\n{}", logs());
+}

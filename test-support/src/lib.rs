@@ -1,0 +1,15 @@
+//! What the tests of cpupoold and cpupoolctl share, so that each is written once:
+//!
+//! - [`daemon`]: the real `cpupoold` binary started on a sandbox host, its banner read up to
+//!   `READY` (never a sleep), and stopped with SIGTERM and a checked exit;
+//! - [`wait`]: polling a condition against a deadline, for what has no ready signal (a log
+//!   line, a file the daemon writes);
+//! - `kubelet` (feature `kubelet`): a kubelet-shaped peer speaking the real protobuf: the
+//!   `v1beta1.Registration` socket, `v1.PodResourcesLister` and the CRI `RuntimeService`.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod daemon;
+#[cfg(feature = "kubelet")]
+pub mod kubelet;
+pub mod wait;
