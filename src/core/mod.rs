@@ -4,6 +4,7 @@
 //! effects it returns through the host side.
 pub mod alloc;
 pub mod cpuset;
+pub mod edit;
 pub mod housekeeping;
 pub mod isolation;
 pub mod plan;

@@ -107,7 +107,7 @@ fn refused(r: &Refused) -> Status {
 fn engine_status(e: &EngineError) -> Status {
     let api = ops::engine_error(e);
     let msg = format!("{}: {}", api.kind, api.message);
-    match api.kind {
+    match api.kind.name() {
         "InvalidArgument" | "NotWholeCores" => Status::invalid_argument(msg),
         "InsufficientCapacity"
         | "TargetBusy"
