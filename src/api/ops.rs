@@ -22,6 +22,8 @@ use crate::engine::{error_chain, EngineError, Handle, Snapshot};
 /// the lists of them.
 pub struct PoolView;
 
+// The views are the wire contract's types; these unit structs only name their builders.
+#[allow(clippy::new_ret_no_self)]
 impl PoolView {
     /// `p` with its use and partition in `snap`.
     pub fn new(snap: &Snapshot, p: &Pool) -> views::Pool {
@@ -61,6 +63,8 @@ fn pool_named<'a>(state: &'a State, name: &str) -> Result<&'a Pool, ApiError> {
 /// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsbsss)`.
 pub struct AssignmentView;
 
+// The views are the wire contract's types; these unit structs only name their builders.
+#[allow(clippy::new_ret_no_self)]
 impl AssignmentView {
     /// `a` as recorded (applied).
     pub fn from(a: &Assignment) -> views::Assignment {
@@ -506,6 +510,8 @@ mod tests {
 /// The reply of `GetIsolation`.
 pub struct IsolationReply;
 
+// The views are the wire contract's types; these unit structs only name their builders.
+#[allow(clippy::new_ret_no_self)]
 impl IsolationReply {
     /// Isolation of the pool `name`, or of every isolated pool when `name` is empty. A pool
     /// that is not isolated has an empty list.
