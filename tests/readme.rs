@@ -353,7 +353,7 @@ fn cell_name(cell: &str) -> String {
 
 #[test]
 fn interfaces_doc_matches_the_idl() {
-    let idl = std::fs::read_to_string(root().join("src/api/org.cpupool.Manager.varlink")).unwrap();
+    let idl = std::fs::read_to_string(root().join("cpupool-wire/org.cpupool.Manager.varlink")).unwrap();
     let doc = std::fs::read_to_string(root().join("docs/interfaces.md")).unwrap();
     let words = |prefix: &str| -> Vec<String> {
         idl.lines().filter_map(|l| l.strip_prefix(prefix)).map(cell_name).collect()

@@ -2,18 +2,17 @@
 //!
 //! The command layer (`commands`) calls a `dyn Manager` and never knows which transport is
 //! underneath: [`crate::varlink::Client`] (implemented here, from the JSON replies) or
-//! [`crate::dbus::Client`]. Both return the [`crate::wire`] types and [`Error`], so output and
+//! [`crate::dbus::Client`]. Both return the [`cpupool_wire::views`] types and [`Error`], so output and
 //! exit codes do not depend on the transport.
 
 use serde::de::DeserializeOwned;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
+
+use cpupool_wire::varlink::params;
+use cpupool_wire::views::{Assignment, Event, Isolation, Pool, Status, Topology};
 
 use crate::error::Error;
 use crate::varlink;
-use crate::wire::{
-    Amount, AssignRequest, Assignment, CpuSource, CreatePoolRequest, Event, Pool, RunRequest, Status,
-    Topology,
-};
 
 /// What cpupoold offers.
 pub trait Manager {
@@ -28,7 +27,7 @@ pub trait Manager {
     /// The daemon in brief.
     fn status(&mut self) -> Result<Status, Error>;
     /// Isolation health of one pool, or of every isolated pool (`""`).
-    fn isolation(&mut self, pool: &str) -> Result<crate::wire::Isolation, Error>;
+    fn isolation(&mut self, pool: &str) -> Result<Isolation, Error>;
     /// Assigns CPUs to a target.
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error>;
     /// Releases an assignment, returning what it held.
@@ -49,77 +48,141 @@ pub trait Manager {
     fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error>;
 }
 
-/// The varlink parameters of a CPU source.
-fn source_params(source: &CpuSource, params: &mut Map<String, Value>) {
+/// How much an assignment asks for: exactly one of whole CPUs and millicpus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Amount {
+    /// Whole CPUs (exclusive pools).
+    Cpus(u32),
+    /// Millicpus (shared pools).
+    Millicpus(u64),
+}
+
+/// The arguments of `Assign`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignRequest {
+    /// The pool to assign from.
+    pub pool: String,
+    /// `unit:NAME`, `cgroup:PATH` or `pid:N`.
+    pub target: String,
+    /// The size.
+    pub amount: Amount,
+    /// The id to use; the daemon chooses one when `None`.
+    pub id: Option<String>,
+    /// Release it when the target goes away (the daemon's default).
+    pub reclaim: bool,
+}
+
+/// The arguments of `Run`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRequest {
+    /// The pool to assign from.
+    pub pool: String,
+    /// The process (the caller's own).
+    pub pid: u32,
+    /// The size.
+    pub amount: Amount,
+    /// The id to use; the daemon chooses one when `None`.
+    pub id: Option<String>,
+}
+
+/// Where a pool's CPUs come from: an explicit list, or a count (optionally from one NUMA node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CpuSource {
+    /// A kernel CPU list, e.g. `8-15`.
+    List(String),
+    /// A number of CPUs, packed by the daemon.
+    Count {
+        /// How many CPUs.
+        count: u32,
+        /// Take them all from this NUMA node.
+        numa: Option<u32>,
+    },
+}
+
+/// The arguments of `CreatePool`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatePoolRequest {
+    /// The new pool's name.
+    pub name: String,
+    /// `reserved`, `exclusive` or `shared`.
+    pub kind: String,
+    /// Its CPUs.
+    pub source: CpuSource,
+    /// `full-cores` or `threads`; the daemon's default when `None`.
+    pub smt: Option<String>,
+    /// Run as an isolated cpuset partition; the daemon's default when `None`.
+    pub isolate: Option<bool>,
+    /// Offer the pool to the kubelet; the daemon's default when `None`.
+    pub kubelet: Option<bool>,
+}
+
+/// A CPU source as `CreatePool` and `ResizePool` take it: `(cpus, count, numa)`.
+fn source_params(source: &CpuSource) -> (Option<String>, Option<i64>, Option<i64>) {
     match source {
-        CpuSource::List(cpus) => {
-            params.insert("cpus".into(), json!(cpus));
-        }
-        CpuSource::Count { count, numa } => {
-            params.insert("count".into(), json!(count));
-            if let Some(n) = numa {
-                params.insert("numa".into(), json!(n));
-            }
-        }
+        CpuSource::List(cpus) => (Some(cpus.clone()), None, None),
+        CpuSource::Count { count, numa } => (None, Some(i64::from(*count)), numa.map(i64::from)),
     }
 }
 
-/// The size and the optional id, as `Assign` and `Run` take them.
-fn amount_params(amount: Amount, id: Option<&String>, p: &mut Map<String, Value>) {
+/// The size as `Assign` and `Run` take it: `(cpus, millicpus)`.
+fn amount_params(amount: Amount) -> (Option<i64>, Option<i64>) {
     match amount {
-        Amount::Cpus(n) => p.insert("cpus".into(), json!(n)),
-        Amount::Millicpus(m) => p.insert("millicpus".into(), json!(m)),
-    };
-    if let Some(id) = id {
-        p.insert("id".into(), json!(id));
+        Amount::Cpus(n) => (Some(i64::from(n)), None),
+        // Beyond any pool's capacity either way; the daemon names the argument.
+        Amount::Millicpus(m) => (None, Some(i64::try_from(m).unwrap_or(i64::MAX))),
     }
+}
+
+fn to_value(p: &impl serde::Serialize) -> Value {
+    // Structs of strings, numbers and options always serialize.
+    serde_json::to_value(p).unwrap_or_default()
 }
 
 /// `Assign`'s parameters; absent optionals are left out.
 pub fn assign_params(req: &AssignRequest) -> Value {
-    let mut p = Map::new();
-    p.insert("pool".into(), json!(req.pool));
-    p.insert("target".into(), json!(req.target));
-    amount_params(req.amount, req.id.as_ref(), &mut p);
-    if !req.reclaim {
-        p.insert("reclaim".into(), json!(false));
-    }
-    Value::Object(p)
+    let (cpus, millicpus) = amount_params(req.amount);
+    to_value(&params::Assign {
+        pool: req.pool.clone(),
+        target: req.target.clone(),
+        cpus,
+        millicpus,
+        id: req.id.clone(),
+        // The daemon's default is true: sent only when it differs.
+        reclaim: (!req.reclaim).then_some(false),
+    })
 }
 
 /// `Run`'s parameters; absent optionals are left out.
 pub fn run_params(req: &RunRequest) -> Value {
-    let mut p = Map::new();
-    p.insert("pool".into(), json!(req.pool));
-    p.insert("pid".into(), json!(req.pid));
-    amount_params(req.amount, req.id.as_ref(), &mut p);
-    Value::Object(p)
+    let (cpus, millicpus) = amount_params(req.amount);
+    to_value(&params::Run {
+        pool: req.pool.clone(),
+        pid: i64::from(req.pid),
+        cpus,
+        millicpus,
+        id: req.id.clone(),
+    })
 }
 
 /// `CreatePool`'s parameters; absent optionals are left out.
 pub fn create_params(req: &CreatePoolRequest) -> Value {
-    let mut p = Map::new();
-    p.insert("name".into(), json!(req.name));
-    p.insert("kind".into(), json!(req.kind));
-    source_params(&req.source, &mut p);
-    if let Some(smt) = &req.smt {
-        p.insert("smt".into(), json!(smt));
-    }
-    if let Some(isolate) = req.isolate {
-        p.insert("isolate".into(), json!(isolate));
-    }
-    if let Some(kubelet) = req.kubelet {
-        p.insert("kubelet".into(), json!(kubelet));
-    }
-    Value::Object(p)
+    let (cpus, count, numa) = source_params(&req.source);
+    to_value(&params::CreatePool {
+        name: req.name.clone(),
+        kind: req.kind.clone(),
+        cpus,
+        count,
+        numa,
+        smt: req.smt.clone(),
+        isolate: req.isolate,
+        kubelet: req.kubelet,
+    })
 }
 
 /// `ResizePool`'s parameters.
 pub fn resize_params(name: &str, source: &CpuSource) -> Value {
-    let mut p = Map::new();
-    p.insert("name".into(), json!(name));
-    source_params(source, &mut p);
-    Value::Object(p)
+    let (cpus, count, numa) = source_params(source);
+    to_value(&params::ResizePool { name: name.to_owned(), cpus, count, numa })
 }
 
 impl varlink::Client {
@@ -149,7 +212,7 @@ impl Manager for varlink::Client {
     }
 
     fn get_pool(&mut self, name: &str) -> Result<Pool, Error> {
-        self.call_field("GetPool", json!({ "name": name }), "pool")
+        self.call_field("GetPool", to_value(&params::GetPool { name: name.to_owned() }), "pool")
     }
 
     fn topology(&mut self) -> Result<Topology, Error> {
@@ -158,11 +221,8 @@ impl Manager for varlink::Client {
     }
 
     fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error> {
-        let params = match pool {
-            Some(p) => json!({ "pool": p }),
-            None => json!({}),
-        };
-        self.call_field("ListAssignments", params, "assignments")
+        let params = params::ListAssignments { pool: pool.map(str::to_owned) };
+        self.call_field("ListAssignments", to_value(&params), "assignments")
     }
 
     fn status(&mut self) -> Result<Status, Error> {
@@ -170,8 +230,9 @@ impl Manager for varlink::Client {
         self.decode(Value::Object(reply), "Status reply")
     }
 
-    fn isolation(&mut self, pool: &str) -> Result<crate::wire::Isolation, Error> {
-        let reply = self.call("GetIsolation", json!({ "pool": pool }))?;
+    fn isolation(&mut self, pool: &str) -> Result<Isolation, Error> {
+        let reply =
+            self.call("GetIsolation", to_value(&params::GetIsolation { pool: Some(pool.to_owned()) }))?;
         self.decode(Value::Object(reply), "GetIsolation reply")
     }
 
@@ -184,7 +245,7 @@ impl Manager for varlink::Client {
     }
 
     fn release(&mut self, id: &str) -> Result<Assignment, Error> {
-        self.call_field("Release", json!({ "id": id }), "assignment")
+        self.call_field("Release", to_value(&params::Release { id: id.to_owned() }), "assignment")
     }
 
     fn create_pool(&mut self, req: &CreatePoolRequest) -> Result<Pool, Error> {
@@ -196,7 +257,7 @@ impl Manager for varlink::Client {
     }
 
     fn delete_pool(&mut self, name: &str) -> Result<(), Error> {
-        self.call("DeletePool", json!({ "name": name })).map(|_| ())
+        self.call("DeletePool", to_value(&params::DeletePool { name: name.to_owned() })).map(|_| ())
     }
 
     fn reload(&mut self) -> Result<bool, Error> {

@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 
 use crate::cli::{Cli, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK};
 use crate::client::Manager;
+use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest};
 use crate::dbus::{self, Bus};
 use crate::error::Error;
 use crate::output;
 use crate::varlink::{self, Address};
-use crate::wire::{Amount, AssignRequest, CpuSource, CreatePoolRequest};
 
 /// The hint when the packaged daemon cannot be reached.
 const SYSTEM_HINT: &str = "is cpupoold running? `systemctl status cpupoold`";

@@ -3,7 +3,7 @@
 //!
 //! zbus is async; the CLI is not. The client owns a tokio current-thread runtime and blocks on
 //! each call, bounded by the timeout. Replies arrive as the D-Bus structures of
-//! `dbus/org.cpupool.Manager1.xml` (tuples here) and are converted to the [`crate::wire`]
+//! `dbus/org.cpupool.Manager1.xml` (tuples here) and are converted to the [`cpupool_wire::views`]
 //! types, turning D-Bus's "no optionals" encodings back into options (`""` and `0` mean
 //! absent). Error replies `org.cpupool.Manager1.Error.<Kind>` become the same
 //! [`crate::error::DaemonError`] kinds the varlink client produces; a daemon that is not on
@@ -20,18 +20,18 @@ use serde_json::Map;
 use zbus::zvariant::Value as Variant;
 use zbus::DBusError as _;
 
-use crate::error::{DaemonError, Error};
-use crate::wire::{
-    Amount, AssignRequest, Assignment, Cpu, CpuSource, CreatePoolRequest, Event, Pool, RunRequest, Status,
-    Topology,
-};
+use cpupool_wire::dbus::{AssignmentStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
+use cpupool_wire::views::{Assignment, Event, Isolation, Pool, Status, Topology};
 
-/// The daemon's well-known name.
-pub const NAME: &str = "org.cpupool.Manager1";
-/// Its object.
-pub const PATH: &str = "/org/cpupool/Manager1";
+use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest, RunRequest};
+use crate::error::{DaemonError, Error};
+
 /// Its interface.
-pub const INTERFACE: &str = "org.cpupool.Manager1";
+pub use cpupool_wire::names::DBUS_INTERFACE as INTERFACE;
+/// The daemon's well-known name.
+pub use cpupool_wire::names::DBUS_NAME as NAME;
+/// Its object.
+pub use cpupool_wire::names::DBUS_OBJECT as PATH;
 
 /// Which bus to talk to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,45 +71,12 @@ impl fmt::Display for Bus {
     }
 }
 
-/// `(ssssttbus)`: name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated,
-/// assignments, partition.
-type PoolTuple = (String, String, String, String, u64, u64, bool, u32, String);
-/// `(ssstsbsss)`: id, pool, cpus, millicpus, target, reclaim, container, state, reason.
-type AssignmentTuple = (String, String, String, u64, String, bool, String, String, String);
-/// `(uuuuuu)`: cpu, core, package, die, node, l3.
-type CpuTuple = (u32, u32, u32, u32, u32, u32);
-
-fn pool(t: PoolTuple) -> Pool {
-    let (name, kind, cpus, free_cpus, free_millicpus, capacity_millicpus, isolated, assignments, partition) =
-        t;
-    Pool {
-        name,
-        kind,
-        cpus,
-        free_cpus,
-        free_millicpus,
-        capacity_millicpus,
-        isolated,
-        assignments: assignments.into(),
-        partition,
-    }
+fn pool(t: PoolStruct) -> Pool {
+    t.into()
 }
 
-fn assignment(t: AssignmentTuple) -> Assignment {
-    let (id, pool, cpus, millicpus, target, reclaim, container, state, reason) = t;
-    Assignment { id, pool, cpus, millicpus, target, reclaim, container, state, reason }
-}
-
-fn cpu(t: CpuTuple) -> Cpu {
-    let (cpu, core, package, die, node, l3) = t;
-    Cpu {
-        cpu: cpu.into(),
-        core: core.into(),
-        package: package.into(),
-        die: die.into(),
-        node: node.into(),
-        l3: l3.into(),
-    }
+fn assignment(t: AssignmentStruct) -> Assignment {
+    t.into()
 }
 
 /// The `a{sv}` options of CreatePool and ResizePool, with the config file's keys.
@@ -275,7 +242,7 @@ impl Client {
             None => return Err(self.no_reply()),
             Some(r) => r.map_err(|e| self.map_error(e))?,
         };
-        let pools: Vec<PoolTuple> = self.call_async("ListPools", &()).await?;
+        let pools: Vec<PoolStruct> = self.call_async("ListPools", &()).await?;
         for p in pools {
             each(Event::pool(&p.0, "current"))?;
         }
@@ -335,7 +302,7 @@ async fn next<S: Stream + Unpin>(s: &mut S) -> Option<S::Item> {
 
 impl crate::client::Manager for Client {
     fn list_pools(&mut self) -> Result<Vec<Pool>, Error> {
-        let pools: Vec<PoolTuple> = self.call("ListPools", &())?;
+        let pools: Vec<PoolStruct> = self.call("ListPools", &())?;
         Ok(pools.into_iter().map(pool).collect())
     }
 
@@ -344,27 +311,26 @@ impl crate::client::Manager for Client {
     }
 
     fn topology(&mut self) -> Result<Topology, Error> {
-        let (online, offline, isolated, cpus): (String, String, String, Vec<CpuTuple>) =
+        let (online, offline, isolated, cpus): (String, String, String, Vec<CpuStruct>) =
             self.call("GetTopology", &())?;
-        Ok(Topology { online, offline, isolated, cpus: cpus.into_iter().map(cpu).collect() })
+        Ok(Topology { online, offline, isolated, cpus: cpus.into_iter().map(Into::into).collect() })
     }
 
     fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error> {
-        let list: Vec<AssignmentTuple> = self.call("ListAssignments", &(pool.unwrap_or(""),))?;
+        let list: Vec<AssignmentStruct> = self.call("ListAssignments", &(pool.unwrap_or(""),))?;
         Ok(list.into_iter().map(assignment).collect())
     }
 
-    fn isolation(&mut self, pool: &str) -> Result<crate::wire::Isolation, Error> {
-        type PerCpu = (u32, f64, f64, f64, String);
-        type PoolTuple = (String, String, String, String, String, f64, Vec<PerCpu>);
-        let (_, _, _, _, pools): (String, String, String, String, Vec<PoolTuple>) =
-            self.call("GetIsolation", &(pool,))?;
-        Ok(crate::wire::Isolation {
-            pools: pools
-                .into_iter()
-                .map(|(pool, _, state, summary, ..)| crate::wire::PoolIsolation { pool, state, summary })
-                .collect(),
-        })
+    fn isolation(&mut self, pool: &str) -> Result<Isolation, Error> {
+        let (isolcpus, nohz_full, housekeeping, workqueue, pools): (
+            String,
+            String,
+            String,
+            String,
+            Vec<PoolIsolationStruct>,
+        ) = self.call("GetIsolation", &(pool,))?;
+        let pools = pools.into_iter().map(Into::into).collect();
+        Ok(Isolation { isolcpus, nohz_full, housekeeping, workqueue, pools })
     }
 
     fn status(&mut self) -> Result<Status, Error> {
@@ -515,7 +481,7 @@ mod tests {
             String::new(),
         ));
         assert_eq!((a.id.as_str(), a.millicpus, a.target.as_str(), a.reclaim), ("a", 1000, "pid:1", false));
-        assert_eq!(cpu((1, 2, 3, 4, 5, 6)).l3, 6);
+        assert_eq!(cpupool_wire::views::Cpu::from((1, 2, 3, 4, 5, 6)).l3, 6);
     }
 
     #[test]

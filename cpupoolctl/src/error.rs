@@ -11,17 +11,13 @@
 //! failures such as a broken reply), [`EXIT_UNREACHABLE`] when no daemon answered; clap
 //! exits with 2 on usage errors itself.
 
+use cpupool_wire::ErrorKind;
 use serde_json::{json, Map, Value};
 
 /// The daemon answered with an error, or something else failed after arguments were parsed.
 pub const EXIT_DAEMON: u8 = 1;
 /// No daemon answered at the address tried.
 pub const EXIT_UNREACHABLE: u8 = 3;
-
-/// The varlink interface's error prefix.
-pub const VARLINK_PREFIX: &str = "org.cpupool.Manager.";
-/// The D-Bus interface's error prefix.
-pub const DBUS_PREFIX: &str = "org.cpupool.Manager1.Error.";
 
 /// A typed error answered by the daemon.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,11 +117,10 @@ impl Error {
 impl DaemonError {
     /// An error from its wire name: the interface prefix (varlink or D-Bus) is dropped.
     pub fn from_name(name: &str, parameters: Map<String, Value>, detail: Option<String>) -> DaemonError {
-        let kind =
-            name.strip_prefix(VARLINK_PREFIX).or_else(|| name.strip_prefix(DBUS_PREFIX)).unwrap_or(name);
-        // A nested name (org.cpupool.Manager.Foo.Bar) is not ours: keep it whole.
-        let kind = if kind.contains('.') { name } else { kind };
-        DaemonError { kind: kind.to_owned(), parameters, detail }
+        // A name that is not ours (org.varlink.service.MethodNotFound, or a nested
+        // org.cpupool.Manager.Foo.Bar) is kept whole.
+        let kind = ErrorKind::from_error_name(name).map_or_else(|| name.to_owned(), |k| k.name().to_owned());
+        DaemonError { kind, parameters, detail }
     }
 
     /// Fills the parameters that the kind declares and that are arguments of the request
@@ -134,12 +129,13 @@ impl DaemonError {
     /// that name something other than the request's argument of the same name (`TargetBusy`'s
     /// `id` is the assignment holding the target) are never filled.
     pub fn with_request(mut self, request: &[(&str, Value)]) -> DaemonError {
-        let keys: &[&str] = match self.kind.as_str() {
-            "NoSuchPool" | "PoolExists" | "PoolInUse" | "ReservedPool" => &["pool"],
-            "NoSuchAssignment" | "DuplicateId" => &["id"],
-            "TargetBusy" | "TargetNotAllowed" | "TargetOutsidePool" => &["target"],
-            "NotWholeCores" => &["pool", "requested"],
-            "InsufficientCapacity" => &["pool", "requested", "unit"],
+        use ErrorKind as K;
+        let keys: &[&str] = match self.kind() {
+            Some(K::NoSuchPool | K::PoolExists | K::PoolInUse | K::ReservedPool) => &["pool"],
+            Some(K::NoSuchAssignment | K::DuplicateId) => &["id"],
+            Some(K::TargetBusy | K::TargetNotAllowed | K::TargetOutsidePool) => &["target"],
+            Some(K::NotWholeCores) => &["pool", "requested"],
+            Some(K::InsufficientCapacity) => &["pool", "requested", "unit"],
             _ => &[],
         };
         for (key, value) in request {
@@ -148,6 +144,11 @@ impl DaemonError {
             }
         }
         self
+    }
+
+    /// The kind, when it is one of ours.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        self.kind.parse().ok()
     }
 
     fn param(&self, key: &str) -> Option<String> {
@@ -165,16 +166,17 @@ impl DaemonError {
         // `what` is built from the parameters. A D-Bus error carries only those filled from
         // the request, so a sentence that would lack some (`Partial`) gives way to the
         // daemon's own message; without either the hint stands alone.
-        let (what, hint): (Option<What>, String) = match self.kind.as_str() {
-            "NoSuchPool" => (
+        use ErrorKind as K;
+        let (what, hint): (Option<What>, String) = match self.kind() {
+            Some(K::NoSuchPool) => (
                 p("pool").map(|x| Full(format!("no pool `{x}`"))),
                 "`cpupoolctl pool list` shows the pools".into(),
             ),
-            "PoolExists" => (
+            Some(K::PoolExists) => (
                 p("pool").map(|x| Full(format!("a pool `{x}` exists already"))),
                 "choose another name; `cpupoolctl pool list` shows the pools".into(),
             ),
-            "PoolInUse" => {
+            Some(K::PoolInUse) => {
                 let pool = p("pool").unwrap_or_else(|| "POOL".into());
                 (
                     p("pool").map(|x| match p("assignments") {
@@ -184,11 +186,11 @@ impl DaemonError {
                     format!("release them first; `cpupoolctl assignments --pool {pool}` lists them"),
                 )
             }
-            "NoSuchAssignment" => (
+            Some(K::NoSuchAssignment) => (
                 p("id").map(|x| Full(format!("no assignment `{x}`"))),
                 "`cpupoolctl assignments` lists the assignments".into(),
             ),
-            "InsufficientCapacity" => {
+            Some(K::InsufficientCapacity) => {
                 let pool = p("pool").unwrap_or_else(|| "POOL".into());
                 let what = match (p("pool"), p("requested"), p("free"), p("unit")) {
                     (Some(x), Some(r), Some(f), Some(u)) => {
@@ -201,13 +203,13 @@ impl DaemonError {
                 };
                 (what, format!("ask for less or release an assignment; `cpupoolctl pool show {pool}` shows what is free"))
             }
-            "DuplicateId" => (
+            Some(K::DuplicateId) => (
                 p("id").map(|x| {
                     Full(format!("id `{x}` belongs to an assignment with another pool, target or size"))
                 }),
                 "choose another --id, or release that assignment first (`cpupoolctl pool release ID`)".into(),
             ),
-            "TargetBusy" => {
+            Some(K::TargetBusy) => {
                 let what = match (p("target"), p("id"), p("pool")) {
                     (Some(t), Some(i), Some(x)) => {
                         Some(Full(format!("target `{t}` already has assignment `{i}` from pool `{x}`")))
@@ -226,7 +228,7 @@ impl DaemonError {
                 };
                 (what, hint)
             }
-            "TargetNotAllowed" => (
+            Some(K::TargetNotAllowed) => (
                 match (p("target"), p("reason")) {
                     (Some(t), Some(r)) => Some(Full(format!("target `{t}` cannot be assigned: {r}"))),
                     (Some(t), None) => Some(Partial(format!("target `{t}` cannot be assigned"))),
@@ -234,7 +236,7 @@ impl DaemonError {
                 },
                 "assign a unit or cgroup inside a pool's slice (`cpupool-POOL.slice`)".into(),
             ),
-            "TargetOutsidePool" => {
+            Some(K::TargetOutsidePool) => {
                 let what = match (p("target"), p("cpus"), p("parent"), p("parent_cpus")) {
                     (Some(t), Some(c), Some(par), Some(pc)) => Some(Full(format!(
                         "target `{t}` cannot run on CPUs {c}: it sits in `{par}`, whose effective CPUs are {}",
@@ -248,18 +250,18 @@ impl DaemonError {
                 });
                 (what, hint)
             }
-            "InvalidArgument" => {
+            Some(K::InvalidArgument) => {
                 let what = match (p("argument"), p("reason")) {
                     (Some(a), Some(r)) => Some(Full(format!("invalid {a}: {r}"))),
                     _ => None,
                 };
                 (what, "`cpupoolctl --help` describes the arguments".into())
             }
-            "ReservedPool" => (
+            Some(K::ReservedPool) => (
                 p("pool").map(|x| Full(format!("`{x}` is the reserved pool, which is not assigned from"))),
                 "choose an exclusive or shared pool; `cpupoolctl pool list` shows the pools".into(),
             ),
-            "NotWholeCores" => (
+            Some(K::NotWholeCores) => (
                 match (p("pool"), p("requested")) {
                     (Some(x), Some(r)) => Some(Full(format!(
                         "pool `{x}` hands out whole cores, and {r} CPUs are not whole cores"
@@ -269,7 +271,7 @@ impl DaemonError {
                 },
                 "ask for a multiple of the threads per core; `cpupoolctl topology` shows the cores".into(),
             ),
-            "AccessDenied" => (
+            Some(K::AccessDenied) => (
                 Some(match p("uid") {
                     Some(uid) => Full(format!("uid {uid} may not change pools or assignments")),
                     None => Partial("you may not change pools or assignments".into()),
@@ -277,24 +279,24 @@ impl DaemonError {
                 "run as root or as a member of the admin group (daemon.admin_group, default `cpupool`)"
                     .into(),
             ),
-            "ApplyFailed" => (
+            Some(K::ApplyFailed) => (
                 // Worded as the daemon's D-Bus message is, so both transports print the same.
                 p("reason").map(|r| Full(format!("applying the change failed and was rolled back: {r}"))),
                 "the daemon's log says more (`journalctl -u cpupoold`)".into(),
             ),
-            "NotDurable" => (
+            Some(K::NotDurable) => (
                 p("reason")
                     .map(|r| Full(format!("the change could not be saved, and it was rolled back: {r}"))),
                 "check the state directory and its disk (`journalctl -u cpupoold`)".into(),
             ),
-            "ConfigRejected" => (
+            Some(K::ConfigRejected) => (
                 p("reason")
                     .map(|r| Full(format!("the new configuration is invalid; the running one stays: {r}"))),
                 "fix what it names, then `cpupoolctl reload`; `cpupoolctl pool list` and \
                  `cpupoolctl topology` show what there is"
                     .into(),
             ),
-            "AssignmentsStranded" => (
+            Some(K::AssignmentsStranded) => (
                 p("reason").map(|r| {
                     Full(format!(
                         "the new configuration would strand assignments; the running one stays: {r}"
@@ -302,22 +304,31 @@ impl DaemonError {
                 }),
                 "release them first; `cpupoolctl assignments` lists them".into(),
             ),
-            "TopologyFailed" => (
+            Some(K::TopologyFailed) => (
                 p("reason").map(|r| Full(format!("reading the CPU topology failed: {r}"))),
                 "the daemon's log says more (`journalctl -u cpupoold`)".into(),
             ),
-            "ShuttingDown" => (
+            Some(K::ShuttingDown) => (
                 Some(Full("the daemon is shutting down".into())),
                 "try again when it is back (`systemctl status cpupoold`)".into(),
             ),
-            "Busy" => (Some(Full("the daemon has too many connections".into())), "try again later".into()),
-            "org.varlink.service.MethodNotFound"
-            | "org.varlink.service.InterfaceNotFound"
-            | "org.freedesktop.DBus.Error.UnknownMethod" => (
-                Some(Full("the daemon does not know this call".into())),
-                "is it older than cpupoolctl? `cpupoolctl status` shows its version".into(),
-            ),
-            _ => {
+            Some(K::Busy) => {
+                (Some(Full("the daemon has too many connections".into())), "try again later".into())
+            }
+            None if matches!(
+                self.kind.as_str(),
+                "org.varlink.service.MethodNotFound"
+                    | "org.varlink.service.InterfaceNotFound"
+                    | "org.freedesktop.DBus.Error.UnknownMethod"
+            ) =>
+            {
+                (
+                    Some(Full("the daemon does not know this call".into())),
+                    "is it older than cpupoolctl? `cpupoolctl status` shows its version".into(),
+                )
+            }
+            // Errors this client has no words for are shown as they came.
+            Some(K::MessageTooLarge) | None => {
                 let what = if self.parameters.is_empty() {
                     format!("the daemon answered {}", self.kind)
                 } else {

@@ -4,12 +4,12 @@
 //! picks a transport from the global options and connects: [`varlink`] (a small synchronous
 //! client over the daemon's unix socket, the default) or [`dbus`] (zbus on a current-thread
 //! tokio runtime) → one call through the [`client::Manager`] trait, which both transports
-//! implement with the [`wire`] types → [`output`] prints a table or a JSON document. Errors
+//! implement with the [`cpupool_wire`] view types → [`output`] prints a table or a JSON document. Errors
 //! from either transport become one [`error::Error`], printed with what to do and mapped to
 //! the exit code (1 daemon error, 3 daemon unreachable).
 //!
-//! The crate depends only on the wire contract (the varlink IDL and the D-Bus introspection
-//! XML), not on the daemon's crate.
+//! The crate depends only on the wire contract ([`cpupool_wire`]: names, error kinds, views,
+//! varlink framing and parameters), not on the daemon's crate.
 
 #![forbid(unsafe_code)]
 
@@ -22,7 +22,6 @@ mod manpage;
 mod output;
 mod run;
 mod varlink;
-mod wire;
 
 use std::io::{self, Write};
 use std::process::ExitCode;

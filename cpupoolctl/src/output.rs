@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use crate::wire::{Assignment, Event, Pool, Status, Topology};
+use cpupool_wire::views::{Assignment, Event, Isolation, Pool, Status, Topology};
 
 /// Column alignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,7 +205,7 @@ pub fn pool_with(p: &Pool, list: &[Assignment]) -> String {
 }
 
 /// `isolation: holds` per isolated pool (`isolation dp: ...` when `named`, for `status`).
-pub fn isolation_lines(iso: &crate::wire::Isolation, named: bool) -> String {
+pub fn isolation_lines(iso: &Isolation, named: bool) -> String {
     let pairs: Vec<(String, String)> = iso
         .pools
         .iter()
@@ -281,7 +281,7 @@ pub fn topology(t: &Topology) -> String {
         ("L3", Align::Right),
     ]);
     for c in &t.cpus {
-        table.row([c.cpu, c.core, c.package, c.die, c.node, c.l3].iter().map(u64::to_string).collect());
+        table.row([c.cpu, c.core, c.package, c.die, c.node, c.l3].iter().map(u32::to_string).collect());
     }
     out.push_str(&table.render());
     out
@@ -342,7 +342,7 @@ pub fn assignment_json(a: &Assignment) -> Value {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::wire::Cpu;
+    use cpupool_wire::views::Cpu;
 
     fn dp() -> Pool {
         Pool {

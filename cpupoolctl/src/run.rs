@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::RunArgs;
 use crate::client::Manager;
+use crate::client::{Amount, RunRequest};
 use crate::error::Error;
-use crate::wire::{Amount, RunRequest};
 
 fn local(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     let what = what.into();

@@ -9,21 +9,20 @@
 //! is [`Error::Daemon`] (exit 1).
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use cpupool_wire::names::VARLINK_INTERFACE as INTERFACE;
+use cpupool_wire::varlink::{Call, FrameBuffer, FrameError, Reply};
+use serde_json::{Map, Value};
 
 use crate::error::{DaemonError, Error};
 
-/// The interface every call goes to.
-pub const INTERFACE: &str = "org.cpupool.Manager";
-
 /// The largest reply accepted; a peer sending more without a NUL is not the daemon.
-const MAX_REPLY: u64 = 64 << 20;
+const MAX_REPLY: usize = 64 << 20;
 
 /// Where the daemon listens: `unix:PATH`, `unix:@ABSTRACT`, or a bare path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,8 +69,8 @@ impl fmt::Display for Address {
 
 /// One connection to the daemon.
 pub struct Client {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
+    stream: UnixStream,
+    frames: FrameBuffer,
     address: Address,
     timeout: Option<Duration>,
     hint: String,
@@ -120,11 +119,13 @@ impl Client {
                 _ => e.to_string(),
             })
         })?;
-        let set = stream.set_read_timeout(timeout).and_then(|()| stream.set_write_timeout(timeout));
-        let writer = set.and_then(|()| stream.try_clone()).map_err(|e| unreachable(e.to_string()))?;
+        stream
+            .set_read_timeout(timeout)
+            .and_then(|()| stream.set_write_timeout(timeout))
+            .map_err(|e| unreachable(e.to_string()))?;
         Ok(Client {
-            reader: BufReader::new(stream),
-            writer,
+            stream,
+            frames: FrameBuffer::new(MAX_REPLY),
             address: address.clone(),
             timeout,
             hint: hint.to_owned(),
@@ -153,29 +154,27 @@ impl Client {
     }
 
     fn send(&mut self, method: &str, parameters: Value, more: bool) -> Result<(), Error> {
-        let mut call = json!({ "method": format!("{INTERFACE}.{method}"), "parameters": parameters });
-        if more {
-            call["more"] = Value::Bool(true);
-        }
-        let mut bytes = call.to_string().into_bytes();
-        bytes.push(0);
-        self.writer.write_all(&bytes).and_then(|()| self.writer.flush()).map_err(|e| self.io_error(&e))
+        let mut call = Call::new(INTERFACE, method, &parameters).map_err(|e| self.protocol(e.to_string()))?;
+        call.more = more;
+        let bytes = call.encode();
+        self.stream.write_all(&bytes).and_then(|()| self.stream.flush()).map_err(|e| self.io_error(&e))
     }
 
     /// Reads one reply: `Ok((parameters, continues))`, or the daemon's error.
     fn receive(&mut self) -> Result<(Map<String, Value>, bool), Error> {
-        let mut buf = Vec::new();
-        let n = (&mut self.reader).take(MAX_REPLY).read_until(0, &mut buf).map_err(|e| self.io_error(&e))?;
-        if n == 0 {
-            return Err(self.unreachable("the daemon closed the connection before replying".into()));
-        }
-        if buf.pop() != Some(0) {
-            return Err(if buf.len() as u64 >= MAX_REPLY {
-                self.protocol(format!("a reply longer than {MAX_REPLY} bytes"))
-            } else {
-                self.unreachable("the daemon closed the connection inside a reply".into())
-            });
-        }
+        let buf = match self.frames.read_from(&mut self.stream) {
+            Ok(Some(buf)) => buf,
+            Ok(None) => {
+                return Err(self.unreachable("the daemon closed the connection before replying".into()))
+            }
+            Err(FrameError::TooLong { limit }) => {
+                return Err(self.protocol(format!("a reply longer than {limit} bytes")))
+            }
+            Err(FrameError::Truncated) => {
+                return Err(self.unreachable("the daemon closed the connection inside a reply".into()))
+            }
+            Err(FrameError::Io(e)) => return Err(self.io_error(&e)),
+        };
         decode_reply(&buf).map_err(|reason| self.protocol(reason))?
     }
 
@@ -195,7 +194,7 @@ impl Client {
     ) -> Result<(), Error> {
         self.send(method, parameters, true)?;
         // Events may be hours apart: only the call itself is bounded by the timeout.
-        let _ = self.reader.get_ref().set_read_timeout(None);
+        let _ = self.stream.set_read_timeout(None);
         loop {
             let (params, continues) = self.receive()?;
             each(params)?;
@@ -215,22 +214,15 @@ impl Client {
 /// one the daemon's answer.
 #[allow(clippy::type_complexity)]
 fn decode_reply(bytes: &[u8]) -> Result<Result<(Map<String, Value>, bool), Error>, String> {
-    let reply: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
-    let Value::Object(mut reply) = reply else {
-        return Err(format!("not a JSON object: {reply}"));
+    let reply: Reply = serde_json::from_slice(bytes).map_err(|e| format!("not a varlink reply ({e})"))?;
+    let parameters = match reply.parameters {
+        Value::Null => Map::new(),
+        Value::Object(m) => m,
+        other => return Err(format!("parameters are not an object: {other}")),
     };
-    let parameters = match reply.remove("parameters") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m,
-        Some(other) => return Err(format!("parameters are not an object: {other}")),
-    };
-    match reply.remove("error") {
-        None | Some(Value::Null) => {
-            let continues = reply.get("continues").and_then(Value::as_bool).unwrap_or(false);
-            Ok(Ok((parameters, continues)))
-        }
-        Some(Value::String(name)) => Ok(Err(Error::Daemon(DaemonError::from_name(&name, parameters, None)))),
-        Some(other) => Err(format!("the error name is not a string: {other}")),
+    match reply.error {
+        None => Ok(Ok((parameters, reply.continues))),
+        Some(name) => Ok(Err(Error::Daemon(DaemonError::from_name(&name, parameters, None)))),
     }
 }
 
@@ -238,6 +230,8 @@ fn decode_reply(bytes: &[u8]) -> Result<Result<(Map<String, Value>, bool), Error
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixListener;
 
     #[test]

@@ -92,7 +92,10 @@ impl Authorizer {
     /// sandbox's owner may hand any; others only their own.
     pub fn check_process(&self, pid: u32, uid: u32) -> Result<(), ApiError> {
         let uid = if self.owner_uid == Some(uid) { 0 } else { uid };
-        ops::check_process_owner(&self.proc_root, pid, uid)
+        // Root needs no answer from procfs; anyone else is decided by the process's owner.
+        let owner =
+            if uid == 0 { None } else { crate::host::procfs::process_owner(&self.proc_root, pid).ok() };
+        ops::check_process_owner(owner, pid, uid)
     }
 
     /// Checks a caller known only by uid (the D-Bus case): its primary group and supplementary

@@ -19,6 +19,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Instant;
 
+use cpupool_wire::dbus::{AssignmentStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
+
 use tokio::sync::broadcast;
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
@@ -28,55 +30,22 @@ use zvariant::OwnedValue;
 
 use crate::api::auth::Authorizer;
 use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PoolOptions, PoolView};
+use crate::core::edit::PoolEdit;
 use crate::engine::{EngineError, Event, Handle};
 
 /// The well-known name.
-pub const BUS_NAME: &str = "org.cpupool.Manager1";
+pub const BUS_NAME: &str = cpupool_wire::names::DBUS_NAME;
 /// The object.
-pub const OBJECT_PATH: &str = "/org/cpupool/Manager1";
+pub const OBJECT_PATH: &str = cpupool_wire::names::DBUS_OBJECT;
 /// The interface.
-pub const INTERFACE: &str = "org.cpupool.Manager1";
+pub const INTERFACE: &str = cpupool_wire::names::DBUS_INTERFACE;
 /// The prefix of every error name.
-pub const ERROR_PREFIX: &str = "org.cpupool.Manager1.Error";
+pub const ERROR_PREFIX: &str = cpupool_wire::names::DBUS_ERROR_PREFIX;
 /// The interface description this module must serve.
-pub const INTROSPECTION_XML: &str = include_str!("../../dbus/org.cpupool.Manager1.xml");
+pub const INTROSPECTION_XML: &str = cpupool_wire::dbus::INTROSPECTION_XML;
 
-/// Which bus to serve on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bus {
-    /// The system bus (the daemon's normal place).
-    System,
-    /// The user's session bus.
-    Session,
-    /// A bus at this address (`unix:path=...`): tests and the sandbox's private bus.
-    Address(String),
-}
-
-impl Bus {
-    /// A connection builder for the bus.
-    pub fn builder(&self) -> zbus::Result<zbus::connection::Builder<'_>> {
-        match self {
-            Bus::System => zbus::connection::Builder::system(),
-            Bus::Session => zbus::connection::Builder::session(),
-            Bus::Address(a) => zbus::connection::Builder::address(a.as_str()),
-        }
-    }
-
-    /// A plain client connection to the bus.
-    pub async fn connect(&self) -> zbus::Result<zbus::Connection> {
-        self.builder()?.build().await
-    }
-}
-
-impl fmt::Display for Bus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Bus::System => f.write_str("the system bus"),
-            Bus::Session => f.write_str("the session bus"),
-            Bus::Address(a) => write!(f, "the bus at `{a}`"),
-        }
-    }
-}
+/// Which bus to serve on (it lives with the host side, which connects to systemd through it).
+pub use crate::host::bus::Bus;
 
 /// A D-Bus error reply: `org.cpupool.Manager1.Error.<kind>` and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +56,7 @@ pub struct Error {
 
 impl From<ApiError> for Error {
     fn from(e: ApiError) -> Error {
-        Error { name: format!("{ERROR_PREFIX}.{}", e.kind), message: e.message }
+        Error { name: e.kind.dbus_name(), message: e.message }
     }
 }
 
@@ -116,7 +85,7 @@ impl DBusError for Error {
     }
 
     fn name(&self) -> ErrorName<'_> {
-        // Every name is the fixed prefix plus a kind from `ops::KINDS`, or a standard one.
+        // Every name is an `ErrorKind`'s D-Bus name, or a standard one.
         ErrorName::from_str_unchecked(&self.name)
     }
 
@@ -160,12 +129,12 @@ impl Manager {
         Ok(uid)
     }
 
-    async fn pool_reply(&self, edit: crate::config::runtime::PoolEdit) -> Result<PoolView, Error> {
+    async fn pool_reply(&self, edit: PoolEdit) -> Result<PoolStruct, Error> {
         let pool = self.handle.edit_pool(edit).await?;
         let snap = self.handle.snapshot();
         // Create and Resize return the pool; it is there unless a later edit already removed it.
         let name = pool.map(|p| p.name.to_string()).unwrap_or_default();
-        Ok(PoolView::find(&snap, &name)?)
+        Ok(PoolView::find(&snap, &name)?.into())
     }
 }
 
@@ -247,35 +216,35 @@ fn nonzero<T: Default + PartialEq + Into<i128>>(v: T) -> Option<i64> {
 #[zbus::interface(name = "org.cpupool.Manager1")]
 impl Manager {
     #[zbus(out_args("pools"))]
-    async fn list_pools(&self) -> Vec<PoolView> {
-        PoolView::all(&self.handle.snapshot())
+    async fn list_pools(&self) -> Vec<PoolStruct> {
+        PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect()
     }
 
     #[zbus(out_args("pool"))]
-    async fn get_pool(&self, name: &str) -> Result<PoolView, Error> {
-        Ok(PoolView::find(&self.handle.snapshot(), name)?)
+    async fn get_pool(&self, name: &str) -> Result<PoolStruct, Error> {
+        Ok(PoolView::find(&self.handle.snapshot(), name)?.into())
     }
 
     #[zbus(out_args("online", "offline", "isolated", "cpus"))]
-    async fn get_topology(&self) -> (String, String, String, Vec<CpuView>) {
+    async fn get_topology(&self) -> (String, String, String, Vec<CpuStruct>) {
         let topo = self.handle.snapshot().topology;
         (
             topo.online().to_string(),
             topo.offline().to_string(),
             topo.isolated().to_string(),
-            CpuView::all(&topo),
+            CpuView::all(&topo).into_iter().map(Into::into).collect(),
         )
     }
 
     #[zbus(out_args("assignments"))]
-    async fn list_assignments(&self, pool: &str) -> Result<Vec<AssignmentView>, Error> {
+    async fn list_assignments(&self, pool: &str) -> Result<Vec<AssignmentStruct>, Error> {
         let pool = Some(pool).filter(|p| !p.is_empty());
-        Ok(AssignmentView::list(&self.handle.snapshot(), pool)?)
+        Ok(AssignmentView::list(&self.handle.snapshot(), pool)?.into_iter().map(Into::into).collect())
     }
 
     #[zbus(out_args("assignment"))]
-    async fn get_assignment(&self, id: &str) -> Result<AssignmentView, Error> {
-        Ok(AssignmentView::find(&self.handle.snapshot(), id)?)
+    async fn get_assignment(&self, id: &str) -> Result<AssignmentStruct, Error> {
+        Ok(AssignmentView::find(&self.handle.snapshot(), id)?.into())
     }
 
     #[zbus(out_args(
@@ -305,9 +274,10 @@ impl Manager {
     async fn get_isolation(
         &self,
         pool: &str,
-    ) -> Result<(String, String, String, String, Vec<crate::api::ops::IsolationView>), Error> {
+    ) -> Result<(String, String, String, String, Vec<PoolIsolationStruct>), Error> {
         let r = crate::api::ops::IsolationReply::new(&self.handle.snapshot(), pool)?;
-        Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, r.pools))
+        let pools = r.pools.into_iter().map(Into::into).collect();
+        Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, pools))
     }
 
     #[zbus(out_args("assignment"))]
@@ -319,7 +289,7 @@ impl Manager {
         cpus: u32,
         millicpus: u64,
         id: &str,
-    ) -> Result<AssignmentView, Error> {
+    ) -> Result<AssignmentStruct, Error> {
         self.assign_ex(hdr, pool, target, cpus, millicpus, id, true).await
     }
 
@@ -335,13 +305,13 @@ impl Manager {
         millicpus: u64,
         id: &str,
         reclaim: bool,
-    ) -> Result<AssignmentView, Error> {
+    ) -> Result<AssignmentStruct, Error> {
         self.authorize(&hdr).await?;
         let id = Some(id).filter(|s| !s.is_empty());
         let mut spec = ops::assign_spec(pool, target, nonzero(cpus), nonzero(millicpus), id)?;
         spec.reclaim = reclaim;
         let a = self.handle.assign(spec).await?.into_inner();
-        Ok(AssignmentView::from(&a))
+        Ok(AssignmentView::from(&a).into())
     }
 
     /// Assigns CPUs to process `pid` (the caller's own; root: any) and confines it: in a new
@@ -355,20 +325,20 @@ impl Manager {
         cpus: u32,
         millicpus: u64,
         id: &str,
-    ) -> Result<AssignmentView, Error> {
+    ) -> Result<AssignmentStruct, Error> {
         let uid = self.authorize_uid(&hdr).await?;
         let id = Some(id).filter(|s| !s.is_empty());
         let spec = ops::run_spec(pool, i64::from(pid), nonzero(cpus), nonzero(millicpus), id)?;
         self.auth.check_process(pid, uid)?;
         let a = self.handle.run(spec).await?.into_inner();
-        Ok(AssignmentView::from(&a))
+        Ok(AssignmentView::from(&a).into())
     }
 
     #[zbus(out_args("assignment"))]
-    async fn release(&self, #[zbus(header)] hdr: Header<'_>, id: &str) -> Result<AssignmentView, Error> {
+    async fn release(&self, #[zbus(header)] hdr: Header<'_>, id: &str) -> Result<AssignmentStruct, Error> {
         self.authorize(&hdr).await?;
         let a = self.handle.release(id).await?;
-        Ok(AssignmentView::from(&a))
+        Ok(AssignmentView::from(&a).into())
     }
 
     #[zbus(out_args("pool"))]
@@ -378,7 +348,7 @@ impl Manager {
         name: &str,
         kind: &str,
         options: HashMap<String, OwnedValue>,
-    ) -> Result<PoolView, Error> {
+    ) -> Result<PoolStruct, Error> {
         self.authorize(&hdr).await?;
         let o = self::options(&options, &["cpus", "count", "numa", "smt", "isolate", "kubelet"])?;
         let edit = ops::create_pool(name, kind, &o.borrowed())?;
@@ -391,7 +361,7 @@ impl Manager {
         #[zbus(header)] hdr: Header<'_>,
         name: &str,
         options: HashMap<String, OwnedValue>,
-    ) -> Result<PoolView, Error> {
+    ) -> Result<PoolStruct, Error> {
         self.authorize(&hdr).await?;
         let o = self::options(&options, &["cpus", "count", "numa"])?;
         let edit = ops::resize_pool(name, &o.borrowed())?;
@@ -414,8 +384,8 @@ impl Manager {
     }
 
     #[zbus(property)]
-    async fn pools(&self) -> Vec<PoolView> {
-        PoolView::all(&self.handle.snapshot())
+    async fn pools(&self) -> Vec<PoolStruct> {
+        PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect()
     }
 
     #[zbus(property(emits_changed_signal = "const"))]
@@ -517,7 +487,7 @@ mod tests {
     #[test]
     fn error_names_follow_the_prefix_and_are_documented() {
         // `Busy` is varlink's answer to too many connections; the bus does that job for D-Bus.
-        for kind in ops::KINDS.into_iter().filter(|k| *k != "Busy") {
+        for kind in ops::ErrorKind::ALL.iter().copied().filter(|k| k.on_dbus()) {
             let e = Error::from(ApiError { kind, params: serde_json::json!({}), message: "m".into() });
             assert_eq!(e.name(), format!("{ERROR_PREFIX}.{kind}"));
             assert!(ErrorName::try_from(e.name()).is_ok(), "{}", e.name());

@@ -3,51 +3,32 @@
 //!
 //! varlink and D-Bus differ only in framing: an [`ApiError`] becomes the varlink error
 //! `org.cpupool.Manager.<kind>` with its parameters, or the D-Bus error
-//! `org.cpupool.Manager1.Error.<kind>` with its message. Arguments are decoded here once, so the
-//! two interfaces accept and refuse exactly the same input.
+//! `org.cpupool.Manager1.Error.<kind>` with its message ([`ErrorKind`] names both). Arguments
+//! are decoded here once, so the two interfaces accept and refuse exactly the same input, and
+//! replies are built here as the wire contract's views ([`cpupool_wire::views`]).
 
-use serde::{Deserialize, Serialize};
+use cpupool_wire::views::{self, CpuHealth, PoolIsolation};
+pub use cpupool_wire::ErrorKind;
 use serde_json::{json, Value};
-use zvariant::Type;
 
-use crate::config::runtime::{PoolEdit, Source};
 use crate::core::cpuset::CpuSet;
+use crate::core::edit::{PoolEdit, Source};
 use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
 use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, Size, State, Target};
 use crate::core::topology::Topology;
 use crate::engine::{error_chain, EngineError, Handle, Snapshot};
 
-/// A pool as both interfaces show it: the varlink `Pool` type, the D-Bus `(ssssttbus)`.
-#[derive(
-    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, zvariant::Value, zvariant::OwnedValue,
-)]
-pub struct PoolView {
-    /// The name.
-    pub name: String,
-    /// `reserved`, `exclusive` or `shared`.
-    pub kind: String,
-    /// All its CPUs.
-    pub cpus: String,
-    /// Exclusive pools: the CPUs no assignment owns; other pools: all of them.
-    pub free_cpus: String,
-    /// Capacity not yet assigned.
-    pub free_millicpus: u64,
-    /// 1000 per CPU.
-    pub capacity_millicpus: u64,
-    /// Whether it runs as an isolated partition.
-    pub isolated: bool,
-    /// How many assignments it has.
-    pub assignments: u32,
-    /// The kernel's word on its partition (`member`, `isolated`, `isolated invalid (...)`);
-    /// empty for the reserved pool, which has no slice of its own.
-    pub partition: String,
-}
+/// A pool as both interfaces show it (the varlink `Pool` type, the D-Bus `(ssssttbus)`), and
+/// the lists of them.
+pub struct PoolView;
 
+// The views are the wire contract's types; these unit structs only name their builders.
+#[allow(clippy::new_ret_no_self)]
 impl PoolView {
     /// `p` with its use and partition in `snap`.
-    pub fn new(snap: &Snapshot, p: &Pool) -> PoolView {
+    pub fn new(snap: &Snapshot, p: &Pool) -> views::Pool {
         let state = &snap.state;
-        PoolView {
+        views::Pool {
             name: p.name.to_string(),
             kind: p.kind.to_string(),
             cpus: p.cpus.to_string(),
@@ -61,12 +42,12 @@ impl PoolView {
     }
 
     /// Every pool, in name order.
-    pub fn all(snap: &Snapshot) -> Vec<PoolView> {
+    pub fn all(snap: &Snapshot) -> Vec<views::Pool> {
         snap.state.pools().values().map(|p| PoolView::new(snap, p)).collect()
     }
 
     /// The pool called `name`.
-    pub fn find(snap: &Snapshot, name: &str) -> Result<PoolView, ApiError> {
+    pub fn find(snap: &Snapshot, name: &str) -> Result<views::Pool, ApiError> {
         Ok(PoolView::new(snap, pool_named(&snap.state, name)?))
     }
 }
@@ -80,33 +61,14 @@ fn pool_named<'a>(state: &'a State, name: &str) -> Result<&'a Pool, ApiError> {
 }
 
 /// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsbsss)`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type)]
-pub struct AssignmentView {
-    /// Its id.
-    pub id: String,
-    /// Its pool.
-    pub pool: String,
-    /// The CPUs the target may run on.
-    pub cpus: String,
-    /// Capacity held.
-    pub millicpus: u64,
-    /// `unit:NAME`, `cgroup:PATH` or `pid:N`.
-    pub target: String,
-    /// Released when the target goes away.
-    pub reclaim: bool,
-    /// Kubelet assignments: `NAMESPACE/POD/CONTAINER` of the container holding the devices;
-    /// empty otherwise.
-    pub container: String,
-    /// `applied` (the kernel enforces its CPUs on the target, as last read back) or
-    /// `degraded` (it does not, and correcting it failed).
-    pub state: String,
-    /// Why it is degraded; empty when applied.
-    pub reason: String,
-}
+pub struct AssignmentView;
 
-impl From<&Assignment> for AssignmentView {
-    fn from(a: &Assignment) -> AssignmentView {
-        AssignmentView {
+// The views are the wire contract's types; these unit structs only name their builders.
+#[allow(clippy::new_ret_no_self)]
+impl AssignmentView {
+    /// `a` as recorded (applied).
+    pub fn from(a: &Assignment) -> views::Assignment {
+        views::Assignment {
             id: a.id.to_string(),
             pool: a.pool.to_string(),
             cpus: a.cpus.to_string(),
@@ -118,11 +80,9 @@ impl From<&Assignment> for AssignmentView {
             reason: String::new(),
         }
     }
-}
 
-impl AssignmentView {
     /// `a` with its health in `snap`.
-    pub fn new(snap: &Snapshot, a: &Assignment) -> AssignmentView {
+    pub fn new(snap: &Snapshot, a: &Assignment) -> views::Assignment {
         let mut v = AssignmentView::from(a);
         if let Some(why) = snap.assignment_health.get(&a.id) {
             v.state = "degraded".into();
@@ -132,7 +92,7 @@ impl AssignmentView {
     }
 
     /// All assignments, or those of `pool` (which must exist).
-    pub fn list(snap: &Snapshot, pool: Option<&str>) -> Result<Vec<AssignmentView>, ApiError> {
+    pub fn list(snap: &Snapshot, pool: Option<&str>) -> Result<Vec<views::Assignment>, ApiError> {
         let state = &snap.state;
         if let Some(name) = pool {
             pool_named(state, name)?;
@@ -146,7 +106,7 @@ impl AssignmentView {
     }
 
     /// The assignment `id`.
-    pub fn find(snap: &Snapshot, id: &str) -> Result<AssignmentView, ApiError> {
+    pub fn find(snap: &Snapshot, id: &str) -> Result<views::Assignment, ApiError> {
         AssignmentId::new(id)
             .ok()
             .and_then(|k| snap.state.assignments().get(&k))
@@ -155,30 +115,16 @@ impl AssignmentView {
     }
 }
 
-/// One online CPU: varlink `Cpu`, D-Bus `(uuuuuu)`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type)]
-pub struct CpuView {
-    /// Logical CPU number.
-    pub cpu: u32,
-    /// Core id.
-    pub core: u32,
-    /// Package (socket).
-    pub package: u32,
-    /// Die.
-    pub die: u32,
-    /// NUMA node.
-    pub node: u32,
-    /// L3 cache group.
-    pub l3: u32,
-}
+/// The online CPUs: varlink `Cpu`, D-Bus `(uuuuuu)`.
+pub struct CpuView;
 
 impl CpuView {
     /// Every online CPU of `topo`.
-    pub fn all(topo: &Topology) -> Vec<CpuView> {
+    pub fn all(topo: &Topology) -> Vec<views::Cpu> {
         topo.data()
             .cpus
             .iter()
-            .map(|(&cpu, p)| CpuView {
+            .map(|(&cpu, p)| views::Cpu {
                 cpu,
                 core: p.core,
                 package: p.package,
@@ -193,8 +139,8 @@ impl CpuView {
 /// A refused or failed call, independent of the interface.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
-    /// The error's short name: `NoSuchPool`, `InvalidArgument`, ...
-    pub kind: &'static str,
+    /// The error's kind: `NoSuchPool`, `InvalidArgument`, ...
+    pub kind: ErrorKind,
     /// Its fields (varlink error parameters).
     pub params: Value,
     /// A sentence for people, naming the argument at fault (the D-Bus error message).
@@ -202,40 +148,15 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(kind: &'static str, params: Value, message: impl Into<String>) -> ApiError {
+    fn new(kind: ErrorKind, params: Value, message: impl Into<String>) -> ApiError {
         ApiError { kind, params, message: message.into() }
     }
 }
 
-/// Every error kind the management interfaces return, as documented in the IDL and the D-Bus
-/// introspection file.
-pub const KINDS: [&str; 20] = [
-    "NoSuchPool",
-    "PoolExists",
-    "PoolInUse",
-    "NoSuchAssignment",
-    "InsufficientCapacity",
-    "DuplicateId",
-    "TargetBusy",
-    "TargetNotAllowed",
-    "TargetOutsidePool",
-    "InvalidArgument",
-    "ReservedPool",
-    "NotWholeCores",
-    "AccessDenied",
-    "ApplyFailed",
-    "NotDurable",
-    "ConfigRejected",
-    "AssignmentsStranded",
-    "TopologyFailed",
-    "ShuttingDown",
-    "Busy",
-];
-
 /// `InvalidArgument` naming `argument`.
 pub fn invalid_argument(argument: &str, reason: &str) -> ApiError {
     ApiError::new(
-        "InvalidArgument",
+        ErrorKind::InvalidArgument,
         json!({ "argument": argument, "reason": reason }),
         format!("invalid {argument}: {reason}"),
     )
@@ -244,7 +165,7 @@ pub fn invalid_argument(argument: &str, reason: &str) -> ApiError {
 /// `AccessDenied` for `uid`.
 pub fn access_denied(uid: u32) -> ApiError {
     ApiError::new(
-        "AccessDenied",
+        ErrorKind::AccessDenied,
         json!({ "uid": uid }),
         format!("uid {uid} may not change pools or assignments: it takes root or the daemon's admin group"),
     )
@@ -252,43 +173,43 @@ pub fn access_denied(uid: u32) -> ApiError {
 
 /// `ShuttingDown`.
 pub fn shutting_down() -> ApiError {
-    ApiError::new("ShuttingDown", json!({}), "the daemon is shutting down")
+    ApiError::new(ErrorKind::ShuttingDown, json!({}), "the daemon is shutting down")
 }
 
 /// `Busy`: too many connections.
 pub fn busy() -> ApiError {
-    ApiError::new("Busy", json!({}), "too many connections; try again later")
+    ApiError::new(ErrorKind::Busy, json!({}), "too many connections; try again later")
 }
 
 /// Each state error to its own kind.
 pub fn state_error(e: &state::Error) -> ApiError {
     use state::Error as E;
     let (kind, params) = match e {
-        E::NoSuchPool { pool } => ("NoSuchPool", json!({ "pool": pool })),
-        E::PoolExists { pool } => ("PoolExists", json!({ "pool": pool })),
+        E::NoSuchPool { pool } => (ErrorKind::NoSuchPool, json!({ "pool": pool })),
+        E::PoolExists { pool } => (ErrorKind::PoolExists, json!({ "pool": pool })),
         E::PoolInUse { pool, assignments } => {
-            ("PoolInUse", json!({ "pool": pool, "assignments": assignments }))
+            (ErrorKind::PoolInUse, json!({ "pool": pool, "assignments": assignments }))
         }
-        E::NoSuchAssignment { id } => ("NoSuchAssignment", json!({ "id": id })),
+        E::NoSuchAssignment { id } => (ErrorKind::NoSuchAssignment, json!({ "id": id })),
         E::InsufficientCapacity { pool, requested, free, unit } => (
-            "InsufficientCapacity",
+            ErrorKind::InsufficientCapacity,
             json!({ "pool": pool, "requested": requested, "free": free, "unit": unit }),
         ),
-        E::DuplicateId { id } => ("DuplicateId", json!({ "id": id })),
+        E::DuplicateId { id } => (ErrorKind::DuplicateId, json!({ "id": id })),
         E::TargetBusy { target, id, pool } => {
-            ("TargetBusy", json!({ "target": target, "id": id, "pool": pool }))
+            (ErrorKind::TargetBusy, json!({ "target": target, "id": id, "pool": pool }))
         }
         E::TargetNotAllowed { target, reason } => {
-            ("TargetNotAllowed", json!({ "target": target, "reason": reason }))
+            (ErrorKind::TargetNotAllowed, json!({ "target": target, "reason": reason }))
         }
         E::TargetOutsidePool { target, cpus, parent, parent_cpus, hint } => (
-            "TargetOutsidePool",
+            ErrorKind::TargetOutsidePool,
             json!({ "target": target, "cpus": cpus, "parent": parent, "parent_cpus": parent_cpus, "hint": hint }),
         ),
         E::InvalidArgument { arg, reason } => return invalid_argument(arg, reason),
-        E::ReservedPool { pool } => ("ReservedPool", json!({ "pool": pool })),
+        E::ReservedPool { pool } => (ErrorKind::ReservedPool, json!({ "pool": pool })),
         E::NotWholeCores { pool, requested } => {
-            ("NotWholeCores", json!({ "pool": pool, "requested": requested }))
+            (ErrorKind::NotWholeCores, json!({ "pool": pool, "requested": requested }))
         }
     };
     ApiError::new(kind, params, e.to_string())
@@ -298,13 +219,13 @@ pub fn state_error(e: &state::Error) -> ApiError {
 pub fn engine_error(e: &EngineError) -> ApiError {
     let kind = match e {
         EngineError::State(s) => return state_error(s),
-        EngineError::Apply(_) => "ApplyFailed",
-        EngineError::Store(_) | EngineError::Dropin(_) => "NotDurable",
+        EngineError::Apply(_) => ErrorKind::ApplyFailed,
+        EngineError::Store(_) | EngineError::Dropin(_) => ErrorKind::NotDurable,
         EngineError::Config(_) | EngineError::Overridden { .. } | EngineError::NoConfigFiles => {
-            "ConfigRejected"
+            ErrorKind::ConfigRejected
         }
-        EngineError::Stranded(_) => "AssignmentsStranded",
-        EngineError::Topology(_) => "TopologyFailed",
+        EngineError::Stranded(_) => ErrorKind::AssignmentsStranded,
+        EngineError::Topology(_) => ErrorKind::TopologyFailed,
         EngineError::Stopped => return shutting_down(),
     };
     // The kind already says what failed and that nothing changed (clients word it their own
@@ -382,24 +303,22 @@ pub fn run_spec(
         .filter(|p| *p > 0)
         .ok_or_else(|| invalid_argument("pid", "must be a process id (1-4194304)"))?;
     assign_spec(pool, &format!("pid:{pid}"), cpus, millicpus, id).map_err(|e| match e.kind {
-        "InvalidArgument" if e.params.get("argument") == Some(&json!("target")) => {
+        ErrorKind::InvalidArgument if e.params.get("argument") == Some(&json!("target")) => {
             invalid_argument("pid", "must be a process id (1-4194304)")
         }
         _ => e,
     })
 }
 
-/// Checks that the caller `uid` may hand process `pid` to the daemon: root may; anyone else
-/// only their own processes (the owner of `<proc_root>/PID`).
-pub fn check_process_owner(proc_root: &std::path::Path, pid: u32, uid: u32) -> Result<(), ApiError> {
-    use std::os::unix::fs::MetadataExt;
-    if uid == 0 {
-        return Ok(());
-    }
-    match std::fs::metadata(proc_root.join(pid.to_string())) {
-        Ok(m) if m.uid() == uid => Ok(()),
-        Ok(_) => Err(access_denied(uid)),
-        Err(_) => Err(invalid_argument("pid", &format!("process {pid} does not exist"))),
+/// Decides whether the caller `uid` may hand process `pid` to the daemon: root may; anyone
+/// else only their own processes. `owner` is the process's owner as procfs says
+/// ([`crate::host::procfs::process_owner`]); `None` when there is no such process.
+pub fn check_process_owner(owner: Option<u32>, pid: u32, uid: u32) -> Result<(), ApiError> {
+    match owner {
+        _ if uid == 0 => Ok(()),
+        Some(o) if o == uid => Ok(()),
+        Some(_) => Err(access_denied(uid)),
+        None => Err(invalid_argument("pid", &format!("process {pid} does not exist"))),
     }
 }
 
@@ -543,7 +462,7 @@ mod tests {
         let errors = state::every_error();
         for e in &errors {
             let a = state_error(e);
-            assert!(KINDS.contains(&a.kind), "{}", a.kind);
+            assert!(ErrorKind::ALL.contains(&a.kind), "{}", a.kind);
             assert!(!a.message.is_empty());
         }
     }
@@ -588,61 +507,15 @@ mod tests {
     }
 }
 
-/// One isolated CPU's health: varlink `CpuHealth`, D-Bus `(uddds)`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
-pub struct CpuHealthView {
-    /// The CPU.
-    pub cpu: u32,
-    /// Device interrupts per second.
-    pub device_irqs_per_sec: f64,
-    /// Inter-processor interrupts per second (reported, not fixable).
-    pub ipis_per_sec: f64,
-    /// Local timer interrupts per second.
-    pub timer_per_sec: f64,
-    /// The device IRQs responsible, busiest first: `32 virtio1-requests 71/s, ...`.
-    pub sources: String,
-}
-
-/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds))`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
-pub struct IsolationView {
-    /// The pool.
-    pub pool: String,
-    /// Its CPUs.
-    pub cpus: String,
-    /// `holds`, `leaks`, `degraded` (its partition is invalid) or `unmeasured`.
-    pub state: String,
-    /// One line: `holds`, `71 IRQ/s from irq 32 virtio1-requests on CPU 2`, or the kernel's
-    /// reason for an invalid partition.
-    pub summary: String,
-    /// The kernel's reason when the partition is invalid; empty otherwise.
-    pub reason: String,
-    /// CPU time used on its CPUs by tasks outside the pool, in percent; -1 when unknown.
-    pub foreign_percent: f64,
-    /// Each CPU over the last interval (empty until measured).
-    pub per_cpu: Vec<CpuHealthView>,
-}
-
 /// The reply of `GetIsolation`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IsolationReply {
-    /// `isolcpus=` on the kernel command line.
-    pub isolcpus: String,
-    /// `nohz_full=` on the kernel command line.
-    pub nohz_full: String,
-    /// CPUs left for interrupts, kernel threads and host slices.
-    pub housekeeping: String,
-    /// The unbound workqueue mask as read back, and who keeps isolated CPUs off it
-    /// (`0-1 (cpupoold)`, `0-1 (kernel)`); empty where the kernel has no such file.
-    pub workqueue: String,
-    /// The isolated pools asked for.
-    pub pools: Vec<IsolationView>,
-}
+pub struct IsolationReply;
 
+// The views are the wire contract's types; these unit structs only name their builders.
+#[allow(clippy::new_ret_no_self)]
 impl IsolationReply {
     /// Isolation of the pool `name`, or of every isolated pool when `name` is empty. A pool
     /// that is not isolated has an empty list.
-    pub fn new(snap: &Snapshot, name: &str) -> Result<IsolationReply, ApiError> {
+    pub fn new(snap: &Snapshot, name: &str) -> Result<views::Isolation, ApiError> {
         if !name.is_empty() {
             pool_named(&snap.state, name)?;
         }
@@ -651,7 +524,7 @@ impl IsolationReply {
             .pools
             .iter()
             .filter(|(n, _)| name.is_empty() || n.as_str() == name)
-            .map(|(n, p)| IsolationView {
+            .map(|(n, p)| PoolIsolation {
                 pool: n.to_string(),
                 cpus: p.cpus.to_string(),
                 state: p.state().to_owned(),
@@ -662,7 +535,7 @@ impl IsolationReply {
                     .health
                     .iter()
                     .flat_map(|h| &h.cpus)
-                    .map(|c| CpuHealthView {
+                    .map(|c| CpuHealth {
                         cpu: c.cpu,
                         device_irqs_per_sec: c.device_per_sec,
                         ipis_per_sec: c.ipi_per_sec,
@@ -690,7 +563,7 @@ impl IsolationReply {
             .find(|m| m.file == crate::host::housekeeping::WORKQUEUE_MASK)
             .map(|m| format!("{} ({})", m.mask, m.by))
             .unwrap_or_default();
-        Ok(IsolationReply {
+        Ok(views::Isolation {
             isolcpus: iso.kernel.boot.isolcpus.to_string(),
             nohz_full: iso.kernel.boot.nohz_full.union(&iso.kernel.nohz_full).to_string(),
             housekeeping: iso.housekeeping.to_string(),

@@ -20,7 +20,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -38,11 +37,11 @@ use crate::engine::Handle;
 pub mod methods;
 pub mod wire;
 
-use methods::{Method, MethodError, Params};
+use methods::{Method, MethodError};
 use wire::{Call, FrameError, FrameReader, Reply};
 
 /// The socket's file name, and the interface name.
-pub const SOCKET_NAME: &str = "org.cpupool.Manager";
+pub const SOCKET_NAME: &str = cpupool_wire::names::VARLINK_SOCKET_NAME;
 
 /// The socket path under `runtime_dir`.
 pub fn socket_path(runtime_dir: &Path) -> PathBuf {
@@ -51,31 +50,10 @@ pub fn socket_path(runtime_dir: &Path) -> PathBuf {
 
 /// Binds `<runtime_dir>/org.cpupool.Manager`, mode 0666 (reads are open; mutations are
 /// checked per call). A stale socket left by a previous run is removed; a live one (another
-/// daemon answers) is an `AddrInUse` error. Must be called within a tokio runtime.
+/// daemon answers) is an `AddrInUse` error ([`crate::host::socket::bind_unix`]). Must be
+/// called within a tokio runtime.
 pub fn bind(runtime_dir: &Path) -> io::Result<UnixListener> {
-    std::fs::create_dir_all(runtime_dir)?;
-    let path = socket_path(runtime_dir);
-    match std::fs::symlink_metadata(&path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("`{}` is served by another process", path.display()),
-                ));
-            }
-            std::fs::remove_file(&path)?;
-        }
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("`{}` exists and is not a socket", path.display()),
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = std::os::unix::net::UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    let listener = crate::host::socket::bind_unix(&socket_path(runtime_dir), 0o666)?;
     listener.set_nonblocking(true)?;
     UnixListener::from_std(listener)
 }
@@ -327,7 +305,7 @@ async fn look_up(stream: UnixStream, mut peer: Peer) -> (UnixStream, Peer) {
 /// `org.cpupool.Manager.MessageTooLarge`: a call longer than the limit.
 pub fn message_too_large(limit: usize) -> MethodError {
     MethodError {
-        name: format!("{}.MessageTooLarge", methods::INTERFACE),
+        name: cpupool_wire::ErrorKind::MessageTooLarge.varlink_name(),
         parameters: serde_json::json!({ "limit": limit }),
     }
 }
@@ -560,17 +538,21 @@ async fn answer(
         if method.mutates() {
             ctx.auth.check(peer, looked_up).await.map_err(methods::api)?;
         }
-        let params = Params::new(call.parameters.clone(), methods::arguments(method))?;
+        let params = call.parameters.as_ref();
+        if method == Method::Monitor {
+            // Refused like any call's unknown parameters, before its streaming is considered.
+            methods::decode::<cpupool_wire::varlink::params::NoParameters>(params)?;
+        }
         match method {
             Method::Monitor if !call.more => Err(methods::expected_more()),
             Method::Monitor => Ok(None),
             m if m.mutates() => {
                 let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
-                methods::mutate(m, &params, &ctx.handle, &|pid| ctx.auth.check_process(pid, uid))
+                methods::mutate(m, params, &ctx.handle, &|pid| ctx.auth.check_process(pid, uid))
                     .await
                     .map(Some)
             }
-            m => methods::read(m, &params, &ctx.handle.snapshot(), ctx.started.elapsed().as_secs()).map(Some),
+            m => methods::read(m, params, &ctx.handle.snapshot(), ctx.started.elapsed().as_secs()).map(Some),
         }
     }
     .await;

@@ -25,8 +25,7 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use super::{fragments, ConfigDirs, ConfigError, TomlError};
-use crate::core::cpuset::CpuSet;
-use crate::core::pool::{PoolKind, PoolName, Smt};
+use crate::core::pool::PoolName;
 use crate::host::fsutil::{FsError, Root};
 
 /// The drop-in's file name, in `config.d/` of the administrator's directory.
@@ -39,81 +38,8 @@ const HEADER: &str = "\
 # here are not kept.
 ";
 
-/// Where a pool's CPUs come from, as an edit gives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// An explicit CPU list (`cpus`).
-    Cpus(CpuSet),
-    /// A number of CPUs (`count`), optionally from one NUMA node (`numa`).
-    Count {
-        /// How many.
-        count: u32,
-        /// From this node only.
-        numa: Option<u32>,
-    },
-}
-
-/// One run-time change to the pools.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PoolEdit {
-    /// A new pool; keys left `None` come from earlier files or the defaults.
-    Create {
-        /// Its name.
-        name: PoolName,
-        /// Its kind.
-        kind: PoolKind,
-        /// Its CPUs.
-        source: Source,
-        /// `smt`.
-        smt: Option<Smt>,
-        /// `isolate`.
-        isolate: Option<bool>,
-        /// `kubelet`.
-        kubelet: Option<bool>,
-    },
-    /// A new CPU source for an existing pool.
-    Resize {
-        /// The pool.
-        name: PoolName,
-        /// Its new CPUs.
-        source: Source,
-    },
-    /// Removes a pool.
-    Delete {
-        /// The pool.
-        name: PoolName,
-    },
-}
-
-impl PoolEdit {
-    /// The pool the edit is about.
-    pub fn name(&self) -> &PoolName {
-        match self {
-            PoolEdit::Create { name, .. } | PoolEdit::Resize { name, .. } | PoolEdit::Delete { name } => name,
-        }
-    }
-
-    /// The pool keys (`count`, `kind`, ...) the edit writes, which must take effect.
-    pub fn keys(&self) -> Vec<&'static str> {
-        let source = |s: &Source| match s {
-            Source::Cpus(_) => vec!["cpus"],
-            Source::Count { numa: None, .. } => vec!["count"],
-            Source::Count { numa: Some(_), .. } => vec!["count", "numa"],
-        };
-        match self {
-            PoolEdit::Create { source: s, smt, isolate, kubelet, .. } => {
-                let mut keys = vec!["kind"];
-                keys.extend(source(s));
-                keys.extend(smt.map(|_| "smt"));
-                keys.extend(isolate.map(|_| "isolate"));
-                keys.extend(kubelet.map(|_| "kubelet"));
-                keys
-            }
-            PoolEdit::Resize { source: s, .. } => source(s),
-            PoolEdit::Delete { .. } => vec!["removed"],
-        }
-    }
-}
+// The edit is the engine's request type (core owns it); the drop-in writer takes it.
+pub use crate::core::edit::{PoolEdit, Source};
 
 /// Why the drop-in could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -275,6 +201,8 @@ impl From<FsError> for DropinError {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::core::cpuset::CpuSet;
+    use crate::core::pool::{PoolKind, Smt};
 
     fn name(s: &str) -> PoolName {
         PoolName::new(s).unwrap()

@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod cpuset;
 pub mod devices;
+pub mod edit;
 pub mod housekeeping;
 pub mod isolation;
 pub mod plan;

@@ -4,6 +4,7 @@
 //! file itself (hosts without systemd, the sandbox); [`systemd::Systemd`] sets slices and units
 //! through systemd's D-Bus API and writes directly only what systemd does not manage
 //! (partitions, cgroups that are not units). Both execute the same planned effects.
+pub mod bus;
 pub mod cgroupfs;
 pub mod fsutil;
 pub mod health;
@@ -12,8 +13,10 @@ pub mod irq;
 pub mod irqbalance;
 pub mod kubelet;
 pub mod pidwatch;
+pub mod procfs;
 pub mod simhost;
 pub mod simirq;
+pub mod socket;
 pub mod store;
 pub mod sysfs;
 pub mod systemd;

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use zbus::zvariant::{OwnedObjectPath, Value};
 
+use super::bus::Bus;
 use super::cgroupfs::{CgroupFs, HostError};
 use super::{Backend, Observed};
-use crate::api::dbus::Bus;
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{Effect, Key};
 use crate::core::state::CgroupPath;

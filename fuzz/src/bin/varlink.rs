@@ -4,7 +4,7 @@
 //! must encode as one JSON object and one NUL.
 use std::sync::Arc;
 
-use cpupoold::api::varlink::methods::{self, Method, MethodError, Params};
+use cpupoold::api::varlink::methods::{self, Method, MethodError};
 use cpupoold::api::varlink::wire::{Call, FrameReader, Reply};
 use cpupoold::config;
 use cpupoold::core::state::{AssignSpec, Size, State, Target};
@@ -45,16 +45,19 @@ fn check_encoding(r: &Reply) {
 }
 
 fn answer(call: &Call, snap: &Snapshot) -> Result<Value, MethodError> {
+    use cpupool_wire::varlink::params;
     let method = Method::parse(&call.method)?;
-    let params = Params::new(call.parameters.clone(), methods::arguments(method))?;
+    let p = call.parameters.as_ref();
     match method {
-        Method::Assign => methods::assign_spec(&params).map(|s| Value::String(s.target.to_string())),
-        Method::Release => params.string("id").map(Value::String),
+        Method::Assign => methods::decode(p)
+            .and_then(methods::assign_spec)
+            .map(|s| Value::String(s.target.to_string())),
+        Method::Release => methods::decode::<params::Release>(p).map(|r| Value::String(r.id)),
         Method::CreatePool | Method::ResizePool | Method::DeletePool => {
-            methods::pool_edit(method, &params).map(|e| Value::String(e.name().to_string()))
+            methods::pool_edit(method, p).map(|e| Value::String(e.name().to_string()))
         }
-        Method::Monitor => Ok(Value::Null),
-        m => methods::read(m, &params, snap, 0),
+        Method::Monitor => methods::decode::<params::NoParameters>(p).map(|_| Value::Null),
+        m => methods::read(m, p, snap, 0),
     }
 }
 

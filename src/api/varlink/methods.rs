@@ -1,21 +1,26 @@
 //! Decoding arguments, calling the engine, encoding replies, and the error mapping.
 //!
-//! No CPU arithmetic lives here: every number comes from the snapshot or the engine's reply.
+//! Each method's parameters are decoded into its struct of [`cpupool_wire::varlink::params`]
+//! (unknown names refused), with the parameter at fault named in `InvalidParameter`. No CPU
+//! arithmetic lives here: every number comes from the snapshot or the engine's reply.
 
+use cpupool_wire::varlink::params;
+use cpupool_wire::views;
+use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 
-use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PoolOptions, PoolView};
-use crate::config::runtime::PoolEdit;
+use crate::api::ops::{self, ApiError, AssignmentView, CpuView, ErrorKind, PoolOptions, PoolView};
+use crate::core::edit::PoolEdit;
 use crate::core::pool::Pool;
 use crate::core::state::{self, AssignSpec, Assignment};
 use crate::engine::{EngineError, Event, Handle, Snapshot};
 
 /// The interface this service implements.
-pub const INTERFACE: &str = "org.cpupool.Manager";
+pub const INTERFACE: &str = cpupool_wire::names::VARLINK_INTERFACE;
 /// The standard service interface.
-pub const SERVICE: &str = "org.varlink.service";
+pub const SERVICE: &str = cpupool_wire::names::VARLINK_SERVICE;
 /// The interface description, served verbatim by `GetInterfaceDescription`.
-pub const IDL: &str = include_str!("../org.cpupool.Manager.varlink");
+pub const IDL: &str = cpupool_wire::varlink::IDL;
 
 /// A failed call: the error name (fully qualified) and its parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,8 +31,8 @@ pub struct MethodError {
     pub parameters: Value,
 }
 
-fn ours(name: &str, parameters: Value) -> MethodError {
-    MethodError { name: format!("{INTERFACE}.{name}"), parameters }
+fn ours(kind: ErrorKind, parameters: Value) -> MethodError {
+    MethodError { name: kind.varlink_name(), parameters }
 }
 
 fn service(name: &str, parameters: Value) -> MethodError {
@@ -163,57 +168,27 @@ impl Method {
     }
 }
 
-/// A call's arguments, checked against the names the method takes.
-pub struct Params(Map<String, Value>);
+/// A call's parameters decoded into `T`, one of [`params`]. Absent parameters are an empty
+/// set. A name the method does not take, a required one missing, or one of the wrong type is
+/// `InvalidParameter` naming it.
+pub fn decode<T: DeserializeOwned>(parameters: Option<&Map<String, Value>>) -> Result<T, MethodError> {
+    let value = Value::Object(parameters.cloned().unwrap_or_default());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let name = match e.path().iter().next() {
+            Some(serde_path_to_error::Segment::Map { key }) => key.clone(),
+            // A name the struct does not have, or one it needs and did not get, fails at the
+            // top level; serde's message quotes the name: "unknown field `x`, expected ...",
+            // "missing field `x`".
+            _ => quoted(&e.inner().to_string()).unwrap_or_default(),
+        };
+        invalid_parameter(&name)
+    })
+}
 
-impl Params {
-    /// Rejects arguments the method does not take.
-    pub fn new(map: Option<Map<String, Value>>, allowed: &[&str]) -> Result<Params, MethodError> {
-        let map = map.unwrap_or_default();
-        if let Some(k) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(invalid_parameter(k));
-        }
-        Ok(Params(map))
-    }
-
-    fn get(&self, name: &str) -> Option<&Value> {
-        self.0.get(name).filter(|v| !v.is_null())
-    }
-
-    /// A required string.
-    pub fn string(&self, name: &str) -> Result<String, MethodError> {
-        self.opt_string(name)?.ok_or_else(|| invalid_parameter(name))
-    }
-
-    /// An optional string (absent or `null`: none).
-    pub fn opt_string(&self, name: &str) -> Result<Option<String>, MethodError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(invalid_parameter(name)),
-        }
-    }
-
-    /// An optional boolean.
-    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, MethodError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| invalid_parameter(name)),
-        }
-    }
-
-    /// A required integer.
-    pub fn int(&self, name: &str) -> Result<i64, MethodError> {
-        self.opt_int(name)?.ok_or_else(|| invalid_parameter(name))
-    }
-
-    /// An optional integer.
-    pub fn opt_int(&self, name: &str) -> Result<Option<i64>, MethodError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => v.as_i64().map(Some).ok_or_else(|| invalid_parameter(name)),
-        }
-    }
+/// The first name quoted in backticks in `message`.
+fn quoted(message: &str) -> Option<String> {
+    let (_, rest) = message.split_once('`')?;
+    rest.split_once('`').map(|(name, _)| name.to_owned())
 }
 
 /// `GetInfo`'s reply.
@@ -228,36 +203,14 @@ pub fn info() -> Value {
 }
 
 /// `GetInterfaceDescription`'s reply.
-pub fn describe(params: &Params) -> Result<Value, MethodError> {
-    let iface = params.string("interface")?;
+pub fn describe(params: params::GetInterfaceDescription) -> Result<Value, MethodError> {
+    let iface = params.interface;
     match iface.as_str() {
         INTERFACE => Ok(json!({ "description": IDL })),
-        SERVICE => Ok(json!({ "description": SERVICE_IDL })),
+        SERVICE => Ok(json!({ "description": cpupool_wire::varlink::SERVICE_IDL })),
         _ => Err(service("InterfaceNotFound", json!({ "interface": iface }))),
     }
 }
-
-const SERVICE_IDL: &str = "\
-# The Varlink Service Interface is provided by every varlink service.
-interface org.varlink.service
-
-method GetInfo() -> (
-  vendor: string,
-  product: string,
-  version: string,
-  url: string,
-  interfaces: []string
-)
-
-method GetInterfaceDescription(interface: string) -> (description: string)
-
-error InterfaceNotFound (interface: string)
-error MethodNotFound (method: string)
-error MethodNotImplemented (method: string)
-error InvalidParameter (parameter: string)
-error PermissionDenied ()
-error ExpectedMore ()
-";
 
 /// A pool as the API shows it.
 pub fn pool_json(snap: &Snapshot, p: &Pool) -> Value {
@@ -276,62 +229,77 @@ fn to_json<T: serde::Serialize>(v: &T) -> Value {
 
 /// An event as the API shows it.
 pub fn event_json(e: &Event) -> Value {
-    match e {
-        Event::PoolChanged(name) => json!({ "kind": "pool", "pool": name.as_str(), "change": "changed" }),
-        Event::AssignmentChanged { id, change } => {
-            json!({ "kind": "assignment", "id": id.as_str(), "change": change.as_str() })
-        }
-    }
+    to_json(&match e {
+        Event::PoolChanged(name) => views::Event::pool(name.as_str(), "changed"),
+        Event::AssignmentChanged { id, change } => views::Event::assignment(id.as_str(), change.as_str()),
+    })
 }
 
 /// The initial replay of a monitor: every pool, as `current`.
 pub fn current_events(snap: &Snapshot) -> Vec<Value> {
-    snap.state
-        .pools()
-        .keys()
-        .map(|name| json!({ "kind": "pool", "pool": name.as_str(), "change": "current" }))
-        .collect()
+    snap.state.pools().keys().map(|name| to_json(&views::Event::pool(name.as_str(), "current"))).collect()
 }
 
 /// Answers a read-only method from the current snapshot.
-pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Result<Value, MethodError> {
+pub fn read(
+    method: Method,
+    params: Option<&Map<String, Value>>,
+    snap: &Snapshot,
+    uptime: u64,
+) -> Result<Value, MethodError> {
     let state = &snap.state;
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     match method {
-        Method::ListPools => Ok(json!({ "pools": to_json(&PoolView::all(snap)) })),
+        Method::ListPools => {
+            decode::<params::NoParameters>(params)?;
+            Ok(json!({ "pools": to_json(&PoolView::all(snap)) }))
+        }
         Method::GetPool => {
-            Ok(json!({ "pool": to_json(&PoolView::find(snap, &params.string("name")?).map_err(api)?) }))
+            let p: params::GetPool = decode(params)?;
+            Ok(json!({ "pool": to_json(&PoolView::find(snap, &p.name).map_err(api)?) }))
         }
         Method::GetTopology => {
+            decode::<params::NoParameters>(params)?;
             let topo = &snap.topology;
-            Ok(json!({
-                "online": topo.online().to_string(),
-                "offline": topo.offline().to_string(),
-                "isolated": topo.isolated().to_string(),
-                "cpus": to_json(&CpuView::all(topo)),
+            Ok(to_json(&views::Topology {
+                online: topo.online().to_string(),
+                offline: topo.offline().to_string(),
+                isolated: topo.isolated().to_string(),
+                cpus: CpuView::all(topo),
             }))
         }
         Method::ListAssignments => {
-            let pool = params.opt_string("pool")?;
-            Ok(json!({ "assignments": to_json(&AssignmentView::list(snap, pool.as_deref()).map_err(api)?) }))
+            let p: params::ListAssignments = decode(params)?;
+            Ok(
+                json!({ "assignments": to_json(&AssignmentView::list(snap, p.pool.as_deref()).map_err(api)?) }),
+            )
         }
-        Method::GetAssignment => Ok(
-            json!({ "assignment": to_json(&AssignmentView::find(snap, &params.string("id")?).map_err(api)?) }),
-        ),
-        Method::Status => Ok(json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "uptime_seconds": uptime,
-            "pools": state.pools().len(),
-            "assignments": state.assignments().len(),
-            "state_file": snap.state_path.display().to_string(),
-            "config_error": snap.config_error,
-            "degraded_assignments": snap.assignment_health.len(),
-        })),
+        Method::GetAssignment => {
+            let p: params::GetAssignment = decode(params)?;
+            Ok(json!({ "assignment": to_json(&AssignmentView::find(snap, &p.id).map_err(api)?) }))
+        }
+        Method::Status => {
+            decode::<params::NoParameters>(params)?;
+            Ok(to_json(&views::Status {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                uptime_seconds: uptime,
+                pools: count(state.pools().len()),
+                assignments: count(state.assignments().len()),
+                state_file: snap.state_path.display().to_string(),
+                config_error: snap.config_error.clone(),
+                degraded_assignments: count(snap.assignment_health.len()),
+            }))
+        }
         Method::GetIsolation => {
-            let name = params.opt_string("pool")?.unwrap_or_default();
+            let p: params::GetIsolation = decode(params)?;
+            let name = p.pool.unwrap_or_default();
             Ok(to_json(&crate::api::ops::IsolationReply::new(snap, &name).map_err(api)?))
         }
-        Method::GetInfo => Ok(info()),
-        Method::GetInterfaceDescription => describe(params),
+        Method::GetInfo => {
+            decode::<params::NoParameters>(params)?;
+            Ok(info())
+        }
+        Method::GetInterfaceDescription => describe(decode(params)?),
         m @ (Method::Assign
         | Method::Run
         | Method::Release
@@ -343,58 +311,35 @@ pub fn read(method: Method, params: &Params, snap: &Snapshot, uptime: u64) -> Re
     }
 }
 
-/// The argument names each method takes.
-pub fn arguments(method: Method) -> &'static [&'static str] {
-    match method {
-        Method::GetInfo
-        | Method::ListPools
-        | Method::GetTopology
-        | Method::Status
-        | Method::Monitor
-        | Method::Reload => &[],
-        Method::GetInterfaceDescription => &["interface"],
-        Method::GetIsolation => &["pool"],
-        Method::GetPool | Method::DeletePool => &["name"],
-        Method::CreatePool => &["name", "kind", "cpus", "count", "numa", "smt", "isolate", "kubelet"],
-        Method::ResizePool => &["name", "cpus", "count", "numa"],
-        Method::ListAssignments => &["pool"],
-        Method::GetAssignment | Method::Release => &["id"],
-        Method::Assign => &["pool", "target", "cpus", "millicpus", "id", "reclaim"],
-        Method::Run => &["pool", "pid", "cpus", "millicpus", "id"],
-    }
-}
-
 /// Decodes `Assign`'s arguments.
-pub fn assign_spec(params: &Params) -> Result<AssignSpec, MethodError> {
-    let id = params.opt_string("id")?;
-    let reclaim = params.opt_bool("reclaim")?;
-    ops::assign_spec(
-        params.string("pool")?,
-        &params.string("target")?,
-        params.opt_int("cpus")?,
-        params.opt_int("millicpus")?,
-        id.as_deref(),
-    )
-    .map_err(api)
-    .map(|spec| AssignSpec { reclaim: reclaim.unwrap_or(true), ..spec })
+pub fn assign_spec(p: params::Assign) -> Result<AssignSpec, MethodError> {
+    ops::assign_spec(p.pool, &p.target, p.cpus, p.millicpus, p.id.as_deref())
+        .map_err(api)
+        .map(|spec| AssignSpec { reclaim: p.reclaim.unwrap_or(true), ..spec })
 }
 
 /// Decodes the arguments of `CreatePool`, `ResizePool` or `DeletePool`.
-pub fn pool_edit(method: Method, params: &Params) -> Result<PoolEdit, MethodError> {
-    let name = params.string("name")?;
-    let (cpus, smt) = (params.opt_string("cpus")?, params.opt_string("smt")?);
-    let options = PoolOptions {
-        cpus: cpus.as_deref(),
-        count: params.opt_int("count")?,
-        numa: params.opt_int("numa")?,
-        smt: smt.as_deref(),
-        isolate: params.opt_bool("isolate")?,
-        kubelet: params.opt_bool("kubelet")?,
-    };
+pub fn pool_edit(method: Method, params: Option<&Map<String, Value>>) -> Result<PoolEdit, MethodError> {
     match method {
-        Method::CreatePool => ops::create_pool(&name, &params.string("kind")?, &options),
-        Method::ResizePool => ops::resize_pool(&name, &options),
-        Method::DeletePool => ops::delete_pool(&name),
+        Method::CreatePool => {
+            let p: params::CreatePool = decode(params)?;
+            let options = PoolOptions {
+                cpus: p.cpus.as_deref(),
+                count: p.count,
+                numa: p.numa,
+                smt: p.smt.as_deref(),
+                isolate: p.isolate,
+                kubelet: p.kubelet,
+            };
+            ops::create_pool(&p.name, &p.kind, &options)
+        }
+        Method::ResizePool => {
+            let p: params::ResizePool = decode(params)?;
+            let options =
+                PoolOptions { cpus: p.cpus.as_deref(), count: p.count, numa: p.numa, ..Default::default() };
+            ops::resize_pool(&p.name, &options)
+        }
+        Method::DeletePool => ops::delete_pool(&decode::<params::DeletePool>(params)?.name),
         other => return Err(not_implemented(&format!("{INTERFACE}.{other:?}"))),
     }
     .map_err(api)
@@ -404,36 +349,30 @@ pub fn pool_edit(method: Method, params: &Params) -> Result<PoolEdit, MethodErro
 /// `may_hand_over` checks that the caller may hand a process to `Run`.
 pub async fn mutate(
     method: Method,
-    params: &Params,
+    params: Option<&Map<String, Value>>,
     handle: &Handle,
     may_hand_over: &(dyn Fn(u32) -> Result<(), ops::ApiError> + Sync),
 ) -> Result<Value, MethodError> {
     let engine = |e: EngineError| engine_error(&e);
     let a = match method {
         Method::Run => {
-            let id = params.opt_string("id")?;
-            let spec = ops::run_spec(
-                params.string("pool")?,
-                params.int("pid")?,
-                params.opt_int("cpus")?,
-                params.opt_int("millicpus")?,
-                id.as_deref(),
-            )
-            .map_err(api)?;
+            let p: params::Run = decode(params)?;
+            let spec = ops::run_spec(p.pool, p.pid, p.cpus, p.millicpus, p.id.as_deref()).map_err(api)?;
             if let state::Target::Pid(pid) = spec.target {
                 may_hand_over(pid).map_err(api)?;
             }
             handle.run(spec).await.map_err(engine)?.into_inner()
         }
         Method::Assign => {
-            let spec = assign_spec(params)?;
+            let spec = assign_spec(decode(params)?)?;
             handle.assign(spec).await.map_err(engine)?.into_inner()
         }
         Method::Release => {
-            let id = params.string("id")?;
-            handle.release(&id).await.map_err(engine)?
+            let p: params::Release = decode(params)?;
+            handle.release(&p.id).await.map_err(engine)?
         }
         Method::Reload => {
+            decode::<params::NoParameters>(params)?;
             let changed = ops::reload(handle).await.map_err(engine)?;
             return Ok(json!({ "changed": changed }));
         }

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::methods::{self, Method, MethodError, Params, IDL, INTERFACE};
+use cpupool_wire::varlink::params;
+
+use super::methods::{self, Method, MethodError, IDL, INTERFACE};
 use super::wire::{FrameError, FrameReader, MAX_MESSAGE};
 use super::*;
 use crate::core::state;
@@ -119,18 +121,22 @@ fn unknown_methods_and_interfaces() {
     assert!(Method::Assign.mutates() && Method::Release.mutates() && !Method::ListPools.mutates());
 }
 
-fn params(v: Value, m: Method) -> Result<Params, MethodError> {
-    Params::new(v.as_object().cloned(), methods::arguments(m))
-}
-
 #[test]
 fn arguments_are_checked() {
-    let e = params(json!({ "nme": "x" }), Method::GetPool).err().map(|e| e.parameters);
+    let e = methods::decode::<params::GetPool>(json!({ "nme": "x" }).as_object()).err().map(|e| e.parameters);
     assert_eq!(e, Some(json!({ "parameter": "nme" })));
-    let p = params(json!({ "name": 3 }), Method::GetPool).unwrap_or_else(|e| panic!("{e:?}"));
-    assert_eq!(p.string("name").err().map(|e| e.parameters), Some(json!({ "parameter": "name" })));
+    let e = methods::decode::<params::GetPool>(json!({ "name": 3 }).as_object()).err().map(|e| e.parameters);
+    assert_eq!(e, Some(json!({ "parameter": "name" })));
+    // A required parameter missing, and one given to a method that takes none, are named too.
+    let e = methods::decode::<params::GetPool>(json!({}).as_object()).err().map(|e| e.parameters);
+    assert_eq!(e, Some(json!({ "parameter": "name" })));
+    let e =
+        methods::decode::<params::NoParameters>(json!({ "x": 1 }).as_object()).err().map(|e| e.parameters);
+    assert_eq!(e, Some(json!({ "parameter": "x" })));
+    let e = methods::decode::<params::Run>(json!({ "pool": "dp", "pid": "1" }).as_object()).err();
+    assert_eq!(e.map(|e| e.parameters), Some(json!({ "parameter": "pid" })));
 
-    let spec = |v: Value| params(v, Method::Assign).and_then(|p| methods::assign_spec(&p));
+    let spec = |v: Value| methods::decode(v.as_object()).and_then(methods::assign_spec);
     let err = |v: Value| spec(v).err().map(|e| (e.name, e.parameters["argument"].clone()));
     let ok = spec(json!({ "pool": "dp", "target": "cgroup:a/b", "cpus": 2, "id": "x" }))
         .unwrap_or_else(|e| panic!("{e:?}"));
@@ -252,20 +258,6 @@ fn budgets_keep_room_for_privileged_peers_and_are_given_back() {
     let _o2 = b.admit(other).unwrap_or_else(|e| panic!("{e}"));
     let _r3 = b.admit(Class::Privileged).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(b.counts().per_uid.len(), 2);
-}
-
-#[tokio::test]
-async fn bind_replaces_a_stale_socket_and_refuses_a_live_one() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let run = dir.path().join("run");
-    let path = socket_path(&run);
-    std::fs::create_dir_all(&run).unwrap_or_else(|e| panic!("{e}"));
-    drop(std::os::unix::net::UnixListener::bind(&path).unwrap_or_else(|e| panic!("{e}")));
-    let l = bind(&run).unwrap_or_else(|e| panic!("{e}"));
-    let mode = std::fs::metadata(&path).map(|m| m.permissions().mode() & 0o777).unwrap_or_default();
-    assert_eq!(mode, 0o666);
-    assert_eq!(bind(&run).err().map(|e| e.kind()), Some(io::ErrorKind::AddrInUse));
-    drop(l);
 }
 
 const CONFIG: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,4\"\n\n[pools.web]\nkind = \"shared\"\ncpus = \"1-3,5-7\"\n";

@@ -1,0 +1,236 @@
+//! The types replies carry, with the IDL's field names: the daemon builds them, varlink sends
+//! them as JSON and D-Bus as the structures of the introspection XML, and `cpupoolctl` prints
+//! them, so `--json` documents are the same whichever transport answered.
+//!
+//! Fields a newer daemon added have serde defaults, so a client still reads an older one.
+
+use serde::{Deserialize, Serialize};
+
+/// A pool resolved against the host: varlink `Pool`, D-Bus `(ssssttbus)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pool {
+    /// The name.
+    pub name: String,
+    /// `reserved`, `exclusive` or `shared`.
+    pub kind: String,
+    /// All its CPUs, a kernel CPU list.
+    pub cpus: String,
+    /// Exclusive pools: the CPUs no assignment owns; other pools: all of them.
+    pub free_cpus: String,
+    /// Capacity not yet assigned.
+    pub free_millicpus: u64,
+    /// 1000 per CPU.
+    pub capacity_millicpus: u64,
+    /// Whether it runs as an isolated cpuset partition.
+    pub isolated: bool,
+    /// How many assignments it has.
+    pub assignments: u32,
+    /// The kernel's word on its partition (`member`, `isolated`, `isolated invalid (...)`);
+    /// empty for the reserved pool, which has no slice of its own.
+    #[serde(default)]
+    pub partition: String,
+}
+
+/// CPUs given to a target: varlink `Assignment`, D-Bus `(ssstsbsss)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Its id.
+    pub id: String,
+    /// Its pool.
+    pub pool: String,
+    /// The CPUs the target may run on.
+    pub cpus: String,
+    /// Capacity held.
+    pub millicpus: u64,
+    /// `unit:NAME`, `cgroup:PATH` or `pid:N`.
+    pub target: String,
+    /// Released when the target goes away.
+    #[serde(default = "yes")]
+    pub reclaim: bool,
+    /// Kubelet assignments: `NAMESPACE/POD/CONTAINER` of the container holding the devices;
+    /// empty otherwise.
+    #[serde(default)]
+    pub container: String,
+    /// `applied` (the kernel enforces its CPUs on the target, as last read back) or
+    /// `degraded` (it does not, and correcting it failed).
+    #[serde(default = "applied")]
+    pub state: String,
+    /// Why it is degraded; empty when applied.
+    #[serde(default)]
+    pub reason: String,
+}
+
+fn applied() -> String {
+    "applied".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One online CPU: varlink `Cpu`, D-Bus `(uuuuuu)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cpu {
+    /// Logical CPU number.
+    pub cpu: u32,
+    /// Core id.
+    pub core: u32,
+    /// Package (socket).
+    pub package: u32,
+    /// Die.
+    pub die: u32,
+    /// NUMA node.
+    pub node: u32,
+    /// L3 cache group.
+    pub l3: u32,
+}
+
+/// The reply of `GetTopology`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Online CPUs.
+    pub online: String,
+    /// Offline CPUs.
+    pub offline: String,
+    /// Kernel-isolated CPUs (`isolcpus=`).
+    pub isolated: String,
+    /// Every online CPU and where it sits.
+    pub cpus: Vec<Cpu>,
+}
+
+/// The reply of `Status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The daemon's version.
+    pub version: String,
+    /// Seconds since the daemon started.
+    pub uptime_seconds: u64,
+    /// Number of pools.
+    pub pools: u64,
+    /// Number of assignments.
+    pub assignments: u64,
+    /// Where the state is kept.
+    pub state_file: String,
+    /// Why the configuration on disk is not the one running, if it is not: always present in
+    /// the JSON (`null` when the configuration runs).
+    #[serde(default)]
+    pub config_error: Option<String>,
+    /// Assignments the kernel does not enforce as assigned.
+    #[serde(default)]
+    pub degraded_assignments: u64,
+}
+
+/// A committed change, as `Monitor` streams it (varlink `Event`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// `pool` or `assignment`.
+    pub kind: String,
+    /// The pool, for pool events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The assignment id, for assignment events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// pool: `current` (the initial replay) or `changed`; assignment: `added` or `removed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<String>,
+}
+
+impl Event {
+    /// A pool event.
+    pub fn pool(name: &str, change: &str) -> Event {
+        Event { kind: "pool".into(), pool: Some(name.into()), id: None, change: Some(change.into()) }
+    }
+
+    /// An assignment event.
+    pub fn assignment(id: &str, change: &str) -> Event {
+        Event { kind: "assignment".into(), pool: None, id: Some(id.into()), change: Some(change.into()) }
+    }
+}
+
+/// One isolated CPU's health: varlink `CpuHealth`, D-Bus `(uddds)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuHealth {
+    /// The CPU.
+    pub cpu: u32,
+    /// Device interrupts per second.
+    pub device_irqs_per_sec: f64,
+    /// Inter-processor interrupts per second (reported, not fixable).
+    pub ipis_per_sec: f64,
+    /// Local timer interrupts per second.
+    pub timer_per_sec: f64,
+    /// The device IRQs responsible, busiest first: `32 virtio1-requests 71/s, ...`.
+    pub sources: String,
+}
+
+/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds))`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolIsolation {
+    /// The pool.
+    pub pool: String,
+    /// Its CPUs.
+    #[serde(default)]
+    pub cpus: String,
+    /// `holds`, `leaks`, `degraded` (its partition is invalid) or `unmeasured`.
+    pub state: String,
+    /// One line: `holds`, `71 IRQ/s from irq 32 virtio1-requests on CPU 2`, or the kernel's
+    /// reason for an invalid partition.
+    pub summary: String,
+    /// The kernel's reason when the partition is invalid; empty otherwise.
+    #[serde(default)]
+    pub reason: String,
+    /// CPU time used on its CPUs by tasks outside the pool, in percent; -1 when unknown.
+    #[serde(default = "unknown_percent")]
+    pub foreign_percent: f64,
+    /// Each CPU over the last interval (empty until measured).
+    #[serde(default)]
+    pub per_cpu: Vec<CpuHealth>,
+}
+
+fn unknown_percent() -> f64 {
+    -1.0
+}
+
+/// The reply of `GetIsolation`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Isolation {
+    /// `isolcpus=` on the kernel command line.
+    pub isolcpus: String,
+    /// `nohz_full=` on the kernel command line.
+    pub nohz_full: String,
+    /// CPUs left for interrupts, kernel threads and host slices.
+    pub housekeeping: String,
+    /// The unbound workqueue mask as read back, and who keeps isolated CPUs off it
+    /// (`0-1 (cpupoold)`, `0-1 (kernel)`); empty where the kernel has no such file.
+    pub workqueue: String,
+    /// The isolated pools asked for.
+    pub pools: Vec<PoolIsolation>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Replies of a daemon that predates a field still decode.
+    #[test]
+    fn older_replies_decode_with_defaults() {
+        let a: Assignment = serde_json::from_value(
+            json!({"id": "a", "pool": "p", "cpus": "1", "millicpus": 1000, "target": "pid:1"}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(a.reclaim && a.state == "applied" && a.container.is_empty());
+        let i: Isolation =
+            serde_json::from_value(json!({"pools": [{"pool": "p", "state": "holds", "summary": "holds"}]}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(i.pools[0].foreign_percent, -1.0);
+    }
+
+    #[test]
+    fn events_leave_absent_fields_out() {
+        let e = serde_json::to_value(Event::assignment("x", "added")).unwrap_or_default();
+        assert_eq!(e, json!({"kind": "assignment", "id": "x", "change": "added"}));
+    }
+}
