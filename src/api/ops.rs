@@ -416,6 +416,72 @@ pub fn delete_pool(name: &str) -> Result<PoolEdit, ApiError> {
     Ok(PoolEdit::Delete { name: pool_name(name)? })
 }
 
+/// The reply of `GetIsolation`.
+pub struct IsolationReply;
+
+// The views are the wire contract's types; these unit structs only name their builders.
+#[allow(clippy::new_ret_no_self)]
+impl IsolationReply {
+    /// Isolation of the pool `name`, or of every isolated pool when `name` is empty. A pool
+    /// that is not isolated has an empty list.
+    pub fn new(snap: &Snapshot, name: &str) -> Result<views::Isolation, ApiError> {
+        if !name.is_empty() {
+            pool_named(&snap.state, name)?;
+        }
+        let iso = &snap.isolation;
+        let pools = iso
+            .pools
+            .iter()
+            .filter(|(n, _)| name.is_empty() || n.as_str() == name)
+            .map(|(n, p)| PoolIsolation {
+                pool: n.to_string(),
+                cpus: p.cpus.to_string(),
+                state: p.state().to_owned(),
+                summary: p.summary(),
+                reason: p.invalid.clone().unwrap_or_default(),
+                foreign_percent: p.health.as_ref().and_then(|h| h.foreign_percent).unwrap_or(-1.0),
+                per_cpu: p
+                    .health
+                    .iter()
+                    .flat_map(|h| &h.cpus)
+                    .map(|c| CpuHealth {
+                        cpu: c.cpu,
+                        device_irqs_per_sec: c.device_per_sec,
+                        ipis_per_sec: c.ipi_per_sec,
+                        timer_per_sec: c.timer_per_sec,
+                        sources: c
+                            .sources
+                            .iter()
+                            .map(|s| {
+                                format!(
+                                    "{} {} {}/s",
+                                    s.irq,
+                                    s.name,
+                                    crate::core::housekeeping::rate(s.per_sec)
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let workqueue = iso
+            .masks
+            .iter()
+            .find(|m| m.file == crate::host::housekeeping::WORKQUEUE_MASK)
+            .map(|m| format!("{} ({})", m.mask, m.by))
+            .unwrap_or_default();
+        Ok(views::Isolation {
+            isolcpus: iso.kernel.boot.isolcpus.to_string(),
+            nohz_full: iso.kernel.boot.nohz_full.union(&iso.kernel.nohz_full).to_string(),
+            housekeeping: iso.housekeeping.to_string(),
+            workqueue,
+            pools,
+        })
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -504,71 +570,5 @@ mod tests {
             assign_spec("p".into(), "cgroup:../../etc", Some(1), None, None).unwrap_err().kind,
             "InvalidArgument"
         );
-    }
-}
-
-/// The reply of `GetIsolation`.
-pub struct IsolationReply;
-
-// The views are the wire contract's types; these unit structs only name their builders.
-#[allow(clippy::new_ret_no_self)]
-impl IsolationReply {
-    /// Isolation of the pool `name`, or of every isolated pool when `name` is empty. A pool
-    /// that is not isolated has an empty list.
-    pub fn new(snap: &Snapshot, name: &str) -> Result<views::Isolation, ApiError> {
-        if !name.is_empty() {
-            pool_named(&snap.state, name)?;
-        }
-        let iso = &snap.isolation;
-        let pools = iso
-            .pools
-            .iter()
-            .filter(|(n, _)| name.is_empty() || n.as_str() == name)
-            .map(|(n, p)| PoolIsolation {
-                pool: n.to_string(),
-                cpus: p.cpus.to_string(),
-                state: p.state().to_owned(),
-                summary: p.summary(),
-                reason: p.invalid.clone().unwrap_or_default(),
-                foreign_percent: p.health.as_ref().and_then(|h| h.foreign_percent).unwrap_or(-1.0),
-                per_cpu: p
-                    .health
-                    .iter()
-                    .flat_map(|h| &h.cpus)
-                    .map(|c| CpuHealth {
-                        cpu: c.cpu,
-                        device_irqs_per_sec: c.device_per_sec,
-                        ipis_per_sec: c.ipi_per_sec,
-                        timer_per_sec: c.timer_per_sec,
-                        sources: c
-                            .sources
-                            .iter()
-                            .map(|s| {
-                                format!(
-                                    "{} {} {}/s",
-                                    s.irq,
-                                    s.name,
-                                    crate::core::housekeeping::rate(s.per_sec)
-                                )
-                            })
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    })
-                    .collect(),
-            })
-            .collect();
-        let workqueue = iso
-            .masks
-            .iter()
-            .find(|m| m.file == crate::host::housekeeping::WORKQUEUE_MASK)
-            .map(|m| format!("{} ({})", m.mask, m.by))
-            .unwrap_or_default();
-        Ok(views::Isolation {
-            isolcpus: iso.kernel.boot.isolcpus.to_string(),
-            nohz_full: iso.kernel.boot.nohz_full.union(&iso.kernel.nohz_full).to_string(),
-            housekeeping: iso.housekeeping.to_string(),
-            workqueue,
-            pools,
-        })
     }
 }
