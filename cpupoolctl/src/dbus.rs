@@ -356,13 +356,19 @@ impl crate::client::Manager for Client {
 
     fn isolation(&mut self, pool: &str) -> Result<crate::wire::Isolation, Error> {
         type PerCpu = (u32, f64, f64, f64, String);
-        type PoolTuple = (String, String, String, String, String, f64, Vec<PerCpu>);
+        type PoolTuple = (String, String, String, String, String, f64, Vec<PerCpu>, String, String);
         let (_, _, _, _, pools): (String, String, String, String, Vec<PoolTuple>) =
             self.call("GetIsolation", &(pool,))?;
         Ok(crate::wire::Isolation {
             pools: pools
                 .into_iter()
-                .map(|(pool, _, state, summary, ..)| crate::wire::PoolIsolation { pool, state, summary })
+                .map(|(pool, _, state, summary, _, _, _, irqs, kthreads)| crate::wire::PoolIsolation {
+                    pool,
+                    state,
+                    summary,
+                    irqs,
+                    kthreads,
+                })
                 .collect(),
         })
     }

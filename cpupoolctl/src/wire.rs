@@ -225,6 +225,12 @@ pub struct PoolIsolation {
     pub state: String,
     /// One line: `holds`, or what breaks isolation.
     pub summary: String,
+    /// Device IRQs moved off the isolated CPUs (empty from a daemon that does not say).
+    #[serde(default)]
+    pub irqs: String,
+    /// Kernel threads moved off them.
+    #[serde(default)]
+    pub kthreads: String,
 }
 
 /// The reply of `GetIsolation` (the fields `cpupoolctl` shows).

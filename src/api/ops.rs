@@ -603,7 +603,7 @@ pub struct CpuHealthView {
     pub sources: String,
 }
 
-/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds))`.
+/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds)ss)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Type)]
 pub struct IsolationView {
     /// The pool.
@@ -621,6 +621,11 @@ pub struct IsolationView {
     pub foreign_percent: f64,
     /// Each CPU over the last interval (empty until measured).
     pub per_cpu: Vec<CpuHealthView>,
+    /// Device IRQs kept off the isolated CPUs: `8 moved off 2-3 (1, 8, 9, 24, 25, ...); 3 placed
+    /// by the kernel (0, 41, 42)`.
+    pub irqs: String,
+    /// Kernel threads kept off them: `6 moved off 2-3`.
+    pub kthreads: String,
 }
 
 /// The reply of `GetIsolation`.
@@ -682,6 +687,8 @@ impl IsolationReply {
                             .join(", "),
                     })
                     .collect(),
+                irqs: snap.irq.summary(),
+                kthreads: iso.kthreads.summary(),
             })
             .collect();
         let workqueue = iso

@@ -7,7 +7,10 @@
 //! so a kernel that already keeps them off (Linux 6.12 does for isolated partitions) is seen to
 //! and left alone. Every write is read back; a difference is reported, never taken as done.
 //! The masks found before the first write are recorded durably and written back when isolation
-//! ends, also when it ended while the daemon was down.
+//! ends, also when it ended while the daemon was down. Kernel threads that may run on isolated
+//! CPUs and that the kernel lets userspace move (not per-CPU) are narrowed to the housekeeping
+//! CPUs the same way, on every kernel that leaves them there (none are found on one that moves
+//! them itself), remembered with their start time and given back when isolation ends.
 //!
 //! [`Engine::sample_isolation`] runs on the daemon's health tick: it reads the counters
 //! ([`crate::host::health`]) and turns the last two samples into rates per isolated CPU.
@@ -22,7 +25,7 @@ use crate::core::housekeeping::{self, PoolHealth, Sample};
 use crate::core::plan;
 use crate::core::pool::PoolName;
 use crate::host::health;
-use crate::host::housekeeping::{self as hk, KernelIsolation, Saved};
+use crate::host::housekeeping::{self as hk, KernelIsolation, Kthreads, Saved, SavedThread};
 
 /// Where housekeeping reads and writes.
 #[derive(Debug, Clone)]
@@ -81,6 +84,39 @@ impl PoolIsolation {
     }
 }
 
+/// Kernel threads as last fitted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KthreadReport {
+    /// The isolated CPUs they are kept off.
+    pub isolated: CpuSet,
+    /// Threads cpupoold narrowed that stay off the isolated CPUs (read back).
+    pub moved: usize,
+    /// Threads the kernel kept on isolated CPUs after the write (`name (pid)`).
+    pub kept: Vec<String>,
+    /// Why the threads could not be looked at or recorded; empty when all went well.
+    pub problem: Option<String>,
+}
+
+impl KthreadReport {
+    /// `5 moved off 2-3`, with the threads the kernel kept there; empty without isolation.
+    pub fn summary(&self) -> String {
+        if self.isolated.is_empty() {
+            return String::new();
+        }
+        let mut s = match self.moved {
+            0 => format!("none to move off {}", self.isolated),
+            n => format!("{n} moved off {}", self.isolated),
+        };
+        if !self.kept.is_empty() {
+            s.push_str(&format!("; kept there by the kernel: {}", self.kept.join(", ")));
+        }
+        if let Some(p) = &self.problem {
+            s.push_str(&format!("; {p}"));
+        }
+        s
+    }
+}
+
 /// What the APIs show of isolation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IsolationReport {
@@ -90,6 +126,8 @@ pub struct IsolationReport {
     pub housekeeping: CpuSet,
     /// The workqueue masks.
     pub masks: Vec<MaskReport>,
+    /// Kernel threads moved off the isolated CPUs.
+    pub kthreads: KthreadReport,
     /// Each isolated pool.
     pub pools: BTreeMap<PoolName, PoolIsolation>,
 }
@@ -165,6 +203,87 @@ impl Housekeeping {
         report(back, "cpupoold".into())
     }
 
+    /// Narrows the movable kernel threads that may run on `isolated` CPUs to `housekeeping`
+    /// ones, or gives narrowed threads back what they had (core::housekeeping::
+    /// kthread_affinity). What is about to change is recorded durably before the first write;
+    /// every write is read back.
+    fn fit_kthreads(&mut self, isolated: &CpuSet, housekeeping: &CpuSet) -> KthreadReport {
+        let mut report = KthreadReport { isolated: isolated.clone(), ..Default::default() };
+        let fs = Kthreads::new(&self.roots.procfs);
+        let threads = match fs.movable() {
+            Ok(t) => t,
+            Err(e) => {
+                report.problem = Some(format!("kernel threads not read: {}", error_chain(&e)));
+                return report;
+            }
+        };
+        // A remembered thread that is gone (or whose pid now names another) needs nothing back.
+        let live: BTreeMap<u32, u64> = threads.iter().map(|t| (t.pid, t.stat.start)).collect();
+        let before = self.saved.kthreads.len();
+        self.saved.kthreads.retain(|pid, s| live.get(pid) == Some(&s.start));
+        let mut dirty = self.saved.kthreads.len() != before;
+        let mut wants = Vec::new();
+        for t in threads {
+            let remembered = self.saved.kthreads.get(&t.pid).and_then(|s| CpuSet::parse(&s.cpus).ok());
+            if let Some(want) =
+                housekeeping::kthread_affinity(&t.allowed, remembered.as_ref(), isolated, housekeeping)
+            {
+                if remembered.is_none() {
+                    let saved = SavedThread {
+                        comm: t.stat.comm.clone(),
+                        start: t.stat.start,
+                        cpus: t.allowed.to_string(),
+                    };
+                    self.saved.kthreads.insert(t.pid, saved);
+                    dirty = true;
+                }
+                wants.push((t, want));
+            } else if remembered.is_some() && isolated.is_empty() {
+                // Already holds what it had.
+                self.saved.kthreads.remove(&t.pid);
+                dirty = true;
+            }
+        }
+        if dirty && !self.store() {
+            report.problem = Some("not moved: their affinities could not be recorded".into());
+            return report;
+        }
+        let mut restored = 0;
+        for (t, want) in wants {
+            if let Err(e) = fs.set_affinity(&t, &want) {
+                self.saved.kthreads.remove(&t.pid);
+                if hk::refused_or_gone(&e) {
+                    log::debug!("{}", error_chain(&e));
+                } else {
+                    log::warn!("{}", error_chain(&e));
+                    report.problem = Some(error_chain(&e));
+                }
+                continue;
+            }
+            let back = fs.read(t.pid).map(|b| b.allowed).unwrap_or_default();
+            if isolated.is_empty() {
+                self.saved.kthreads.remove(&t.pid);
+                restored += 1;
+            } else if !back.is_disjoint(isolated) {
+                log::warn!(
+                    "kernel thread {} ({}) was given CPUs {want} but the kernel keeps it on {back}",
+                    t.stat.comm,
+                    t.pid
+                );
+                report.kept.push(format!("{} ({})", t.stat.comm, t.pid));
+            }
+        }
+        if restored > 0 {
+            log::info!("isolation ended: {restored} kernel thread(s) have their CPUs back");
+        }
+        self.store();
+        if !isolated.is_empty() {
+            let kept = report.kept.len();
+            report.moved = self.saved.kthreads.len().saturating_sub(kept);
+        }
+        report
+    }
+
     fn store(&self) -> bool {
         match self.saved.store(&self.roots.state_dir) {
             Ok(()) => true,
@@ -218,9 +337,13 @@ impl Engine {
             .values()
             .filter(|p| p.kind == crate::core::pool::PoolKind::Reserved)
             .fold(CpuSet::new(), |a, p| a.union(&p.cpus));
-        let off = kernel.isolated.union(&kernel.nohz_full).union(&kernel.boot.nohz_full);
-        let housekeeping = reserved.difference(&off);
-        hk.report = IsolationReport { kernel, housekeeping, masks, pools };
+        let housekeeping = reserved.difference(&kernel.not_housekeeping());
+        let kthreads = hk.fit_kthreads(&isolated, &housekeeping);
+        let news = kthreads.moved != hk.report.kthreads.moved || kthreads.kept != hk.report.kthreads.kept;
+        if news && kthreads.moved > 0 {
+            log::info!("kernel threads: {}", kthreads.summary());
+        }
+        hk.report = IsolationReport { kernel, housekeeping, masks, kthreads, pools };
         self.hk = Some(hk);
         events
     }
