@@ -377,4 +377,69 @@ mod tests {
         std::fs::write(c.join("cpuset.cpus.isolated"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(read_kernel(&p, &s, &c).partitions, Some(set("2-3")));
     }
+
+    #[test]
+    fn fake_procfs_kthreads_move_refuse_and_keep_as_the_kernel_would() {
+        use crate::core::housekeeping::{PF_KTHREAD, PF_NO_SETAFFINITY};
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let p = dir.path();
+        let all = set("0-3");
+        write_sim_kthread(p, 2, "kthreadd", PF_KTHREAD, &all).unwrap_or_else(|e| panic!("{e}"));
+        write_sim_kthread(p, 20, "migration/2", PF_KTHREAD | PF_NO_SETAFFINITY, &set("2"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        write_sim_kthread(p, 31, "khugepaged", PF_KTHREAD, &all).unwrap_or_else(|e| panic!("{e}"));
+        // A user process and a pid recorded by the sandbox's process affinities (no stat).
+        write_sim_kthread(p, 500, "sleep", 0x0040_0000, &all).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(p.join("600")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(p.join("600/status"), "Cpus_allowed_list:\t1\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(p.join("irq")).unwrap_or_else(|e| panic!("{e}"));
+
+        let k = Kthreads::new(p);
+        assert!(!k.kernel, "a temp dir is not procfs");
+        let list = k.movable().unwrap_or_else(|e| panic!("{e}"));
+        let pids: Vec<u32> = list.iter().map(|t| t.pid).collect();
+        assert_eq!(pids, [2, 31]);
+        assert_eq!(list[0].allowed, all);
+        assert_eq!(list[0].stat.comm, "kthreadd");
+
+        // Written to status, the other lines kept.
+        k.set_affinity(&list[0], &set("0-1")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(k.read(2).map(|t| t.allowed), Some(set("0-1")));
+        let status = std::fs::read_to_string(p.join("2/status")).unwrap_or_default();
+        assert!(status.starts_with("Name:\tkthreadd\n"), "{status}");
+
+        // The kernel binds it: EINVAL, nothing written.
+        let bound = k.read(20).unwrap_or_else(|| panic!("migration/2"));
+        let e = k.set_affinity(&bound, &set("0")).err().unwrap_or_else(|| panic!("accepted"));
+        assert!(refused_or_gone(&e), "{e}");
+        assert!(e.to_string().contains("migration/2 (20)"), "{e}");
+        assert_eq!(k.read(20).map(|t| t.allowed), Some(set("2")));
+
+        // A kernel that puts it back: the write succeeds, the read-back tells.
+        std::fs::write(p.join("31/sim_kernel_keeps"), "").unwrap_or_else(|e| panic!("{e}"));
+        k.set_affinity(&list[1], &set("0-1")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(k.read(31).map(|t| t.allowed), Some(all.clone()));
+
+        // Gone, or the pid now another thread's: ESRCH, not ours to fix.
+        let mut old = list[0].clone();
+        old.stat.start += 1;
+        assert!(k.set_affinity(&old, &set("0")).err().is_some_and(|e| refused_or_gone(&e)));
+        std::fs::remove_dir_all(p.join("2")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(k.set_affinity(&list[0], &set("0")).err().is_some_and(|e| refused_or_gone(&e)));
+    }
+
+    #[test]
+    fn saved_kthreads_survive_and_go() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut s = Saved::default();
+        s.kthreads.insert(2, SavedThread { comm: "kthreadd".into(), start: 12, cpus: "0-3".into() });
+        assert!(!s.is_empty());
+        s.store(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}")), s);
+        // A record from before kernel threads were remembered still loads.
+        std::fs::write(dir.path().join(SAVED_FILE), r#"{"workqueue":"f"}"#).unwrap_or_else(|e| panic!("{e}"));
+        let old = Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(old.kthreads.is_empty());
+        assert_eq!(old.workqueue.as_deref(), Some("f"));
+    }
 }
