@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{error_chain, Engine, Event};
+use crate::config::{ConfigError, Settings};
 use crate::core::cpuset::CpuSet;
 use crate::core::housekeeping::{self, PoolHealth, Sample};
 use crate::core::plan;
-use crate::core::pool::PoolName;
+use crate::core::pool::{Pool, PoolError, PoolKind, PoolName};
 use crate::host::health;
 use crate::host::housekeeping::{self as hk, KernelIsolation, Kthreads, Saved, SavedThread};
 
@@ -130,6 +131,25 @@ pub struct IsolationReport {
     pub kthreads: KthreadReport,
     /// Each isolated pool.
     pub pools: BTreeMap<PoolName, PoolIsolation>,
+}
+
+/// Refuses `pools` when the reserved pool, which takes interrupts, kernel threads and host
+/// slices, holds only CPUs the kernel keeps from housekeeping: `isolcpus=`/`nohz_full=` on
+/// `/proc/cmdline` or as sysfs reports them. (Resolving the pools already refuses a reserved
+/// pool of `isolcpus=` domain CPUs; `nohz_full=` alone does not show in the topology.)
+pub fn check_housekeeping(settings: &Settings, pools: &[Pool]) -> Result<(), ConfigError> {
+    let p = &settings.paths;
+    let off = hk::read_kernel(&p.procfs_root, &p.sysfs_root, &p.cgroup_root).not_housekeeping();
+    check_housekeeping_against(settings, pools, &off)
+}
+
+fn check_housekeeping_against(settings: &Settings, pools: &[Pool], off: &CpuSet) -> Result<(), ConfigError> {
+    for pool in pools.iter().filter(|p| p.kind == PoolKind::Reserved) {
+        housekeeping::housekeeping_cpus(&pool.cpus, off).map_err(|e| {
+            settings.pool_error(PoolError::NoHousekeeping { pool: pool.name.clone(), source: Box::new(e) })
+        })?;
+    }
+    Ok(())
 }
 
 /// The engine's housekeeping part.
@@ -335,7 +355,7 @@ impl Engine {
             .state
             .pools()
             .values()
-            .filter(|p| p.kind == crate::core::pool::PoolKind::Reserved)
+            .filter(|p| p.kind == PoolKind::Reserved)
             .fold(CpuSet::new(), |a, p| a.union(&p.cpus));
         let housekeeping = reserved.difference(&kernel.not_housekeeping());
         let kthreads = hk.fit_kthreads(&isolated, &housekeeping);
@@ -372,5 +392,70 @@ impl Engine {
             }
         }
         hk.last = Some((now, sample));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(&format!(": {c}"));
+            cur = c.source();
+        }
+        s
+    }
+
+    const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0-1\"\n\
+        [pools.dp]\nkind = \"exclusive\"\ncpus = \"2-3\"\nisolate = true\n";
+
+    fn resolved() -> (Settings, Vec<Pool>) {
+        let settings = crate::config::load_str(POOLS, "t.toml").unwrap_or_else(|e| panic!("{}", chain(&e)));
+        let topo = crate::core::topology::Topology::synthetic(1, 4, 1, 1);
+        let pools = settings.resolve_pools(&topo).unwrap_or_else(|e| panic!("{}", chain(&e)));
+        (settings, pools)
+    }
+
+    #[test]
+    fn nohz_full_reserved_cpus_are_not_housekeeping() {
+        let (settings, pools) = resolved();
+        // nohz_full=0-1 (and isolcpus=) on the command line: the reserved pool has nothing left.
+        let e = check_housekeeping_against(&settings, &pools, &set("0-3"))
+            .err()
+            .unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(e.key(), Some("pools.sys.cpus"), "{}", chain(&e));
+        let text = chain(&e);
+        assert!(text.contains("pool `sys` (reserved)"), "{text}");
+        assert!(text.contains("no housekeeping CPU: the reserved pool's CPUs 0-1"), "{text}");
+        assert!(text.contains("isolcpus=/nohz_full= 0-3"), "{text}");
+        // One reserved CPU the kernel left alone is enough.
+        assert!(check_housekeeping_against(&settings, &pools, &set("1-3")).is_ok());
+        assert!(check_housekeeping_against(&settings, &pools, &CpuSet::new()).is_ok());
+    }
+
+    #[test]
+    fn the_guard_reads_the_kernel_command_line_under_the_procfs_root() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (mut settings, pools) = resolved();
+        settings.paths.procfs_root = dir.path().join("proc");
+        settings.paths.sysfs_root = dir.path().join("sys");
+        settings.paths.cgroup_root = dir.path().join("cg");
+        std::fs::create_dir_all(&settings.paths.procfs_root).unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_housekeeping(&settings, &pools).is_ok(), "no /proc/cmdline: nothing isolated");
+        let cmdline = settings.paths.procfs_root.join("cmdline");
+        std::fs::write(&cmdline, "ro quiet nohz_full=0-1\n").unwrap_or_else(|e| panic!("{e}"));
+        let e = check_housekeeping(&settings, &pools).err().unwrap_or_else(|| panic!("accepted"));
+        assert!(chain(&e).contains("CPUs 0-1 are all isolated by the kernel"), "{}", chain(&e));
+        std::fs::write(&cmdline, "ro isolcpus=domain,0 nohz_full=1\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_housekeeping(&settings, &pools).is_err(), "isolcpus= and nohz_full= together");
+        std::fs::write(&cmdline, "ro nohz_full=1-3\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_housekeeping(&settings, &pools).is_ok());
     }
 }
