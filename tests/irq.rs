@@ -372,3 +372,40 @@ fn fake_procfs_kernel_threads_leave_isolated_cpus_and_come_back() {
     assert!(d.logs().contains("kernel thread(s) have their CPUs back"), "{}", d.logs());
     d.stop();
 }
+
+#[test]
+fn fake_procfs_the_sandbox_banner_shows_what_left_the_isolated_pool() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // A newcomer's first run: the sample configuration, whose dp (1,5 here) is isolated.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(dir.path().join("sb"))
+        .args(["--topology", "1x4x2:1", "--bus", "none"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let mut banner = String::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line.unwrap_or_else(|e| panic!("{e}"));
+        banner.push_str(&line);
+        banner.push('\n');
+        if line == "READY" {
+            break;
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(banner.contains("\n  pool dp           exclusive CPUs 1,5\n"), "{banner}");
+    assert!(
+        banner
+            .contains("\n  irqs      8 moved off 1,5 (1, 8, 9, 24, 25, ...); 1 placed by the kernel (41)\n"),
+        "{banner}"
+    );
+    assert!(banner.contains("\n  kthreads  7 moved off 1,5\n"), "{banner}");
+    assert!(banner.ends_with("READY\n"), "{banner}");
+    assert!(status.success(), "{status}");
+}
