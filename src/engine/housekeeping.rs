@@ -268,10 +268,11 @@ impl Housekeeping {
             report.problem = Some("not moved: their affinities could not be recorded".into());
             return report;
         }
-        let mut restored = 0;
+        let (mut restored, mut forgotten) = (0, false);
         for (t, want) in wants {
             if let Err(e) = fs.set_affinity(&t, &want) {
                 self.saved.kthreads.remove(&t.pid);
+                forgotten = true;
                 if hk::refused_or_gone(&e) {
                     log::debug!("{}", error_chain(&e));
                 } else {
@@ -285,18 +286,22 @@ impl Housekeeping {
                 self.saved.kthreads.remove(&t.pid);
                 restored += 1;
             } else if !back.is_disjoint(isolated) {
-                log::warn!(
-                    "kernel thread {} ({}) was given CPUs {want} but the kernel keeps it on {back}",
-                    t.stat.comm,
-                    t.pid
-                );
-                report.kept.push(format!("{} ({})", t.stat.comm, t.pid));
+                let name = format!("{} ({})", t.stat.comm, t.pid);
+                // Said once: the kernel does the same at every check.
+                if !self.report.kthreads.kept.contains(&name) {
+                    log::warn!(
+                        "kernel thread {name} was given CPUs {want} but the kernel keeps it on {back}"
+                    );
+                }
+                report.kept.push(name);
             }
         }
         if restored > 0 {
             log::info!("isolation ended: {restored} kernel thread(s) have their CPUs back");
         }
-        self.store();
+        if restored > 0 || forgotten {
+            self.store();
+        }
         if !isolated.is_empty() {
             let kept = report.kept.len();
             report.moved = self.saved.kthreads.len().saturating_sub(kept);
