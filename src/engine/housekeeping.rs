@@ -271,8 +271,11 @@ impl Housekeeping {
         let (mut restored, mut forgotten) = (0, false);
         for (t, want) in wants {
             if let Err(e) = fs.set_affinity(&t, &want) {
-                self.saved.kthreads.remove(&t.pid);
-                forgotten = true;
+                // Unchanged, or not ours to give back any more; a failed restore is tried again.
+                if hk::refused_or_gone(&e) || !isolated.is_empty() {
+                    self.saved.kthreads.remove(&t.pid);
+                    forgotten = true;
+                }
                 if hk::refused_or_gone(&e) {
                     log::debug!("{}", error_chain(&e));
                 } else {
