@@ -105,7 +105,9 @@ impl KthreadReport {
             return String::new();
         }
         let mut s = match self.moved {
-            0 => format!("none to move off {}", self.isolated),
+            // None found there: the kernel keeps them off itself (6.12 for isolated partitions).
+            0 if self.kept.is_empty() => format!("none on {} (the kernel keeps them off)", self.isolated),
+            0 => format!("none moved off {}", self.isolated),
             n => format!("{n} moved off {}", self.isolated),
         };
         if !self.kept.is_empty() {
@@ -465,5 +467,18 @@ mod tests {
         assert!(check_housekeeping(&settings, &pools).is_err(), "isolcpus= and nohz_full= together");
         std::fs::write(&cmdline, "ro nohz_full=1-3\n").unwrap_or_else(|e| panic!("{e}"));
         assert!(check_housekeeping(&settings, &pools).is_ok());
+    }
+
+    #[test]
+    fn kthread_summary_says_who_keeps_them_off() {
+        let mut r = KthreadReport::default();
+        assert_eq!(r.summary(), "", "no isolation, nothing to say");
+        r.isolated = set("2-3");
+        assert_eq!(r.summary(), "none on 2-3 (the kernel keeps them off)");
+        r.moved = 5;
+        assert_eq!(r.summary(), "5 moved off 2-3");
+        r.moved = 0;
+        r.kept.push("rcu_preempt (14)".into());
+        assert_eq!(r.summary(), "none moved off 2-3; kept there by the kernel: rcu_preempt (14)");
     }
 }
