@@ -57,6 +57,21 @@ check_output "pool show dp counts the kernel threads moved" '^kernel threads: +(
   cpupoolctl pool show dp
 check_output "pool show dp counts the IRQs moved" '^irqs: +[0-9]+ moved off 2-3' cpupoolctl pool show dp
 cpupoolctl pool show dp >"$RESULTS/pool-show-isolated.txt" 2>&1
+# The daemon's own re-pinning on a real kernel: put kthreadd back on every CPU by hand. A
+# kernel that confines the root cgroup's tasks keeps it off 2-3 itself; otherwise the daemon's
+# next check (10 s) must narrow it to the housekeeping CPU and say so.
+taskset -pc 0-3 2 >/dev/null 2>&1
+kthreadd_now=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/2/status)
+echo "kthreadd after taskset -pc 0-3: $kthreadd_now" >>"$RESULTS/kthreads-isolated.txt"
+kthreadd_off() { [ "$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/2/status)" = 0 ]; }
+case $kthreadd_now in
+  0 | 0-1 | 1) pass "kthreadd rewritten to 0-3: the kernel keeps it off 2-3 itself ($kthreadd_now)" ;;
+  *)
+    check "kthreadd rewritten to 0-3 is narrowed to CPU 0 by the daemon" wait_for 25 kthreadd_off
+    check_output "the journal says the daemon moved kernel threads" 'kernel threads: [0-9]+ moved off 2-3' \
+      journalctl -u cpupoold.service -o cat --since "-60s"
+    ;;
+esac
 # Two health samples (5 s apart) before the line is a measurement.
 wait_for 15 sh -c 'cpupoolctl pool show dp | grep -Eq "^isolation: +(holds|[0-9.]+ IRQ/s)"'
 check_output "pool show dp shows isolation health" '^isolation: +(holds|[0-9.]+ IRQ/s|.*tasks outside)' \
