@@ -139,16 +139,23 @@ pub struct IsolationReport {
 /// slices, holds only CPUs the kernel keeps from housekeeping: `isolcpus=`/`nohz_full=` on
 /// `/proc/cmdline` or as sysfs reports them. (Resolving the pools already refuses a reserved
 /// pool of `isolcpus=` domain CPUs; `nohz_full=` alone does not show in the topology.)
-pub fn check_housekeeping(settings: &Settings, pools: &[Pool]) -> Result<(), ConfigError> {
+pub fn check_housekeeping(settings: &Settings, pools: &[Pool]) -> Result<(), Box<ConfigError>> {
     let p = &settings.paths;
     let off = hk::read_kernel(&p.procfs_root, &p.sysfs_root, &p.cgroup_root).not_housekeeping();
     check_housekeeping_against(settings, pools, &off)
 }
 
-fn check_housekeeping_against(settings: &Settings, pools: &[Pool], off: &CpuSet) -> Result<(), ConfigError> {
+fn check_housekeeping_against(
+    settings: &Settings,
+    pools: &[Pool],
+    off: &CpuSet,
+) -> Result<(), Box<ConfigError>> {
     for pool in pools.iter().filter(|p| p.kind == PoolKind::Reserved) {
         housekeeping::housekeeping_cpus(&pool.cpus, off).map_err(|e| {
-            settings.pool_error(PoolError::NoHousekeeping { pool: pool.name.clone(), source: Box::new(e) })
+            Box::new(
+                settings
+                    .pool_error(PoolError::NoHousekeeping { pool: pool.name.clone(), source: Box::new(e) }),
+            )
         })?;
     }
     Ok(())
@@ -440,8 +447,8 @@ mod tests {
         let e = check_housekeeping_against(&settings, &pools, &set("0-3"))
             .err()
             .unwrap_or_else(|| panic!("accepted"));
-        assert_eq!(e.key(), Some("pools.sys.cpus"), "{}", chain(&e));
-        let text = chain(&e);
+        assert_eq!(e.key(), Some("pools.sys.cpus"), "{}", chain(&*e));
+        let text = chain(&*e);
         assert!(text.contains("pool `sys` (reserved)"), "{text}");
         assert!(text.contains("no housekeeping CPU: the reserved pool's CPUs 0-1"), "{text}");
         assert!(text.contains("isolcpus=/nohz_full= 0-3"), "{text}");
@@ -462,7 +469,7 @@ mod tests {
         let cmdline = settings.paths.procfs_root.join("cmdline");
         std::fs::write(&cmdline, "ro quiet nohz_full=0-1\n").unwrap_or_else(|e| panic!("{e}"));
         let e = check_housekeeping(&settings, &pools).err().unwrap_or_else(|| panic!("accepted"));
-        assert!(chain(&e).contains("CPUs 0-1 are all isolated by the kernel"), "{}", chain(&e));
+        assert!(chain(&*e).contains("CPUs 0-1 are all isolated by the kernel"), "{}", chain(&*e));
         std::fs::write(&cmdline, "ro isolcpus=domain,0 nohz_full=1\n").unwrap_or_else(|e| panic!("{e}"));
         assert!(check_housekeeping(&settings, &pools).is_err(), "isolcpus= and nohz_full= together");
         std::fs::write(&cmdline, "ro nohz_full=1-3\n").unwrap_or_else(|e| panic!("{e}"));

@@ -456,7 +456,7 @@ impl Engine {
     ) -> Result<(Engine, StartReport), StartError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
-        housekeeping::check_housekeeping(settings, &pools).map_err(|e| StartError::Config(Box::new(e)))?;
+        housekeeping::check_housekeeping(settings, &pools).map_err(StartError::Config)?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         let mut report = StartReport::default();
         let mut config_error = None;
@@ -1070,7 +1070,7 @@ impl Engine {
         let pools = settings
             .resolve_pools_keeping(&topo, &current_cpus(&self.state))
             .map_err(|e| EngineError::Config(Box::new(e)))?;
-        housekeeping::check_housekeeping(settings, &pools).map_err(|e| EngineError::Config(Box::new(e)))?;
+        housekeeping::check_housekeeping(settings, &pools).map_err(EngineError::Config)?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
