@@ -556,6 +556,12 @@ fn print_banner(sb: &Sandbox, handle: &Handle, varlink_path: &std::path::Path, b
     for p in snap.state.pools().values() {
         out.push_str(&format!("  pool {:<12} {:<9} CPUs {}\n", p.name, p.kind.to_string(), p.cpus));
     }
+    // What isolation moved off the isolated pools' CPUs, so a newcomer sees it happen.
+    for (what, line) in [("irqs", snap.irq.summary()), ("kthreads", snap.isolation.kthreads.summary())] {
+        if !line.is_empty() {
+            out.push_str(&format!("  {what:<9} {line}\n"));
+        }
+    }
     let dbus = match bus {
         Some(Bus::Address(a)) => a.clone(),
         Some(Bus::System) => "system bus".into(),

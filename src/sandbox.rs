@@ -15,6 +15,9 @@
 //!                            themselves are only read, never changed
 //! DIR/proc/irq/, interrupts  simulated interrupts (paths.procfs_root points here; see
 //!                            host::simirq for the model, managed IRQs included)
+//! DIR/proc/2/ ... 100+N/    simulated kernel threads (stat, status), as a 6.1 kernel leaves
+//!                            them: kthreadd, kswapd, khugepaged, jbd2 ... may be moved; per-CPU
+//!                            ksoftirqd/N and the unbound kworker are bound (PF_NO_SETAFFINITY)
 //! DIR/run/irqbalance/        where an irqbalance socket would be (paths.irqbalance_dir)
 //! DIR/kubelet/               kubelet dir: device-plugins/ holds the plugin's sockets; a
 //!                            kubelet-shaped peer puts kubelet.sock there and
@@ -30,6 +33,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::config::{ConfigDirs, Settings};
+use crate::core::cpuset::CpuSet;
 use crate::host::simhost::{self, ShapeError, TopologyShape};
 
 /// The shape used when none is given: 2 sockets × 8 cores × 2 threads, 2 NUMA nodes.
@@ -134,6 +138,10 @@ impl Sandbox {
                 &crate::host::simirq::default_irqs(&online),
             )
             .map_err(io_err(&sb.procfs()))?;
+        }
+        // The simulated kernel threads (older sandboxes lack them).
+        if !sb.procfs().join("2/stat").exists() {
+            write_kthreads(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))?;
         }
         simhost::write_procfs(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))?;
         Ok(sb)
@@ -258,6 +266,39 @@ impl Sandbox {
         settings.paths.irqbalance_dir = self.run().join("irqbalance");
         settings.kubelet.runtime_endpoint = self.run().join("containerd.sock");
     }
+}
+
+/// The kernel threads of the sandbox's simulated host (see host::housekeeping::Kthreads for
+/// how the simulated kernel answers): those a 6.1 kernel leaves on every CPU (kthreadd, RCU,
+/// kswapd and kcompactd per node, khugepaged, jbd2, oom_reaper), and threads it binds itself:
+/// an unbound kworker (its CPUs follow the workqueue mask) and ksoftirqd/N per CPU.
+fn write_kthreads(procfs: &Path, topo: &crate::core::topology::Topology) -> io::Result<()> {
+    use crate::core::housekeeping::{PF_KTHREAD, PF_NO_SETAFFINITY};
+    use crate::host::housekeeping::write_sim_kthread;
+    // PF_NOFREEZE | PF_FORKNOEXEC, as most kernel threads show.
+    let movable = PF_KTHREAD | 0x8040;
+    let bound = movable | PF_NO_SETAFFINITY;
+    let all = topo.online();
+    for (pid, comm) in [(2, "kthreadd"), (14, "rcu_preempt"), (30, "oom_reaper"), (31, "khugepaged")] {
+        write_sim_kthread(procfs, pid, comm, movable, &all)?;
+    }
+    write_sim_kthread(procfs, 32, "jbd2/vda1-8", movable, &all)?;
+    write_sim_kthread(
+        procfs,
+        33,
+        "kworker/u64:0-events_unbound",
+        bound | 0x20, /* PF_WQ_WORKER */
+        &all,
+    )?;
+    for (i, (node, cpus)) in topo.nodes().iter().enumerate() {
+        let i = u32::try_from(i).unwrap_or(0);
+        write_sim_kthread(procfs, 34 + 2 * i, &format!("kswapd{node}"), movable, cpus)?;
+        write_sim_kthread(procfs, 35 + 2 * i, &format!("kcompactd{node}"), movable, cpus)?;
+    }
+    for cpu in all.iter() {
+        write_sim_kthread(procfs, 100 + cpu, &format!("ksoftirqd/{cpu}"), bound, &CpuSet::range(cpu, cpu))?;
+    }
+    Ok(())
 }
 
 /// The sandbox's bus; dropping it stops the `dbus-daemon` it started.

@@ -269,3 +269,143 @@ fn fake_procfs_a_pool_claims_irqs_by_name() {
     d.stop();
     assert!(all_movable_on(&sb, "0-7"), "restored on stop");
 }
+
+/// The sandbox's simulated kernel threads (src/sandbox.rs, host::housekeeping::Kthreads): on
+/// 1x4x2:1 every movable one starts on `0-7`, the per-CPU ones on their CPU.
+fn allowed(sb: &Path, pid: u32) -> String {
+    let status = fs::read_to_string(sb.join(format!("proc/{pid}/status")))
+        .unwrap_or_else(|e| panic!("kernel thread {pid}: {e}"));
+    status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim().to_owned()
+}
+
+fn saved_kthreads(sb: &Path) -> serde_json::Value {
+    let text = fs::read_to_string(sb.join("state/housekeeping.json")).unwrap_or_default();
+    serde_json::from_str::<serde_json::Value>(&text).map(|v| v["kthreads"].clone()).unwrap_or_default()
+}
+
+fn isolation_of(d: &Daemon, pool: &str) -> serde_json::Value {
+    let reply = common::Varlink::connect(&d.varlink)
+        .call("GetIsolation", serde_json::json!({ "pool": pool }))
+        .unwrap_or_else(|e| panic!("GetIsolation: {e:?}"));
+    reply["pools"][0].clone()
+}
+
+/// kthreadd, oom_reaper, khugepaged, jbd2, kswapd0, kcompactd0.
+const MOVABLE_KTHREADS: [u32; 6] = [2, 30, 31, 32, 34, 35];
+
+#[test]
+fn fake_procfs_kernel_threads_leave_isolated_cpus_and_come_back() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let sb = dir.path().join("sb");
+    cpupoold::sandbox::Sandbox::prepare(&sb, Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
+    // A kernel that puts rcu_preempt back wherever it is told to go.
+    fs::write(sb.join("proc/14/sim_kernel_keeps"), "").unwrap_or_else(|e| panic!("{e}"));
+    // Preparing wrote the sample configuration: this test's replaces it.
+    fs::write(sb.join("etc/cpupoold/config.toml"), ISOLATED).unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(ISOLATED), &["--check-interval", "1"]);
+    // Before READY: on the reserved pool's CPUs, the previous CPUs remembered with the thread's
+    // start time.
+    for pid in MOVABLE_KTHREADS {
+        assert_eq!(allowed(&sb, pid), "0,4", "kernel thread {pid}:\n{}", d.logs());
+        assert_eq!(saved_kthreads(&sb)[pid.to_string()]["cpus"], "0-7", "{pid}");
+    }
+    // Bound by the kernel (per-CPU, the unbound kworker): refused, left alone, not remembered.
+    for (pid, cpus) in [(101, "1"), (102, "2"), (33, "0-7")] {
+        assert_eq!(allowed(&sb, pid), cpus, "{pid}");
+        assert!(saved_kthreads(&sb).get(pid.to_string()).is_none(), "{pid}");
+    }
+    // Kept by the kernel: reported, not counted as moved.
+    assert_eq!(allowed(&sb, 14), "0-7");
+    assert!(
+        d.logs().contains("rcu_preempt (14) was given CPUs 0,4 but the kernel keeps it on 0-7"),
+        "{}",
+        d.logs()
+    );
+    let iso = isolation_of(&d, "dp");
+    assert_eq!(iso["kthreads"], "6 moved off 1-2,5-6; kept there by the kernel: rcu_preempt (14)", "{iso}");
+
+    // A new kernel thread (a filesystem mounted) is moved at the next check; one someone put
+    // back on an isolated CPU too.
+    cpupoold::host::housekeeping::write_sim_kthread(
+        &sb.join("proc"),
+        60,
+        "xfsaild/vdb",
+        cpupoold::core::housekeeping::PF_KTHREAD,
+        &cpupoold::core::cpuset::CpuSet::range(0, 7),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    until(&d, "the new kernel thread moved", || allowed(&sb, 60) == "0,4");
+    assert_eq!(saved_kthreads(&sb)["60"]["cpus"], "0-7");
+
+    // A crash restores nothing and forgets nothing; the restart keeps them off.
+    d.kill();
+    let remembered = saved_kthreads(&sb);
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", None, &["--check-interval", "1"]);
+    for pid in MOVABLE_KTHREADS.iter().chain(&[60]) {
+        assert_eq!(allowed(&sb, *pid), "0,4", "kernel thread {pid} after the restart:\n{}", d.logs());
+    }
+    assert_eq!(saved_kthreads(&sb), remembered, "the originals, not the daemon's own writes");
+    // A remembered thread that exited and whose pid came back as another is not "restored".
+    fs::remove_dir_all(sb.join("proc/30")).unwrap_or_else(|e| panic!("{e}"));
+    cpupoold::host::housekeeping::write_sim_kthread(
+        &sb.join("proc"),
+        30,
+        "kworker/R-new",
+        cpupoold::core::housekeeping::PF_KTHREAD,
+        &cpupoold::core::cpuset::CpuSet::range(0, 0),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    fs::write(
+        sb.join("proc/30/stat"),
+        fs::read_to_string(sb.join("proc/30/stat")).unwrap_or_default().replace(" 40 0 0 ", " 99 0 0 "),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    until(&d, "the reused pid forgotten", || saved_kthreads(&sb).get("30").is_none());
+
+    // Isolation ends: every thread gets its CPUs back, and the record goes.
+    reload(&d, &ISOLATED.replace("isolate = true\n", ""));
+    until(&d, "kernel threads restored", || {
+        MOVABLE_KTHREADS.iter().chain(&[60]).filter(|p| **p != 30).all(|p| allowed(&sb, *p) == "0-7")
+    });
+    assert_eq!(allowed(&sb, 30), "0", "the new thread on pid 30 is not the daemon's");
+    until(&d, "the record emptied", || saved_kthreads(&sb).as_object().is_none_or(|m| m.is_empty()));
+    assert!(d.logs().contains("kernel thread(s) have their CPUs back"), "{}", d.logs());
+    d.stop();
+}
+
+#[test]
+fn fake_procfs_the_sandbox_banner_shows_what_left_the_isolated_pool() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // A newcomer's first run: the sample configuration, whose dp (1,5 here) is isolated.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(dir.path().join("sb"))
+        .args(["--topology", "1x4x2:1", "--bus", "none"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let mut banner = String::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+        let line = line.unwrap_or_else(|e| panic!("{e}"));
+        banner.push_str(&line);
+        banner.push('\n');
+        if line == "READY" {
+            break;
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(banner.contains("\n  pool dp           exclusive CPUs 1,5\n"), "{banner}");
+    assert!(
+        banner
+            .contains("\n  irqs      8 moved off 1,5 (1, 8, 9, 24, 25, ...); 1 placed by the kernel (41)\n"),
+        "{banner}"
+    );
+    assert!(banner.contains("\n  kthreads  7 moved off 1,5\n"), "{banner}");
+    assert!(banner.ends_with("READY\n"), "{banner}");
+    assert!(status.success(), "{status}");
+}

@@ -454,3 +454,66 @@ fn too_many_connections_get_busy_and_the_daemon_recovers() {
     drop(open);
     d.stop();
 }
+
+/// Makes the sandbox's IRQ 32 fire `n` more times on CPU 1 (`DIR/proc/interrupts`).
+fn fire_irq_32_on_cpu_1(sb: &Path, total: u64) {
+    let counts = std::collections::BTreeMap::from([(("32", 1u32), total)]);
+    let text = cpupoold::host::simhost::interrupts_text(&(0..8).collect::<Vec<u32>>(), &counts);
+    fs::write(sb.join("proc/interrupts"), text).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn get_isolation_through_the_third_party_client() {
+    if !have_python_varlink() {
+        return;
+    }
+    let dir = tempdir();
+    // The sample: reserved 0,4; dp 1,5 isolated; web the rest.
+    let d = Daemon::start_sample(dir.path(), &["--bus", "none", "--health-interval", "1"]);
+    let reply = ok(&d, "GetIsolation", json!({}));
+    assert_eq!(reply["housekeeping"], "0,4", "{reply}");
+    assert_eq!(reply["isolcpus"], "", "{reply}");
+    // Unbound work leaves the isolated CPUs only.
+    assert_eq!(reply["workqueue"], "0,2-4,6-7 (cpupoold)", "{reply}");
+    let pools = reply["pools"].as_array().cloned().unwrap_or_default();
+    assert_eq!(pools.len(), 1, "only dp is isolated: {reply}");
+    let dp = &pools[0];
+    assert_eq!((dp["pool"].as_str(), dp["cpus"].as_str()), (Some("dp"), Some("1,5")), "{dp}");
+    // The sandbox's eight movable IRQs and seven movable kernel threads left 1,5; IRQ 41 is
+    // managed and sits on CPU 1.
+    assert_eq!(dp["irqs"], "8 moved off 1,5 (1, 8, 9, 24, 25, ...); 1 placed by the kernel (41)", "{dp}");
+    assert_eq!(dp["kthreads"], "7 moved off 1,5", "{dp}");
+    let on_reserved = fs::read_dir(d.sb.join("proc/irq"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(Result::ok)
+        .filter(|e| fs::read_to_string(e.path().join("smp_affinity_list")).is_ok_and(|t| t.trim() == "0,4"))
+        .count();
+    assert_eq!(on_reserved, 8, "the count is what the files hold");
+    // The same pool by name; a pool that is not isolated has none; an unknown one is an error.
+    assert_eq!(ok(&d, "GetIsolation", json!({ "pool": "dp" }))["pools"], reply["pools"]);
+    assert_eq!(ok(&d, "GetIsolation", json!({ "pool": "web" }))["pools"], json!([]));
+    let e = call(&d, "GetIsolation", json!({ "pool": "nope" })).err().unwrap_or_default();
+    assert!(e.contains("NoSuchPool"), "{e}");
+
+    // IRQ 32 fires on CPU 1 (someone pinned it there): the next samples name it.
+    let mut total = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let dp = loop {
+        total += 500;
+        fire_irq_32_on_cpu_1(&d.sb, total);
+        let dp = ok(&d, "GetIsolation", json!({ "pool": "dp" }))["pools"][0].clone();
+        if dp["state"] == "leaks" {
+            break dp;
+        }
+        assert!(std::time::Instant::now() < deadline, "never measured a leak: {dp}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let summary = dp["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("IRQ/s from irq 32 virtio1-requests on CPU 1"), "{dp}");
+    let cpu1 = &dp["per_cpu"][0];
+    assert_eq!(cpu1["cpu"], 1, "{dp}");
+    assert!(cpu1["device_irqs_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{dp}");
+    assert!(cpu1["sources"].as_str().unwrap_or_default().starts_with("32 virtio1-requests "), "{dp}");
+    assert_eq!(dp["per_cpu"][1]["device_irqs_per_sec"], 0.0, "CPU 5: {dp}");
+    d.stop();
+}

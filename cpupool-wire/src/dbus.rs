@@ -17,9 +17,10 @@ pub type AssignmentStruct = (String, String, String, u64, String, bool, String, 
 pub type CpuStruct = (u32, u32, u32, u32, u32, u32);
 /// A [`CpuHealth`] as D-Bus carries it, `(uddds)`.
 pub type CpuHealthStruct = (u32, f64, f64, f64, String);
-/// A [`PoolIsolation`] as D-Bus carries it, `(sssssda(uddds))`: pool, cpus, state, summary,
-/// reason, foreign_percent, per_cpu.
-pub type PoolIsolationStruct = (String, String, String, String, String, f64, Vec<CpuHealthStruct>);
+/// A [`PoolIsolation`] as D-Bus carries it, `(sssssda(uddds)ss)`: pool, cpus, state, summary,
+/// reason, foreign_percent, per_cpu, irqs, kthreads.
+pub type PoolIsolationStruct =
+    (String, String, String, String, String, f64, Vec<CpuHealthStruct>, String, String);
 
 impl From<Pool> for PoolStruct {
     fn from(p: Pool) -> PoolStruct {
@@ -108,14 +109,14 @@ impl From<CpuHealthStruct> for CpuHealth {
 impl From<PoolIsolation> for PoolIsolationStruct {
     fn from(p: PoolIsolation) -> PoolIsolationStruct {
         let per_cpu = p.per_cpu.into_iter().map(Into::into).collect();
-        (p.pool, p.cpus, p.state, p.summary, p.reason, p.foreign_percent, per_cpu)
+        (p.pool, p.cpus, p.state, p.summary, p.reason, p.foreign_percent, per_cpu, p.irqs, p.kthreads)
     }
 }
 
 impl From<PoolIsolationStruct> for PoolIsolation {
     fn from(t: PoolIsolationStruct) -> PoolIsolation {
-        let (pool, cpus, state, summary, reason, foreign_percent, per_cpu) = t;
+        let (pool, cpus, state, summary, reason, foreign_percent, per_cpu, irqs, kthreads) = t;
         let per_cpu = per_cpu.into_iter().map(Into::into).collect();
-        PoolIsolation { pool, cpus, state, summary, reason, foreign_percent, per_cpu }
+        PoolIsolation { pool, cpus, state, summary, reason, foreign_percent, per_cpu, irqs, kthreads }
     }
 }

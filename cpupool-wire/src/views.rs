@@ -163,7 +163,7 @@ pub struct CpuHealth {
     pub sources: String,
 }
 
-/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds))`.
+/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds)ss)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolIsolation {
     /// The pool.
@@ -185,6 +185,13 @@ pub struct PoolIsolation {
     /// Each CPU over the last interval (empty until measured).
     #[serde(default)]
     pub per_cpu: Vec<CpuHealth>,
+    /// Device IRQs kept off the isolated CPUs: `8 moved off 2-3 (1, 8, 9, 24, 25, ...); 3 placed
+    /// by the kernel (0, 41, 42)` (empty from a daemon that does not say).
+    #[serde(default)]
+    pub irqs: String,
+    /// Kernel threads kept off them: `6 moved off 2-3`.
+    #[serde(default)]
+    pub kthreads: String,
 }
 
 fn unknown_percent() -> f64 {

@@ -209,8 +209,19 @@ pub fn isolation_lines(iso: &Isolation, named: bool) -> String {
     let pairs: Vec<(String, String)> = iso
         .pools
         .iter()
-        .map(|p| {
-            (if named { format!("isolation {}", p.pool) } else { "isolation".to_owned() }, p.summary.clone())
+        .enumerate()
+        .flat_map(|(i, p)| {
+            let key = |k: &str| if named { format!("{k} {}", p.pool) } else { k.to_owned() };
+            let mut lines = vec![(key("isolation"), p.summary.clone())];
+            // One system-wide figure: said once in `status`.
+            if !named || i == 0 {
+                for (k, v) in [("irqs", &p.irqs), ("kernel threads", &p.kthreads)] {
+                    if !v.is_empty() {
+                        lines.push((k.to_owned(), v.clone()));
+                    }
+                }
+            }
+            lines
         })
         .collect();
     let refs: Vec<(&str, String)> = pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();

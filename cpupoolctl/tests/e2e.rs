@@ -920,3 +920,51 @@ fn varlink_run_confines_passes_the_environment_and_releases() {
 fn dbus_run_confines_passes_the_environment_and_releases() {
     run_confines_passes_the_environment_and_releases(true);
 }
+
+/// The value of the `key:` line of human output, `None` when there is none.
+fn line_value(out: &str, key: &str) -> Option<String> {
+    out.lines().find_map(|l| Some(l.strip_prefix(key)?.strip_prefix(':')?.trim().to_owned()))
+}
+
+/// `pool show` and `status` on the sandbox's isolated pool: the isolation line, and what left
+/// its CPUs (the sample: reserved 0,4, dp 1,5 isolated; the sandbox has eight movable IRQs,
+/// a managed one on CPU 1, and seven movable kernel threads).
+fn isolation_is_shown(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+    let (code, out, err) = ctl.human(&["pool", "show", "dp"]);
+    assert_eq!(code, 0, "{err}");
+    let isolation = line_value(&out, "isolation").unwrap_or_else(|| panic!("no isolation line:\n{out}"));
+    assert!(["not measured yet", "holds"].contains(&isolation.as_str()), "{out}");
+    let irqs = "8 moved off 1,5 (1, 8, 9, 24, 25, ...); 1 placed by the kernel (41)";
+    assert_eq!(line_value(&out, "irqs").as_deref(), Some(irqs), "{out}");
+    assert_eq!(line_value(&out, "kernel threads").as_deref(), Some("7 moved off 1,5"), "{out}");
+    let moved = (2..200)
+        .filter(|pid| {
+            fs::read_to_string(d.sb.join(format!("proc/{pid}/status")))
+                .is_ok_and(|s| s.contains("Cpus_allowed_list:\t0,4\n"))
+        })
+        .count();
+    assert_eq!(moved, 7, "the count is what the simulated threads hold");
+    // A pool that is not isolated shows none of it.
+    let (_, web, _) = ctl.human(&["pool", "show", "web"]);
+    assert!(line_value(&web, "irqs").is_none() && line_value(&web, "isolation").is_none(), "{web}");
+
+    let (code, out, err) = ctl.human(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(line_value(&out, "isolation dp").is_some(), "{out}");
+    assert_eq!(line_value(&out, "irqs").as_deref(), Some(irqs), "{out}");
+    assert_eq!(line_value(&out, "kernel threads").as_deref(), Some("7 moved off 1,5"), "{out}");
+    d.stop();
+}
+
+#[test]
+fn varlink_isolation_is_shown() {
+    isolation_is_shown(false);
+}
+
+#[test]
+fn dbus_isolation_is_shown() {
+    isolation_is_shown(true);
+}

@@ -464,6 +464,8 @@ impl IsolationReply {
                             .join(", "),
                     })
                     .collect(),
+                irqs: snap.irq.summary(),
+                kthreads: iso.kthreads.summary(),
             })
             .collect();
         let workqueue = iso

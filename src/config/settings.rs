@@ -425,6 +425,12 @@ impl Settings {
         Ok(pools)
     }
 
+    /// `source` as resolving reports it: naming the key at fault and the file that set it.
+    pub fn pool_error(&self, source: PoolError) -> ConfigError {
+        let key = self.key_for(&source);
+        ConfigError::Pool { file: self.origins.file_for(&key), key, source }
+    }
+
     /// Refuses a shared pool that would offer the kubelet more than [`MAX_SHARED_DEVICES`].
     fn check_device_counts(&self, pools: &[Pool]) -> Result<(), ConfigError> {
         if !self.kubelet.enabled {

@@ -124,6 +124,79 @@ pub fn trimmed_mask(current: &CpuSet, isolated: &CpuSet) -> Option<CpuSet> {
     (want != *current && !want.is_empty()).then_some(want)
 }
 
+/// `PF_KTHREAD` in a task's flags (`/proc/PID/stat` field 9, include/linux/sched.h): a kernel
+/// thread.
+pub const PF_KTHREAD: u32 = 0x0020_0000;
+/// `PF_NO_SETAFFINITY`: the kernel refuses affinity changes from userspace (per-CPU kthreads
+/// bound with `kthread_bind`, workqueue workers, whose CPUs follow the workqueue masks).
+pub const PF_NO_SETAFFINITY: u32 = 0x0400_0000;
+
+/// What `/proc/PID/stat` says of a task that matters for re-pinning it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStat {
+    /// Its name (field 2, without the parentheses).
+    pub comm: String,
+    /// Its `PF_*` flags (field 9).
+    pub flags: u32,
+    /// When it started, in clock ticks after boot (field 22): with the pid, which task it is
+    /// (pids are reused).
+    pub start: u64,
+}
+
+impl TaskStat {
+    /// A kernel thread whose affinity userspace may change: one the kernel does not bind.
+    pub fn movable_kthread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0 && self.flags & PF_NO_SETAFFINITY == 0
+    }
+}
+
+/// Parses `/proc/PID/stat`. The name may hold spaces and parentheses, so the fields after it
+/// are counted from its last `)`.
+pub fn parse_task_stat(text: &str) -> Option<TaskStat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_owned();
+    let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] is field 3 (state).
+    let flags = rest.get(9 - 3)?.parse().ok()?;
+    let start = rest.get(22 - 3)?.parse().ok()?;
+    Some(TaskStat { comm, flags, start })
+}
+
+/// `Cpus_allowed_list` from `/proc/PID/status`.
+pub fn parse_allowed(status: &str) -> Option<CpuSet> {
+    status.lines().find_map(|l| CpuSet::parse(l.strip_prefix("Cpus_allowed_list:")?.trim()).ok())
+}
+
+/// The affinity a movable kernel thread should have, or `None` to leave it as it is.
+///
+/// `current` is what it has now, `remembered` what it had before cpupoold first narrowed it.
+/// A thread never narrowed is only touched when it may run on an `isolated` CPU and on more
+/// than one CPU (one CPU is a per-CPU thread the kernel placed, whatever its flags say). It is
+/// narrowed to the `housekeeping` CPUs it may use, or, when it may use none (a per-node
+/// thread of another node), to its own CPUs less the isolated ones. With no isolated CPU, a
+/// narrowed thread gets back what it had.
+pub fn kthread_affinity(
+    current: &CpuSet,
+    remembered: Option<&CpuSet>,
+    isolated: &CpuSet,
+    housekeeping: &CpuSet,
+) -> Option<CpuSet> {
+    let base = match remembered {
+        Some(r) => r,
+        None if current.len() <= 1 || current.is_disjoint(isolated) => return None,
+        None => current,
+    };
+    let want = if isolated.is_empty() {
+        base.clone()
+    } else {
+        [base.intersection(housekeeping), base.difference(isolated), housekeeping.clone()]
+            .into_iter()
+            .find(|s| !s.is_empty())?
+    };
+    (want != *current).then_some(want)
+}
+
 /// One `/proc/interrupts` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IrqLine {
@@ -497,5 +570,48 @@ mod tests {
         assert!(h.summary().contains("3.0% CPU time used by tasks outside the pool"), "{}", h.summary());
         assert_eq!(parse_cpu_stat("usage_usec 42\nuser_usec 40\n"), Some(42));
         assert_eq!(assess("web", &set("2-3"), &before, &after, 2.0).foreign_percent, None);
+    }
+
+    #[test]
+    fn task_stat_flags_and_start_after_the_last_parenthesis() {
+        // kswapd0 on 6.1: PF_KTHREAD | PF_MEMALLOC | PF_KSWAPD ...; a name with `) (` in it.
+        let line = "97 (kswapd0) S 2 0 0 0 -1 10758208 0 0 0 0 0 3 0 0 20 0 1 0 54 0 0 184467 0 0 0";
+        let t = parse_task_stat(line).unwrap_or_else(|| panic!("not parsed"));
+        assert_eq!(t.comm, "kswapd0");
+        assert_eq!(t.flags, 10_758_208);
+        assert_eq!(t.start, 54);
+        assert!(t.movable_kthread());
+        let odd = line.replace("(kswapd0)", "(a) (b c)");
+        assert_eq!(parse_task_stat(&odd).map(|t| t.comm), Some("a) (b c".to_owned()));
+        // migration/2: bound by the kernel.
+        let bound = line.replace("10758208", &(PF_KTHREAD | PF_NO_SETAFFINITY | 0x40).to_string());
+        assert!(!parse_task_stat(&bound).is_some_and(|t| t.movable_kthread()));
+        // A user process.
+        let user = line.replace("10758208", "4194560");
+        assert!(!parse_task_stat(&user).is_some_and(|t| t.movable_kthread()));
+        assert_eq!(parse_task_stat("97 (x) S 2"), None);
+        assert_eq!(parse_allowed("Name:\tkswapd0\nCpus_allowed_list:\t0-3\n"), Some(set("0-3")));
+        assert_eq!(parse_allowed("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn kthreads_go_to_housekeeping_cpus_and_come_back() {
+        let (iso, hk) = (set("2-3"), set("0"));
+        // On the isolated CPUs: narrowed to housekeeping.
+        assert_eq!(kthread_affinity(&set("0-3"), None, &iso, &hk), Some(set("0")));
+        // Not on them, or per-CPU: left alone.
+        assert_eq!(kthread_affinity(&set("0-1"), None, &iso, &hk), None);
+        assert_eq!(kthread_affinity(&set("2"), None, &iso, &hk), None);
+        // A node-1 thread with no housekeeping CPU on its node keeps its node less isolation.
+        assert_eq!(kthread_affinity(&set("2-5"), None, &iso, &hk), Some(set("4-5")));
+        // Only isolated CPUs: the housekeeping ones.
+        assert_eq!(kthread_affinity(&set("2-3"), None, &iso, &hk), Some(set("0")));
+        // Already narrowed: nothing to write; isolation resized: from what it had.
+        assert_eq!(kthread_affinity(&set("0"), Some(&set("0-3")), &iso, &hk), None);
+        assert_eq!(kthread_affinity(&set("0"), Some(&set("0-3")), &set("3"), &set("0-1")), Some(set("0-1")));
+        // Isolation ended: back to what it had.
+        assert_eq!(kthread_affinity(&set("0"), Some(&set("0-3")), &CpuSet::new(), &hk), Some(set("0-3")));
+        assert_eq!(kthread_affinity(&set("0-3"), Some(&set("0-3")), &CpuSet::new(), &hk), None);
+        assert_eq!(kthread_affinity(&set("0-3"), None, &CpuSet::new(), &hk), None);
     }
 }

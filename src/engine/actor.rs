@@ -118,6 +118,7 @@ impl Engine {
     ) -> Result<(Engine, StartReport), StartError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
+        housekeeping::check_housekeeping(settings, &pools).map_err(StartError::Config)?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         let mut report = StartReport::default();
         let mut config_error = None;

@@ -7,7 +7,10 @@
 //! so a kernel that already keeps them off (Linux 6.12 does for isolated partitions) is seen to
 //! and left alone. Every write is read back; a difference is reported, never taken as done.
 //! The masks found before the first write are recorded durably and written back when isolation
-//! ends, also when it ended while the daemon was down.
+//! ends, also when it ended while the daemon was down. Kernel threads that may run on isolated
+//! CPUs and that the kernel lets userspace move (not per-CPU) are narrowed to the housekeeping
+//! CPUs the same way, on every kernel that leaves them there (none are found on one that moves
+//! them itself), remembered with their start time and given back when isolation ends.
 //!
 //! [`Engine::sample_isolation`] runs on the daemon's health tick: it reads the counters
 //! ([`crate::host::health`]) and turns the last two samples into rates per isolated CPU.
@@ -17,12 +20,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{error_chain, Engine, Event};
+use crate::config::{ConfigError, Settings};
 use crate::core::cpuset::CpuSet;
 use crate::core::housekeeping::{self, PoolHealth, Sample};
 use crate::core::plan;
-use crate::core::pool::PoolName;
+use crate::core::pool::{Pool, PoolError, PoolKind, PoolName};
 use crate::host::health;
-use crate::host::housekeeping::{self as hk, KernelIsolation, Saved};
+use crate::host::housekeeping::{self as hk, KernelIsolation, Kthreads, Saved, SavedThread};
 
 /// Where housekeeping reads and writes.
 #[derive(Debug, Clone)]
@@ -81,6 +85,41 @@ impl PoolIsolation {
     }
 }
 
+/// Kernel threads as last fitted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KthreadReport {
+    /// The isolated CPUs they are kept off.
+    pub isolated: CpuSet,
+    /// Threads cpupoold narrowed that stay off the isolated CPUs (read back).
+    pub moved: usize,
+    /// Threads the kernel kept on isolated CPUs after the write (`name (pid)`).
+    pub kept: Vec<String>,
+    /// Why the threads could not be looked at or recorded; empty when all went well.
+    pub problem: Option<String>,
+}
+
+impl KthreadReport {
+    /// `5 moved off 2-3`, with the threads the kernel kept there; empty without isolation.
+    pub fn summary(&self) -> String {
+        if self.isolated.is_empty() {
+            return String::new();
+        }
+        let mut s = match self.moved {
+            // None found there: the kernel keeps them off itself (6.12 for isolated partitions).
+            0 if self.kept.is_empty() => format!("none on {} (the kernel keeps them off)", self.isolated),
+            0 => format!("none moved off {}", self.isolated),
+            n => format!("{n} moved off {}", self.isolated),
+        };
+        if !self.kept.is_empty() {
+            s.push_str(&format!("; kept there by the kernel: {}", self.kept.join(", ")));
+        }
+        if let Some(p) = &self.problem {
+            s.push_str(&format!("; {p}"));
+        }
+        s
+    }
+}
+
 /// What the APIs show of isolation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IsolationReport {
@@ -90,8 +129,36 @@ pub struct IsolationReport {
     pub housekeeping: CpuSet,
     /// The workqueue masks.
     pub masks: Vec<MaskReport>,
+    /// Kernel threads moved off the isolated CPUs.
+    pub kthreads: KthreadReport,
     /// Each isolated pool.
     pub pools: BTreeMap<PoolName, PoolIsolation>,
+}
+
+/// Refuses `pools` when the reserved pool, which takes interrupts, kernel threads and host
+/// slices, holds only CPUs the kernel keeps from housekeeping: `isolcpus=`/`nohz_full=` on
+/// `/proc/cmdline` or as sysfs reports them. (Resolving the pools already refuses a reserved
+/// pool of `isolcpus=` domain CPUs; `nohz_full=` alone does not show in the topology.)
+pub fn check_housekeeping(settings: &Settings, pools: &[Pool]) -> Result<(), Box<ConfigError>> {
+    let p = &settings.paths;
+    let off = hk::read_kernel(&p.procfs_root, &p.sysfs_root, &p.cgroup_root).not_housekeeping();
+    check_housekeeping_against(settings, pools, &off)
+}
+
+fn check_housekeeping_against(
+    settings: &Settings,
+    pools: &[Pool],
+    off: &CpuSet,
+) -> Result<(), Box<ConfigError>> {
+    for pool in pools.iter().filter(|p| p.kind == PoolKind::Reserved) {
+        housekeeping::housekeeping_cpus(&pool.cpus, off).map_err(|e| {
+            Box::new(
+                settings
+                    .pool_error(PoolError::NoHousekeeping { pool: pool.name.clone(), source: Box::new(e) }),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// The engine's housekeeping part.
@@ -165,6 +232,95 @@ impl Housekeeping {
         report(back, "cpupoold".into())
     }
 
+    /// Narrows the movable kernel threads that may run on `isolated` CPUs to `housekeeping`
+    /// ones, or gives narrowed threads back what they had (core::housekeeping::
+    /// kthread_affinity). What is about to change is recorded durably before the first write;
+    /// every write is read back.
+    fn fit_kthreads(&mut self, isolated: &CpuSet, housekeeping: &CpuSet) -> KthreadReport {
+        let mut report = KthreadReport { isolated: isolated.clone(), ..Default::default() };
+        let fs = Kthreads::new(&self.roots.procfs);
+        let threads = match fs.movable() {
+            Ok(t) => t,
+            Err(e) => {
+                report.problem = Some(format!("kernel threads not read: {}", error_chain(&e)));
+                return report;
+            }
+        };
+        // A remembered thread that is gone (or whose pid now names another) needs nothing back.
+        let live: BTreeMap<u32, u64> = threads.iter().map(|t| (t.pid, t.stat.start)).collect();
+        let before = self.saved.kthreads.len();
+        self.saved.kthreads.retain(|pid, s| live.get(pid) == Some(&s.start));
+        let mut dirty = self.saved.kthreads.len() != before;
+        let mut wants = Vec::new();
+        for t in threads {
+            let remembered = self.saved.kthreads.get(&t.pid).and_then(|s| CpuSet::parse(&s.cpus).ok());
+            if let Some(want) =
+                housekeeping::kthread_affinity(&t.allowed, remembered.as_ref(), isolated, housekeeping)
+            {
+                if remembered.is_none() {
+                    let saved = SavedThread {
+                        comm: t.stat.comm.clone(),
+                        start: t.stat.start,
+                        cpus: t.allowed.to_string(),
+                    };
+                    self.saved.kthreads.insert(t.pid, saved);
+                    dirty = true;
+                }
+                wants.push((t, want));
+            } else if remembered.is_some() && isolated.is_empty() {
+                // Already holds what it had.
+                self.saved.kthreads.remove(&t.pid);
+                dirty = true;
+            }
+        }
+        if dirty && !self.store() {
+            report.problem = Some("not moved: their affinities could not be recorded".into());
+            return report;
+        }
+        let (mut restored, mut forgotten) = (0, false);
+        for (t, want) in wants {
+            if let Err(e) = fs.set_affinity(&t, &want) {
+                // Unchanged, or not ours to give back any more; a failed restore is tried again.
+                if hk::refused_or_gone(&e) || !isolated.is_empty() {
+                    self.saved.kthreads.remove(&t.pid);
+                    forgotten = true;
+                }
+                if hk::refused_or_gone(&e) {
+                    log::debug!("{}", error_chain(&e));
+                } else {
+                    log::warn!("{}", error_chain(&e));
+                    report.problem = Some(error_chain(&e));
+                }
+                continue;
+            }
+            let back = fs.read(t.pid).map(|b| b.allowed).unwrap_or_default();
+            if isolated.is_empty() {
+                self.saved.kthreads.remove(&t.pid);
+                restored += 1;
+            } else if !back.is_disjoint(isolated) {
+                let name = format!("{} ({})", t.stat.comm, t.pid);
+                // Said once: the kernel does the same at every check.
+                if !self.report.kthreads.kept.contains(&name) {
+                    log::warn!(
+                        "kernel thread {name} was given CPUs {want} but the kernel keeps it on {back}"
+                    );
+                }
+                report.kept.push(name);
+            }
+        }
+        if restored > 0 {
+            log::info!("isolation ended: {restored} kernel thread(s) have their CPUs back");
+        }
+        if restored > 0 || forgotten {
+            self.store();
+        }
+        if !isolated.is_empty() {
+            let kept = report.kept.len();
+            report.moved = self.saved.kthreads.len().saturating_sub(kept);
+        }
+        report
+    }
+
     fn store(&self) -> bool {
         match self.saved.store(&self.roots.state_dir) {
             Ok(()) => true,
@@ -216,11 +372,15 @@ impl Engine {
             .state
             .pools()
             .values()
-            .filter(|p| p.kind == crate::core::pool::PoolKind::Reserved)
+            .filter(|p| p.kind == PoolKind::Reserved)
             .fold(CpuSet::new(), |a, p| a.union(&p.cpus));
-        let off = kernel.isolated.union(&kernel.nohz_full).union(&kernel.boot.nohz_full);
-        let housekeeping = reserved.difference(&off);
-        hk.report = IsolationReport { kernel, housekeeping, masks, pools };
+        let housekeeping = reserved.difference(&kernel.not_housekeeping());
+        let kthreads = hk.fit_kthreads(&isolated, &housekeeping);
+        let news = kthreads.moved != hk.report.kthreads.moved || kthreads.kept != hk.report.kthreads.kept;
+        if news && kthreads.moved > 0 {
+            log::info!("kernel threads: {}", kthreads.summary());
+        }
+        hk.report = IsolationReport { kernel, housekeeping, masks, kthreads, pools };
         self.hk = Some(hk);
         events
     }
@@ -249,5 +409,83 @@ impl Engine {
             }
         }
         hk.last = Some((now, sample));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cur = e.source();
+        while let Some(c) = cur {
+            s.push_str(&format!(": {c}"));
+            cur = c.source();
+        }
+        s
+    }
+
+    const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0-1\"\n\
+        [pools.dp]\nkind = \"exclusive\"\ncpus = \"2-3\"\nisolate = true\n";
+
+    fn resolved() -> (Settings, Vec<Pool>) {
+        let settings = crate::config::load_str(POOLS, "t.toml").unwrap_or_else(|e| panic!("{}", chain(&e)));
+        let topo = crate::core::topology::Topology::synthetic(1, 4, 1, 1);
+        let pools = settings.resolve_pools(&topo).unwrap_or_else(|e| panic!("{}", chain(&e)));
+        (settings, pools)
+    }
+
+    #[test]
+    fn nohz_full_reserved_cpus_are_not_housekeeping() {
+        let (settings, pools) = resolved();
+        // nohz_full=0-1 (and isolcpus=) on the command line: the reserved pool has nothing left.
+        let e = check_housekeeping_against(&settings, &pools, &set("0-3"))
+            .err()
+            .unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(e.key(), Some("pools.sys.cpus"), "{}", chain(&*e));
+        let text = chain(&*e);
+        assert!(text.contains("pool `sys` (reserved)"), "{text}");
+        assert!(text.contains("no housekeeping CPU: the reserved pool's CPUs 0-1"), "{text}");
+        assert!(text.contains("isolcpus=/nohz_full= 0-3"), "{text}");
+        // One reserved CPU the kernel left alone is enough.
+        assert!(check_housekeeping_against(&settings, &pools, &set("1-3")).is_ok());
+        assert!(check_housekeeping_against(&settings, &pools, &CpuSet::new()).is_ok());
+    }
+
+    #[test]
+    fn the_guard_reads_the_kernel_command_line_under_the_procfs_root() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (mut settings, pools) = resolved();
+        settings.paths.procfs_root = dir.path().join("proc");
+        settings.paths.sysfs_root = dir.path().join("sys");
+        settings.paths.cgroup_root = dir.path().join("cg");
+        std::fs::create_dir_all(&settings.paths.procfs_root).unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_housekeeping(&settings, &pools).is_ok(), "no /proc/cmdline: nothing isolated");
+        let cmdline = settings.paths.procfs_root.join("cmdline");
+        std::fs::write(&cmdline, "ro quiet nohz_full=0-1\n").unwrap_or_else(|e| panic!("{e}"));
+        let e = check_housekeeping(&settings, &pools).err().unwrap_or_else(|| panic!("accepted"));
+        assert!(chain(&*e).contains("CPUs 0-1 are all isolated by the kernel"), "{}", chain(&*e));
+        std::fs::write(&cmdline, "ro isolcpus=domain,0 nohz_full=1\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_housekeeping(&settings, &pools).is_err(), "isolcpus= and nohz_full= together");
+        std::fs::write(&cmdline, "ro nohz_full=1-3\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_housekeeping(&settings, &pools).is_ok());
+    }
+
+    #[test]
+    fn kthread_summary_says_who_keeps_them_off() {
+        let mut r = KthreadReport::default();
+        assert_eq!(r.summary(), "", "no isolation, nothing to say");
+        r.isolated = set("2-3");
+        assert_eq!(r.summary(), "none on 2-3 (the kernel keeps them off)");
+        r.moved = 5;
+        assert_eq!(r.summary(), "5 moved off 2-3");
+        r.moved = 0;
+        r.kept.push("rcu_preempt (14)".into());
+        assert_eq!(r.summary(), "none moved off 2-3; kept there by the kernel: rcu_preempt (14)");
     }
 }

@@ -46,6 +46,41 @@ pub struct IrqReport {
     pub irqbalance: Option<String>,
 }
 
+impl IrqReport {
+    /// `8 moved off 2-3 (1, 8, 9, 24, 25, ...); 3 placed by the kernel (0, 41, 42)`, then what
+    /// does not hold; empty when no CPU is kept free of interrupts.
+    pub fn summary(&self) -> String {
+        if self.isolated.is_empty() {
+            return String::new();
+        }
+        let few = |irqs: Vec<u32>| {
+            let mut list: Vec<String> = irqs.iter().take(5).map(ToString::to_string).collect();
+            if irqs.len() > 5 {
+                list.push("...".into());
+            }
+            list.join(", ")
+        };
+        let mut s = match self.moved.len() {
+            0 => format!("none to move off {}", self.isolated),
+            n => format!("{n} moved off {} ({})", self.isolated, few(self.moved.iter().copied().collect())),
+        };
+        if !self.kernel_placed.is_empty() {
+            let n = self.kernel_placed.len();
+            s.push_str(&format!(
+                "; {n} placed by the kernel ({})",
+                few(self.kernel_placed.keys().copied().collect())
+            ));
+        }
+        if let Some(p) = self.problems.first() {
+            s.push_str(&format!("; {p}"));
+            if self.problems.len() > 1 {
+                s.push_str(&format!(" (and {} more)", self.problems.len() - 1));
+            }
+        }
+        s
+    }
+}
+
 /// The durable memory: each changed IRQ's affinity as found, and whether irqbalance was told.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Memory {

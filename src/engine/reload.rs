@@ -40,6 +40,7 @@ impl Engine {
         let pools = settings
             .resolve_pools_keeping(&topo, &current_cpus(&self.state))
             .map_err(|e| EngineError::Config(Box::new(e)))?;
+        super::housekeeping::check_housekeeping(settings, &pools).map_err(EngineError::Config)?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))

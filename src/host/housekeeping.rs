@@ -1,21 +1,23 @@
-//! Kernel housekeeping files: the unbound workqueue and writeback cpumasks, the kernel's word
-//! on isolation (`/proc/cmdline`, `devices/system/cpu/{isolated,nohz_full}`,
-//! `cpuset.cpus.isolated`), and the durable record of the masks found before we changed them.
+//! Kernel housekeeping files: the unbound workqueue and writeback cpumasks, kernel threads'
+//! affinities ([`Kthreads`]), the kernel's word on isolation (`/proc/cmdline`,
+//! `devices/system/cpu/{isolated,nohz_full}`, `cpuset.cpus.isolated`), and the durable record
+//! of the masks and affinities found before we changed them.
 //!
 //! Data flow: the engine reads the masks after the partitions exist, asks
 //! [`crate::core::housekeeping::trimmed_mask`] what they should be, writes them here and reads
 //! them back. Before its first write it records the masks it found in
-//! `<state_dir>/housekeeping.json` ([`Saved`]), durably, so that ending isolation, stopping, or
+//! `<state_dir>/housekeeping.json` ([`Saved`]), durably (kernel threads' affinities too), so that ending isolation, stopping, or
 //! starting after a crash puts back what the host had. Each function takes its root.
 #![deny(missing_docs)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::fsutil::{FsError, Root};
 use crate::core::cpuset::CpuSet;
-use crate::core::housekeeping::{self, BootIsolation, MaskError};
+use crate::core::housekeeping::{self, BootIsolation, MaskError, TaskStat};
 
 /// The unbound workqueues' cpumask, relative to the sysfs root.
 pub const WORKQUEUE_MASK: &str = "devices/virtual/workqueue/cpumask";
@@ -39,6 +41,19 @@ pub enum HousekeepingError {
         /// What was wrong.
         #[source]
         source: MaskError,
+    },
+    /// A kernel thread's affinity could not be set.
+    #[error("setting the affinity of kernel thread {comm} ({pid}) to CPUs {cpus}")]
+    Affinity {
+        /// The thread.
+        pid: u32,
+        /// Its name.
+        comm: String,
+        /// What was written.
+        cpus: CpuSet,
+        /// The kernel's answer (`EINVAL`: it binds the thread itself).
+        #[source]
+        source: std::io::Error,
     },
     /// The saved masks could not be encoded or decoded.
     #[error("`{}` is not a saved housekeeping record", path.display())]
@@ -84,6 +99,14 @@ pub struct KernelIsolation {
     pub partitions: Option<CpuSet>,
 }
 
+impl KernelIsolation {
+    /// The CPUs that are not housekeeping CPUs whatever the pools say: isolated from the
+    /// scheduler or from the tick at boot, on the command line or as the kernel reports them.
+    pub fn not_housekeeping(&self) -> CpuSet {
+        self.boot.isolcpus.union(&self.boot.nohz_full).union(&self.isolated).union(&self.nohz_full)
+    }
+}
+
 /// Reads [`KernelIsolation`]; a file that is missing or unreadable counts as empty.
 pub fn read_kernel(procfs: &Path, sysfs: &Path, cgroup: &Path) -> KernelIsolation {
     let read = |root: &Path, rel: &str| Root::new(root).read_to_string(rel).ok();
@@ -105,12 +128,26 @@ pub struct Saved {
     /// The writeback mask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writeback: Option<String>,
+    /// Kernel threads narrowed off isolated CPUs, by pid.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kthreads: BTreeMap<u32, SavedThread>,
+}
+
+/// A kernel thread's affinity before cpupoold narrowed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedThread {
+    /// Its name.
+    pub comm: String,
+    /// Its start time (`/proc/PID/stat` field 22): a pid reused by another thread is not it.
+    pub start: u64,
+    /// Its `Cpus_allowed_list` then.
+    pub cpus: String,
 }
 
 impl Saved {
     /// Whether nothing is recorded.
     pub fn is_empty(&self) -> bool {
-        self.workqueue.is_none() && self.writeback.is_none()
+        self.workqueue.is_none() && self.writeback.is_none() && self.kthreads.is_empty()
     }
 
     /// The record for the mask file `rel`.
@@ -148,6 +185,141 @@ impl Saved {
         root.replace(SAVED_FILE, &bytes, 0o600)?;
         Ok(())
     }
+}
+
+/// A kernel thread as procfs shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kthread {
+    /// Its pid.
+    pub pid: u32,
+    /// Name, flags and start time.
+    pub stat: TaskStat,
+    /// Its `Cpus_allowed_list`.
+    pub allowed: CpuSet,
+}
+
+/// Kernel threads under a procfs root, and their affinities.
+///
+/// On a real procfs the affinity is set with `sched_setaffinity` and read back from
+/// `PID/status`. Any other tree (the sandbox's `DIR/proc`) is a simulated kernel: the thread's
+/// `status` file is rewritten instead, and never a real process is changed. It plays the
+/// kernel's part as the real one does: a thread flagged `PF_NO_SETAFFINITY` refuses with
+/// `EINVAL`, a mask without an allowed CPU refuses with `EINVAL`, and a thread whose directory
+/// holds `sim_kernel_keeps` takes the write but keeps its affinity (as a kernel that resets
+/// a thread's CPUs itself does); the daemon learns that only from the read-back.
+#[derive(Debug, Clone)]
+pub struct Kthreads {
+    procfs: PathBuf,
+    kernel: bool,
+}
+
+impl Kthreads {
+    /// Kernel threads under `procfs`.
+    pub fn new(procfs: &Path) -> Kthreads {
+        let kernel = nix::sys::statfs::statfs(procfs)
+            .map(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
+            .unwrap_or(false);
+        Kthreads { procfs: procfs.to_owned(), kernel }
+    }
+
+    /// The kernel threads userspace may move (see [`TaskStat::movable_kthread`]). Tasks that
+    /// exit while being read are left out.
+    pub fn movable(&self) -> Result<Vec<Kthread>, HousekeepingError> {
+        let entries = std::fs::read_dir(&self.procfs).map_err(|source| {
+            HousekeepingError::Fs(FsError { op: "listing", path: self.procfs.clone(), source })
+        })?;
+        let mut out = Vec::new();
+        for e in entries.filter_map(Result::ok) {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            if let Some(t) = self.read(pid).filter(|t| t.stat.movable_kthread()) {
+                out.push(t);
+            }
+        }
+        out.sort_by_key(|t| t.pid);
+        Ok(out)
+    }
+
+    /// One task, `None` when it is gone or unreadable.
+    pub fn read(&self, pid: u32) -> Option<Kthread> {
+        let root = Root::new(&self.procfs);
+        let stat = housekeeping::parse_task_stat(&root.read_to_string(format!("{pid}/stat")).ok()?)?;
+        let allowed = housekeeping::parse_allowed(&root.read_to_string(format!("{pid}/status")).ok()?)?;
+        Some(Kthread { pid, stat, allowed })
+    }
+
+    /// Sets `t`'s affinity to `cpus`.
+    pub fn set_affinity(&self, t: &Kthread, cpus: &CpuSet) -> Result<(), HousekeepingError> {
+        let err = |source| HousekeepingError::Affinity {
+            pid: t.pid,
+            comm: t.stat.comm.clone(),
+            cpus: cpus.clone(),
+            source,
+        };
+        if self.kernel {
+            let mut set = nix::sched::CpuSet::new();
+            for cpu in cpus.iter() {
+                set.set(cpu as usize).map_err(|e| err(e.into()))?;
+            }
+            let pid = i32::try_from(t.pid).map_err(|_| err(nix::Error::ESRCH.into()))?;
+            return nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set)
+                .map_err(|e| err(e.into()));
+        }
+        let now = self.read(t.pid).ok_or_else(|| err(nix::Error::ESRCH.into()))?;
+        if now.stat.start != t.stat.start {
+            return Err(err(nix::Error::ESRCH.into()));
+        }
+        if !now.stat.movable_kthread() || cpus.is_empty() {
+            return Err(err(nix::Error::EINVAL.into()));
+        }
+        let root = Root::new(&self.procfs);
+        if root.exists(format!("{}/sim_kernel_keeps", t.pid)) {
+            return Ok(());
+        }
+        let rel = format!("{}/status", t.pid);
+        let text = root.read_to_string(&rel)?;
+        let text: String = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("Cpus_allowed_list:") {
+                    format!("Cpus_allowed_list:\t{cpus}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        root.write(&rel, text.as_bytes())?;
+        Ok(())
+    }
+}
+
+/// Whether a failed [`Kthreads::set_affinity`] is the kernel's refusal (`EINVAL`: it binds the
+/// thread) or the thread being gone (`ESRCH`): neither is a fault of ours.
+pub fn refused_or_gone(e: &HousekeepingError) -> bool {
+    matches!(e, HousekeepingError::Affinity { source, .. }
+        if matches!(source.raw_os_error(), Some(libc::EINVAL) | Some(libc::ESRCH)))
+}
+
+/// Writes a simulated kernel thread under `procfs` (the sandbox's `DIR/proc`): `PID/stat` in
+/// the kernel's format with `flags`, and `PID/status` with its name and `allowed` CPUs.
+pub fn write_sim_kthread(
+    procfs: &Path,
+    pid: u32,
+    comm: &str,
+    flags: u32,
+    allowed: &CpuSet,
+) -> std::io::Result<()> {
+    let dir = procfs.join(pid.to_string());
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("stat"),
+        format!("{pid} ({comm}) S 2 0 0 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 {} 0 0 18446744073709551615 0 0 0\n", 10 + pid),
+    )?;
+    std::fs::write(
+        dir.join("status"),
+        format!(
+            "Name:\t{comm}\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t2\nCpus_allowed_list:\t{allowed}\n"
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -204,5 +376,70 @@ mod tests {
         assert_eq!(k.partitions, None);
         std::fs::write(c.join("cpuset.cpus.isolated"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(read_kernel(&p, &s, &c).partitions, Some(set("2-3")));
+    }
+
+    #[test]
+    fn fake_procfs_kthreads_move_refuse_and_keep_as_the_kernel_would() {
+        use crate::core::housekeeping::{PF_KTHREAD, PF_NO_SETAFFINITY};
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let p = dir.path();
+        let all = set("0-3");
+        write_sim_kthread(p, 2, "kthreadd", PF_KTHREAD, &all).unwrap_or_else(|e| panic!("{e}"));
+        write_sim_kthread(p, 20, "migration/2", PF_KTHREAD | PF_NO_SETAFFINITY, &set("2"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        write_sim_kthread(p, 31, "khugepaged", PF_KTHREAD, &all).unwrap_or_else(|e| panic!("{e}"));
+        // A user process and a pid recorded by the sandbox's process affinities (no stat).
+        write_sim_kthread(p, 500, "sleep", 0x0040_0000, &all).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(p.join("600")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(p.join("600/status"), "Cpus_allowed_list:\t1\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(p.join("irq")).unwrap_or_else(|e| panic!("{e}"));
+
+        let k = Kthreads::new(p);
+        assert!(!k.kernel, "a temp dir is not procfs");
+        let list = k.movable().unwrap_or_else(|e| panic!("{e}"));
+        let pids: Vec<u32> = list.iter().map(|t| t.pid).collect();
+        assert_eq!(pids, [2, 31]);
+        assert_eq!(list[0].allowed, all);
+        assert_eq!(list[0].stat.comm, "kthreadd");
+
+        // Written to status, the other lines kept.
+        k.set_affinity(&list[0], &set("0-1")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(k.read(2).map(|t| t.allowed), Some(set("0-1")));
+        let status = std::fs::read_to_string(p.join("2/status")).unwrap_or_default();
+        assert!(status.starts_with("Name:\tkthreadd\n"), "{status}");
+
+        // The kernel binds it: EINVAL, nothing written.
+        let bound = k.read(20).unwrap_or_else(|| panic!("migration/2"));
+        let e = k.set_affinity(&bound, &set("0")).err().unwrap_or_else(|| panic!("accepted"));
+        assert!(refused_or_gone(&e), "{e}");
+        assert!(e.to_string().contains("migration/2 (20)"), "{e}");
+        assert_eq!(k.read(20).map(|t| t.allowed), Some(set("2")));
+
+        // A kernel that puts it back: the write succeeds, the read-back tells.
+        std::fs::write(p.join("31/sim_kernel_keeps"), "").unwrap_or_else(|e| panic!("{e}"));
+        k.set_affinity(&list[1], &set("0-1")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(k.read(31).map(|t| t.allowed), Some(all.clone()));
+
+        // Gone, or the pid now another thread's: ESRCH, not ours to fix.
+        let mut old = list[0].clone();
+        old.stat.start += 1;
+        assert!(k.set_affinity(&old, &set("0")).err().is_some_and(|e| refused_or_gone(&e)));
+        std::fs::remove_dir_all(p.join("2")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(k.set_affinity(&list[0], &set("0")).err().is_some_and(|e| refused_or_gone(&e)));
+    }
+
+    #[test]
+    fn saved_kthreads_survive_and_go() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut s = Saved::default();
+        s.kthreads.insert(2, SavedThread { comm: "kthreadd".into(), start: 12, cpus: "0-3".into() });
+        assert!(!s.is_empty());
+        s.store(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}")), s);
+        // A record from before kernel threads were remembered still loads.
+        std::fs::write(dir.path().join(SAVED_FILE), r#"{"workqueue":"f"}"#).unwrap_or_else(|e| panic!("{e}"));
+        let old = Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(old.kthreads.is_empty());
+        assert_eq!(old.workqueue.as_deref(), Some("f"));
     }
 }
