@@ -22,9 +22,7 @@ impl Fixture {
     /// A 1x4x2 sandbox (CPU c and c+4 are siblings) with [`CONFIG`].
     pub(super) fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let etc = dir.path().join("etc/cpupoold");
-        fs::create_dir_all(&etc).unwrap_or_else(|e| panic!("{e}"));
-        fs::write(etc.join("config.toml"), CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        test_support::files::write_config(dir.path(), CONFIG);
         let sb = Sandbox::prepare(dir.path(), Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
         Fixture { _dir: dir, sb }
     }

@@ -2,6 +2,7 @@
 //!
 //! - [`daemon`]: the real `cpupoold` binary started on a sandbox host, its banner read up to
 //!   `READY` (never a sleep), and stopped with SIGTERM and a checked exit;
+//! - [`files`]: a sandbox's configuration, directories, permissions for other uids;
 //! - [`wait`]: polling a condition against a deadline, for what has no ready signal (a log
 //!   line, a file the daemon writes);
 //! - `kubelet` (feature `kubelet`): a kubelet-shaped peer speaking the real protobuf: the
@@ -10,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod daemon;
+pub mod files;
 #[cfg(feature = "kubelet")]
 pub mod kubelet;
 pub mod wait;

@@ -281,9 +281,7 @@ impl Server {
 
     async fn start_authorized(limits: Limits, auth: Authorizer) -> Server {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let etc = dir.path().join("etc/cpupoold");
-        std::fs::create_dir_all(&etc).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(etc.join("config.toml"), CONFIG).unwrap_or_else(|e| panic!("{e}"));
+        test_support::files::write_config(dir.path(), CONFIG);
         let sb =
             crate::sandbox::Sandbox::prepare(dir.path(), Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
         let mut settings = crate::config::load(&sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
@@ -462,7 +460,7 @@ async fn idle_connections_and_stalled_calls_are_closed_but_monitors_stay() {
     assert_eq!(closed(&mut stalled).await.ok(), Some(None), "half a call");
 
     // The monitor outlived the idle timeout: it still streams.
-    std::fs::create_dir_all(srv._dir.path().join("cgroup/idle-test")).unwrap_or_else(|e| panic!("{e}"));
+    test_support::files::make_dirs(&srv._dir.path().join("cgroup/idle-test"));
     let mut s = srv.connect().await;
     let assign = json!({ "pool": "web", "target": "cgroup:idle-test", "millicpus": 100, "id": "idle-test" });
     let r = call(&mut s, json!({ "method": "org.cpupool.Manager.Assign", "parameters": assign })).await;
@@ -502,10 +500,7 @@ fn peer_as_ids(uid: u32, gid: u32, args: &[&str]) -> (std::process::Child, Value
 
 /// Lets other uids reach the server's socket.
 fn open_dirs(path: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    for d in path.ancestors().skip(1).take_while(|d| *d != std::path::Path::new("/tmp")) {
-        let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
-    }
+    test_support::files::open_to_others(path);
 }
 
 /// Real unprivileged peers (uids 65534 and 65533, through `setpriv`) hold connections: each uid
