@@ -43,7 +43,7 @@ pub struct PreparedEdit {
 pub enum EditError {
     /// The configuration on disk cannot be read as it is.
     #[error("reading the configuration")]
-    Read(#[source] ConfigError),
+    Read(#[source] Box<ConfigError>),
     /// The configuration with the edit is invalid (`dropin` is the runtime drop-in, so a
     /// caller can tell an error in the edit's own keys from one elsewhere).
     #[error("the configuration with the edit is invalid")]
@@ -52,7 +52,7 @@ pub enum EditError {
         dropin: PathBuf,
         /// What the parser said.
         #[source]
-        source: ConfigError,
+        source: Box<ConfigError>,
     },
     /// A file read after the runtime drop-in sets the key again, so the edit would not take
     /// effect.
@@ -71,12 +71,12 @@ pub enum EditError {
 /// that the edit takes effect.
 pub fn prepare(src: &ConfigSource, edit: &PoolEdit) -> Result<PreparedEdit, EditError> {
     let name = edit.name();
-    let old = Dropin::read(&src.dirs).map_err(EditError::Read)?;
+    let old = Dropin::read(&src.dirs).map_err(|e| EditError::Read(Box::new(e)))?;
     let mut new = old.clone();
     let load = |d: &Dropin| {
         let text = d.text();
         src.load(Some((d.path(), text.as_deref())))
-            .map_err(|source| EditError::Invalid { dropin: d.path().to_owned(), source })
+            .map_err(|e| EditError::Invalid { dropin: d.path().to_owned(), source: Box::new(e) })
     };
     let defines = |s: &Settings| s.pools.iter().any(|p| &p.name == name);
     let settings = match edit {

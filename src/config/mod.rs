@@ -248,7 +248,7 @@ pub enum ConfigError {
         key: String,
         /// Why the path is invalid.
         #[source]
-        source: state::Error,
+        source: Box<state::Error>,
     },
     /// No file defines a pool.
     #[error("no pool is configured: at least a [pools.NAME] table with kind = \"reserved\" is needed (files read: {})", list(files))]

@@ -252,7 +252,7 @@ impl Settings {
                     CgroupPath::new(s).map_err(|source| ConfigError::HostCgroup {
                         file: origins.file_for("daemon.host_cgroups").unwrap_or_default(),
                         key: format!("daemon.host_cgroups[{i}]"),
-                        source,
+                        source: Box::new(source),
                     })
                 })
                 .collect::<Result<_, _>>()?,

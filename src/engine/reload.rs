@@ -124,8 +124,8 @@ impl Engine {
         }
         let src = self.config.as_ref().ok_or(EngineError::NoConfigFiles)?;
         let PreparedEdit { old, new, settings } = edit::prepare(src, edit).map_err(|e| match e {
-            EditError::Read(e) => EngineError::Config(Box::new(e)),
-            EditError::Invalid { dropin, source } => edit_error(name, &dropin, source),
+            EditError::Read(e) => EngineError::Config(e),
+            EditError::Invalid { dropin, source } => edit_error(name, &dropin, *source),
             EditError::Overridden { key, file, dropin } => EngineError::Overridden { key, file, dropin },
         })?;
         let (topo, next) = self.prepare(&settings).map_err(|e| match e {
