@@ -53,12 +53,26 @@ fn cpupoolctl_bin() -> PathBuf {
     bin
 }
 
-/// `target/debug/examples/kubelet_peer`, built by `cargo test --all-targets`.
+/// `target/debug/examples/kubelet_peer`, the program `cargo run --example kubelet_peer` runs.
+/// `cargo test --all-targets` builds examples only as test harnesses, so on a clean tree it is
+/// built here, once, by the cargo running this test (it holds no lock while tests run).
 fn kubelet_peer_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(Path::parent).unwrap().join("examples/kubelet_peer");
-    assert!(bin.is_file(), "{} is missing: run `cargo build --examples` first", bin.display());
-    bin
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            let bin = exe.parent().and_then(Path::parent).unwrap().join("examples/kubelet_peer");
+            let cargo = option_env!("CARGO").unwrap_or("cargo");
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "--example", "kubelet_peer", "--manifest-path"])
+                .arg(root().join("Cargo.toml"))
+                .status()
+                .unwrap_or_else(|e| panic!("{cargo} build --example kubelet_peer: {e}"));
+            assert!(status.success(), "cargo build --example kubelet_peer: {status}");
+            assert!(bin.is_file(), "{} is missing after building it", bin.display());
+            bin
+        })
+        .clone()
 }
 
 /// The line with the demo directory and `cargo run` replaced.
