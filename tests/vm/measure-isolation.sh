@@ -31,17 +31,6 @@ $1
 EOF
 }
 
-start_load() {
-  systemd-run --quiet --unit=mload-hog.service sh -c 'while :; do :; done'
-  systemd-run --quiet --unit=mload-dd.service sh -c \
-    'while :; do dd if=/dev/zero of=/var/tmp/mload bs=1M count=8 conv=fsync status=none; done'
-  systemd-run --quiet --unit=mload-9p.service sh -c \
-    "while :; do cat $SHARE/pkg/*.deb $SHARE/checks/*.sh >/dev/null; done"
-}
-stop_load() {
-  systemctl stop mload-hog.service mload-dd.service mload-9p.service 2>/dev/null
-  rm -f /var/tmp/mload
-}
 
 # The daemon's isolation of dp, as JSON (the PyPI varlink client is in the image).
 isolation() {
@@ -68,7 +57,7 @@ rates() {
 measure() {
   pools "$2"
   systemctl restart cpupoold
-  start_load
+  start_load mload
   wait_for 30 measured
   cat /proc/interrupts >/tmp/m-irq-a
   cat /proc/stat >/tmp/m-stat-a
@@ -78,7 +67,7 @@ measure() {
   cat /proc/stat >/tmp/m-stat-b
   t1=$(cut -d' ' -f1 /proc/uptime)
   isolation >/tmp/m-daemon.json
-  stop_load
+  stop_load mload
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
   {
     echo "== $1 ($(uname -r)), ${secs} s under load"

@@ -55,18 +55,6 @@ delta() {
 }
 
 NCPU=$(head -n 1 /proc/interrupts | wc -w)
-# Load in system.slice: CPU, disk with fsync, and the 9p share (virtio).
-start_load() {
-  systemd-run --quiet --unit=irqload-hog.service sh -c 'while :; do :; done'
-  systemd-run --quiet --unit=irqload-dd.service sh -c \
-    'while :; do dd if=/dev/zero of=/var/tmp/irqload bs=1M count=8 conv=fsync status=none; done'
-  systemd-run --quiet --unit=irqload-9p.service sh -c \
-    "while :; do cat $SHARE/pkg/*.deb $SHARE/checks/*.sh >/dev/null; done"
-}
-stop_load() {
-  systemctl stop irqload-hog.service irqload-dd.service irqload-9p.service 2>/dev/null
-  rm -f /var/tmp/irqload
-}
 
 # measure LABEL: 15 s of /proc/interrupts under load; the figures go to $OUT, the per-row
 # increments to $RESULTS/irq-LABEL.delta.
@@ -95,10 +83,9 @@ check_output "irqbalance is installed and running" '^active$' systemctl is-activ
 # Before: not isolated.
 pools false
 check "reload with dp not isolated" systemctl reload cpupoold.service
-start_load
+start_load irqload
 measure before
-stop_load
-
+stop_load irqload
 # Isolated: the daemon moves the IRQs as part of the reload.
 pools true
 check "reload with dp isolated" systemctl reload cpupoold.service
@@ -119,9 +106,9 @@ bad=$(on_isolated)
 if [ -z "$bad" ]; then pass "every movable IRQ's smp_affinity_list excludes 2-3"; else fail "movable IRQs on 2-3: $bad"; fi
 check_output "default_smp_affinity excludes 2-3" '^0*3$' sh -c 'tr -d , </proc/irq/default_smp_affinity'
 
-start_load
+start_load irqload
 measure after
-stop_load
+stop_load irqload
 # Zero increments on 2-3 for every movable device IRQ.
 fired=""
 for n in $MOVABLE; do

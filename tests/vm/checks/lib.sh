@@ -84,3 +84,17 @@ smt = "threads"
 ${1:-}
 EOF
 }
+
+# start_load NAME: host load in system.slice as units NAME-{hog,dd,9p}.service: a CPU hog, a disk
+# write loop with fsync, and reads of the 9p share (virtio interrupts). stop_load NAME ends it.
+start_load() {
+  systemd-run --quiet --unit="$1-hog.service" sh -c 'while :; do :; done'
+  systemd-run --quiet --unit="$1-dd.service" sh -c \
+    "while :; do dd if=/dev/zero of=/var/tmp/$1 bs=1M count=8 conv=fsync status=none; done"
+  systemd-run --quiet --unit="$1-9p.service" sh -c \
+    "while :; do cat $SHARE/pkg/*.deb $SHARE/checks/*.sh >/dev/null; done"
+}
+stop_load() {
+  systemctl stop "$1-hog.service" "$1-dd.service" "$1-9p.service" 2>/dev/null
+  rm -f "/var/tmp/$1"
+}
