@@ -17,21 +17,6 @@ NCPU=$(head -n 1 /proc/interrupts | wc -w)
 HZ=$(getconf CLK_TCK)
 DROPIN=/run/systemd/system/cpupoold.service.d/50-measure.conf
 
-pools() {
-  cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
-[pools.reserved]
-kind = "reserved"
-cpus = "0-1"
-[pools.dp]
-kind = "exclusive"
-cpus = "2-3"
-smt = "threads"
-isolate = true
-$1
-EOF
-}
-
-
 # The daemon's isolation of dp, as JSON (the PyPI varlink client is in the image).
 isolation() {
   python3 -m varlink.cli call "$VARLINK/org.cpupool.Manager.GetIsolation" '{"pool": "dp"}'
@@ -55,7 +40,7 @@ rates() {
 
 # measure LABEL [TOML]: restart with the pools, load, two health samples, then the window.
 measure() {
-  pools "$2"
+  irq_pools true "$2"
   systemctl restart cpupoold
   start_load mload
   wait_for 30 measured

@@ -13,19 +13,6 @@ OUT=$RESULTS/irq.txt
 WINDOW=15
 ISO="2 3"
 
-pools() {
-  cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
-[pools.reserved]
-kind = "reserved"
-cpus = "0-1"
-[pools.dp]
-kind = "exclusive"
-cpus = "2-3"
-smt = "threads"
-isolate = $1
-EOF
-}
-
 # cpus_in LIST: the CPUs of a kernel CPU list, one per line.
 cpus_in() {
   printf '%s\n' "$1" | tr ',' '\n' | awk -F- 'NF == 1 && $1 != "" { print $1 } NF == 2 { for (c = $1; c <= $2; c++) print c }'
@@ -81,13 +68,13 @@ echo "kernel $(uname -r), $NCPU CPUs, packages $(cat /sys/devices/system/cpu/cpu
 check_output "irqbalance is installed and running" '^active$' systemctl is-active irqbalance.service
 
 # Before: not isolated.
-pools false
+irq_pools false
 check "reload with dp not isolated" systemctl reload cpupoold.service
 start_load irqload
 measure before
 stop_load irqload
 # Isolated: the daemon moves the IRQs as part of the reload.
-pools true
+irq_pools true
 check "reload with dp isolated" systemctl reload cpupoold.service
 check "irq.json remembers the moved IRQs" python3 -c \
   'import json,sys; m=json.load(open("/var/lib/cpupoold/irq.json")); sys.exit(0 if m["irqs"] else 1)'
@@ -155,7 +142,7 @@ echo "irq.json entries before kill / after restart: $(python3 -c 'import json; p
 # and read back the remembered affinity ("IRQ N (...) now on CPUs WAS").
 cp /var/lib/cpupoold/irq.json /tmp/irq-remembered.json
 since=$(date '+%Y-%m-%d %H:%M:%S')
-pools false
+irq_pools false
 check "reload with dp not isolated again" systemctl reload cpupoold.service
 journalctl -u cpupoold.service --since "$since" -o cat >/tmp/irq-restore.log 2>&1
 check "every remembered IRQ holds its affinity from before" python3 -c '

@@ -85,6 +85,23 @@ ${1:-}
 EOF
 }
 
+# irq_pools ISOLATE [TOML]: the pools of the interrupt checks and measurement (reserved 0-1, so
+# irqbalance keeps running; exclusive dp 2-3 in threads, `isolate = ISOLATE`) in
+# /etc/cpupoold/config.d/50-vmtest.toml, TOML appended after [pools.dp].
+irq_pools() {
+  cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
+[pools.reserved]
+kind = "reserved"
+cpus = "0-1"
+[pools.dp]
+kind = "exclusive"
+cpus = "2-3"
+smt = "threads"
+isolate = $1
+${2:-}
+EOF
+}
+
 # start_load NAME: host load in system.slice as units NAME-{hog,dd,9p}.service: a CPU hog, a disk
 # write loop with fsync, and reads of the 9p share (virtio interrupts). stop_load NAME ends it.
 start_load() {
