@@ -22,9 +22,6 @@ use std::time::{Duration, Instant};
 use common::{Daemon, PrivateBus, Varlink};
 use serde_json::{json, Value};
 
-/// `tests/fixtures/varlink_peer.py`: opens connections as told and reports what it got.
-const PEER_PY: &str = include_str!("fixtures/varlink_peer.py");
-
 /// The daemon's defaults (`cpupoold::api::varlink::Limits`).
 const PER_UID: u64 = cpupoold::api::varlink::Limits::PER_UID as u64;
 const UNPRIVILEGED: u64 = cpupoold::api::varlink::Limits::UNPRIVILEGED as u64;
@@ -40,17 +37,9 @@ struct Peer {
 
 impl Peer {
     fn start(uid: u32, socket: &Path, args: &[&str]) -> Peer {
-        let mut child = Command::new("setpriv")
-            .args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".to_owned()])
-            .args(["/usr/bin/python3", "-c", PEER_PY])
-            .arg(socket)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("setpriv python3: {e}"));
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let socket = socket.to_str().unwrap_or_else(|| panic!("{} is not UTF-8", socket.display()));
+        let all: Vec<&str> = std::iter::once(socket).chain(args.iter().copied()).collect();
+        let (child, line) = test_support::peer::varlink_peer_as(uid, uid, &all);
         let report = serde_json::from_str(&line).unwrap_or_else(|e| panic!("uid {uid}: {e}: {line:?}"));
         Peer { child, report }
     }

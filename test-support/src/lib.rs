@@ -3,6 +3,7 @@
 //! - [`daemon`]: the real `cpupoold` binary started on a sandbox host, its banner read up to
 //!   `READY` (never a sleep), and stopped with SIGTERM and a checked exit;
 //! - [`files`]: a sandbox's configuration, directories, permissions for other uids;
+//! - [`peer`]: the unprivileged varlink peer of the connection-limit tests;
 //! - [`wait`]: polling a condition against a deadline, for what has no ready signal (a log
 //!   line, a file the daemon writes);
 //! - `kubelet` (feature `kubelet`): a kubelet-shaped peer speaking the real protobuf: the
@@ -14,4 +15,5 @@ pub mod daemon;
 pub mod files;
 #[cfg(feature = "kubelet")]
 pub mod kubelet;
+pub mod peer;
 pub mod wait;

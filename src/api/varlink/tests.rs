@@ -470,9 +470,6 @@ async fn idle_connections_and_stalled_calls_are_closed_but_monitors_stay() {
     srv.stop().await;
 }
 
-/// The connection-limit tests' peer (`tests/fixtures/varlink_peer.py`).
-const PEER_PY: &str = include_str!("../../../tests/fixtures/varlink_peer.py");
-
 /// A `varlink_peer.py` run as `uid` (gid the same, no supplementary groups) with `args`: the
 /// child (holding its connections until its stdin closes) and its report.
 fn peer_as(uid: u32, args: &[&str]) -> (std::process::Child, Value) {
@@ -481,19 +478,7 @@ fn peer_as(uid: u32, args: &[&str]) -> (std::process::Child, Value) {
 
 /// [`peer_as`] with primary group `gid`.
 fn peer_as_ids(uid: u32, gid: u32, args: &[&str]) -> (std::process::Child, Value) {
-    use std::io::BufRead;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new("setpriv")
-        .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".to_owned()])
-        .args(["/usr/bin/python3", "-c", PEER_PY])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("setpriv python3: {e}"));
-    let mut line = String::new();
-    let out = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-    std::io::BufReader::new(out).read_line(&mut line).unwrap_or_else(|e| panic!("{e}"));
+    let (child, line) = test_support::peer::varlink_peer_as(uid, gid, args);
     let report = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
     (child, report)
 }
