@@ -238,6 +238,11 @@ impl Housekeeping {
     /// every write is read back.
     fn fit_kthreads(&mut self, isolated: &CpuSet, housekeeping: &CpuSet) -> KthreadReport {
         let mut report = KthreadReport { isolated: isolated.clone(), ..Default::default() };
+        if isolated.is_empty() && self.saved.kthreads.is_empty() {
+            // Nothing to keep off and nothing to give back: no walk over every task in /proc at
+            // each drift check of a host without isolated pools.
+            return report;
+        }
         let fs = Kthreads::new(&self.roots.procfs);
         let threads = match fs.movable() {
             Ok(t) => t,
