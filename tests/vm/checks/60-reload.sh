@@ -42,8 +42,13 @@ if has_pool vmweb; then pass "old pools keep running after cpupoolctl reload"; e
 rm -f /etc/cpupoold/config.d/60-vmtest-broken.toml
 check "reload after the fix" systemctl reload cpupoold.service
 check_output "cpupoolctl reload with nothing changed says so" 'nothing changed' cpupoolctl reload
+pid=$(main_pid)
 check "SIGHUP still reloads" systemctl kill -s HUP cpupoold.service
+# The signal is delivered asynchronously and the daemon says RELOADING=1 then READY=1: the unit
+# passes through `reloading` (seen on 6.12 under load), so wait for that to end first.
+wait_for 15 sh -c '[ "$(systemctl is-active cpupoold.service)" != reloading ]'
 check_output "still active after SIGHUP" '^active$' systemctl is-active cpupoold.service
+check_output "by the same process (no restart)" "^$pid\$" main_pid
 
 # Leave the configuration as shipped for the checks that follow.
 rm -f /etc/cpupoold/config.d/50-vmtest.toml
