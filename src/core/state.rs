@@ -5,7 +5,7 @@
 //! changes. Per-pool usage is cached and rebuilt on load, never persisted, so a corrupt cache
 //! cannot outlive a restart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -145,12 +145,29 @@ pub struct Usage {
 }
 
 /// Pools and assignments.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Copying a `State` is cheap whatever the number of assignments: they live in a persistent
+/// map that shares its structure between copies, so the engine can decide a mutation on a copy
+/// and publish snapshots without copying every assignment. Two states are equal when their
+/// persisted data is; the derived indexes and the change record are not compared.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(from = "StateData", into = "StateData")]
 pub struct State {
     data: StateData,
     usage: BTreeMap<PoolName, Usage>,
+    /// The assignment holding each target (a target has one cpuset), derived like `usage`.
+    targets: imbl::HashMap<Target, AssignmentId>,
+    /// What changed since the last [`State::take_changes`].
+    changes: Changes,
 }
+
+impl PartialEq for State {
+    fn eq(&self, other: &State) -> bool {
+        self.data == other.data
+    }
+}
+
+impl Eq for State {}
 
 /// The persisted part of [`State`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -158,14 +175,61 @@ pub struct StateData {
     /// Pools by name.
     pub pools: BTreeMap<PoolName, Pool>,
     /// Assignments by id.
-    pub assignments: BTreeMap<AssignmentId, Assignment>,
+    pub assignments: imbl::OrdMap<AssignmentId, Assignment>,
     /// Counter for made-up ids.
+    pub next_id: u64,
+}
+
+/// What a run of mutations touched: the assignments added, removed or changed, and whether the
+/// pools were replaced. The engine plans and persists only these ([`State::delta`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Assignments added, removed or changed.
+    pub assignments: BTreeSet<AssignmentId>,
+    /// Whether the pools were replaced (a reload).
+    pub pools: bool,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.assignments.is_empty() && !self.pools
+    }
+
+    /// Adds what `other` touched.
+    pub fn merge(&mut self, other: &Changes) {
+        self.assignments.extend(other.assignments.iter().cloned());
+        self.pools |= other.pools;
+    }
+}
+
+/// The persisted effect of some mutations, as one record: what the touched assignments are now
+/// (present ones in `upsert`, gone ones in `remove`), the pools when they were replaced, and the
+/// id counter. Applying it to the state it was taken against gives the state it was taken from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Delta {
+    /// The pools, when they were replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pools: Option<BTreeMap<PoolName, Pool>>,
+    /// Assignments added or changed, whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upsert: Vec<Assignment>,
+    /// Assignments removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<AssignmentId>,
+    /// The counter for made-up ids.
     pub next_id: u64,
 }
 
 impl From<StateData> for State {
     fn from(data: StateData) -> Self {
-        let mut s = State { data, usage: BTreeMap::new() };
+        let mut s = State {
+            data,
+            usage: BTreeMap::new(),
+            targets: imbl::HashMap::new(),
+            changes: Changes::default(),
+        };
         s.rebuild_usage();
         s
     }
@@ -193,21 +257,21 @@ impl State {
     }
 
     fn rebuild_usage(&mut self) {
-        self.usage = self.data.pools.keys().map(|n| (n.clone(), Usage::default())).collect();
-        let assignments: Vec<Assignment> = self.data.assignments.values().cloned().collect();
-        for a in &assignments {
-            self.add_usage(a);
+        let mut usage: BTreeMap<PoolName, Usage> =
+            self.data.pools.keys().map(|n| (n.clone(), Usage::default())).collect();
+        let mut targets = imbl::HashMap::new();
+        for a in self.data.assignments.values() {
+            add_usage(&mut usage, a);
+            targets.insert(a.target.clone(), a.id.clone());
         }
+        self.usage = usage;
+        self.targets = targets;
     }
 
+    /// Books `a` into the usage and the target index.
     fn add_usage(&mut self, a: &Assignment) {
-        let exclusive = a.kind == PoolKind::Exclusive;
-        let u = self.usage.entry(a.pool.clone()).or_default();
-        if exclusive {
-            u.taken = u.taken.union(&a.cpus);
-        }
-        u.millicpus += a.millicpus;
-        u.count += 1;
+        add_usage(&mut self.usage, a);
+        self.targets.insert(a.target.clone(), a.id.clone());
     }
 
     fn remove_usage(&mut self, a: &Assignment) {
@@ -218,6 +282,68 @@ impl State {
             }
             u.millicpus = u.millicpus.saturating_sub(a.millicpus);
             u.count = u.count.saturating_sub(1);
+        }
+        if self.targets.get(&a.target) == Some(&a.id) {
+            self.targets.remove(&a.target);
+        }
+    }
+
+    /// What changed since the last [`State::take_changes`].
+    pub fn changes(&self) -> &Changes {
+        &self.changes
+    }
+
+    /// What changed, leaving the record empty.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Records `changes` as changed here too: going back to an earlier state touches what the
+    /// step forward touched.
+    pub fn mark(&mut self, changes: &Changes) {
+        self.changes.merge(changes);
+    }
+
+    /// The record of what `changes` touched, as this state has it now.
+    pub fn delta(&self, changes: &Changes) -> Delta {
+        let mut delta = Delta {
+            pools: changes.pools.then(|| self.data.pools.clone()),
+            next_id: self.data.next_id,
+            ..Delta::default()
+        };
+        for id in &changes.assignments {
+            match self.data.assignments.get(id) {
+                Some(a) => delta.upsert.push(a.clone()),
+                None => delta.remove.push(id.clone()),
+            }
+        }
+        delta
+    }
+
+    /// Applies a [`Delta`] (replaying the journal), recording what it touched.
+    pub fn apply(&mut self, delta: Delta) {
+        if let Some(pools) = delta.pools {
+            self.data.pools = pools;
+            self.changes.pools = true;
+        }
+        for id in delta.remove {
+            if let Some(a) = self.data.assignments.remove(&id) {
+                self.remove_usage(&a);
+            }
+            self.changes.assignments.insert(id);
+        }
+        for a in delta.upsert {
+            if let Some(old) = self.data.assignments.remove(&a.id) {
+                self.remove_usage(&old);
+            }
+            self.changes.assignments.insert(a.id.clone());
+            self.add_usage(&a);
+            self.data.assignments.insert(a.id.clone(), a);
+        }
+        self.data.next_id = delta.next_id;
+        if self.changes.pools {
+            // New pools start with no usage; rebuild it against them.
+            self.rebuild_usage();
         }
     }
 
@@ -232,7 +358,7 @@ impl State {
     }
 
     /// Assignments by id.
-    pub fn assignments(&self) -> &BTreeMap<AssignmentId, Assignment> {
+    pub fn assignments(&self) -> &imbl::OrdMap<AssignmentId, Assignment> {
         &self.data.assignments
     }
 
@@ -282,7 +408,7 @@ impl State {
             }
         }
         // A target has one cpuset: it can hold one assignment, from whichever pool.
-        if let Some(a) = self.data.assignments.values().find(|a| a.target == spec.target) {
+        if let Some(a) = self.targets.get(&spec.target).and_then(|id| self.data.assignments.get(id)) {
             return Err(Error::TargetBusy {
                 target: spec.target.to_string(),
                 id: a.id.to_string(),
@@ -362,6 +488,7 @@ impl State {
             container: None,
         };
         self.add_usage(&a);
+        self.changes.assignments.insert(id.clone());
         self.data.assignments.insert(id, a.clone());
         Ok(Outcome::Changed(a))
     }
@@ -428,7 +555,9 @@ impl State {
         if current.target == target && current.container == container {
             return Ok(Outcome::Identity(current.clone()));
         }
-        if let Some(other) = self.data.assignments.values().find(|a| a.target == target && a.id != key) {
+        if let Some(other) =
+            self.targets.get(&target).filter(|&id| *id != key).and_then(|id| self.data.assignments.get(id))
+        {
             return Err(Error::TargetBusy {
                 target: target.to_string(),
                 id: other.id.to_string(),
@@ -438,9 +567,15 @@ impl State {
         let Some(a) = self.data.assignments.get_mut(&key) else {
             return Err(Error::NoSuchAssignment { id: id.to_owned() });
         };
-        a.target = target;
+        let old_target = std::mem::replace(&mut a.target, target);
         a.container = container;
-        Ok(Outcome::Changed(a.clone()))
+        let a = a.clone();
+        if self.targets.get(&old_target) == Some(&key) {
+            self.targets.remove(&old_target);
+        }
+        self.targets.insert(a.target.clone(), key.clone());
+        self.changes.assignments.insert(key);
+        Ok(Outcome::Changed(a))
     }
 
     /// Releases an assignment, returning what it held.
@@ -452,6 +587,7 @@ impl State {
             .remove(&key)
             .ok_or_else(|| Error::NoSuchAssignment { id: id.to_owned() })?;
         self.remove_usage(&a);
+        self.changes.assignments.insert(key);
         Ok(a)
     }
 
@@ -465,17 +601,36 @@ impl State {
             return Err(misfits);
         }
         self.data.pools = new;
+        self.changes.pools = true;
         // Shared assignments see the whole pool: follow its new CPUs.
-        for a in self.data.assignments.values_mut() {
-            if let Some(p) = self.data.pools.get(&a.pool) {
-                if p.kind == PoolKind::Shared {
-                    a.cpus = p.cpus.clone();
-                }
+        let follow: Vec<(AssignmentId, CpuSet)> = self
+            .data
+            .assignments
+            .values()
+            .filter_map(|a| {
+                let p = self.data.pools.get(&a.pool)?;
+                (p.kind == PoolKind::Shared && p.cpus != a.cpus).then(|| (a.id.clone(), p.cpus.clone()))
+            })
+            .collect();
+        for (id, cpus) in follow {
+            if let Some(a) = self.data.assignments.get_mut(&id) {
+                a.cpus = cpus;
             }
+            self.changes.assignments.insert(id);
         }
         self.rebuild_usage();
         Ok(())
     }
+}
+
+/// Books `a` into `usage`.
+fn add_usage(usage: &mut BTreeMap<PoolName, Usage>, a: &Assignment) {
+    let u = usage.entry(a.pool.clone()).or_default();
+    if a.kind == PoolKind::Exclusive {
+        u.taken = u.taken.union(&a.cpus);
+    }
+    u.millicpus += a.millicpus;
+    u.count += 1;
 }
 
 #[cfg(test)]

@@ -164,6 +164,9 @@ impl Engine {
                 state
             }
         };
+        // Everything is applied from scratch at start: no change is pending.
+        let mut state = state;
+        state.take_changes();
         let (events, _) = broadcast::channel(1024);
         let snapshot = Snapshot {
             state: Arc::new(state.clone()),

@@ -290,10 +290,12 @@ impl Engine {
     }
 
     /// Applies and saves `next`; on failure undoes what was applied.
-    pub(super) fn commit(&mut self, next: State) -> Result<(), EngineError> {
+    pub(super) fn commit(&mut self, mut next: State) -> Result<(), EngineError> {
         let before = self.layout(&self.state);
         let after = self.layout(&next);
         self.commit_layouts(&before, &after, &next)?;
+        // The engine's state records no pending change: each commit starts a fresh record.
+        next.take_changes();
         self.state = Arc::new(next);
         Ok(())
     }

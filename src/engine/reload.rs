@@ -53,7 +53,7 @@ impl Engine {
         &mut self,
         settings: &Settings,
         topo: Topology,
-        next: State,
+        mut next: State,
     ) -> Result<bool, EngineError> {
         let old_topo = std::mem::replace(&mut self.topo, Arc::new(topo));
         let old_lend = std::mem::replace(&mut self.lend_idle, settings.lend_idle);
@@ -81,6 +81,7 @@ impl Engine {
             self.opts = old_opts;
             return Err(e);
         }
+        next.take_changes();
         self.state = Arc::new(next);
         self.irq.configure(settings);
         self.apply_irqs();
