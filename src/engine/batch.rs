@@ -35,13 +35,14 @@ impl Engine {
         if made.is_empty() {
             return Ok(outs);
         }
-        let before = (*self.state).clone();
-        self.commit(next)?;
+        let mut before = (*self.state).clone();
+        let changes = self.commit(next)?;
         if let Some((a, e)) = made.iter().find_map(|a| self.verify(a).err().map(|e| (a, e))) {
             log::warn!(
                 TARGET = a.target.to_string().as_str();
                 "refusing {} assignments together: {} of CPUs {} to {}: {e}", made.len(), a.id, a.cpus, a.target
             );
+            before.mark(&changes);
             if let Err(undo) = self.commit(before) {
                 log::error!("taking back {} assignments failed: {}", made.len(), error_chain(&undo));
             }

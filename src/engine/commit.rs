@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 use super::{error_chain, Change, Engine, EngineError, Event, Request};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Effect, Key, Layout};
-use crate::core::state::{self, AssignSpec, Assignment, CgroupPath, Outcome, State, Target};
+use crate::core::state::{self, AssignSpec, Assignment, CgroupPath, Changes, Outcome, State, Target};
 
 impl Engine {
     /// Records when a pid target's process started; refuses a process that does not exist.
@@ -57,8 +57,8 @@ impl Engine {
         // CPU given away that the saved state does not name. The process waits meanwhile.
         self.backend.start_scope(&scope, &slice_unit, pid, &CpuSet::new()).map_err(EngineError::Apply)?;
         let before = (*self.state).clone();
-        self.commit(next)?;
-        self.verify_or_undo(before, a)?;
+        let changes = self.commit(next)?;
+        self.verify_or_undo(before, &changes, a)?;
         self.publish(assigned(a));
         Ok(out)
     }
@@ -87,18 +87,21 @@ impl Engine {
             .iter()
             .any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
         if changed {
-            let before = (*self.state).clone();
-            if let Err(e) = self.commit(next) {
-                log::warn!(
-                    "applying {} grouped changes failed ({}); doing them one by one",
-                    group.len(),
-                    error_chain(&e)
-                );
-                for m in group {
-                    self.handle(m.into_request());
+            let mut before = (*self.state).clone();
+            let changes = match self.commit(next) {
+                Ok(changes) => changes,
+                Err(e) => {
+                    log::warn!(
+                        "applying {} grouped changes failed ({}); doing them one by one",
+                        group.len(),
+                        error_chain(&e)
+                    );
+                    for m in group {
+                        self.handle(m.into_request());
+                    }
+                    return;
                 }
-                return;
-            }
+            };
             // Read back: assignments the kernel does not enforce are taken back out, together.
             let refused: Vec<(usize, state::Error)> = decided
                 .iter()
@@ -120,6 +123,7 @@ impl Engine {
                         "taking back assignments the kernel does not enforce failed: {}",
                         error_chain(&e)
                     );
+                    before.mark(&changes);
                     let _ = self.commit(before);
                 }
                 for (i, e) in refused {
@@ -157,8 +161,8 @@ impl Engine {
         let out = self.decide(&mut next, spec)?;
         if let Outcome::Changed(a) = &out {
             let before = (*self.state).clone();
-            self.commit(next)?;
-            self.verify_or_undo(before, a)?;
+            let changes = self.commit(next)?;
+            self.verify_or_undo(before, &changes, a)?;
             self.publish(assigned(a));
         }
         Ok(out)
@@ -226,14 +230,20 @@ impl Engine {
         }
     }
 
-    /// [`Engine::verify`] after a commit; on a difference the commit is undone (applied and
-    /// saved back to `before`), so nothing stays booked.
-    pub(super) fn verify_or_undo(&mut self, before: State, a: &Assignment) -> Result<(), EngineError> {
+    /// [`Engine::verify`] after the commit that made `changes`; on a difference the commit is
+    /// undone (applied and saved back to `before`), so nothing stays booked.
+    pub(super) fn verify_or_undo(
+        &mut self,
+        mut before: State,
+        changes: &Changes,
+        a: &Assignment,
+    ) -> Result<(), EngineError> {
         if let Err(e) = self.verify(a) {
             log::warn!(
                 TARGET = a.target.to_string().as_str();
                 "refusing assignment {} of CPUs {} to {}: {e}", a.id, a.cpus, a.target
             );
+            before.mark(changes);
             if let Err(undo) = self.commit(before) {
                 log::error!("taking back assignment {} failed: {}", a.id, error_chain(&undo));
             }
@@ -289,15 +299,19 @@ impl Engine {
         Ok(effects)
     }
 
-    /// Applies and saves `next`; on failure undoes what was applied.
-    pub(super) fn commit(&mut self, mut next: State) -> Result<(), EngineError> {
+    /// Applies and saves `next`, returning what it changed; on failure undoes what was applied.
+    ///
+    /// `next.changes()` must name everything that differs from the current state: a state
+    /// derived from the current one by mutations records this itself; going back to an earlier
+    /// state, mark it with the changes of the step being undone ([`State::mark`]).
+    pub(super) fn commit(&mut self, mut next: State) -> Result<Changes, EngineError> {
         let before = self.layout(&self.state);
         let after = self.layout(&next);
         self.commit_layouts(&before, &after, &next)?;
         // The engine's state records no pending change: each commit starts a fresh record.
-        next.take_changes();
+        let changes = next.take_changes();
         self.state = Arc::new(next);
-        Ok(())
+        Ok(changes)
     }
 
     /// Takes CPUs away (`plan::kept`) before the save and gives them only after it, so that a
