@@ -490,13 +490,16 @@ pub fn render(map: &HostMap, style: Style) -> String {
         out.push_str(&lead);
         out.push_str(&wrapped[visible..]);
     }
-    out.push_str("\nmarks\n");
+    // Only the marks this picture uses.
     let marks = [
-        ("[d4]", vec![4], "isolated: in an isolated partition, or by the kernel (isolcpus=)"),
-        ("d4*", vec![1], "held by an exclusive assignment (listed below)"),
-        ("x15", vec![2], "offline"),
+        (brackets, "[d4]", vec![4], "isolated: in an isolated partition, or by the kernel (isolcpus=)"),
+        (!map.held.is_empty(), "d4*", vec![1], "held by an exclusive assignment (listed below)"),
+        (!map.offline.is_empty(), "x15", vec![2], "offline"),
     ];
-    for (text, codes, what) in marks {
+    if marks.iter().any(|m| m.0) {
+        out.push_str("\nmarks\n");
+    }
+    for (_, text, codes, what) in marks.into_iter().filter(|m| m.0) {
         let sample = Cell { text: text.to_owned(), sgr: codes }.paint(style.colour, 4);
         out.push_str(&format!("  {sample}  {what}\n"));
     }
