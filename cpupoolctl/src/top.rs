@@ -98,8 +98,9 @@ fn plural(n: u64, one: &str) -> String {
 /// `█████░░░░░  50%`: the share of capacity assigned.
 fn bar(used: u64, capacity: u64) -> String {
     const WIDTH: u64 = 10;
-    let pct = if capacity == 0 { 0 } else { used.saturating_mul(100) / capacity };
-    let full = if capacity == 0 { 0 } else { (used.saturating_mul(WIDTH) / capacity).min(WIDTH) };
+    // A pool without capacity (no CPUs) shows an empty bar.
+    let pct = used.saturating_mul(100).checked_div(capacity).unwrap_or(0);
+    let full = used.saturating_mul(WIDTH).checked_div(capacity).unwrap_or(0).min(WIDTH);
     format!(
         "{}{} {pct:>3}%",
         "█".repeat(usize::try_from(full).unwrap_or(0)),
