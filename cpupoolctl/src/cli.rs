@@ -136,6 +136,10 @@ pub enum Command {
     /// take CPUs from live assignments is rejected whole: the running one stays, and this
     /// exits 1 printing why.
     Reload,
+    /// A live view of the pools and CPUs, refreshed every --interval: per pool its kind, CPUs,
+    /// assigned capacity and isolation; per CPU its pool and holder; per isolated CPU the
+    /// interrupt rates and foreign CPU time the daemon measured. Quit with q, Esc or Ctrl-C.
+    Top(TopArgs),
     /// Print pool and assignment changes as they happen, until interrupted. The current pools
     /// come first (change "current"), so you know the subscription is live.
     Monitor,
@@ -181,6 +185,48 @@ pub enum PoolCommand {
         /// The pool.
         name: String,
     },
+    /// Draw the host: packages, NUMA nodes, L3 groups and cores with their threads, each CPU
+    /// as its pool's letter (and colour) and number, isolated CPUs in brackets, CPUs held by
+    /// an exclusive assignment marked `*` and listed with their holder, offline CPUs as `x`.
+    /// With --json, the same data nested package → node → L3 group → core → threads.
+    Map(MapArgs),
+}
+
+/// `pool map`.
+#[derive(Args, Debug)]
+pub struct MapArgs {
+    /// Colour the picture: auto (when stdout is a terminal and NO_COLOR is unset or empty),
+    /// always or never.
+    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    pub color: ColorChoice,
+}
+
+/// When to colour.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColorChoice {
+    /// When stdout is a terminal and NO_COLOR is unset or empty.
+    Auto,
+    /// Always, even with NO_COLOR set.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// `top`.
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Refresh every SECONDS (at least 0.1).
+    #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = parse_interval)]
+    pub interval: Duration,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    // Faster than this only loads the daemon; slower than a day is not "live".
+    if !secs.is_finite() || !(0.1..=86400.0).contains(&secs) {
+        return Err(format!("`{s}`: expected seconds between 0.1 and 86400"));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// `pool assign`.

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use clap::CommandFactory;
 use serde_json::{json, Value};
 
-use crate::cli::{Cli, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK};
+use crate::cli::{Cli, ColorChoice, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK};
 use crate::client::Manager;
 use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest};
 use crate::dbus::{self, Bus};
@@ -114,6 +114,23 @@ impl Printer<'_> {
             .and_then(|()| self.out.flush())
             .map_err(|source| Error::Local { what: "writing to stdout".into(), source })
     }
+}
+
+/// Whether `pool map` colours (`--color`, NO_COLOR, a terminal on stdout) and how wide it
+/// draws (the terminal's width, 80 columns when stdout is not a terminal).
+fn map_style(choice: ColorChoice) -> crate::map::Style {
+    use std::io::IsTerminal;
+    let tty = std::io::stdout().is_terminal();
+    // https://no-color.org: set and not empty turns colour off; --color=always overrides it.
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let colour = match choice {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => tty && !no_color,
+    };
+    let width =
+        if tty { ratatui::crossterm::terminal::size().map_or(80, |(w, _)| usize::from(w)) } else { 80 };
+    crate::map::Style { colour, width: width.max(20) }
 }
 
 /// Runs the command line, writing results to `out`.
@@ -234,6 +251,26 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let s = m.status()?;
             let iso = m.isolation("").unwrap_or_default();
             p.print(|| output::status(&s) + &output::isolation_lines(&iso, true), || json!(s))
+        }
+        Command::Pool(PoolCommand::Map(a)) => {
+            let topo = m.topology()?;
+            let pools = m.list_pools()?;
+            let list = m.list_assignments(None)?;
+            let map = crate::map::HostMap::build(&topo, &pools, &list)?;
+            let style = map_style(a.color);
+            p.print(|| crate::map::render(&map, style), || json!(map))
+        }
+        Command::Top(t) => {
+            if cli.global.json {
+                return Err(Error::Local {
+                    what: "cpupoolctl top".into(),
+                    source: std::io::Error::other(
+                        "--json is not for a live view; use `pool list`, `assignments` or `pool map` with --json",
+                    ),
+                });
+            }
+            let global = cli.global.clone();
+            crate::top::run(m, &move || connect(&global), t.interval)
         }
         Command::Reload => {
             let changed = m.reload()?;

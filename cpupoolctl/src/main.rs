@@ -19,8 +19,10 @@ mod commands;
 mod dbus;
 mod error;
 mod manpage;
+mod map;
 mod output;
 mod run;
+mod top;
 mod varlink;
 
 use std::io::{self, Write};

@@ -1,0 +1,587 @@
+//! `cpupoolctl top`: a live view of the pools and CPUs.
+//!
+//! Data flow: every `--interval` [`fetch`] asks the daemon for its status, pools,
+//! assignments, topology and isolation health (the same calls as `status`, `pool list`,
+//! `assignments`, `pool map`); [`draw`] lays the [`Snapshot`] out with ratatui; between
+//! refreshes the loop waits for a key (q, Esc or Ctrl-C quit; a resize redraws).
+//!
+//! The figures are honest about what they are: USE is the capacity the daemon has granted
+//! (assigned millicpus of the pool's capacity), not CPU time measured on the CPUs; the daemon
+//! measures only isolated CPUs (interrupt and timer rates, foreign CPU time), and those are
+//! shown as it reported them. Nothing is read from this machine's /proc, which may not be
+//! the daemon's host.
+//!
+//! The terminal is put back (raw mode off, main screen) when the loop ends for any reason:
+//! a guard's `Drop` on return and on error, ratatui's panic hook on a panic. If the daemon
+//! goes away the last picture stays, marked stale with the error, and the loop reconnects.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Paragraph, Row, Table, Wrap};
+use ratatui::Frame;
+
+use cpupool_wire::views::{Assignment, Isolation, Pool, Status, Topology};
+
+use crate::client::Manager;
+use crate::error::Error;
+use crate::map::HostMap;
+use crate::output::{duration, millicpus};
+
+/// What one refresh read.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// `Status`.
+    pub status: Status,
+    /// `ListPools`.
+    pub pools: Vec<Pool>,
+    /// `ListAssignments`.
+    pub assignments: Vec<Assignment>,
+    /// `GetTopology`.
+    pub topology: Topology,
+    /// `GetIsolation` of every isolated pool (empty from a daemon without it).
+    pub isolation: Isolation,
+}
+
+/// Reads one snapshot.
+pub fn fetch(m: &mut dyn Manager) -> Result<Snapshot, Error> {
+    Ok(Snapshot {
+        status: m.status()?,
+        pools: m.list_pools()?,
+        assignments: m.list_assignments(None)?,
+        topology: m.topology()?,
+        // An older daemon without GetIsolation: the view goes without it, as `status` does.
+        isolation: m.isolation("").unwrap_or_default(),
+    })
+}
+
+/// What the screen shows: the last snapshot read, and why the latest refresh failed if it did.
+pub struct View {
+    /// The last good snapshot (none before the first).
+    pub snapshot: Option<Snapshot>,
+    /// The last refresh's error, shown above a stale picture.
+    pub problem: Option<String>,
+    /// The refresh interval, shown in the header.
+    pub interval: Duration,
+}
+
+fn colour(name: &str) -> Color {
+    match name {
+        "green" => Color::Green,
+        "blue" => Color::Blue,
+        "magenta" => Color::Magenta,
+        "cyan" => Color::Cyan,
+        "yellow" => Color::Yellow,
+        "red" => Color::Red,
+        "bright-green" => Color::LightGreen,
+        "bright-blue" => Color::LightBlue,
+        "bright-magenta" => Color::LightMagenta,
+        "bright-cyan" => Color::LightCyan,
+        "bright-yellow" => Color::LightYellow,
+        "bright-red" => Color::LightRed,
+        _ => Color::DarkGray,
+    }
+}
+
+fn plural(n: u64, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
+}
+
+/// `█████░░░░░  50%`: the share of capacity assigned.
+fn bar(used: u64, capacity: u64) -> String {
+    const WIDTH: u64 = 10;
+    // A pool without capacity (no CPUs) shows an empty bar.
+    let pct = used.saturating_mul(100).checked_div(capacity).unwrap_or(0);
+    let full = used.saturating_mul(WIDTH).checked_div(capacity).unwrap_or(0).min(WIDTH);
+    format!(
+        "{}{} {pct:>3}%",
+        "█".repeat(usize::try_from(full).unwrap_or(0)),
+        "░".repeat(usize::try_from(WIDTH - full).unwrap_or(0))
+    )
+}
+
+fn bold() -> Style {
+    Style::default().add_modifier(Modifier::BOLD)
+}
+
+/// Draws the view: header, pools, CPUs, isolated CPUs (when any pool is isolated),
+/// assignments, and a footer saying what USE is.
+pub fn draw(frame: &mut Frame, view: &View) {
+    let area = frame.area();
+    let Some(snap) = &view.snapshot else {
+        let text = match &view.problem {
+            Some(p) => format!("cpupoolctl top: {p} (retrying; q quits)"),
+            None => "cpupoolctl top: reading the daemon... (q quits)".to_owned(),
+        };
+        frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: false }), area);
+        return;
+    };
+    let s = &snap.status;
+    let header = Line::from(vec![
+        Span::styled(format!("cpupoold {}", s.version), bold()),
+        Span::raw(format!(
+            "  up {}  {}  {}  every {}s  q quits",
+            duration(s.uptime_seconds),
+            plural(s.pools, "pool"),
+            plural(s.assignments, "assignment"),
+            view.interval.as_secs_f64()
+        )),
+    ]);
+    let problem = view.problem.as_ref().map(|p| {
+        Line::from(Span::styled(
+            format!("stale: {p} (retrying)"),
+            Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
+        ))
+    });
+
+    // The map gives each pool its letter and colour, and each CPU its pool and holder; a
+    // reply it cannot read leaves the CPU grid out rather than the whole view.
+    let map = HostMap::build(&snap.topology, &snap.pools, &snap.assignments).ok();
+    let cpu_cells = map.as_ref().map(cpu_spans).unwrap_or_default();
+    let cell_w = cpu_cells.iter().map(|(t, _)| t.chars().count()).max().unwrap_or(1) + 1;
+    let per_line = (usize::from(area.width.saturating_sub(2)) / cell_w).max(1);
+    let cpu_lines = cpu_cells.len().div_ceil(per_line);
+    let health: Vec<_> =
+        snap.isolation.pools.iter().flat_map(|p| p.per_cpu.iter().map(move |c| (p, c))).collect();
+    let iso_rows = snap.isolation.pools.len() + health.len();
+
+    let mut constraints = vec![Constraint::Length(1)];
+    if problem.is_some() {
+        constraints.push(Constraint::Length(1));
+    }
+    constraints.push(Constraint::Length(u16::try_from(snap.pools.len() + 3).unwrap_or(u16::MAX)));
+    constraints.push(Constraint::Length(u16::try_from(cpu_lines + 2).unwrap_or(u16::MAX)));
+    if iso_rows > 0 {
+        constraints.push(Constraint::Length(u16::try_from(iso_rows + 3).unwrap_or(u16::MAX)));
+    }
+    constraints.push(Constraint::Min(3));
+    constraints.push(Constraint::Length(1));
+    let areas = Layout::vertical(constraints).split(area);
+    let mut at = areas.iter().copied();
+    let mut next = || at.next().unwrap_or(Rect::ZERO);
+
+    frame.render_widget(Paragraph::new(header), next());
+    if let Some(p) = problem {
+        frame.render_widget(Paragraph::new(p), next());
+    }
+    frame.render_widget(pools_table(snap, map.as_ref()), next());
+
+    let mut lines = Vec::new();
+    for chunk in cpu_cells.chunks(per_line) {
+        let spans: Vec<Span> = chunk
+            .iter()
+            .map(|(text, style)| Span::styled(format!("{text:<w$}", w = cell_w), *style))
+            .collect();
+        lines.push(Line::from(spans));
+    }
+    frame.render_widget(
+        Paragraph::new(lines)
+            .block(Block::bordered().title(" CPUs: pool letter and number, [ ] isolated, * held ")),
+        next(),
+    );
+
+    if iso_rows > 0 {
+        frame.render_widget(isolation_table(snap), next());
+    }
+    frame.render_widget(assignments_table(&snap.assignments), next());
+    frame.render_widget(
+        Paragraph::new(Line::from(Span::styled(
+            "USE: capacity the daemon assigned (millicpus granted of the pool's), not measured CPU time",
+            Style::default().add_modifier(Modifier::DIM),
+        ))),
+        next(),
+    );
+}
+
+/// Every online CPU in number order, as `map` draws it: `[d4]*`, coloured by pool.
+fn cpu_spans(map: &HostMap) -> Vec<(String, Style)> {
+    let mut threads: Vec<_> = map
+        .packages
+        .iter()
+        .flat_map(|p| &p.nodes)
+        .flat_map(|n| &n.l3_groups)
+        .flat_map(|l| &l.cores)
+        .flat_map(|c| &c.threads)
+        .collect();
+    threads.sort_by_key(|t| t.cpu);
+    let mut cells: Vec<(String, Style)> = threads
+        .iter()
+        .map(|t| {
+            let key = t.pool.as_deref().and_then(|n| map.pools.iter().find(|k| k.name == n));
+            let isolated = t.isolated_partition || t.kernel_isolated;
+            let text = format!(
+                "{}{}{}{}{}",
+                if isolated { "[" } else { "" },
+                key.map_or('-', |k| k.letter),
+                t.cpu,
+                if isolated { "]" } else { "" },
+                if t.assignment.is_some() { "*" } else { "" }
+            );
+            let mut style = Style::default().fg(key.map_or(Color::Reset, |k| colour(k.colour)));
+            if isolated {
+                style = style.add_modifier(Modifier::UNDERLINED);
+            }
+            if t.assignment.is_some() {
+                style = style.add_modifier(Modifier::BOLD);
+            }
+            (text, style)
+        })
+        .collect();
+    cells.extend(
+        map.offline.iter().map(|cpu| (format!("x{cpu}"), Style::default().add_modifier(Modifier::DIM))),
+    );
+    cells
+}
+
+fn pools_table<'a>(snap: &'a Snapshot, map: Option<&HostMap>) -> Table<'a> {
+    let rows = snap.pools.iter().map(|p| {
+        let key = map.and_then(|m| m.pools.iter().find(|k| k.name == p.name));
+        let used = p.capacity_millicpus.saturating_sub(p.free_millicpus);
+        let iso = snap.isolation.pools.iter().find(|i| i.pool == p.name);
+        let isolation = match (p.isolated, iso) {
+            (false, _) => "-".to_owned(),
+            // The state in a word; its summary is in the isolation table below.
+            (true, Some(i)) if i.foreign_percent >= 0.0 => {
+                format!("{}, foreign {:.1}%", i.state, i.foreign_percent)
+            }
+            (true, Some(i)) => i.state.clone(),
+            (true, None) if p.partition.is_empty() => "isolated".to_owned(),
+            (true, None) => p.partition.clone(),
+        };
+        Row::new(vec![
+            Span::styled(
+                key.map_or(' ', |k| k.letter).to_string(),
+                Style::default()
+                    .fg(key.map_or(Color::Reset, |k| colour(k.colour)))
+                    .add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(p.name.clone()),
+            Span::raw(p.kind.clone()),
+            Span::raw(if p.cpus.is_empty() { "-".to_owned() } else { p.cpus.clone() }),
+            Span::raw(format!("{} / {}", millicpus(used), millicpus(p.capacity_millicpus))),
+            Span::raw(bar(used, p.capacity_millicpus)),
+            Span::raw(p.assignments.to_string()),
+            Span::raw(isolation),
+        ])
+    });
+    Table::new(
+        rows,
+        [
+            Constraint::Length(1),
+            Constraint::Min(8),
+            Constraint::Length(9),
+            Constraint::Min(10),
+            Constraint::Length(15),
+            Constraint::Length(15),
+            Constraint::Length(7),
+            Constraint::Fill(3),
+        ],
+    )
+    .header(
+        Row::new(vec!["", "POOL", "KIND", "CPUS", "ASSIGNED", "USE", "ASSIGN", "ISOLATION"]).style(bold()),
+    )
+    .block(Block::bordered().title(" pools "))
+}
+
+fn rate(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+fn isolation_table(snap: &Snapshot) -> Table<'_> {
+    let mut rows = Vec::new();
+    for p in &snap.isolation.pools {
+        let foreign =
+            if p.foreign_percent < 0.0 { "-".to_owned() } else { format!("{:.1}%", p.foreign_percent) };
+        rows.push(
+            Row::new(vec![
+                p.pool.clone(),
+                if p.cpus.is_empty() { "-".to_owned() } else { p.cpus.clone() },
+                String::new(),
+                String::new(),
+                String::new(),
+                foreign,
+                format!("{}: {}", p.state, p.summary),
+            ])
+            .style(bold()),
+        );
+        for c in &p.per_cpu {
+            rows.push(Row::new(vec![
+                String::new(),
+                c.cpu.to_string(),
+                rate(c.device_irqs_per_sec),
+                rate(c.ipis_per_sec),
+                rate(c.timer_per_sec),
+                String::new(),
+                c.sources.clone(),
+            ]));
+        }
+    }
+    Table::new(
+        rows,
+        [
+            Constraint::Min(8),
+            Constraint::Min(5),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Fill(3),
+        ],
+    )
+    .header(
+        Row::new(vec!["POOL", "CPU", "IRQ/s", "IPI/s", "TIMER/s", "FOREIGN", "STATE / SOURCES"])
+            .style(bold()),
+    )
+    .block(Block::bordered().title(" isolation, as the daemon last measured it "))
+}
+
+fn assignments_table(list: &[Assignment]) -> Table<'_> {
+    let rows = list.iter().map(|a| {
+        let state = if a.reason.is_empty() { a.state.clone() } else { format!("{}: {}", a.state, a.reason) };
+        let row = Row::new(vec![
+            a.id.clone(),
+            a.pool.clone(),
+            if a.cpus.is_empty() { "-".to_owned() } else { a.cpus.clone() },
+            millicpus(a.millicpus),
+            a.target.clone(),
+            state,
+        ]);
+        if a.state == "degraded" {
+            row.style(Style::default().fg(Color::Red))
+        } else {
+            row
+        }
+    });
+    Table::new(
+        rows,
+        [
+            Constraint::Min(8),
+            Constraint::Min(8),
+            Constraint::Min(8),
+            Constraint::Length(10),
+            Constraint::Fill(2),
+            Constraint::Fill(1),
+        ],
+    )
+    .header(Row::new(vec!["ID", "POOL", "CPUS", "MILLICPUS", "TARGET", "STATE"]).style(bold()))
+    .block(Block::bordered().title(format!(" assignments ({}) ", list.len())))
+}
+
+/// Whether a key quits: q, Esc or Ctrl-C (raw mode turns Ctrl-C into a key, not SIGINT).
+fn quits(k: &KeyEvent) -> bool {
+    k.kind == KeyEventKind::Press
+        && (matches!(k.code, KeyCode::Char('q') | KeyCode::Char('Q') | KeyCode::Esc)
+            || (k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL)))
+}
+
+/// Puts the terminal back however the loop ends.
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+fn local(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Local { what: what.to_owned(), source }
+}
+
+/// Runs the view until a quitting key. `m` is the connection made before (so a daemon that
+/// is not there fails before the screen is taken); `connect` makes a new one after an error.
+pub fn run(
+    m: Box<dyn Manager>,
+    connect: &dyn Fn() -> Result<Box<dyn Manager>, Error>,
+    interval: Duration,
+) -> Result<(), Error> {
+    if !std::io::stdout().is_terminal() {
+        return Err(Error::Local {
+            what: "cpupoolctl top draws on a terminal".into(),
+            source: std::io::Error::other(
+                "stdout is not one (for scripts: `cpupoolctl --json pool list`, `pool map --json`)",
+            ),
+        });
+    }
+    let mut m = Some(m);
+    let mut view = View { snapshot: None, problem: None, interval };
+    // Made before the terminal is touched: raw mode may be on even if entering the
+    // alternate screen then fails.
+    let _restore = Restore;
+    let mut terminal = ratatui::try_init().map_err(local("setting up the terminal"))?;
+    let mut due = Instant::now();
+    loop {
+        if Instant::now() >= due {
+            due = Instant::now() + interval;
+            let conn = match m.take() {
+                Some(c) => Ok(c),
+                None => connect(),
+            };
+            match conn.and_then(|mut c| fetch(c.as_mut()).map(|s| (c, s))) {
+                Ok((c, snap)) => {
+                    m = Some(c);
+                    view.snapshot = Some(snap);
+                    view.problem = None;
+                }
+                // The connection is dropped and made again at the next refresh: a daemon
+                // that restarted is found again.
+                Err(e) => view.problem = Some(e.human()),
+            }
+        }
+        terminal.draw(|f| draw(f, &view)).map_err(local("drawing"))?;
+        let wait = due.saturating_duration_since(Instant::now());
+        if event::poll(wait).map_err(local("reading the terminal"))? {
+            match event::read().map_err(local("reading the terminal"))? {
+                TermEvent::Key(k) if quits(&k) => return Ok(()),
+                // Anything else (a resize, another key) just redraws.
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use cpupool_wire::views::{Cpu, CpuHealth, PoolIsolation};
+    use ratatui::backend::TestBackend;
+    use ratatui::Terminal;
+
+    fn snapshot() -> Snapshot {
+        let cpus = (0..4).map(|cpu| Cpu { cpu, core: cpu % 2, package: 0, die: 0, node: 0, l3: 0 }).collect();
+        Snapshot {
+            status: Status {
+                version: "0.1.0".into(),
+                uptime_seconds: 65,
+                pools: 2,
+                assignments: 1,
+                state_file: String::new(),
+                config_error: None,
+                degraded_assignments: 0,
+            },
+            pools: vec![
+                Pool {
+                    name: "dp".into(),
+                    kind: "exclusive".into(),
+                    cpus: "1,3".into(),
+                    free_cpus: "".into(),
+                    free_millicpus: 0,
+                    capacity_millicpus: 2000,
+                    isolated: true,
+                    assignments: 1,
+                    partition: "isolated".into(),
+                },
+                Pool {
+                    name: "reserved".into(),
+                    kind: "reserved".into(),
+                    cpus: "0,2".into(),
+                    free_cpus: "0,2".into(),
+                    free_millicpus: 2000,
+                    capacity_millicpus: 2000,
+                    isolated: false,
+                    assignments: 0,
+                    partition: String::new(),
+                },
+            ],
+            assignments: vec![Assignment {
+                id: "app-1".into(),
+                pool: "dp".into(),
+                cpus: "1,3".into(),
+                millicpus: 2000,
+                target: "cgroup:app".into(),
+                reclaim: true,
+                container: String::new(),
+                state: "applied".into(),
+                reason: String::new(),
+            }],
+            topology: Topology { online: "0-3".into(), offline: "".into(), isolated: "".into(), cpus },
+            isolation: Isolation {
+                pools: vec![PoolIsolation {
+                    pool: "dp".into(),
+                    cpus: "1,3".into(),
+                    state: "leaks".into(),
+                    summary: "71 IRQ/s from irq 32 virtio1-requests on CPU 1".into(),
+                    reason: String::new(),
+                    foreign_percent: 2.5,
+                    per_cpu: vec![CpuHealth {
+                        cpu: 1,
+                        device_irqs_per_sec: 71.0,
+                        ipis_per_sec: 3.0,
+                        timer_per_sec: 0.5,
+                        sources: "32 virtio1-requests 71/s".into(),
+                    }],
+                    irqs: String::new(),
+                    kthreads: String::new(),
+                }],
+                ..Default::default()
+            },
+        }
+    }
+
+    fn screen(view: &View, w: u16, h: u16) -> String {
+        let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+        t.draw(|f| draw(f, view)).unwrap();
+        let buf = t.backend().buffer().clone();
+        (0..h)
+            .map(|y| {
+                (0..w).map(|x| buf[(x, y)].symbol().to_owned()).collect::<String>().trim_end().to_owned()
+                    + "\n"
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_view_shows_pools_cpus_isolation_and_assignments() {
+        let view = View { snapshot: Some(snapshot()), problem: None, interval: Duration::from_secs(1) };
+        let s = screen(&view, 110, 30);
+        assert!(s.starts_with("cpupoold 0.1.0  up 1m 5s  2 pools  1 assignment  every 1s  q quits\n"), "{s}");
+        let dp = s.lines().find(|l| l.contains(" dp ")).unwrap_or_else(|| panic!("{s}"));
+        for needle in ["exclusive", "2000m / 2000m", "██████████ 100%", " 1 ", "leaks, foreign 2.5%"]
+        {
+            assert!(dp.contains(needle), "{needle:?} not in {dp:?}\n{s}");
+        }
+        assert!(s.contains("r0    [d1]* r2    [d3]*"), "{s}");
+        let cpu1 =
+            s.lines().find(|l| l.contains("32 virtio1-requests 71/s")).unwrap_or_else(|| panic!("{s}"));
+        assert!(cpu1.contains("71.0") && cpu1.contains("3.0") && cpu1.contains("0.5"), "{cpu1}");
+        assert!(s.contains("app-1") && s.contains("cgroup:app"), "{s}");
+        assert!(s.contains("not measured CPU time"), "{s}");
+    }
+
+    #[test]
+    fn a_failed_refresh_keeps_the_picture_and_says_so() {
+        let view = View {
+            snapshot: Some(snapshot()),
+            problem: Some("error: cannot reach cpupoold".into()),
+            interval: Duration::from_millis(500),
+        };
+        let s = screen(&view, 100, 30);
+        assert!(
+            s.lines().nth(1).is_some_and(|l| l.starts_with("stale: error: cannot reach cpupoold")),
+            "{s}"
+        );
+        assert!(s.contains(" dp "), "{s}");
+        let first =
+            View { snapshot: None, problem: Some("error: nope".into()), interval: Duration::from_secs(1) };
+        assert!(screen(&first, 60, 5).starts_with("cpupoolctl top: error: nope (retrying; q quits)"));
+    }
+
+    #[test]
+    fn bars_and_keys() {
+        assert_eq!(bar(500, 2000), "██░░░░░░░░  25%");
+        assert_eq!(bar(0, 0), "░░░░░░░░░░   0%");
+        let key = |code, modifiers| KeyEvent::new(code, modifiers);
+        assert!(quits(&key(KeyCode::Char('q'), KeyModifiers::NONE)));
+        assert!(quits(&key(KeyCode::Esc, KeyModifiers::NONE)));
+        assert!(quits(&key(KeyCode::Char('c'), KeyModifiers::CONTROL)));
+        assert!(!quits(&key(KeyCode::Char('c'), KeyModifiers::NONE)));
+    }
+}
