@@ -215,11 +215,12 @@ fn read_call(v: &mut Varlink, method: &str, n: usize) -> (usize, f64) {
     (size, percentiles(times).0)
 }
 
-/// The daemon's peak RSS, in KiB, while [`LIST_CLIENTS`] clients, all connected first, call
-/// `ListAssignments` `rounds` times each at once; and how the peak was taken.
-fn peak_under_lists(d: &Running, rounds: usize, expect: usize) -> (u64, &'static str) {
+/// The daemon's RSS before, and its peak while [`LIST_CLIENTS`] clients, all connected first,
+/// call `ListAssignments` `rounds` times each at once, in KiB; and how the peak was taken.
+fn peak_under_lists(d: &Running, rounds: usize, expect: usize) -> (u64, u64, &'static str) {
     let pid = d.child.id();
     let clients: Vec<Varlink> = (0..LIST_CLIENTS).map(|_| Varlink::connect(&d.varlink)).collect();
+    let before = status_kib(pid, "VmRSS");
     // `5` resets VmHWM to the current RSS (proc(5)); where that is refused, a thread samples.
     let reset = fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok();
     let (done, sampled) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
@@ -253,9 +254,9 @@ fn peak_under_lists(d: &Running, rounds: usize, expect: usize) -> (u64, &'static
     match sampler {
         Some(s) => {
             s.join().unwrap();
-            (sampled.load(Ordering::Relaxed), "VmRSS sampled")
+            (before, sampled.load(Ordering::Relaxed), "VmRSS sampled")
         }
-        None => (status_kib(pid, "VmHWM"), "VmHWM after clear_refs"),
+        None => (before, status_kib(pid, "VmHWM"), "VmHWM after clear_refs"),
     }
 }
 
@@ -308,7 +309,7 @@ fn main() {
     let (a, r) = assign_release(&mut v, &sb, calls);
     let (pools_size, pools_ms) = read_call(&mut v, "ListPools", calls);
     let (list_size, list_ms) = read_call(&mut v, "ListAssignments", calls.min(20));
-    let (peak_rss, how) = peak_under_lists(&d, list_rounds, n);
+    let (before_lists, peak_rss, how) = peak_under_lists(&d, list_rounds, n);
     let status = v.call("Status", json!({})).unwrap();
     assert_eq!(status["assignments"], json!(n), "the daemon lost or gained assignments");
     drop(v);
@@ -370,11 +371,11 @@ fn main() {
         format!("×{x:.1} the 0 figure"),
         Some(("<40 MiB", mib(idle_rss) < 40.0)),
     );
-    let x = peak_rss as f64 / idle_rss as f64;
+    let (x, before) = (peak_rss as f64 / idle_rss as f64, mib(before_lists));
     row(
         &format!("RSS peak, {LIST_CLIENTS} concurrent ListAssignments"),
         format!("{:.1} MiB", mib(peak_rss)),
-        format!("×{x:.1} idle ({how}, {list_rounds} each)"),
+        format!("×{x:.1} idle; {before:.1} MiB before ({how}, {list_rounds} each)"),
         Some(("<96 MiB", mib(peak_rss) < 96.0)),
     );
     row("ListPools, 0 assignments", format!("{pools_size0} bytes"), String::new(), None);
