@@ -4,7 +4,8 @@
 //! connection is one task that reads NUL-terminated JSON calls, answers reads from the engine's
 //! latest [`Snapshot`](crate::engine::Snapshot), sends `Assign`/`Release` to the engine through
 //! the [`Handle`] and streams `Monitor` from the engine's event channel. Calls on one
-//! connection are answered in order.
+//! connection are answered in order. `ListPools` and `ListAssignments` are encoded once per
+//! snapshot and written to every caller from that one buffer ([`methods::list`]).
 //!
 //! Reads are open to everyone. Mutations are checked with the peer's `SO_PEERCRED` credentials
 //! by the [`Authorizer`]. The same credentials decide which connection budget a peer draws on
