@@ -1,25 +1,27 @@
 //! The daemon at scale: a simulated 1024-CPU host (8 sockets × 64 cores × 2 threads, 8 NUMA
-//! nodes), 64 pools and 10,000 persisted assignments.
+//! nodes), 64 pools, and 0, 1,000 and 10,000 persisted assignments: the figures issue 17 asks
+//! for, each against a floor or baseline measured in the same run, with the goal beside it.
 //!
-//! `cargo bench --bench scale` prepares the sandbox, builds the 10,000 assignments in process
-//! with the daemon's own `State` and saves them with its own `Store` (so the file is exactly what
-//! the daemon writes), creates their 10,000 target cgroups, then runs the real daemon (bench
-//! profile, `--bus none`) and measures:
+//! `cargo bench --bench scale` prepares one sandbox per size, builds the assignments in process
+//! with the daemon's own `State` and saves them with its own `Store` ([`persist`], so the file is
+//! exactly what the daemon writes), creates their target cgroups, then runs the real daemon
+//! (bench profile, `--bus none`) and measures:
 //!
-//! - start → `READY=1` (through a `NOTIFY_SOCKET`, as systemd sees it): first with every target
-//!   cgroup still to be written, then a restart with the cgroups already right, and the same
-//!   host with no assignment as the baseline;
-//! - one `Assign` and one `Release` over varlink (p50/p99), against a bare durable write
-//!   (write + fsync + rename + directory fsync) of the state file's size as the floor, and the
-//!   same calls with no other assignment as the baseline;
-//! - `ListPools` and `ListAssignments`: reply size and time;
-//! - the daemon's RSS (`VmRSS` of `/proc/PID/status`): with no assignment, idle with 10,000, and
-//!   after 64 concurrent clients made mixed calls;
+//! - the floor: one `fdatasync` (`File::sync_data`) of a ~200-byte record appended to a file in
+//!   the same directory, p50/p99 (what one durable journal record costs on this disk);
+//! - `Assign` and `Release` over varlink, p50/p99, with 0, 1,000 and 10,000 other assignments,
+//!   as ratios of the 0 figures and of the floor;
+//! - start → `READY=1` (through a `NOTIFY_SOCKET`, as systemd sees it) with no assignment, with
+//!   10,000 whose target cgroups must all be written, and a restart with them already right;
+//! - `ListPools` and `ListAssignments`: reply size and p50;
+//! - the daemon's RSS idle with 10,000 assignments (`VmRSS`), and its peak while 64 clients call
+//!   `ListAssignments` at once (`VmHWM` after resetting it with `5 > /proc/PID/clear_refs`, or
+//!   `VmRSS` sampled by a thread where the kernel refuses the reset);
 //! - the state file's size.
 //!
-//! No figure is asserted. `cargo test --all-targets` runs it too, without `--bench`, with 200
-//! assignments and a few calls, so that it keeps working. `CPUPOOL_BENCH_DIR` chooses where the
-//! sandbox lives (the durable-write figures depend on that file system).
+//! No figure is asserted. `cargo test --all-targets` runs it too, without `--bench`, with 20 and
+//! 200 assignments and a few calls, so that it keeps working. `CPUPOOL_BENCH_DIR` chooses where
+//! the sandbox lives (the durable-write figures depend on that file system).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/common/mod.rs"]
@@ -30,12 +32,11 @@ use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::Varlink;
-use cpupoold::core::pool::PoolKind;
-use cpupoold::core::state::{AssignSpec, Size, State, Target};
-use cpupoold::host::store::Store;
 use cpupoold::sandbox::Sandbox;
 use serde_json::json;
 
@@ -45,6 +46,8 @@ const POOLS: usize = 64;
 const EXCLUSIVE: std::ops::Range<usize> = 1..32;
 /// Exclusive assignments per exclusive pool (1 CPU each), leaving 4 CPUs free for the bench.
 const PER_EXCLUSIVE: usize = 12;
+/// Clients calling `ListAssignments` at once for the peak RSS.
+const LIST_CLIENTS: usize = 64;
 
 fn config() -> String {
     let mut c = String::from("[pools.p00]\nkind = \"reserved\"\ncount = 16\n");
@@ -60,45 +63,37 @@ fn prepare(sb: &Path, n: usize) -> Sandbox {
     let sandbox = Sandbox::prepare(sb, Some(SHAPE)).unwrap();
     let text = config();
     fs::write(sandbox.etc().join("config.toml"), &text).unwrap();
-    let topo = sandbox.shape().topology();
-    let settings = cpupoold::config::load_str(&text, "config.toml").unwrap();
-    let mut state = State::with_pools(settings.resolve_pools(&topo).unwrap());
-    let shared: Vec<String> =
-        state.pools().values().filter(|p| p.kind == PoolKind::Shared).map(|p| p.name.to_string()).collect();
-    let mut made = 0;
-    'exclusive: for i in EXCLUSIVE {
-        for k in 0..PER_EXCLUSIVE {
-            if made == n {
-                break 'exclusive;
-            }
-            assign(&mut state, &topo, &sandbox, &format!("p{i:02}"), &format!("x{i}-{k}"), Size::Cpus(1));
-            made += 1;
-        }
+    let ids = persist(&sandbox, &text, n);
+    for id in ids {
+        fs::create_dir_all(sandbox.cgroupfs().join("scale").join(id)).unwrap();
     }
-    for k in 0..n - made {
-        let pool = &shared[k % shared.len()];
-        assign(&mut state, &topo, &sandbox, pool, &format!("s{k}"), Size::Millicpus(50));
-    }
-    Store::open(&sandbox.state()).unwrap().save(state.data()).unwrap();
     sandbox
 }
 
-fn assign(
-    state: &mut State,
-    topo: &cpupoold::core::topology::Topology,
-    sb: &Sandbox,
-    pool: &str,
-    id: &str,
-    size: Size,
-) {
-    fs::create_dir_all(sb.cgroupfs().join("scale").join(id)).unwrap();
-    let spec = AssignSpec::new(
-        pool,
-        Target::parse(&format!("cgroup:scale/{id}")).unwrap(),
-        size,
-        Some(cpupoold::core::state::AssignmentId::new(id).unwrap()),
-    );
-    state.assign(topo, &spec).unwrap();
+/// Builds `n` assignments of targets `cgroup:scale/ID` with the daemon's own `State` and saves
+/// them with its `Store`; returns their ids. The only place the bench uses the state's API
+/// (kept in one function so that changes to that API touch only this).
+fn persist(sandbox: &Sandbox, config: &str, n: usize) -> Vec<String> {
+    use cpupoold::core::pool::PoolKind;
+    use cpupoold::core::state::{AssignSpec, AssignmentId, Size, State, Target};
+    let topo = sandbox.shape().topology();
+    let settings = cpupoold::config::load_str(config, "config.toml").unwrap();
+    let mut state = State::with_pools(settings.resolve_pools(&topo).unwrap());
+    let shared: Vec<String> =
+        state.pools().values().filter(|p| p.kind == PoolKind::Shared).map(|p| p.name.to_string()).collect();
+    let exclusive = EXCLUSIVE.flat_map(|i| (0..PER_EXCLUSIVE).map(move |k| (i, k)));
+    let mut wanted: Vec<(String, String, Size)> =
+        exclusive.map(|(i, k)| (format!("p{i:02}"), format!("x{i}-{k}"), Size::Cpus(1))).take(n).collect();
+    for k in 0..n - wanted.len() {
+        wanted.push((shared[k % shared.len()].clone(), format!("s{k}"), Size::Millicpus(50)));
+    }
+    for (pool, id, size) in &wanted {
+        let target = Target::parse(&format!("cgroup:scale/{id}")).unwrap();
+        let spec = AssignSpec::new(pool, target, size.clone(), Some(AssignmentId::new(id).unwrap()));
+        state.assign(&topo, &spec).unwrap();
+    }
+    cpupoold::host::store::Store::open(&sandbox.state()).unwrap().save(state.data()).unwrap();
+    wanted.into_iter().map(|(_, id, _)| id).collect()
 }
 
 struct Running {
@@ -136,10 +131,8 @@ impl Running {
         Running { child, _notify: notify, varlink: sb.run().join("org.cpupool.Manager"), ready }
     }
 
-    fn rss_kib(&self) -> u64 {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    fn status_kib(&self, field: &str) -> u64 {
+        status_kib(self.child.id(), field)
     }
 
     fn stop(mut self) {
@@ -157,6 +150,14 @@ impl Drop for Running {
     }
 }
 
+/// `field` (`VmRSS`, `VmHWM`) of `/proc/PID/status`, in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.split(':').next() == Some(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// (p50, p99) in ms.
 fn percentiles(mut times: Vec<Duration>) -> (f64, f64) {
     times.sort();
     let n = times.len();
@@ -164,8 +165,8 @@ fn percentiles(mut times: Vec<Duration>) -> (f64, f64) {
 }
 
 /// Assign then Release, `n` times, of one CPU in exclusive pool p01 and of 50 millicpus in
-/// shared pool p63, alternately: (Assign times, Release times).
-fn assign_release(v: &mut Varlink, sb: &Sandbox, n: usize) -> (Vec<Duration>, Vec<Duration>) {
+/// shared pool p63, alternately: (Assign p50/p99, Release p50/p99).
+fn assign_release(v: &mut Varlink, sb: &Sandbox, n: usize) -> ((f64, f64), (f64, f64)) {
     fs::create_dir_all(sb.cgroupfs().join("bench")).unwrap();
     let (mut assigns, mut releases) = (Vec::new(), Vec::new());
     for i in 0..n {
@@ -180,24 +181,25 @@ fn assign_release(v: &mut Varlink, sb: &Sandbox, n: usize) -> (Vec<Duration>, Ve
         v.call("Release", json!({ "id": format!("bench{i}") })).unwrap();
         releases.push(t.elapsed());
     }
-    (assigns, releases)
+    (percentiles(assigns), percentiles(releases))
 }
 
-/// One durable save of `size` bytes, `n` times.
-fn durable_write(dir: &Path, size: usize, n: usize) -> Vec<Duration> {
-    let data = vec![b'x'; size];
-    let (tmp, dst) = (dir.join("floor.tmp"), dir.join("floor"));
-    (0..n)
+/// The floor: a ~200-byte record appended to a file in `dir` and `fdatasync`ed, `n` times.
+fn fdatasync_floor(dir: &Path, n: usize) -> (f64, f64) {
+    let record = format!("{}\n", "x".repeat(199));
+    let path = dir.join("floor.journal");
+    let mut f = fs::OpenOptions::new().create(true).append(true).open(&path).unwrap();
+    let times = (0..n)
         .map(|_| {
             let t = Instant::now();
-            let mut f = fs::File::create(&tmp).unwrap();
-            f.write_all(&data).unwrap();
-            f.sync_all().unwrap();
-            fs::rename(&tmp, &dst).unwrap();
-            fs::File::open(dir).unwrap().sync_all().unwrap();
+            f.write_all(record.as_bytes()).unwrap();
+            f.sync_data().unwrap();
             t.elapsed()
         })
-        .collect()
+        .collect();
+    drop(f);
+    fs::remove_file(&path).unwrap();
+    percentiles(times)
 }
 
 /// (reply bytes, p50 ms) of `n` calls of `method`.
@@ -213,25 +215,34 @@ fn read_call(v: &mut Varlink, method: &str, n: usize) -> (usize, f64) {
     (size, percentiles(times).0)
 }
 
-/// 64 clients at once, each making `calls` rounds of ListPools, ListAssignments, and an
-/// Assign + Release of 50 millicpus in a shared pool of its own.
-fn load(sb: &Sandbox, path: &Path, calls: usize) -> Duration {
-    let t = Instant::now();
-    let threads: Vec<_> = (0..64)
-        .map(|c| {
-            let (path, cg) = (path.to_owned(), sb.cgroupfs().join(format!("load/{c}")));
+/// The daemon's RSS before, and its peak while [`LIST_CLIENTS`] clients, all connected first,
+/// call `ListAssignments` `rounds` times each at once, in KiB; and how the peak was taken.
+fn peak_under_lists(d: &Running, rounds: usize, expect: usize) -> (u64, u64, &'static str) {
+    let pid = d.child.id();
+    let clients: Vec<Varlink> = (0..LIST_CLIENTS).map(|_| Varlink::connect(&d.varlink)).collect();
+    let before = status_kib(pid, "VmRSS");
+    // `5` resets VmHWM to the current RSS (proc(5)); where that is refused, a thread samples.
+    let reset = fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok();
+    let (done, sampled) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let sampler = (!reset).then(|| {
+        let (done, sampled) = (done.clone(), sampled.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                sampled.fetch_max(status_kib(pid, "VmRSS"), Ordering::Relaxed);
+                std::thread::yield_now();
+            }
+        })
+    });
+    let start = Arc::new(Barrier::new(LIST_CLIENTS));
+    let threads: Vec<_> = clients
+        .into_iter()
+        .map(|mut v| {
+            let start = start.clone();
             std::thread::spawn(move || {
-                fs::create_dir_all(&cg).unwrap();
-                let mut v = Varlink::connect(&path);
-                for i in 0..calls {
-                    v.call("ListPools", json!({})).unwrap();
-                    v.call("ListAssignments", json!({})).unwrap();
-                    let id = format!("load{c}-{i}");
-                    let pool = format!("p{:02}", 32 + c % 32);
-                    let target = format!("cgroup:load/{c}");
-                    v.call("Assign", json!({ "pool": pool, "target": target, "millicpus": 50, "id": id }))
-                        .unwrap();
-                    v.call("Release", json!({ "id": id })).unwrap();
+                start.wait();
+                for _ in 0..rounds {
+                    let list = v.call("ListAssignments", json!({})).unwrap();
+                    assert_eq!(list["assignments"].as_array().map(Vec::len), Some(expect));
                 }
             })
         })
@@ -239,27 +250,48 @@ fn load(sb: &Sandbox, path: &Path, calls: usize) -> Duration {
     for t in threads {
         t.join().unwrap();
     }
-    t.elapsed()
+    done.store(true, Ordering::Relaxed);
+    match sampler {
+        Some(s) => {
+            s.join().unwrap();
+            (before, sampled.load(Ordering::Relaxed), "VmRSS sampled")
+        }
+        None => (before, status_kib(pid, "VmHWM"), "VmHWM after clear_refs"),
+    }
+}
+
+/// One line of the table: a figure, what it is set against, and the goal with pass/miss.
+fn row(what: &str, value: String, against: String, goal: Option<(&str, bool)>) {
+    let goal = goal.map_or(String::new(), |(g, ok)| format!("{g:<9} {}", if ok { "pass" } else { "MISS" }));
+    println!("{what:<46} {value:>22}  {against:<44} {goal}");
 }
 
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
-    let (n, calls, load_calls) = if bench { (10_000, 100, 10) } else { (200, 4, 1) };
+    let (mid, n, calls, list_rounds) = if bench { (1_000, 10_000, 100, 3) } else { (20, 200, 4, 1) };
     let base = std::env::var_os("CPUPOOL_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base).unwrap();
     println!(
         "cpupoold at scale: {SHAPE} (1024 CPUs, 8 NUMA nodes, SMT-2), {POOLS} pools, in {}",
         dir.path().display()
     );
+    let floor = fdatasync_floor(dir.path(), calls.max(100));
 
     // The baseline: the same host and pools, no assignment.
     let empty = prepare(&dir.path().join("empty"), 0);
     let d = Running::start(&empty);
     let empty_ready = d.ready;
-    let empty_rss = d.rss_kib();
+    let empty_rss = d.status_kib("VmRSS");
     let mut v = Varlink::connect(&d.varlink);
     let (a0, r0) = assign_release(&mut v, &empty, calls);
     let (pools_size0, _) = read_call(&mut v, "ListPools", 1);
+    drop(v);
+    d.stop();
+
+    let sb = prepare(&dir.path().join("mid"), mid);
+    let d = Running::start(&sb);
+    let mut v = Varlink::connect(&d.varlink);
+    let (a1, r1) = assign_release(&mut v, &sb, calls);
     drop(v);
     d.stop();
 
@@ -271,57 +303,98 @@ fn main() {
     let first_ready = first.ready;
     first.stop();
     let d = Running::start(&sb);
-    let idle_rss = d.rss_kib();
+    let restart_ready = d.ready;
+    let idle_rss = d.status_kib("VmRSS");
     let mut v = Varlink::connect(&d.varlink);
     let (a, r) = assign_release(&mut v, &sb, calls);
-    let floor = durable_write(dir.path(), state_size as usize, calls);
     let (pools_size, pools_ms) = read_call(&mut v, "ListPools", calls);
     let (list_size, list_ms) = read_call(&mut v, "ListAssignments", calls.min(20));
-    let load_time = load(&sb, &d.varlink, load_calls);
-    let loaded_rss = d.rss_kib();
+    let (before_lists, peak_rss, how) = peak_under_lists(&d, list_rounds, n);
     let status = v.call("Status", json!({})).unwrap();
     assert_eq!(status["assignments"], json!(n), "the daemon lost or gained assignments");
     drop(v);
-
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    let (a50, a99) = percentiles(a);
-    let (r50, r99) = percentiles(r);
-    let (f50, f99) = percentiles(floor);
-    let (a050, a099) = percentiles(a0);
-    let (r050, _) = percentiles(r0);
-    println!("{n} assignments built and saved in process in {:.1} s", prepared.as_secs_f64());
-    println!(
-        "state file                          {:>10.2} MiB ({state_size} bytes)",
-        state_size as f64 / 1048576.0
-    );
-    println!("start -> READY=1, no assignment     {:>10.0} ms", empty_ready.as_secs_f64() * 1e3);
-    println!(
-        "start -> READY=1, {n} assignments, writing {n} target cgroups {:>8.0} ms",
-        first_ready.as_secs_f64() * 1e3
-    );
-    println!(
-        "restart -> READY=1, {n} assignments (cgroups already right) {:>8.0} ms",
-        d.ready.as_secs_f64() * 1e3
-    );
-    println!("Assign, no other assignment         p50 {a050:>8.2} ms  p99 {a099:>8.2} ms  (Release p50 {r050:.2} ms)");
-    println!(
-        "Assign, {n} assignments        p50 {a50:>8.2} ms  p99 {a99:>8.2} ms  ×{:.1} the empty daemon's, ×{:.1} the floor",
-        a50 / a050,
-        a50 / f50
-    );
-    println!(
-        "Release, {n} assignments       p50 {r50:>8.2} ms  p99 {r99:>8.2} ms  ×{:.1} the floor",
-        r50 / f50
-    );
-    println!("floor: durable write of {state_size} bytes p50 {f50:>8.2} ms  p99 {f99:>8.2} ms");
-    println!("ListPools reply                     {pools_size:>10} bytes  p50 {pools_ms:.2} ms  (empty daemon: {pools_size0} bytes)");
-    println!("ListAssignments reply               {list_size:>10} bytes  p50 {list_ms:.2} ms");
-    println!(
-        "RSS: no assignment {:.1} MiB; {n} assignments idle {:.1} MiB; after 64 clients × {load_calls} rounds of ListPools + ListAssignments + Assign + Release ({:.1} s) {:.1} MiB",
-        mib(empty_rss),
-        mib(idle_rss),
-        load_time.as_secs_f64(),
-        mib(loaded_rss)
-    );
     d.stop();
+
+    let ms = |v: f64| format!("{v:.2} ms");
+    let pair = |(p50, p99): (f64, f64)| format!("p50 {p50:.2} p99 {p99:.2} ms");
+    let ratio = |(p50, p99): (f64, f64), (b50, b99): (f64, f64)| (p50 / b50, p99 / b99);
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!("{n} assignments built and saved in process in {:.1} s", prepared.as_secs_f64());
+    println!("{:<46} {:>22}  {:<44} goal", "figure", "value", "against");
+    row("floor: fdatasync of a 200-byte appended record", pair(floor), String::new(), None);
+    row("Assign, 0 assignments", pair(a0), String::new(), None);
+    let (x50, x99) = ratio(a1, a0);
+    row(
+        &format!("Assign, {mid} assignments"),
+        pair(a1),
+        format!("×{x50:.2} / ×{x99:.2} the 0 figures"),
+        None,
+    );
+    let (x50, x99) = ratio(a, a0);
+    let at_n = format!("×{x50:.2} / ×{x99:.2} the 0 figures");
+    row(&format!("Assign, {n} assignments"), pair(a), at_n, Some(("≤1.5×", x50 <= 1.5 && x99 <= 1.5)));
+    let x = a.1 / floor.1;
+    let against = format!("p99 ×{x:.2} the floor's p99");
+    row(&format!("Assign p99, {n} assignments"), ms(a.1), against, Some(("≤2×", x <= 2.0)));
+    row("Release, 0 assignments", pair(r0), String::new(), None);
+    let (x50, x99) = ratio(r1, r0);
+    row(
+        &format!("Release, {mid} assignments"),
+        pair(r1),
+        format!("×{x50:.2} / ×{x99:.2} the 0 figures"),
+        None,
+    );
+    let (x50, x99) = ratio(r, r0);
+    let against = format!("×{x50:.2} / ×{x99:.2} the 0 figures, p99 ×{:.2} the floor", r.1 / floor.1);
+    row(&format!("Release, {n} assignments"), pair(r), against, None);
+    let secs = |d: Duration| d.as_secs_f64() * 1e3;
+    row("start -> READY=1, 0 assignments", ms(secs(empty_ready)), String::new(), None);
+    let x = first_ready.as_secs_f64() / empty_ready.as_secs_f64();
+    row(
+        &format!("start -> READY=1, {n}, writing every cgroup"),
+        ms(secs(first_ready)),
+        format!("×{x:.1} the 0 figure"),
+        Some(("<2 s", first_ready < Duration::from_secs(2))),
+    );
+    let x = restart_ready.as_secs_f64() / empty_ready.as_secs_f64();
+    row(
+        &format!("restart -> READY=1, {n}, cgroups already right"),
+        ms(secs(restart_ready)),
+        format!("×{x:.1} the 0 figure"),
+        Some(("<200 ms", restart_ready < Duration::from_millis(200))),
+    );
+    row("RSS, 0 assignments", format!("{:.1} MiB", mib(empty_rss)), String::new(), None);
+    let x = idle_rss as f64 / empty_rss as f64;
+    row(
+        &format!("RSS, {n} assignments, idle"),
+        format!("{:.1} MiB", mib(idle_rss)),
+        format!("×{x:.1} the 0 figure"),
+        Some(("<40 MiB", mib(idle_rss) < 40.0)),
+    );
+    let (x, before) = (peak_rss as f64 / idle_rss as f64, mib(before_lists));
+    row(
+        &format!("RSS peak, {LIST_CLIENTS} concurrent ListAssignments"),
+        format!("{:.1} MiB", mib(peak_rss)),
+        format!("×{x:.1} idle; {before:.1} MiB before ({how}, {list_rounds} each)"),
+        Some(("<96 MiB", mib(peak_rss) < 96.0)),
+    );
+    row("ListPools, 0 assignments", format!("{pools_size0} bytes"), String::new(), None);
+    row(
+        &format!("ListPools, {n} assignments"),
+        format!("{pools_size} bytes"),
+        format!("p50 {pools_ms:.2} ms"),
+        None,
+    );
+    row(
+        &format!("ListAssignments, {n} assignments"),
+        format!("{list_size} bytes"),
+        format!("p50 {list_ms:.2} ms"),
+        None,
+    );
+    row(
+        "state file",
+        format!("{:.2} MiB", state_size as f64 / 1048576.0),
+        format!("{state_size} bytes"),
+        None,
+    );
 }

@@ -636,3 +636,53 @@ fn libraries_do_not_log_below_warn_at_info() {
         }
     }
 }
+
+/// `ListAssignments` over D-Bus is built once per snapshot and shared: concurrent callers get the
+/// same list, a list made right after an `Assign` or `Release` returns shows it, a pool's list
+/// only its own, and an unknown pool is still `NoSuchPool`.
+#[test]
+fn lists_are_shared_by_concurrent_callers_and_follow_each_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bus, d) = start(dir.path());
+    let call = |args: &[&str]| {
+        let mut all = vec!["call", "--json=short", DEST, PATH, IFACE];
+        all.extend_from_slice(args);
+        let out = busctl(&bus, false, &all);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["data"][0].clone()
+    };
+    let ids = |list: &Value| -> Vec<String> {
+        list.as_array().unwrap().iter().map(|a| a[0].as_str().unwrap().to_owned()).collect()
+    };
+    for i in 0..20 {
+        fs::create_dir_all(d.sb.join(format!("cgroup/k/{i}"))).unwrap();
+        let target = format!("cgroup:k/{i}");
+        call(&["Assign", "ssuts", "web", &target, "0", "10", &format!("w{i:02}")]);
+    }
+    let wanted: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
+
+    let lists: Vec<Value> = std::thread::scope(|s| {
+        let callers: Vec<_> = (0..16).map(|_| s.spawn(|| call(&["ListAssignments", "s", ""]))).collect();
+        callers.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    assert!(lists.iter().all(|l| *l == lists[0]), "every caller got the same list");
+    assert_eq!(ids(&lists[0]), wanted);
+
+    fs::create_dir_all(d.sb.join("cgroup/k/x")).unwrap();
+    call(&["Assign", "ssuts", "dp", "cgroup:k/x", "2", "0", "x"]);
+    let mut with_x = wanted.clone();
+    with_x.push("x".into());
+    assert_eq!(ids(&call(&["ListAssignments", "s", ""])), with_x);
+    assert_eq!(ids(&call(&["ListAssignments", "s", "dp"])), ["x"]);
+    assert_eq!(ids(&call(&["ListAssignments", "s", "web"])), wanted);
+    call(&["Release", "s", "x"]);
+    assert_eq!(ids(&call(&["ListAssignments", "s", ""])), wanted);
+    assert_eq!(ids(&call(&["ListAssignments", "s", "dp"])), Vec::<String>::new());
+    let out = busctl(&bus, false, &["call", DEST, PATH, IFACE, "ListAssignments", "s", "nope"]);
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("pool `nope` does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+    d.stop();
+}

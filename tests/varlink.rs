@@ -15,7 +15,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::Daemon;
+use common::{Daemon, Varlink};
 use serde_json::{json, Value};
 
 const IFACE: &str = "org.cpupool.Manager";
@@ -515,5 +515,88 @@ fn get_isolation_through_the_third_party_client() {
     assert!(cpu1["device_irqs_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{dp}");
     assert!(cpu1["sources"].as_str().unwrap_or_default().starts_with("32 virtio1-requests "), "{dp}");
     assert_eq!(dp["per_cpu"][1]["device_irqs_per_sec"], 0.0, "CPU 5: {dp}");
+    d.stop();
+}
+
+/// 64 clients calling `ListAssignments` at once all get the whole reply, the same one (it is
+/// encoded once per snapshot and written to each client from one buffer), and the third-party
+/// client parses it; a list made right after an `Assign` or `Release` returns shows it.
+#[test]
+fn concurrent_lists_are_whole_and_identical_and_follow_each_change() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path(), &[]);
+    let mut v = Varlink::connect(&d.varlink);
+    // Targets of ~2.8 KB make the reply (~290 KB) larger than a unix socket's send buffer, so
+    // the writes to the 64 clients are partial and interleave.
+    let deep: Vec<String> = (0..11).map(|i| format!("{i}{}", "d".repeat(249))).collect();
+    let deep = format!("lists/{}", deep.join("/"));
+    let target = |i: usize| format!("{deep}/a{i}");
+    let mut expected = std::collections::BTreeMap::new();
+    for i in 0..100 {
+        fs::create_dir_all(d.sb.join("cgroup").join(target(i))).unwrap_or_else(|e| panic!("{e}"));
+        let params = json!({ "pool": "web", "target": format!("cgroup:{}", target(i)), "millicpus": 10, "id": format!("l{i:03}") });
+        let a = v.call("Assign", params).unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        expected.insert(format!("l{i:03}"), a["assignment"].clone());
+    }
+    let whole = |list: &Value| -> std::collections::BTreeMap<String, Value> {
+        let list = list["assignments"].as_array().cloned().unwrap_or_default();
+        list.into_iter().map(|a| (a["id"].as_str().unwrap_or_default().to_owned(), a)).collect()
+    };
+
+    let start = std::sync::Arc::new(std::sync::Barrier::new(64));
+    let clients: Vec<_> = (0..64)
+        .map(|_| {
+            let (mut c, start) = (Varlink::connect(&d.varlink), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                c.call("ListAssignments", json!({})).unwrap_or_else(|e| panic!("{e:?}"))
+            })
+        })
+        .collect();
+    let replies: Vec<Value> =
+        clients.into_iter().map(|t| t.join().unwrap_or_else(|_| panic!("a client failed"))).collect();
+    assert!(replies.iter().all(|r| *r == replies[0]), "every client got the same reply");
+    assert_eq!(whole(&replies[0]), expected, "the reply holds every assignment, whole");
+
+    if have_python_varlink() {
+        let target = format!("{}/{IFACE}.ListAssignments", d.address());
+        let pythons: Vec<_> = (0..4)
+            .map(|_| {
+                Command::new("python3")
+                    .args(["-m", "varlink.cli", "call", &target, "{}"])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+            .collect();
+        for p in pythons {
+            let out = p.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+            let parsed: Value =
+                serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+            assert_eq!(parsed, replies[0], "the third-party client reads the same reply");
+        }
+    }
+
+    // Right after each change returns, the whole list and the pool's list show it.
+    let params =
+        json!({ "pool": "web", "target": format!("cgroup:{}", target(0)), "millicpus": 10, "id": "l000" });
+    assert_eq!(v.call("Assign", params).ok().map(|a| a["assignment"].clone()).as_ref(), expected.get("l000"));
+    fs::create_dir_all(d.sb.join("cgroup/lists/new")).unwrap_or_else(|e| panic!("{e}"));
+    let new = v
+        .call("Assign", json!({ "pool": "web", "target": "cgroup:lists/new", "millicpus": 10, "id": "new" }))
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    expected.insert("new".into(), new["assignment"].clone());
+    assert_eq!(whole(&v.call("ListAssignments", json!({})).unwrap_or_else(|e| panic!("{e:?}"))), expected);
+    let web = v.call("ListAssignments", json!({ "pool": "web" })).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(whole(&web), expected);
+    assert_eq!(ok(&d, "ListAssignments", json!({ "pool": "web" })), web);
+    v.call("Release", json!({ "id": "l050" })).unwrap_or_else(|e| panic!("{e:?}"));
+    expected.remove("l050");
+    assert_eq!(whole(&v.call("ListAssignments", json!({})).unwrap_or_else(|e| panic!("{e:?}"))), expected);
+    let web = v.call("ListAssignments", json!({ "pool": "web" })).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(whole(&web), expected);
+    let dp = v.call("ListAssignments", json!({ "pool": "dp" })).unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(dp, json!({ "assignments": [] }));
+    drop(v);
     d.stop();
 }

@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Instant;
 
 use cpupool_wire::dbus::{AssignmentStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
@@ -29,7 +30,7 @@ use zbus::{Connection, DBusError};
 use zvariant::OwnedValue;
 
 use crate::api::auth::Authorizer;
-use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PoolOptions, PoolView};
+use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PerSnapshot, PoolOptions, PoolView};
 use crate::core::edit::PoolEdit;
 use crate::engine::{EngineError, Event, Handle};
 
@@ -108,6 +109,22 @@ pub struct Manager {
     auth: Authorizer,
     started: Instant,
     bus: Option<zbus::fdo::DBusProxy<'static>>,
+    /// `ListAssignments` replies of the latest snapshot, shared by every caller.
+    assignments: PerSnapshot<Vec<AssignmentStruct>>,
+}
+
+/// A list of assignments shared by every caller of one snapshot, serialized from where it is
+/// (zbus still encodes a message body per caller, but the list is not rebuilt for each).
+pub struct SharedAssignments(Arc<Vec<AssignmentStruct>>);
+
+impl serde::Serialize for SharedAssignments {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl zvariant::Type for SharedAssignments {
+    const SIGNATURE: &'static zvariant::Signature = <Vec<AssignmentStruct> as zvariant::Type>::SIGNATURE;
 }
 
 impl Manager {
@@ -237,9 +254,16 @@ impl Manager {
     }
 
     #[zbus(out_args("assignments"))]
-    async fn list_assignments(&self, pool: &str) -> Result<Vec<AssignmentStruct>, Error> {
-        let pool = Some(pool).filter(|p| !p.is_empty());
-        Ok(AssignmentView::list(&self.handle.snapshot(), pool)?.into_iter().map(Into::into).collect())
+    async fn list_assignments(&self, pool: &str) -> Result<SharedAssignments, Error> {
+        let snap = self.handle.snapshot();
+        let filter = Some(pool).filter(|p| !p.is_empty());
+        let list = self
+            .assignments
+            .get_or_build(&snap, pool, || {
+                AssignmentView::iter(&snap, filter).map(|each| each.map(Into::into).collect())
+            })
+            .await?;
+        Ok(SharedAssignments(list))
     }
 
     #[zbus(out_args("assignment"))]
@@ -428,7 +452,13 @@ impl Service {
 pub async fn serve(bus: &Bus, handle: Handle, auth: Authorizer) -> zbus::Result<Service> {
     let builder = bus.builder()?;
     let events = handle.subscribe();
-    let manager = Manager { handle: handle.clone(), auth, started: Instant::now(), bus: None };
+    let manager = Manager {
+        handle: handle.clone(),
+        auth,
+        started: Instant::now(),
+        bus: None,
+        assignments: PerSnapshot::default(),
+    };
     let conn = builder.serve_at(OBJECT_PATH, manager)?.build().await?;
     let proxy = zbus::fdo::DBusProxy::builder(&conn)
         .cache_properties(zbus::proxy::CacheProperties::No)

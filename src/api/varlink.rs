@@ -4,7 +4,8 @@
 //! connection is one task that reads NUL-terminated JSON calls, answers reads from the engine's
 //! latest [`Snapshot`](crate::engine::Snapshot), sends `Assign`/`Release` to the engine through
 //! the [`Handle`] and streams `Monitor` from the engine's event channel. Calls on one
-//! connection are answered in order.
+//! connection are answered in order. `ListPools` and `ListAssignments` are encoded once per
+//! snapshot and written to every caller from that one buffer ([`methods::list`]).
 //!
 //! Reads are open to everyone. Mutations are checked with the peer's `SO_PEERCRED` credentials
 //! by the [`Authorizer`]. The same credentials decide which connection budget a peer draws on
@@ -315,6 +316,9 @@ struct Ctx {
     auth: Authorizer,
     started: Instant,
     limits: Limits,
+    /// `ListPools` and `ListAssignments` replies of the latest snapshot, shared by every
+    /// connection.
+    lists: methods::Lists,
 }
 
 /// A connection to serve: its peer as far as known, and its place in the budget.
@@ -346,7 +350,7 @@ pub async fn serve_with(
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
-    let ctx = Arc::new(Ctx { handle, auth, started: Instant::now(), limits });
+    let ctx = Arc::new(Ctx { handle, auth, started: Instant::now(), limits, lists: Default::default() });
     let mut gate = Gate {
         ctx: ctx.clone(),
         budget: Budget::new(limits),
@@ -465,6 +469,14 @@ fn reply(parameters: Value, continues: bool) -> Reply {
     Reply { error: None, parameters, continues }
 }
 
+/// A successful call's answer.
+enum Answer {
+    /// Its parameters, to encode.
+    Parameters(Value),
+    /// The whole message already encoded, shared with other callers ([`methods::list`]).
+    Encoded(Arc<Vec<u8>>),
+}
+
 /// Why a connection ended early.
 enum End {
     /// The peer left, misbehaved, or we are stopping.
@@ -550,15 +562,22 @@ async fn answer(
                 let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
                 methods::mutate(m, params, &ctx.handle, &|pid| ctx.auth.check_process(pid, uid))
                     .await
-                    .map(Some)
+                    .map(|v| Some(Answer::Parameters(v)))
             }
-            m => methods::read(m, params, &ctx.handle.snapshot(), ctx.started.elapsed().as_secs()).map(Some),
+            m @ (Method::ListPools | Method::ListAssignments) => {
+                methods::list(m, params, &ctx.handle.snapshot(), &ctx.lists)
+                    .await
+                    .map(|m| Some(Answer::Encoded(m)))
+            }
+            m => methods::read(m, params, &ctx.handle.snapshot(), ctx.started.elapsed().as_secs())
+                .map(|v| Some(Answer::Parameters(v))),
         }
     }
     .await;
     match outcome {
         Ok(Some(_)) | Err(_) if call.oneway => Ok(()),
-        Ok(Some(params)) => send(ctx, wr, reply(params, false)).await,
+        Ok(Some(Answer::Parameters(params))) => send(ctx, wr, reply(params, false)).await,
+        Ok(Some(Answer::Encoded(message))) => write(ctx, wr, &message).await,
         Err(e) => send(ctx, wr, error_reply(&e)).await,
         Ok(None) => monitor(ctx, reader, wr, stop, call.oneway).await,
     }
@@ -567,7 +586,13 @@ async fn answer(
 /// Writes a reply; a peer that does not take it within the idle timeout (its socket buffer
 /// stays full) is dropped rather than holding its connection forever.
 async fn send(ctx: &Ctx, wr: &mut OwnedWriteHalf, r: Reply) -> Result<(), End> {
-    match tokio::time::timeout(ctx.limits.idle_timeout, wr.write_all(&r.encode())).await {
+    write(ctx, wr, &r.encode()).await
+}
+
+/// Writes a whole message, NUL included, like [`send`]. Straight from `message` to the socket:
+/// a shared list reply is not copied per connection.
+async fn write(ctx: &Ctx, wr: &mut OwnedWriteHalf, message: &[u8]) -> Result<(), End> {
+    match tokio::time::timeout(ctx.limits.idle_timeout, wr.write_all(message)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => {
             log::debug!("varlink: dropping a connection: {e}");

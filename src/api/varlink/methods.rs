@@ -4,12 +4,18 @@
 //! (unknown names refused), with the parameter at fault named in `InvalidParameter`. No CPU
 //! arithmetic lives here: every number comes from the snapshot or the engine's reply.
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use cpupool_wire::varlink::params;
 use cpupool_wire::views;
 use serde::de::DeserializeOwned;
+use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
-use crate::api::ops::{self, ApiError, AssignmentView, CpuView, ErrorKind, PoolOptions, PoolView};
+use crate::api::ops::{
+    self, ApiError, AssignmentView, CpuView, ErrorKind, PerSnapshot, PoolOptions, PoolView,
+};
 use crate::core::edit::PoolEdit;
 use crate::core::pool::Pool;
 use crate::core::state::{self, AssignSpec, Assignment};
@@ -308,6 +314,86 @@ pub fn read(
         | Method::DeletePool
         | Method::Reload
         | Method::Monitor) => Err(not_implemented(&format!("{INTERFACE}.{m:?}"))),
+    }
+}
+
+/// Whole reply messages (NUL included) shared by every caller of one snapshot.
+pub type Lists = PerSnapshot<Vec<u8>>;
+
+/// The reply of `ListPools` or `ListAssignments` as a whole message, NUL included: encoded
+/// once per snapshot (and pool) into `lists`, straight from the views to bytes, and written to
+/// every caller from the same buffer (see [`PerSnapshot`]).
+pub async fn list(
+    method: Method,
+    params: Option<&Map<String, Value>>,
+    snap: &Snapshot,
+    lists: &Lists,
+) -> Result<Arc<Vec<u8>>, MethodError> {
+    match method {
+        Method::ListPools => {
+            decode::<params::NoParameters>(params)?;
+            lists
+                .get_or_build(snap, "pools", || {
+                    Ok(message(&PoolsReply { pools: Seq::new(PoolView::all(snap)) }))
+                })
+                .await
+        }
+        Method::ListAssignments => {
+            let p: params::ListAssignments = decode(params)?;
+            let pool = p.pool.as_deref();
+            // Assignment ids and pool names cannot contain a space, so the keys are distinct.
+            let key = pool.map_or_else(|| "assignments".to_owned(), |p| format!("assignments of {p}"));
+            lists
+                .get_or_build(snap, &key, || {
+                    let each = AssignmentView::iter(snap, pool).map_err(api)?;
+                    Ok(message(&AssignmentsReply { assignments: Seq::new(each) }))
+                })
+                .await
+        }
+        other => Err(not_implemented(&format!("{INTERFACE}.{other:?}"))),
+    }
+}
+
+/// A reply's message, as [`wire::Reply::encode`](cpupool_wire::varlink::Reply::encode) frames
+/// it: `{"parameters":...}` and the NUL.
+fn message(parameters: &impl Serialize) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Envelope<'a, P> {
+        parameters: &'a P,
+    }
+    // Views are strings, numbers and booleans: serializing them cannot fail.
+    let mut out = serde_json::to_vec(&Envelope { parameters }).unwrap_or_else(|_| b"{}".to_vec());
+    out.push(0);
+    out.shrink_to_fit();
+    out
+}
+
+#[derive(Serialize)]
+struct PoolsReply<S> {
+    pools: S,
+}
+
+#[derive(Serialize)]
+struct AssignmentsReply<S> {
+    assignments: S,
+}
+
+/// A JSON array written item by item as the iterator yields them, so a list is never held
+/// twice (as views and as bytes). Serializes once.
+struct Seq<I>(RefCell<Option<I>>);
+
+impl<I> Seq<I> {
+    fn new(items: impl IntoIterator<IntoIter = I>) -> Seq<I> {
+        Seq(RefCell::new(Some(items.into_iter())))
+    }
+}
+
+impl<I: Iterator> Serialize for Seq<I>
+where
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.borrow_mut().take().into_iter().flatten())
     }
 }
 

@@ -262,6 +262,29 @@ fn budgets_keep_room_for_privileged_peers_and_are_given_back() {
 
 const CONFIG: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,4\"\n\n[pools.web]\nkind = \"shared\"\ncpus = \"1-3,5-7\"\n";
 
+/// A real engine on a sandbox (1x4x2, [`CONFIG`]) in `dir`, on a thread of its own.
+struct Sandboxed {
+    handle: Handle,
+    engine: std::thread::JoinHandle<()>,
+    sandbox: SandboxPaths,
+}
+
+struct SandboxPaths {
+    settings: crate::config::Settings,
+    cgroupfs: PathBuf,
+}
+
+fn sandboxed_engine(dir: &std::path::Path) -> Sandboxed {
+    test_support::files::write_config(dir, CONFIG);
+    let sb = crate::sandbox::Sandbox::prepare(dir, Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
+    let mut settings = crate::config::load(&sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
+    sb.confine(&mut settings);
+    let backend = crate::host::cgroupfs::CgroupFs::new(sb.cgroupfs(), "/proc");
+    let (engine, _) = Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
+    let (handle, engine) = engine.spawn();
+    Sandboxed { handle, engine, sandbox: SandboxPaths { settings, cgroupfs: sb.cgroupfs() } }
+}
+
 struct Server {
     _dir: tempfile::TempDir,
     path: PathBuf,
@@ -281,15 +304,8 @@ impl Server {
 
     async fn start_authorized(limits: Limits, auth: Authorizer) -> Server {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        test_support::files::write_config(dir.path(), CONFIG);
-        let sb =
-            crate::sandbox::Sandbox::prepare(dir.path(), Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
-        let mut settings = crate::config::load(&sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
-        sb.confine(&mut settings);
-        let backend = crate::host::cgroupfs::CgroupFs::new(sb.cgroupfs(), "/proc");
-        let (engine, _) =
-            Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
-        let (handle, engine) = engine.spawn();
+        let Sandboxed { handle, engine, sandbox } = sandboxed_engine(dir.path());
+        let settings = sandbox.settings;
         let listener = bind(&settings.paths.runtime_dir).unwrap_or_else(|e| panic!("{e}"));
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(serve_with(listener, handle, auth, limits, async {
@@ -551,4 +567,101 @@ async fn unprivileged_peers_share_a_small_budget_and_root_keeps_its_room() {
     drop(admin.stdin.take());
     let _ = tokio::task::spawn_blocking(move || (b.wait(), admin.wait())).await;
     srv.stop().await;
+}
+
+/// `ListAssignments` and `ListPools` are encoded once per snapshot: every caller of a snapshot,
+/// concurrent or not, gets the same buffer (64 callers of a 1 MB list used to build 64 replies),
+/// holding exactly what the reply built from the snapshot says; the next snapshot gets its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_replies_are_encoded_once_per_snapshot_and_follow_changes() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let Sandboxed { handle, engine, sandbox } = sandboxed_engine(dir.path());
+    let assign = |id: &str| {
+        std::fs::create_dir_all(sandbox.cgroupfs.join(id)).unwrap_or_else(|e| panic!("{e}"));
+        let target = state::Target::parse(&format!("cgroup:{id}")).unwrap_or_else(|e| panic!("{e}"));
+        let id = state::AssignmentId::new(id).unwrap_or_else(|e| panic!("{e}"));
+        state::AssignSpec::new("web", target, state::Size::Millicpus(100), Some(id))
+    };
+    handle.assign(assign("a1")).await.unwrap_or_else(|e| panic!("{e}"));
+    let lists = Arc::new(methods::Lists::default());
+    let list = |method: Method, params: Value| {
+        let (handle, lists) = (handle.clone(), lists.clone());
+        async move {
+            methods::list(method, params.as_object(), &handle.snapshot(), &lists)
+                .await
+                .unwrap_or_else(|e| panic!("{e:?}"))
+        }
+    };
+    // What the reply was before it was cached: the parameters `read` builds, framed by `Reply`.
+    let fresh = |method: Method, params: Value| {
+        let snap = handle.snapshot();
+        let built = methods::read(method, params.as_object(), &snap, 0).unwrap_or_else(|e| panic!("{e:?}"));
+        super::reply(built, false).encode()
+    };
+    let parsed = |bytes: &[u8]| -> Value {
+        let (json, nul) = bytes.split_at(bytes.len().saturating_sub(1));
+        assert_eq!(nul, b"\0", "a message ends with its NUL");
+        serde_json::from_slice(json).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let ids = |bytes: &[u8]| -> Vec<String> {
+        let v = parsed(bytes);
+        let list = v["parameters"]["assignments"].as_array().cloned().unwrap_or_default();
+        list.iter().map(|a| a["id"].as_str().unwrap_or_default().to_owned()).collect()
+    };
+
+    let callers: Vec<_> = (0..64).map(|_| tokio::spawn(list(Method::ListAssignments, json!({})))).collect();
+    let mut replies = Vec::new();
+    for c in callers {
+        replies.push(c.await.unwrap_or_else(|e| panic!("{e}")));
+    }
+    let first = replies[0].clone();
+    assert!(replies.iter().all(|r| Arc::ptr_eq(r, &first)), "every caller of one snapshot shares one reply");
+    assert_eq!(parsed(&first), parsed(&fresh(Method::ListAssignments, json!({}))));
+    assert_eq!(ids(&first), ["a1"]);
+    let pools = list(Method::ListPools, json!({})).await;
+    assert!(Arc::ptr_eq(&pools, &list(Method::ListPools, json!({})).await));
+    assert_eq!(parsed(&pools), parsed(&fresh(Method::ListPools, json!({}))));
+    // One pool's list is a reply of its own, cached beside the whole one.
+    let web = list(Method::ListAssignments, json!({ "pool": "web" })).await;
+    assert_eq!(ids(&web), ["a1"]);
+    assert!(Arc::ptr_eq(&web, &list(Method::ListAssignments, json!({ "pool": "web" })).await));
+    assert_eq!(ids(&list(Method::ListAssignments, json!({ "pool": "sys" })).await), Vec::<String>::new());
+    // Refusals are answered as before and leave nothing behind.
+    let nope = methods::list(
+        Method::ListAssignments,
+        json!({ "pool": "nope" }).as_object(),
+        &handle.snapshot(),
+        &lists,
+    )
+    .await;
+    assert_eq!(nope.err().map(|e| e.name), Some("org.cpupool.Manager.NoSuchPool".to_owned()));
+    let bad =
+        methods::list(Method::ListPools, json!({ "x": 1 }).as_object(), &handle.snapshot(), &lists).await;
+    assert_eq!(bad.err().map(|e| e.parameters), Some(json!({ "parameter": "x" })));
+
+    // A snapshot published with nothing changed (a drift check that found nothing) keeps them.
+    handle.check_drift().await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(Arc::ptr_eq(&first, &list(Method::ListAssignments, json!({})).await));
+
+    // The reply right after the Assign returns has it, and so does every list of its pool.
+    handle.assign(assign("a2")).await.unwrap_or_else(|e| panic!("{e}"));
+    let after = list(Method::ListAssignments, json!({})).await;
+    assert_eq!(ids(&after), ["a1", "a2"]);
+    assert_eq!(ids(&list(Method::ListAssignments, json!({ "pool": "web" })).await), ["a1", "a2"]);
+    assert_eq!(parsed(&after), parsed(&fresh(Method::ListAssignments, json!({}))));
+    assert_ne!(
+        parsed(&list(Method::ListPools, json!({})).await),
+        parsed(&pools),
+        "web's free capacity changed"
+    );
+    handle.release("a1").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ids(&list(Method::ListAssignments, json!({})).await), ["a2"]);
+    // The old snapshot's replies are dropped with it: only the callers still hold them.
+    assert_eq!(Arc::strong_count(&first), replies.len() + 1);
+
+    drop((handle, lists));
+    tokio::task::spawn_blocking(move || engine.join())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|_| panic!("engine panicked"));
 }
