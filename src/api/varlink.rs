@@ -530,8 +530,12 @@ async fn answer(
     wr: &mut OwnedWriteHalf,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), End> {
+    let start = Instant::now();
+    let mut name = "unknown";
     let outcome = async {
         let method = Method::parse(&call.method)?;
+        // Parsed: one of a fixed set of names, fit for a label.
+        name = call.method.rsplit('.').next().unwrap_or("unknown");
         if call.upgrade {
             return Err(methods::not_implemented(&call.method));
         }
@@ -556,6 +560,8 @@ async fn answer(
         }
     }
     .await;
+    let error = outcome.as_ref().err().map(|e| e.name.as_str());
+    crate::api::metrics::metrics().api_call("varlink", name, error, start.elapsed());
     match outcome {
         Ok(Some(_)) | Err(_) if call.oneway => Ok(()),
         Ok(Some(params)) => send(ctx, wr, reply(params, false)).await,
