@@ -283,9 +283,13 @@ pub async fn run(
     tasks.spawn(crate::reclaim::run(handle.clone(), fs, systemd, stop.clone().cancelled_owned()));
     let signals = Signals::install()?;
 
-    let (listener, varlink_path) = varlink::listen(&settings.paths.runtime_dir).map_err(|source| {
-        DaemonError::Varlink { path: varlink::socket_path(&settings.paths.runtime_dir), source }
-    })?;
+    // Sockets passed by the service manager: read once (reading clears the environment), for
+    // the varlink socket and the metrics endpoint.
+    let mut passed = listenfd::ListenFd::from_env();
+    let (listener, varlink_path) =
+        varlink::listen_from(&settings.paths.runtime_dir, &mut passed).map_err(|source| {
+            DaemonError::Varlink { path: varlink::socket_path(&settings.paths.runtime_dir), source }
+        })?;
     let auth = varlink::Authorizer {
         admin_gid: admin_gid(&settings.admin_group),
         // The sandbox belongs to whoever runs it.
@@ -295,7 +299,7 @@ pub async fn run(
     let api =
         tasks.spawn(varlink::serve(listener, handle.clone(), auth.clone(), stop.clone().cancelled_owned()));
     watch_task(&tasks, "the varlink server", api);
-    let metrics_at = serve_metrics(&settings, &handle, &tasks, &stop);
+    let metrics_at = serve_metrics(&settings, &handle, &tasks, &stop, &mut passed);
 
     // Why the device plugin needs the daemon started anew, if it does.
     let restart = Arc::new(OnceLock::new());
@@ -456,12 +460,13 @@ fn serve_metrics(
     handle: &Handle,
     tasks: &TaskTracker,
     stop: &CancellationToken,
+    passed: &mut listenfd::ListenFd,
 ) -> Result<crate::api::metrics::Listen, String> {
     use crate::api::metrics;
     if !settings.metrics.enabled {
         return Err("off (metrics.enabled = false)".into());
     }
-    let bound = metrics::listen(&settings.metrics.listen).and_then(|l| Ok((l.local()?, l)));
+    let bound = metrics::listen(&settings.metrics.listen, passed).and_then(|l| Ok((l.local()?, l)));
     let (at, listener) = bound.map_err(|e| {
         log::error!("metrics: cannot listen on {}: {e}; serving no metrics", settings.metrics.listen);
         format!("off (cannot listen on {}: {e})", settings.metrics.listen)

@@ -689,8 +689,8 @@ impl Listener {
 /// The listener to serve: a TCP socket passed by the service manager (socket activation, e.g.
 /// `cpupoold-metrics.socket`), or `listen` bound here. A unix socket is made mode 0660: the
 /// figures name the host's pools and workloads. Must be called within a tokio runtime.
-pub fn listen(listen: &Listen) -> std::io::Result<Listener> {
-    let mut passed = listenfd::ListenFd::from_env();
+/// `passed`: the sockets passed by the service manager (see [`crate::api::varlink::listen_from`]).
+pub fn listen(listen: &Listen, passed: &mut listenfd::ListenFd) -> std::io::Result<Listener> {
     for i in 0..passed.len() {
         if let Ok(Some(l)) = passed.take_tcp_listener(i) {
             l.set_nonblocking(true)?;

@@ -61,7 +61,15 @@ pub fn bind(runtime_dir: &Path) -> io::Result<UnixListener> {
 /// The listener to serve, and its path: the socket systemd passed (socket activation), or
 /// `<runtime_dir>/org.cpupool.Manager` bound here (see [`bind`]).
 pub fn listen(runtime_dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
-    let mut passed = listenfd::ListenFd::from_env();
+    listen_from(runtime_dir, &mut listenfd::ListenFd::from_env())
+}
+
+/// [`listen`] with the sockets passed already taken from the environment (reading them clears
+/// it): the daemon reads them once for every listener it serves.
+pub fn listen_from(
+    runtime_dir: &Path,
+    passed: &mut listenfd::ListenFd,
+) -> io::Result<(UnixListener, PathBuf)> {
     for i in 0..passed.len() {
         if let Ok(Some(listener)) = passed.take_unix_listener(i) {
             let path = listener
