@@ -254,3 +254,66 @@ fn only_get_metrics_is_answered() {
     get(&d.addr, "text/plain");
     d.stop();
 }
+
+/// Socket activation, as `cpupoold-metrics.socket` does it: `systemd-socket-activate` binds the
+/// varlink socket and a loopback TCP socket and passes both; the daemon serves each from the
+/// passed descriptors (read once: reading clears the environment), binding neither itself.
+#[test]
+fn socket_activation_serves_the_passed_tcp_socket() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let sock = dir.path().join("activated.sock");
+    let sb = dir.path().join("sb");
+    // A free port: the kernel picks it, and the listener is let go for systemd-socket-activate.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new("systemd-socket-activate")
+        .arg("--listen")
+        .arg(&sock)
+        .args(["--listen", &addr])
+        .arg(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(&sb)
+        .args(["--topology", "1x4x2:1", "--bus", "none"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("systemd-socket-activate (package systemd): {e}"));
+    // It listens before it starts the daemon: wait for the port by connecting, as a scraper
+    // would; the connection starts the daemon and is answered once it serves.
+    let mut s = loop {
+        if let Ok(s) = TcpStream::connect(&addr) {
+            break s;
+        }
+        assert!(child.try_wait().ok().flatten().is_none(), "systemd-socket-activate exited");
+        std::thread::yield_now();
+    };
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap_or_else(|e| panic!("{e}"));
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap_or_else(|e| panic!("{e}"));
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // The sandbox's sample configuration for 1x4x2: dp is one core, 2 CPUs.
+    assert!(reply.contains("\ncpupoold_pool_cpus{pool=\"dp\",kind=\"exclusive\"} 2"), "{reply}");
+    let mut banner = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap_or_else(|| panic!("stdout"))).lines() {
+        let line = line.unwrap_or_else(|e| panic!("{e}"));
+        banner.push_str(&line);
+        banner.push('\n');
+        if line == "READY" {
+            break;
+        }
+    }
+    assert!(banner.contains(&format!("  metrics   http://{addr}/metrics")), "{banner}");
+    assert!(banner.contains(&format!("varlink   unix:{}", sock.display())), "{banner}");
+    assert!(!sb.join("run/org.cpupool.Manager").exists(), "no varlink socket of its own");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap_or_else(|e| panic!("{e}"));
+    let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.success(), "{status}");
+}
