@@ -608,7 +608,10 @@ fn shipped_config_comments_are_valid() {
     assert_eq!(s.admin_group, defaults.admin_group);
     assert_eq!(s.log_level, defaults.log_level);
     assert_eq!(s.k8s, defaults.k8s);
+    assert_eq!(s.metrics, defaults.metrics);
     for key in [
+        "metrics.enabled",
+        "metrics.listen",
         "k8s.enabled",
         "k8s.kubeconfig",
         "k8s.report_interval_ms",
