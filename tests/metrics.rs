@@ -14,7 +14,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{Varlink, CONFIG};
+use common::{PrivateBus, Varlink, CONFIG};
 use serde_json::{json, Value};
 
 /// A sandbox daemon with [`CONFIG`] and the metrics URL its banner prints.
@@ -29,12 +29,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
+        Daemon::start_with(dir, &["--bus", "none"])
+    }
+
+    fn start_with(dir: &Path, args: &[&str]) -> Daemon {
         let sb = dir.join("sb");
         std::fs::create_dir_all(sb.join("etc/cpupoold")).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(sb.join("etc/cpupoold/config.toml"), CONFIG).unwrap_or_else(|e| panic!("{e}"));
         let log = dir.join("daemon.log");
         let bin = Path::new(env!("CARGO_BIN_EXE_cpupoold"));
-        let s = test_support::daemon::spawn(bin, &sb, "1x4x2:1", &["--bus", "none"], &log);
+        let s = test_support::daemon::spawn(bin, &sb, "1x4x2:1", args, &log);
         let logs = std::fs::read_to_string(&log).unwrap_or_default();
         assert!(s.ready, "no READY banner:\n{}\n{logs}", s.banner);
         let url = s
@@ -316,4 +320,39 @@ fn socket_activation_serves_the_passed_tcp_socket() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap_or_else(|e| panic!("{e}"));
     let status = child.wait().unwrap_or_else(|e| panic!("{e}"));
     assert!(status.success(), "{status}");
+}
+
+/// D-Bus calls are counted like varlink's, by method and error kind, with `transport="dbus"`.
+#[test]
+fn dbus_calls_are_counted_by_method_and_error() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let bus = PrivateBus::start(dir.path());
+    let d = Daemon::start_with(dir.path(), &["--bus", &bus.address]);
+    let busctl = |args: &[&str]| {
+        Command::new("busctl")
+            .arg(format!("--address={}", bus.address))
+            .args(["call", "org.cpupool.Manager1", "/org/cpupool/Manager1", "org.cpupool.Manager1"])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("busctl: {e}"))
+    };
+    for _ in 0..2 {
+        let out = busctl(&["ListPools"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = busctl(&["GetPool", "s", "nosuch"]);
+    assert!(!out.status.success(), "GetPool nosuch succeeded");
+    let (_, text) = get(&d.addr, "text/plain");
+    let line = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).map(str::trim).map(str::to_owned);
+    assert_eq!(
+        line(r#"cpupoold_api_requests_total{transport="dbus",method="ListPools"}"#).as_deref(),
+        Some("2"),
+        "{text}"
+    );
+    assert_eq!(
+        line(r#"cpupoold_api_errors_total{transport="dbus",method="GetPool",error="NoSuchPool"}"#).as_deref(),
+        Some("1"),
+        "{text}"
+    );
+    d.stop();
 }
