@@ -486,34 +486,32 @@ impl Collector for SnapshotCollector {
 /// The usual `process_*` families, read from `/proc/self` at scrape (prometheus-client has no
 /// process collector).
 #[derive(Debug)]
-struct ProcessCollector {
-    start_time: Option<f64>,
-}
+struct ProcessCollector;
 
-impl ProcessCollector {
-    fn new() -> ProcessCollector {
-        let start =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs_f64());
-        ProcessCollector { start_time: start }
-    }
-}
-
-/// `(utime + stime in ticks, threads, vsize bytes, rss pages)` from `/proc/self/stat`.
-fn self_stat() -> Option<(u64, u64, u64, u64)> {
+/// From `/proc/self/stat`: `(utime + stime, start time after boot)` in clock ticks, threads,
+/// virtual memory in bytes, resident pages.
+fn self_stat() -> Option<(u64, u64, u64, u64, u64)> {
     let text = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command name, which may hold spaces and parentheses.
     let rest = text.rsplit_once(") ")?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
     let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-    // rest[0] is field 3 (state): utime is field 14, stime 15, threads 20, vsize 23, rss 24.
-    Some((n(11)? + n(12)?, n(17)?, n(20)?, n(21)?))
+    // f[0] is field 3 (state): utime is field 14, stime 15, threads 20, starttime 22, vsize 23,
+    // rss 24 (proc(5)).
+    Some((n(11)? + n(12)?, n(19)?, n(17)?, n(20)?, n(21)?))
+}
+
+/// The boot time, seconds since the epoch (`btime` of `/proc/stat`).
+fn boot_time() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
 }
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let none: Labels = Vec::new();
-        if let Some((ticks, threads, vsize, rss)) = self_stat() {
-            let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100);
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+        if let Some((ticks, start, threads, vsize, rss)) = self_stat() {
             let page =
                 nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096);
             let m = enc.encode_descriptor(
@@ -522,7 +520,7 @@ impl Collector for ProcessCollector {
                 Some(&Unit::Seconds),
                 prometheus_client::metrics::MetricType::Counter,
             )?;
-            ConstCounter::new(ticks as f64 / hz as f64).encode(m)?;
+            ConstCounter::new(ticks as f64 / hz).encode(m)?;
             gauges(
                 &mut enc,
                 "process_resident_memory",
@@ -538,6 +536,15 @@ impl Collector for ProcessCollector {
                 &[(none.clone(), vsize as f64)],
             )?;
             gauges(&mut enc, "process_threads", "Threads", None, &[(none.clone(), threads as f64)])?;
+            if let Some(boot) = boot_time() {
+                gauges(
+                    &mut enc,
+                    "process_start_time",
+                    "When the daemon started, since the Unix epoch",
+                    Some(&Unit::Seconds),
+                    &[(none.clone(), boot as f64 + start as f64 / hz)],
+                )?;
+            }
         }
         if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
             gauges(
@@ -555,15 +562,6 @@ impl Collector for ProcessCollector {
                 "Most open file descriptors",
                 None,
                 &[(none.clone(), soft as f64)],
-            )?;
-        }
-        if let Some(t) = self.start_time {
-            gauges(
-                &mut enc,
-                "process_start_time",
-                "When the daemon started (its metrics, to be exact), since the Unix epoch",
-                Some(&Unit::Seconds),
-                &[(none, t)],
             )?;
         }
         Ok(())
@@ -591,7 +589,7 @@ impl Exporter {
         registry.register_collector(Box::new(SnapshotCollector { snapshots }));
         // `process_*` without our prefix, as every exporter names them.
         let mut process = Registry::default();
-        process.register_collector(Box::new(ProcessCollector::new()));
+        process.register_collector(Box::new(ProcessCollector));
         Exporter { registry, process }
     }
 
