@@ -283,9 +283,13 @@ pub async fn run(
     tasks.spawn(crate::reclaim::run(handle.clone(), fs, systemd, stop.clone().cancelled_owned()));
     let signals = Signals::install()?;
 
-    let (listener, varlink_path) = varlink::listen(&settings.paths.runtime_dir).map_err(|source| {
-        DaemonError::Varlink { path: varlink::socket_path(&settings.paths.runtime_dir), source }
-    })?;
+    // Sockets passed by the service manager: read once (reading clears the environment), for
+    // the varlink socket and the metrics endpoint.
+    let mut passed = listenfd::ListenFd::from_env();
+    let (listener, varlink_path) =
+        varlink::listen_from(&settings.paths.runtime_dir, &mut passed).map_err(|source| {
+            DaemonError::Varlink { path: varlink::socket_path(&settings.paths.runtime_dir), source }
+        })?;
     let auth = varlink::Authorizer {
         admin_gid: admin_gid(&settings.admin_group),
         // The sandbox belongs to whoever runs it.
@@ -295,6 +299,7 @@ pub async fn run(
     let api =
         tasks.spawn(varlink::serve(listener, handle.clone(), auth.clone(), stop.clone().cancelled_owned()));
     watch_task(&tasks, "the varlink server", api);
+    let metrics_at = serve_metrics(&settings, &handle, &tasks, &stop, &mut passed);
 
     // Why the device plugin needs the daemon started anew, if it does.
     let restart = Arc::new(OnceLock::new());
@@ -345,7 +350,7 @@ pub async fn run(
 
     notify(&[NotifyState::Ready, NotifyState::Status(&snap.summary())]);
     if let Some(sb) = &opts.sandbox {
-        print_banner(sb, &handle, &varlink_path, bus.as_ref());
+        print_banner(sb, &handle, &varlink_path, bus.as_ref(), &metrics_at);
     }
 
     serve(&opts, &handle, signals, &stop, shutdown).await;
@@ -427,8 +432,9 @@ async fn serve(
             // The outcome is logged and shown in STATUS=; `cpupoolctl reload` reports it too.
             _ = signals.hup.recv() => { let _ = crate::api::ops::reload(handle).await; }
             _ = drift.tick(), if checking => {
-                if let Err(e) = handle.check_drift().await {
-                    log::warn!("drift check: {}", engine::error_chain(&e));
+                match handle.check_drift().await {
+                    Ok(r) => crate::api::metrics::metrics().drift(r.corrected, r.failed),
+                    Err(e) => log::warn!("drift check: {}", engine::error_chain(&e)),
                 }
             }
             _ = health.tick(), if sampling => {
@@ -443,6 +449,33 @@ async fn serve(
             }
         }
     }
+}
+
+/// Serves the metrics endpoint when `[metrics]` enables it; returns where it listens, or why it
+/// does not. A listener that cannot be had (the port taken, an address family the unit does not
+/// allow) is logged and the daemon runs on without metrics: they observe the pools, and losing
+/// them must not cost the pools' management.
+fn serve_metrics(
+    settings: &Settings,
+    handle: &Handle,
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    passed: &mut listenfd::ListenFd,
+) -> Result<crate::api::metrics::Listen, String> {
+    use crate::api::metrics;
+    if !settings.metrics.enabled {
+        return Err("off (metrics.enabled = false)".into());
+    }
+    let bound = metrics::listen(&settings.metrics.listen, passed).and_then(|l| Ok((l.local()?, l)));
+    let (at, listener) = bound.map_err(|e| {
+        log::error!("metrics: cannot listen on {}: {e}; serving no metrics", settings.metrics.listen);
+        format!("off (cannot listen on {}: {e})", settings.metrics.listen)
+    })?;
+    log::info!("metrics: serving {at}");
+    let exporter = std::sync::Arc::new(metrics::Exporter::new(handle.watch()));
+    let server = tasks.spawn(metrics::serve(listener, exporter, stop.clone().cancelled_owned()));
+    watch_task(tasks, "the metrics endpoint", server);
+    Ok(at)
 }
 
 /// Logs `task`'s end if it panicked (tracked, so the stop waits for it).
@@ -545,7 +578,13 @@ fn admin_gid(name: &str) -> Option<u32> {
     }
 }
 
-fn print_banner(sb: &Sandbox, handle: &Handle, varlink_path: &std::path::Path, bus: Option<&Bus>) {
+fn print_banner(
+    sb: &Sandbox,
+    handle: &Handle,
+    varlink_path: &std::path::Path,
+    bus: Option<&Bus>,
+    metrics: &Result<crate::api::metrics::Listen, String>,
+) {
     let snap = handle.snapshot();
     let mut out = format!(
         "cpupoold sandbox ready: {} CPUs ({}), {}\n",
@@ -577,5 +616,9 @@ fn print_banner(sb: &Sandbox, handle: &Handle, varlink_path: &std::path::Path, b
         varlink_path.display(),
         std::process::id()
     ));
+    match metrics {
+        Ok(at) => out.push_str(&format!("  metrics   {at}\n")),
+        Err(why) => out.push_str(&format!("  metrics   {why}\n")),
+    }
     println!("{out}READY");
 }

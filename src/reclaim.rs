@@ -280,10 +280,13 @@ impl Reclaimer {
             return;
         }
         match self.handle.release(id.as_str()).await {
-            Ok(a) => log::info!(
-                ASSIGNMENT = id.as_str(), POOL = a.pool.as_str();
-                "reclaimed assignment {id} (CPUs {} of pool {}): {why}", a.cpus, a.pool
-            ),
+            Ok(a) => {
+                crate::api::metrics::metrics().reclaimed(a.pool.as_str());
+                log::info!(
+                    ASSIGNMENT = id.as_str(), POOL = a.pool.as_str();
+                    "reclaimed assignment {id} (CPUs {} of pool {}): {why}", a.cpus, a.pool
+                )
+            }
             // Released meanwhile by its owner: nothing to do.
             Err(crate::engine::EngineError::State(crate::core::state::Error::NoSuchAssignment {
                 ..

@@ -146,6 +146,25 @@ impl Manager {
         Ok(uid)
     }
 
+    #[allow(clippy::too_many_arguments)]
+    async fn assign_with(
+        &self,
+        hdr: &Header<'_>,
+        pool: String,
+        target: &str,
+        cpus: u32,
+        millicpus: u64,
+        id: &str,
+        reclaim: bool,
+    ) -> Result<AssignmentStruct, Error> {
+        self.authorize(hdr).await?;
+        let id = Some(id).filter(|s| !s.is_empty());
+        let mut spec = ops::assign_spec(pool, target, nonzero(cpus), nonzero(millicpus), id)?;
+        spec.reclaim = reclaim;
+        let a = self.handle.assign(spec).await?.into_inner();
+        Ok(AssignmentView::from(&a).into())
+    }
+
     async fn pool_reply(&self, edit: PoolEdit) -> Result<PoolStruct, Error> {
         let pool = self.handle.edit_pool(edit).await?;
         let snap = self.handle.snapshot();
@@ -153,6 +172,25 @@ impl Manager {
         let name = pool.map(|p| p.name.to_string()).unwrap_or_default();
         Ok(PoolView::find(&snap, &name)?.into())
     }
+}
+
+/// Records one call of `method` (see [`crate::api::metrics`]) with its error's name.
+async fn metered<T>(
+    method: &str,
+    f: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    crate::api::metrics::timed(
+        "dbus",
+        method,
+        |r: &Result<T, Error>| r.as_ref().err().map(|e| e.name.clone()),
+        f,
+    )
+    .await
+}
+
+/// [`metered`] for a method that cannot fail.
+async fn metered_ok<T>(method: &str, f: impl std::future::Future<Output = T>) -> T {
+    crate::api::metrics::timed("dbus", method, |_| None, f).await
 }
 
 fn options(map: &HashMap<String, OwnedValue>, allowed: &[&str]) -> Result<Options, Error> {
@@ -234,41 +272,51 @@ fn nonzero<T: Default + PartialEq + Into<i128>>(v: T) -> Option<i64> {
 impl Manager {
     #[zbus(out_args("pools"))]
     async fn list_pools(&self) -> Vec<PoolStruct> {
-        PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect()
+        metered_ok("ListPools", async {
+            PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect()
+        })
+        .await
     }
 
     #[zbus(out_args("pool"))]
     async fn get_pool(&self, name: &str) -> Result<PoolStruct, Error> {
-        Ok(PoolView::find(&self.handle.snapshot(), name)?.into())
+        metered("GetPool", async { Ok(PoolView::find(&self.handle.snapshot(), name)?.into()) }).await
     }
 
     #[zbus(out_args("online", "offline", "isolated", "cpus"))]
     async fn get_topology(&self) -> (String, String, String, Vec<CpuStruct>) {
-        let topo = self.handle.snapshot().topology;
-        (
-            topo.online().to_string(),
-            topo.offline().to_string(),
-            topo.isolated().to_string(),
-            CpuView::all(&topo).into_iter().map(Into::into).collect(),
-        )
+        metered_ok("GetTopology", async {
+            let topo = self.handle.snapshot().topology;
+            (
+                topo.online().to_string(),
+                topo.offline().to_string(),
+                topo.isolated().to_string(),
+                CpuView::all(&topo).into_iter().map(Into::into).collect(),
+            )
+        })
+        .await
     }
 
     #[zbus(out_args("assignments"))]
     async fn list_assignments(&self, pool: &str) -> Result<SharedAssignments, Error> {
-        let snap = self.handle.snapshot();
-        let filter = Some(pool).filter(|p| !p.is_empty());
-        let list = self
-            .assignments
-            .get_or_build(&snap, pool, || {
-                AssignmentView::iter(&snap, filter).map(|each| each.map(Into::into).collect())
-            })
-            .await?;
-        Ok(SharedAssignments(list))
+        metered("ListAssignments", async {
+            let snap = self.handle.snapshot();
+            let filter = Some(pool).filter(|p| !p.is_empty());
+            let list = self
+                .assignments
+                .get_or_build(&snap, pool, || {
+                    AssignmentView::iter(&snap, filter).map(|each| each.map(Into::into).collect())
+                })
+                .await?;
+            Ok(SharedAssignments(list))
+        })
+        .await
     }
 
     #[zbus(out_args("assignment"))]
     async fn get_assignment(&self, id: &str) -> Result<AssignmentStruct, Error> {
-        Ok(AssignmentView::find(&self.handle.snapshot(), id)?.into())
+        metered("GetAssignment", async { Ok(AssignmentView::find(&self.handle.snapshot(), id)?.into()) })
+            .await
     }
 
     #[zbus(out_args(
@@ -281,17 +329,20 @@ impl Manager {
         "degraded_assignments"
     ))]
     async fn status(&self) -> (String, u64, u32, u32, String, String, u32) {
-        let snap = self.handle.snapshot();
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        (
-            env!("CARGO_PKG_VERSION").to_owned(),
-            self.started.elapsed().as_secs(),
-            count(snap.state.pools().len()),
-            count(snap.state.assignments().len()),
-            snap.state_path.display().to_string(),
-            snap.config_error.clone().unwrap_or_default(),
-            count(snap.assignment_health.len()),
-        )
+        metered_ok("Status", async {
+            let snap = self.handle.snapshot();
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            (
+                env!("CARGO_PKG_VERSION").to_owned(),
+                self.started.elapsed().as_secs(),
+                count(snap.state.pools().len()),
+                count(snap.state.assignments().len()),
+                snap.state_path.display().to_string(),
+                snap.config_error.clone().unwrap_or_default(),
+                count(snap.assignment_health.len()),
+            )
+        })
+        .await
     }
 
     #[zbus(out_args("isolcpus", "nohz_full", "housekeeping", "workqueue", "pools"))]
@@ -299,9 +350,12 @@ impl Manager {
         &self,
         pool: &str,
     ) -> Result<(String, String, String, String, Vec<PoolIsolationStruct>), Error> {
-        let r = crate::api::ops::IsolationReply::new(&self.handle.snapshot(), pool)?;
-        let pools = r.pools.into_iter().map(Into::into).collect();
-        Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, pools))
+        metered("GetIsolation", async {
+            let r = crate::api::ops::IsolationReply::new(&self.handle.snapshot(), pool)?;
+            let pools = r.pools.into_iter().map(Into::into).collect();
+            Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, pools))
+        })
+        .await
     }
 
     #[zbus(out_args("assignment"))]
@@ -314,7 +368,7 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        self.assign_ex(hdr, pool, target, cpus, millicpus, id, true).await
+        metered("Assign", self.assign_with(&hdr, pool, target, cpus, millicpus, id, true)).await
     }
 
     /// Assign with options: `reclaim` false keeps the assignment when the target goes away.
@@ -330,12 +384,7 @@ impl Manager {
         id: &str,
         reclaim: bool,
     ) -> Result<AssignmentStruct, Error> {
-        self.authorize(&hdr).await?;
-        let id = Some(id).filter(|s| !s.is_empty());
-        let mut spec = ops::assign_spec(pool, target, nonzero(cpus), nonzero(millicpus), id)?;
-        spec.reclaim = reclaim;
-        let a = self.handle.assign(spec).await?.into_inner();
-        Ok(AssignmentView::from(&a).into())
+        metered("AssignEx", self.assign_with(&hdr, pool, target, cpus, millicpus, id, reclaim)).await
     }
 
     /// Assigns CPUs to process `pid` (the caller's own; root: any) and confines it: in a new
@@ -350,19 +399,25 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        let uid = self.authorize_uid(&hdr).await?;
-        let id = Some(id).filter(|s| !s.is_empty());
-        let spec = ops::run_spec(pool, i64::from(pid), nonzero(cpus), nonzero(millicpus), id)?;
-        self.auth.check_process(pid, uid)?;
-        let a = self.handle.run(spec).await?.into_inner();
-        Ok(AssignmentView::from(&a).into())
+        metered("Run", async {
+            let uid = self.authorize_uid(&hdr).await?;
+            let id = Some(id).filter(|s| !s.is_empty());
+            let spec = ops::run_spec(pool, i64::from(pid), nonzero(cpus), nonzero(millicpus), id)?;
+            self.auth.check_process(pid, uid)?;
+            let a = self.handle.run(spec).await?.into_inner();
+            Ok(AssignmentView::from(&a).into())
+        })
+        .await
     }
 
     #[zbus(out_args("assignment"))]
     async fn release(&self, #[zbus(header)] hdr: Header<'_>, id: &str) -> Result<AssignmentStruct, Error> {
-        self.authorize(&hdr).await?;
-        let a = self.handle.release(id).await?;
-        Ok(AssignmentView::from(&a).into())
+        metered("Release", async {
+            self.authorize(&hdr).await?;
+            let a = self.handle.release(id).await?;
+            Ok(AssignmentView::from(&a).into())
+        })
+        .await
     }
 
     #[zbus(out_args("pool"))]
@@ -373,10 +428,13 @@ impl Manager {
         kind: &str,
         options: HashMap<String, OwnedValue>,
     ) -> Result<PoolStruct, Error> {
-        self.authorize(&hdr).await?;
-        let o = self::options(&options, &["cpus", "count", "numa", "smt", "isolate", "kubelet"])?;
-        let edit = ops::create_pool(name, kind, &o.borrowed())?;
-        self.pool_reply(edit).await
+        metered("CreatePool", async {
+            self.authorize(&hdr).await?;
+            let o = self::options(&options, &["cpus", "count", "numa", "smt", "isolate", "kubelet"])?;
+            let edit = ops::create_pool(name, kind, &o.borrowed())?;
+            self.pool_reply(edit).await
+        })
+        .await
     }
 
     #[zbus(out_args("pool"))]
@@ -386,25 +444,34 @@ impl Manager {
         name: &str,
         options: HashMap<String, OwnedValue>,
     ) -> Result<PoolStruct, Error> {
-        self.authorize(&hdr).await?;
-        let o = self::options(&options, &["cpus", "count", "numa"])?;
-        let edit = ops::resize_pool(name, &o.borrowed())?;
-        self.pool_reply(edit).await
+        metered("ResizePool", async {
+            self.authorize(&hdr).await?;
+            let o = self::options(&options, &["cpus", "count", "numa"])?;
+            let edit = ops::resize_pool(name, &o.borrowed())?;
+            self.pool_reply(edit).await
+        })
+        .await
     }
 
     async fn delete_pool(&self, #[zbus(header)] hdr: Header<'_>, name: &str) -> Result<(), Error> {
-        self.authorize(&hdr).await?;
-        let edit = ops::delete_pool(name)?;
-        self.handle.edit_pool(edit).await?;
-        Ok(())
+        metered("DeletePool", async {
+            self.authorize(&hdr).await?;
+            let edit = ops::delete_pool(name)?;
+            self.handle.edit_pool(edit).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// `changed` is false when the files say what already runs; a rejected configuration is
     /// an error (ConfigRejected, AssignmentsStranded) and the running one stays.
     #[zbus(out_args("changed"))]
     async fn reload(&self, #[zbus(header)] hdr: Header<'_>) -> Result<bool, Error> {
-        self.authorize(&hdr).await?;
-        Ok(ops::reload(&self.handle).await?)
+        metered("Reload", async {
+            self.authorize(&hdr).await?;
+            Ok(ops::reload(&self.handle).await?)
+        })
+        .await
     }
 
     #[zbus(property)]

@@ -6,5 +6,6 @@
 
 pub mod auth;
 pub mod dbus;
+pub mod metrics;
 pub mod ops;
 pub mod varlink;

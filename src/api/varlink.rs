@@ -62,7 +62,15 @@ pub fn bind(runtime_dir: &Path) -> io::Result<UnixListener> {
 /// The listener to serve, and its path: the socket systemd passed (socket activation), or
 /// `<runtime_dir>/org.cpupool.Manager` bound here (see [`bind`]).
 pub fn listen(runtime_dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
-    let mut passed = listenfd::ListenFd::from_env();
+    listen_from(runtime_dir, &mut listenfd::ListenFd::from_env())
+}
+
+/// [`listen`] with the sockets passed already taken from the environment (reading them clears
+/// it): the daemon reads them once for every listener it serves.
+pub fn listen_from(
+    runtime_dir: &Path,
+    passed: &mut listenfd::ListenFd,
+) -> io::Result<(UnixListener, PathBuf)> {
     for i in 0..passed.len() {
         if let Ok(Some(listener)) = passed.take_unix_listener(i) {
             let path = listener
@@ -542,8 +550,12 @@ async fn answer(
     wr: &mut OwnedWriteHalf,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<(), End> {
+    let start = Instant::now();
+    let mut name = "unknown";
     let outcome = async {
         let method = Method::parse(&call.method)?;
+        // Parsed: one of a fixed set of names, fit for a label.
+        name = call.method.rsplit('.').next().unwrap_or("unknown");
         if call.upgrade {
             return Err(methods::not_implemented(&call.method));
         }
@@ -574,6 +586,8 @@ async fn answer(
         }
     }
     .await;
+    let error = outcome.as_ref().err().map(|e| e.name.as_str());
+    crate::api::metrics::metrics().api_call("varlink", name, error, start.elapsed());
     match outcome {
         Ok(Some(_)) | Err(_) if call.oneway => Ok(()),
         Ok(Some(Answer::Parameters(params))) => send(ctx, wr, reply(params, false)).await,

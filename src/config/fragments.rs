@@ -29,6 +29,16 @@ pub(crate) struct Fragment {
     pub kubelet: KubeletFragment,
     #[serde(default)]
     pub k8s: K8sFragment,
+    #[serde(default)]
+    pub metrics: MetricsFragment,
+}
+
+/// `[metrics]` as written in one file: the metrics endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MetricsFragment {
+    pub enabled: Option<bool>,
+    pub listen: Option<String>,
 }
 
 /// `[k8s]` as written in one file: the cluster integration (the `k8s` cargo feature).

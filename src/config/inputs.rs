@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::fragments::{DaemonFragment, Fragment, K8sFragment, KubeletFragment, PathsFragment, PoolFragment};
+use super::fragments::{
+    DaemonFragment, Fragment, K8sFragment, KubeletFragment, MetricsFragment, PathsFragment, PoolFragment,
+};
 use super::{pool_key, ConfigError, Origins};
 use crate::core::cpuset::CpuSet;
 
@@ -27,6 +29,7 @@ pub(crate) struct Inputs {
     pub daemon: DaemonFragment,
     pub kubelet: KubeletFragment,
     pub k8s: K8sFragment,
+    pub metrics: MetricsFragment,
     /// By name as written; names are validated in the settings stage.
     pub pools: BTreeMap<String, PoolInput>,
     /// Who set each key last.
@@ -53,7 +56,9 @@ impl Inputs {
         self.files.push(file.to_owned());
         let mut set = Setter { origins: &mut self.origins, file };
 
-        let Fragment { paths, daemon, pools, kubelet, k8s } = fragment;
+        let Fragment { paths, daemon, pools, kubelet, k8s, metrics } = fragment;
+        set.field(&mut self.metrics.enabled, metrics.enabled, "metrics.enabled");
+        set.field(&mut self.metrics.listen, metrics.listen, "metrics.listen");
         let c = &mut self.k8s;
         set.field(&mut c.enabled, k8s.enabled, "k8s.enabled");
         set.field(&mut c.kubeconfig, k8s.kubeconfig, "k8s.kubeconfig");

@@ -62,7 +62,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use settings::{
-    Backend, Irq, IrqPool, K8s, Kubelet, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS,
+    Backend, Irq, IrqPool, K8s, Kubelet, Metrics, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS,
     DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS, DEFAULT_RESOURCE_PREFIX,
     MAX_SHARED_DEVICES,
 };

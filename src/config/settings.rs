@@ -67,6 +67,8 @@ pub struct Settings {
     pub kubelet: Kubelet,
     /// `[k8s]`: the cluster integration (used only when built with the `k8s` feature).
     pub k8s: K8s,
+    /// `[metrics]`: the metrics endpoint.
+    pub metrics: Metrics,
     /// Interrupt affinity: `daemon.irq_*`, `daemon.irqbalance` and each pool's `irq` and
     /// `irq_claim`.
     pub irq: Irq,
@@ -177,6 +179,55 @@ impl Default for K8s {
     }
 }
 
+/// `[metrics]`: where the metrics endpoint listens (see `api::metrics`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metrics {
+    /// `metrics.enabled`: serve the endpoint.
+    pub enabled: bool,
+    /// `metrics.listen`: an `IP:PORT` or `unix:/PATH`.
+    pub listen: crate::api::metrics::Listen,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            enabled: true,
+            listen: crate::api::metrics::Listen::Tcp(std::net::SocketAddr::from((
+                [127, 0, 0, 1],
+                DEFAULT_METRICS_PORT,
+            ))),
+        }
+    }
+}
+
+/// The port of `metrics.listen` when no file sets it (loopback only: the figures describe the
+/// host's workloads, and the endpoint has no authentication).
+pub const DEFAULT_METRICS_PORT: u16 = 9465;
+
+/// Parses `metrics.listen`: `IP:PORT` (`[IPv6]:PORT`) or `unix:/ABSOLUTE/PATH`. Host names are
+/// refused: what a name resolves to may change, and a root daemon should not resolve names to
+/// decide where it listens.
+pub fn parse_metrics_listen(text: &str) -> Result<crate::api::metrics::Listen, String> {
+    use crate::api::metrics::Listen;
+    if let Some(path) = text.strip_prefix("unix:") {
+        let path = PathBuf::from(path);
+        return if path.is_absolute() {
+            Ok(Listen::Unix(path))
+        } else {
+            Err(format!(
+                "`{}`: a unix socket needs an absolute path (unix:/run/cpupoold/metrics.sock)",
+                text.escape_debug()
+            ))
+        };
+    }
+    text.parse::<std::net::SocketAddr>().map(Listen::Tcp).map_err(|_| {
+        format!(
+            "`{}` is not an IP:PORT address (127.0.0.1:9465, [::1]:9465) or unix:/PATH",
+            text.escape_debug()
+        )
+    })
+}
+
 /// `k8s.report_interval_ms` when no file sets it.
 pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 2_000;
 
@@ -206,7 +257,7 @@ pub const DEFAULT_LOG_LEVEL: log::LevelFilter = log::LevelFilter::Info;
 impl Settings {
     /// Validates merged inputs.
     pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
-        let Inputs { paths, daemon, pools, origins, files, kubelet, k8s } = inputs;
+        let Inputs { paths, daemon, pools, origins, files, kubelet, k8s, metrics } = inputs;
         let daemon_irq = (daemon.irq_cpus.clone(), daemon.irq_restore_on_stop, daemon.irqbalance);
         let lend_idle = daemon.lend_idle.unwrap_or(false);
         let backend = match daemon.backend.as_deref() {
@@ -375,6 +426,17 @@ impl Settings {
             report_interval: std::time::Duration::from_millis(report_interval),
         };
 
+        let defaults = Metrics::default();
+        let metrics = Metrics {
+            enabled: metrics.enabled.unwrap_or(defaults.enabled),
+            listen: match &metrics.listen {
+                None => defaults.listen,
+                Some(text) => {
+                    parse_metrics_listen(text).map_err(|reason| invalid("metrics.listen", reason))?
+                }
+            },
+        };
+
         let mut pools = pools;
         pools.retain(|_, p| p.removed != Some(true));
         if pools.is_empty() {
@@ -398,6 +460,7 @@ impl Settings {
             pools,
             kubelet,
             k8s,
+            metrics,
             irq,
             origins,
         })

@@ -608,7 +608,10 @@ fn shipped_config_comments_are_valid() {
     assert_eq!(s.admin_group, defaults.admin_group);
     assert_eq!(s.log_level, defaults.log_level);
     assert_eq!(s.k8s, defaults.k8s);
+    assert_eq!(s.metrics, defaults.metrics);
     for key in [
+        "metrics.enabled",
+        "metrics.listen",
         "k8s.enabled",
         "k8s.kubeconfig",
         "k8s.report_interval_ms",
@@ -764,4 +767,30 @@ fn irq_keys_defaults_and_errors() {
     assert!(e.contains("daemon.irq_cpus"), "{e}");
     let e = chain(&err(&format!("[daemon]\nirq_cpus = \"\"\n{base}")));
     assert!(e.contains("daemon.irq_cpus"), "{e}");
+}
+
+#[test]
+fn metrics_listen_on_loopback_unless_told_otherwise() {
+    use crate::api::metrics::Listen;
+    let base = "[pools.r]\nkind = \"reserved\"\ncount = 1\n";
+    let s = ok(base);
+    assert!(s.metrics.enabled);
+    assert_eq!(s.metrics.listen, Listen::Tcp("127.0.0.1:9465".parse().unwrap_or_else(|e| panic!("{e}"))));
+    let s = ok(&format!("{base}[metrics]\nenabled = false\nlisten = \"[::1]:9100\"\n"));
+    assert!(!s.metrics.enabled);
+    assert_eq!(s.metrics.listen, Listen::Tcp("[::1]:9100".parse().unwrap_or_else(|e| panic!("{e}"))));
+    let s = ok(&format!("{base}[metrics]\nlisten = \"unix:/run/m.sock\"\n"));
+    assert_eq!(s.metrics.listen, Listen::Unix("/run/m.sock".into()));
+}
+
+#[test]
+fn a_bad_metrics_listen_names_the_key() {
+    let base = "[pools.r]\nkind = \"reserved\"\ncount = 1\n";
+    for bad in ["localhost:9465", "127.0.0.1", "unix:run/m.sock", "", "9465"] {
+        let e = err(&format!("{base}[metrics]\nlisten = \"{bad}\"\n"));
+        assert_eq!(e.key(), Some("metrics.listen"), "{bad:?}: {}", chain(&e));
+        assert!(matches!(e, ConfigError::Invalid { .. }), "{bad:?}: {}", chain(&e));
+    }
+    let e = err(&format!("{base}[metrics]\nport = 9465\n"));
+    assert!(chain(&e).contains("port"), "{}", chain(&e));
 }

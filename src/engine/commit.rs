@@ -67,6 +67,9 @@ impl Engine {
     /// the result once. If that fails, nothing of the group was kept, and each is done again on
     /// its own, so every caller gets the answer it would have had alone.
     pub(super) fn mutate(&mut self, group: Vec<Mutation>) {
+        if !group.is_empty() {
+            crate::api::metrics::metrics().batch(group.len());
+        }
         if group.len() <= 1 {
             for m in group {
                 self.handle(m.into_request());
@@ -324,7 +327,10 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let kept = plan::kept(before, after);
         self.apply_plan(before, &kept).inspect_err(|_| self.undo(&kept, before))?;
-        if let Err(e) = self.store.save(next.data()) {
+        let saving = std::time::Instant::now();
+        let saved = self.store.save(next.data());
+        crate::api::metrics::metrics().state_saved(saving.elapsed());
+        if let Err(e) = saved {
             log::error!("saving the state failed: {}; rolling back", error_chain(&e));
             self.undo(&kept, before);
             self.resave_previous();

@@ -162,6 +162,62 @@ impl PoolPlugin {
             _ => Vec::new(),
         }
     }
+
+    /// All containers of the request get their CPUs, or none do: one engine call.
+    async fn allocate_all(
+        &self,
+        request: Request<v1beta1::AllocateRequest>,
+    ) -> Result<Response<v1beta1::AllocateResponse>, Status> {
+        let snap = self.shared.handle.snapshot();
+        let pool = self.pool_of(&snap)?;
+        // Decode every container first: a malformed request changes nothing.
+        let allocations = request
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|r| {
+                devices::allocation(&pool, &snap.topology, self.shared.millis_per_device, &r.devices_ids)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| refused(&e))?;
+        // The kubelet repeats Allocate for the same devices (container restart): the existing
+        // assignment answers, wherever it has been retargeted since.
+        let existing = |alloc: &Allocation| {
+            let a = alloc.spec.id.as_ref().and_then(|id| snap.state.assignments().get(id))?;
+            devices::same(a, alloc).then(|| a.clone())
+        };
+        let (asked, new): (Vec<&Allocation>, Vec<&Allocation>) =
+            allocations.iter().partition(|a| existing(a).is_some());
+        let keep: Vec<&AssignmentId> = asked.iter().filter_map(|a| a.spec.id.as_ref()).collect();
+        let specs = || new.iter().map(|a| a.spec.clone()).collect::<Vec<_>>();
+        let made = match self.shared.handle.assign_all(specs()).await {
+            Err(EngineError::State(e)) => match self.release_freed(&pool, &new, &keep).await {
+                0 => Err(EngineError::State(e)),
+                _ => self.shared.handle.assign_all(specs()).await,
+            },
+            r => r,
+        };
+        let mut made = match made {
+            Ok(made) => made.into_iter().map(Outcome::into_inner),
+            Err(e) => {
+                let devices: Vec<&Vec<String>> = new.iter().map(|a| &a.devices).collect();
+                log::warn!(POOL = self.pool.as_str(); "Allocate {devices:?} refused: {}", error_chain(&e));
+                return Err(engine_status(&e));
+            }
+        };
+        let mut responses = Vec::with_capacity(allocations.len());
+        for alloc in &allocations {
+            let Some(a) = existing(alloc).or_else(|| made.next()) else {
+                return Err(Status::internal("the engine answered fewer assignments than asked"));
+            };
+            if a.kind == PoolKind::Shared {
+                set_held(&self.shared.handle, &a.id, Some(alloc.devices.iter().cloned().collect())).await;
+            }
+            responses
+                .push(v1beta1::ContainerAllocateResponse { envs: devices::envs(&a), ..Default::default() });
+        }
+        Ok(Response::new(v1beta1::AllocateResponse { container_responses: responses }))
+    }
 }
 
 type DeviceStream =
@@ -233,60 +289,14 @@ impl DevicePlugin for PoolPlugin {
         Ok(Response::new(v1beta1::PreferredAllocationResponse { container_responses }))
     }
 
-    /// All containers of the request get their CPUs, or none do: one engine call.
     async fn allocate(
         &self,
         request: Request<v1beta1::AllocateRequest>,
     ) -> Result<Response<v1beta1::AllocateResponse>, Status> {
-        let snap = self.shared.handle.snapshot();
-        let pool = self.pool_of(&snap)?;
-        // Decode every container first: a malformed request changes nothing.
-        let allocations = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| {
-                devices::allocation(&pool, &snap.topology, self.shared.millis_per_device, &r.devices_ids)
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| refused(&e))?;
-        // The kubelet repeats Allocate for the same devices (container restart): the existing
-        // assignment answers, wherever it has been retargeted since.
-        let existing = |alloc: &Allocation| {
-            let a = alloc.spec.id.as_ref().and_then(|id| snap.state.assignments().get(id))?;
-            devices::same(a, alloc).then(|| a.clone())
-        };
-        let (asked, new): (Vec<&Allocation>, Vec<&Allocation>) =
-            allocations.iter().partition(|a| existing(a).is_some());
-        let keep: Vec<&AssignmentId> = asked.iter().filter_map(|a| a.spec.id.as_ref()).collect();
-        let specs = || new.iter().map(|a| a.spec.clone()).collect::<Vec<_>>();
-        let made = match self.shared.handle.assign_all(specs()).await {
-            Err(EngineError::State(e)) => match self.release_freed(&pool, &new, &keep).await {
-                0 => Err(EngineError::State(e)),
-                _ => self.shared.handle.assign_all(specs()).await,
-            },
-            r => r,
-        };
-        let mut made = match made {
-            Ok(made) => made.into_iter().map(Outcome::into_inner),
-            Err(e) => {
-                let devices: Vec<&Vec<String>> = new.iter().map(|a| &a.devices).collect();
-                log::warn!(POOL = self.pool.as_str(); "Allocate {devices:?} refused: {}", error_chain(&e));
-                return Err(engine_status(&e));
-            }
-        };
-        let mut responses = Vec::with_capacity(allocations.len());
-        for alloc in &allocations {
-            let Some(a) = existing(alloc).or_else(|| made.next()) else {
-                return Err(Status::internal("the engine answered fewer assignments than asked"));
-            };
-            if a.kind == PoolKind::Shared {
-                set_held(&self.shared.handle, &a.id, Some(alloc.devices.iter().cloned().collect())).await;
-            }
-            responses
-                .push(v1beta1::ContainerAllocateResponse { envs: devices::envs(&a), ..Default::default() });
-        }
-        Ok(Response::new(v1beta1::AllocateResponse { container_responses: responses }))
+        let start = std::time::Instant::now();
+        let r = self.allocate_all(request).await;
+        crate::api::metrics::metrics().allocate(self.pool.as_str(), r.is_ok(), start.elapsed());
+        r
     }
 
     async fn pre_start_container(

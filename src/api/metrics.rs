@@ -1,0 +1,838 @@
+//! The metrics endpoint: Prometheus text and OpenMetrics over HTTP (`GET /metrics`).
+//!
+//! Two kinds of figures, and where each comes from:
+//! - **Counters and histograms** (API calls, durable saves, group commits, reclaims, drift
+//!   corrections, the device plugin) live in one process-wide [`Metrics`] ([`metrics`]). The code
+//!   paths that do the work add to them with one atomic operation each; nothing there waits.
+//! - **Gauges of the state** (pools, assignments, partitions, isolation health) are computed at
+//!   scrape time from the engine's latest published [`Snapshot`] (a `watch` channel): a scrape
+//!   never sends the engine a request, so it neither waits behind a mutation nor delays one.
+//!
+//! Isolation health is what the daemon's health tick already measured (`IsolationReport`); a
+//! scrape reads no per-CPU counter itself, so scraping does not wake isolated CPUs (the daemon's
+//! own threads run on the housekeeping CPUs its unit confines it to).
+//!
+//! The server ([`serve`]) is a small hyper HTTP/1 server: only `GET`/`HEAD /metrics`, at most
+//! [`MAX_CONNECTIONS`] connections at once (more are closed at accept), request heads of at
+//! most 8 KiB that must arrive within [`REQUEST_TIMEOUT`], and each connection ends after
+//! [`CONNECTION_TIMEOUT`], so a slow or stuck client holds one slot for a bounded time and
+//! stalls nothing else. The answer is OpenMetrics when the client asks for it (`Accept:
+//! application/openmetrics-text`, as Prometheus does), the Prometheus text format 0.0.4
+//! otherwise.
+#![deny(missing_docs)]
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::sync::watch;
+
+use crate::core::state::Target;
+use crate::engine::Snapshot;
+
+/// Labels of an API call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    transport: &'static str,
+    method: String,
+}
+
+/// Labels of a failed API call: the error's kind (the last part of its name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    transport: &'static str,
+    method: String,
+    error: String,
+}
+
+/// A pool's label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: String,
+}
+
+/// The daemon's counters and histograms (see the [module docs](self)).
+#[derive(Debug)]
+pub struct Metrics {
+    api_requests: Family<CallLabels, Counter>,
+    api_errors: Family<ErrorLabels, Counter>,
+    api_duration: Family<CallLabels, Histogram>,
+    save_duration: Histogram,
+    batch_size: Histogram,
+    reclaims: Family<PoolLabel, Counter>,
+    drift_corrected: Counter,
+    drift_failed: Counter,
+    registrations: Family<PoolLabel, Counter>,
+    allocate_requests: Family<PoolLabel, Counter>,
+    allocate_errors: Family<PoolLabel, Counter>,
+    allocate_duration: Family<PoolLabel, Histogram>,
+    kubelet_restarts: Counter,
+    /// The identity of the kubelet socket last registered with: another one is a restart.
+    kubelet_seen: Mutex<Option<crate::host::kubelet::FileId>>,
+}
+
+/// Latency buckets: 50 µs to about 3.3 s, doubling (an API read answers in tens of µs, a
+/// durable save in ms, an engine call that waits behind a reload in up to seconds).
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        Metrics {
+            api_requests: Family::default(),
+            api_errors: Family::default(),
+            api_duration: Family::new_with_constructor(latency),
+            save_duration: latency(),
+            // 1 to 1024 mutations per save.
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            reclaims: Family::default(),
+            drift_corrected: Counter::default(),
+            drift_failed: Counter::default(),
+            registrations: Family::default(),
+            allocate_requests: Family::default(),
+            allocate_errors: Family::default(),
+            allocate_duration: Family::new_with_constructor(latency),
+            kubelet_restarts: Counter::default(),
+            kubelet_seen: Mutex::new(None),
+        }
+    }
+
+    /// One API call answered over `transport` (`varlink`, `dbus`) in `took`; `error` is the
+    /// error's name when it failed (only its last part is kept, a bounded set).
+    pub fn api_call(&self, transport: &'static str, method: &str, error: Option<&str>, took: Duration) {
+        let labels = CallLabels { transport, method: method.to_owned() };
+        self.api_requests.get_or_create(&labels).inc();
+        self.api_duration.get_or_create(&labels).observe(took.as_secs_f64());
+        if let Some(e) = error {
+            let error = e.rsplit('.').next().unwrap_or(e).to_owned();
+            self.api_errors.get_or_create(&ErrorLabels { transport, method: labels.method, error }).inc();
+        }
+    }
+
+    /// One durable save of the state took `took`.
+    pub fn state_saved(&self, took: Duration) {
+        self.save_duration.observe(took.as_secs_f64());
+    }
+
+    /// The engine decided `n` mutations together (one save for all of them).
+    pub fn batch(&self, n: usize) {
+        self.batch_size.observe(n as f64);
+    }
+
+    /// An assignment of `pool` was released because its target went away.
+    pub fn reclaimed(&self, pool: &str) {
+        self.reclaims.get_or_create(&PoolLabel { pool: pool.to_owned() }).inc();
+    }
+
+    /// A drift check corrected `corrected` differences and failed to correct `failed`.
+    pub fn drift(&self, corrected: usize, failed: usize) {
+        self.drift_corrected.inc_by(corrected as u64);
+        self.drift_failed.inc_by(failed as u64);
+    }
+
+    /// `pool` registered with the kubelet whose socket is `kubelet`; a kubelet socket other than
+    /// the one registered with before counts as a kubelet restart.
+    pub fn registered(&self, pool: &str, kubelet: Option<crate::host::kubelet::FileId>) {
+        self.registrations.get_or_create(&PoolLabel { pool: pool.to_owned() }).inc();
+        let mut seen = self.kubelet_seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if kubelet.is_some() && *seen != kubelet {
+            if seen.is_some() {
+                self.kubelet_restarts.inc();
+            }
+            *seen = kubelet;
+        }
+    }
+
+    /// One Allocate call for `pool`, answered in `took`.
+    pub fn allocate(&self, pool: &str, ok: bool, took: Duration) {
+        let labels = PoolLabel { pool: pool.to_owned() };
+        self.allocate_requests.get_or_create(&labels).inc();
+        self.allocate_duration.get_or_create(&labels).observe(took.as_secs_f64());
+        if !ok {
+            self.allocate_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Registers every family with `registry` (clones share the values).
+    fn register(&self, r: &mut Registry) {
+        r.register("api_requests", "API calls answered, by transport and method", self.api_requests.clone());
+        r.register(
+            "api_errors",
+            "API calls answered with an error, by transport, method and error kind",
+            self.api_errors.clone(),
+        );
+        r.register_with_unit(
+            "api_request_duration",
+            "Time to answer an API call (streaming Monitor calls: until the stream starts)",
+            Unit::Seconds,
+            self.api_duration.clone(),
+        );
+        r.register_with_unit(
+            "state_save_duration",
+            "Time of one durable save of the state (write, fsync, rename, fsync of the directory)",
+            Unit::Seconds,
+            self.save_duration.clone(),
+        );
+        r.register(
+            "group_commit_batch_size",
+            "Mutations the engine decided together and saved once",
+            self.batch_size.clone(),
+        );
+        r.register(
+            "reclaims",
+            "Assignments released because their target went away, by pool",
+            self.reclaims.clone(),
+        );
+        r.register(
+            "drift_corrections",
+            "Differences between the state and the host corrected by drift checks",
+            self.drift_corrected.clone(),
+        );
+        r.register(
+            "drift_correction_failures",
+            "Differences drift checks failed to correct",
+            self.drift_failed.clone(),
+        );
+        r.register(
+            "kubelet_registrations",
+            "Device plugin registrations with the kubelet, by pool",
+            self.registrations.clone(),
+        );
+        r.register(
+            "kubelet_allocate_requests",
+            "Allocate calls from the kubelet, by pool",
+            self.allocate_requests.clone(),
+        );
+        r.register(
+            "kubelet_allocate_errors",
+            "Allocate calls refused, by pool",
+            self.allocate_errors.clone(),
+        );
+        r.register_with_unit(
+            "kubelet_allocate_duration",
+            "Time to answer an Allocate call, by pool",
+            Unit::Seconds,
+            self.allocate_duration.clone(),
+        );
+        r.register(
+            "kubelet_restarts",
+            "Kubelet restarts seen (a new kubelet socket to register with)",
+            self.kubelet_restarts.clone(),
+        );
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics. One per process, like the log: the code paths that count (deep in
+/// the engine, the reclaimer, the device plugin) reach it without a handle threaded through
+/// every constructor.
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}
+
+/// Times `f` and records it as an API call over `transport`; `error` names the error of a failed
+/// outcome.
+pub async fn timed<T>(
+    transport: &'static str,
+    method: &str,
+    error: impl FnOnce(&T) -> Option<String>,
+    f: impl std::future::Future<Output = T>,
+) -> T {
+    let start = Instant::now();
+    let out = f.await;
+    metrics().api_call(transport, method, error(&out).as_deref(), start.elapsed());
+    out
+}
+
+/// The families computed from the latest snapshot at every scrape.
+#[derive(Debug)]
+struct SnapshotCollector {
+    snapshots: watch::Receiver<Snapshot>,
+}
+
+/// Most IRQs named per isolated CPU: the busiest ones, so the `irq` label stays bounded
+/// whatever the host's interrupt count.
+pub const MAX_IRQ_SOURCES: usize = 3;
+
+/// The kernel's partition text reduced to its state (`isolated invalid (reason)` gives
+/// `isolated invalid`): the reason is free text and would make a label of unbounded values.
+fn partition_state(text: &str) -> &str {
+    let s = text.split(" (").next().unwrap_or(text).trim();
+    if s.is_empty() {
+        "none"
+    } else {
+        s
+    }
+}
+
+fn target_kind(t: &Target) -> &'static str {
+    match t {
+        Target::Unit(_) => "unit",
+        Target::Cgroup(_) => "cgroup",
+        Target::Pid(_) => "pid",
+        Target::Kubelet(_) => "kubelet",
+    }
+}
+
+/// One gauge family with one sample per label set.
+fn gauges<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    samples: &[(L, f64)],
+) -> Result<(), std::fmt::Error> {
+    if samples.is_empty() {
+        return Ok(());
+    }
+    // Ended with a full stop, as the registry ends the help of the families registered there.
+    let help = format!("{help}.");
+    let mut m = enc.encode_descriptor(name, &help, unit, prometheus_client::metrics::MetricType::Gauge)?;
+    for (labels, v) in samples {
+        ConstGauge::new(*v).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn b(v: bool) -> f64 {
+    if v {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // A clone of the Arcs: the watch's lock is held for no longer than that.
+        let snap = self.snapshots.borrow().clone();
+        let state = &snap.state;
+        let pool = |name: &str| -> Labels { vec![("pool", name.to_owned())] };
+        let mut cpus = Vec::new();
+        let (mut capacity, mut free, mut assigned, mut partition, mut degraded) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for p in state.pools().values() {
+            let name = p.name.as_str();
+            cpus.push((vec![("pool", name.to_owned()), ("kind", p.kind.to_string())], p.cpus.len() as f64));
+            capacity.push((pool(name), p.capacity_millis() as f64));
+            free.push((pool(name), state.free_millis(p) as f64));
+            assigned.push((pool(name), state.usage(&p.name).count as f64));
+            if let Some(text) = snap.partitions.get(&p.name) {
+                let labels = vec![("pool", name.to_owned()), ("state", partition_state(text).to_owned())];
+                partition.push((labels, 1.0));
+            }
+            degraded.push((pool(name), b(snap.degraded.iter().any(|d| d == name))));
+        }
+        gauges(&mut enc, "pool_cpus", "CPUs of the pool, by pool and kind", None, &cpus)?;
+        gauges(
+            &mut enc,
+            "pool_capacity_millicpus",
+            "What the pool can give out, in thousandths of a CPU",
+            None,
+            &capacity,
+        )?;
+        gauges(&mut enc, "pool_free_millicpus", "What the pool has not given out yet", None, &free)?;
+        gauges(&mut enc, "pool_assignments", "Assignments in the pool", None, &assigned)?;
+        gauges(
+            &mut enc,
+            "pool_partition",
+            "The kernel's partition state of the pool's slice (1 for the current state)",
+            None,
+            &partition,
+        )?;
+        gauges(
+            &mut enc,
+            "pool_degraded",
+            "1 when the pool's cgroups could not all be applied at the last reconcile",
+            None,
+            &degraded,
+        )?;
+
+        let mut by_kind: std::collections::BTreeMap<(&str, &'static str), f64> = Default::default();
+        for a in state.assignments().values() {
+            *by_kind.entry((a.pool.as_str(), target_kind(&a.target))).or_default() += 1.0;
+        }
+        let by_kind: Vec<(Labels, f64)> = by_kind
+            .into_iter()
+            .map(|((p, k), n)| (vec![("pool", p.to_owned()), ("target_kind", k.to_owned())], n))
+            .collect();
+        gauges(&mut enc, "assignments", "Assignments, by pool and kind of target", None, &by_kind)?;
+        let none: Labels = Vec::new();
+        gauges(
+            &mut enc,
+            "assignments_degraded",
+            "Assignments whose target the kernel does not confine to their CPUs",
+            None,
+            &[(none.clone(), snap.assignment_health.len() as f64)],
+        )?;
+        gauges(
+            &mut enc,
+            "config_rejected",
+            "1 when the configuration on disk was rejected and the last good one runs",
+            None,
+            &[(none.clone(), b(snap.config_error.is_some()))],
+        )?;
+
+        let iso = &snap.isolation;
+        let (mut valid, mut holds, mut foreign) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut device, mut ipi, mut timer, mut irqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (name, p) in &iso.pools {
+            let name = name.as_str();
+            valid.push((pool(name), b(p.invalid.is_none())));
+            let Some(h) = &p.health else { continue };
+            holds.push((pool(name), b(h.holds())));
+            if let Some(f) = h.foreign_percent {
+                foreign.push((pool(name), f / 100.0));
+            }
+            for c in &h.cpus {
+                let cpu = || vec![("pool", name.to_owned()), ("cpu", c.cpu.to_string())];
+                device.push((cpu(), c.device_per_sec));
+                ipi.push((cpu(), c.ipi_per_sec));
+                timer.push((cpu(), c.timer_per_sec));
+                for s in c.sources.iter().take(MAX_IRQ_SOURCES) {
+                    let mut l = cpu();
+                    l.push(("irq", s.irq.clone()));
+                    irqs.push((l, s.per_sec));
+                }
+            }
+        }
+        gauges(
+            &mut enc,
+            "isolation_partition_valid",
+            "1 when the isolated pool's partition is valid (0: the kernel made it invalid)",
+            None,
+            &valid,
+        )?;
+        gauges(
+            &mut enc,
+            "isolation_holds",
+            "1 when the last health interval saw no device interrupt and no foreign task time to speak of",
+            None,
+            &holds,
+        )?;
+        gauges(
+            &mut enc,
+            "isolation_foreign_task",
+            "CPU time of tasks outside the pool on its CPUs, as a fraction of the CPUs' time (last interval)",
+            Some(&Unit::Other("ratio".into())),
+            &foreign,
+        )?;
+        gauges(
+            &mut enc,
+            "isolation_device_interrupts_per_second",
+            "Device interrupts per second on an isolated CPU (last interval)",
+            None,
+            &device,
+        )?;
+        gauges(
+            &mut enc,
+            "isolation_irq_interrupts_per_second",
+            "Interrupts per second of the busiest device IRQs on an isolated CPU (at most 3 per CPU)",
+            None,
+            &irqs,
+        )?;
+        gauges(
+            &mut enc,
+            "isolation_ipis_per_second",
+            "Inter-processor interrupts per second on an isolated CPU (last interval)",
+            None,
+            &ipi,
+        )?;
+        gauges(
+            &mut enc,
+            "isolation_timer_interrupts_per_second",
+            "Local timer interrupts per second on an isolated CPU (last interval)",
+            None,
+            &timer,
+        )?;
+        gauges(
+            &mut enc,
+            "irqs_moved",
+            "IRQs whose affinity the daemon moved off isolated CPUs",
+            None,
+            &[(none.clone(), snap.irq.moved.len() as f64)],
+        )?;
+        gauges(
+            &mut enc,
+            "build_info",
+            "The daemon's version and backend (always 1)",
+            None,
+            &[(
+                vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("backend", snap.backend.to_owned())],
+                1.0,
+            )],
+        )?;
+        Ok(())
+    }
+}
+
+/// The usual `process_*` families, read from `/proc/self` at scrape (prometheus-client has no
+/// process collector).
+#[derive(Debug)]
+struct ProcessCollector;
+
+/// From `/proc/self/stat`: `(utime + stime, start time after boot)` in clock ticks, threads,
+/// virtual memory in bytes, resident pages.
+fn self_stat() -> Option<(u64, u64, u64, u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which may hold spaces and parentheses.
+    let rest = text.rsplit_once(") ")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    // f[0] is field 3 (state): utime is field 14, stime 15, threads 20, starttime 22, vsize 23,
+    // rss 24 (proc(5)).
+    Some((n(11)? + n(12)?, n(19)?, n(17)?, n(20)?, n(21)?))
+}
+
+/// The boot time, seconds since the epoch (`btime` of `/proc/stat`).
+fn boot_time() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let none: Labels = Vec::new();
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+        if let Some((ticks, start, threads, vsize, rss)) = self_stat() {
+            let page =
+                nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096);
+            let m = enc.encode_descriptor(
+                "process_cpu",
+                "User and system CPU time of the daemon.",
+                Some(&Unit::Seconds),
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            ConstCounter::new(ticks as f64 / hz).encode(m)?;
+            gauges(
+                &mut enc,
+                "process_resident_memory",
+                "Resident memory",
+                Some(&Unit::Bytes),
+                &[(none.clone(), (rss * page as u64) as f64)],
+            )?;
+            gauges(
+                &mut enc,
+                "process_virtual_memory",
+                "Virtual memory",
+                Some(&Unit::Bytes),
+                &[(none.clone(), vsize as f64)],
+            )?;
+            gauges(&mut enc, "process_threads", "Threads", None, &[(none.clone(), threads as f64)])?;
+            if let Some(boot) = boot_time() {
+                gauges(
+                    &mut enc,
+                    "process_start_time",
+                    "When the daemon started, since the Unix epoch",
+                    Some(&Unit::Seconds),
+                    &[(none.clone(), boot as f64 + start as f64 / hz)],
+                )?;
+            }
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            gauges(
+                &mut enc,
+                "process_open_fds",
+                "Open file descriptors",
+                None,
+                &[(none.clone(), fds.count() as f64)],
+            )?;
+        }
+        if let Some(soft) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
+            gauges(
+                &mut enc,
+                "process_max_fds",
+                "Most open file descriptors",
+                None,
+                &[(none.clone(), soft as f64)],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// What a scrape encodes: the process-wide counters, the snapshot's gauges, the process's
+/// figures.
+#[derive(Debug)]
+pub struct Exporter {
+    registry: Registry,
+    process: Registry,
+}
+
+/// The OpenMetrics content type.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The Prometheus text format's content type.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+impl Exporter {
+    /// The exporter of the daemon publishing `snapshots`.
+    pub fn new(snapshots: watch::Receiver<Snapshot>) -> Exporter {
+        let mut registry = Registry::with_prefix("cpupoold");
+        metrics().register(&mut registry);
+        registry.register_collector(Box::new(SnapshotCollector { snapshots }));
+        // `process_*` without our prefix, as every exporter names them.
+        let mut process = Registry::default();
+        process.register_collector(Box::new(ProcessCollector));
+        Exporter { registry, process }
+    }
+
+    /// The OpenMetrics text (ends with `# EOF`).
+    pub fn openmetrics(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing to a String fails only if an encoder does, which ours do not.
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.process);
+        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
+        out
+    }
+
+    /// The same figures in the Prometheus text format 0.0.4 (see [`to_prometheus_text`]).
+    pub fn prometheus_text(&self) -> String {
+        to_prometheus_text(&self.openmetrics())
+    }
+}
+
+/// Turns OpenMetrics text into the Prometheus text format 0.0.4: a counter family is named
+/// with its `_total` suffix there (its samples already are), and `# UNIT` and `# EOF` are not
+/// part of it.
+pub fn to_prometheus_text(om: &str) -> String {
+    let mut counters = std::collections::HashSet::new();
+    for line in om.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.strip_suffix(" counter") {
+                counters.insert(name.to_owned());
+            }
+        }
+    }
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let meta = line
+            .strip_prefix("# HELP ")
+            .map(|r| ("HELP", r))
+            .or(line.strip_prefix("# TYPE ").map(|r| ("TYPE", r)));
+        match meta {
+            Some((kind, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let suffix = if counters.contains(name) { "_total" } else { "" };
+                let _ = writeln!(out, "# {kind} {name}{suffix} {tail}");
+            }
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Where the endpoint listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// A TCP address.
+    Tcp(SocketAddr),
+    /// A unix socket.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(a) => write!(f, "http://{a}/metrics"),
+            Listen::Unix(p) => write!(f, "unix:{} (GET /metrics)", p.display()),
+        }
+    }
+}
+
+/// A bound endpoint.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP.
+    Tcp(tokio::net::TcpListener),
+    /// A unix socket.
+    Unix(tokio::net::UnixListener),
+}
+
+impl Listener {
+    /// What it listens on (the real port when port 0 was asked for).
+    pub fn local(&self) -> std::io::Result<Listen> {
+        Ok(match self {
+            Listener::Tcp(l) => Listen::Tcp(l.local_addr()?),
+            Listener::Unix(l) => {
+                Listen::Unix(l.local_addr()?.as_pathname().map(std::path::Path::to_owned).unwrap_or_default())
+            }
+        })
+    }
+}
+
+/// The listener to serve: a TCP socket passed by the service manager (socket activation, e.g.
+/// `cpupoold-metrics.socket`), or `listen` bound here. A unix socket is made mode 0660: the
+/// figures name the host's pools and workloads. Must be called within a tokio runtime.
+/// `passed`: the sockets passed by the service manager (see [`crate::api::varlink::listen_from`]).
+pub fn listen(listen: &Listen, passed: &mut listenfd::ListenFd) -> std::io::Result<Listener> {
+    for i in 0..passed.len() {
+        if let Ok(Some(l)) = passed.take_tcp_listener(i) {
+            l.set_nonblocking(true)?;
+            log::info!(
+                "metrics: serving the TCP socket passed by the service manager ({:?})",
+                l.local_addr()
+            );
+            return Ok(Listener::Tcp(tokio::net::TcpListener::from_std(l)?));
+        }
+    }
+    Ok(match listen {
+        Listen::Tcp(a) => {
+            let l = std::net::TcpListener::bind(a)?;
+            l.set_nonblocking(true)?;
+            Listener::Tcp(tokio::net::TcpListener::from_std(l)?)
+        }
+        Listen::Unix(p) => {
+            let l = crate::host::socket::bind_unix(p, 0o660)?;
+            l.set_nonblocking(true)?;
+            Listener::Unix(tokio::net::UnixListener::from_std(l)?)
+        }
+    })
+}
+
+/// Connections served at once; more are closed at accept.
+pub const MAX_CONNECTIONS: usize = 16;
+/// How long a request head may take to arrive.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may stay open, whatever it does.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves `GET /metrics` on `listener` until `stop` completes.
+pub async fn serve(listener: Listener, exporter: Arc<Exporter>, stop: impl std::future::Future<Output = ()>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut conns = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut stop => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            a = accept(&listener) => a,
+        };
+        let io = match accepted {
+            Ok(io) => io,
+            Err(e) => {
+                log::warn!("metrics: accept failed: {e}");
+                // Out of descriptors, most likely: give the others a moment to end.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Over the limit: closed at once (dropped), so a flood costs one accept each.
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let exporter = exporter.clone();
+        conns.spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req| {
+                let exporter = exporter.clone();
+                async move { Ok::<_, Infallible>(answer(&exporter, &req)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(REQUEST_TIMEOUT)
+                .max_buf_size(8192)
+                .serve_connection(io, service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+        });
+    }
+    conns.shutdown().await;
+}
+
+/// A connection of either kind.
+type Io = hyper_util::rt::TokioIo<Box<dyn Stream>>;
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Stream for T {}
+
+async fn accept(l: &Listener) -> std::io::Result<Io> {
+    Ok(hyper_util::rt::TokioIo::new(match l {
+        Listener::Tcp(l) => Box::new(l.accept().await?.0) as Box<dyn Stream>,
+        Listener::Unix(l) => Box::new(l.accept().await?.0),
+    }))
+}
+
+fn answer<B>(exporter: &Exporter, req: &Request<B>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, body: &'static str| {
+        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        *r.status_mut() = status;
+        r
+    };
+    if req.uri().path() != "/metrics" {
+        return reply(StatusCode::NOT_FOUND, "only /metrics is served here\n");
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, "GET or HEAD\n");
+        r.headers_mut().insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let openmetrics = req
+        .headers()
+        .get_all(hyper::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    let (body, kind) = if openmetrics {
+        (exporter.openmetrics(), OPENMETRICS)
+    } else {
+        (exporter.prometheus_text(), PROMETHEUS_TEXT)
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(kind));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_reasons_do_not_become_label_values() {
+        assert_eq!(
+            partition_state("isolated invalid (Cpu list in cpuset.cpus not exclusive)"),
+            "isolated invalid"
+        );
+        assert_eq!(partition_state("member"), "member");
+        assert_eq!(partition_state(""), "none");
+    }
+
+    #[test]
+    fn prometheus_text_names_counter_families_with_their_total() {
+        let om = "# HELP x_calls Calls.\n# TYPE x_calls counter\nx_calls_total 3\n# HELP x_up Up.\n# TYPE x_up gauge\n# UNIT x_up_seconds seconds\nx_up 1\n# EOF\n";
+        assert_eq!(
+            to_prometheus_text(om),
+            "# HELP x_calls_total Calls.\n# TYPE x_calls_total counter\nx_calls_total 3\n# HELP x_up Up.\n# TYPE x_up gauge\nx_up 1\n"
+        );
+    }
+
+    #[test]
+    fn a_new_kubelet_socket_counts_as_a_restart_once() {
+        let m = Metrics::new();
+        m.registered("a", Some((1, 2, 3)));
+        m.registered("b", Some((1, 2, 3)));
+        assert_eq!(m.kubelet_restarts.get(), 0);
+        m.registered("a", Some((1, 2, 4)));
+        m.registered("b", Some((1, 2, 4)));
+        assert_eq!(m.kubelet_restarts.get(), 1);
+    }
+}
