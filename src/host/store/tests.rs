@@ -16,6 +16,18 @@ struct TestState {
     pools: Vec<(String, String)>,
 }
 
+/// The journal's record type for [`TestState`]: a new generation and a pool added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Bump {
+    generation: u32,
+    pool: (String, String),
+}
+
+fn bump(s: &mut TestState, b: Bump) {
+    s.generation = b.generation;
+    s.pools.push(b.pool);
+}
+
 fn state(generation: u32) -> TestState {
     TestState { generation, pools: vec![("infra".into(), "0-1".into()), ("db".into(), "2-7".into())] }
 }
@@ -35,7 +47,11 @@ fn two_saves() -> (tempfile::TempDir, Store) {
 }
 
 fn load(store: &Store) -> Result<Loaded<TestState>, StoreError> {
-    store.load::<TestState>()
+    store.load(bump)
+}
+
+fn restore(store: &Store) -> Result<TestState, StoreError> {
+    store.restore_previous(bump)
 }
 
 fn frame_with_header(header: &str, payload: &[u8]) -> Vec<u8> {
@@ -71,7 +87,7 @@ fn round_trip() {
     let (header, payload) = text.split_once('\n').unwrap();
     assert_eq!(
         header,
-        format!("cpupoold-state 1 {} {:08x}", payload.len(), crc32fast::hash(payload.as_bytes()))
+        format!("cpupoold-state 2 0 {} {:08x}", payload.len(), crc32fast::hash(payload.as_bytes()))
     );
     assert!(!store.prev_path().exists(), "first save has nothing to keep");
     assert!(!store.dir().join(TMP_FILE).exists());
@@ -83,11 +99,11 @@ fn round_trip() {
 fn second_save_keeps_previous() {
     let (_dir, store) = two_saves();
     assert_eq!(load(&store).unwrap(), Loaded::State(state(2)));
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     let (_dir, store) = two_saves();
     store.save(&state(3)).unwrap();
     let prev = fs::read(store.prev_path()).unwrap();
-    assert_eq!(decode::<TestState>(&prev).unwrap(), state(2));
+    assert_eq!(decode::<TestState>(&prev).unwrap().0, state(2));
     assert!(!store.dir().join(PREV_TMP_FILE).exists());
 }
 
@@ -125,9 +141,9 @@ fn flipped_byte_fails_checksum() {
 #[test]
 fn wrong_version() {
     let (_dir, store) = two_saves();
-    fs::write(store.path(), frame_with_header("cpupoold-state 2 whatever\n", b"{}")).unwrap();
+    fs::write(store.path(), frame_with_header("cpupoold-state 3 whatever\n", b"{}")).unwrap();
     let err = load(&store).unwrap_err();
-    assert!(matches!(err, StoreError::UnsupportedVersion { found: 2, supported: 1, .. }), "{err:?}");
+    assert!(matches!(err, StoreError::UnsupportedVersion { found: 3, supported: 2, .. }), "{err:?}");
     assert_names_file_and_prev(&err, &store);
 }
 
@@ -163,7 +179,7 @@ fn trailing_data() {
 #[test]
 fn json_of_the_wrong_shape() {
     let (_dir, store) = two_saves();
-    fs::write(store.path(), frame(b"{\"generation\": \"one\"}\n")).unwrap();
+    fs::write(store.path(), frame(0, b"{\"generation\": \"one\"}\n")).unwrap();
     let err = load(&store).unwrap_err();
     assert!(matches!(err, StoreError::Decode { .. }), "{err:?}");
     assert_names_file_and_prev(&err, &store);
@@ -191,7 +207,7 @@ fn missing_current_with_prev() {
     let err = load(&store).unwrap_err();
     assert!(matches!(err, StoreError::CurrentMissing { .. }), "{err:?}");
     assert_names_file_and_prev(&err, &store);
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     assert!(!store.dir().join(CORRUPT_FILE).exists());
     assert_eq!(load(&store).unwrap(), Loaded::State(state(1)));
 }
@@ -202,7 +218,7 @@ fn restore_previous_moves_corrupt_aside() {
     let corrupt1 = b"cpupoold-state 1 9".to_vec();
     fs::write(store.path(), &corrupt1).unwrap();
     assert!(load(&store).is_err());
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     assert_eq!(load(&store).unwrap(), Loaded::State(state(1)));
     assert_eq!(fs::read(store.dir().join(CORRUPT_FILE)).unwrap(), corrupt1);
     assert_eq!(fs::read(store.path()).unwrap(), fs::read(store.prev_path()).unwrap());
@@ -210,7 +226,7 @@ fn restore_previous_moves_corrupt_aside() {
 
     let corrupt2 = b"garbage".to_vec();
     fs::write(store.path(), &corrupt2).unwrap();
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     assert_eq!(fs::read(store.dir().join(CORRUPT_FILE)).unwrap(), corrupt1);
     assert_eq!(fs::read(store.dir().join("state.json.corrupt.1")).unwrap(), corrupt2);
 
@@ -223,13 +239,13 @@ fn restore_previous_moves_corrupt_aside() {
 fn restore_without_or_with_damaged_prev() {
     let (_dir, store) = new_store();
     store.save(&state(1)).unwrap();
-    let err = store.restore_previous::<TestState>().unwrap_err();
+    let err = restore(&store).unwrap_err();
     assert!(matches!(err, StoreError::NoPrevious { .. }), "{err:?}");
 
     let (_dir, store) = two_saves();
     fs::write(store.prev_path(), b"cpupoold-state 1 4 00000000\n{}").unwrap();
     let before = fs::read(store.path()).unwrap();
-    let err = store.restore_previous::<TestState>().unwrap_err();
+    let err = restore(&store).unwrap_err();
     assert!(matches!(err, StoreError::Truncated { .. }), "{err:?}");
     assert!(err.to_string().contains(&store.prev_path().display().to_string()));
     assert_eq!(fs::read(store.path()).unwrap(), before, "nothing moved when prev is bad");
@@ -310,14 +326,14 @@ fn links_in_the_state_directory_are_never_followed() {
         chain.contains(&format!("refusing to follow the symbolic link `{}`", store.path().display())),
         "{chain}"
     );
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(2));
+    assert_eq!(restore(&store).unwrap(), state(2));
     assert!(!fs::symlink_metadata(store.path()).unwrap().file_type().is_symlink());
     assert_eq!(fs::read(&outside).unwrap(), b"precious\n");
     // A link at `state.json.prev`: refused too.
     fs::remove_file(store.prev_path()).unwrap();
     std::os::unix::fs::symlink(&outside, store.prev_path()).unwrap();
-    assert!(matches!(store.previous::<TestState>(), Err(StoreError::Io { .. })));
-    let msg = load(&store).map(|_| ()).and_then(|()| store.restore_previous::<TestState>().map(drop));
+    assert!(matches!(store.previous(bump), Err(StoreError::Io { .. })));
+    let msg = load(&store).map(|_| ()).and_then(|()| restore(&store).map(drop));
     assert!(msg.is_err());
     assert_eq!(fs::read(&outside).unwrap(), b"precious\n");
 }
