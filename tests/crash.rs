@@ -5,7 +5,9 @@
 //!
 //! The choices (operations, sizes, when to kill) come from a seeded generator; the seed is
 //! printed, and `CPUPOOL_CRASH_SEED=N` repeats them (where the kill lands still depends on
-//! scheduling). At least 1,000 mutations and 50 kills.
+//! scheduling). At least 1,000 mutations and 50 kills; and a second run that compacts the state
+//! journal after every mutation (`CPUPOOL_COMPACT_EVERY=1`), so that kills land inside
+//! compactions, and counts those that did.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -185,6 +187,52 @@ fn check(d: &Daemon, model: &mut BTreeMap<String, Held>, uncertain: &[Op], round
 
 #[test]
 fn sigkill_at_random_points_loses_and_half_applies_nothing() {
+    let kills = kill_at_random(MIN_MUTATIONS, MIN_KILLS, &[]);
+    println!("{kills}");
+}
+
+/// The same with a compaction after every mutation (a new snapshot and a new journal), so that
+/// most kills land inside one: found out after each kill from what a compaction leaves
+/// half-done (a temporary file, or a new snapshot beside the journal it replaces).
+#[test]
+fn sigkill_during_compaction_loses_and_half_applies_nothing() {
+    let kills = kill_at_random(MIN_MUTATIONS / 3, MIN_KILLS / 2, &[("CPUPOOL_COMPACT_EVERY", "1")]);
+    println!("{kills}");
+    assert!(kills.in_compaction > 0, "no kill landed inside a compaction: {kills}");
+}
+
+/// What the kills of a run hit.
+#[derive(Default)]
+struct Kills {
+    total: usize,
+    in_compaction: usize,
+}
+
+impl std::fmt::Display for Kills {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} kills, {} of them inside a compaction", self.total, self.in_compaction)
+    }
+}
+
+/// Whether the state directory shows a compaction cut short: a temporary file of the snapshot
+/// or the journal, or a snapshot that already includes the journal's last record (written, the
+/// journal not yet switched).
+fn compaction_cut_short(state: &std::path::Path) -> bool {
+    let tmp = ["state.json.tmp", "state.json.prev.tmp", "state.journal.tmp", "state.journal.prev.tmp"];
+    if tmp.iter().any(|t| state.join(t).exists()) {
+        return true;
+    }
+    let snapshot = fs::read_to_string(state.join("state.json")).unwrap_or_default();
+    let snapshot_seq: Option<u64> = snapshot.lines().next().and_then(|h| h.split(' ').nth(2)?.parse().ok());
+    let journal = fs::read_to_string(state.join("state.journal")).unwrap_or_default();
+    let last: Option<u64> =
+        journal.lines().filter_map(|l| l.strip_prefix("r ")?.split(' ').next()?.parse().ok()).last();
+    matches!((snapshot_seq, last), (Some(s), Some(l)) if l <= s)
+}
+
+/// Kills the daemon at random points until at least `min_mutations` were sent and `min_kills`
+/// made, checking everything after each restart.
+fn kill_at_random(min_mutations: usize, min_kills: usize, env: &[(&str, &str)]) -> Kills {
     let seed = std::env::var("CPUPOOL_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
     });
@@ -194,11 +242,12 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
     let mut model: BTreeMap<String, Held> = BTreeMap::new();
     let mut uncertain: Vec<Op> = Vec::new();
     let (mut mutations, mut kills, mut acked_ok) = (0, 0, 0);
+    let mut in_compaction = 0;
     let mut round = 0;
-    while mutations < MIN_MUTATIONS || kills < MIN_KILLS {
+    let args = ["--bus", "none", "--log-level", "warn"];
+    while mutations < min_mutations || kills < min_kills {
         assert!(round < 400, "only {mutations} mutations in {round} rounds");
-        let d =
-            Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--bus", "none", "--log-level", "warn"]);
+        let d = Daemon::start_shaped_env(dir.path(), SHAPE, Some(CONFIG), &args, env);
         check(&d, &mut model, &uncertain, round, seed);
         uncertain.clear();
 
@@ -210,8 +259,10 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(10 + rng.below(150)));
+        let state = d.sb.join("state");
         d.kill();
         kills += 1;
+        in_compaction += usize::from(compaction_cut_short(&state));
         for t in threads {
             let log = t.join().unwrap();
             mutations += log.acked.len() + usize::from(log.in_flight.is_some());
@@ -237,7 +288,7 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
         }
         round += 1;
     }
-    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--bus", "none", "--log-level", "warn"]);
+    let d = Daemon::start_shaped_env(dir.path(), SHAPE, Some(CONFIG), &args, env);
     check(&d, &mut model, &uncertain, round, seed);
     println!(
         "{mutations} mutations ({acked_ok} acknowledged as done) from {CLIENTS} clients, {kills} SIGKILLs, \
@@ -245,6 +296,7 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
         model.len()
     );
     d.stop();
+    Kills { total: kills, in_compaction }
 }
 
 /// Ids are `r{round}c{client}n{k}`: which client made one.

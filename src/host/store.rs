@@ -267,6 +267,12 @@ impl Store {
         })
     }
 
+    /// The same store, compacting after every `n` records (tests).
+    pub fn with_compact_every(mut self, n: u64) -> Store {
+        self.compact_every = Some(n).filter(|n| *n > 0);
+        self
+    }
+
     /// The path of `state.json`.
     pub fn path(&self) -> &Path {
         &self.current
