@@ -226,7 +226,7 @@ fn compaction_cut_short(state: &std::path::Path) -> bool {
     let snapshot_seq: Option<u64> = snapshot.lines().next().and_then(|h| h.split(' ').nth(2)?.parse().ok());
     let journal = fs::read_to_string(state.join("state.journal")).unwrap_or_default();
     let last: Option<u64> =
-        journal.lines().filter_map(|l| l.strip_prefix("r ")?.split(' ').next()?.parse().ok()).last();
+        journal.lines().rev().find_map(|l| l.strip_prefix("r ")?.split(' ').next()?.parse().ok());
     matches!((snapshot_seq, last), (Some(s), Some(l)) if l <= s)
 }
 

@@ -340,6 +340,7 @@ impl Store {
         let mut guard = self.lock();
         // Through a plain reference, so that the open file and the counters can be borrowed apart.
         let j = &mut *guard;
+        j.before_last = None;
         self.survey(j)?;
         if j.stale {
             return Err(StoreError::JournalReplaced { path: self.journal_path.clone() });
@@ -375,7 +376,6 @@ impl Store {
             .write_all(&bytes)
             .map_err(io("appending to"))
             .and_then(|()| file.sync_data().map_err(io("fdatasyncing")));
-        j.before_last = None;
         if let Err(e) = written {
             // Whatever reached the file is a change nobody will be told about: cut it now, or
             // before the next append.

@@ -437,7 +437,8 @@ fn a_crash_between_snapshot_and_journal_switch_is_harmless() {
 
 #[test]
 fn a_torn_tail_is_ignored_then_cut_before_the_next_append() {
-    let tails: Vec<(&str, Box<dyn Fn(&[u8]) -> Vec<u8>>)> = vec![
+    type Tail = Box<dyn Fn(&[u8]) -> Vec<u8>>;
+    let tails: Vec<(&str, Tail)> = vec![
         ("cut inside the header", Box::new(|r: &[u8]| r[..3].to_vec())),
         ("cut inside the payload", Box::new(|r: &[u8]| r[..r.len() - 5].to_vec())),
         ("whole length, never written", Box::new(|r: &[u8]| vec![0; r.len()])),
