@@ -311,3 +311,72 @@ impl ClientId for String {
             .is_some_and(|(n, _)| n == c.to_string())
     }
 }
+
+/// The daemon's own journal after a crash: a torn last record is ignored (and said so), a
+/// damaged record with good ones after it stops the start naming the file, record and offset,
+/// and `--restore-previous-state` keeps the records before it.
+#[test]
+fn a_torn_journal_tail_is_ignored_and_a_damaged_record_refused_until_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--bus", "none", "--log-level", "warn"];
+    let assign = |d: &Daemon, ids: &[&str]| {
+        let mut v = Varlink::connect(&d.varlink);
+        for id in ids {
+            fs::create_dir_all(d.sb.join("cgroup/crash").join(id)).unwrap();
+            let params = json!({ "pool": "web", "target": target_of(id), "millicpus": 100, "id": id });
+            v.call("Assign", params).unwrap();
+        }
+    };
+    let ids = |d: &Daemon| -> Vec<String> {
+        d.served_assignments("ex", "ids").iter().map(|a| a["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &args);
+    assign(&d, &["a", "b", "c"]);
+    let journal = d.sb.join("state/state.journal");
+    d.kill();
+
+    // A last record cut short, as a crash during its write leaves it.
+    let mut bytes = fs::read(&journal).unwrap();
+    let good = bytes.len();
+    bytes.extend_from_slice(b"r 4 250 0123abcd\n{\"upsert\":[{\"id\":\"d\"");
+    fs::write(&journal, &bytes).unwrap();
+    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &args);
+    assert_eq!(ids(&d), ["a", "b", "c"]);
+    let torn = format!(
+        "ignoring the torn end of `{}`: {} bytes from byte {good}",
+        journal.display(),
+        bytes.len() - good
+    );
+    assert!(d.logs().contains(&torn), "{}", d.logs());
+    assign(&d, &["d", "e", "f"]);
+    d.kill();
+
+    // A flipped byte in the first of the three records since the start's compaction.
+    let mut bytes = fs::read(&journal).unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    let first = text.find("\nr ").map(|i| i + 1).unwrap();
+    bytes[first + 30] ^= 1;
+    fs::write(&journal, &bytes).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(dir.path().join("sb"))
+        .args(["--topology", SHAPE])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let seq = text[first + 2..].split(' ').next().unwrap();
+    assert!(
+        err.contains(&format!("`{}` is damaged at byte {first} (record {seq})", journal.display())),
+        "{err}"
+    );
+    assert!(err.contains("--restore-previous-state"), "{err}");
+    assert_eq!(fs::read(&journal).unwrap(), bytes, "the damaged journal is left alone");
+
+    let d =
+        Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--restore-previous-state", "--bus", "none"]);
+    assert_eq!(ids(&d), ["a", "b", "c"], "the records before the damaged one, and none after");
+    assert_eq!(fs::read(d.sb.join("state/state.journal.corrupt")).unwrap(), bytes);
+    d.stop();
+}
