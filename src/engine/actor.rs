@@ -52,8 +52,9 @@ pub enum StartError {
     },
 }
 
-/// `--restore-previous-state`: installs `state.json.prev` if it decodes and keeps the state's
-/// rules; otherwise changes nothing.
+/// `--restore-previous-state`: installs what [`Store::restore_previous`] restores (the snapshot
+/// and the journal's records before its damage, or `state.json.prev` and the journals after it)
+/// if it keeps the state's rules; otherwise changes nothing.
 fn restore_previous_state(store: &Store) -> Result<Loaded<StateData>, StartError> {
     let prev = store.previous(replay).map(StateData::from).map_err(StartError::Store)?;
     if let Err(violations) = prev.validate() {
@@ -61,7 +62,7 @@ fn restore_previous_state(store: &Store) -> Result<Loaded<StateData>, StartError
         return Err(StartError::Inconsistent { path, violations, prev: PrevCopy::Itself });
     }
     let data = store.restore_previous(replay).map(StateData::from).map_err(StartError::Store)?;
-    log::warn!("state restored from the previous good copy `{}`", store.prev_path().display());
+    log::warn!("state restored from the previous good copy in `{}`", store.dir().display());
     Ok(Loaded::State(data))
 }
 

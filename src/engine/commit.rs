@@ -366,8 +366,8 @@ impl Engine {
 
     /// Puts the current state back on disk after `next` failed to apply (its record or snapshot
     /// may be durable already): `next`'s record taken back, or a record of what `next` touched
-    /// as the current state has it, or the whole state when a record will not do. If that fails too, the next write is a
-    /// whole snapshot.
+    /// as the current state has it, or the whole state when a record will not do. If that fails
+    /// too, the next write is a whole snapshot.
     pub(super) fn resave_previous(&self, next: &State) {
         let saved = if self.store.snapshot_needed() {
             self.store.save(self.state.data())
