@@ -5,7 +5,9 @@
 //!
 //! The choices (operations, sizes, when to kill) come from a seeded generator; the seed is
 //! printed, and `CPUPOOL_CRASH_SEED=N` repeats them (where the kill lands still depends on
-//! scheduling). At least 1,000 mutations and 50 kills.
+//! scheduling). At least 1,000 mutations and 50 kills; and a second run that compacts the state
+//! journal after every mutation (`CPUPOOL_COMPACT_EVERY=1`), so that kills land inside
+//! compactions, and counts those that did.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -185,6 +187,52 @@ fn check(d: &Daemon, model: &mut BTreeMap<String, Held>, uncertain: &[Op], round
 
 #[test]
 fn sigkill_at_random_points_loses_and_half_applies_nothing() {
+    let kills = kill_at_random(MIN_MUTATIONS, MIN_KILLS, &[]);
+    println!("{kills}");
+}
+
+/// The same with a compaction after every mutation (a new snapshot and a new journal), so that
+/// most kills land inside one: found out after each kill from what a compaction leaves
+/// half-done (a temporary file, or a new snapshot beside the journal it replaces).
+#[test]
+fn sigkill_during_compaction_loses_and_half_applies_nothing() {
+    let kills = kill_at_random(MIN_MUTATIONS / 3, MIN_KILLS / 2, &[("CPUPOOL_COMPACT_EVERY", "1")]);
+    println!("{kills}");
+    assert!(kills.in_compaction > 0, "no kill landed inside a compaction: {kills}");
+}
+
+/// What the kills of a run hit.
+#[derive(Default)]
+struct Kills {
+    total: usize,
+    in_compaction: usize,
+}
+
+impl std::fmt::Display for Kills {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} kills, {} of them inside a compaction", self.total, self.in_compaction)
+    }
+}
+
+/// Whether the state directory shows a compaction cut short: a temporary file of the snapshot
+/// or the journal, or a snapshot that already includes the journal's last record (written, the
+/// journal not yet switched).
+fn compaction_cut_short(state: &std::path::Path) -> bool {
+    let tmp = ["state.json.tmp", "state.json.prev.tmp", "state.journal.tmp", "state.journal.prev.tmp"];
+    if tmp.iter().any(|t| state.join(t).exists()) {
+        return true;
+    }
+    let snapshot = fs::read_to_string(state.join("state.json")).unwrap_or_default();
+    let snapshot_seq: Option<u64> = snapshot.lines().next().and_then(|h| h.split(' ').nth(2)?.parse().ok());
+    let journal = fs::read_to_string(state.join("state.journal")).unwrap_or_default();
+    let last: Option<u64> =
+        journal.lines().rev().find_map(|l| l.strip_prefix("r ")?.split(' ').next()?.parse().ok());
+    matches!((snapshot_seq, last), (Some(s), Some(l)) if l <= s)
+}
+
+/// Kills the daemon at random points until at least `min_mutations` were sent and `min_kills`
+/// made, checking everything after each restart.
+fn kill_at_random(min_mutations: usize, min_kills: usize, env: &[(&str, &str)]) -> Kills {
     let seed = std::env::var("CPUPOOL_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
     });
@@ -194,11 +242,12 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
     let mut model: BTreeMap<String, Held> = BTreeMap::new();
     let mut uncertain: Vec<Op> = Vec::new();
     let (mut mutations, mut kills, mut acked_ok) = (0, 0, 0);
+    let mut in_compaction = 0;
     let mut round = 0;
-    while mutations < MIN_MUTATIONS || kills < MIN_KILLS {
+    let args = ["--bus", "none", "--log-level", "warn"];
+    while mutations < min_mutations || kills < min_kills {
         assert!(round < 400, "only {mutations} mutations in {round} rounds");
-        let d =
-            Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--bus", "none", "--log-level", "warn"]);
+        let d = Daemon::start_shaped_env(dir.path(), SHAPE, Some(CONFIG), &args, env);
         check(&d, &mut model, &uncertain, round, seed);
         uncertain.clear();
 
@@ -210,8 +259,10 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(10 + rng.below(150)));
+        let state = d.sb.join("state");
         d.kill();
         kills += 1;
+        in_compaction += usize::from(compaction_cut_short(&state));
         for t in threads {
             let log = t.join().unwrap();
             mutations += log.acked.len() + usize::from(log.in_flight.is_some());
@@ -237,7 +288,7 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
         }
         round += 1;
     }
-    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--bus", "none", "--log-level", "warn"]);
+    let d = Daemon::start_shaped_env(dir.path(), SHAPE, Some(CONFIG), &args, env);
     check(&d, &mut model, &uncertain, round, seed);
     println!(
         "{mutations} mutations ({acked_ok} acknowledged as done) from {CLIENTS} clients, {kills} SIGKILLs, \
@@ -245,6 +296,7 @@ fn sigkill_at_random_points_loses_and_half_applies_nothing() {
         model.len()
     );
     d.stop();
+    Kills { total: kills, in_compaction }
 }
 
 /// Ids are `r{round}c{client}n{k}`: which client made one.
@@ -258,4 +310,73 @@ impl ClientId for String {
             .and_then(|(_, rest)| rest.split_once('n'))
             .is_some_and(|(n, _)| n == c.to_string())
     }
+}
+
+/// The daemon's own journal after a crash: a torn last record is ignored (and said so), a
+/// damaged record with good ones after it stops the start naming the file, record and offset,
+/// and `--restore-previous-state` keeps the records before it.
+#[test]
+fn a_torn_journal_tail_is_ignored_and_a_damaged_record_refused_until_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--bus", "none", "--log-level", "warn"];
+    let assign = |d: &Daemon, ids: &[&str]| {
+        let mut v = Varlink::connect(&d.varlink);
+        for id in ids {
+            fs::create_dir_all(d.sb.join("cgroup/crash").join(id)).unwrap();
+            let params = json!({ "pool": "web", "target": target_of(id), "millicpus": 100, "id": id });
+            v.call("Assign", params).unwrap();
+        }
+    };
+    let ids = |d: &Daemon| -> Vec<String> {
+        d.served_assignments("ex", "ids").iter().map(|a| a["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &args);
+    assign(&d, &["a", "b", "c"]);
+    let journal = d.sb.join("state/state.journal");
+    d.kill();
+
+    // A last record cut short, as a crash during its write leaves it.
+    let mut bytes = fs::read(&journal).unwrap();
+    let good = bytes.len();
+    bytes.extend_from_slice(b"r 4 250 0123abcd\n{\"upsert\":[{\"id\":\"d\"");
+    fs::write(&journal, &bytes).unwrap();
+    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &args);
+    assert_eq!(ids(&d), ["a", "b", "c"]);
+    let torn = format!(
+        "ignoring the torn end of `{}`: {} bytes from byte {good}",
+        journal.display(),
+        bytes.len() - good
+    );
+    assert!(d.logs().contains(&torn), "{}", d.logs());
+    assign(&d, &["d", "e", "f"]);
+    d.kill();
+
+    // A flipped byte in the first of the three records since the start's compaction.
+    let mut bytes = fs::read(&journal).unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    let first = text.find("\nr ").map(|i| i + 1).unwrap();
+    bytes[first + 30] ^= 1;
+    fs::write(&journal, &bytes).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(dir.path().join("sb"))
+        .args(["--topology", SHAPE])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let seq = text[first + 2..].split(' ').next().unwrap();
+    assert!(
+        err.contains(&format!("`{}` is damaged at byte {first} (record {seq})", journal.display())),
+        "{err}"
+    );
+    assert!(err.contains("--restore-previous-state"), "{err}");
+    assert_eq!(fs::read(&journal).unwrap(), bytes, "the damaged journal is left alone");
+
+    let d =
+        Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &["--restore-previous-state", "--bus", "none"]);
+    assert_eq!(ids(&d), ["a", "b", "c"], "the records before the damaged one, and none after");
+    assert_eq!(fs::read(d.sb.join("state/state.journal.corrupt")).unwrap(), bytes);
+    d.stop();
 }

@@ -213,7 +213,7 @@ fn crafted(id: &str, cpus: &str) -> cpupoold::core::state::Assignment {
 
 #[test]
 fn inconsistent_state_refuses_to_start_naming_file_and_assignments() {
-    use cpupoold::core::state::StateData;
+    use cpupoold::core::state::{Delta, State, StateData};
     use cpupoold::host::store::{Loaded, Store};
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let sb = dir.path().join("sb");
@@ -225,7 +225,9 @@ fn inconsistent_state_refuses_to_start_naming_file_and_assignments() {
     // Two exclusive assignments owning the same core, in a file with a valid checksum (the
     // store's own save writes it); the state before it becomes the previous good copy.
     let store = Store::open(&sb.join("state")).unwrap_or_else(|e| panic!("{e}"));
-    let Ok(Loaded::State(mut data)) = store.load::<StateData>() else { panic!("no state") };
+    let loaded = store.load(|s: &mut State, d: Delta| s.apply(d));
+    let Ok(Loaded::State(state)) = loaded else { panic!("no state") };
+    let mut data = StateData::from(state);
     let dp = data.pools.keys().find(|p| p.as_str() == "dp").cloned();
     let cpus = dp.and_then(|p| data.pools.get(&p)).map(|p| p.cpus.to_string()).unwrap_or_default();
     let first_core = cpus.split([',', '-']).next().unwrap_or_default().to_owned();

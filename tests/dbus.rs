@@ -356,12 +356,17 @@ fn every_error_kind_has_its_name_on_both_interfaces_and_changes_nothing() {
     }
 
     // Failures of the host: a state file that cannot be written, a topology that cannot be read.
+    // The journal moved away (the daemon refuses to write to a file no restart reads, then wants
+    // a whole snapshot) and a directory where the snapshot's temp file goes.
     let tmp = d.sb.join("state/state.json.tmp");
+    let (journal, aside) = (d.sb.join("state/state.journal"), d.sb.join("state/journal.aside"));
+    fs::rename(&journal, &aside).unwrap();
     fs::create_dir_all(&tmp).unwrap();
     let got = v.call("Release", json!({ "id": "held" })).err().map(|e| e.0);
     assert_eq!(got.as_deref(), Some("org.cpupool.Manager.NotDurable"));
     let got = rt.block_on(client.call("Release", ("held",))).err();
     assert_eq!(got.as_deref(), Some("org.cpupool.Manager1.Error.NotDurable"));
+    fs::rename(&aside, &journal).unwrap();
     assert_eq!(observed(&d, &mut v), before);
     fs::remove_dir(&tmp).unwrap();
 

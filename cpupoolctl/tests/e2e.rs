@@ -615,6 +615,13 @@ fn usage_errors_exit_2() {
     assert!(text(&out.stdout).contains("3  the daemon could not be reached"), "{}", text(&out.stdout));
 }
 
+/// The daemon's durable state: the snapshot, then the journal of changes since.
+fn durable_state(d: &Daemon) -> Vec<u8> {
+    let mut bytes = fs::read(d.sb.join("state/state.json")).unwrap();
+    bytes.extend(fs::read(d.sb.join("state/state.journal")).unwrap_or_default());
+    bytes
+}
+
 /// Bad arguments on the command line: the daemon's typed error naming the argument (exit 1),
 /// or a usage error (exit 2) where the CLI itself can tell; nothing changes either way.
 #[test]
@@ -624,8 +631,7 @@ fn bad_arguments_are_refused_by_name_and_change_nothing() {
     let d = Daemon::start(dir.path());
     for dbus in [false, true] {
         let ctl = Ctl::new(&d, dbus);
-        let before =
-            (ctl.pools(), ctl.ok(&["assignments"]), fs::read(d.sb.join("state/state.json")).unwrap());
+        let before = (ctl.pools(), ctl.ok(&["assignments"]), durable_state(&d));
         let long = "a".repeat(300);
         let long_target = format!("k/{long}");
         for (args, argument) in [
@@ -649,7 +655,7 @@ fn bad_arguments_are_refused_by_name_and_change_nothing() {
         }
         let (code, e) = ctl.err(&["pool", "assign", "nope", "--cgroup", "k/b", "--cpus", "1"]);
         assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
-        let after = (ctl.pools(), ctl.ok(&["assignments"]), fs::read(d.sb.join("state/state.json")).unwrap());
+        let after = (ctl.pools(), ctl.ok(&["assignments"]), durable_state(&d));
         assert_eq!(after, before, "dbus={dbus}: a refused call changed something");
     }
     // What the CLI refuses itself: negative and huge sizes, non-numbers, non-UTF-8.

@@ -16,7 +16,7 @@ use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Key, Layout, LayoutOptions, Placement, Role};
 use crate::core::pool::{PoolKind, PoolName};
-use crate::core::state::{self, CgroupPath, State, StateData};
+use crate::core::state::{self, CgroupPath, Delta, State, StateData};
 use crate::host::store::{Loaded, PrevCopy, Store, StoreError};
 use crate::host::sysfs::{self, SysfsError};
 use crate::host::Backend;
@@ -52,23 +52,37 @@ pub enum StartError {
     },
 }
 
-/// `--restore-previous-state`: installs `state.json.prev` if it decodes and keeps the state's
-/// rules; otherwise changes nothing.
+/// `--restore-previous-state`: installs what [`Store::restore_previous`] restores (the snapshot
+/// and the journal's records before its damage, or `state.json.prev` and the journals after it)
+/// if it keeps the state's rules; otherwise changes nothing.
 fn restore_previous_state(store: &Store) -> Result<Loaded<StateData>, StartError> {
-    let prev = store.previous::<StateData>().map_err(StartError::Store)?;
+    let prev = store.previous(replay).map(StateData::from).map_err(StartError::Store)?;
     if let Err(violations) = prev.validate() {
         let path = store.prev_path().to_owned();
         return Err(StartError::Inconsistent { path, violations, prev: PrevCopy::Itself });
     }
-    let data = store.restore_previous::<StateData>().map_err(StartError::Store)?;
-    log::warn!("state restored from the previous good copy `{}`", store.prev_path().display());
+    let data = store.restore_previous(replay).map(StateData::from).map_err(StartError::Store)?;
+    log::warn!("state restored from the previous good copy in `{}`", store.dir().display());
     Ok(Loaded::State(data))
+}
+
+/// Replays one journal record: the store knows nothing of states and their changes.
+fn replay(state: &mut State, change: Delta) {
+    state.apply(change);
+}
+
+/// The snapshot with the journal replayed on it.
+fn load(store: &Store) -> Result<Loaded<StateData>, StoreError> {
+    Ok(match store.load(replay)? {
+        Loaded::Fresh => Loaded::Fresh,
+        Loaded::State(state) => Loaded::State(StateData::from(state)),
+    })
 }
 
 /// What `--restore-previous-state` would find, for the error message.
 fn previous_copy(store: &Store) -> PrevCopy {
     let path = store.prev_path().to_owned();
-    match store.previous::<StateData>() {
+    match store.previous(replay).map(StateData::from) {
         Ok(data) if data.validate().is_ok() => PrevCopy::Good(path),
         Ok(_) => PrevCopy::Inconsistent(path),
         Err(StoreError::NoPrevious { .. }) => PrevCopy::Absent,
@@ -124,7 +138,7 @@ impl Engine {
         let mut config_error = None;
         // A file that is damaged or breaks the state's rules is evidence: it is left alone unless
         // the operator asked for the previous copy.
-        let loaded = match store.load::<StateData>() {
+        let loaded = match load(&store) {
             Ok(Loaded::State(data)) => match data.validate() {
                 Ok(()) => Loaded::State(data),
                 Err(_) if restore_previous => restore_previous_state(&store)?,

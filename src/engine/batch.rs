@@ -57,16 +57,8 @@ impl Engine {
 mod tests {
     use super::super::tests::{rt, spec, Fixture};
     use super::*;
-    use crate::core::state::{self, Size, StateData};
+    use crate::core::state::{self, Size};
     use crate::engine::{Change, Event};
-    use crate::host::store::Store;
-
-    /// The state file before the last save: one save since `before` leaves `before` there.
-    fn previous(f: &Fixture) -> StateData {
-        Store::open(&f.sb.state())
-            .and_then(|s| s.previous::<StateData>())
-            .unwrap_or_else(|e| panic!("{}", error_chain(&e)))
-    }
 
     #[test]
     fn all_are_made_with_one_save() {
@@ -86,7 +78,7 @@ mod tests {
         assert_eq!(f.read("k/b/cpuset.cpus"), "3,7");
         assert_eq!(handle.snapshot().state.assignments().len(), 2);
         // Two saves would have left the first assignment in the previous copy.
-        assert_eq!(previous(&f).assignments.len(), 0, "one save for the whole batch");
+        assert_eq!(f.journal_records(), 1, "one save for the whole batch");
         let mut added = Vec::new();
         while let Ok(e) = events.try_recv() {
             if let Event::AssignmentChanged { id, change: Change::Added } = e {

@@ -327,19 +327,34 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let kept = plan::kept(before, after);
         self.apply_plan(before, &kept).inspect_err(|_| self.undo(&kept, before))?;
+        // One durable write: the change as a journal record, or the whole state when the files
+        // no longer replay to the engine's state.
         let saving = std::time::Instant::now();
-        let saved = self.store.save(next.data());
+        let whole = self.store.snapshot_needed();
+        let saved =
+            if whole { self.store.save(next.data()) } else { self.store.append(&next.delta(next.changes())) };
         crate::api::metrics::metrics().state_saved(saving.elapsed());
         if let Err(e) = saved {
             log::error!("saving the state failed: {}; rolling back", error_chain(&e));
             self.undo(&kept, before);
-            self.resave_previous();
+            // A failed append cuts its own record; a snapshot may be in place already (a failed
+            // directory fsync).
+            if whole {
+                self.resave_previous(next);
+            }
             return Err(EngineError::Store(e));
         }
         if let Err(e) = self.apply_plan(&kept, after) {
             self.undo(after, before);
-            self.resave_previous();
+            self.resave_previous(next);
             return Err(e);
+        }
+        if self.store.compact_due() {
+            // The change is durable already: a compaction that fails is tried again after the
+            // next commit.
+            if let Err(e) = self.store.save(next.data()) {
+                log::warn!("compacting the state journal failed: {}", error_chain(&e));
+            }
         }
         Ok(())
     }
@@ -354,11 +369,24 @@ impl Engine {
         Ok(())
     }
 
-    /// Puts the current state back on disk after a failed change (the new file may be in
-    /// place already: a failed directory fsync, or a failure applying after the save).
-    pub(super) fn resave_previous(&self) {
-        if let Err(e) = self.store.save(self.state.data()) {
+    /// Puts the current state back on disk after `next` failed to apply (its record or snapshot
+    /// may be durable already): `next`'s record taken back, or a record of what `next` touched
+    /// as the current state has it, or the whole state when a record will not do. If that fails
+    /// too, the next write is a whole snapshot.
+    pub(super) fn resave_previous(&self, next: &State) {
+        let saved = if self.store.snapshot_needed() {
+            self.store.save(self.state.data())
+        } else {
+            // Cutting `next`'s record off leaves the files as they were; if that cannot be
+            // done, a record of the way back.
+            self.store.retract().or_else(|e| {
+                log::warn!("taking back the state journal's last record failed: {}", error_chain(&e));
+                self.store.append(&self.state.delta(next.changes()))
+            })
+        };
+        if let Err(e) = saved {
             log::error!("re-saving the previous state failed too: {}", error_chain(&e));
+            self.store.mark_stale();
         }
     }
 

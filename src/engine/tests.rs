@@ -7,7 +7,7 @@ use super::*;
 use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::{PoolKind, PoolName};
-use crate::core::state::{AssignSpec, Assignment, Outcome, Size, StateData, Target};
+use crate::core::state::{AssignSpec, Assignment, Delta, Outcome, Size, State, StateData, Target};
 use crate::host::store::{Loaded, PrevCopy};
 use crate::sandbox::Sandbox;
 
@@ -59,8 +59,18 @@ impl Fixture {
         fs::write(self.sb.etc().join("config.toml"), text).unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// The durable state's bytes: the snapshot, then the journal of changes since.
     pub(super) fn state_file(&self) -> Vec<u8> {
-        fs::read(self.sb.state().join("state.json")).unwrap_or_default()
+        let mut bytes = fs::read(self.sb.state().join("state.json")).unwrap_or_default();
+        bytes.extend(fs::read(self.sb.state().join("state.journal")).unwrap_or_default());
+        bytes
+    }
+
+    /// How many records the state journal holds: one per durable change since the last
+    /// compaction.
+    pub(super) fn journal_records(&self) -> usize {
+        let journal = fs::read_to_string(self.sb.state().join("state.journal")).unwrap_or_default();
+        journal.lines().filter(|l| l.starts_with("r ")).count()
     }
 }
 
@@ -161,10 +171,12 @@ fn failed_save_rolls_back_the_cgroup_writes() {
     let f = Fixture::new();
     let (engine, _) = f.start();
     f.write("k/ctr/cpuset.cpus", "\n");
+    // A directory where the store keeps its journal makes the save fail, even as root.
+    let journal = f.sb.state().join("state.journal");
+    fs::remove_file(&journal).unwrap_or_else(|e| panic!("{e}"));
+    fs::create_dir(&journal).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(journal.join("x"), "").unwrap_or_else(|e| panic!("{e}"));
     let before_file = f.state_file();
-    // A directory where the store writes its temp file makes the save fail, even as root.
-    fs::create_dir(f.sb.state().join("state.json.tmp")).unwrap_or_else(|e| panic!("{e}"));
-    fs::write(f.sb.state().join("state.json.tmp/x"), "").unwrap_or_else(|e| panic!("{e}"));
     let (handle, thread) = engine.spawn();
     rt().block_on(async {
         let err = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), None)).await;
@@ -217,7 +229,7 @@ fn restart_keeps_assignments_and_restores_files_changed_behind_our_back() {
     let reserved_only = CONFIG.split("[pools.dp]").next().unwrap_or_default().to_owned();
     f.config(&reserved_only);
     // The assignment would be stranded: release it through a fresh state.
-    for file in ["state.json", "state.json.prev"] {
+    for file in ["state.json", "state.json.prev", "state.journal"] {
         let _ = fs::remove_file(f.sb.state().join(file));
     }
     let (_, report) = f.start();
@@ -311,8 +323,8 @@ fn start_refuses_an_inconsistent_state_file_until_told_to_restore() {
     let f = Fixture::new();
     drop(f.start());
     let store = Store::open(&f.sb.state()).unwrap_or_else(|e| panic!("{e}"));
-    let good = match store.load::<StateData>() {
-        Ok(Loaded::State(data)) => data,
+    let good = match store.load(|s: &mut State, d: Delta| s.apply(d)) {
+        Ok(Loaded::State(state)) => StateData::from(state),
         other => panic!("{other:?}"),
     };
     let with = |assignments: Vec<Assignment>| {
@@ -364,7 +376,7 @@ fn start_refuses_an_inconsistent_state_file_until_told_to_restore() {
         assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), cgroups, "the host is left alone");
     }
     // Told to restore: the previous good copy is installed, the inconsistent file kept aside.
-    let bad = f.state_file();
+    let bad = fs::read(&state_path).unwrap_or_default();
     let (engine, _) = start(true).unwrap_or_else(|e| panic!("{}", error_chain(&e)));
     assert_eq!(engine.state.data().assignments, good.assignments);
     assert_eq!(fs::read(f.sb.state().join("state.json.corrupt")).unwrap_or_default(), bad);

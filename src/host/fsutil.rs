@@ -273,6 +273,29 @@ impl Root {
             .map_err(|e| err(e.into()))
     }
 
+    /// Opens the existing file `rel` for appending (`O_APPEND`), refusing links: the state
+    /// store's journal, kept open between writes.
+    pub fn open_append(&self, rel: impl AsRef<Path>) -> Result<File, FsError> {
+        let rel = rel.as_ref();
+        let fd = self.open_file(rel, OFlags::WRONLY | OFlags::APPEND, 0).map_err(self.err("opening", rel))?;
+        Ok(File::from(fd))
+    }
+
+    /// What the name `rel` stands for now (not following a link there) and the file system of
+    /// its directory as reached through the root's path today: a file kept open outlives a
+    /// rename of its name and a remount of its directory, and this tells the two apart.
+    pub fn stat_now(
+        &self,
+        rel: impl AsRef<Path>,
+    ) -> Result<(rustix::fs::Stat, rustix::fs::StatVfs), FsError> {
+        let rel = rel.as_ref();
+        let err = self.err("checking", rel);
+        let (dir, name) = self.parent(rel).map_err(err)?;
+        let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| err(e.into()))?;
+        let vfs = rustix::fs::fstatvfs(&dir).map_err(|e| err(e.into()))?;
+        Ok((st, vfs))
+    }
+
     /// Whether `rel` exists, reached without links.
     pub fn exists(&self, rel: impl AsRef<Path>) -> bool {
         self.open_file(rel.as_ref(), OFlags::PATH, 0).is_ok()

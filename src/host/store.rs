@@ -1,29 +1,97 @@
-//! The durable state store: one file, `state.json`, in the state directory, and the previous good
-//! copy beside it.
+//! The durable state store: a snapshot, `state.json`, and a journal of the changes made since,
+//! `state.journal`, in the state directory, with the previous generation of each beside them.
 //!
-//! The engine calls [`Store::save`] after every mutation and acknowledges the mutation only once
-//! `save` has returned `Ok`. At start it calls [`Store::load`]; an operator who has been told that
-//! `state.json` is damaged starts the daemon with `--restore-previous-state`, which calls
-//! [`Store::restore_previous`]. The store is generic over the state type, so it knows nothing of
-//! pools or CPUs.
+//! The engine calls [`Store::append`] with the change a mutation made (for the daemon, a
+//! `Delta`) and acknowledges the mutation only once `append` has returned `Ok`: that is one
+//! `write` and one `fdatasync` of a small record, whatever the number of assignments, and one per
+//! group of mutations the engine decided together. Once the journal has grown past the
+//! snapshot's size (at least 1 MiB) [`Store::compact_due`] says so and the engine writes the whole
+//! state with [`Store::save`], which starts a new, empty journal. At start it calls
+//! [`Store::load`], which reads the snapshot and replays the journal's records after it; the
+//! daemon then compacts. An operator who has been told that a file is damaged starts the daemon
+//! with `--restore-previous-state`, which calls [`Store::restore_previous`] (see `recovery`).
+//! The store is generic over the state and change types, so it knows nothing of pools or CPUs.
 //!
-//! The format and its checks live in `format`, the errors in `error`, and what an operator's
-//! `--restore-previous-state` does in `recovery`; this file holds the save and load sequence.
+//! The snapshot's format and checks live in `format`, the journal's in `journal`, the errors in
+//! `error`, and what `--restore-previous-state` does in `recovery`; this file holds the write and
+//! load sequences.
 //!
-//! # File format
+//! # Snapshot format
 //!
 //! ```text
-//! cpupoold-state <format_version> <payload_len> <crc32>\n
+//! cpupoold-state <format_version> <sequence> <payload_len> <crc32>\n
 //! <payload>
 //! ```
 //!
-//! The header is one ASCII line: the magic word, [`FORMAT_VERSION`] in decimal, the payload's length
-//! in bytes in decimal, and the CRC-32 (IEEE, `crc32fast`) of the payload as 8 lowercase hex digits.
-//! The payload is the state as pretty-printed JSON followed by a newline (both counted in the
-//! length and the checksum). Pretty JSON costs a few bytes and lets an operator read the state with
-//! `tail -n +2 state.json | jq`.
+//! The header is one ASCII line: the magic word, [`FORMAT_VERSION`] in decimal, the sequence
+//! number of the last journal record the snapshot includes, the payload's length in bytes in
+//! decimal, and the CRC-32 (IEEE, `crc32fast`) of the payload as 8 lowercase hex digits. The
+//! payload is the state as pretty-printed JSON followed by a newline (both counted in the length
+//! and the checksum). Pretty JSON costs a few bytes and lets an operator read the state with
+//! `tail -n +2 state.json | jq`. Version 1 (`cpupoold-state 1 <len> <crc32>`, written before the
+//! journal existed) is read as including sequence 0, so an installed daemon upgrades in place.
 //!
-//! # Why the save sequence is crash-safe
+//! # Journal format
+//!
+//! ```text
+//! cpupoold-journal 1\n
+//! r <sequence> <payload_len> <crc32>\n<payload>\n
+//! r <sequence + 1> ...
+//! ```
+//!
+//! Each record holds one change as compact JSON. Its CRC-32 covers the sequence number and length
+//! as written in its header, then the payload. Sequence numbers go up by one from record to
+//! record and across journals; a snapshot's sequence says which records it already includes, and
+//! those are skipped when the journal is replayed.
+//!
+//! # Why an append is durable
+//!
+//! The journal is opened once (after start, and after each compaction) and kept open, with
+//! `O_APPEND`. An append writes the record in one `write` and calls `fdatasync`, which makes the
+//! data and the file's new size durable; the file's name was made durable when it was created
+//! (a compaction renames it into place and fsyncs the directory; a journal found at start gets
+//! one directory fsync before its first append). Before writing, the store checks that the name
+//! still stands for the file it holds open and that the directory's file system takes writes: a
+//! kept file descriptor outlives a rename of its name and a read-only remount of its directory,
+//! and a record written there would be read by no restart. A file system with no free block is
+//! refused as well, even if the record would fit in the journal's last block: a compaction could
+//! not run there.
+//!
+//! If the write or the fdatasync fails, the file is cut back to its last good record and synced
+//! again, and the error is returned: the engine rolls the mutation back. If even that fails, the
+//! next append cuts the file first.
+//!
+//! # Why a torn tail is ignored, and cut
+//!
+//! A record is acknowledged only after its fdatasync returned. A crash during the write or the
+//! fdatasync can leave the last record cut short, or complete in length but not in content
+//! (blocks allocated, data never written): its checksum fails, and nothing good follows, because
+//! nothing is ever written after a record before its fdatasync returns. Such a tail is a change
+//! that no caller was told happened, and the engine never applied its grow half (CPUs are given
+//! only after the append): [`Store::load`] ignores it with a warning naming the file, the offset
+//! and the number of bytes, and the next append cuts the file back to the last good record before
+//! writing, so that no later record sits behind garbage. A record that does not check but has good
+//! records after it, a sequence gap, or a record that checks but does not decode cannot come from a
+//! crash: that is damage, and the load refuses, like a damaged snapshot.
+//!
+//! # Why compaction is crash-safe
+//!
+//! [`Store::save`] writes the snapshot with the full sequence below (the previous snapshot kept as
+//! `state.json.prev`), then starts a new journal the same way: its header is written to
+//! `state.journal.tmp` and fsynced, the current journal is linked to `state.journal.prev`, the
+//! new one renamed over `state.journal`, and the directory fsynced. A crash between the two leaves
+//! the new snapshot with the old journal, whose records it already includes and which replay
+//! skips; a crash inside either leaves the old or the new file at each name. After a compaction
+//! `state.json.prev` plus `state.journal.prev` replay to the state in `state.json`, which is what
+//! `--restore-previous-state` uses when `state.json` is damaged.
+//!
+//! Compaction runs inline, on the engine's thread, after the commit that made it due has been
+//! acknowledged: at 10,000 assignments a snapshot is about 2 MB and takes about 10 ms, and with a
+//! threshold of at least the snapshot's size it runs once per several thousand mutations, so the
+//! mutations' p99 does not see it. Running it in the background would need a copy of the state
+//! and a hand-over of the journal while appends go on, for no gain a user can see.
+//!
+//! # The snapshot's write sequence
 //!
 //! [`Store::save`] does, in this order:
 //!
@@ -35,33 +103,37 @@
 //! 2. **Hard-link `state.json` to `state.json.prev.tmp`, then rename that over `state.json.prev`.**
 //!    A link rather than a rename of `state.json` itself, so that `state.json` names a complete
 //!    file at every instant; `link` cannot replace an existing name, hence the temporary name and
-//!    the atomic replacing rename. Sharing the inode is safe because the store never writes a file
-//!    in place, only replaces names.
+//!    the atomic replacing rename. Sharing the inode is safe because the store never writes a
+//!    snapshot in place, only replaces names.
 //! 3. **Rename `state.json.tmp` over `state.json`.** `rename` replaces atomically: a reader, or a
 //!    crash, sees the old file or the new one, never a mix and never no file.
 //! 4. **fsync the directory.** The renames are changes to the directory; until it is synced a crash
-//!    may roll them back, so the mutation is durable only now.
+//!    may roll them back, so the snapshot is durable only now.
 //!
 //! The two renames are made durable together by step 4. If a crash persists one and not the other,
 //! `state.json` is still a complete file (old or new) and `state.json.prev` is at worst one
 //! generation older or equal to `state.json`; stale `*.tmp` files are replaced by the next save.
 //!
 //! A failure before step 3 leaves `state.json` untouched and removes the temp file (best effort).
-//! A failure of step 4 happens after the new file has its name: `state.json` may then hold the new
-//! state, which the engine has not acknowledged; the engine's rollback saves the old state again.
+//! A failure of step 4 happens after the new file has its name: `state.json` may then hold a
+//! state the engine has not acknowledged; the engine's rollback writes the old state again.
 //!
 //! # Why load never repairs
 //!
 //! fsync cannot protect against a disk that lies, bit rot, a copy truncated by a full disk or an
-//! editor. The header's length and checksum detect these. A damaged file is evidence and the
+//! editor. The headers' lengths and checksums detect these. A damaged file is evidence and the
 //! daemon cannot tell which CPUs it had handed out, so [`Store::load`] never rewrites, renames or
-//! deletes it: it returns an error naming the file, what is wrong, and whether a good previous
-//! copy exists. The operator decides; [`Store::restore_previous`] moves the damaged file aside to
-//! `state.json.corrupt` (`.corrupt.1`, ... if taken) rather than deleting it.
+//! deletes it: it returns an error naming the file, what is wrong (for the journal, the record's
+//! offset and sequence number), and what `--restore-previous-state` would do. The operator
+//! decides; [`Store::restore_previous`] moves damaged files aside to `*.corrupt` (`.corrupt.1`,
+//! ... if taken) rather than deleting them. (Cutting a torn tail is not a repair of evidence:
+//! those bytes are a write that never finished, see above.)
 
-use std::io;
+use std::fs::File;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -70,6 +142,7 @@ use super::fsutil::{FsError, Root};
 
 mod error;
 mod format;
+mod journal;
 mod recovery;
 #[cfg(test)]
 mod tests;
@@ -77,30 +150,74 @@ mod tests;
 pub use error::{PrevCopy, StoreError};
 use format::{decode, frame, len_u64};
 
-/// The on-disk format version written by this build and the only one it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The snapshot format version written by this build; it reads this one and version 1.
+pub const FORMAT_VERSION: u32 = 2;
 
-/// The current state file, in the state directory.
+/// The current snapshot, in the state directory.
 pub const STATE_FILE: &str = "state.json";
-/// The previous good copy.
+/// The previous snapshot.
 pub const PREV_FILE: &str = "state.json.prev";
-/// Where a new state is written before it replaces [`STATE_FILE`].
+/// Where a new snapshot is written before it replaces [`STATE_FILE`].
 pub const TMP_FILE: &str = "state.json.tmp";
-/// Where the link to the outgoing state is made before it replaces [`PREV_FILE`].
+/// Where the link to the outgoing snapshot is made before it replaces [`PREV_FILE`].
 const PREV_TMP_FILE: &str = "state.json.prev.tmp";
-/// Where [`Store::restore_previous`] moves a damaged state file (numbered `.1`, `.2`, ... if taken).
+/// Where [`Store::restore_previous`] moves a damaged snapshot (numbered `.1`, `.2`, ... if taken).
 pub const CORRUPT_FILE: &str = "state.json.corrupt";
+/// The journal of changes since the snapshot.
+pub const JOURNAL_FILE: &str = "state.journal";
+/// The journal before the last compaction: `state.json.prev` plus it give `state.json`.
+pub const JOURNAL_PREV_FILE: &str = "state.journal.prev";
+/// Where a new journal is written before it replaces [`JOURNAL_FILE`].
+pub const JOURNAL_TMP_FILE: &str = "state.journal.tmp";
+const JOURNAL_PREV_TMP_FILE: &str = "state.journal.prev.tmp";
+/// Where [`Store::restore_previous`] moves a damaged journal.
+pub const JOURNAL_CORRUPT_FILE: &str = "state.journal.corrupt";
+
+/// The journal is compacted once it holds more than this, or more than the snapshot's size.
+pub const COMPACT_MIN_BYTES: u64 = 1 << 20;
+
+/// Test-only: compact after every N records (tests/crash.rs kills the daemon during
+/// compaction with it). Read by [`Store::open`].
+pub const COMPACT_EVERY_ENV: &str = "CPUPOOL_COMPACT_EVERY";
 
 /// What [`Store::load`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Loaded<T> {
-    /// Neither `state.json` nor `state.json.prev` exists: this is the first start.
+    /// None of `state.json`, `state.json.prev` and `state.journal` exists: this is the first start.
     Fresh,
-    /// `state.json` is intact and decoded.
+    /// The snapshot and the journal are intact, and this is the state they hold.
     State(T),
 }
+
+/// The journal as this process knows it.
+#[derive(Debug, Default)]
+struct Journal {
+    /// Whether the fields below were learnt from the files (a load, a compaction, a survey).
+    known: bool,
+    /// The open journal, with the (device, inode) it had when opened; `None` until the first
+    /// append after opening the store or rotating.
+    file: Option<(File, (u64, u64))>,
+    /// The sequence number of the last record durable in the snapshot or the journal.
+    seq: u64,
+    /// The length of the journal's header and good records.
+    good_len: u64,
+    /// The file may hold bytes past `good_len` (a torn tail, a failed append): cut them before
+    /// the next append.
+    cut: bool,
+    /// Whether the journal's name is known to be durable in the directory.
+    dir_synced: bool,
+    /// Records in the journal (including those the snapshot already has).
+    records: u64,
+    /// The journal's length before the last append, while that append is the last write.
+    before_last: Option<u64>,
+    /// The engine's state is not what the files replay to (a failed undo, a journal replaced
+    /// behind our back): the next write must be a whole snapshot.
+    stale: bool,
+}
+
 /// The state directory and the files in it. All methods take `&self`; the engine owns the one
-/// `Store` and serializes calls, so no locking is done here.
+/// `Store` and serializes calls (the journal's bookkeeping sits behind a mutex that is never
+/// contended).
 ///
 /// Every file is opened, linked and renamed relative to the directory through
 /// [`Root`]: a symbolic link planted at one of the names is refused (reading) or replaced
@@ -111,8 +228,24 @@ pub struct Store {
     dir: PathBuf,
     current: PathBuf,
     prev: PathBuf,
-    prev_tmp: PathBuf,
+    journal_path: PathBuf,
     last_size: AtomicU64,
+    compact_every: Option<u64>,
+    journal: Mutex<Journal>,
+}
+
+/// The records of one journal file replayed onto a state.
+struct Replayed {
+    good_len: u64,
+    records: u64,
+    torn: bool,
+}
+
+/// Where replaying a journal stopped on damage: the error, and the length of the records before
+/// the damaged one (the state holds those).
+struct Damage {
+    error: StoreError,
+    good_len: u64,
 }
 
 impl Store {
@@ -120,14 +253,24 @@ impl Store {
     /// if needed. An existing directory's mode is left alone. Reads no state file.
     pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
         let root = Root::create(state_dir, 0o700)?;
+        let compact_every =
+            std::env::var(COMPACT_EVERY_ENV).ok().and_then(|v| v.parse::<u64>().ok()).filter(|n| *n > 0);
         Ok(Store {
             root,
             dir: state_dir.to_path_buf(),
             current: state_dir.join(STATE_FILE),
             prev: state_dir.join(PREV_FILE),
-            prev_tmp: state_dir.join(PREV_TMP_FILE),
+            journal_path: state_dir.join(JOURNAL_FILE),
             last_size: AtomicU64::new(0),
+            compact_every,
+            journal: Mutex::new(Journal::default()),
         })
+    }
+
+    /// The same store, compacting after every `n` records (tests).
+    pub fn with_compact_every(mut self, n: u64) -> Store {
+        self.compact_every = Some(n).filter(|n| *n > 0);
+        self
     }
 
     /// The path of `state.json`.
@@ -140,72 +283,366 @@ impl Store {
         &self.prev
     }
 
+    /// The path of `state.journal`.
+    pub fn journal_path(&self) -> &Path {
+        &self.journal_path
+    }
+
     /// The state directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// Size in bytes (header included) of the state file as last saved, loaded or restored by this
+    /// Size in bytes (header included) of the snapshot as last saved, loaded or restored by this
     /// `Store`; 0 before any of these.
     pub fn last_size(&self) -> u64 {
         self.last_size.load(Ordering::Relaxed)
     }
 
-    /// Writes `state` durably: when this returns `Ok`, a crash at any later moment leaves
-    /// `state.json` holding `state`, and `state.json.prev` holds the state it replaces. See the
-    /// module docs for the sequence and why. On error `state.json` is as it was, except after a
-    /// failed directory fsync (see the module docs).
+    fn lock(&self) -> MutexGuard<'_, Journal> {
+        // A panic while holding it cannot leave the bookkeeping half-updated in a way that
+        // matters more than the panic itself; go on with what is there.
+        self.journal.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the next write must be a whole snapshot ([`Store::save`]) rather than an
+    /// [`Store::append`]: the files do not hold the engine's state (see [`Store::mark_stale`]).
+    pub fn snapshot_needed(&self) -> bool {
+        self.lock().stale
+    }
+
+    /// Says that the files no longer replay to the engine's state (putting a failed change back
+    /// on disk failed): the next write is a whole snapshot.
+    pub fn mark_stale(&self) {
+        self.lock().stale = true;
+    }
+
+    /// Whether the journal has grown enough that [`Store::save`] should compact it: past the
+    /// snapshot's size and [`COMPACT_MIN_BYTES`] (or [`COMPACT_EVERY_ENV`] records), or when a
+    /// snapshot is needed anyway.
+    pub fn compact_due(&self) -> bool {
+        let j = self.lock();
+        if !j.known {
+            return false;
+        }
+        j.stale
+            || self.compact_every.is_some_and(|n| j.records >= n)
+            || j.good_len > COMPACT_MIN_BYTES.max(self.last_size())
+    }
+
+    /// Appends `change` to the journal durably: when this returns `Ok`, a crash at any later
+    /// moment leaves it replayed by [`Store::load`]. One `write` and one `fdatasync`. On error
+    /// the journal is as it was (cut back to its last good record), or will be cut back before
+    /// the next append.
+    pub fn append<D: Serialize>(&self, change: &D) -> Result<(), StoreError> {
+        let payload = serde_json::to_vec(change)
+            .map_err(|source| StoreError::Encode { path: self.journal_path.clone(), source })?;
+        let mut guard = self.lock();
+        // Through a plain reference, so that the open file and the counters can be borrowed apart.
+        let j = &mut *guard;
+        j.before_last = None;
+        self.survey(j)?;
+        if j.stale {
+            return Err(StoreError::JournalReplaced { path: self.journal_path.clone() });
+        }
+        let seq = j.seq + 1;
+        let bytes = journal::record(seq, &payload);
+        self.check_journal(j)?;
+        let io = |op: &'static str| {
+            let path = self.journal_path.clone();
+            move |source| StoreError::Io { op, path, source }
+        };
+        if j.file.is_none() {
+            if !self.root.exists(JOURNAL_FILE) {
+                // No journal yet (a store saved by a release without one): start one.
+                self.rotate(j)?;
+            }
+            let file = self.root.open_append(JOURNAL_FILE)?;
+            let st = rustix::fs::fstat(&file).map_err(|e| io("checking")(e.into()))?;
+            j.file = Some((file, (st.st_dev, st.st_ino)));
+        }
+        if !j.dir_synced {
+            self.root.sync_dir("")?;
+            j.dir_synced = true;
+        }
+        let good_len = j.good_len;
+        let Some((file, _)) = j.file.as_mut() else {
+            return Err(StoreError::JournalReplaced { path: self.journal_path.clone() });
+        };
+        if j.cut {
+            file.set_len(good_len).map_err(io("cutting the torn tail of"))?;
+        }
+        let written = file
+            .write_all(&bytes)
+            .map_err(io("appending to"))
+            .and_then(|()| file.sync_data().map_err(io("fdatasyncing")));
+        if let Err(e) = written {
+            // Whatever reached the file is a change nobody will be told about: cut it now, or
+            // before the next append.
+            let cut = file.set_len(good_len).and_then(|()| file.sync_data());
+            if let Err(cut) = &cut {
+                log::warn!("cutting `{}` back after a failed append: {cut}", self.journal_path.display());
+            }
+            j.cut = cut.is_err();
+            return Err(e);
+        }
+        j.cut = false;
+        j.before_last = Some(good_len);
+        j.good_len += len_u64(&bytes);
+        j.seq = seq;
+        j.records += 1;
+        Ok(())
+    }
+
+    /// Takes back the last [`Store::append`], when it is the last write: the engine could not
+    /// apply the change after all and has not acknowledged it. The journal is cut back to its
+    /// length before that record and synced, so the files are as if it had never been written
+    /// (a crash before this returns leaves the record, a change wholly made or wholly not).
+    pub fn retract(&self) -> Result<(), StoreError> {
+        let mut guard = self.lock();
+        let j = &mut *guard;
+        let (Some(before), Some((file, _))) = (j.before_last, j.file.as_mut()) else {
+            return Err(StoreError::NothingToRetract { path: self.journal_path.clone() });
+        };
+        let io = |op: &'static str| {
+            let path = self.journal_path.clone();
+            move |source| StoreError::Io { op, path, source }
+        };
+        file.set_len(before).map_err(io("cutting the last record of"))?;
+        // The cut must be durable before the next record reuses the sequence number.
+        file.sync_data().map_err(io("fdatasyncing"))?;
+        j.before_last = None;
+        j.good_len = before;
+        j.seq -= 1;
+        j.records = j.records.saturating_sub(1);
+        Ok(())
+    }
+
+    /// Checks, before an append, that the journal's name still stands for the file held open
+    /// and that its file system takes writes (see the module docs).
+    fn check_journal(&self, j: &mut Journal) -> Result<(), StoreError> {
+        let fail = |errno: rustix::io::Errno| StoreError::Io {
+            op: "appending to",
+            path: self.journal_path.clone(),
+            source: errno.into(),
+        };
+        let (st, vfs) = match self.root.stat_now(JOURNAL_FILE) {
+            Ok(found) => found,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && j.file.is_none() => {
+                // Created below; the directory's file system is checked by creating it.
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                j.file = None;
+                j.stale = true;
+                return Err(StoreError::JournalReplaced { path: self.journal_path.clone() });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some((_, id)) = &j.file {
+            if *id != (st.st_dev, st.st_ino) {
+                j.file = None;
+                j.stale = true;
+                return Err(StoreError::JournalReplaced { path: self.journal_path.clone() });
+            }
+        }
+        if vfs.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY) {
+            return Err(fail(rustix::io::Errno::ROFS));
+        }
+        if vfs.f_bfree == 0 {
+            return Err(fail(rustix::io::Errno::NOSPC));
+        }
+        Ok(())
+    }
+
+    /// Writes `state` as the snapshot and starts a new, empty journal (a compaction): when this
+    /// returns `Ok`, a crash at any later moment leaves `state.json` holding `state`,
+    /// `state.json.prev` the snapshot it replaces, and `state.journal.prev` the journal it
+    /// replaces. See the module docs for the sequence and why. On error `state.json` is as it
+    /// was, except after a failed directory fsync (see the module docs); a failure after the
+    /// snapshot is in place leaves the old journal, whose records the snapshot includes.
     pub fn save<T: Serialize>(&self, state: &T) -> Result<(), StoreError> {
         let mut payload = serde_json::to_vec_pretty(state)
             .map_err(|source| StoreError::Encode { path: self.current.clone(), source })?;
         payload.push(b'\n');
-        let bytes = frame(&payload);
-        self.replace_current(&bytes, true)
+        let mut j = self.lock();
+        self.survey(&mut j)?;
+        let bytes = frame(j.seq, &payload);
+        self.replace_current(&bytes, true)?;
+        self.rotate(&mut j)?;
+        j.stale = false;
+        Ok(())
     }
 
-    /// Reads `state.json`. Returns [`Loaded::Fresh`] when neither it nor `state.json.prev`
-    /// exists. Never modifies, moves or deletes any file, damaged or not.
-    pub fn load<T: DeserializeOwned>(&self) -> Result<Loaded<T>, StoreError> {
+    /// Replaces the journal with a new one holding only its header, keeping the outgoing one as
+    /// `state.journal.prev`.
+    fn rotate(&self, j: &mut Journal) -> Result<(), StoreError> {
+        j.file = None;
+        j.before_last = None;
+        let keep = || self.link_prev(JOURNAL_FILE, JOURNAL_PREV_TMP_FILE, JOURNAL_PREV_FILE);
+        self.root.replace_with(Path::new(JOURNAL_FILE), JOURNAL_TMP_FILE, journal::HEADER, 0o600, keep)?;
+        j.good_len = len_u64(journal::HEADER);
+        j.cut = false;
+        j.dir_synced = true;
+        j.records = 0;
+        Ok(())
+    }
+
+    /// Reads the snapshot and replays the journal's records after it. Returns [`Loaded::Fresh`]
+    /// when none of `state.json`, `state.json.prev` and `state.journal` exists. A torn tail of the
+    /// journal is ignored with a warning (and cut before the next append); any other damage is
+    /// an error. Never modifies, moves or deletes any file, damaged or not.
+    pub fn load<T, D>(&self, mut apply: impl FnMut(&mut T, D)) -> Result<Loaded<T>, StoreError>
+    where
+        T: DeserializeOwned,
+        D: DeserializeOwned,
+    {
         let bytes = match self.root.read(STATE_FILE) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return match self.prev_copy::<T>() {
-                    PrevCopy::Absent => Ok(Loaded::Fresh),
+                    PrevCopy::Absent if !self.root.exists(JOURNAL_FILE) => Ok(Loaded::Fresh),
                     prev => Err(StoreError::CurrentMissing { path: self.current.clone(), prev }),
                 };
             }
             Err(e) => return Err(e.into()),
         };
-        match decode::<T>(&bytes) {
-            Ok(state) => {
-                self.last_size.store(len_u64(&bytes), Ordering::Relaxed);
-                Ok(Loaded::State(state))
+        let (mut state, mut seq) = match decode::<T>(&bytes) {
+            Ok(found) => found,
+            Err(defect) => return Err(defect.into_error(self.current.clone(), self.prev_copy::<T>())),
+        };
+        let replayed = match self.read_journal(JOURNAL_FILE)? {
+            Some(journal) => {
+                self.replay(JOURNAL_FILE, &journal, &mut state, &mut seq, &mut apply).map_err(|d| d.error)?
             }
-            Err(defect) => Err(defect.into_error(self.current.clone(), self.prev_copy::<T>())),
+            None => Replayed { good_len: 0, records: 0, torn: false },
+        };
+        self.last_size.store(len_u64(&bytes), Ordering::Relaxed);
+        let mut j = self.lock();
+        *j = Journal {
+            known: true,
+            seq,
+            good_len: replayed.good_len,
+            cut: replayed.torn,
+            records: replayed.records,
+            ..Journal::default()
+        };
+        Ok(Loaded::State(state))
+    }
+
+    /// Learns the journal's sequence and length from the files when this process has not yet
+    /// loaded, saved or restored: a save or an append must continue the sequence.
+    fn survey(&self, j: &mut Journal) -> Result<(), StoreError> {
+        if j.known {
+            return Ok(());
+        }
+        let mut seq = match self.root.read(STATE_FILE) {
+            Ok(bytes) => {
+                decode::<serde::de::IgnoredAny>(&bytes)
+                    .map_err(|d| d.into_error(self.current.clone(), PrevCopy::Itself))?
+                    .1
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(e.into()),
+        };
+        let mut skip = |_: &mut (), _: serde::de::IgnoredAny| {};
+        let replayed = match self.read_journal(JOURNAL_FILE)? {
+            Some(journal) => {
+                self.replay(JOURNAL_FILE, &journal, &mut (), &mut seq, &mut skip).map_err(|d| d.error)?
+            }
+            None => Replayed { good_len: 0, records: 0, torn: false },
+        };
+        *j = Journal {
+            known: true,
+            seq,
+            good_len: replayed.good_len,
+            cut: replayed.torn,
+            records: replayed.records,
+            stale: j.stale,
+            ..Journal::default()
+        };
+        Ok(())
+    }
+
+    /// The bytes of the journal `name`, or `None` if there is none.
+    fn read_journal(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.root.read(name) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
+
+    /// Applies the records of the journal `name` (its `bytes`) that come after `seq` to `state`,
+    /// advancing `seq`. On damage, `state` holds the records before it.
+    fn replay<T, D: DeserializeOwned>(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        state: &mut T,
+        seq: &mut u64,
+        apply: &mut impl FnMut(&mut T, D),
+    ) -> Result<Replayed, Damage> {
+        let path = self.dir.join(name);
+        let scan = journal::scan(bytes);
+        for r in &scan.records {
+            if r.seq <= *seq {
+                // Already in the snapshot: a crash between a snapshot and its new journal.
+                continue;
+            }
+            if r.seq != *seq + 1 {
+                let error =
+                    StoreError::JournalSequence { path, offset: r.offset, expected: *seq + 1, found: r.seq };
+                return Err(Damage { error, good_len: r.offset });
+            }
+            let change = serde_json::from_slice(r.payload).map_err(|source| Damage {
+                error: StoreError::JournalDecode { path: path.clone(), offset: r.offset, seq: r.seq, source },
+                good_len: r.offset,
+            })?;
+            apply(state, change);
+            *seq = r.seq;
+        }
+        let records = u64::try_from(scan.records.len()).unwrap_or(u64::MAX);
+        match scan.end {
+            journal::End::Clean => Ok(Replayed { good_len: len_u64(bytes), records, torn: false }),
+            journal::End::Torn { offset, bytes } => {
+                log::warn!(
+                    "ignoring the torn end of `{}`: {bytes} bytes from byte {offset} (a write whose \
+                     fdatasync never returned, so never acknowledged)",
+                    path.display()
+                );
+                Ok(Replayed { good_len: offset, records, torn: true })
+            }
+            journal::End::Damaged { offset, seq, reason } => Err(Damage {
+                error: StoreError::JournalCorrupt { path, offset, seq, reason },
+                good_len: offset,
+            }),
+        }
+    }
+
     /// Steps 1 to 4 of the module docs ([`Root::replace_with`]); step 2 only when `keep_prev`.
     fn replace_current(&self, bytes: &[u8], keep_prev: bool) -> Result<(), StoreError> {
-        let keep = || if keep_prev { self.link_prev() } else { Ok(()) };
+        let keep = || if keep_prev { self.link_prev(STATE_FILE, PREV_TMP_FILE, PREV_FILE) } else { Ok(()) };
         self.root.replace_with(Path::new(STATE_FILE), TMP_FILE, bytes, 0o600, keep)?;
         self.last_size.store(len_u64(bytes), Ordering::Relaxed);
         Ok(())
     }
 
-    /// Makes the outgoing `state.json` the previous copy without ever removing `state.json`.
-    fn link_prev(&self) -> Result<(), FsError> {
+    /// Makes the outgoing `name` the previous copy `prev` (through the link `tmp`) without
+    /// ever removing `name`.
+    fn link_prev(&self, name: &str, tmp: &str, prev: &str) -> Result<(), FsError> {
         // Left over by a crash between link and rename; `link` will not replace it.
-        if let Err(e) = self.root.remove_file(PREV_TMP_FILE) {
+        if let Err(e) = self.root.remove_file(tmp) {
             if e.kind() != io::ErrorKind::NotFound {
-                log::debug!("removing stale `{}`: {e}", self.prev_tmp.display());
+                log::debug!("removing stale `{}`: {e}", self.dir.join(tmp).display());
             }
         }
-        match self.root.hard_link(STATE_FILE, PREV_TMP_FILE) {
+        match self.root.hard_link(name, tmp) {
             Ok(()) => {}
             // First save: nothing to keep.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.root.exists(STATE_FILE) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.root.exists(name) => return Ok(()),
             Err(e) => return Err(e),
         }
-        self.root.rename(PREV_TMP_FILE, PREV_FILE)
+        self.root.rename(tmp, prev)
     }
 }

@@ -22,8 +22,21 @@ pub struct Spawned {
 /// Starts `bin --sandbox sb --topology shape args`, stderr to `log`, and reads its banner up
 /// to `READY`. `NOTIFY_SOCKET` is taken away: the test's own systemd (if any) is not told.
 pub fn spawn(bin: &Path, sb: &Path, shape: &str, args: &[&str], log: &Path) -> Spawned {
+    spawn_with_env(bin, sb, shape, args, &[], log)
+}
+
+/// [`spawn`] with `env` added to the daemon's environment.
+pub fn spawn_with_env(
+    bin: &Path,
+    sb: &Path,
+    shape: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Spawned {
     let log = fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
     let mut child = Command::new(bin)
+        .envs(env.iter().copied())
         .arg("--sandbox")
         .arg(sb)
         .args(["--topology", shape])

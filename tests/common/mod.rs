@@ -130,6 +130,17 @@ impl Daemon {
     /// Like [`Daemon::start`] on a host of another shape (`SxCxT:N`), with `config` (or the
     /// sandbox's sample).
     pub fn start_shaped(dir: &Path, shape: &str, config: Option<&str>, args: &[&str]) -> Daemon {
+        Daemon::start_shaped_env(dir, shape, config, args, &[])
+    }
+
+    /// Like [`Daemon::start_shaped`] with `env` added to the daemon's environment.
+    pub fn start_shaped_env(
+        dir: &Path,
+        shape: &str,
+        config: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let sb = dir.join("sb");
         fs::create_dir_all(sb.join("etc/cpupoold")).unwrap();
         if let Some(config) = config.filter(|_| !sb.join("etc/cpupoold/config.toml").exists()) {
@@ -138,7 +149,7 @@ impl Daemon {
         let log = dir.join("daemon.log");
         let bin = Path::new(env!("CARGO_BIN_EXE_cpupoold"));
         let test_support::daemon::Spawned { child, banner, varlink, .. } =
-            test_support::daemon::spawn(bin, &sb, shape, args, &log);
+            test_support::daemon::spawn_with_env(bin, &sb, shape, args, env, &log);
         let log_text = fs::read_to_string(&log).unwrap_or_default();
         let varlink = varlink.unwrap_or_else(|| panic!("no READY banner:\n{banner}\n{log_text}"));
         open_to_everyone(&sb.join("run"));
@@ -184,9 +195,11 @@ impl Daemon {
         list
     }
 
-    /// The state file's bytes.
+    /// The durable state's bytes: the snapshot, then the journal of changes since.
     pub fn state_file(&self) -> Vec<u8> {
-        fs::read(self.sb.join("state/state.json")).unwrap_or_default()
+        let mut bytes = fs::read(self.sb.join("state/state.json")).unwrap_or_default();
+        bytes.extend(fs::read(self.sb.join("state/state.journal")).unwrap_or_default());
+        bytes
     }
 
     /// The daemon's process id.

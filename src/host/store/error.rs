@@ -127,7 +127,7 @@ pub enum StoreError {
     },
     /// The file is in a format version this build does not read.
     #[error(
-        "`{}` has state format version {found}, this cpupoold reads only version {supported} \
+        "`{}` has state format version {found}, this cpupoold reads versions 1 to {supported} \
          (was it written by a different cpupoold release?){prev}",
         .path.display()
     )]
@@ -136,7 +136,7 @@ pub enum StoreError {
         path: PathBuf,
         /// Version from the header.
         found: u32,
-        /// [`FORMAT_VERSION`](super::FORMAT_VERSION).
+        /// The newest version read, [`FORMAT_VERSION`](super::FORMAT_VERSION).
         supported: u32,
         /// The previous copy.
         prev: PrevCopy,
@@ -177,6 +177,74 @@ pub enum StoreError {
         /// The previous copy (never [`PrevCopy::Absent`]).
         prev: PrevCopy,
     },
+    /// A journal record does not check and good records follow it, or the file does not start
+    /// with the journal's header: not a write cut short by a crash, but damage.
+    #[error(
+        "`{}` is damaged at byte {offset}{}: {reason}{JOURNAL_HINT}",
+        .path.display(),
+        .seq.map(|s| format!(" (record {s})")).unwrap_or_default()
+    )]
+    JournalCorrupt {
+        /// The journal file.
+        path: PathBuf,
+        /// Where the damaged record (or the header) starts.
+        offset: u64,
+        /// The damaged record's sequence number, when its header could be read.
+        seq: Option<u64>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A journal record's sequence number is not the one that must come next: records are
+    /// missing between the snapshot (or the journal before) and this record.
+    #[error(
+        "`{}` has record {found} at byte {offset} where record {expected} must come next          (records are missing){JOURNAL_HINT}",
+        .path.display()
+    )]
+    JournalSequence {
+        /// The journal file.
+        path: PathBuf,
+        /// Where the record starts.
+        offset: u64,
+        /// The sequence number that must come next.
+        expected: u64,
+        /// The one found.
+        found: u64,
+    },
+    /// A journal record checks but does not decode as a change of the state.
+    #[error(
+        "`{}` has an intact checksum on record {seq} at byte {offset} but it does not decode as a \
+         cpupoold state change{JOURNAL_HINT}",
+        .path.display()
+    )]
+    JournalDecode {
+        /// The journal file.
+        path: PathBuf,
+        /// Where the record starts.
+        offset: u64,
+        /// Its sequence number.
+        seq: u64,
+        /// The cause, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The journal file this daemon keeps open is no longer the one at its name (moved, removed
+    /// or replaced behind its back): writes to it would be read by no restart.
+    #[error(
+        "`{}` is no longer the journal this daemon writes (was it moved, removed or replaced?); \
+         the next change writes the whole state afresh",
+        .path.display()
+    )]
+    JournalReplaced {
+        /// The journal's name.
+        path: PathBuf,
+    },
+    /// [`Store::retract`](super::Store::retract) was called when the last write was not an
+    /// append.
+    #[error("there is no record to take back from `{}`: the last write to it was not an append", .path.display())]
+    NothingToRetract {
+        /// The journal.
+        path: PathBuf,
+    },
     /// A restore was asked for but there is no previous copy.
     #[error("cannot restore the previous state: `{}` does not exist", .path.display())]
     NoPrevious {
@@ -184,6 +252,10 @@ pub enum StoreError {
         path: PathBuf,
     },
 }
+
+/// What an operator can do about a damaged journal.
+const JOURNAL_HINT: &str = "; start with --restore-previous-state to keep the snapshot and the journal's \
+     records before this one (the journal is moved aside to `state.journal.corrupt`)";
 
 impl From<FsError> for StoreError {
     fn from(e: FsError) -> StoreError {

@@ -1,6 +1,8 @@
-//! The state file's bytes: a header line (magic word, format version, payload length, CRC-32)
-//! and the JSON payload (see the [store's docs](super) for the format). Encoding and the checks
-//! that find a damaged file, nothing that touches the disk.
+//! The state file's bytes: a header line (magic word, format version, the journal sequence it
+//! includes, payload length, CRC-32) and the JSON payload (see the [store's docs](super) for the
+//! format). Encoding and the checks that find a damaged file, nothing that touches the disk.
+//! Version 1 files (no sequence; written before the journal existed) are still read, as
+//! including sequence 0.
 
 use std::path::PathBuf;
 
@@ -12,9 +14,10 @@ const MAGIC: &str = "cpupoold-state";
 /// A header is about 60 bytes; anything without a newline this far in is not our header.
 const MAX_HEADER: usize = 128;
 
-/// Header line plus payload.
-pub(super) fn frame(payload: &[u8]) -> Vec<u8> {
-    let header = format!("{MAGIC} {FORMAT_VERSION} {} {:08x}\n", payload.len(), crc32fast::hash(payload));
+/// Header line plus payload, for a snapshot that includes the journal's records up to `seq`.
+pub(super) fn frame(seq: u64, payload: &[u8]) -> Vec<u8> {
+    let header =
+        format!("{MAGIC} {FORMAT_VERSION} {seq} {} {:08x}\n", payload.len(), crc32fast::hash(payload));
     let mut bytes = Vec::with_capacity(header.len() + payload.len());
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(payload);
@@ -54,8 +57,9 @@ impl Defect {
     }
 }
 
-/// Checks the header, length and checksum, then decodes the JSON.
-pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Defect> {
+/// Checks the header, length and checksum, then decodes the JSON. Returns the state and the
+/// journal sequence it includes.
+pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Defect> {
     let window = &bytes[..bytes.len().min(MAX_HEADER)];
     let Some(newline) = window.iter().position(|&b| b == b'\n') else {
         let magic = format!("{MAGIC} ");
@@ -85,14 +89,21 @@ pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Defect> {
     let found = parse_decimal(version)
         .and_then(|v| u32::try_from(v).ok())
         .ok_or_else(|| Defect::BadHeader(format!("format version {version:?} is not a number")))?;
-    if found != FORMAT_VERSION {
-        return Err(Defect::Version { found });
-    }
-    let [_, _, len, crc] = fields[..] else {
-        return Err(Defect::BadHeader(format!(
-            "expected `{MAGIC} <version> <length> <crc32>`, found {header:?}"
-        )));
+    let (seq, len, crc) = match (found, &fields[..]) {
+        (1, [_, _, len, crc]) => ("0", *len, *crc),
+        (1, _) => {
+            return Err(Defect::BadHeader(format!("expected `{MAGIC} 1 <length> <crc32>`, found {header:?}")))
+        }
+        (FORMAT_VERSION, [_, _, seq, len, crc]) => (*seq, *len, *crc),
+        (FORMAT_VERSION, _) => {
+            return Err(Defect::BadHeader(format!(
+                "expected `{MAGIC} {FORMAT_VERSION} <sequence> <length> <crc32>`, found {header:?}"
+            )))
+        }
+        _ => return Err(Defect::Version { found }),
     };
+    let seq = parse_decimal(seq)
+        .ok_or_else(|| Defect::BadHeader(format!("journal sequence {seq:?} is not a number")))?;
     let expected_len = parse_decimal(len)
         .ok_or_else(|| Defect::BadHeader(format!("payload length {len:?} is not a number")))?;
     let expected_crc = (crc.len() == 8 && crc.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -110,7 +121,7 @@ pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Defect> {
     if actual_crc != expected_crc {
         return Err(Defect::Checksum { expected: expected_crc, actual: actual_crc });
     }
-    serde_json::from_slice(payload).map_err(Defect::Decode)
+    serde_json::from_slice(payload).map(|state| (state, seq)).map_err(Defect::Decode)
 }
 
 /// Plain ASCII digits only (`u64::from_str` would also take a leading `+`).

@@ -16,6 +16,18 @@ struct TestState {
     pools: Vec<(String, String)>,
 }
 
+/// The journal's record type for [`TestState`]: a new generation and a pool added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Bump {
+    generation: u32,
+    pool: (String, String),
+}
+
+fn bump(s: &mut TestState, b: Bump) {
+    s.generation = b.generation;
+    s.pools.push(b.pool);
+}
+
 fn state(generation: u32) -> TestState {
     TestState { generation, pools: vec![("infra".into(), "0-1".into()), ("db".into(), "2-7".into())] }
 }
@@ -35,7 +47,11 @@ fn two_saves() -> (tempfile::TempDir, Store) {
 }
 
 fn load(store: &Store) -> Result<Loaded<TestState>, StoreError> {
-    store.load::<TestState>()
+    store.load(bump)
+}
+
+fn restore(store: &Store) -> Result<TestState, StoreError> {
+    store.restore_previous(bump)
 }
 
 fn frame_with_header(header: &str, payload: &[u8]) -> Vec<u8> {
@@ -71,7 +87,7 @@ fn round_trip() {
     let (header, payload) = text.split_once('\n').unwrap();
     assert_eq!(
         header,
-        format!("cpupoold-state 1 {} {:08x}", payload.len(), crc32fast::hash(payload.as_bytes()))
+        format!("cpupoold-state 2 0 {} {:08x}", payload.len(), crc32fast::hash(payload.as_bytes()))
     );
     assert!(!store.prev_path().exists(), "first save has nothing to keep");
     assert!(!store.dir().join(TMP_FILE).exists());
@@ -83,11 +99,11 @@ fn round_trip() {
 fn second_save_keeps_previous() {
     let (_dir, store) = two_saves();
     assert_eq!(load(&store).unwrap(), Loaded::State(state(2)));
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     let (_dir, store) = two_saves();
     store.save(&state(3)).unwrap();
     let prev = fs::read(store.prev_path()).unwrap();
-    assert_eq!(decode::<TestState>(&prev).unwrap(), state(2));
+    assert_eq!(decode::<TestState>(&prev).unwrap().0, state(2));
     assert!(!store.dir().join(PREV_TMP_FILE).exists());
 }
 
@@ -125,9 +141,9 @@ fn flipped_byte_fails_checksum() {
 #[test]
 fn wrong_version() {
     let (_dir, store) = two_saves();
-    fs::write(store.path(), frame_with_header("cpupoold-state 2 whatever\n", b"{}")).unwrap();
+    fs::write(store.path(), frame_with_header("cpupoold-state 3 whatever\n", b"{}")).unwrap();
     let err = load(&store).unwrap_err();
-    assert!(matches!(err, StoreError::UnsupportedVersion { found: 2, supported: 1, .. }), "{err:?}");
+    assert!(matches!(err, StoreError::UnsupportedVersion { found: 3, supported: 2, .. }), "{err:?}");
     assert_names_file_and_prev(&err, &store);
 }
 
@@ -163,7 +179,7 @@ fn trailing_data() {
 #[test]
 fn json_of_the_wrong_shape() {
     let (_dir, store) = two_saves();
-    fs::write(store.path(), frame(b"{\"generation\": \"one\"}\n")).unwrap();
+    fs::write(store.path(), frame(0, b"{\"generation\": \"one\"}\n")).unwrap();
     let err = load(&store).unwrap_err();
     assert!(matches!(err, StoreError::Decode { .. }), "{err:?}");
     assert_names_file_and_prev(&err, &store);
@@ -191,7 +207,7 @@ fn missing_current_with_prev() {
     let err = load(&store).unwrap_err();
     assert!(matches!(err, StoreError::CurrentMissing { .. }), "{err:?}");
     assert_names_file_and_prev(&err, &store);
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     assert!(!store.dir().join(CORRUPT_FILE).exists());
     assert_eq!(load(&store).unwrap(), Loaded::State(state(1)));
 }
@@ -202,7 +218,7 @@ fn restore_previous_moves_corrupt_aside() {
     let corrupt1 = b"cpupoold-state 1 9".to_vec();
     fs::write(store.path(), &corrupt1).unwrap();
     assert!(load(&store).is_err());
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     assert_eq!(load(&store).unwrap(), Loaded::State(state(1)));
     assert_eq!(fs::read(store.dir().join(CORRUPT_FILE)).unwrap(), corrupt1);
     assert_eq!(fs::read(store.path()).unwrap(), fs::read(store.prev_path()).unwrap());
@@ -210,7 +226,7 @@ fn restore_previous_moves_corrupt_aside() {
 
     let corrupt2 = b"garbage".to_vec();
     fs::write(store.path(), &corrupt2).unwrap();
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(1));
+    assert_eq!(restore(&store).unwrap(), state(1));
     assert_eq!(fs::read(store.dir().join(CORRUPT_FILE)).unwrap(), corrupt1);
     assert_eq!(fs::read(store.dir().join("state.json.corrupt.1")).unwrap(), corrupt2);
 
@@ -223,13 +239,13 @@ fn restore_previous_moves_corrupt_aside() {
 fn restore_without_or_with_damaged_prev() {
     let (_dir, store) = new_store();
     store.save(&state(1)).unwrap();
-    let err = store.restore_previous::<TestState>().unwrap_err();
+    let err = restore(&store).unwrap_err();
     assert!(matches!(err, StoreError::NoPrevious { .. }), "{err:?}");
 
     let (_dir, store) = two_saves();
     fs::write(store.prev_path(), b"cpupoold-state 1 4 00000000\n{}").unwrap();
     let before = fs::read(store.path()).unwrap();
-    let err = store.restore_previous::<TestState>().unwrap_err();
+    let err = restore(&store).unwrap_err();
     assert!(matches!(err, StoreError::Truncated { .. }), "{err:?}");
     assert!(err.to_string().contains(&store.prev_path().display().to_string()));
     assert_eq!(fs::read(store.path()).unwrap(), before, "nothing moved when prev is bad");
@@ -310,14 +326,275 @@ fn links_in_the_state_directory_are_never_followed() {
         chain.contains(&format!("refusing to follow the symbolic link `{}`", store.path().display())),
         "{chain}"
     );
-    assert_eq!(store.restore_previous::<TestState>().unwrap(), state(2));
+    assert_eq!(restore(&store).unwrap(), state(2));
     assert!(!fs::symlink_metadata(store.path()).unwrap().file_type().is_symlink());
     assert_eq!(fs::read(&outside).unwrap(), b"precious\n");
     // A link at `state.json.prev`: refused too.
     fs::remove_file(store.prev_path()).unwrap();
     std::os::unix::fs::symlink(&outside, store.prev_path()).unwrap();
-    assert!(matches!(store.previous::<TestState>(), Err(StoreError::Io { .. })));
-    let msg = load(&store).map(|_| ()).and_then(|()| store.restore_previous::<TestState>().map(drop));
+    assert!(matches!(store.previous(bump), Err(StoreError::Io { .. })));
+    let msg = load(&store).map(|_| ()).and_then(|()| restore(&store).map(drop));
     assert!(msg.is_err());
     assert_eq!(fs::read(&outside).unwrap(), b"precious\n");
+}
+
+// The journal.
+
+fn b(generation: u32) -> Bump {
+    Bump { generation, pool: (format!("p{generation}"), format!("{generation}")) }
+}
+
+/// `state(1)` with `bump(b(n))` applied for each `n` of `gens`.
+fn bumped(gens: impl IntoIterator<Item = u32>) -> TestState {
+    let mut s = state(1);
+    for g in gens {
+        bump(&mut s, b(g));
+    }
+    s
+}
+
+/// A store whose snapshot holds `state(1)` and whose journal holds the bumps 2..=n.
+fn journaled(n: u32) -> (tempfile::TempDir, Store) {
+    let (dir, store) = new_store();
+    store.save(&state(1)).unwrap();
+    for g in 2..=n {
+        store.append(&b(g)).unwrap();
+    }
+    (dir, store)
+}
+
+fn journal_bytes(store: &Store) -> Vec<u8> {
+    fs::read(store.journal_path()).unwrap()
+}
+
+/// Offsets of the journal's record headers.
+fn record_offsets(bytes: &[u8]) -> Vec<usize> {
+    journal::scan(bytes).records.iter().map(|r| r.offset as usize).collect()
+}
+
+#[test]
+fn appends_replay_on_the_snapshot_in_a_new_process() {
+    let (_dir, store) = journaled(4);
+    let text = String::from_utf8(journal_bytes(&store)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "cpupoold-journal 1");
+    assert_eq!(lines.len(), 1 + 3 * 2, "{text}");
+    let payload = serde_json::to_string(&b(2)).unwrap();
+    let crc = {
+        let mut h = crc32fast::Hasher::new();
+        h.update(format!("r 1 {} ", payload.len()).as_bytes());
+        h.update(payload.as_bytes());
+        h.finalize()
+    };
+    assert_eq!(lines[1], format!("r 1 {} {crc:08x}", payload.len()));
+    assert_eq!(lines[2], payload);
+    // Another process: the snapshot, then the records.
+    let again = Store::open(store.dir()).unwrap();
+    assert_eq!(load(&again).unwrap(), Loaded::State(bumped(2..=4)));
+    // It continues the sequence.
+    again.append(&b(5)).unwrap();
+    assert!(String::from_utf8(journal_bytes(&again)).unwrap().contains("\nr 4 "));
+    assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped(2..=5)));
+}
+
+#[test]
+fn compaction_writes_the_snapshot_and_keeps_the_previous_pair() {
+    let (_dir, store) = new_store();
+    let store = store.with_compact_every(3);
+    store.save(&state(1)).unwrap();
+    for g in 2..=3 {
+        store.append(&b(g)).unwrap();
+        assert!(!store.compact_due());
+    }
+    store.append(&b(4)).unwrap();
+    assert!(store.compact_due());
+    let full = bumped(2..=4);
+    store.save(&full).unwrap();
+    assert!(!store.compact_due());
+    let header = String::from_utf8(fs::read(store.path()).unwrap()).unwrap();
+    assert!(header.starts_with("cpupoold-state 2 3 "), "the snapshot includes record 3: {header}");
+    assert_eq!(journal_bytes(&store), journal::HEADER);
+    assert_eq!(record_offsets(&fs::read(store.dir().join(JOURNAL_PREV_FILE)).unwrap()).len(), 3);
+    assert_eq!(load(&store).unwrap(), Loaded::State(full.clone()));
+    // The previous snapshot plus the previous journal give the same state.
+    assert_eq!(store.previous(bump).unwrap(), full);
+    store.append(&b(5)).unwrap();
+    assert!(String::from_utf8(journal_bytes(&store)).unwrap().starts_with("cpupoold-journal 1\nr 4 "));
+}
+
+#[test]
+fn a_crash_between_snapshot_and_journal_switch_is_harmless() {
+    let (_dir, store) = journaled(3);
+    // The snapshot of a compaction in place, the old journal (records 1 and 2) still there.
+    let mut payload = serde_json::to_vec_pretty(&bumped(2..=3)).unwrap();
+    payload.push(b'\n');
+    fs::write(store.path(), frame(2, &payload)).unwrap();
+    let again = Store::open(store.dir()).unwrap();
+    assert_eq!(load(&again).unwrap(), Loaded::State(bumped(2..=3)));
+    again.append(&b(4)).unwrap();
+    assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped(2..=4)));
+}
+
+#[test]
+fn a_torn_tail_is_ignored_then_cut_before_the_next_append() {
+    type Tail = Box<dyn Fn(&[u8]) -> Vec<u8>>;
+    let tails: Vec<(&str, Tail)> = vec![
+        ("cut inside the header", Box::new(|r: &[u8]| r[..3].to_vec())),
+        ("cut inside the payload", Box::new(|r: &[u8]| r[..r.len() - 5].to_vec())),
+        ("whole length, never written", Box::new(|r: &[u8]| vec![0; r.len()])),
+        (
+            "whole length, a flipped byte",
+            Box::new(|r: &[u8]| {
+                let mut r = r.to_vec();
+                let i = r.len() - 3;
+                r[i] ^= 1;
+                r
+            }),
+        ),
+    ];
+    for (what, tail) in tails {
+        let (_dir, store) = journaled(3);
+        let good = journal_bytes(&store);
+        let mut bytes = good.clone();
+        bytes.extend(tail(&journal::record(3, &serde_json::to_vec(&b(4)).unwrap())));
+        fs::write(store.journal_path(), &bytes).unwrap();
+        let again = Store::open(store.dir()).unwrap();
+        assert_eq!(load(&again).unwrap(), Loaded::State(bumped(2..=3)), "{what}");
+        assert_eq!(journal_bytes(&again), bytes, "{what}: load changes nothing");
+        again.append(&b(5)).unwrap();
+        let after = journal_bytes(&again);
+        assert_eq!(&after[..good.len()], &good[..], "{what}");
+        assert_eq!(record_offsets(&after).len(), 3, "{what}: the torn bytes are gone");
+        assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped([2, 3, 5])));
+    }
+}
+
+#[test]
+fn damage_in_the_journal_is_refused_naming_file_record_and_offset() {
+    let (_dir, store) = journaled(4);
+    let good = journal_bytes(&store);
+    let offsets = record_offsets(&good);
+    // A flipped byte in the middle record, with a good one after it.
+    let mut bytes = good.clone();
+    bytes[offsets[1] + 20] ^= 1;
+    fs::write(store.journal_path(), &bytes).unwrap();
+    let err = load(&store).unwrap_err();
+    let StoreError::JournalCorrupt { ref path, offset, seq, .. } = err else { panic!("{err:?}") };
+    assert_eq!((path, offset, seq), (&store.journal_path().to_path_buf(), offsets[1] as u64, Some(2)));
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("is damaged at byte {} (record 2)", offsets[1])), "{msg}");
+    assert!(msg.contains("--restore-previous-state"), "{msg}");
+    assert_eq!(journal_bytes(&store), bytes, "evidence is left alone");
+
+    // A record that checks but does not decode.
+    let mut bytes = good[..offsets[2]].to_vec();
+    bytes.extend(journal::record(3, b"{\"generation\": \"four\"}"));
+    fs::write(store.journal_path(), &bytes).unwrap();
+    let err = load(&store).unwrap_err();
+    assert!(matches!(err, StoreError::JournalDecode { seq: 3, .. }), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some());
+
+    // Records missing between the snapshot and the journal, and inside the journal.
+    let mut bytes = journal::HEADER.to_vec();
+    bytes.extend(journal::record(2, &serde_json::to_vec(&b(3)).unwrap()));
+    fs::write(store.journal_path(), &bytes).unwrap();
+    let err = load(&store).unwrap_err();
+    assert!(matches!(err, StoreError::JournalSequence { expected: 1, found: 2, .. }), "{err:?}");
+    let mut bytes = good[..offsets[1]].to_vec();
+    bytes.extend(&good[offsets[2]..]);
+    fs::write(store.journal_path(), &bytes).unwrap();
+    let err = load(&store).unwrap_err();
+    assert!(err.to_string().contains("record 3 follows record 1"), "{err}");
+
+    // Not a journal at all.
+    fs::write(store.journal_path(), b"{}\n").unwrap();
+    let err = load(&store).unwrap_err();
+    assert!(matches!(err, StoreError::JournalCorrupt { offset: 0, seq: None, .. }), "{err:?}");
+}
+
+#[test]
+fn restore_keeps_the_records_before_the_journals_damage() {
+    let (_dir, store) = journaled(4);
+    let good = journal_bytes(&store);
+    let offsets = record_offsets(&good);
+    let mut bytes = good.clone();
+    bytes[offsets[1] + 20] ^= 1;
+    fs::write(store.journal_path(), &bytes).unwrap();
+    let snapshot = fs::read(store.path()).unwrap();
+    assert_eq!(store.previous(bump).unwrap(), bumped([2]));
+    assert_eq!(restore(&store).unwrap(), bumped([2]));
+    assert_eq!(fs::read(store.dir().join(JOURNAL_CORRUPT_FILE)).unwrap(), bytes);
+    assert_eq!(journal_bytes(&store), &good[..offsets[1]]);
+    assert_eq!(fs::read(store.path()).unwrap(), snapshot, "the intact snapshot stays");
+    assert_eq!(load(&store).unwrap(), Loaded::State(bumped([2])));
+    store.append(&b(7)).unwrap();
+    assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped([2, 7])));
+}
+
+#[test]
+fn restore_after_a_damaged_snapshot_replays_the_previous_pair_and_the_journal() {
+    let (_dir, store) = journaled(3);
+    store.save(&bumped(2..=3)).unwrap();
+    store.append(&b(4)).unwrap();
+    let mut snapshot = fs::read(store.path()).unwrap();
+    let last = snapshot.len() - 3;
+    snapshot[last] ^= 0x20;
+    fs::write(store.path(), &snapshot).unwrap();
+    assert!(matches!(load(&store), Err(StoreError::ChecksumMismatch { .. })));
+    // Nothing acknowledged is lost: state.json.prev + state.journal.prev + state.journal.
+    assert_eq!(restore(&store).unwrap(), bumped(2..=4));
+    assert_eq!(fs::read(store.dir().join(CORRUPT_FILE)).unwrap(), snapshot);
+    assert!(String::from_utf8(fs::read(store.path()).unwrap()).unwrap().starts_with("cpupoold-state 2 3 "));
+    assert_eq!(load(&store).unwrap(), Loaded::State(bumped(2..=4)));
+    store.append(&b(5)).unwrap();
+    assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped(2..=5)));
+}
+
+#[test]
+fn a_version_1_state_file_loads_and_upgrades_in_place() {
+    let (_dir, store) = new_store();
+    // As the release before the journal wrote it.
+    let mut payload = serde_json::to_vec_pretty(&state(1)).unwrap();
+    payload.push(b'\n');
+    let v1 = frame_with_header(
+        &format!("cpupoold-state 1 {} {:08x}\n", payload.len(), crc32fast::hash(&payload)),
+        &payload,
+    );
+    fs::write(store.path(), &v1).unwrap();
+    assert_eq!(load(&store).unwrap(), Loaded::State(state(1)));
+    store.save(&state(1)).unwrap();
+    store.append(&b(2)).unwrap();
+    let again = Store::open(store.dir()).unwrap();
+    assert_eq!(load(&again).unwrap(), Loaded::State(bumped([2])));
+    assert!(String::from_utf8(fs::read(store.path()).unwrap()).unwrap().starts_with("cpupoold-state 2 0 "));
+    assert_eq!(fs::read(store.prev_path()).unwrap(), v1, "the v1 file is the previous copy");
+    assert_eq!(again.previous(bump).unwrap(), bumped([2]));
+}
+
+#[test]
+fn a_retracted_append_leaves_the_journal_as_it_was() {
+    let (_dir, store) = journaled(2);
+    let before = journal_bytes(&store);
+    store.append(&b(3)).unwrap();
+    store.retract().unwrap();
+    assert_eq!(journal_bytes(&store), before);
+    assert!(matches!(store.retract(), Err(StoreError::NothingToRetract { .. })));
+    store.append(&b(4)).unwrap();
+    assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped([2, 4])));
+}
+
+#[test]
+fn a_journal_moved_behind_the_stores_back_is_not_written_to() {
+    let (_dir, store) = journaled(2);
+    let aside = store.dir().join("moved");
+    fs::rename(store.journal_path(), &aside).unwrap();
+    let moved = fs::read(&aside).unwrap();
+    let err = store.append(&b(3)).unwrap_err();
+    assert!(matches!(err, StoreError::JournalReplaced { .. }), "{err:?}");
+    assert_eq!(fs::read(&aside).unwrap(), moved, "nothing written to a file no restart reads");
+    assert!(store.snapshot_needed());
+    store.save(&bumped(2..=3)).unwrap();
+    assert!(!store.snapshot_needed());
+    store.append(&b(4)).unwrap();
+    assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped(2..=4)));
 }
