@@ -315,21 +315,25 @@ impl ClientId for String {
 /// The daemon's own journal after a crash: a torn last record is ignored (and said so), a
 /// damaged record with good ones after it stops the start naming the file, record and offset,
 /// and `--restore-previous-state` keeps the records before it.
+/// Assigns 100 millicpus of `web` to a cgroup of each id's own.
+fn assign(d: &Daemon, ids: &[&str]) {
+    let mut v = Varlink::connect(&d.varlink);
+    for id in ids {
+        fs::create_dir_all(d.sb.join("cgroup/crash").join(id)).unwrap();
+        let params = json!({ "pool": "web", "target": target_of(id), "millicpus": 100, "id": id });
+        v.call("Assign", params).unwrap();
+    }
+}
+
+/// The ids of the assignments `d` serves, checked against the cgroup files.
+fn ids(d: &Daemon) -> Vec<String> {
+    d.served_assignments("ex", "ids").iter().map(|a| a["id"].as_str().unwrap().to_owned()).collect()
+}
+
 #[test]
 fn a_torn_journal_tail_is_ignored_and_a_damaged_record_refused_until_restored() {
     let dir = tempfile::tempdir().unwrap();
     let args = ["--bus", "none", "--log-level", "warn"];
-    let assign = |d: &Daemon, ids: &[&str]| {
-        let mut v = Varlink::connect(&d.varlink);
-        for id in ids {
-            fs::create_dir_all(d.sb.join("cgroup/crash").join(id)).unwrap();
-            let params = json!({ "pool": "web", "target": target_of(id), "millicpus": 100, "id": id });
-            v.call("Assign", params).unwrap();
-        }
-    };
-    let ids = |d: &Daemon| -> Vec<String> {
-        d.served_assignments("ex", "ids").iter().map(|a| a["id"].as_str().unwrap().to_owned()).collect()
-    };
     let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &args);
     assign(&d, &["a", "b", "c"]);
     let journal = d.sb.join("state/state.journal");
@@ -379,4 +383,36 @@ fn a_torn_journal_tail_is_ignored_and_a_damaged_record_refused_until_restored() 
     assert_eq!(ids(&d), ["a", "b", "c"], "the records before the damaged one, and none after");
     assert_eq!(fs::read(d.sb.join("state/state.journal.corrupt")).unwrap(), bytes);
     d.stop();
+}
+
+/// A second daemon started on a running one's state directory exits before it reads or
+/// compacts anything there: the first keeps its journal and goes on acknowledging changes.
+#[test]
+fn a_second_daemon_on_the_same_state_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--bus", "none"];
+    let d = Daemon::start_shaped(dir.path(), SHAPE, Some(CONFIG), &args);
+    assign(&d, &["a"]);
+    let state = d.sb.join("state");
+    let before: Vec<(String, Vec<u8>)> =
+        ["state.json", "state.journal", "state.json.prev", "state.journal.prev"]
+            .iter()
+            .map(|f| (f.to_string(), fs::read(state.join(f)).unwrap_or_default()))
+            .collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(dir.path().join("sb"))
+        .args(["--topology", SHAPE])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}", state.join("state.lock").display())), "{err}");
+    assert!(err.contains("only one cpupoold may use a state directory"), "{err}");
+    for (name, bytes) in &before {
+        assert_eq!(&fs::read(state.join(name)).unwrap_or_default(), bytes, "{name} was touched");
+    }
+    assign(&d, &["b"]);
+    assert_eq!(ids(&d), ["a", "b"]);
 }

@@ -134,6 +134,8 @@ impl Engine {
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
         housekeeping::check_housekeeping(settings, &pools).map_err(StartError::Config)?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
+        // Before reading anything: a second daemon must not compact under a running one.
+        store.lock_dir().map_err(StartError::Store)?;
         let mut report = StartReport::default();
         let mut config_error = None;
         // A file that is damaged or breaks the state's rules is evidence: it is left alone unless

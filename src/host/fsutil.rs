@@ -281,6 +281,15 @@ impl Root {
         Ok(File::from(fd))
     }
 
+    /// Opens `rel` for writing, creating it with `mode` if missing, refusing links: a lock file.
+    pub fn open_or_create(&self, rel: impl AsRef<Path>, mode: u32) -> Result<File, FsError> {
+        let rel = rel.as_ref();
+        let fd = self
+            .open_file(rel, OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC, mode)
+            .map_err(self.err("opening", rel))?;
+        Ok(File::from(fd))
+    }
+
     /// What the name `rel` stands for now (not following a link there) and the file system of
     /// its directory as reached through the root's path today: a file kept open outlives a
     /// rename of its name and a remount of its directory, and this tells the two apart.

@@ -165,6 +165,8 @@ const PREV_TMP_FILE: &str = "state.json.prev.tmp";
 pub const CORRUPT_FILE: &str = "state.json.corrupt";
 /// The journal of changes since the snapshot.
 pub const JOURNAL_FILE: &str = "state.journal";
+/// The lock a running daemon holds on its state directory ([`Store::lock_dir`]).
+pub const LOCK_FILE: &str = "state.lock";
 /// The journal before the last compaction: `state.json.prev` plus it give `state.json`.
 pub const JOURNAL_PREV_FILE: &str = "state.journal.prev";
 /// Where a new journal is written before it replaces [`JOURNAL_FILE`].
@@ -232,6 +234,8 @@ pub struct Store {
     last_size: AtomicU64,
     compact_every: Option<u64>,
     journal: Mutex<Journal>,
+    /// `state.lock`, held with `flock` while this store writes ([`Store::lock_dir`]).
+    dir_lock: std::sync::OnceLock<std::fs::File>,
 }
 
 /// The records of one journal file replayed onto a state.
@@ -264,7 +268,30 @@ impl Store {
             last_size: AtomicU64::new(0),
             compact_every,
             journal: Mutex::new(Journal::default()),
+            dir_lock: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Takes the state directory for this process: an exclusive `flock` on `state.lock`, held
+    /// until the store is dropped (the kernel drops it when the process dies, so a crash leaves
+    /// no stale lock). A second daemon on the same directory would otherwise compact and rotate
+    /// the journal under the first one. Fails with [`StoreError::Locked`] when another process
+    /// holds it.
+    pub fn lock_dir(&self) -> Result<(), StoreError> {
+        if self.dir_lock.get().is_some() {
+            return Ok(());
+        }
+        let file = self.root.open_or_create(LOCK_FILE, 0o600)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                let _ = self.dir_lock.set(file);
+                Ok(())
+            }
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                Err(StoreError::Locked { path: self.dir.join(LOCK_FILE) })
+            }
+            Err(e) => Err(StoreError::Io { op: "locking", path: self.dir.join(LOCK_FILE), source: e.into() }),
+        }
     }
 
     /// The same store, compacting after every `n` records (tests).

@@ -58,6 +58,15 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    /// Another process holds the state directory's lock.
+    #[error(
+        "another process holds `{}`: only one cpupoold may use a state directory (is cpupoold already running?)",
+        .path.display()
+    )]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
     /// The state could not be encoded as JSON (e.g. a map with non-string keys).
     #[error("encoding the state for `{}` as JSON", .path.display())]
     Encode {

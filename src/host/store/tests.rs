@@ -598,3 +598,17 @@ fn a_journal_moved_behind_the_stores_back_is_not_written_to() {
     store.append(&b(4)).unwrap();
     assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped(2..=4)));
 }
+
+#[test]
+fn one_store_at_a_time_holds_the_state_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Store::open(dir.path()).unwrap();
+    first.lock_dir().unwrap();
+    first.lock_dir().unwrap();
+    let second = Store::open(dir.path()).unwrap();
+    let err = second.lock_dir().unwrap_err();
+    assert!(matches!(&err, StoreError::Locked { path } if path.ends_with(LOCK_FILE)), "{err:?}");
+    assert!(err.to_string().contains("only one cpupoold"), "{err}");
+    drop(first);
+    second.lock_dir().unwrap();
+}
