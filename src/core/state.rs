@@ -362,6 +362,11 @@ impl State {
         &self.data.assignments
     }
 
+    /// The assignment whose target is `target`, through the target index.
+    pub fn holder(&self, target: &Target) -> Option<&Assignment> {
+        self.targets.get(target).and_then(|id| self.data.assignments.get(id))
+    }
+
     /// A pool's usage.
     pub fn usage(&self, pool: &PoolName) -> Usage {
         self.usage.get(pool).cloned().unwrap_or_default()
