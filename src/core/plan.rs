@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::cpuset::CpuSet;
 use super::pool::{PoolKind, PoolName};
-use super::state::{CgroupPath, State, Target};
+use super::state::{Assignment, AssignmentId, CgroupPath, State, Target};
 use super::topology::Topology;
 
 /// The slice that holds every pool slice.
@@ -223,6 +223,69 @@ pub struct LayoutOptions {
 /// slices are the host cgroups, confined to its CPUs, plus the idle exclusive CPUs when lending),
 /// and every assignment's target.
 pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
+    let mut out = frame(state, topo, opts);
+    for a in state.assignments().values() {
+        insert_target(&mut out, state, topo, a);
+    }
+    out
+}
+
+/// The parts of [`layout`] of `before` and of `after` (a state derived from it) that a change
+/// to the assignments `ids` can touch: the pool-level placements (the top slice, the pool
+/// slices, the host cgroups and unpooled containers, whose lent CPUs move with exclusive
+/// assignments), the targets of `ids`, and any other target that encloses one of those.
+///
+/// Planning between these gives exactly the effects of planning between the whole layouts
+/// ([`plan`] and [`kept`]): every other placement is the same on both sides, so it is never
+/// written, and since a layout keeps conflicting sets apart, its CPUs never stand in the way of
+/// a set that grows; what could (a parent a child waits for, the partitions that are torn down
+/// and set up as a whole) is included. So a mutation costs the same with 10 assignments as with
+/// 10,000.
+pub fn partial_layouts(
+    before: &State,
+    after: &State,
+    topo: &Topology,
+    opts: &LayoutOptions,
+    ids: &BTreeSet<AssignmentId>,
+) -> (Layout, Layout) {
+    let tb: Vec<&Assignment> = ids.iter().filter_map(|id| before.assignments().get(id)).collect();
+    let ta: Vec<&Assignment> = ids.iter().filter_map(|id| after.assignments().get(id)).collect();
+    // Cgroups enclosing a touched target, on either side: whoever holds one there is in both.
+    let enclosing: BTreeSet<CgroupPath> = tb
+        .iter()
+        .chain(&ta)
+        .filter_map(|a| match &a.target {
+            Target::Cgroup(p) => Some(p.ancestors()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let part = |s: &State, touched: &[&Assignment]| {
+        let mut out = frame(s, topo, opts);
+        // A frame key some assignment also targets is that assignment's placement, as in `layout`.
+        let cgroups: Vec<CgroupPath> = out
+            .keys()
+            .filter_map(|k| match k {
+                Key::Cgroup(p) => Some(p.clone()),
+                _ => None,
+            })
+            .chain(enclosing.iter().cloned())
+            .collect();
+        for p in cgroups {
+            if let Some(h) = s.holder(&Target::Cgroup(p)) {
+                insert_target(&mut out, s, topo, h);
+            }
+        }
+        for a in touched {
+            insert_target(&mut out, s, topo, a);
+        }
+        out
+    };
+    (part(before, &tb), part(after, &ta))
+}
+
+/// The pool-level placements of [`layout`]: everything but the assignments' targets.
+fn frame(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
     let mut out = Layout::new();
     let pools = || state.pools().values().filter(|p| p.kind != PoolKind::Reserved);
     let all = pools().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
@@ -269,17 +332,19 @@ pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
             );
         }
     }
-    for a in state.assignments().values() {
-        let Some(key) = Key::of(&a.target) else { continue };
-        let role = if a.kind == PoolKind::Exclusive { Role::Exclusive } else { Role::Shared };
-        let mut place = Placement::new(a.cpus.clone(), topo.nodes_of(&a.cpus), role);
-        let enforce = state.pools().get(&a.pool).is_some_and(|p| p.enforce_quota);
-        if a.kind == PoolKind::Shared && enforce {
-            place.quota = Some(a.millicpus);
-        }
-        out.insert(key, place);
-    }
     out
+}
+
+/// Adds `a`'s target to `out`.
+fn insert_target(out: &mut Layout, state: &State, topo: &Topology, a: &Assignment) {
+    let Some(key) = Key::of(&a.target) else { return };
+    let role = if a.kind == PoolKind::Exclusive { Role::Exclusive } else { Role::Shared };
+    let mut place = Placement::new(a.cpus.clone(), topo.nodes_of(&a.cpus), role);
+    let enforce = state.pools().get(&a.pool).is_some_and(|p| p.enforce_quota);
+    if a.kind == PoolKind::Shared && enforce {
+        place.quota = Some(a.millicpus);
+    }
+    out.insert(key, place);
 }
 
 /// The ordered effects that turn `before` into `after`.
@@ -367,24 +432,30 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
         .map(|(k, _)| k)
         .collect();
     pending.sort_by_key(|k| k.depth());
+    let mut pending: std::collections::VecDeque<&Key> = pending.into();
+    // Who holds which CPU under which role, so that whether a set may grow costs the CPUs it
+    // adds, not a walk over every placement: thousands of sets growing at once (a first start)
+    // would make that quadratic.
+    let mut holders = Holders::default();
+    for (k, cpus) in &current {
+        if let Some(r) = roles.get(k) {
+            holders.add(cpus, r);
+        }
+    }
+    let empty = CpuSet::new();
     while !pending.is_empty() {
         let ready = pending.iter().position(|k| {
             let want = &after[*k];
+            let mine = current.get(k).unwrap_or(&empty);
             let same_role = before.get(*k).is_some_and(|b| b.role == want.role);
-            let adds = if same_role {
-                want.cpus.difference(current.get(k).unwrap_or(&CpuSet::new()))
-            } else {
-                want.cpus.clone()
-            };
-            let free_of_conflicts = current.iter().all(|(other, cpus)| {
-                *other == *k
-                    || !roles.get(other).is_some_and(|r| r.conflicts(&want.role))
-                    || cpus.is_disjoint(&adds)
-            });
+            let adds = if same_role { want.cpus.difference(mine) } else { want.cpus.clone() };
+            // What `k` itself holds does not stand in its own way.
+            let own = roles.get(k).map(|r| (mine, r));
+            let free_of_conflicts = !holders.blocks(&adds, &want.role, own);
             let parents_hold = match k {
-                Key::Cgroup(path) => path.ancestors().iter().all(|a| {
-                    let a = Key::Cgroup(a.clone());
-                    !after.contains_key(&a) || want.cpus.is_subset(current.get(&a).unwrap_or(&CpuSet::new()))
+                Key::Cgroup(path) => path.ancestors().into_iter().all(|a| {
+                    let a = Key::Cgroup(a);
+                    !after.contains_key(&a) || want.cpus.is_subset(current.get(&a).unwrap_or(&empty))
                 }),
                 _ => true,
             };
@@ -392,13 +463,17 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
         });
         match ready {
             Some(i) => {
-                let k = pending.remove(i);
+                let Some(k) = pending.remove(i) else { break };
                 let want = &after[k];
                 effects.push(Effect::SetCpus {
                     key: k.clone(),
                     cpus: want.cpus.clone(),
                     optional: want.role.optional(),
                 });
+                if let (Some(old), Some(r)) = (current.get(k), roles.get(k)) {
+                    holders.remove(old, r);
+                }
+                holders.add(&want.cpus, &want.role);
                 current.insert(k, want.cpus.clone());
                 roles.insert(k, want.role.clone());
             }
@@ -416,6 +491,9 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
                     cpus: CpuSet::new(),
                     optional: after[k].role.optional(),
                 });
+                if let (Some(old), Some(r)) = (current.get(k), roles.get(k)) {
+                    holders.remove(old, r);
+                }
                 current.insert(k, CpuSet::new());
             }
         }
@@ -460,6 +538,70 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
         }
     }
     effects
+}
+
+/// Every role a placement can have, as an index into [`Holders`] counts.
+const ROLES: [Role; 8] = [
+    Role::Parent,
+    Role::Pool(PoolKind::Reserved),
+    Role::Pool(PoolKind::Exclusive),
+    Role::Pool(PoolKind::Shared),
+    Role::Host,
+    Role::Unpooled,
+    Role::Exclusive,
+    Role::Shared,
+];
+
+fn role_index(r: &Role) -> usize {
+    ROLES.iter().position(|x| x == r).unwrap_or(0)
+}
+
+/// For each CPU, how many placements hold it under each role: the planner's answer to "does
+/// anything conflicting hold one of these CPUs" in time proportional to the CPUs asked about.
+#[derive(Default)]
+struct Holders {
+    counts: Vec<[u32; ROLES.len()]>,
+}
+
+impl Holders {
+    fn add(&mut self, cpus: &CpuSet, role: &Role) {
+        let r = role_index(role);
+        for c in cpus.iter() {
+            let c = c as usize;
+            if self.counts.len() <= c {
+                self.counts.resize(c + 1, [0; ROLES.len()]);
+            }
+            self.counts[c][r] += 1;
+        }
+    }
+
+    fn remove(&mut self, cpus: &CpuSet, role: &Role) {
+        let r = role_index(role);
+        for c in cpus.iter() {
+            if let Some(n) = self.counts.get_mut(c as usize) {
+                n[r] = n[r].saturating_sub(1);
+            }
+        }
+    }
+
+    /// Whether a placement other than the asker (which holds `own`, under its role) holds one
+    /// of `adds` under a role that conflicts with `role`.
+    fn blocks(&self, adds: &CpuSet, role: &Role, own: Option<(&CpuSet, &Role)>) -> bool {
+        let conflicting: Vec<usize> =
+            ROLES.iter().enumerate().filter(|(_, r)| r.conflicts(role)).map(|(i, _)| i).collect();
+        if conflicting.is_empty() {
+            return false;
+        }
+        let own_role = own.map(|(_, r)| role_index(r));
+        adds.iter().any(|c| {
+            let Some(n) = self.counts.get(c as usize) else { return false };
+            let mine = own.is_some_and(|(cpus, _)| cpus.contains(c));
+            conflicting.iter().any(|&r| {
+                let others = if mine && own_role == Some(r) { n[r].saturating_sub(1) } else { n[r] };
+                others > 0
+            })
+        })
+    }
 }
 
 /// What of `before` can stay while a change to `after` is being saved: the placements `after`

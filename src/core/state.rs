@@ -157,6 +157,8 @@ pub struct State {
     usage: BTreeMap<PoolName, Usage>,
     /// The assignment holding each target (a target has one cpuset), derived like `usage`.
     targets: imbl::HashMap<Target, AssignmentId>,
+    /// The cgroups the targets name, for [`State::check_target`]; derived like `usage`.
+    cgroups: admit::CgroupIndex,
     /// What changed since the last [`State::take_changes`].
     changes: Changes,
 }
@@ -228,6 +230,7 @@ impl From<StateData> for State {
             data,
             usage: BTreeMap::new(),
             targets: imbl::HashMap::new(),
+            cgroups: admit::CgroupIndex::default(),
             changes: Changes::default(),
         };
         s.rebuild_usage();
@@ -260,18 +263,22 @@ impl State {
         let mut usage: BTreeMap<PoolName, Usage> =
             self.data.pools.keys().map(|n| (n.clone(), Usage::default())).collect();
         let mut targets = imbl::HashMap::new();
+        let mut cgroups = admit::CgroupIndex::default();
         for a in self.data.assignments.values() {
             add_usage(&mut usage, a);
             targets.insert(a.target.clone(), a.id.clone());
+            cgroups.insert(a);
         }
         self.usage = usage;
         self.targets = targets;
+        self.cgroups = cgroups;
     }
 
     /// Books `a` into the usage and the target index.
     fn add_usage(&mut self, a: &Assignment) {
         add_usage(&mut self.usage, a);
         self.targets.insert(a.target.clone(), a.id.clone());
+        self.cgroups.insert(a);
     }
 
     fn remove_usage(&mut self, a: &Assignment) {
@@ -286,6 +293,7 @@ impl State {
         if self.targets.get(&a.target) == Some(&a.id) {
             self.targets.remove(&a.target);
         }
+        self.cgroups.remove(a);
     }
 
     /// What changed since the last [`State::take_changes`].
@@ -360,6 +368,11 @@ impl State {
     /// Assignments by id.
     pub fn assignments(&self) -> &imbl::OrdMap<AssignmentId, Assignment> {
         &self.data.assignments
+    }
+
+    /// The assignment whose target is `target`, through the target index.
+    pub fn holder(&self, target: &Target) -> Option<&Assignment> {
+        self.targets.get(target).and_then(|id| self.data.assignments.get(id))
     }
 
     /// A pool's usage.
@@ -567,13 +580,16 @@ impl State {
         let Some(a) = self.data.assignments.get_mut(&key) else {
             return Err(Error::NoSuchAssignment { id: id.to_owned() });
         };
-        let old_target = std::mem::replace(&mut a.target, target);
+        let old = a.clone();
+        a.target = target;
         a.container = container;
         let a = a.clone();
-        if self.targets.get(&old_target) == Some(&key) {
-            self.targets.remove(&old_target);
+        if self.targets.get(&old.target) == Some(&key) {
+            self.targets.remove(&old.target);
         }
+        self.cgroups.remove(&old);
         self.targets.insert(a.target.clone(), key.clone());
+        self.cgroups.insert(&a);
         self.changes.assignments.insert(key);
         Ok(Outcome::Changed(a))
     }

@@ -205,10 +205,10 @@ impl Engine {
         }
     }
 
-    /// [`state::check_target`] for `a` against the host cgroups and `next`'s other assignments.
+    /// [`state::check_target`] for `a` against the host cgroups and `next`'s other assignments
+    /// (looked up in `next`'s index of target cgroups, not walked one by one).
     pub(super) fn check_protected(&self, next: &State, a: &Assignment) -> Result<(), state::Error> {
-        let others = next.assignments().values().filter(|o| o.id != a.id);
-        state::check_target(&a.target, &self.opts.host_cgroups, others)
+        next.check_target(&a.target, &self.opts.host_cgroups, &a.id)
     }
 
     /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal.
@@ -307,9 +307,17 @@ impl Engine {
     /// `next.changes()` must name everything that differs from the current state: a state
     /// derived from the current one by mutations records this itself; going back to an earlier
     /// state, mark it with the changes of the step being undone ([`State::mark`]).
+    ///
+    /// Only the placements those changes touch are built and planned
+    /// ([`plan::partial_layouts`]), so a mutation costs the same whatever the number of
+    /// assignments; replaced pools (a reload, rare) plan over the whole layouts.
     pub(super) fn commit(&mut self, mut next: State) -> Result<Changes, EngineError> {
-        let before = self.layout(&self.state);
-        let after = self.layout(&next);
+        let (before, after) = if next.changes().pools {
+            (self.layout(&self.state), self.layout(&next))
+        } else {
+            let ids = &next.changes().assignments;
+            plan::partial_layouts(&self.state, &next, &self.topo, &self.opts, ids)
+        };
         self.commit_layouts(&before, &after, &next)?;
         // The engine's state records no pending change: each commit starts a fresh record.
         let changes = next.take_changes();

@@ -228,13 +228,18 @@ impl CgroupFs {
         if !self.exists(path) {
             return Ok(None);
         }
+        self.list_file(path, name).map(Some)
+    }
+
+    /// A list file of a cgroup known to exist; a missing file is an empty list.
+    pub(super) fn list_file(&self, path: &CgroupPath, name: &str) -> Result<CpuSet, HostError> {
         let file = self.dir(path).join(name);
         let text = match fs::read_to_string(&file) {
             Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(CpuSet::new())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CpuSet::new()),
             Err(source) => return Err(HostError::Read { path: file, source }),
         };
-        CpuSet::parse(&text).map(Some).map_err(|_| HostError::Parse { path: file, text })
+        CpuSet::parse(&text).map_err(|_| HostError::Parse { path: file, text })
     }
 
     /// Whether a cgroup or any cgroup below it holds a process (`cgroup.events`). A cgroup
@@ -355,17 +360,17 @@ impl CgroupFs {
         }
     }
 
-    /// What `key` holds now.
+    /// What `key` holds now. A cgroup's directory is looked up once and each of its files read
+    /// once: a start reads every target cgroup this way.
     pub fn observe(&self, key: &Key) -> Result<Option<super::Observed>, HostError> {
         Ok(match key {
-            Key::Cgroup(path) => match self.read_cpus(path)? {
-                None => None,
-                Some(cpus) => Some(super::Observed {
-                    cpus,
-                    mems: self.read_mems(path)?.unwrap_or_default(),
-                    partition: self.read_partition(path)?,
-                }),
-            },
+            Key::Cgroup(path) if !self.exists(path) => None,
+            Key::Cgroup(path) => {
+                let cpus = self.list_file(path, "cpuset.cpus")?;
+                let mems = self.list_file(path, "cpuset.mems")?;
+                let partition = self.partition_of(path, || Ok(cpus.clone()))?;
+                Some(super::Observed { cpus, mems, partition })
+            }
             Key::Pid(pid) => self.affinity(*pid).map(|cpus| super::Observed { cpus, ..Default::default() }),
             Key::Unit(_) => None,
         })

@@ -641,3 +641,54 @@ fn targets_that_defeat_the_pools_are_refused() {
     };
     assert!(reason.contains("lies inside") && reason.contains("assignment `app` (pool `dp`)"), "{reason}");
 }
+
+/// Targets whose cgroups nest in each other in every way: equal, enclosing, inside, siblings
+/// sharing a prefix (`k/a` and `k/ab`), slice units and the cgroups they name.
+const NESTING: [&str; 12] = [
+    "cgroup:k/a",
+    "cgroup:k/a/b",
+    "cgroup:k/a/b/c",
+    "cgroup:k/ab",
+    "cgroup:k/a-b",
+    "cgroup:k",
+    "cgroup:app.slice/app-x.slice",
+    "unit:app-x.slice",
+    "unit:app.slice",
+    "unit:app-x-y.slice",
+    "unit:app.service",
+    "pid:7",
+];
+
+proptest! {
+    /// The engine asks [`State::check_target`], which looks nesting up in an index of target
+    /// cgroups; it refuses exactly what walking every other assignment ([`check_target`])
+    /// refuses, through assigns, retargets and releases.
+    #[test]
+    fn the_indexed_target_check_refuses_what_the_walk_refuses(
+        ops in proptest::collection::vec((0usize..3, 0usize..6, 0..NESTING.len()), 0..16),
+        probe in 0..NESTING.len(),
+    ) {
+        let topo = Topology::synthetic(1, 8, 1, 1);
+        let mut s = State::with_pools(vec![pool("web", PoolKind::Shared, "0-7", Smt::Threads)]);
+        let t = |i: usize| Target::parse(NESTING[i]).unwrap_or_else(|e| panic!("{e}"));
+        for (op, id, target) in ops {
+            let name = format!("a{id}");
+            let _ = match op {
+                0 => s.assign(&topo, &spec("web", NESTING[target], Size::Millicpus(100), Some(&name))).map(|_| ()),
+                1 => s.retarget(&name, t(target), None).map(|_| ()),
+                _ => s.release(&name).map(|_| ()),
+            };
+        }
+        let host = [CgroupPath::new("kubepods.slice").unwrap_or_else(|e| panic!("{e}"))];
+        // As a new assignment, and as each existing one (which does not count against itself).
+        let mut asking: Vec<AssignmentId> = s.assignments().keys().cloned().collect();
+        asking.push(AssignmentId::new("new").unwrap_or_else(|e| panic!("{e}")));
+        for me in asking {
+            let target = s.assignments().get(&me).map_or_else(|| t(probe), |a| a.target.clone());
+            let others = s.assignments().values().filter(|o| o.id != me);
+            let walked = check_target(&target, &host, others);
+            let indexed = s.check_target(&target, &host, &me);
+            prop_assert_eq!(walked.is_err(), indexed.is_err(), "{} as {}: {:?} vs {:?}", target, me, walked, indexed);
+        }
+    }
+}

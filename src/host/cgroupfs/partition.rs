@@ -45,9 +45,21 @@ impl CgroupFs {
     /// `isolated` one on its CPUs; a parent granting `cpuset.cpus.exclusive`, or a valid
     /// `root` one granting the CPUs of its isolated children.
     pub fn read_partition(&self, path: &CgroupPath) -> Result<Partition, HostError> {
+        if !self.exists(path) {
+            return Ok(Partition::Member);
+        }
+        self.partition_of(path, || self.read_cpus(path).map(Option::unwrap_or_default))
+    }
+
+    /// [`CgroupFs::read_partition`] of a cgroup known to exist, whose `cpuset.cpus` `cpus`
+    /// gives (read only if it is needed, or already read by the caller).
+    pub(super) fn partition_of(
+        &self,
+        path: &CgroupPath,
+        cpus: impl FnOnce() -> Result<CpuSet, HostError>,
+    ) -> Result<Partition, HostError> {
         let status = self.partition_status(path).unwrap_or_default();
-        let cpus = || self.read_cpus(path).map(Option::unwrap_or_default);
-        let exclusive = self.read_list(path, "cpuset.cpus.exclusive")?.unwrap_or_default();
+        let exclusive = self.list_file(path, "cpuset.cpus.exclusive")?;
         Ok(match status.as_str() {
             "isolated" => Partition::Isolated(if exclusive.is_empty() { cpus()? } else { exclusive }),
             "root" => {
