@@ -113,7 +113,11 @@ impl Log for Stderr {
         } else {
             format!(" [{target}]")
         };
-        let _ = writeln!(std::io::stderr().lock(), "cpupoold {level}{from}: {}{}", record.args(), fields.0);
+        // One write per line: stderr is unbuffered, and writing the formatted pieces one by one
+        // cost a system call per piece (a CPU list was one per number), and could interleave
+        // with another process's lines on a shared stream.
+        let line = format!("cpupoold {level}{from}: {}{}\n", record.args(), fields.0);
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 
     fn flush(&self) {}
