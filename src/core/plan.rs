@@ -552,8 +552,18 @@ const ROLES: [Role; 8] = [
     Role::Shared,
 ];
 
+/// `r`'s place in [`ROLES`]; a match, so that a new role cannot be forgotten there.
 fn role_index(r: &Role) -> usize {
-    ROLES.iter().position(|x| x == r).unwrap_or(0)
+    match r {
+        Role::Parent => 0,
+        Role::Pool(PoolKind::Reserved) => 1,
+        Role::Pool(PoolKind::Exclusive) => 2,
+        Role::Pool(PoolKind::Shared) => 3,
+        Role::Host => 4,
+        Role::Unpooled => 5,
+        Role::Exclusive => 6,
+        Role::Shared => 7,
+    }
 }
 
 /// For each CPU, how many placements hold it under each role: the planner's answer to "does

@@ -370,6 +370,13 @@ fn kept_tears_partitions_down_before_the_save() {
 
 mod reference;
 
+#[test]
+fn every_role_has_its_own_place_in_the_holders_index() {
+    for (i, r) in ROLES.iter().enumerate() {
+        assert_eq!(role_index(r), i, "{r:?}");
+    }
+}
+
 /// A random layout that may break the layout's rules (conflicting sets overlapping), as a
 /// reconcile observes a host someone else changed.
 fn any_layout() -> impl Strategy<Value = Layout> {
