@@ -15,27 +15,15 @@
 //! --all-targets` runs it too, without `--bench`, as a short smoke run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Instant;
+#[path = "support/timing.rs"]
+mod timing;
 
 use cpupoold::core::alloc;
 use cpupoold::core::cpuset::CpuSet;
 use cpupoold::core::pool::{Pool, PoolKind, PoolName, Smt};
 use cpupoold::core::state::{AssignSpec, Size, State, Target};
 use cpupoold::core::topology::Topology;
-
-/// ns per call of `f`, over enough calls to take about `budget_ms` (at least `min` calls).
-fn ns_per_op(budget_ms: u64, min: usize, mut f: impl FnMut(usize)) -> f64 {
-    for i in 0..min.min(100) {
-        f(i); // warm-up
-    }
-    let start = Instant::now();
-    let mut n = 0;
-    while n < min || start.elapsed().as_millis() < u128::from(budget_ms) {
-        f(n);
-        n += 1;
-    }
-    start.elapsed().as_nanos() as f64 / n as f64
-}
+use timing::ns_per_op;
 
 fn pool(name: &str, kind: PoolKind, cpus: CpuSet) -> Pool {
     Pool {
@@ -91,18 +79,18 @@ fn main() {
         let (free_ex, free_small) = (state.free_cpus(&ex), state.free_cpus(&sm));
         let none = CpuSet::new();
 
-        let ns = ns_per_op(budget_ms, min, |_| {
+        let ns = ns_per_op(budget_ms, min, 100, |_| {
             std::hint::black_box(alloc::pick(&topo, &free_ex, &none, 2, Smt::FullCores).unwrap());
         });
         rows.push(Row { name: "pick 1 core", cpus: total, pool: ex_cpus.len(), ns });
 
-        let ns = ns_per_op(budget_ms, min, |i| {
+        let ns = ns_per_op(budget_ms, min, 100, |i| {
             let a = state.assign(&topo, &spec("ex", &format!("cgroup:bench/{i}"), 2)).unwrap().into_inner();
             state.release(a.id.as_str()).unwrap();
         });
         rows.push(Row { name: "assign+release 2 CPUs", cpus: total, pool: ex_cpus.len(), ns });
 
-        let ns = ns_per_op(budget_ms, min, |_| {
+        let ns = ns_per_op(budget_ms, min, 100, |_| {
             std::hint::black_box(alloc::pick(&topo, &free_small, &none, 2, Smt::FullCores).unwrap());
         });
         rows.push(Row { name: "pick 1 core (64-CPU pool)", cpus: total, pool: small.len(), ns });

@@ -17,6 +17,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/timing.rs"]
+mod timing;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -28,26 +30,7 @@ use std::time::{Duration, Instant};
 
 use common::{Varlink, CONFIG};
 use serde_json::json;
-
-struct Stats {
-    p50: Duration,
-    p99: Duration,
-}
-
-fn measure(n: usize, mut f: impl FnMut(usize)) -> Stats {
-    for i in 0..n / 10 {
-        f(i); // warm-up
-    }
-    let mut times: Vec<Duration> = (0..n)
-        .map(|i| {
-            let t = Instant::now();
-            f(i);
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    Stats { p50: times[n / 2], p99: times[n * 99 / 100] }
-}
+use timing::{measure, Stats};
 
 fn row(name: &str, s: &Stats, floor: &Stats, what: &str) {
     println!(

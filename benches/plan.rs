@@ -18,6 +18,9 @@
 //! too, without `--bench`, with fewer assignments, so that it keeps working.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/timing.rs"]
+mod timing;
+
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -25,20 +28,7 @@ use cpupoold::core::plan::{self, Layout, LayoutOptions};
 use cpupoold::core::pool::{Pool, PoolKind, PoolName, Smt};
 use cpupoold::core::state::{AssignSpec, AssignmentId, CgroupPath, Size, State, Target};
 use cpupoold::core::topology::Topology;
-
-/// ns per call of `f`, over enough calls to take about `budget_ms` (at least `min` calls).
-fn ns_per_op(budget_ms: u64, min: usize, mut f: impl FnMut(usize)) -> f64 {
-    for i in 0..min.min(20) {
-        f(i); // warm-up
-    }
-    let start = Instant::now();
-    let mut n = 0;
-    while n < min || start.elapsed().as_millis() < u128::from(budget_ms) {
-        f(n);
-        n += 1;
-    }
-    start.elapsed().as_nanos() as f64 / n as f64
-}
+use timing::ns_per_op;
 
 fn spec(pool: &str, id: &str, size: Size) -> AssignSpec {
     let target = Target::parse(&format!("cgroup:scale/{id}")).unwrap();
@@ -104,7 +94,7 @@ fn main() {
     let mut rows: Vec<(&str, usize, f64)> = Vec::new();
     for &n in sizes {
         let s = state(&topo, n);
-        let ns = ns_per_op(budget_ms, min, |i| {
+        let ns = ns_per_op(budget_ms, min, 20, |i| {
             let (pool, size) = if i % 2 == 0 { ("p01", Size::Cpus(1)) } else { ("p63", Size::Millicpus(50)) };
             let mut next = s.clone();
             next.assign(&topo, &spec(pool, "bench", size)).unwrap();

@@ -1,0 +1,42 @@
+//! Timing helpers shared by the benchmarks (included with `#[path]`; a file in a subdirectory
+//! of `benches/` is not a bench target of its own). Each bench uses what it needs.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+/// The median and the 99th percentile of a run of calls.
+pub struct Stats {
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+/// Times `n` calls of `f` one by one, after `n / 10` calls of warm-up.
+pub fn measure(n: usize, mut f: impl FnMut(usize)) -> Stats {
+    for i in 0..n / 10 {
+        f(i); // warm-up
+    }
+    let mut times: Vec<Duration> = (0..n)
+        .map(|i| {
+            let t = Instant::now();
+            f(i);
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    Stats { p50: times[n / 2], p99: times[n * 99 / 100] }
+}
+
+/// ns per call of `f`, over enough calls to take about `budget_ms` (at least `min` calls), after
+/// up to `warm` calls of warm-up.
+pub fn ns_per_op(budget_ms: u64, min: usize, warm: usize, mut f: impl FnMut(usize)) -> f64 {
+    for i in 0..min.min(warm) {
+        f(i); // warm-up
+    }
+    let start = Instant::now();
+    let mut n = 0;
+    while n < min || start.elapsed().as_millis() < u128::from(budget_ms) {
+        f(n);
+        n += 1;
+    }
+    start.elapsed().as_nanos() as f64 / n as f64
+}
