@@ -14,7 +14,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{Daemon, Varlink};
@@ -315,6 +315,20 @@ impl ClientId for String {
 /// The daemon's own journal after a crash: a torn last record is ignored (and said so), a
 /// damaged record with good ones after it stops the start naming the file, record and offset,
 /// and `--restore-previous-state` keeps the records before it.
+/// Starts the daemon on the sandbox in `dir`, which must refuse to start (exit status 1):
+/// its stderr.
+fn refused_start(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+        .arg("--sandbox")
+        .arg(dir.join("sb"))
+        .args(["--topology", SHAPE])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Assigns 100 millicpus of `web` to a cgroup of each id's own.
 fn assign(d: &Daemon, ids: &[&str]) {
     let mut v = Varlink::connect(&d.varlink);
@@ -361,15 +375,7 @@ fn a_torn_journal_tail_is_ignored_and_a_damaged_record_refused_until_restored() 
     let first = text.find("\nr ").map(|i| i + 1).unwrap();
     bytes[first + 30] ^= 1;
     fs::write(&journal, &bytes).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
-        .arg("--sandbox")
-        .arg(dir.path().join("sb"))
-        .args(["--topology", SHAPE])
-        .args(args)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(dir.path(), &args);
     let seq = text[first + 2..].split(' ').next().unwrap();
     assert!(
         err.contains(&format!("`{}` is damaged at byte {first} (record {seq})", journal.display())),
@@ -399,15 +405,7 @@ fn a_second_daemon_on_the_same_state_directory_is_refused() {
             .iter()
             .map(|f| (f.to_string(), fs::read(state.join(f)).unwrap_or_default()))
             .collect();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
-        .arg("--sandbox")
-        .arg(dir.path().join("sb"))
-        .args(["--topology", SHAPE])
-        .args(args)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(dir.path(), &args);
     assert!(err.contains(&format!("{}", state.join("state.lock").display())), "{err}");
     assert!(err.contains("only one cpupoold may use a state directory"), "{err}");
     for (name, bytes) in &before {
