@@ -97,6 +97,23 @@ fn have(cmd: &[&str], what: &str) -> bool {
     ok
 }
 
+/// Runs `cmd` with `text` on its stdin: its status and output.
+fn piped(cmd: &mut Command, text: &str) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    child
+        .stdin
+        .take()
+        .map(|mut i| i.write_all(text.as_bytes()))
+        .transpose()
+        .unwrap_or_else(|e| panic!("{e}"));
+    child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Every sample the Python parser read: `name{label="v",...}` (labels sorted) → value.
 fn parse_with_python(text: &str, openmetrics: bool) -> serde_json::Map<String, Value> {
     let script = r#"
@@ -112,20 +129,8 @@ for fam in parse(text):
         out["%s{%s}" % (s.name, labels)] = s.value
 print(json.dumps(out))
 "#;
-    let mut child = Command::new("python3")
-        .args(["-c", script, if openmetrics { "om" } else { "text" }])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("python3: {e}"));
-    child
-        .stdin
-        .take()
-        .map(|mut i| i.write_all(text.as_bytes()))
-        .transpose()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let out =
+        piped(Command::new("python3").args(["-c", script, if openmetrics { "om" } else { "text" }]), text);
     assert!(
         out.status.success(),
         "prometheus_client could not parse the scrape:\n{}\n{text}",
@@ -164,20 +169,7 @@ fn a_scrape_parses_and_shows_the_pools_and_assignments_made() {
     let (head, text) = get(&d.addr, "text/plain");
     assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
     if have(&["promtool", "--version"], "promtool is missing (Debian package `prometheus`)") {
-        let mut child = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("promtool: {e}"));
-        child
-            .stdin
-            .take()
-            .map(|mut i| i.write_all(text.as_bytes()))
-            .transpose()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+        let out = piped(Command::new("promtool").args(["check", "metrics"]), &text);
         let said =
             format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         // Success and not a single lint remark (naming conventions, units, help text).
