@@ -274,11 +274,24 @@ impl State {
         self.cgroups = cgroups;
     }
 
-    /// Books `a` into the usage and the target index.
+    /// Books `a` into the usage and the target indexes.
     fn add_usage(&mut self, a: &Assignment) {
         add_usage(&mut self.usage, a);
+        self.index(a);
+    }
+
+    /// Enters `a`'s target in the target indexes.
+    fn index(&mut self, a: &Assignment) {
         self.targets.insert(a.target.clone(), a.id.clone());
         self.cgroups.insert(a);
+    }
+
+    /// Takes `a`'s target out of the target indexes.
+    fn unindex(&mut self, a: &Assignment) {
+        if self.targets.get(&a.target) == Some(&a.id) {
+            self.targets.remove(&a.target);
+        }
+        self.cgroups.remove(a);
     }
 
     fn remove_usage(&mut self, a: &Assignment) {
@@ -290,10 +303,7 @@ impl State {
             u.millicpus = u.millicpus.saturating_sub(a.millicpus);
             u.count = u.count.saturating_sub(1);
         }
-        if self.targets.get(&a.target) == Some(&a.id) {
-            self.targets.remove(&a.target);
-        }
-        self.cgroups.remove(a);
+        self.unindex(a);
     }
 
     /// What changed since the last [`State::take_changes`].
@@ -584,12 +594,8 @@ impl State {
         a.target = target;
         a.container = container;
         let a = a.clone();
-        if self.targets.get(&old.target) == Some(&key) {
-            self.targets.remove(&old.target);
-        }
-        self.cgroups.remove(&old);
-        self.targets.insert(a.target.clone(), key.clone());
-        self.cgroups.insert(&a);
+        self.unindex(&old);
+        self.index(&a);
         self.changes.assignments.insert(key);
         Ok(Outcome::Changed(a))
     }
