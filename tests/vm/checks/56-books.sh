@@ -112,8 +112,8 @@ check_output "monitor saw it restored" 'drifter +restored' cat /tmp/monitor.log
 
 # Back as it was.
 systemctl stop drifter.service
-cpupoolctl pool release app >/dev/null 2>&1
-cpupoolctl pool release drifter >/dev/null 2>&1
+check "release app" cpupoolctl pool release app
+check "release drifter" cpupoolctl pool release drifter
 rmdir $DP/app 2>/dev/null
 rm -f /run/systemd/system/drifter.service /run/systemd/system/cpupoold.service.d/50-vmtest.conf \
   /etc/cpupoold/config.d/50-vmtest.toml /tmp/monitor.log

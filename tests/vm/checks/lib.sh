@@ -9,6 +9,13 @@ VARLINK=unix:/run/cpupoold/org.cpupool.Manager
 pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; }
 
+# daemon_said: the daemon's last journal lines, printed under a failed check (CI shows the
+# output around a FAIL, not the guest's journal).
+daemon_said() {
+  echo "    cpupoold's journal, last lines:"
+  journalctl -u cpupoold.service -n 12 -o short-monotonic --no-pager 2>&1 | sed 's/^/      /'
+}
+
 # check WHAT CMD...: PASS when CMD exits 0; otherwise FAIL with its exit code and output.
 check() {
   what=$1
@@ -20,6 +27,7 @@ check() {
   else
     fail "$what (exit $rc)"
     printf '%s\n' "$out" | tail -n 25 | sed 's/^/    /'
+    daemon_said
   fi
 }
 
@@ -36,6 +44,7 @@ check_output() {
   else
     fail "$what (exit $rc, wanted /$re/)"
     printf '%s\n' "$out" | tail -n 25 | sed 's/^/    /'
+    daemon_said
   fi
 }
 
@@ -50,6 +59,7 @@ check_fails() {
   else
     fail "$what (exit $rc, wanted exit $want and /$re/)"
     printf '%s\n' "$out" | tail -n 25 | sed 's/^/    /'
+    daemon_said
   fi
 }
 
