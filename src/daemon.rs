@@ -353,7 +353,7 @@ pub async fn run(
         print_banner(sb, &handle, &varlink_path, bus.as_ref(), &metrics_at);
     }
 
-    serve(&opts, &handle, signals, &stop, shutdown).await;
+    serve(&opts, &handle, signals, &tasks, &stop, shutdown).await;
     let restart = restart.get().cloned();
     if let Some(why) = &restart {
         log::warn!("{why}: stopping, for systemd to start cpupoold again (exit status {EXIT_RESTART})");
@@ -396,57 +396,137 @@ impl Signals {
 }
 
 /// Serves until `shutdown` completes, SIGTERM or SIGINT arrives, or `stop` is cancelled (the device
-/// plugin asking for a start anew): re-reads the configuration on SIGHUP, looks for drift and
-/// samples isolation health on their intervals, and feeds systemd's watchdog while the engine
-/// answers.
+/// plugin asking for a start anew): re-reads the configuration on SIGHUP, while the periodic jobs
+/// ([`spawn_periodic`]) look for drift, sample isolation health and feed systemd's watchdog.
 async fn serve(
     opts: &RunOptions,
     handle: &Handle,
     mut signals: Signals,
+    tasks: &TaskTracker,
     stop: &CancellationToken,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut usec = 0u64;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut usec);
-    let period = if watchdog { Duration::from_micros(usec / 2) } else { Duration::from_secs(3600) };
-    let mut ticker = tokio::time::interval(period.max(Duration::from_millis(10)));
-    let checking = !opts.check_interval.is_zero();
-    let mut drift =
-        tokio::time::interval(if checking { opts.check_interval } else { Duration::from_secs(3600) });
-    drift.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick is now: start has just reconciled.
-    drift.tick().await;
-    let sampling = !opts.health_interval.is_zero();
-    let mut health =
-        tokio::time::interval(if sampling { opts.health_interval } else { Duration::from_secs(3600) });
-    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first sample was taken at start.
-    health.tick().await;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec / 2));
+    let schedule = Schedule {
+        drift: Some(opts.check_interval).filter(|d| !d.is_zero()),
+        health: Some(opts.health_interval).filter(|d| !d.is_zero()),
+        watchdog,
+    };
+    spawn_periodic(tasks, stop, schedule, EngineJobs(handle.clone()));
     tokio::pin!(shutdown);
+    tokio::select! {
+        _ = &mut shutdown => {}
+        _ = stop.cancelled() => {}
+        _ = signals.term.recv() => log::info!("SIGTERM: stopping"),
+        _ = signals.int.recv() => log::info!("SIGINT: stopping"),
+        _ = async {
+            while signals.hup.recv().await.is_some() {
+                // The outcome is logged and shown in STATUS=; `cpupoolctl reload` reports it too.
+                let _ = crate::api::ops::reload(handle).await;
+            }
+            // No more SIGHUPs cannot happen while the handler is installed; never a reason to stop.
+            std::future::pending::<()>().await
+        } => {}
+    }
+}
+
+/// How often each periodic job runs; `None` turns it off.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    /// `--check-interval`: the drift check.
+    drift: Option<Duration>,
+    /// `--health-interval`: the isolation health sample.
+    health: Option<Duration>,
+    /// Half of `WATCHDOG_USEC`, when systemd asks for a watchdog.
+    watchdog: Option<Duration>,
+}
+
+/// The periodic jobs' work, apart from their timing.
+trait Jobs: Clone + Send + 'static {
+    /// Looks for drift.
+    fn drift(&self) -> impl Future<Output = ()> + Send;
+    /// Samples isolation health.
+    fn health(&self) -> impl Future<Output = ()> + Send;
+    /// Feeds the watchdog if the engine is alive.
+    fn watchdog(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// The jobs, done by the engine.
+#[derive(Clone)]
+struct EngineJobs(Handle);
+
+impl Jobs for EngineJobs {
+    async fn drift(&self) {
+        match self.0.check_drift().await {
+            Ok(r) => crate::api::metrics::metrics().drift(r.corrected, r.failed),
+            Err(e) => log::warn!("drift check: {}", engine::error_chain(&e)),
+        }
+    }
+
+    async fn health(&self) {
+        let _ = self.0.sample_isolation().await;
+    }
+
+    async fn watchdog(&self) {
+        // Only a live engine keeps the watchdog fed: a stuck one gets us restarted.
+        match engine::ping_within(&self.0, engine::PING_TIMEOUT).await {
+            Some(_) => notify(&[NotifyState::Watchdog]),
+            None => log::error!(
+                "the engine did not answer within {:?}; not feeding the watchdog",
+                engine::PING_TIMEOUT
+            ),
+        }
+    }
+}
+
+/// Starts each scheduled job on a task of its own, until `stop`. A drift check waits for the
+/// engine (seconds, behind a slow systemd); sharing one loop, it kept the watchdog from being fed
+/// until systemd killed a healthy daemon.
+fn spawn_periodic(tasks: &TaskTracker, stop: &CancellationToken, schedule: Schedule, jobs: impl Jobs) {
+    // Start has just reconciled and sampled: drift and health wait one period; the watchdog is
+    // fed at once.
+    if let Some(period) = schedule.drift {
+        let j = jobs.clone();
+        tasks.spawn(every(period, true, stop.clone(), move || {
+            let j = j.clone();
+            async move { j.drift().await }
+        }));
+    }
+    if let Some(period) = schedule.health {
+        let j = jobs.clone();
+        tasks.spawn(every(period, true, stop.clone(), move || {
+            let j = j.clone();
+            async move { j.health().await }
+        }));
+    }
+    if let Some(period) = schedule.watchdog {
+        tasks.spawn(every(period, false, stop.clone(), move || {
+            let j = jobs.clone();
+            async move { j.watchdog().await }
+        }));
+    }
+}
+
+/// Runs `job` every `period` (a late one delays the next, never bunches them) until `stop`.
+async fn every<F, Fut>(period: Duration, skip_first: bool, stop: CancellationToken, mut job: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut ticks = tokio::time::interval(period.max(Duration::from_millis(10)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    if skip_first {
+        ticks.tick().await;
+    }
     loop {
         tokio::select! {
-            _ = &mut shutdown => break,
-            _ = stop.cancelled() => break,
-            _ = signals.term.recv() => { log::info!("SIGTERM: stopping"); break }
-            _ = signals.int.recv() => { log::info!("SIGINT: stopping"); break }
-            // The outcome is logged and shown in STATUS=; `cpupoolctl reload` reports it too.
-            _ = signals.hup.recv() => { let _ = crate::api::ops::reload(handle).await; }
-            _ = drift.tick(), if checking => {
-                match handle.check_drift().await {
-                    Ok(r) => crate::api::metrics::metrics().drift(r.corrected, r.failed),
-                    Err(e) => log::warn!("drift check: {}", engine::error_chain(&e)),
-                }
-            }
-            _ = health.tick(), if sampling => {
-                let _ = handle.sample_isolation().await;
-            }
-            _ = ticker.tick(), if watchdog => {
-                // Only a live engine keeps the watchdog fed: a stuck one gets us restarted.
-                match engine::ping_within(handle, engine::PING_TIMEOUT).await {
-                    Some(_) => notify(&[NotifyState::Watchdog]),
-                    None => log::error!("the engine did not answer within {:?}; not feeding the watchdog", engine::PING_TIMEOUT),
-                }
-            }
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = job() => {}
         }
     }
 }
@@ -621,4 +701,66 @@ fn print_banner(
         Err(why) => out.push_str(&format!("  metrics   {why}\n")),
     }
     println!("{out}READY");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Jobs whose drift check never ends (one waiting behind a stuck systemd call) and whose
+    /// health and watchdog jobs count their runs.
+    #[derive(Clone, Default)]
+    struct StuckDrift {
+        health: Arc<AtomicUsize>,
+        fed: Arc<AtomicUsize>,
+        notify: Arc<tokio::sync::Notify>,
+    }
+
+    impl Jobs for StuckDrift {
+        async fn drift(&self) {
+            std::future::pending::<()>().await
+        }
+        async fn health(&self) {
+            self.health.fetch_add(1, Ordering::SeqCst);
+            self.notify.notify_waiters();
+        }
+        async fn watchdog(&self) {
+            self.fed.fetch_add(1, Ordering::SeqCst);
+            self.notify.notify_waiters();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_watchdog_is_fed_while_a_drift_check_hangs() {
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        let jobs = StuckDrift::default();
+        let ms = Duration::from_millis;
+        let schedule = Schedule { drift: Some(ms(10)), health: Some(ms(10)), watchdog: Some(ms(10)) };
+        spawn_periodic(&tasks, &stop, schedule, jobs.clone());
+        let enough = || jobs.fed.load(Ordering::SeqCst) >= 5 && jobs.health.load(Ordering::SeqCst) >= 5;
+        // A bound for a hang, not a timing assertion: 5 runs take 50 ms.
+        let waited = tokio::time::timeout(Duration::from_secs(30), async {
+            while !enough() {
+                let notified = jobs.notify.notified();
+                if enough() {
+                    break;
+                }
+                let _ = tokio::time::timeout(ms(100), notified).await;
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "fed {} times, sampled {} times with a drift check hanging",
+            jobs.fed.load(Ordering::SeqCst),
+            jobs.health.load(Ordering::SeqCst)
+        );
+        // The stop ends every job, the hanging one too.
+        stop.cancel();
+        tasks.close();
+        let ended = tokio::time::timeout(Duration::from_secs(30), tasks.wait()).await;
+        assert!(ended.is_ok(), "the periodic jobs did not end at the stop");
+    }
 }
