@@ -12,10 +12,13 @@
 //! the daemon's host.
 //!
 //! The terminal is put back (raw mode off, main screen) when the loop ends for any reason:
-//! a guard's `Drop` on return and on error, ratatui's panic hook on a panic. If the daemon
+//! a guard's `Drop` on return and on error, ratatui's panic hook on a panic; on SIGTERM,
+//! SIGHUP or SIGINT the loop returns, the guard restores, and then the signal kills. If the daemon
 //! goes away the last picture stays, marked stale with the error, and the loop reconnects.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event as TermEvent, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
@@ -395,8 +398,10 @@ fn local(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Local { what: what.to_owned(), source }
 }
 
-/// Runs the view until a quitting key. `m` is the connection made before (so a daemon that
-/// is not there fails before the screen is taken); `connect` makes a new one after an error.
+/// Runs the view until a quitting key, or until SIGTERM, SIGHUP or SIGINT, after which the
+/// terminal is put back and the signal's default action (death by it) follows, as a shell
+/// expects of a killed program. `m` is the connection made before (so a daemon that is not
+/// there fails before the screen is taken); `connect` makes a new one after an error.
 pub fn run(
     m: Box<dyn Manager>,
     connect: &dyn Fn() -> Result<Box<dyn Manager>, Error>,
@@ -410,11 +415,50 @@ pub fn run(
             ),
         });
     }
+    let caught = Arc::new(AtomicUsize::new(0));
+    for sig in QUIT_SIGNALS {
+        signal_hook::flag::register_usize(sig, Arc::clone(&caught), sig as usize)
+            .map_err(local("catching SIGTERM, SIGHUP and SIGINT"))?;
+    }
+    let ended = {
+        // Made before the terminal is touched: raw mode may be on even if entering the
+        // alternate screen then fails.
+        let _restore = Restore;
+        show(m, connect, interval, &caught)
+    };
+    match ended? {
+        Ended::Key => Ok(()),
+        // The terminal is back (the guard above has dropped): now die of the signal.
+        Ended::Signal(sig) => {
+            signal_hook::low_level::emulate_default_handler(sig).map_err(local("ending on a signal"))
+        }
+    }
+}
+
+/// The signals that end `top`. In raw mode Ctrl-C is a key, so SIGINT comes only from `kill`.
+const QUIT_SIGNALS: [i32; 3] =
+    [signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP, signal_hook::consts::SIGINT];
+
+/// The longest a signal waits to be noticed: the terminal is polled in slices this long.
+const SIGNAL_LATENCY: Duration = Duration::from_millis(100);
+
+/// How the view ended.
+enum Ended {
+    /// A quitting key.
+    Key,
+    /// This signal.
+    Signal(i32),
+}
+
+/// Draws and refreshes the view until a quitting key or a caught signal.
+fn show(
+    m: Box<dyn Manager>,
+    connect: &dyn Fn() -> Result<Box<dyn Manager>, Error>,
+    interval: Duration,
+    caught: &AtomicUsize,
+) -> Result<Ended, Error> {
     let mut m = Some(m);
     let mut view = View { snapshot: None, problem: None, interval };
-    // Made before the terminal is touched: raw mode may be on even if entering the
-    // alternate screen then fails.
-    let _restore = Restore;
     let mut terminal = ratatui::try_init().map_err(local("setting up the terminal"))?;
     let mut due = Instant::now();
     loop {
@@ -436,12 +480,21 @@ pub fn run(
             }
         }
         terminal.draw(|f| draw(f, &view)).map_err(local("drawing"))?;
-        let wait = due.saturating_duration_since(Instant::now());
-        if event::poll(wait).map_err(local("reading the terminal"))? {
-            match event::read().map_err(local("reading the terminal"))? {
-                TermEvent::Key(k) if quits(&k) => return Ok(()),
-                // Anything else (a resize, another key) just redraws.
-                _ => {}
+        loop {
+            let sig = caught.load(Ordering::SeqCst);
+            if sig != 0 {
+                return Ok(Ended::Signal(sig as i32));
+            }
+            let wait = due.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                break;
+            }
+            if event::poll(wait.min(SIGNAL_LATENCY)).map_err(local("reading the terminal"))? {
+                match event::read().map_err(local("reading the terminal"))? {
+                    TermEvent::Key(k) if quits(&k) => return Ok(Ended::Key),
+                    // Anything else (a resize, another key) redraws at once.
+                    _ => break,
+                }
             }
         }
     }

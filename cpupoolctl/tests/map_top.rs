@@ -8,7 +8,8 @@
 //! `top` runs in a tmux pane (a real terminal): the test reads the screen with
 //! `capture-pane` until the pools show (polling against a deadline, never a fixed sleep),
 //! assigns and sees the count change, presses q, and checks the exit status and that the
-//! terminal is back in cooked mode on its main screen.
+//! terminal is back in cooked mode on its main screen; killed with SIGTERM or SIGHUP, the same,
+//! with the shell seeing death by the signal.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -243,6 +244,35 @@ impl Drop for Tmux {
     }
 }
 
+impl Tmux {
+    /// Starts `top --interval 0.2` on `d` in session `t`, from a script that afterwards prints
+    /// top's exit status and the terminal modes, and waits.
+    fn run_top(&self, dir: &Path, d: &Daemon) {
+        let script = dir.join("top.sh");
+        fs::write(
+            &script,
+            format!(
+                "'{CTL}' --sandbox '{}' top --interval 0.2\n\
+                 echo \"exited=$?\"\n\
+                 echo \"modes: $(stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon -e echo -e -echo | tr '\\n' ' ')end\"\n\
+                 read x\n",
+                d.sb.display()
+            ),
+        )
+        .unwrap();
+        self.cmd(&["new-session", "-d", "-s", "t", "-x", "120", "-y", "40", "sh", script.to_str().unwrap()]);
+    }
+
+    /// Waits for top to end; asserts its exit status, cooked mode (icanon, echo) and the main
+    /// screen (top's picture gone).
+    fn assert_restored(&self, status: i32) {
+        let screen = self.wait("top to exit", |s| s.contains("modes:"));
+        assert!(screen.contains(&format!("exited={status}\n")), "{screen}");
+        assert!(screen.contains("modes: icanon echo end"), "{screen}");
+        assert!(!screen.contains("q quits"), "top's screen is still showing:\n{screen}");
+    }
+}
+
 fn tmux_missing() -> bool {
     let found = Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success());
     if !found {
@@ -272,21 +302,7 @@ fn top_in_a_terminal() {
     let d = Daemon::start(dir.path());
     let ctl = Ctl::new(&d, false);
     let tmux = Tmux { socket: dir.path().join("tmux.sock") };
-    // After top ends, the script prints its exit status and the terminal modes, and waits.
-    let script = dir.path().join("top.sh");
-    fs::write(
-        &script,
-        format!(
-            "'{CTL}' --sandbox '{}' top --interval 0.2\n\
-             echo \"exited=$?\"\n\
-             echo \"modes: $(stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon -e echo -e -echo | tr '\\n' ' ')end\"\n\
-             read x\n",
-            d.sb.display()
-        ),
-    )
-    .unwrap();
-    tmux.cmd(&["new-session", "-d", "-s", "t", "-x", "120", "-y", "40", "sh", script.to_str().unwrap()]);
-
+    tmux.run_top(dir.path(), &d);
     let screen =
         tmux.wait("top to show the pools", |s| pool_row(s, "dp").is_some() && pool_row(s, "web").is_some());
     assert!(screen.contains("0 assignments"), "{screen}");
@@ -303,11 +319,35 @@ fn top_in_a_terminal() {
     assert!(tmux.screen(true).contains("\x1b["), "no colour in top");
 
     tmux.cmd(&["send-keys", "-t", "t", "q"]);
-    let screen = tmux.wait("top to exit", |s| s.contains("modes:"));
-    assert!(screen.contains("exited=0"), "{screen}");
-    // Cooked mode again (icanon, echo), and the main screen: top's picture is gone.
-    assert!(screen.contains("modes: icanon echo end"), "{screen}");
-    assert!(!screen.contains("q quits"), "top's screen is still showing:\n{screen}");
+    tmux.assert_restored(0);
+    d.stop();
+}
+
+/// Killed with SIGTERM or SIGHUP (a closed terminal), `top` puts the terminal back and then dies
+/// of the signal, so the shell sees 128 + its number.
+#[test]
+fn top_puts_the_terminal_back_when_killed() {
+    if tmux_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    for (sig, status) in [(nix::sys::signal::SIGTERM, 143), (nix::sys::signal::SIGHUP, 129)] {
+        let tmux = Tmux { socket: dir.path().join(format!("tmux-{status}.sock")) };
+        tmux.run_top(dir.path(), &d);
+        tmux.wait("top to show the pools", |s| pool_row(s, "dp").is_some());
+        let shell: u32 =
+            text(&tmux.cmd(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().parse().unwrap();
+        let children = fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap();
+        let top: i32 = children
+            .split_whitespace()
+            .next()
+            .unwrap_or_else(|| panic!("no child of {shell}"))
+            .parse()
+            .unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(top), sig).unwrap();
+        tmux.assert_restored(status);
+    }
     d.stop();
 }
 
