@@ -273,6 +273,11 @@ pub async fn run(
         report.corrections,
         report.failed_corrections
     );
+    if !report.fresh {
+        // What a restart finds different from the saved state drifted while the daemon was
+        // away; a first start's writes are the initial apply, not drift.
+        crate::api::metrics::metrics().drift(report.corrections, report.failed_corrections);
+    }
     for p in snap.state.pools().values() {
         log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
     }

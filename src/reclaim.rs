@@ -116,7 +116,11 @@ pub async fn run(
                 Signal::UnitChanged { path, active_state } => r.unit_changed(&path, active_state).await,
                 Signal::UnitRemoved(unit) => r.unit_gone(&unit).await,
                 Signal::Reloaded => match r.handle.reapply().await {
-                    Ok(n) => log::info!("systemd reloaded: state re-applied ({n} corrections)"),
+                    Ok(n) => {
+                        // systemd's reload rewrote what it realizes: drift, corrected.
+                        crate::api::metrics::metrics().drift(n, 0);
+                        log::info!("systemd reloaded: state re-applied ({n} corrections)")
+                    }
                     Err(e) => log::error!("re-applying after systemd reloaded: {}", error_chain(&e)),
                 },
             },

@@ -350,3 +350,29 @@ fn dbus_calls_are_counted_by_method_and_error() {
     );
     d.stop();
 }
+
+/// What a restart finds changed while the daemon was away is drift, and counted as such; the
+/// first start's writes are not.
+#[test]
+fn drift_corrected_at_a_restart_is_counted() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let drift = |d: &Daemon| {
+        let text = get(&d.addr, "text/plain").1;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("cpupoold_drift_corrections_total "))
+            .unwrap_or_else(|| panic!("no cpupoold_drift_corrections_total in\n{text}"));
+        line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("{line}"))
+    };
+    let d = Daemon::start(dir.path());
+    assert_eq!(drift(&d), 0.0, "a first start applies, it corrects no drift");
+    d.stop();
+    // While it is away, someone narrows web's slice.
+    let web = dir.path().join("sb/cgroup/cpupool.slice/cpupool-web.slice/cpuset.cpus");
+    let was = std::fs::read_to_string(&web).unwrap_or_else(|e| panic!("{}: {e}", web.display()));
+    std::fs::write(&web, "3").unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start(dir.path());
+    assert_eq!(std::fs::read_to_string(&web).unwrap_or_default(), was, "the restart put web's CPUs back");
+    assert_eq!(drift(&d), 1.0, "one file was corrected");
+    d.stop();
+}

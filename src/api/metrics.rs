@@ -138,7 +138,8 @@ impl Metrics {
         self.reclaims.get_or_create(&PoolLabel { pool: pool.to_owned() }).inc();
     }
 
-    /// A drift check corrected `corrected` differences and failed to correct `failed`.
+    /// A drift check, a restart or the re-apply after a systemd reload corrected `corrected`
+    /// differences and failed to correct `failed`.
     pub fn drift(&self, corrected: usize, failed: usize) {
         self.drift_corrected.inc_by(corrected as u64);
         self.drift_failed.inc_by(failed as u64);
@@ -199,12 +200,12 @@ impl Metrics {
         );
         r.register(
             "drift_corrections",
-            "Differences between the state and the host corrected by drift checks",
+            "Differences between the state and the host corrected by drift checks, at a restart and after systemd reloaded",
             self.drift_corrected.clone(),
         );
         r.register(
             "drift_correction_failures",
-            "Differences drift checks failed to correct",
+            "Differences between the state and the host that could not be corrected",
             self.drift_failed.clone(),
         );
         r.register(
