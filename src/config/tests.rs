@@ -170,6 +170,7 @@ fn every_key_is_read() {
             kubelet_dir: "/k".into(),
             procfs_root: "/proc".into(),
             irqbalance_dir: "/run/irqbalance".into(),
+            resctrl_root: "/sys/fs/resctrl".into(),
         }
     );
     let cgroups: Vec<&str> = s.host_cgroups.iter().map(|c| c.as_str()).collect();
