@@ -396,6 +396,8 @@ pub fn sample_config(shape: &TopologyShape) -> String {
         s.push_str(&format!(
             "\n[pools.dp]\nkind = \"exclusive\"\ncount = {dp}\n{numa}smt = \"full-cores\"\nisolate = true\n"
         ));
+        // A cache class, applied to the simulated resctrl under resctrl/.
+        s.push_str("\n[pools.dp.cache]\nl3 = \"50%\"          # half the L3 ways (resctrl)\n");
     }
     if web > 0 {
         s.push_str(&format!("\n[pools.web]\nkind = \"shared\"\ncount = {web}\n"));
