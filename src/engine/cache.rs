@@ -59,7 +59,13 @@ pub(crate) fn check(settings: &Settings) -> Result<Prepared, ConfigError> {
             return Err(unsupported(first_key, missing));
         }
         if let Err(e) = fs.mount() {
-            return Err(unsupported(first_key, format!("{missing}, and {}", error_chain(&e))));
+            let why = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+            let missing = format!(
+                "no resctrl (`{}` is missing, and mounting resctrl on `{}` failed: {why})",
+                fs.root().join("info").display(),
+                fs.root().display()
+            );
+            return Err(unsupported(first_key, missing));
         }
         log::info!("cache: mounted resctrl on `{}`", fs.root().display());
         if !fs.mounted() {
