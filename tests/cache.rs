@@ -294,3 +294,45 @@ fn get_classes_through_the_third_party_client() {
     assert_eq!(keys, vec![("l3", "fc0", "applied"), ("mb", "50", "applied")], "{reply}");
     d.stop();
 }
+
+/// `GET /metrics` on the sandbox's unix metrics socket: the body.
+fn scrape(sb: &Path) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sb.join("run/metrics.sock"))
+        .unwrap_or_else(|e| panic!("metrics socket: {e}"));
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: cpupoold\r\nConnection: close\r\n\r\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap_or_else(|e| panic!("{e}"));
+    text
+}
+
+#[test]
+fn fake_resctrl_a_setting_that_does_not_hold_is_degraded_with_why_on_every_surface() {
+    let dir = tempdir();
+    let cfg = config(&[DP_CACHE, "[metrics]\nlisten = \"unix:/run/cpupoold/metrics.sock\"\n"]);
+    let d =
+        Daemon::start_shaped(dir.path(), "1x4x2:1", Some(&cfg), &["--bus", "none", "--check-interval", "1"]);
+    let sb = d.sb.clone();
+    let sample = |state: &str, v: u8| {
+        format!("cpupoold_class_setting_{state}{{pool=\"dp\",class=\"cache\",key=\"l3\"}} {v}")
+    };
+    let m = scrape(&sb);
+    assert!(m.contains(&sample("applied", 1)) && m.contains(&sample("degraded", 0)), "{m}");
+    assert!(m.contains(&sample("unsupported", 0)), "{m}");
+    // The group's schemata cannot be read or written any more (a directory stands there).
+    let schemata = sb.join("resctrl/cpupool-dp/schemata");
+    fs::remove_file(&schemata).unwrap_or_else(|e| panic!("{e}"));
+    fs::create_dir(&schemata).unwrap_or_else(|e| panic!("{e}"));
+    until(&d, "dp's l3 degraded", || row(&d, "dp", "l3")["state"] == "degraded");
+    let l3 = row(&d, "dp", "l3");
+    assert!(l3["reason"].as_str().unwrap_or_default().contains("cpupool-dp/schemata"), "{l3}");
+    let m = scrape(&sb);
+    assert!(m.contains(&sample("applied", 0)) && m.contains(&sample("degraded", 1)), "{m}");
+    // Put right: the next check applies it again.
+    fs::remove_dir(&schemata).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(&schemata, "    L3:0=fff\n    MB:0=100\n").unwrap_or_else(|e| panic!("{e}"));
+    until(&d, "dp's l3 applied again", || row(&d, "dp", "l3")["state"] == "applied");
+    assert!(rc(&sb, "cpupool-dp/schemata").unwrap_or_default().contains("L3:0=fc0"));
+    d.stop();
+}
