@@ -32,8 +32,9 @@ pub const DEFAULT_ROOT: &str = "/sys/fs/resctrl";
 /// The prefix of the daemon's control groups: `cpupool-<pool>`.
 pub const GROUP_PREFIX: &str = "cpupool-";
 
-/// resctrl's `f_type` (RDTGROUP_SUPER_MAGIC in include/uapi/linux/magic.h).
-const RDTGROUP_SUPER_MAGIC: i64 = 0x0765_5821;
+/// resctrl's `f_type` (RDTGROUP_SUPER_MAGIC in include/uapi/linux/magic.h); the literal takes
+/// whatever width the C library gives `f_type`.
+const RDTGROUP_SUPER_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x0765_5821);
 
 /// Why a resctrl file could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -285,7 +286,7 @@ impl Resctrl {
 }
 
 fn is_resctrl(root: &Path) -> bool {
-    nix::sys::statfs::statfs(root).is_ok_and(|s| i64::from(s.filesystem_type().0) == RDTGROUP_SUPER_MAGIC)
+    nix::sys::statfs::statfs(root).is_ok_and(|s| s.filesystem_type() == RDTGROUP_SUPER_MAGIC)
 }
 
 /// The control group of `pool`.
