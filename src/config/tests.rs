@@ -418,7 +418,7 @@ fn unknown_fields_are_rejected_by_key() {
     assert_eq!(
         chain(&e),
         "`t.toml`:3:1: pools.dp.cont: unknown field `cont`, expected one of `kind`, `cpus`, `count`, \
-         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`"
+         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`, `cache`"
     );
 }
 
