@@ -19,6 +19,9 @@
 //!                            them: kthreadd, kswapd, khugepaged, jbd2 ... may be moved; per-CPU
 //!                            ksoftirqd/N and the unbound kworker are bound (PF_NO_SETAFFINITY)
 //! DIR/run/irqbalance/        where an irqbalance socket would be (paths.irqbalance_dir)
+//! DIR/resctrl/               simulated resctrl: info/L3, info/MB, the default group
+//!                            (paths.resctrl_root points here; see host::simresctrl); never
+//!                            mounted
 //! DIR/kubelet/               kubelet dir: device-plugins/ holds the plugin's sockets; a
 //!                            kubelet-shaped peer puts kubelet.sock there and
 //!                            pod-resources/kubelet.sock beside it
@@ -129,6 +132,19 @@ impl Sandbox {
         for d in [sb.kubelet().join("device-plugins"), sb.procfs()] {
             fs::create_dir_all(&d).map_err(io_err(&d))?;
         }
+        // The simulated resctrl (older sandboxes lack it).
+        if !sb.resctrl().join("info").exists() {
+            let topo = sb.shape.topology();
+            let packages = u32::try_from(
+                topo.data().cpus.values().map(|c| c.package).collect::<std::collections::BTreeSet<_>>().len(),
+            )
+            .unwrap_or(1);
+            crate::host::simresctrl::write_root(
+                &sb.resctrl(),
+                &crate::host::simresctrl::SimResctrl::new(&topo.online(), packages),
+            )
+            .map_err(io_err(&sb.resctrl()))?;
+        }
         // The simulated interrupts (older sandboxes lack them).
         if !sb.procfs().join("interrupts").exists() {
             let online = sb.shape.topology().online();
@@ -178,6 +194,10 @@ impl Sandbox {
     /// Runtime dir.
     pub fn run(&self) -> PathBuf {
         self.root.join("run")
+    }
+    /// The simulated resctrl root.
+    pub fn resctrl(&self) -> PathBuf {
+        self.root.join("resctrl")
     }
     /// Where the sandbox records what it would have set on real processes (`PID/status`).
     pub fn procfs(&self) -> PathBuf {
@@ -264,6 +284,7 @@ impl Sandbox {
         settings.paths.kubelet_dir = self.kubelet();
         settings.paths.procfs_root = self.procfs();
         settings.paths.irqbalance_dir = self.run().join("irqbalance");
+        settings.paths.resctrl_root = self.resctrl();
         settings.kubelet.runtime_endpoint = self.run().join("containerd.sock");
         // Loopback on a port of the kernel's choosing (the banner prints it), so that sandboxes
         // side by side never collide; a unix socket goes into the sandbox.
@@ -375,6 +396,8 @@ pub fn sample_config(shape: &TopologyShape) -> String {
         s.push_str(&format!(
             "\n[pools.dp]\nkind = \"exclusive\"\ncount = {dp}\n{numa}smt = \"full-cores\"\nisolate = true\n"
         ));
+        // A cache class, applied to the simulated resctrl under resctrl/.
+        s.push_str("\n[pools.dp.cache]\nl3 = \"50%\"          # half the L3 ways (resctrl)\n");
     }
     if web > 0 {
         s.push_str(&format!("\n[pools.web]\nkind = \"shared\"\ncount = {web}\n"));

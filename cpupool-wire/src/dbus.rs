@@ -5,7 +5,30 @@
 /// The introspection XML of `org.cpupool.Manager1`.
 pub const INTROSPECTION_XML: &str = include_str!("../../dbus/org.cpupool.Manager1.xml");
 
-use crate::views::{Assignment, Cpu, CpuHealth, Pool, PoolIsolation};
+use crate::views::{Assignment, ClassSetting, Cpu, CpuHealth, Pool, PoolIsolation};
+
+/// A [`ClassSetting`] as D-Bus carries it, `(sssssss)`: pool, class, key, wanted, in_force,
+/// scope, state, where state is `applied`, `degraded: <why>` or `unsupported: <what is
+/// missing>` (the state word never holds a colon).
+pub type ClassStruct = (String, String, String, String, String, String, String);
+
+impl From<ClassSetting> for ClassStruct {
+    fn from(c: ClassSetting) -> ClassStruct {
+        let state = if c.reason.is_empty() { c.state } else { format!("{}: {}", c.state, c.reason) };
+        (c.pool, c.class, c.key, c.wanted, c.in_force, c.scope, state)
+    }
+}
+
+impl From<ClassStruct> for ClassSetting {
+    fn from(t: ClassStruct) -> ClassSetting {
+        let (pool, class, key, wanted, in_force, scope, state) = t;
+        let (state, reason) = match state.split_once(": ") {
+            Some((s, r)) => (s.to_owned(), r.to_owned()),
+            None => (state, String::new()),
+        };
+        ClassSetting { pool, class, key, wanted, in_force, scope, state, reason }
+    }
+}
 
 /// A [`Pool`] as D-Bus carries it, `(ssssttbus)`: name, kind, cpus, free_cpus,
 /// free_millicpus, capacity_millicpus, isolated, assignments, partition.

@@ -194,6 +194,38 @@ pub struct PoolIsolation {
     pub kthreads: String,
 }
 
+/// One configured key of a pool's power or cache class: varlink `ClassSetting`, D-Bus
+/// `(sssssss)` (where `state` and `reason` travel as one string, see
+/// [`crate::dbus::ClassStruct`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassSetting {
+    /// The pool, or `(idle)` for the CPUs in no pool.
+    pub pool: String,
+    /// `power` or `cache`.
+    pub class: String,
+    /// The key as configured: `governor`, `resume_latency_us`, `l3`, `mb`...
+    pub key: String,
+    /// The value as configured: `performance`, `0`, `50%`.
+    pub wanted: String,
+    /// What was read back, as the kernel's file shows it (`n/a`, `0fc0`); distinct values
+    /// joined with `,`.
+    pub in_force: String,
+    /// The CPUs or resctrl group the setting covers.
+    pub scope: String,
+    /// `applied`, `degraded` or `unsupported`.
+    pub state: String,
+    /// Why it is degraded, or what the host is missing; empty when applied.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// `GetClasses`' reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Classes {
+    /// Every configured key, pool by pool.
+    pub classes: Vec<ClassSetting>,
+}
+
 fn unknown_percent() -> f64 {
     -1.0
 }

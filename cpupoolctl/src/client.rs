@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use cpupool_wire::varlink::params;
-use cpupool_wire::views::{Assignment, Event, Isolation, Pool, Status, Topology};
+use cpupool_wire::views::{Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
 
 use crate::error::Error;
 use crate::varlink;
@@ -28,6 +28,8 @@ pub trait Manager {
     fn status(&mut self) -> Result<Status, Error>;
     /// Isolation health of one pool, or of every isolated pool (`""`).
     fn isolation(&mut self, pool: &str) -> Result<Isolation, Error>;
+    /// The power and cache settings of one pool, or of every pool (`""`).
+    fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error>;
     /// Assigns CPUs to a target.
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error>;
     /// Releases an assignment, returning what it held.
@@ -234,6 +236,14 @@ impl Manager for varlink::Client {
         let reply =
             self.call("GetIsolation", to_value(&params::GetIsolation { pool: Some(pool.to_owned()) }))?;
         self.decode(Value::Object(reply), "GetIsolation reply")
+    }
+
+    fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error> {
+        self.call_field(
+            "GetClasses",
+            to_value(&params::GetClasses { pool: Some(pool.to_owned()) }),
+            "classes",
+        )
     }
 
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error> {

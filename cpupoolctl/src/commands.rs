@@ -169,9 +169,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let list = m.list_assignments(Some(name)).unwrap_or_default();
             // A daemon without GetIsolation (older) shows the pool without it.
             let iso = if pool.isolated { m.isolation(name).unwrap_or_default() } else { Default::default() };
+            // Nor one without GetClasses.
+            let classes = m.classes(name).unwrap_or_default();
             p.print(
-                || output::pool_with(&pool, &list) + &output::isolation_lines(&iso, false),
-                || output::pool_json(&pool),
+                || {
+                    output::pool_with(&pool, &list)
+                        + &output::isolation_lines(&iso, false)
+                        + &output::class_lines(&classes)
+                },
+                || output::pool_classes_json(&pool, &classes),
             )
         }
         Command::Run(r) => {
@@ -250,7 +256,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
         Command::Status => {
             let s = m.status()?;
             let iso = m.isolation("").unwrap_or_default();
-            p.print(|| output::status(&s) + &output::isolation_lines(&iso, true), || json!(s))
+            let classes = m.classes("").unwrap_or_default();
+            p.print(
+                || {
+                    output::status(&s)
+                        + &output::classes_in_force(&classes)
+                        + &output::isolation_lines(&iso, true)
+                },
+                || output::status_json(&s, &classes),
+            )
         }
         Command::Pool(PoolCommand::Map(a)) => {
             let topo = m.topology()?;

@@ -20,8 +20,8 @@ use serde_json::Map;
 use zbus::zvariant::Value as Variant;
 use zbus::DBusError as _;
 
-use cpupool_wire::dbus::{AssignmentStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
-use cpupool_wire::views::{Assignment, Event, Isolation, Pool, Status, Topology};
+use cpupool_wire::dbus::{AssignmentStruct, ClassStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
+use cpupool_wire::views::{Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
 
 use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest, RunRequest};
 use crate::error::{DaemonError, Error};
@@ -331,6 +331,11 @@ impl crate::client::Manager for Client {
         ) = self.call("GetIsolation", &(pool,))?;
         let pools = pools.into_iter().map(Into::into).collect();
         Ok(Isolation { isolcpus, nohz_full, housekeeping, workqueue, pools })
+    }
+
+    fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error> {
+        let rows: Vec<ClassStruct> = self.call("GetClasses", &(pool,))?;
+        Ok(rows.into_iter().map(Into::into).collect())
     }
 
     fn status(&mut self) -> Result<Status, Error> {

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use cpupool_wire::views::{Assignment, Event, Isolation, Pool, Status, Topology};
+use cpupool_wire::views::{Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
 
 /// Column alignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,6 +337,84 @@ pub fn pools_json(pools: &[Pool]) -> Value {
 /// The `--json` document of `pool show`, `create`, `resize`.
 pub fn pool_json(pool: &Pool) -> Value {
     json!({ "pool": pool })
+}
+
+/// The `--json` document of `pool show`: the pool and its class settings.
+pub fn pool_classes_json(pool: &Pool, classes: &[ClassSetting]) -> Value {
+    json!({ "pool": pool, "classes": classes })
+}
+
+/// The `--json` document of `status`: its fields and every class setting.
+pub fn status_json(s: &Status, classes: &[ClassSetting]) -> Value {
+    let mut v = json!(s);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("classes".into(), json!(classes));
+    }
+    v
+}
+
+/// `pool show`'s `classes:` section: one line per configured key, `cache.l3 = 50%: applied
+/// (0fc0 in cpupool-dp)`; nothing when the pool has none.
+pub fn class_lines(classes: &[ClassSetting]) -> String {
+    if classes.is_empty() {
+        return String::new();
+    }
+    let mut out = "classes:\n".to_owned();
+    for c in classes {
+        let mut line = format!("  {}.{} = {}: {}", c.class, c.key, c.wanted, c.state);
+        if !c.reason.is_empty() {
+            line.push_str(&format!(": {}", c.reason));
+        }
+        match (c.in_force.is_empty(), c.scope.is_empty()) {
+            (false, false) => line.push_str(&format!(" ({} in {})", c.in_force, c.scope)),
+            (false, true) => line.push_str(&format!(" ({})", c.in_force)),
+            (true, false) => line.push_str(&format!(" ({})", c.scope)),
+            (true, true) => {}
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// `status`' `classes:` line: which classes of which pools are in force, `dp cache, web power
+/// (1 of 3 degraded)`, or `none`.
+pub fn classes_in_force(classes: &[ClassSetting]) -> String {
+    let mut groups: Vec<(String, String, usize, usize, usize)> = Vec::new();
+    for c in classes {
+        let i = match groups.iter().position(|g| g.0 == c.pool && g.1 == c.class) {
+            Some(i) => i,
+            None => {
+                groups.push((c.pool.clone(), c.class.clone(), 0, 0, 0));
+                groups.len() - 1
+            }
+        };
+        let g = &mut groups[i];
+        g.2 += 1;
+        match c.state.as_str() {
+            "applied" => {}
+            "unsupported" => g.4 += 1,
+            _ => g.3 += 1,
+        }
+    }
+    let said: Vec<String> = groups
+        .iter()
+        .map(|(pool, class, n, degraded, unsupported)| {
+            let mut bad = Vec::new();
+            if *degraded > 0 {
+                bad.push(format!("{degraded} of {n} degraded"));
+            }
+            if *unsupported > 0 {
+                bad.push(format!("{unsupported} of {n} unsupported"));
+            }
+            match bad.is_empty() {
+                true => format!("{pool} {class}"),
+                false => format!("{pool} {class} ({})", bad.join(", ")),
+            }
+        })
+        .collect();
+    let line = if said.is_empty() { "none".to_owned() } else { said.join(", ") };
+    block(&[("classes", line)])
 }
 
 /// The `--json` document of `assignments`.

@@ -807,3 +807,38 @@ fn varlink_isolation_is_shown() {
 fn dbus_isolation_is_shown() {
     isolation_is_shown(true);
 }
+
+/// `pool show` and `status` on the sample's cache class (`[pools.dp.cache] l3 = "50%"`, applied
+/// to the sandbox's simulated resctrl: 12 ways, so the top 6, `fc0`).
+fn classes_are_shown(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+    let (code, out, err) = ctl.human(&["pool", "show", "dp"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("classes:\n  cache.l3 = 50%: applied (fc0 in cpupool-dp)\n"), "{out}");
+    let (_, web, _) = ctl.human(&["pool", "show", "web"]);
+    assert!(!web.contains("classes:"), "{web}");
+    let json = ctl.ok(&["pool", "show", "dp"]);
+    assert_eq!(json["pool"]["name"], "dp", "{json}");
+    assert_eq!(
+        json["classes"],
+        serde_json::json!([{ "pool": "dp", "class": "cache", "key": "l3", "wanted": "50%", "in_force": "fc0",
+                             "scope": "cpupool-dp", "state": "applied", "reason": "" }])
+    );
+    let (code, out, err) = ctl.human(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(line_value(&out, "classes").as_deref(), Some("dp cache"), "{out}");
+    assert_eq!(ctl.ok(&["status"])["classes"], json["classes"]);
+    d.stop();
+}
+
+#[test]
+fn varlink_classes_are_shown() {
+    classes_are_shown(false);
+}
+
+#[test]
+fn dbus_classes_are_shown() {
+    classes_are_shown(true);
+}

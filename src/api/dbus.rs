@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cpupool_wire::dbus::{AssignmentStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
+use cpupool_wire::dbus::{AssignmentStruct, ClassStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
 
 use tokio::sync::broadcast;
 use zbus::message::{Header, Message};
@@ -354,6 +354,15 @@ impl Manager {
             let r = crate::api::ops::IsolationReply::new(&self.handle.snapshot(), pool)?;
             let pools = r.pools.into_iter().map(Into::into).collect();
             Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, pools))
+        })
+        .await
+    }
+
+    #[zbus(out_args("classes"))]
+    async fn get_classes(&self, pool: &str) -> Result<Vec<ClassStruct>, Error> {
+        metered("GetClasses", async {
+            let r = crate::api::ops::ClassesReply::new(&self.handle.snapshot(), pool)?;
+            Ok(r.classes.into_iter().map(Into::into).collect())
         })
         .await
     }

@@ -470,6 +470,30 @@ impl Collector for SnapshotCollector {
             None,
             &[(none.clone(), snap.irq.moved.len() as f64)],
         )?;
+        // One family per row state, every row in each (1 in its own state's): a rule can watch
+        // `class_setting_degraded == 1` without matching on a state label.
+        for (state, help) in [
+            ("applied", "A configured power or cache key read back as wanted (1) or not (0)"),
+            (
+                "degraded",
+                "A configured power or cache key written but not read back as wanted (1) or not (0)",
+            ),
+            ("unsupported", "A configured power or cache key the host lacks support for (1) or not (0)"),
+        ] {
+            let rows: Vec<(Labels, f64)> = snap
+                .classes
+                .iter()
+                .map(|r| {
+                    let labels = vec![
+                        ("pool", r.pool.clone()),
+                        ("class", r.class.as_str().to_owned()),
+                        ("key", r.key.clone()),
+                    ];
+                    (labels, if r.state.as_str() == state { 1.0 } else { 0.0 })
+                })
+                .collect();
+            gauges(&mut enc, &format!("class_setting_{state}"), help, None, &rows)?;
+        }
         gauges(
             &mut enc,
             "build_info",

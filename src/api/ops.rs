@@ -508,6 +508,36 @@ pub fn delete_pool(name: &str) -> Result<PoolEdit, ApiError> {
     Ok(PoolEdit::Delete { name: pool_name(name)? })
 }
 
+/// The reply of `GetClasses`.
+pub struct ClassesReply;
+
+#[allow(clippy::new_ret_no_self)]
+impl ClassesReply {
+    /// The class rows of the pool `name` (`(idle)` for the CPUs in no pool), or of every pool
+    /// when `name` is empty. A pool without classes has none.
+    pub fn new(snap: &Snapshot, name: &str) -> Result<views::Classes, ApiError> {
+        if !name.is_empty() && name != crate::core::classes::IDLE_CPUS {
+            pool_named(&snap.state, name)?;
+        }
+        let classes = snap
+            .classes
+            .iter()
+            .filter(|r| name.is_empty() || r.pool == name)
+            .map(|r| views::ClassSetting {
+                pool: r.pool.clone(),
+                class: r.class.as_str().to_owned(),
+                key: r.key.clone(),
+                wanted: r.wanted.clone(),
+                in_force: r.in_force.clone(),
+                scope: r.scope.clone(),
+                state: r.state.as_str().to_owned(),
+                reason: r.state.why().to_owned(),
+            })
+            .collect();
+        Ok(views::Classes { classes })
+    }
+}
+
 /// The reply of `GetIsolation`.
 pub struct IsolationReply;
 

@@ -76,6 +76,7 @@ pub(crate) struct PathsFragment {
     pub kubelet_dir: Option<PathBuf>,
     pub procfs_root: Option<PathBuf>,
     pub irqbalance_dir: Option<PathBuf>,
+    pub resctrl_root: Option<PathBuf>,
 }
 
 /// `[daemon]` as written in one file.
@@ -90,6 +91,7 @@ pub(crate) struct DaemonFragment {
     pub irq_cpus: Option<String>,
     pub irq_restore_on_stop: Option<bool>,
     pub irqbalance: Option<bool>,
+    pub cache_restore_on_stop: Option<bool>,
 }
 
 /// `[pools.NAME]`: as written in one file, and (as [`PoolInput`]) merged over all of them. The
@@ -115,6 +117,18 @@ pub(crate) struct PoolFragment<C = String> {
     pub removed: Option<bool>,
     pub irq: Option<String>,
     pub irq_claim: Option<Vec<String>>,
+    #[serde(default)]
+    pub cache: Option<CacheFragment>,
+}
+
+/// `[pools.NAME.cache]` as written in one file: the pool's resctrl allocation. Each key merges
+/// on its own.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CacheFragment {
+    /// `"50%"` or `"0xff0"`, parsed in the settings stage so the error names the file.
+    pub l3: Option<String>,
+    pub mb: Option<u32>,
 }
 
 impl<C> PoolFragment<C> {

@@ -96,6 +96,12 @@ impl Inputs {
         set.field(&mut self.daemon.irqbalance, daemon.irqbalance, "daemon.irqbalance");
         set.field(&mut self.paths.procfs_root, paths.procfs_root, "paths.procfs_root");
         set.field(&mut self.paths.irqbalance_dir, paths.irqbalance_dir, "paths.irqbalance_dir");
+        set.field(&mut self.paths.resctrl_root, paths.resctrl_root, "paths.resctrl_root");
+        set.field(
+            &mut self.daemon.cache_restore_on_stop,
+            daemon.cache_restore_on_stop,
+            "daemon.cache_restore_on_stop",
+        );
 
         for (name, p) in pools {
             // Parsed even when a later file overrides it: a broken file is broken on its own.
@@ -132,6 +138,11 @@ impl Inputs {
             set.field(&mut pool.removed, p.removed, &key("removed"));
             set.field(&mut pool.irq, p.irq, &key("irq"));
             set.field(&mut pool.irq_claim, p.irq_claim, &key("irq_claim"));
+            if let Some(cache) = p.cache {
+                let merged = pool.cache.get_or_insert_with(Default::default);
+                set.field(&mut merged.l3, cache.l3, &key("cache.l3"));
+                set.field(&mut merged.mb, cache.mb, &key("cache.mb"));
+            }
         }
         Ok(())
     }

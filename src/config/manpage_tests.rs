@@ -228,10 +228,11 @@ fn documented(page: &str) -> Vec<Documented> {
         } else {
             unroff(rest).split('|').map(|v| v.trim().trim_matches('"').to_owned()).collect()
         };
-        let key_table = if table == "pools.NAME" { "pools.*" } else { table.as_str() };
+        // `pools.NAME` and the tables below it (`pools.NAME.cache`).
+        let key_table = table.replacen("pools.NAME", "pools.*", 1);
         out.push(Documented {
             key: format!("{key_table}.{name}"),
-            table: if table == "pools.NAME" { "pools.x".to_owned() } else { table.clone() },
+            table: table.replacen("pools.NAME", "pools.x", 1),
             name,
             ty,
             values,

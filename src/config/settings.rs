@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::fragments::CacheFragment;
 use super::inputs::{Inputs, PoolInput};
 use super::{pool_key, ConfigError, Origins};
 use crate::core::pool::{self, CpuSource, Pool, PoolError, PoolName, PoolSpec};
@@ -30,6 +31,9 @@ pub struct Paths {
     pub procfs_root: PathBuf,
     /// Where irqbalance puts its control socket (`/run/irqbalance`).
     pub irqbalance_dir: PathBuf,
+    /// resctrl mount point (`/sys/fs/resctrl`): cache classes are applied below it. Only the
+    /// default is ever mounted by the daemon.
+    pub resctrl_root: PathBuf,
 }
 
 impl Default for Paths {
@@ -42,6 +46,7 @@ impl Default for Paths {
             kubelet_dir: "/var/lib/kubelet".into(),
             procfs_root: "/proc".into(),
             irqbalance_dir: crate::host::irqbalance::SOCKET_DIR.into(),
+            resctrl_root: crate::host::resctrl::DEFAULT_ROOT.into(),
         }
     }
 }
@@ -72,6 +77,8 @@ pub struct Settings {
     /// Interrupt affinity: `daemon.irq_*`, `daemon.irqbalance` and each pool's `irq` and
     /// `irq_claim`.
     pub irq: Irq,
+    /// Cache classes: each pool's `[pools.NAME.cache]` and `daemon.cache_restore_on_stop`.
+    pub cache: Cache,
     /// Which file set each key, for error messages.
     pub origins: Origins,
 }
@@ -98,6 +105,16 @@ pub struct IrqPool {
     pub mode: crate::core::isolation::IrqMode,
     /// `irq_claim`: globs on IRQ names whose interrupts go to exactly this pool's CPUs.
     pub claims: Vec<String>,
+}
+
+/// Cache classes (see `engine::cache`): what each pool asks of resctrl.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Cache {
+    /// `daemon.cache_restore_on_stop`: remove the pools' resctrl groups when the daemon stops
+    /// (their CPUs go back to the default group).
+    pub restore_on_stop: bool,
+    /// Each pool's `[pools.NAME.cache]`, for pools that set at least one key.
+    pub pools: std::collections::BTreeMap<PoolName, crate::core::cache::CacheClass>,
 }
 
 /// How the daemon applies its plan (`daemon.backend`).
@@ -292,6 +309,7 @@ impl Settings {
             kubelet_dir: absolute(paths.kubelet_dir, defaults.kubelet_dir, "paths.kubelet_dir")?,
             procfs_root: absolute(paths.procfs_root, defaults.procfs_root, "paths.procfs_root")?,
             irqbalance_dir: absolute(paths.irqbalance_dir, defaults.irqbalance_dir, "paths.irqbalance_dir")?,
+            resctrl_root: absolute(paths.resctrl_root, defaults.resctrl_root, "paths.resctrl_root")?,
         };
 
         let host_cgroups = match daemon.host_cgroups {
@@ -444,11 +462,14 @@ impl Settings {
         }
         let irq_inputs: Vec<(String, Option<String>, Option<Vec<String>>)> =
             pools.iter().map(|(n, p)| (n.clone(), p.irq.clone(), p.irq_claim.clone())).collect();
+        let cache_inputs: Vec<(String, CacheFragment)> =
+            pools.iter().filter_map(|(n, p)| Some((n.clone(), p.cache.clone()?))).collect();
         let pools = pools
             .into_iter()
             .map(|(name, input)| pool_spec(&name, input, &origins))
             .collect::<Result<Vec<_>, _>>()?;
         let irq = irq_settings(&daemon_irq, irq_inputs, &pools, &origins)?;
+        let cache = cache_settings(daemon.cache_restore_on_stop, cache_inputs, &pools, &origins)?;
 
         Ok(Settings {
             paths,
@@ -462,6 +483,7 @@ impl Settings {
             k8s,
             metrics,
             irq,
+            cache,
             origins,
         })
     }
@@ -641,6 +663,44 @@ fn irq_settings(
         pools.insert(spec.name.clone(), IrqPool { mode, claims });
     }
     Ok(Irq { cpus, restore_on_stop: daemon.1.unwrap_or(true), irqbalance: daemon.2.unwrap_or(true), pools })
+}
+
+/// The cache classes: each pool's `[pools.NAME.cache]` checked for syntax (what the host
+/// offers is checked when the engine takes the settings).
+fn cache_settings(
+    restore_on_stop: Option<bool>,
+    inputs: Vec<(String, CacheFragment)>,
+    specs: &[PoolSpec],
+    origins: &Origins,
+) -> Result<Cache, ConfigError> {
+    use crate::core::cache::{CacheClass, L3Share};
+    let invalid = |key: String, reason: String| ConfigError::Invalid {
+        file: origins.file_for(&key).unwrap_or_default(),
+        key,
+        reason,
+    };
+    let mut pools = std::collections::BTreeMap::new();
+    for (name, input) in inputs {
+        let Some(spec) = specs.iter().find(|s| s.name.as_str() == name) else { continue };
+        let l3 = match &input.l3 {
+            None => None,
+            Some(text) => {
+                Some(L3Share::parse(text).map_err(|reason| invalid(pool_key(&name, "cache.l3"), reason))?)
+            }
+        };
+        if let Some(mb) = input.mb {
+            if !(1..=100).contains(&mb) {
+                return Err(invalid(
+                    pool_key(&name, "cache.mb"),
+                    format!("{mb} is not a percentage of memory bandwidth between 1 and 100"),
+                ));
+            }
+        }
+        if l3.is_some() || input.mb.is_some() {
+            pools.insert(spec.name.clone(), CacheClass { l3, mb: input.mb });
+        }
+    }
+    Ok(Cache { restore_on_stop: restore_on_stop.unwrap_or(true), pools })
 }
 
 fn pool_spec(name: &str, input: PoolInput, origins: &Origins) -> Result<PoolSpec, ConfigError> {

@@ -170,6 +170,7 @@ fn every_key_is_read() {
             kubelet_dir: "/k".into(),
             procfs_root: "/proc".into(),
             irqbalance_dir: "/run/irqbalance".into(),
+            resctrl_root: "/sys/fs/resctrl".into(),
         }
     );
     let cgroups: Vec<&str> = s.host_cgroups.iter().map(|c| c.as_str()).collect();
@@ -417,7 +418,7 @@ fn unknown_fields_are_rejected_by_key() {
     assert_eq!(
         chain(&e),
         "`t.toml`:3:1: pools.dp.cont: unknown field `cont`, expected one of `kind`, `cpus`, `count`, \
-         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`"
+         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`, `cache`"
     );
 }
 

@@ -3,6 +3,7 @@
 //! Nothing here does I/O, reads a clock or awaits. The engine feeds it requests and executes the
 //! effects it returns through the host side.
 pub mod alloc;
+pub mod cache;
 pub mod classes;
 pub mod cpuset;
 pub mod devices;

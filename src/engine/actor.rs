@@ -133,6 +133,7 @@ impl Engine {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
         housekeeping::check_housekeeping(settings, &pools).map_err(StartError::Config)?;
+        let cache = super::cache::check(settings).map_err(|e| StartError::Config(Box::new(e)))?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         // Before reading anything: a second daemon must not compact under a running one.
         store.lock_dir().map_err(StartError::Store)?;
@@ -196,6 +197,7 @@ impl Engine {
             isolation: Arc::default(),
             irq: Arc::default(),
             kubelet: Arc::default(),
+            classes: Arc::default(),
         };
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
@@ -214,6 +216,7 @@ impl Engine {
             config: None,
             hk: None,
             irq: irq::IrqManager::new(settings),
+            cache: super::cache::CacheManager::new(cache),
             kubelet: Arc::default(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
@@ -222,6 +225,7 @@ impl Engine {
         report.failed_corrections = failed;
         engine.store.save(engine.state.data()).map_err(StartError::Store)?;
         engine.apply_irqs();
+        engine.apply_cache();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
@@ -354,6 +358,7 @@ impl Engine {
             self.mutate(group);
         }
         self.stop_irqs();
+        self.stop_cache();
     }
 
     pub(super) fn handle(&mut self, req: Request) {
@@ -426,6 +431,7 @@ impl Engine {
     pub(super) fn check_drift(&mut self) -> DriftReport {
         let (corrected, failed) = self.reconcile();
         self.apply_irqs();
+        self.apply_cache();
         let mut health = std::collections::BTreeMap::new();
         let mut suspects = std::collections::BTreeSet::new();
         for a in self.state.assignments().values() {
@@ -505,6 +511,7 @@ impl Engine {
             isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
             irq: Arc::new(self.irq.report().clone()),
             kubelet: self.kubelet.clone(),
+            classes: Arc::new(self.class_rows()),
         };
         self.snapshots.send_replace(snap);
         for e in events {

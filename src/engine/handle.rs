@@ -82,6 +82,8 @@ pub struct Snapshot {
     pub irq: Arc<IrqReport>,
     /// What the kubelet wing observed: the CPUs online, the devices the kubelet holds.
     pub kubelet: Arc<KubeletView>,
+    /// Every configured power and cache key of every pool: wanted, in force, state.
+    pub classes: Arc<Vec<crate::core::classes::ClassRow>>,
 }
 
 impl Snapshot {

@@ -17,6 +17,7 @@
 
 mod actor;
 mod batch;
+mod cache;
 mod commit;
 pub mod handle;
 pub mod housekeeping;
@@ -109,7 +110,20 @@ pub struct Engine {
     /// [`Engine::with_housekeeping`].
     hk: Option<housekeeping::Housekeeping>,
     irq: irq::IrqManager,
+    /// resctrl groups for the pools' cache classes.
+    cache: cache::CacheManager,
     kubelet: Arc<KubeletView>,
+}
+
+impl Engine {
+    /// Every power and cache setting's row, for the snapshot: each manager reports one row per
+    /// configured key of each pool.
+    pub(crate) fn class_rows(&self) -> Vec<crate::core::classes::ClassRow> {
+        let mut rows = Vec::new();
+        // Power rows come first (the power manager's `self.power_rows()`).
+        rows.extend(self.cache_rows());
+        rows
+    }
 }
 
 /// An error and its causes on one line: "a: b: c".

@@ -41,6 +41,7 @@ impl Engine {
             .resolve_pools_keeping(&topo, &current_cpus(&self.state))
             .map_err(|e| EngineError::Config(Box::new(e)))?;
         super::housekeeping::check_housekeeping(settings, &pools).map_err(EngineError::Config)?;
+        super::cache::check(settings).map_err(|e| EngineError::Config(Box::new(e)))?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
@@ -65,6 +66,8 @@ impl Engine {
             // Interrupt settings alone may have changed.
             self.irq.configure(settings);
             self.apply_irqs();
+            self.cache.configure(settings);
+            self.apply_cache();
             self.publish(Vec::new());
             return Ok(false);
         }
@@ -85,6 +88,8 @@ impl Engine {
         self.state = Arc::new(next);
         self.irq.configure(settings);
         self.apply_irqs();
+        self.cache.configure(settings);
+        self.apply_cache();
         for p in self.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }

@@ -83,6 +83,13 @@ params! {
         pool: Option<String>,
     }
 
+    /// `GetClasses`.
+    GetClasses {
+        /// Only this pool's (`(idle)` for the CPUs in no pool); every pool's when absent or
+        /// empty.
+        pool: Option<String>,
+    }
+
     /// `Assign`: `cpus` or `millicpus`, exactly one.
     Assign {
         /// The pool to assign from.
@@ -198,6 +205,7 @@ mod tests {
             ("ListAssignments", names(ListAssignments { pool: s() })),
             ("GetAssignment", names(GetAssignment::default())),
             ("GetIsolation", names(GetIsolation { pool: s() })),
+            ("GetClasses", names(GetClasses { pool: s() })),
             (
                 "Assign",
                 names(Assign {

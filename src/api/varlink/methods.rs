@@ -111,6 +111,8 @@ pub enum Method {
     Status,
     /// `GetIsolation`.
     GetIsolation,
+    /// `GetClasses`.
+    GetClasses,
     /// `Assign` (mutating).
     Assign,
     /// `Run` (mutating).
@@ -145,6 +147,7 @@ impl Method {
             (INTERFACE, "GetAssignment") => Method::GetAssignment,
             (INTERFACE, "Status") => Method::Status,
             (INTERFACE, "GetIsolation") => Method::GetIsolation,
+            (INTERFACE, "GetClasses") => Method::GetClasses,
             (INTERFACE, "Assign") => Method::Assign,
             (INTERFACE, "Run") => Method::Run,
             (INTERFACE, "Release") => Method::Release,
@@ -300,6 +303,11 @@ pub fn read(
             let p: params::GetIsolation = decode(params)?;
             let name = p.pool.unwrap_or_default();
             Ok(to_json(&crate::api::ops::IsolationReply::new(snap, &name).map_err(api)?))
+        }
+        Method::GetClasses => {
+            let p: params::GetClasses = decode(params)?;
+            let name = p.pool.unwrap_or_default();
+            Ok(to_json(&crate::api::ops::ClassesReply::new(snap, &name).map_err(api)?))
         }
         Method::GetInfo => {
             decode::<params::NoParameters>(params)?;
