@@ -228,10 +228,11 @@ fn documented(page: &str) -> Vec<Documented> {
         } else {
             unroff(rest).split('|').map(|v| v.trim().trim_matches('"').to_owned()).collect()
         };
-        let key_table = if table == "pools.NAME" { "pools.*" } else { table.as_str() };
+        // `pools.NAME` and its subtables (`pools.NAME.power`): NAME is any pool.
+        let key_table = table.replacen("pools.NAME", "pools.*", 1);
         out.push(Documented {
             key: format!("{key_table}.{name}"),
-            table: if table == "pools.NAME" { "pools.x".to_owned() } else { table.clone() },
+            table: table.replacen("pools.NAME", "pools.x", 1),
             name,
             ty,
             values,
@@ -249,6 +250,7 @@ fn sample(d: &Documented) -> String {
         Some("boolean") => "true".into(),
         Some("integer") => "1".into(),
         Some("list of strings") => "[\"x\"]".into(),
+        Some("frequency") => "\"max\"".into(),
         Some(other) => panic!("{}: the man page's type `{other}` is not one this test knows", d.key),
         None => format!("\"{}\"", d.values[0]),
     }

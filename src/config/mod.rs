@@ -62,9 +62,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use settings::{
-    Backend, Irq, IrqPool, K8s, Kubelet, Metrics, Paths, Settings, DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS,
-    DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS, DEFAULT_RESOURCE_PREFIX,
-    MAX_SHARED_DEVICES,
+    power_key, Backend, Irq, IrqPool, K8s, Kubelet, Metrics, Paths, Power, Settings, DEFAULT_ADMIN_GROUP,
+    DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS,
+    DEFAULT_RESOURCE_PREFIX, MAX_SHARED_DEVICES,
 };
 
 use crate::core::cpuset::CpuSetError;
@@ -256,6 +256,16 @@ pub enum ConfigError {
         /// The files that were merged.
         files: Vec<PathBuf>,
     },
+    /// A key needs something this host lacks (a cpufreq driver, an uncore driver, ...).
+    #[error("{}: not supported on this host: {missing}", head(file, None, key))]
+    Unsupported {
+        /// The file that set the key.
+        file: PathBuf,
+        /// The key (`pools.dp.power.governor`).
+        key: String,
+        /// What is missing, naming the file or directory looked for.
+        missing: String,
+    },
     /// The pools do not resolve on this host.
     #[error("{}", match file { Some(file) => head(file, None, key), None => key.clone() })]
     Pool {
@@ -278,7 +288,8 @@ impl ConfigError {
             | ConfigError::Cpus { file, .. }
             | ConfigError::Invalid { file, .. }
             | ConfigError::PoolName { file, .. }
-            | ConfigError::HostCgroup { file, .. } => Some(file),
+            | ConfigError::HostCgroup { file, .. }
+            | ConfigError::Unsupported { file, .. } => Some(file),
             ConfigError::ReadDir { dir, .. } => Some(dir),
             ConfigError::Pool { file, .. } => file.as_deref(),
             ConfigError::NoPools { .. } => None,
@@ -293,7 +304,8 @@ impl ConfigError {
             | ConfigError::Invalid { key, .. }
             | ConfigError::PoolName { key, .. }
             | ConfigError::HostCgroup { key, .. }
-            | ConfigError::Pool { key, .. } => Some(key).filter(|k| !k.is_empty()).map(String::as_str),
+            | ConfigError::Pool { key, .. }
+            | ConfigError::Unsupported { key, .. } => Some(key).filter(|k| !k.is_empty()).map(String::as_str),
             ConfigError::Read { .. } | ConfigError::ReadDir { .. } | ConfigError::NoPools { .. } => None,
         }
     }

@@ -133,6 +133,7 @@ impl Engine {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
         housekeeping::check_housekeeping(settings, &pools).map_err(StartError::Config)?;
+        super::power::check_power(settings, &topo, &pools).map_err(StartError::Config)?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         // Before reading anything: a second daemon must not compact under a running one.
         store.lock_dir().map_err(StartError::Store)?;
@@ -214,6 +215,7 @@ impl Engine {
             config: None,
             hk: None,
             irq: irq::IrqManager::new(settings),
+            power: super::power::PowerManager::new(settings),
             kubelet: Arc::default(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
@@ -222,6 +224,7 @@ impl Engine {
         report.failed_corrections = failed;
         engine.store.save(engine.state.data()).map_err(StartError::Store)?;
         engine.apply_irqs();
+        engine.apply_power();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
@@ -354,6 +357,7 @@ impl Engine {
             self.mutate(group);
         }
         self.stop_irqs();
+        self.stop_power();
     }
 
     pub(super) fn handle(&mut self, req: Request) {
@@ -426,6 +430,7 @@ impl Engine {
     pub(super) fn check_drift(&mut self) -> DriftReport {
         let (corrected, failed) = self.reconcile();
         self.apply_irqs();
+        self.apply_power();
         let mut health = std::collections::BTreeMap::new();
         let mut suspects = std::collections::BTreeSet::new();
         for a in self.state.assignments().values() {

@@ -22,6 +22,7 @@ pub mod handle;
 pub mod housekeeping;
 mod irq;
 mod kubelet;
+mod power;
 mod reload;
 
 use std::sync::Arc;
@@ -109,6 +110,8 @@ pub struct Engine {
     /// [`Engine::with_housekeeping`].
     hk: Option<housekeeping::Housekeeping>,
     irq: irq::IrqManager,
+    /// Power classes (`[pools.NAME.power]`, `[idle_cpus.power]`).
+    power: power::PowerManager,
     kubelet: Arc<KubeletView>,
 }
 
