@@ -111,20 +111,21 @@ fn cpufreq_write(fs: &PowerFs, class: &PowerClass, key: &str, cpu: u32) -> Resul
                 }
                 resolve_freq(fr, lo, base, hi, &what)
             };
-            let min = class.min_freq.map(resolve).transpose()?;
-            let max = class.max_freq.map(resolve).transpose()?;
-            // Reported once, on the minimum.
-            if let (Some(min), Some(max), "min_freq") = (min, max, key) {
-                if min > max {
-                    return Err(Refusal::Invalid(format!(
-                        "min_freq is {min} kHz on CPU {cpu}, above max_freq ({max} kHz)"
-                    )));
-                }
-            }
+            // Each key's own value decides its error; the other one only matters for the
+            // order check, which the minimum reports.
+            let own = if key == "min_freq" { class.min_freq } else { class.max_freq };
+            let value = own.map(resolve).transpose()?.unwrap_or_default();
             if key == "min_freq" {
-                Ok((f("scaling_min_freq"), min.unwrap_or_default().to_string()))
+                if let Some(Ok(max)) = class.max_freq.map(resolve) {
+                    if value > max {
+                        return Err(Refusal::Invalid(format!(
+                            "min_freq is {value} kHz on CPU {cpu}, above max_freq ({max} kHz)"
+                        )));
+                    }
+                }
+                Ok((f("scaling_min_freq"), value.to_string()))
             } else {
-                Ok((f("scaling_max_freq"), max.unwrap_or_default().to_string()))
+                Ok((f("scaling_max_freq"), value.to_string()))
             }
         }
         "epp" => {
@@ -195,20 +196,23 @@ fn plan_key(
                 let lo = fs.read_number(&format!("{dir}/initial_min_freq_khz")).map_err(read_err)?;
                 let hi = fs.read_number(&format!("{dir}/initial_max_freq_khz")).map_err(read_err)?;
                 let what = format!("the uncore of package {package} die {die}");
-                let min = class.uncore_min_freq.map(|f| resolve_freq(f, lo, None, hi, &what)).transpose()?;
-                let max = class.uncore_max_freq.map(|f| resolve_freq(f, lo, None, hi, &what)).transpose()?;
-                if let (Some(min), Some(max), "uncore_min_freq") = (min, max, key) {
-                    if min > max {
-                        return Err(Refusal::Invalid(format!(
-                            "uncore_min_freq is {min} kHz on package {package} die {die}, above uncore_max_freq ({max} kHz)"
-                        )));
+                let resolve = |f: Freq| resolve_freq(f, lo, None, hi, &what);
+                let own =
+                    if key == "uncore_min_freq" { class.uncore_min_freq } else { class.uncore_max_freq };
+                let value = own.map(resolve).transpose()?.unwrap_or_default();
+                if key == "uncore_min_freq" {
+                    if let Some(Ok(max)) = class.uncore_max_freq.map(resolve) {
+                        if value > max {
+                            return Err(Refusal::Invalid(format!(
+                                "uncore_min_freq is {value} kHz on package {package} die {die}, above \
+                                 uncore_max_freq ({max} kHz)"
+                            )));
+                        }
                     }
-                }
-                out.push(if key == "uncore_min_freq" {
-                    (format!("{dir}/min_freq_khz"), min.unwrap_or_default().to_string())
+                    out.push((format!("{dir}/min_freq_khz"), value.to_string()));
                 } else {
-                    (format!("{dir}/max_freq_khz"), max.unwrap_or_default().to_string())
-                });
+                    out.push((format!("{dir}/max_freq_khz"), value.to_string()));
+                }
             }
             Ok(out)
         }
