@@ -22,7 +22,7 @@ pub mod handle;
 pub mod housekeeping;
 mod irq;
 mod kubelet;
-mod power;
+pub mod power;
 mod reload;
 
 use std::sync::Arc;

@@ -72,12 +72,71 @@ fn resolve_freq(f: Freq, lo: u64, base: Option<u64>, hi: u64, what: &str) -> Res
     }
 }
 
-fn read_err(e: crate::host::power::PowerError) -> Refusal {
-    Refusal::Unsupported(error_chain(&e))
+fn read_err(e: String) -> Refusal {
+    Refusal::Unsupported(e)
+}
+
+/// What a pass reads to plan: the host's limits, lists and drivers, and where the files are.
+/// They do not change while a pass runs, and every CPU and key asks for them again (a 1,024-CPU
+/// class would read each CPU's limits four times), so each is read once per pass.
+pub(crate) struct Facts<'a> {
+    fs: &'a PowerFs,
+    files: std::cell::RefCell<std::collections::HashMap<String, Result<String, String>>>,
+    places: std::cell::RefCell<std::collections::HashMap<String, Result<String, String>>>,
+}
+
+impl<'a> Facts<'a> {
+    pub(crate) fn new(fs: &'a PowerFs) -> Facts<'a> {
+        Facts { fs, files: Default::default(), places: Default::default() }
+    }
+
+    fn root(&self) -> &std::path::Path {
+        self.fs.root()
+    }
+
+    fn read(&self, rel: &str) -> Result<String, String> {
+        self.files
+            .borrow_mut()
+            .entry(rel.to_owned())
+            .or_insert_with(|| self.fs.read(rel).map_err(|e| error_chain(&e)))
+            .clone()
+    }
+
+    fn read_number(&self, rel: &str) -> Result<u64, String> {
+        let text = self.read(rel)?;
+        text.parse().map_err(|_| {
+            format!("`{}` holds `{}`, not a number", self.root().join(rel).display(), text.escape_debug())
+        })
+    }
+
+    fn exists(&self, rel: &str) -> bool {
+        self.read(rel).is_ok()
+    }
+
+    fn place(&self, key: String, find: impl FnOnce() -> Result<String, String>) -> Result<String, String> {
+        self.places.borrow_mut().entry(key).or_insert_with(find).clone()
+    }
+
+    fn cpufreq_dir(&self, cpu: u32) -> Result<String, String> {
+        self.place(format!("cpufreq{cpu}"), || self.fs.cpufreq_dir(cpu))
+    }
+
+    fn resume_latency_file(&self, cpu: u32) -> Result<String, String> {
+        self.fs.resume_latency_file(cpu)
+    }
+
+    fn uncore_dir(&self, package: u32, die: u32) -> Result<String, String> {
+        self.place(format!("uncore{package}/{die}"), || self.fs.uncore_dir(package, die))
+    }
 }
 
 /// One cpufreq key on one CPU: the file and the value.
-fn cpufreq_write(fs: &PowerFs, class: &PowerClass, key: &str, cpu: u32) -> Result<(String, String), Refusal> {
+fn cpufreq_write(
+    fs: &Facts<'_>,
+    class: &PowerClass,
+    key: &str,
+    cpu: u32,
+) -> Result<(String, String), Refusal> {
     let dir = fs.cpufreq_dir(cpu).map_err(Refusal::Unsupported)?;
     let f = |name: &str| format!("{dir}/{name}");
     match key {
@@ -155,7 +214,7 @@ fn cpufreq_write(fs: &PowerFs, class: &PowerClass, key: &str, cpu: u32) -> Resul
 
 /// The files and values `class` sets on `cpus` (see the module docs).
 pub(crate) fn plan_class(
-    fs: &PowerFs,
+    fs: &Facts<'_>,
     topo: &Topology,
     pool: &str,
     class: &PowerClass,
@@ -174,7 +233,7 @@ pub(crate) fn plan_class(
 }
 
 fn plan_key(
-    fs: &PowerFs,
+    fs: &Facts<'_>,
     topo: &Topology,
     class: &PowerClass,
     key: &str,
@@ -252,7 +311,8 @@ pub(crate) fn check_power(
     if settings.power.classes.is_empty() {
         return Ok(());
     }
-    let fs = PowerFs::new(&settings.paths.sysfs_root);
+    let power_fs = PowerFs::new(&settings.paths.sysfs_root);
+    let fs = Facts::new(&power_fs);
     let by_name: BTreeMap<String, CpuSet> =
         pools.iter().map(|p| (p.name.to_string(), p.cpus.clone())).collect();
     // An uncore die is shared by every pool on it: two pools may not ask it for different values.
@@ -292,8 +352,16 @@ pub(crate) fn check_power(
     Ok(())
 }
 
-/// The engine's power state.
-pub(crate) struct PowerManager {
+/// What [`PowerManager::write_all`] left: what each file holds (read back), and why those that
+/// do not hold their value do not.
+#[derive(Debug, Default)]
+struct Written {
+    held: BTreeMap<String, Result<String, String>>,
+    failed: BTreeMap<String, String>,
+}
+
+/// The engine's power state (public for benches/classes.rs, which times a pass).
+pub struct PowerManager {
     fs: PowerFs,
     config: Power,
     state_dir: PathBuf,
@@ -303,7 +371,7 @@ pub(crate) struct PowerManager {
 
 impl PowerManager {
     /// Set up from `settings`, reading the memory a previous run left.
-    pub(crate) fn new(settings: &Settings) -> PowerManager {
+    pub fn new(settings: &Settings) -> PowerManager {
         let state_dir = settings.paths.state_dir.clone();
         let memory = match Root::new(&state_dir).read(MEMORY_FILE) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
@@ -332,7 +400,7 @@ impl PowerManager {
     }
 
     /// Takes new settings (a reload).
-    pub(crate) fn configure(&mut self, settings: &Settings) {
+    pub fn configure(&mut self, settings: &Settings) {
         self.config = settings.power.clone();
         self.fs = PowerFs::new(&settings.paths.sysfs_root);
     }
@@ -356,44 +424,53 @@ impl PowerManager {
     /// Writes `value` to `file` unless it holds it; then, for files whose read-back differs,
     /// once more: a minimum above the current maximum is taken only after the maximum is
     /// raised, so min/max pairs settle on the second round in either direction.
-    fn write_all(&self, writes: &[(String, String)]) -> BTreeMap<String, String> {
-        let mut failed = BTreeMap::new();
+    fn write_all(&self, writes: &[(String, String)]) -> Written {
+        let mut out = Written::default();
+        let mut todo: Vec<&(String, String)> = writes.iter().collect();
         for round in 0..2 {
-            failed.clear();
-            for (file, value) in writes {
-                if self.fs.read(file).ok().as_deref() == Some(value.as_str()) {
+            out.failed.clear();
+            for (file, value) in todo {
+                let held = self.fs.read(file).map_err(|e| error_chain(&e));
+                if held.as_deref() == Ok(value.as_str()) {
+                    out.held.insert(file.clone(), held);
                     continue;
                 }
                 if let Err(e) = self.fs.write(file, value) {
-                    failed.insert(file.clone(), error_chain(&e));
+                    out.failed.insert(file.clone(), error_chain(&e));
+                    out.held.insert(file.clone(), held);
                     continue;
                 }
-                match self.fs.read(file) {
-                    Ok(now) if now == *value => {
+                let now = self.fs.read(file).map_err(|e| error_chain(&e));
+                match &now {
+                    Ok(now) if now == value => {
                         if round == 0 {
                             log::debug!("power: `{file}` = {value}");
                         }
                     }
                     Ok(now) => {
-                        failed.insert(file.clone(), format!("wrote `{value}` to `{file}`, it holds `{now}`"));
+                        out.failed
+                            .insert(file.clone(), format!("wrote `{value}` to `{file}`, it holds `{now}`"));
                     }
                     Err(e) => {
-                        failed.insert(file.clone(), error_chain(&e));
+                        out.failed.insert(file.clone(), e.clone());
                     }
                 }
+                out.held.insert(file.clone(), now);
             }
-            if failed.is_empty() {
+            todo = writes.iter().filter(|(f, _)| out.failed.contains_key(f)).collect();
+            if todo.is_empty() {
                 break;
             }
         }
-        failed
+        out
     }
 
     /// One pass (module docs) over the pools' CPUs now.
-    pub(crate) fn apply(&mut self, topo: &Topology, pools: &BTreeMap<String, CpuSet>) {
+    pub fn apply(&mut self, topo: &Topology, pools: &BTreeMap<String, CpuSet>) {
+        let facts = Facts::new(&self.fs);
         let plans: Vec<KeyPlan> = scopes(&self.config, topo, pools)
             .into_iter()
-            .flat_map(|(name, class, cpus)| plan_class(&self.fs, topo, name, class, &cpus))
+            .flat_map(|(name, class, cpus)| plan_class(&facts, topo, name, class, &cpus))
             .collect();
         let mut desired: BTreeMap<String, String> = BTreeMap::new();
         for p in &plans {
@@ -418,7 +495,7 @@ impl PowerManager {
             return;
         }
         let writes: Vec<(String, String)> = desired.iter().map(|(f, v)| (f.clone(), v.clone())).collect();
-        let failed = self.write_all(&writes);
+        let written = self.write_all(&writes);
         // Files no class wants any more get their value back.
         let stale: Vec<(String, String)> = self
             .memory
@@ -428,7 +505,7 @@ impl PowerManager {
             .map(|(f, v)| (f.clone(), v.clone()))
             .collect();
         self.restore(&stale);
-        self.rows = plans.iter().map(|p| self.row_for(p, &failed)).collect();
+        self.rows = plans.iter().map(|p| row_for(p, &written)).collect();
         for r in &self.rows {
             if let ClassState::Degraded(why) | ClassState::Unsupported(why) = &r.state {
                 log::warn!(POOL = r.pool.as_str(); "power: {} {}: {why}", r.pool, r.key);
@@ -443,9 +520,9 @@ impl PowerManager {
         }
         let files: Vec<(String, String)> =
             files.iter().filter(|(f, _)| f.starts_with(CPU_DIR)).cloned().collect();
-        let failed = self.write_all(&files);
+        let written = self.write_all(&files);
         for (file, value) in &files {
-            match failed.get(file) {
+            match written.failed.get(file) {
                 None => {
                     log::info!("power: `{file}` back to {value}");
                     self.memory.files.remove(file);
@@ -461,46 +538,44 @@ impl PowerManager {
     }
 
     /// Writes every remembered value back (the daemon stops).
-    pub(crate) fn restore_all(&mut self) {
+    pub fn restore_all(&mut self) {
         let files: Vec<(String, String)> =
             self.memory.files.iter().map(|(f, v)| (f.clone(), v.clone())).collect();
         self.restore(&files);
     }
+}
 
-    fn row_for(&self, p: &KeyPlan, failed: &BTreeMap<String, String>) -> ClassRow {
-        let writes = match &p.writes {
-            Ok(w) => w,
-            Err(Refusal::Unsupported(m)) => return row(p, String::new(), ClassState::Unsupported(m.clone())),
-            Err(Refusal::Invalid(r)) => return row(p, String::new(), ClassState::Degraded(r.clone())),
-        };
-        let mut seen = BTreeSet::new();
-        let mut in_force = Vec::new();
-        let mut wrong = Vec::new();
-        for (file, value) in writes {
-            match self.fs.read(file) {
-                Ok(now) => {
-                    if now != *value {
-                        wrong.push(
-                            failed
-                                .get(file)
-                                .cloned()
-                                .unwrap_or_else(|| format!("`{file}` holds `{now}`, not `{value}`")),
-                        );
-                    }
-                    if seen.insert(now.clone()) {
-                        in_force.push(now);
-                    }
+/// The row of `p` from what the writes read back.
+fn row_for(p: &KeyPlan, written: &Written) -> ClassRow {
+    let writes = match &p.writes {
+        Ok(w) => w,
+        Err(Refusal::Unsupported(m)) => return row(p, String::new(), ClassState::Unsupported(m.clone())),
+        Err(Refusal::Invalid(r)) => return row(p, String::new(), ClassState::Degraded(r.clone())),
+    };
+    let mut seen = BTreeSet::new();
+    let mut in_force = Vec::new();
+    let mut wrong = Vec::new();
+    for (file, value) in writes {
+        match written.held.get(file) {
+            Some(Ok(now)) => {
+                if now != value {
+                    let why = written.failed.get(file).cloned();
+                    wrong.push(why.unwrap_or_else(|| format!("`{file}` holds `{now}`, not `{value}`")));
                 }
-                Err(e) => wrong.push(error_chain(&e)),
+                if seen.insert(now.clone()) {
+                    in_force.push(now.clone());
+                }
             }
+            Some(Err(e)) => wrong.push(e.clone()),
+            None => wrong.push(format!("`{file}` was not written")),
         }
-        let state = match wrong.first() {
-            None => ClassState::Applied,
-            Some(w) if wrong.len() == 1 => ClassState::Degraded(w.clone()),
-            Some(w) => ClassState::Degraded(format!("{w} (and {} more)", wrong.len() - 1)),
-        };
-        row(p, in_force.join(","), state)
     }
+    let state = match wrong.first() {
+        None => ClassState::Applied,
+        Some(w) if wrong.len() == 1 => ClassState::Degraded(w.clone()),
+        Some(w) => ClassState::Degraded(format!("{w} (and {} more)", wrong.len() - 1)),
+    };
+    row(p, in_force.join(","), state)
 }
 
 fn row(p: &KeyPlan, in_force: String, state: ClassState) -> ClassRow {
