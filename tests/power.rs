@@ -74,6 +74,11 @@ fn fake_sysfs_power_class_is_applied_before_ready_and_restored_on_stop() {
         assert!(pristine(&sb, cpu), "CPU {cpu} is in no class");
     }
     assert_eq!(file(&sb, &format!("{UNCORE}/min_freq_khz")), "2400000");
+    // What the latency leaves of the CPUs' idle states (cpuidle, read only: POLL has no exit
+    // latency, C1 2 µs, C1E 10 µs, C6 133 µs).
+    let said =
+        "power: dp resume_latency_us = 0 on CPUs 1-2,5-6 (the kernel shows n/a); idle states used: POLL";
+    assert!(d.logs().contains(said), "{}", d.logs());
     let memory: serde_json::Value =
         serde_json::from_str(&file(&sb, "state/power.json")).unwrap_or_else(|e| panic!("power.json: {e}"));
     assert_eq!(memory["files"]["devices/system/cpu/cpu5/power/pm_qos_resume_latency_us"], "0");

@@ -505,11 +505,37 @@ impl PowerManager {
             .map(|(f, v)| (f.clone(), v.clone()))
             .collect();
         self.restore(&stale);
-        self.rows = plans.iter().map(|p| row_for(p, &written)).collect();
-        for r in &self.rows {
-            if let ClassState::Degraded(why) | ClassState::Unsupported(why) = &r.state {
-                log::warn!(POOL = r.pool.as_str(); "power: {} {}: {why}", r.pool, r.key);
+        let rows: Vec<ClassRow> = plans.iter().map(|p| row_for(p, &written)).collect();
+        // Said when a row changes, not at every drift check.
+        for r in rows.iter().filter(|r| !self.rows.contains(r)) {
+            match &r.state {
+                ClassState::Applied => log::info!(
+                    POOL = r.pool.as_str();
+                    "power: {} {} = {} on CPUs {} (the kernel shows {}){}",
+                    r.pool, r.key, r.wanted, r.scope, r.in_force, self.idle_note(r)
+                ),
+                ClassState::Degraded(why) | ClassState::Unsupported(why) => {
+                    log::warn!(POOL = r.pool.as_str(); "power: {} {}: {why}", r.pool, r.key)
+                }
             }
+        }
+        self.rows = rows;
+    }
+
+    /// For an applied resume latency: which of the first CPU's idle states (cpuidle, read only)
+    /// it leaves usable, as the cpuidle governors skip states whose exit latency exceeds it.
+    fn idle_note(&self, r: &ClassRow) -> String {
+        let Some(cpu) = CpuSet::parse(&r.scope).ok().and_then(|c| c.first()) else { return String::new() };
+        let states = self.fs.idle_states(cpu);
+        if r.key != "resume_latency_us" || states.is_empty() {
+            return String::new();
+        }
+        let limit: u64 = r.wanted.parse().unwrap_or(0);
+        let usable: Vec<&str> =
+            states.iter().filter(|s| s.latency_us <= limit).map(|s| s.name.as_str()).collect();
+        match usable.as_slice() {
+            [] => "; no idle state is used".to_owned(),
+            u => format!("; idle states used: {}", u.join(", ")),
         }
     }
 
