@@ -271,3 +271,45 @@ fn fake_sysfs_missing_drivers_are_not_supported_naming_the_key_and_what_is_missi
         "{rows:?}"
     );
 }
+
+/// The engine's hooks: applied at start, reported by `power_rows`, a reload the host cannot
+/// apply refused with nothing changed, a resize applied, and the stop restoring.
+#[test]
+fn fake_sysfs_engine_applies_at_start_refuses_on_reload_and_restores_on_stop() {
+    let f = crate::engine::tests::Fixture::new();
+    let config = |extra: &str| {
+        let text = format!("{}{extra}", include_str!("../../../tests/fixtures/1x4x2.toml"));
+        std::fs::write(f.sb.etc().join("config.toml"), text).unwrap_or_else(|e| panic!("{e}"));
+        let mut s = crate::config::load(&f.sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
+        f.sb.confine(&mut s);
+        s
+    };
+    let governor = |cpu: u32| read(&f.sb.sysfs().join(gov(cpu)));
+    config("[pools.dp.power]\ngovernor = \"performance\"\n");
+    let (mut engine, _) = f.start();
+    let rows = engine.power_rows();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].key.as_str(), rows[0].in_force.as_str(), &rows[0].state),
+        ("governor", "performance", &ClassState::Applied)
+    );
+    let dp = rows[0].scope.clone();
+    for cpu in CpuSet::parse(&dp).unwrap_or_else(|e| panic!("{e}")).iter() {
+        assert_eq!(governor(cpu), "performance");
+    }
+
+    let bad = config("[pools.dp.power]\ngovernor = \"ondemand\"\n");
+    let e = engine.reload(Ok(Box::new(bad))).err().unwrap_or_else(|| panic!("accepted"));
+    assert!(error_chain(&e).contains("pools.dp.power.governor"), "{}", error_chain(&e));
+    assert_eq!(engine.power_rows(), rows, "nothing changed");
+
+    let good = config("[pools.dp.power]\ngovernor = \"performance\"\nresume_latency_us = 5\n");
+    engine.reload(Ok(Box::new(good))).unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    assert_eq!(engine.power_rows().len(), 2);
+    let first = CpuSet::parse(&dp).unwrap_or_else(|e| panic!("{e}")).first().unwrap_or_default();
+    assert_eq!(read(&f.sb.sysfs().join(qos(first))), "5");
+
+    engine.stop_power();
+    assert_eq!(governor(first), "powersave");
+    assert_eq!(read(&f.sb.sysfs().join(qos(first))), "0");
+}
