@@ -3,7 +3,8 @@
 //! `cpupoold --sandbox DIR` runs the real daemon, with every root pointed into `DIR`:
 //!
 //! ```text
-//! DIR/sys/                   simulated sysfs (the topology)
+//! DIR/sys/                   simulated sysfs (the topology; cpufreq, PM QoS, cpuidle and
+//!                            intel_uncore_frequency as host::simpower writes them)
 //! DIR/cgroup/                a cgroup2-like tree of plain files
 //! DIR/etc/cpupoold/          config.toml (a sample is written once) and config.d/
 //! DIR/usr/lib/cpupoold/      vendor config.d/
@@ -158,6 +159,12 @@ impl Sandbox {
         // The simulated kernel threads (older sandboxes lack them).
         if !sb.procfs().join("2/stat").exists() {
             write_kthreads(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))?;
+        }
+        // The simulated power trees: cpufreq, PM QoS, cpuidle, uncore (older sandboxes lack them).
+        if !sb.sysfs().join("devices/system/cpu/cpufreq").exists() {
+            let all = crate::host::simpower::SimPower::ALL;
+            crate::host::simpower::write_power(&sb.sysfs(), &sb.shape.topology(), all)
+                .map_err(io_err(&sb.sysfs()))?;
         }
         simhost::write_procfs(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))?;
         Ok(sb)

@@ -31,6 +31,61 @@ pub(crate) struct Fragment {
     pub k8s: K8sFragment,
     #[serde(default)]
     pub metrics: MetricsFragment,
+    #[serde(default)]
+    pub idle_cpus: IdleCpusFragment,
+}
+
+/// `[idle_cpus]` as written in one file: classes for the CPUs in no pool.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct IdleCpusFragment {
+    pub power: Option<PowerFragment>,
+}
+
+/// `[pools.NAME.power]` or `[idle_cpus.power]` as written in one file; values are checked in
+/// the settings stage.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PowerFragment {
+    pub governor: Option<String>,
+    pub min_freq: Option<FreqValue>,
+    pub max_freq: Option<FreqValue>,
+    pub epp: Option<String>,
+    pub resume_latency_us: Option<i64>,
+    pub uncore_min_freq: Option<FreqValue>,
+    pub uncore_max_freq: Option<FreqValue>,
+}
+
+/// A frequency as written: a number (kHz) or a word (`min`, `base`, `max`), checked in the
+/// settings stage so the error can name the file.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum FreqValue {
+    Number(i64),
+    Word(String),
+}
+
+impl<'de> Deserialize<'de> for FreqValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = FreqValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a frequency in kHz or \"min\", \"base\", \"max\"")
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<FreqValue, E> {
+                Ok(FreqValue::Number(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<FreqValue, E> {
+                i64::try_from(v).map(FreqValue::Number).map_err(|_| E::custom("too large"))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<FreqValue, E> {
+                Ok(FreqValue::Word(v.to_owned()))
+            }
+        }
+        // A string or a number: TOML's deserializer hands either to the visitor (its
+        // deserialize_str is self-describing), and the man page test's recorder offers a str.
+        d.deserialize_str(V)
+    }
 }
 
 /// `[metrics]` as written in one file: the metrics endpoint.
@@ -92,6 +147,7 @@ pub(crate) struct DaemonFragment {
     pub irq_restore_on_stop: Option<bool>,
     pub irqbalance: Option<bool>,
     pub cache_restore_on_stop: Option<bool>,
+    pub power_restore_on_stop: Option<bool>,
 }
 
 /// `[pools.NAME]`: as written in one file, and (as [`PoolInput`]) merged over all of them. The
@@ -119,6 +175,7 @@ pub(crate) struct PoolFragment<C = String> {
     pub irq_claim: Option<Vec<String>>,
     #[serde(default)]
     pub cache: Option<CacheFragment>,
+    pub power: Option<PowerFragment>,
 }
 
 /// `[pools.NAME.cache]` as written in one file: the pool's resctrl allocation. Each key merges

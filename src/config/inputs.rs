@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::fragments::{
-    DaemonFragment, Fragment, K8sFragment, KubeletFragment, MetricsFragment, PathsFragment, PoolFragment,
+    DaemonFragment, Fragment, IdleCpusFragment, K8sFragment, KubeletFragment, MetricsFragment, PathsFragment,
+    PoolFragment, PowerFragment,
 };
 use super::{pool_key, ConfigError, Origins};
 use crate::core::cpuset::CpuSet;
@@ -30,6 +31,7 @@ pub(crate) struct Inputs {
     pub kubelet: KubeletFragment,
     pub k8s: K8sFragment,
     pub metrics: MetricsFragment,
+    pub idle_cpus: IdleCpusFragment,
     /// By name as written; names are validated in the settings stage.
     pub pools: BTreeMap<String, PoolInput>,
     /// Who set each key last.
@@ -56,7 +58,10 @@ impl Inputs {
         self.files.push(file.to_owned());
         let mut set = Setter { origins: &mut self.origins, file };
 
-        let Fragment { paths, daemon, pools, kubelet, k8s, metrics } = fragment;
+        let Fragment { paths, daemon, pools, kubelet, k8s, metrics, idle_cpus } = fragment;
+        if let Some(power) = idle_cpus.power {
+            set.power(&mut self.idle_cpus.power, power, "idle_cpus.power");
+        }
         set.field(&mut self.metrics.enabled, metrics.enabled, "metrics.enabled");
         set.field(&mut self.metrics.listen, metrics.listen, "metrics.listen");
         let c = &mut self.k8s;
@@ -94,6 +99,11 @@ impl Inputs {
             "daemon.irq_restore_on_stop",
         );
         set.field(&mut self.daemon.irqbalance, daemon.irqbalance, "daemon.irqbalance");
+        set.field(
+            &mut self.daemon.power_restore_on_stop,
+            daemon.power_restore_on_stop,
+            "daemon.power_restore_on_stop",
+        );
         set.field(&mut self.paths.procfs_root, paths.procfs_root, "paths.procfs_root");
         set.field(&mut self.paths.irqbalance_dir, paths.irqbalance_dir, "paths.irqbalance_dir");
         set.field(&mut self.paths.resctrl_root, paths.resctrl_root, "paths.resctrl_root");
@@ -143,6 +153,9 @@ impl Inputs {
                 set.field(&mut merged.l3, cache.l3, &key("cache.l3"));
                 set.field(&mut merged.mb, cache.mb, &key("cache.mb"));
             }
+            if let Some(power) = p.power {
+                set.power(&mut pool.power, power, &key("power"));
+            }
         }
         Ok(())
     }
@@ -160,5 +173,20 @@ impl Setter<'_> {
             *slot = Some(value);
             self.origins.set(key.to_owned(), self.file);
         }
+    }
+
+    /// A power table merges key by key, like the pool's own keys: a drop-in that sets only
+    /// `governor` keeps the frequencies an earlier file set.
+    fn power(&mut self, slot: &mut Option<PowerFragment>, value: PowerFragment, table: &str) {
+        let to = slot.get_or_insert_with(PowerFragment::default);
+        self.origins.set(table.to_owned(), self.file);
+        let key = |k: &str| format!("{table}.{k}");
+        self.field(&mut to.governor, value.governor, &key("governor"));
+        self.field(&mut to.min_freq, value.min_freq, &key("min_freq"));
+        self.field(&mut to.max_freq, value.max_freq, &key("max_freq"));
+        self.field(&mut to.epp, value.epp, &key("epp"));
+        self.field(&mut to.resume_latency_us, value.resume_latency_us, &key("resume_latency_us"));
+        self.field(&mut to.uncore_min_freq, value.uncore_min_freq, &key("uncore_min_freq"));
+        self.field(&mut to.uncore_max_freq, value.uncore_max_freq, &key("uncore_max_freq"));
     }
 }

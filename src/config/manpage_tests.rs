@@ -228,7 +228,8 @@ fn documented(page: &str) -> Vec<Documented> {
         } else {
             unroff(rest).split('|').map(|v| v.trim().trim_matches('"').to_owned()).collect()
         };
-        // `pools.NAME` and the tables below it (`pools.NAME.cache`).
+        // `pools.NAME` and the tables below it (`pools.NAME.cache`, `pools.NAME.power`): NAME is
+        // any pool.
         let key_table = table.replacen("pools.NAME", "pools.*", 1);
         out.push(Documented {
             key: format!("{key_table}.{name}"),
@@ -250,6 +251,7 @@ fn sample(d: &Documented) -> String {
         Some("boolean") => "true".into(),
         Some("integer") => "1".into(),
         Some("list of strings") => "[\"x\"]".into(),
+        Some("frequency") => "\"max\"".into(),
         Some(other) => panic!("{}: the man page's type `{other}` is not one this test knows", d.key),
         None => format!("\"{}\"", d.values[0]),
     }

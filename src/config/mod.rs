@@ -62,7 +62,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use settings::{
-    Backend, Cache, Irq, IrqPool, K8s, Kubelet, Metrics, Paths, Settings, DEFAULT_ADMIN_GROUP,
+    power_key, Backend, Cache, Irq, IrqPool, K8s, Kubelet, Metrics, Paths, Power, Settings,
+    DEFAULT_ADMIN_GROUP,
     DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS,
     DEFAULT_RESOURCE_PREFIX, MAX_SHARED_DEVICES,
 };
@@ -262,7 +263,7 @@ pub enum ConfigError {
     Unsupported {
         /// The file that set the key.
         file: PathBuf,
-        /// The key (`pools.dp.cache.l3`).
+        /// The key (`pools.dp.cache.l3`, `pools.dp.power.governor`).
         key: String,
         /// What is missing, naming the file or directory looked for.
         missing: String,

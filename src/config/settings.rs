@@ -79,6 +79,9 @@ pub struct Settings {
     pub irq: Irq,
     /// Cache classes: each pool's `[pools.NAME.cache]` and `daemon.cache_restore_on_stop`.
     pub cache: Cache,
+    /// Power classes: `daemon.power_restore_on_stop`, each pool's `[pools.NAME.power]` and
+    /// `[idle_cpus.power]`.
+    pub power: Power,
     /// Which file set each key, for error messages.
     pub origins: Origins,
 }
@@ -96,6 +99,106 @@ pub struct Irq {
     pub irqbalance: bool,
     /// Each pool's `irq` and `irq_claim`.
     pub pools: std::collections::BTreeMap<PoolName, IrqPool>,
+}
+
+/// Power classes (see [`crate::core::power`]). Only syntax is checked here; what the host
+/// offers (governors, frequency limits, which drivers exist) is checked when the engine takes
+/// the settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Power {
+    /// `daemon.power_restore_on_stop`: write every value found before the daemon's first write
+    /// back when it stops (otherwise they stay until the class is removed).
+    pub restore_on_stop: bool,
+    /// Each class by pool name, and [`crate::core::classes::IDLE_CPUS`] for `[idle_cpus.power]`;
+    /// empty tables left out.
+    pub classes: std::collections::BTreeMap<String, crate::core::power::PowerClass>,
+}
+
+impl Default for Power {
+    fn default() -> Self {
+        Power { restore_on_stop: true, classes: std::collections::BTreeMap::new() }
+    }
+}
+
+/// The configuration key of `key` in the power class of `pool` (a pool name, or
+/// [`crate::core::classes::IDLE_CPUS`]): `pools.dp.power.governor`, `idle_cpus.power.epp`.
+pub fn power_key(pool: &str, key: &str) -> String {
+    if pool == crate::core::classes::IDLE_CPUS {
+        format!("idle_cpus.power.{key}")
+    } else {
+        pool_key(pool, &format!("power.{key}"))
+    }
+}
+
+/// Checks one power table's syntax; `table` is its key (`pools.dp.power`).
+fn power_class(
+    pool: &str,
+    f: super::fragments::PowerFragment,
+    origins: &Origins,
+) -> Result<crate::core::power::PowerClass, ConfigError> {
+    use super::fragments::FreqValue;
+    use crate::core::power::{self, Freq, PowerClass};
+    let invalid = |k: &str, reason: String| {
+        let key = power_key(pool, k);
+        ConfigError::Invalid { file: origins.file_for(&key).unwrap_or_default(), key, reason }
+    };
+    let word = |k: &str, v: Option<String>| match v {
+        Some(w) if !power::is_word(&w) => Err(invalid(
+            k,
+            format!(
+                "`{}` is not a name the kernel lists (lower-case letters, digits, _ and -)",
+                w.escape_debug()
+            ),
+        )),
+        other => Ok(other),
+    };
+    let freq = |k: &str, v: Option<FreqValue>| -> Result<Option<Freq>, ConfigError> {
+        let bad =
+            |shown: String| invalid(k, format!("{shown} is not a frequency in kHz or `min`, `base`, `max`"));
+        match v {
+            None => Ok(None),
+            Some(FreqValue::Number(n)) if n > 0 => Ok(Some(Freq::Khz(n.unsigned_abs()))),
+            Some(FreqValue::Number(n)) => Err(bad(n.to_string())),
+            Some(FreqValue::Word(w)) => match w.as_str() {
+                "min" | "base" | "max" => Ok(Freq::parse_word(&w)),
+                _ => Err(bad(format!("`{}`", w.escape_debug()))),
+            },
+        }
+    };
+    let class = PowerClass {
+        governor: word("governor", f.governor)?,
+        min_freq: freq("min_freq", f.min_freq)?,
+        max_freq: freq("max_freq", f.max_freq)?,
+        epp: word("epp", f.epp)?,
+        resume_latency_us: match f.resume_latency_us {
+            None => None,
+            Some(n) => Some(
+                u32::try_from(n).ok().filter(|&n| n <= power::MAX_RESUME_LATENCY_US).ok_or_else(|| {
+                    invalid(
+                        "resume_latency_us",
+                        format!("{n} must be between 0 and {} (µs)", power::MAX_RESUME_LATENCY_US),
+                    )
+                })?,
+            ),
+        },
+        uncore_min_freq: freq("uncore_min_freq", f.uncore_min_freq)?,
+        uncore_max_freq: freq("uncore_max_freq", f.uncore_max_freq)?,
+    };
+    if class.uncore_min_freq == Some(Freq::Base) || class.uncore_max_freq == Some(Freq::Base) {
+        let k = if class.uncore_min_freq == Some(Freq::Base) { "uncore_min_freq" } else { "uncore_max_freq" };
+        return Err(invalid(k, "the uncore has no base frequency: use kHz, `min` or `max`".into()));
+    }
+    for (lo, hi, k) in [
+        (class.min_freq, class.max_freq, "min_freq"),
+        (class.uncore_min_freq, class.uncore_max_freq, "uncore_min_freq"),
+    ] {
+        if let (Some(Freq::Khz(lo)), Some(Freq::Khz(hi))) = (lo, hi) {
+            if lo > hi {
+                return Err(invalid(k, format!("{lo} kHz is above the maximum set beside it ({hi} kHz)")));
+            }
+        }
+    }
+    Ok(class)
 }
 
 /// One pool's `irq` and `irq_claim`.
@@ -274,7 +377,8 @@ pub const DEFAULT_LOG_LEVEL: log::LevelFilter = log::LevelFilter::Info;
 impl Settings {
     /// Validates merged inputs.
     pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
-        let Inputs { paths, daemon, pools, origins, files, kubelet, k8s, metrics } = inputs;
+        let Inputs { paths, daemon, pools, origins, files, kubelet, k8s, metrics, idle_cpus } = inputs;
+        let power_restore_on_stop = daemon.power_restore_on_stop;
         let daemon_irq = (daemon.irq_cpus.clone(), daemon.irq_restore_on_stop, daemon.irqbalance);
         let lend_idle = daemon.lend_idle.unwrap_or(false);
         let backend = match daemon.backend.as_deref() {
@@ -460,6 +564,17 @@ impl Settings {
         if pools.is_empty() {
             return Err(ConfigError::NoPools { files });
         }
+        let mut power = Power { restore_on_stop: power_restore_on_stop.unwrap_or(true), ..Power::default() };
+        for (name, table) in pools
+            .iter()
+            .filter_map(|(n, p)| p.power.clone().map(|t| (n.as_str(), t)))
+            .chain(idle_cpus.power.map(|t| (crate::core::classes::IDLE_CPUS, t)))
+        {
+            let class = power_class(name, table, &origins)?;
+            if !class.is_empty() {
+                power.classes.insert(name.to_owned(), class);
+            }
+        }
         let irq_inputs: Vec<(String, Option<String>, Option<Vec<String>>)> =
             pools.iter().map(|(n, p)| (n.clone(), p.irq.clone(), p.irq_claim.clone())).collect();
         let cache_inputs: Vec<(String, CacheFragment)> =
@@ -484,6 +599,7 @@ impl Settings {
             metrics,
             irq,
             cache,
+            power,
             origins,
         })
     }

@@ -418,7 +418,8 @@ fn unknown_fields_are_rejected_by_key() {
     assert_eq!(
         chain(&e),
         "`t.toml`:3:1: pools.dp.cont: unknown field `cont`, expected one of `kind`, `cpus`, `count`, \
-         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`, `cache`"
+         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`, \
+         `cache`, `power`"
     );
 }
 
@@ -794,4 +795,54 @@ fn a_bad_metrics_listen_names_the_key() {
     }
     let e = err(&format!("{base}[metrics]\nport = 9465\n"));
     assert!(chain(&e).contains("port"), "{}", chain(&e));
+}
+
+/// `[pools.NAME.power]` and `[idle_cpus.power]`: merged key by key, checked for syntax here
+/// (the host's limits are the engine's), each error naming the key and the file.
+#[test]
+fn power_tables_merge_by_key_and_refuse_bad_syntax_naming_the_key() {
+    use crate::core::power::Freq;
+    let base = "[pools.sys]\nkind = \"reserved\"\ncount = 1\n[pools.dp]\nkind = \"exclusive\"\ncount = 2\n";
+    let s = super::load_strs(&[
+        ("a.toml", &format!("{base}[pools.dp.power]\ngovernor = \"performance\"\nmin_freq = 2000000\n")),
+        ("b.toml", "[pools.dp.power]\nmin_freq = \"max\"\nresume_latency_us = 0\n[idle_cpus.power]\nepp = \"power\"\n"),
+        ("c.toml", "[daemon]\npower_restore_on_stop = false\n"),
+    ])
+    .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let dp = &s.power.classes["dp"];
+    assert_eq!(dp.governor.as_deref(), Some("performance"), "kept from a.toml");
+    assert_eq!((dp.min_freq, dp.resume_latency_us), (Some(Freq::Max), Some(0)));
+    assert_eq!(s.power.classes[crate::core::classes::IDLE_CPUS].epp.as_deref(), Some("power"));
+    assert!(!s.power.restore_on_stop);
+    assert_eq!(s.origins.get("pools.dp.power.governor"), Some(Path::new("a.toml")));
+    assert!(super::load_str(base, "t.toml").unwrap_or_else(|e| panic!("{e}")).power.restore_on_stop);
+
+    for (table, key, reason) in [
+        (
+            "[pools.dp.power]\ngovernor = \"per formance\"\n",
+            "pools.dp.power.governor",
+            "not a name the kernel lists",
+        ),
+        ("[pools.dp.power]\nepp = \"x\\ny\"\n", "pools.dp.power.epp", "not a name the kernel lists"),
+        ("[pools.dp.power]\nmin_freq = \"fast\"\n", "pools.dp.power.min_freq", "not a frequency"),
+        ("[pools.dp.power]\nmax_freq = -5\n", "pools.dp.power.max_freq", "not a frequency"),
+        (
+            "[pools.dp.power]\nmin_freq = 3000\nmax_freq = 2000\n",
+            "pools.dp.power.min_freq",
+            "above the maximum",
+        ),
+        ("[pools.dp.power]\nresume_latency_us = -1\n", "pools.dp.power.resume_latency_us", "between 0 and"),
+        (
+            "[pools.dp.power]\nuncore_min_freq = \"base\"\n",
+            "pools.dp.power.uncore_min_freq",
+            "no base frequency",
+        ),
+        ("[idle_cpus.power]\ngovernor = \"\"\n", "idle_cpus.power.governor", "not a name"),
+    ] {
+        let e = err(&format!("{base}{table}"));
+        assert_eq!(e.key(), Some(key), "{}", chain(&e));
+        assert!(chain(&e).starts_with("`t.toml`") && chain(&e).contains(reason), "{}", chain(&e));
+    }
+    let e = err(&format!("{base}[pools.dp.power]\nturbo = true\n"));
+    assert_eq!(e.key(), Some("pools.dp.power.turbo"), "{}", chain(&e));
 }

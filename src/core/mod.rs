@@ -12,5 +12,6 @@ pub mod housekeeping;
 pub mod isolation;
 pub mod plan;
 pub mod pool;
+pub mod power;
 pub mod state;
 pub mod topology;

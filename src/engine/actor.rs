@@ -134,6 +134,7 @@ impl Engine {
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
         housekeeping::check_housekeeping(settings, &pools).map_err(StartError::Config)?;
         let cache = super::cache::check(settings).map_err(|e| StartError::Config(Box::new(e)))?;
+        super::power::check_power(settings, &topo, &pools).map_err(StartError::Config)?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         // Before reading anything: a second daemon must not compact under a running one.
         store.lock_dir().map_err(StartError::Store)?;
@@ -217,6 +218,7 @@ impl Engine {
             hk: None,
             irq: irq::IrqManager::new(settings),
             cache: super::cache::CacheManager::new(cache),
+            power: super::power::PowerManager::new(settings),
             kubelet: Arc::default(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
@@ -226,6 +228,7 @@ impl Engine {
         engine.store.save(engine.state.data()).map_err(StartError::Store)?;
         engine.apply_irqs();
         engine.apply_cache();
+        engine.apply_power();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
@@ -359,6 +362,7 @@ impl Engine {
         }
         self.stop_irqs();
         self.stop_cache();
+        self.stop_power();
     }
 
     pub(super) fn handle(&mut self, req: Request) {
@@ -432,6 +436,7 @@ impl Engine {
         let (corrected, failed) = self.reconcile();
         self.apply_irqs();
         self.apply_cache();
+        self.apply_power();
         let mut health = std::collections::BTreeMap::new();
         let mut suspects = std::collections::BTreeSet::new();
         for a in self.state.assignments().values() {

@@ -23,6 +23,7 @@ pub mod handle;
 pub mod housekeeping;
 mod irq;
 mod kubelet;
+pub mod power;
 mod reload;
 
 use std::sync::Arc;
@@ -112,6 +113,8 @@ pub struct Engine {
     irq: irq::IrqManager,
     /// resctrl groups for the pools' cache classes.
     cache: cache::CacheManager,
+    /// Power classes (`[pools.NAME.power]`, `[idle_cpus.power]`).
+    power: power::PowerManager,
     kubelet: Arc<KubeletView>,
 }
 
@@ -119,8 +122,7 @@ impl Engine {
     /// Every power and cache setting's row, for the snapshot: each manager reports one row per
     /// configured key of each pool.
     pub(crate) fn class_rows(&self) -> Vec<crate::core::classes::ClassRow> {
-        let mut rows = Vec::new();
-        // Power rows come first (the power manager's `self.power_rows()`).
+        let mut rows = self.power_rows();
         rows.extend(self.cache_rows());
         rows
     }

@@ -42,6 +42,7 @@ impl Engine {
             .map_err(|e| EngineError::Config(Box::new(e)))?;
         super::housekeeping::check_housekeeping(settings, &pools).map_err(EngineError::Config)?;
         super::cache::check(settings).map_err(|e| EngineError::Config(Box::new(e)))?;
+        super::power::check_power(settings, &topo, &pools).map_err(EngineError::Config)?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
@@ -63,11 +64,13 @@ impl Engine {
         let before = plan::layout(&self.state, &old_topo, &old_opts);
         let after = self.layout(&next);
         if before == after && next == *self.state {
-            // Interrupt settings alone may have changed.
+            // Interrupt, power or cache settings alone may have changed.
             self.irq.configure(settings);
             self.apply_irqs();
             self.cache.configure(settings);
             self.apply_cache();
+            self.power.configure(settings);
+            self.apply_power();
             self.publish(Vec::new());
             return Ok(false);
         }
@@ -90,6 +93,8 @@ impl Engine {
         self.apply_irqs();
         self.cache.configure(settings);
         self.apply_cache();
+        self.power.configure(settings);
+        self.apply_power();
         for p in self.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }

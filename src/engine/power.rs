@@ -1,0 +1,641 @@
+//! Power classes, kept by the engine: after start's reconcile, after every installed
+//! configuration (reload, pool edit), at every drift check, and (when
+//! `daemon.power_restore_on_stop`) once more on the way out to put everything back.
+//!
+//! Each pass turns every configured class (`[pools.NAME.power]`, `[idle_cpus.power]`) into the
+//! sysfs files it sets on the pool's CPUs now ([`plan_class`]: words such as `max` resolved
+//! against what each CPU reports), remembers what each file held before the daemon's first
+//! write to it durably (`power.json` in the state directory, written with [`Root::replace`]
+//! before any write, as `irq.json` is), writes what differs, and reads every file back. A file
+//! no class wants any more (its CPU left the pool, the key or the pool went, the daemon was
+//! stopped without restoring, or crashed) gets the remembered value back and is forgotten.
+//! What was read back is reported as one [`ClassRow`] per configured key and pool.
+//!
+//! The same plan checks new settings before the engine takes them ([`check_power`]): a key the
+//! host has no driver for, or a value it does not offer, refuses the configuration naming the
+//! key, and nothing is written. A value that cannot be applied later (a write refused, a file
+//! gone) is reported as degraded on its row, as interrupts report what does not hold.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{error_chain, Engine};
+use crate::config::{power_key, ConfigError, Power, Settings};
+use crate::core::classes::{ClassKind, ClassRow, ClassState, IDLE_CPUS};
+use crate::core::cpuset::CpuSet;
+use crate::core::pool::Pool;
+use crate::core::power::{resume_latency_text, Freq, PowerClass};
+use crate::core::topology::Topology;
+use crate::host::fsutil::Root;
+use crate::host::power::{PowerFs, CPU_DIR};
+
+/// The file in the state directory that remembers the values found before the daemon's writes.
+pub const MEMORY_FILE: &str = "power.json";
+
+/// The durable memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Memory {
+    /// sysfs file (relative to the sysfs root) → what it held before the daemon first wrote it.
+    files: BTreeMap<String, String>,
+}
+
+/// Why a key cannot be planned on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The host lacks the driver or file: what is missing.
+    Unsupported(String),
+    /// The host does not offer the value: why.
+    Invalid(String),
+}
+
+/// One configured key of one class, turned into the files it sets.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyPlan {
+    pub pool: String,
+    pub key: &'static str,
+    pub wanted: String,
+    pub cpus: CpuSet,
+    /// (file, value) pairs, each file once.
+    pub writes: Result<Vec<(String, String)>, Refusal>,
+}
+
+/// A frequency word resolved against a CPU's or die's limits; `base` is `None` where there is
+/// none. Out of range is refused.
+fn resolve_freq(f: Freq, lo: u64, base: Option<u64>, hi: u64, what: &str) -> Result<u64, Refusal> {
+    match f {
+        Freq::Min => Ok(lo),
+        Freq::Max => Ok(hi),
+        Freq::Base => base.ok_or_else(|| Refusal::Invalid(format!("{what} has no base frequency"))),
+        Freq::Khz(k) if (lo..=hi).contains(&k) => Ok(k),
+        Freq::Khz(k) => Err(Refusal::Invalid(format!("{k} kHz is outside {what}'s limits ({lo}-{hi} kHz)"))),
+    }
+}
+
+fn read_err(e: String) -> Refusal {
+    Refusal::Unsupported(e)
+}
+
+/// What a pass reads to plan: the host's limits, lists and drivers, and where the files are.
+/// They do not change while a pass runs, and every CPU and key asks for them again (a 1,024-CPU
+/// class would read each CPU's limits four times), so each is read once per pass.
+pub(crate) struct Facts<'a> {
+    fs: &'a PowerFs,
+    files: std::cell::RefCell<std::collections::HashMap<String, Result<String, String>>>,
+    places: std::cell::RefCell<std::collections::HashMap<String, Result<String, String>>>,
+}
+
+impl<'a> Facts<'a> {
+    pub(crate) fn new(fs: &'a PowerFs) -> Facts<'a> {
+        Facts { fs, files: Default::default(), places: Default::default() }
+    }
+
+    fn root(&self) -> &std::path::Path {
+        self.fs.root()
+    }
+
+    fn read(&self, rel: &str) -> Result<String, String> {
+        self.files
+            .borrow_mut()
+            .entry(rel.to_owned())
+            .or_insert_with(|| self.fs.read(rel).map_err(|e| error_chain(&e)))
+            .clone()
+    }
+
+    fn read_number(&self, rel: &str) -> Result<u64, String> {
+        let text = self.read(rel)?;
+        text.parse().map_err(|_| {
+            format!("`{}` holds `{}`, not a number", self.root().join(rel).display(), text.escape_debug())
+        })
+    }
+
+    fn exists(&self, rel: &str) -> bool {
+        self.read(rel).is_ok()
+    }
+
+    fn place(&self, key: String, find: impl FnOnce() -> Result<String, String>) -> Result<String, String> {
+        self.places.borrow_mut().entry(key).or_insert_with(find).clone()
+    }
+
+    fn cpufreq_dir(&self, cpu: u32) -> Result<String, String> {
+        self.place(format!("cpufreq{cpu}"), || self.fs.cpufreq_dir(cpu))
+    }
+
+    fn resume_latency_file(&self, cpu: u32) -> Result<String, String> {
+        self.fs.resume_latency_file(cpu)
+    }
+
+    fn uncore_dir(&self, package: u32, die: u32) -> Result<String, String> {
+        self.place(format!("uncore{package}/{die}"), || self.fs.uncore_dir(package, die))
+    }
+}
+
+/// One cpufreq key on one CPU: the file and the value.
+fn cpufreq_write(
+    fs: &Facts<'_>,
+    class: &PowerClass,
+    key: &str,
+    cpu: u32,
+) -> Result<(String, String), Refusal> {
+    let dir = fs.cpufreq_dir(cpu).map_err(Refusal::Unsupported)?;
+    let f = |name: &str| format!("{dir}/{name}");
+    match key {
+        "governor" => {
+            let want = class.governor.clone().unwrap_or_default();
+            let offered = fs.read(&f("scaling_available_governors")).map_err(read_err)?;
+            if !offered.split_whitespace().any(|g| g == want) {
+                return Err(Refusal::Invalid(format!(
+                    "`{want}` is not a governor CPU {cpu} offers (scaling_available_governors: {offered})"
+                )));
+            }
+            Ok((f("scaling_governor"), want))
+        }
+        "min_freq" | "max_freq" => {
+            let lo = fs.read_number(&f("cpuinfo_min_freq")).map_err(read_err)?;
+            let hi = fs.read_number(&f("cpuinfo_max_freq")).map_err(read_err)?;
+            let base_file = f("base_frequency");
+            let base = if fs.exists(&base_file) {
+                Some(fs.read_number(&base_file).map_err(read_err)?)
+            } else {
+                None
+            };
+            let what = format!("CPU {cpu}");
+            let resolve = |fr: Freq| {
+                if fr == Freq::Base && base.is_none() {
+                    let path = fs.root().join(&base_file);
+                    return Err(Refusal::Unsupported(format!(
+                        "no base frequency (`{}` is missing; intel_pstate reports one)",
+                        path.display()
+                    )));
+                }
+                resolve_freq(fr, lo, base, hi, &what)
+            };
+            // Each key's own value decides its error; the other one only matters for the
+            // order check, which the minimum reports.
+            let own = if key == "min_freq" { class.min_freq } else { class.max_freq };
+            let value = own.map(resolve).transpose()?.unwrap_or_default();
+            if key == "min_freq" {
+                if let Some(Ok(max)) = class.max_freq.map(resolve) {
+                    if value > max {
+                        return Err(Refusal::Invalid(format!(
+                            "min_freq is {value} kHz on CPU {cpu}, above max_freq ({max} kHz)"
+                        )));
+                    }
+                }
+                Ok((f("scaling_min_freq"), value.to_string()))
+            } else {
+                Ok((f("scaling_max_freq"), value.to_string()))
+            }
+        }
+        "epp" => {
+            let want = class.epp.clone().unwrap_or_default();
+            let file = f("energy_performance_preference");
+            if !fs.exists(&file) {
+                let driver = fs.read(&f("scaling_driver")).unwrap_or_else(|_| "?".into());
+                return Err(Refusal::Unsupported(format!(
+                    "no energy_performance_preference (the cpufreq driver `{driver}` has none: `{}` is missing)",
+                    fs.root().join(&file).display()
+                )));
+            }
+            let offered = fs.read(&f("energy_performance_available_preferences")).map_err(read_err)?;
+            let driver = fs.read(&f("scaling_driver")).unwrap_or_default();
+            // intel_pstate also takes the raw 0-255 value (intel_pstate.rst).
+            let raw = driver == "intel_pstate" && want.parse::<u8>().is_ok();
+            if !raw && !offered.split_whitespace().any(|w| w == want) {
+                return Err(Refusal::Invalid(format!(
+                    "`{want}` is not a preference CPU {cpu} offers (energy_performance_available_preferences: {offered})"
+                )));
+            }
+            Ok((file, want))
+        }
+        _ => Err(Refusal::Invalid(format!("`{key}` is not a cpufreq key"))),
+    }
+}
+
+/// The files and values `class` sets on `cpus` (see the module docs).
+pub(crate) fn plan_class(
+    fs: &Facts<'_>,
+    topo: &Topology,
+    pool: &str,
+    class: &PowerClass,
+    cpus: &CpuSet,
+) -> Vec<KeyPlan> {
+    class
+        .keys()
+        .map(|(key, wanted)| {
+            let writes = plan_key(fs, topo, class, key, cpus).map(|w| {
+                let mut seen = BTreeSet::new();
+                w.into_iter().filter(|(f, _)| seen.insert(f.clone())).collect()
+            });
+            KeyPlan { pool: pool.to_owned(), key, wanted, cpus: cpus.clone(), writes }
+        })
+        .collect()
+}
+
+fn plan_key(
+    fs: &Facts<'_>,
+    topo: &Topology,
+    class: &PowerClass,
+    key: &str,
+    cpus: &CpuSet,
+) -> Result<Vec<(String, String)>, Refusal> {
+    match key {
+        "resume_latency_us" => {
+            let text = resume_latency_text(class.resume_latency_us.unwrap_or_default());
+            cpus.iter()
+                .map(|cpu| Ok((fs.resume_latency_file(cpu).map_err(Refusal::Unsupported)?, text.clone())))
+                .collect()
+        }
+        "uncore_min_freq" | "uncore_max_freq" => {
+            let dies: BTreeSet<(u32, u32)> =
+                cpus.iter().filter_map(|c| topo.place(c)).map(|p| (p.package, p.die)).collect();
+            let mut out = Vec::new();
+            for (package, die) in dies {
+                let dir = fs.uncore_dir(package, die).map_err(Refusal::Unsupported)?;
+                let lo = fs.read_number(&format!("{dir}/initial_min_freq_khz")).map_err(read_err)?;
+                let hi = fs.read_number(&format!("{dir}/initial_max_freq_khz")).map_err(read_err)?;
+                let what = format!("the uncore of package {package} die {die}");
+                let resolve = |f: Freq| resolve_freq(f, lo, None, hi, &what);
+                let own =
+                    if key == "uncore_min_freq" { class.uncore_min_freq } else { class.uncore_max_freq };
+                let value = own.map(resolve).transpose()?.unwrap_or_default();
+                if key == "uncore_min_freq" {
+                    if let Some(Ok(max)) = class.uncore_max_freq.map(resolve) {
+                        if value > max {
+                            return Err(Refusal::Invalid(format!(
+                                "uncore_min_freq is {value} kHz on package {package} die {die}, above \
+                                 uncore_max_freq ({max} kHz)"
+                            )));
+                        }
+                    }
+                    out.push((format!("{dir}/min_freq_khz"), value.to_string()));
+                } else {
+                    out.push((format!("{dir}/max_freq_khz"), value.to_string()));
+                }
+            }
+            Ok(out)
+        }
+        _ => cpus.iter().map(|cpu| cpufreq_write(fs, class, key, cpu)).collect(),
+    }
+}
+
+/// Each class with the CPUs it covers now: a pool's CPUs, or for [`IDLE_CPUS`] the online CPUs
+/// no pool holds.
+fn scopes<'a>(
+    power: &'a Power,
+    topo: &Topology,
+    pools: &BTreeMap<String, CpuSet>,
+) -> Vec<(&'a str, &'a PowerClass, CpuSet)> {
+    let pooled = pools.values().fold(CpuSet::new(), |acc, c| acc.union(c));
+    power
+        .classes
+        .iter()
+        .map(|(name, class)| {
+            let cpus = if name == IDLE_CPUS {
+                topo.online().difference(&pooled)
+            } else {
+                pools.get(name).cloned().unwrap_or_default()
+            };
+            (name.as_str(), class, cpus)
+        })
+        .collect()
+}
+
+/// Refuses settings whose power classes the host cannot apply to `pools` (module docs), naming
+/// the key and the file that set it.
+pub(crate) fn check_power(
+    settings: &Settings,
+    topo: &Topology,
+    pools: &[Pool],
+) -> Result<(), Box<ConfigError>> {
+    if settings.power.classes.is_empty() {
+        return Ok(());
+    }
+    let power_fs = PowerFs::new(&settings.paths.sysfs_root);
+    let fs = Facts::new(&power_fs);
+    let by_name: BTreeMap<String, CpuSet> =
+        pools.iter().map(|p| (p.name.to_string(), p.cpus.clone())).collect();
+    // An uncore die is shared by every pool on it: two pools may not ask it for different values.
+    let mut dies: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for (name, class, cpus) in scopes(&settings.power, topo, &by_name) {
+        for plan in plan_class(&fs, topo, name, class, &cpus) {
+            let key = power_key(name, plan.key);
+            let file = settings.origins.file_for(&key).unwrap_or_default();
+            let writes = match plan.writes {
+                Ok(w) => w,
+                Err(Refusal::Unsupported(missing)) => {
+                    return Err(Box::new(ConfigError::Unsupported { file, key, missing }))
+                }
+                Err(Refusal::Invalid(reason)) => {
+                    return Err(Box::new(ConfigError::Invalid { file, key, reason }))
+                }
+            };
+            if !plan.key.starts_with("uncore_") {
+                continue;
+            }
+            for (f, value) in writes {
+                match dies.get(&f) {
+                    Some((other, v)) if *v != value => {
+                        let reason = format!(
+                            "pool `{other}` shares the die of `{}` and sets it to {v} kHz, not {value}",
+                            fs.root().join(&f).display()
+                        );
+                        return Err(Box::new(ConfigError::Invalid { file, key, reason }));
+                    }
+                    _ => {
+                        dies.insert(f, (name.to_owned(), value));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What [`PowerManager::write_all`] left: what each file holds (read back), and why those that
+/// do not hold their value do not.
+#[derive(Debug, Default)]
+struct Written {
+    held: BTreeMap<String, Result<String, String>>,
+    failed: BTreeMap<String, String>,
+}
+
+/// The engine's power state (public for benches/classes.rs, which times a pass).
+pub struct PowerManager {
+    fs: PowerFs,
+    config: Power,
+    state_dir: PathBuf,
+    memory: Memory,
+    rows: Vec<ClassRow>,
+}
+
+impl PowerManager {
+    /// Set up from `settings`, reading the memory a previous run left.
+    pub fn new(settings: &Settings) -> PowerManager {
+        let state_dir = settings.paths.state_dir.clone();
+        let memory = match Root::new(&state_dir).read(MEMORY_FILE) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                log::error!(
+                    "power: `{}` is not readable ({e}); the values it remembered cannot be restored",
+                    state_dir.join(MEMORY_FILE).display()
+                );
+                Memory::default()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Memory::default(),
+            Err(e) => {
+                log::error!("power: {}", error_chain(&e));
+                Memory::default()
+            }
+        };
+        if !memory.files.is_empty() {
+            log::info!("power: {} values remembered from an earlier run", memory.files.len());
+        }
+        PowerManager {
+            fs: PowerFs::new(&settings.paths.sysfs_root),
+            config: settings.power.clone(),
+            state_dir,
+            memory,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Takes new settings (a reload).
+    pub fn configure(&mut self, settings: &Settings) {
+        self.config = settings.power.clone();
+        self.fs = PowerFs::new(&settings.paths.sysfs_root);
+    }
+
+    /// One row per configured key and class, as the last pass left them.
+    pub fn report(&self) -> Vec<ClassRow> {
+        self.rows.clone()
+    }
+
+    fn save(&self) -> bool {
+        let data = serde_json::to_vec_pretty(&self.memory).unwrap_or_default();
+        match Root::new(&self.state_dir).replace(MEMORY_FILE, &data, 0o600) {
+            Ok(()) => true,
+            Err(e) => {
+                log::error!("power: saving the remembered values failed: {}", error_chain(&e));
+                false
+            }
+        }
+    }
+
+    /// Writes `value` to `file` unless it holds it; then, for files whose read-back differs,
+    /// once more: a minimum above the current maximum is taken only after the maximum is
+    /// raised, so min/max pairs settle on the second round in either direction.
+    fn write_all(&self, writes: &[(String, String)]) -> Written {
+        let mut out = Written::default();
+        let mut todo: Vec<&(String, String)> = writes.iter().collect();
+        for round in 0..2 {
+            out.failed.clear();
+            for (file, value) in todo {
+                let held = self.fs.read(file).map_err(|e| error_chain(&e));
+                if held.as_deref() == Ok(value.as_str()) {
+                    out.held.insert(file.clone(), held);
+                    continue;
+                }
+                if let Err(e) = self.fs.write(file, value) {
+                    out.failed.insert(file.clone(), error_chain(&e));
+                    out.held.insert(file.clone(), held);
+                    continue;
+                }
+                let now = self.fs.read(file).map_err(|e| error_chain(&e));
+                match &now {
+                    Ok(now) if now == value => {
+                        if round == 0 {
+                            log::debug!("power: `{file}` = {value}");
+                        }
+                    }
+                    Ok(now) => {
+                        out.failed
+                            .insert(file.clone(), format!("wrote `{value}` to `{file}`, it holds `{now}`"));
+                    }
+                    Err(e) => {
+                        out.failed.insert(file.clone(), e.clone());
+                    }
+                }
+                out.held.insert(file.clone(), now);
+            }
+            todo = writes.iter().filter(|(f, _)| out.failed.contains_key(f)).collect();
+            if todo.is_empty() {
+                break;
+            }
+        }
+        out
+    }
+
+    /// One pass (module docs) over the pools' CPUs now.
+    pub fn apply(&mut self, topo: &Topology, pools: &BTreeMap<String, CpuSet>) {
+        let facts = Facts::new(&self.fs);
+        let plans: Vec<KeyPlan> = scopes(&self.config, topo, pools)
+            .into_iter()
+            .flat_map(|(name, class, cpus)| plan_class(&facts, topo, name, class, &cpus))
+            .collect();
+        let mut desired: BTreeMap<String, String> = BTreeMap::new();
+        for p in &plans {
+            if let Ok(w) = &p.writes {
+                desired.extend(w.iter().cloned());
+            }
+        }
+        // Remember before writing: a crash after any write finds the value it replaced on disk.
+        let before = self.memory.clone();
+        for file in desired.keys() {
+            if !self.memory.files.contains_key(file) {
+                if let Ok(now) = self.fs.read(file) {
+                    self.memory.files.insert(file.clone(), now);
+                }
+            }
+        }
+        if self.memory != before && !self.save() {
+            self.memory = before;
+            let why = "the values found could not be saved, so nothing was written".to_owned();
+            self.rows =
+                plans.iter().map(|p| row(p, String::new(), ClassState::Degraded(why.clone()))).collect();
+            return;
+        }
+        let writes: Vec<(String, String)> = desired.iter().map(|(f, v)| (f.clone(), v.clone())).collect();
+        let written = self.write_all(&writes);
+        // Files no class wants any more get their value back.
+        let stale: Vec<(String, String)> = self
+            .memory
+            .files
+            .iter()
+            .filter(|(f, _)| !desired.contains_key(*f))
+            .map(|(f, v)| (f.clone(), v.clone()))
+            .collect();
+        self.restore(&stale);
+        let rows: Vec<ClassRow> = plans.iter().map(|p| row_for(p, &written)).collect();
+        // Said when a row changes, not at every drift check.
+        for r in rows.iter().filter(|r| !self.rows.contains(r)) {
+            match &r.state {
+                ClassState::Applied => log::info!(
+                    POOL = r.pool.as_str();
+                    "power: {} {} = {} on CPUs {} (the kernel shows {}){}",
+                    r.pool, r.key, r.wanted, r.scope, r.in_force, self.idle_note(r)
+                ),
+                ClassState::Degraded(why) | ClassState::Unsupported(why) => {
+                    log::warn!(POOL = r.pool.as_str(); "power: {} {}: {why}", r.pool, r.key)
+                }
+            }
+        }
+        self.rows = rows;
+    }
+
+    /// For an applied resume latency: which of the first CPU's idle states (cpuidle, read only)
+    /// it leaves usable, as the cpuidle governors skip states whose exit latency exceeds it.
+    fn idle_note(&self, r: &ClassRow) -> String {
+        let Some(cpu) = CpuSet::parse(&r.scope).ok().and_then(|c| c.first()) else { return String::new() };
+        let states = self.fs.idle_states(cpu);
+        if r.key != "resume_latency_us" || states.is_empty() {
+            return String::new();
+        }
+        let limit: u64 = r.wanted.parse().unwrap_or(0);
+        let usable: Vec<&str> =
+            states.iter().filter(|s| s.latency_us <= limit).map(|s| s.name.as_str()).collect();
+        match usable.as_slice() {
+            [] => "; no idle state is used".to_owned(),
+            u => format!("; idle states used: {}", u.join(", ")),
+        }
+    }
+
+    /// Writes remembered values back and forgets those that hold (or whose file is gone).
+    fn restore(&mut self, files: &[(String, String)]) {
+        if files.is_empty() {
+            return;
+        }
+        let files: Vec<(String, String)> =
+            files.iter().filter(|(f, _)| f.starts_with(CPU_DIR)).cloned().collect();
+        let written = self.write_all(&files);
+        for (file, value) in &files {
+            match written.failed.get(file) {
+                None => {
+                    log::info!("power: `{file}` back to {value}");
+                    self.memory.files.remove(file);
+                }
+                Some(_) if !self.fs.exists(file) => {
+                    log::info!("power: `{file}` is gone (its CPU went offline?); its value is forgotten");
+                    self.memory.files.remove(file);
+                }
+                Some(why) => log::warn!("power: restoring: {why}"),
+            }
+        }
+        self.save();
+    }
+
+    /// Writes every remembered value back (the daemon stops).
+    pub fn restore_all(&mut self) {
+        let files: Vec<(String, String)> =
+            self.memory.files.iter().map(|(f, v)| (f.clone(), v.clone())).collect();
+        self.restore(&files);
+    }
+}
+
+/// The row of `p` from what the writes read back.
+fn row_for(p: &KeyPlan, written: &Written) -> ClassRow {
+    let writes = match &p.writes {
+        Ok(w) => w,
+        Err(Refusal::Unsupported(m)) => return row(p, String::new(), ClassState::Unsupported(m.clone())),
+        Err(Refusal::Invalid(r)) => return row(p, String::new(), ClassState::Degraded(r.clone())),
+    };
+    let mut seen = BTreeSet::new();
+    let mut in_force = Vec::new();
+    let mut wrong = Vec::new();
+    for (file, value) in writes {
+        match written.held.get(file) {
+            Some(Ok(now)) => {
+                if now != value {
+                    let why = written.failed.get(file).cloned();
+                    wrong.push(why.unwrap_or_else(|| format!("`{file}` holds `{now}`, not `{value}`")));
+                }
+                if seen.insert(now.clone()) {
+                    in_force.push(now.clone());
+                }
+            }
+            Some(Err(e)) => wrong.push(e.clone()),
+            None => wrong.push(format!("`{file}` was not written")),
+        }
+    }
+    let state = match wrong.first() {
+        None => ClassState::Applied,
+        Some(w) if wrong.len() == 1 => ClassState::Degraded(w.clone()),
+        Some(w) => ClassState::Degraded(format!("{w} (and {} more)", wrong.len() - 1)),
+    };
+    row(p, in_force.join(","), state)
+}
+
+fn row(p: &KeyPlan, in_force: String, state: ClassState) -> ClassRow {
+    ClassRow {
+        pool: p.pool.clone(),
+        class: ClassKind::Power,
+        key: p.key.to_owned(),
+        wanted: p.wanted.clone(),
+        in_force,
+        scope: p.cpus.to_string(),
+        state,
+    }
+}
+
+impl Engine {
+    /// One power pass over the current pools (see [`PowerManager`]).
+    pub(crate) fn apply_power(&mut self) {
+        let pools: BTreeMap<String, CpuSet> =
+            self.state.pools().values().map(|p| (p.name.to_string(), p.cpus.clone())).collect();
+        self.power.apply(&self.topo, &pools);
+    }
+
+    /// Puts every power value back, if so configured (the daemon stops).
+    pub(crate) fn stop_power(&mut self) {
+        if self.power.config.restore_on_stop {
+            self.power.restore_all();
+        }
+    }
+
+    /// The power classes' rows, as the last pass left them.
+    pub fn power_rows(&self) -> Vec<ClassRow> {
+        self.power.report()
+    }
+}
+
+#[cfg(test)]
+mod tests;
