@@ -47,7 +47,10 @@ pub struct Confinement {
 }
 
 /// Executes planned effects and reads back what the host holds.
-pub trait Backend: Send {
+///
+/// `Sync`: the engine applies effects on its thread while the drift check reads the host on
+/// another ([`crate::engine::Handle::check_drift`]).
+pub trait Backend: Send + Sync {
     /// `cgroupfs` or `systemd`, for logs.
     fn name(&self) -> &'static str;
     /// Executes one effect.
@@ -73,6 +76,10 @@ pub trait Backend: Send {
     /// Where `key` sits and the CPUs the kernel lets it use there (a cgroup's parent, a unit's
     /// slice, a process's cgroup); `None` where that cannot be known.
     fn confinement(&self, key: &Key) -> Result<Option<Confinement>, HostError>;
+    /// Forgets what the backend remembers of the host between its own writes (where pool
+    /// slices sit, their partitions), so that the next reads see changes made by others: the
+    /// drift check calls it before it reads.
+    fn refresh(&self) {}
     /// Whether [`Backend::observe`] can read units (systemd can; cgroupfs cannot).
     fn can_read_units(&self) -> bool {
         true
