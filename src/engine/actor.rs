@@ -220,6 +220,8 @@ impl Engine {
         report.failed_corrections = failed;
         engine.store.save(engine.state.data()).map_err(StartError::Store)?;
         engine.apply_irqs();
+        // Nothing is served yet: irqbalance is told before the daemon says it is ready.
+        engine.irq.settle();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
