@@ -247,6 +247,8 @@ impl Engine {
     /// Makes the host match the state: reads what each placement holds now and applies the
     /// difference, logging each correction. Stale pool slices are removed.
     pub(super) fn reconcile(&mut self) -> (usize, usize) {
+        // Read the host afresh: someone (systemd reloading) may have changed the pool level.
+        self.backend.refresh();
         let desired = self.layout(&self.state);
         let mut observed = Layout::new();
         for (key, want) in &desired {
@@ -389,7 +391,7 @@ impl Engine {
             .values()
             .filter(|p| p.kind != PoolKind::Reserved)
             .filter_map(|p| {
-                Some((p.name.clone(), self.backend.partition_status(&plan::pool_slice(&p.name))?))
+                Some((p.name.clone(), self.backend.kept_partition_status(&plan::pool_slice(&p.name))?))
             })
             .collect();
         // The drift reader builds the layout from these: a new Arc only when they changed.

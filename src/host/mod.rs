@@ -62,6 +62,12 @@ pub trait Backend: Send + Sync {
     /// The kernel's word on a partition: `isolated`, `root invalid (...)`, ...; `None` where
     /// the cgroup or the file does not exist.
     fn partition_status(&self, path: &CgroupPath) -> Option<String>;
+    /// [`Backend::partition_status`] as last read, where nothing this backend wrote since can
+    /// have changed it (the drift check's [`Backend::refresh`] reads it afresh): what every
+    /// published snapshot shows.
+    fn kept_partition_status(&self, path: &CgroupPath) -> Option<String> {
+        self.partition_status(path)
+    }
     /// Whether the kernel has `cpuset.cpus.exclusive` (Linux 6.7): isolated partitions can then
     /// sit below a parent that is not a partition itself, which leaves the other pool CPUs free
     /// for lending.

@@ -35,10 +35,25 @@ impl CgroupFs {
         }
     }
 
-    /// The first line of `cpuset.cpus.partition`, `None` if there is none.
+    /// The first line of `cpuset.cpus.partition`, `None` if there is none. Read afresh (the
+    /// kernel changes it by itself too), and kept for [`CgroupFs::kept_partition_status`].
     pub fn partition_status(&self, path: &CgroupPath) -> Option<String> {
-        let text = fs::read_to_string(self.dir(path).join("cpuset.cpus.partition")).ok()?;
-        Some(text.lines().next().unwrap_or("").trim().to_owned())
+        let at = self.cache.stamp();
+        let status = fs::read_to_string(self.dir(path).join("cpuset.cpus.partition"))
+            .ok()
+            .map(|text| text.lines().next().unwrap_or("").trim().to_owned());
+        self.cache.keep_status(at, path, &status);
+        status
+    }
+
+    /// [`CgroupFs::partition_status`] as last read, unless a write through this backend may
+    /// have changed it since (see `cache`): what every published snapshot shows, without
+    /// reading each pool's file at every Assign.
+    pub fn kept_partition_status(&self, path: &CgroupPath) -> Option<String> {
+        match self.cache.status(path) {
+            Some(kept) => kept,
+            None => self.partition_status(path),
+        }
     }
 
     /// The partition a cgroup is now, as the planner would have written it: a valid
