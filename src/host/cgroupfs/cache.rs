@@ -10,7 +10,7 @@
 //! each pool's partition file to publish: ~38 files opened per Assign on the sandbox, ~10 of
 //! them missing.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::core::plan::TOP_SLICE;
@@ -29,10 +29,11 @@ struct Inner {
     /// Bumped by every forgetting: a read that began before it is not kept (it may have seen
     /// the tree before a write).
     generation: u64,
-    /// [`super::CgroupFs::nearest`] of an existing cgroup (`None`: the root).
-    nearest: HashMap<Option<CgroupPath>, Option<Confinement>>,
-    /// [`super::CgroupFs::partition_status`].
-    status: HashMap<CgroupPath, Option<String>>,
+    /// [`super::CgroupFs::nearest`] of an existing cgroup, by its path (`""`: the root). In
+    /// order, so that what is at or below a path is one range.
+    nearest: BTreeMap<String, Option<Confinement>>,
+    /// [`super::CgroupFs::kept_partition_status`], by path.
+    status: BTreeMap<String, Option<String>>,
     /// A simulated tree's partitions.
     partitions: Option<Arc<Partitions>>,
 }
@@ -52,24 +53,36 @@ impl ReadCache {
     }
 
     pub(super) fn nearest(&self, path: Option<&CgroupPath>) -> Option<Option<Confinement>> {
-        self.lock().nearest.get(&path.cloned()).cloned()
+        self.lock().nearest.get(key(path)).cloned()
     }
 
     pub(super) fn keep_nearest(&self, at: Stamp, path: Option<&CgroupPath>, value: &Option<Confinement>) {
         let mut c = self.lock();
         if c.generation == at.0 {
-            c.nearest.insert(path.cloned(), value.clone());
+            c.nearest.insert(key(path).to_owned(), value.clone());
         }
     }
 
     pub(super) fn status(&self, path: &CgroupPath) -> Option<Option<String>> {
-        self.lock().status.get(path).cloned()
+        self.lock().status.get(path.as_str()).cloned()
     }
 
     pub(super) fn keep_status(&self, at: Stamp, path: &CgroupPath, value: &Option<String>) {
         let mut c = self.lock();
         if c.generation == at.0 {
-            c.status.insert(path.clone(), value.clone());
+            c.status.insert(path.as_str().to_owned(), value.clone());
+        }
+    }
+
+    /// A fresh read of a status: replaces the kept one, if one is kept (only those published
+    /// are: the drift check reads every target's, which would make the map as large as the
+    /// state, and every write walk it).
+    pub(super) fn update_status(&self, at: Stamp, path: &CgroupPath, value: &Option<String>) {
+        let mut c = self.lock();
+        if c.generation == at.0 {
+            if let Some(kept) = c.status.get_mut(path.as_str()) {
+                kept.clone_from(value);
+            }
         }
     }
 
@@ -101,7 +114,7 @@ impl ReadCache {
             path.as_str() == TOP_SLICE || path.ancestors().last().is_some_and(|p| p.as_str() == TOP_SLICE);
         let mut c = self.lock();
         let partition = c.partitions.as_ref().is_some_and(|p| p.contains(path))
-            || c.status.get(path).is_some_and(|s| {
+            || c.status.get(path.as_str()).is_some_and(|s| {
                 s.as_deref()
                     .and_then(|s| s.split_whitespace().next())
                     .is_some_and(|w| matches!(w, "root" | "isolated"))
@@ -112,12 +125,10 @@ impl ReadCache {
             return;
         }
         c.generation += 1;
-        let at_or_below = |p: &CgroupPath| p == path || p.ancestors().contains(path);
-        c.nearest.retain(|k, v| {
-            !k.as_ref().is_some_and(at_or_below)
-                && !v.as_ref().and_then(|v| CgroupPath::new(&v.parent).ok()).is_some_and(|p| at_or_below(&p))
-        });
-        c.status.retain(|k, _| !at_or_below(k));
+        // Only existing cgroups are kept, each under its own path: what the write can change
+        // is what is kept at or below `path`, one range of each map.
+        forget_below(&mut c.nearest, path.as_str());
+        forget_below(&mut c.status, path.as_str());
     }
 
     /// systemd set the CPUs of unit `unit`. A slice may be the pool level: all is forgotten;
@@ -129,11 +140,27 @@ impl ReadCache {
         }
         let mut c = self.lock();
         c.generation += 1;
-        let inside = |p: &CgroupPath| p.as_str().split('/').any(|n| n == unit);
-        c.nearest.retain(|k, v| {
-            !k.as_ref().is_some_and(inside)
-                && !v.as_ref().and_then(|v| CgroupPath::new(&v.parent).ok()).is_some_and(|p| inside(&p))
-        });
+        let inside = |p: &String| p.split('/').any(|n| n == unit);
+        c.nearest.retain(|k, _| !inside(k));
         c.status.retain(|k, _| !inside(k));
+    }
+}
+
+/// The key of `path` in the maps (`""`: the root).
+fn key(path: Option<&CgroupPath>) -> &str {
+    path.map_or("", CgroupPath::as_str)
+}
+
+/// Removes `path` and every path below it from `map`.
+fn forget_below<V>(map: &mut BTreeMap<String, V>, path: &str) {
+    map.remove(path);
+    let below = format!("{path}/");
+    let gone: Vec<String> = map
+        .range(below.clone()..)
+        .take_while(|(k, _)| k.starts_with(&below))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in gone {
+        map.remove(&k);
     }
 }

@@ -36,13 +36,13 @@ impl CgroupFs {
     }
 
     /// The first line of `cpuset.cpus.partition`, `None` if there is none. Read afresh (the
-    /// kernel changes it by itself too), and kept for [`CgroupFs::kept_partition_status`].
+    /// kernel changes it by itself too); replaces what [`CgroupFs::kept_partition_status`] kept.
     pub fn partition_status(&self, path: &CgroupPath) -> Option<String> {
         let at = self.cache.stamp();
         let status = fs::read_to_string(self.dir(path).join("cpuset.cpus.partition"))
             .ok()
             .map(|text| text.lines().next().unwrap_or("").trim().to_owned());
-        self.cache.keep_status(at, path, &status);
+        self.cache.update_status(at, path, &status);
         status
     }
 
@@ -50,10 +50,13 @@ impl CgroupFs {
     /// have changed it since (see `cache`): what every published snapshot shows, without
     /// reading each pool's file at every Assign.
     pub fn kept_partition_status(&self, path: &CgroupPath) -> Option<String> {
-        match self.cache.status(path) {
-            Some(kept) => kept,
-            None => self.partition_status(path),
+        if let Some(kept) = self.cache.status(path) {
+            return kept;
         }
+        let at = self.cache.stamp();
+        let status = self.partition_status(path);
+        self.cache.keep_status(at, path, &status);
+        status
     }
 
     /// The partition a cgroup is now, as the planner would have written it: a valid
