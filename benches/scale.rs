@@ -9,8 +9,11 @@
 //!
 //! - the floor: one `fdatasync` (`File::sync_data`) of a ~200-byte record appended to a file in
 //!   the same directory, p50/p99 (what one durable journal record costs on this disk);
-//! - `Assign` and `Release` over varlink, p50/p99, with 0, 1,000 and 10,000 other assignments,
-//!   as ratios of the 0 figures and of the floor;
+//! - `Assign` and `Release` over varlink, p50/p99 of 500 each, with 0, 1,000 and 10,000 other
+//!   assignments, as ratios of the 0 figures and of the floor. The three daemons run side by
+//!   side and the calls and floor samples are interleaved ([`interleaved`]), so that the load of
+//!   a shared machine falls on every figure alike; each daemon checks for drift every 10 s (the
+//!   default), so a check or two falls within the calls;
 //! - start → `READY=1` (through a `NOTIFY_SOCKET`, as systemd sees it) with no assignment, with
 //!   10,000 whose target cgroups must all be written, and a restart with them already right;
 //! - `ListPools` and `ListAssignments`: reply size and p50;
@@ -105,8 +108,9 @@ struct Running {
 }
 
 impl Running {
-    /// Starts the daemon on `sb` and waits for `READY=1` on a notify socket of its own.
-    fn start(sb: &Sandbox) -> Running {
+    /// Starts the daemon on `sb` and waits for `READY=1` on a notify socket of its own; `args`
+    /// are added to its command line.
+    fn start(sb: &Sandbox, args: &[&str]) -> Running {
         let sock = sb.root().with_extension("notify");
         let _ = fs::remove_file(&sock);
         let notify = UnixDatagram::bind(&sock).unwrap();
@@ -116,6 +120,7 @@ impl Running {
             .arg("--sandbox")
             .arg(sb.root())
             .args(["--bus", "none", "--log-level", "warn"])
+            .args(args)
             .env("NOTIFY_SOCKET", &sock)
             .stdout(Stdio::null())
             .spawn()
@@ -164,42 +169,59 @@ fn percentiles(mut times: Vec<Duration>) -> (f64, f64) {
     (times[n / 2].as_secs_f64() * 1e3, times[(n * 99 / 100).min(n - 1)].as_secs_f64() * 1e3)
 }
 
-/// Assign then Release, `n` times, of one CPU in exclusive pool p01 and of 50 millicpus in
-/// shared pool p63, alternately: (Assign p50/p99, Release p50/p99).
-fn assign_release(v: &mut Varlink, sb: &Sandbox, n: usize) -> ((f64, f64), (f64, f64)) {
-    fs::create_dir_all(sb.cgroupfs().join("bench")).unwrap();
-    let (mut assigns, mut releases) = (Vec::new(), Vec::new());
-    for i in 0..n {
+/// One daemon in the interleaved loop: its connection, and its Assign and Release times.
+struct Subject {
+    v: Varlink,
+    assigns: Vec<Duration>,
+    releases: Vec<Duration>,
+}
+
+impl Subject {
+    /// Connects to `d`, running on `sb`, and makes the target cgroup.
+    fn new(d: &Running, sb: &Sandbox) -> Subject {
+        fs::create_dir_all(sb.cgroupfs().join("bench")).unwrap();
+        Subject { v: Varlink::connect(&d.varlink), assigns: Vec::new(), releases: Vec::new() }
+    }
+
+    /// Assign then Release of one CPU in exclusive pool p01 (even `i`) or of 50 millicpus in
+    /// shared pool p63 (odd `i`).
+    fn assign_release(&mut self, i: usize) {
         let (pool, size) =
-            if i % 2 == 0 { ("p01", json!({"cpus": 1})) } else { ("p63", json!({"millicpus": 50})) };
+            if i.is_multiple_of(2) { ("p01", json!({"cpus": 1})) } else { ("p63", json!({"millicpus": 50})) };
         let mut params = json!({ "pool": pool, "target": "cgroup:bench", "id": format!("bench{i}") });
         params.as_object_mut().unwrap().extend(size.as_object().unwrap().clone());
         let t = Instant::now();
-        v.call("Assign", params).unwrap();
-        assigns.push(t.elapsed());
+        self.v.call("Assign", params).unwrap();
+        self.assigns.push(t.elapsed());
         let t = Instant::now();
-        v.call("Release", json!({ "id": format!("bench{i}") })).unwrap();
-        releases.push(t.elapsed());
+        self.v.call("Release", json!({ "id": format!("bench{i}") })).unwrap();
+        self.releases.push(t.elapsed());
     }
-    (percentiles(assigns), percentiles(releases))
 }
 
-/// The floor: a ~200-byte record appended to a file in `dir` and `fdatasync`ed, `n` times.
-fn fdatasync_floor(dir: &Path, n: usize) -> (f64, f64) {
+/// `n` rounds, each of one floor sample (a ~200-byte record appended to a file in `dir` and
+/// `fdatasync`ed: what one durable journal record costs on this disk) and one Assign + Release
+/// on every subject, in an order that turns each round. Interleaved so that a shared machine's
+/// load (other builds, other disks' writes) falls on every figure alike: the ratios compare
+/// like with like. Returns the floor's (p50, p99).
+fn interleaved(subjects: &mut [Subject], dir: &Path, n: usize) -> (f64, f64) {
     let record = format!("{}\n", "x".repeat(199));
     let path = dir.join("floor.journal");
     let mut f = fs::OpenOptions::new().create(true).append(true).open(&path).unwrap();
-    let times = (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            f.write_all(record.as_bytes()).unwrap();
-            f.sync_data().unwrap();
-            t.elapsed()
-        })
-        .collect();
+    let mut floor = Vec::new();
+    let k = subjects.len();
+    for i in 0..n {
+        let t = Instant::now();
+        f.write_all(record.as_bytes()).unwrap();
+        f.sync_data().unwrap();
+        floor.push(t.elapsed());
+        for j in 0..k {
+            subjects[(i + j) % k].assign_release(i);
+        }
+    }
     drop(f);
     fs::remove_file(&path).unwrap();
-    percentiles(times)
+    percentiles(floor)
 }
 
 /// (reply bytes, p50 ms) of `n` calls of `method`.
@@ -268,51 +290,58 @@ fn row(what: &str, value: String, against: String, goal: Option<(&str, bool)>) {
 
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
-    let (mid, n, calls, list_rounds) = if bench { (1_000, 10_000, 100, 3) } else { (20, 200, 4, 1) };
+    let (mid, n, calls, list_rounds) = if bench { (1_000, 10_000, 500, 3) } else { (20, 200, 4, 1) };
     let base = std::env::var_os("CPUPOOL_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base).unwrap();
     println!(
         "cpupoold at scale: {SHAPE} (1024 CPUs, 8 NUMA nodes, SMT-2), {POOLS} pools, in {}",
         dir.path().display()
     );
-    let floor = fdatasync_floor(dir.path(), calls.max(100));
 
-    // The baseline: the same host and pools, no assignment.
+    // Every sandbox first, so that the daemons measured below run side by side.
     let empty = prepare(&dir.path().join("empty"), 0);
-    let d = Running::start(&empty);
-    let empty_ready = d.ready;
-    let empty_rss = d.status_kib("VmRSS");
-    let mut v = Varlink::connect(&d.varlink);
-    let (a0, r0) = assign_release(&mut v, &empty, calls);
-    let (pools_size0, _) = read_call(&mut v, "ListPools", 1);
-    drop(v);
-    d.stop();
-
-    let sb = prepare(&dir.path().join("mid"), mid);
-    let d = Running::start(&sb);
-    let mut v = Varlink::connect(&d.varlink);
-    let (a1, r1) = assign_release(&mut v, &sb, calls);
-    drop(v);
-    d.stop();
-
+    let mid_sb = prepare(&dir.path().join("mid"), mid);
     let t = Instant::now();
     let sb = prepare(&dir.path().join("full"), n);
     let prepared = t.elapsed();
     let state_size = fs::metadata(sb.state().join("state.json")).unwrap().len();
-    let first = Running::start(&sb);
+
+    // The default drift interval (10 s): a check or two falls within the measured calls, on every
+    // daemon alike (at 10,000 assignments one reads back every target, about a second of CPU on
+    // the sandbox: shorter intervals measure that CPU, not the engine).
+    let args: &[&str] = &[];
+    let d0 = Running::start(&empty, args);
+    let empty_ready = d0.ready;
+    let empty_rss = d0.status_kib("VmRSS");
+    let first = Running::start(&sb, args);
     let first_ready = first.ready;
     first.stop();
-    let d = Running::start(&sb);
+    let d = Running::start(&sb, args);
     let restart_ready = d.ready;
     let idle_rss = d.status_kib("VmRSS");
-    let mut v = Varlink::connect(&d.varlink);
-    let (a, r) = assign_release(&mut v, &sb, calls);
+    let d1 = Running::start(&mid_sb, args);
+
+    let mut subjects = [Subject::new(&d0, &empty), Subject::new(&d1, &mid_sb), Subject::new(&d, &sb)];
+    let floor = interleaved(&mut subjects, dir.path(), calls);
+    let [s0, s1, s] = subjects;
+    let (a0, r0) = (percentiles(s0.assigns), percentiles(s0.releases));
+    let (a1, r1) = (percentiles(s1.assigns), percentiles(s1.releases));
+    let (a, r) = (percentiles(s.assigns), percentiles(s.releases));
+    let mut v0 = s0.v;
+    let (pools_size0, _) = read_call(&mut v0, "ListPools", 1);
+    drop(v0);
+    drop(s1.v);
+    d0.stop();
+    d1.stop();
+
+    let mut v = s.v;
     let (pools_size, pools_ms) = read_call(&mut v, "ListPools", calls);
     let (list_size, list_ms) = read_call(&mut v, "ListAssignments", calls.min(20));
-    let (before_lists, peak_rss, how) = peak_under_lists(&d, list_rounds, n);
-    let status = v.call("Status", json!({})).unwrap();
-    assert_eq!(status["assignments"], json!(n), "the daemon lost or gained assignments");
     drop(v);
+    let (before_lists, peak_rss, how) = peak_under_lists(&d, list_rounds, n);
+    // A connection of its own: the one above would have been idle through the lists.
+    let status = Varlink::connect(&d.varlink).call("Status", json!({})).unwrap();
+    assert_eq!(status["assignments"], json!(n), "the daemon lost or gained assignments");
     d.stop();
 
     let ms = |v: f64| format!("{v:.2} ms");

@@ -7,14 +7,11 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::commit::{Mutation, MAX_GROUP};
-use super::{
-    describe, error_chain, housekeeping, irq, Change, ConfigSource, DriftReport, Engine, EngineError, Event,
-    Handle, Request, Snapshot,
-};
+use super::{drift, housekeeping, irq, ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
 use crate::config::ConfigError;
 use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
-use crate::core::plan::{self, Key, Layout, LayoutOptions, Placement, Role};
+use crate::core::plan::{self, Key, Layout, LayoutOptions};
 use crate::core::pool::{PoolKind, PoolName};
 use crate::core::state::{self, CgroupPath, Delta, State, StateData};
 use crate::host::store::{Loaded, PrevCopy, Store, StoreError};
@@ -194,6 +191,7 @@ impl Engine {
             degraded: Vec::new(),
             partitions: Arc::default(),
             backend: backend.name(),
+            layout: Arc::default(),
             assignment_health: Arc::default(),
             isolation: Arc::default(),
             irq: Arc::default(),
@@ -205,7 +203,7 @@ impl Engine {
             state: Arc::new(state),
             topo: Arc::new(topo),
             store,
-            backend,
+            backend: Arc::from(backend),
             lend_idle: settings.lend_idle,
             opts: LayoutOptions::default(),
             config_error,
@@ -229,6 +227,8 @@ impl Engine {
         engine.apply_irqs();
         engine.apply_cache();
         engine.apply_power();
+        // Nothing is served yet: irqbalance is told before the daemon says it is ready.
+        engine.irq.settle();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
@@ -254,81 +254,32 @@ impl Engine {
     /// Makes the host match the state: reads what each placement holds now and applies the
     /// difference, logging each correction. Stale pool slices are removed.
     pub(super) fn reconcile(&mut self) -> (usize, usize) {
+        // Read the host afresh: someone (systemd reloading) may have changed the pool level.
+        self.backend.refresh();
         let desired = self.layout(&self.state);
         let mut observed = Layout::new();
         for (key, want) in &desired {
-            let now = match self.backend.observe(key) {
-                Ok(now) => now,
-                Err(e) => {
-                    log::warn!("reconcile: {}", error_chain(&e));
-                    None
-                }
-            };
-            let now = match (key, now) {
-                (Key::Cgroup(_), now) => now,
-                // Only cgroups report memory nodes and partitions.
-                (_, Some(o)) => Some(crate::host::Observed { mems: want.mems.clone(), ..o }),
-                // The cgroupfs backend cannot read units: take them as they should be.
-                (Key::Unit(_), None) if !self.backend.can_read_units() => Some(crate::host::Observed {
-                    cpus: want.cpus.clone(),
-                    mems: want.mems.clone(),
-                    ..Default::default()
-                }),
-                (_, None) => None,
-            };
-            if let Some(o) = now {
-                let mut place = Placement::new(o.cpus, o.mems, want.role.clone());
-                place.partition = o.partition;
-                // Quotas are not read back: written again whenever they are wanted.
-                observed.insert(key.clone(), place);
+            if let Some(now) = drift::observe(&*self.backend, key, want) {
+                observed.insert(key.clone(), now);
             }
         }
-        if let Ok(top) = CgroupPath::new(plan::TOP_SLICE) {
-            // No pool but the reserved one: a top slice left from before goes too.
-            let top_key = Key::Cgroup(top.clone());
-            if !desired.contains_key(&top_key) {
-                if let Ok(Some(o)) = self.backend.observe(&top_key) {
-                    let mut place = Placement::new(o.cpus, o.mems, Role::Parent);
-                    place.partition = o.partition;
-                    observed.insert(top_key, place);
-                }
-            }
-            for child in self.backend.children(&top) {
-                let key = Key::Cgroup(child.clone());
-                let ours = child
-                    .as_str()
-                    .rsplit('/')
-                    .next()
-                    .is_some_and(|n| n.starts_with("cpupool-") && n.ends_with(".slice"));
-                if ours && !desired.contains_key(&key) {
-                    let o = self.backend.observe(&key).ok().flatten().unwrap_or_default();
-                    let mut place = Placement::new(o.cpus, CpuSet::new(), Role::Pool(PoolKind::Shared));
-                    place.partition = o.partition;
-                    observed.insert(key, place);
-                }
+        for path in drift::stale_slices(&*self.backend, &desired) {
+            if let Some(now) = drift::observe_stale(&*self.backend, &path) {
+                observed.insert(Key::Cgroup(path), now);
             }
         }
-        let effects = plan::plan(&observed, &desired);
-        let mut failed = 0;
-        let mut degraded = Vec::new();
-        for effect in &effects {
-            match self.backend.apply(effect) {
-                Ok(()) => log::info!("reconcile: {}", describe(effect)),
-                Err(e) => {
-                    failed += 1;
-                    degraded.push(format!("{}: {}", describe(effect), error_chain(&e)));
-                    log::error!("reconcile: {} failed: {}", describe(effect), error_chain(&e));
-                }
-            }
-        }
-        self.degraded = degraded;
-        (effects.len() - failed, failed)
+        self.apply_corrections(&observed, &desired)
     }
 
     /// Runs the engine on its own thread until every [`Handle`] is dropped.
     pub fn spawn(self) -> (Handle, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(256);
-        let handle = Handle { tx, snapshots: self.snapshots.subscribe(), events: self.events.clone() };
+        let handle = Handle {
+            tx,
+            snapshots: self.snapshots.subscribe(),
+            events: self.events.clone(),
+            backend: self.backend.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("cpupoold-engine".into())
             .spawn(move || self.run(rx))
@@ -410,8 +361,8 @@ impl Engine {
                 self.publish(Vec::new());
                 let _ = reply.send(());
             }
-            Request::CheckDrift(reply) => {
-                let _ = reply.send(Ok(self.check_drift()));
+            Request::CheckDrift(found, reply) => {
+                let _ = reply.send(Ok(self.correct_drift(*found)));
             }
             Request::Retarget(id, target, container, reply) => {
                 let _ = reply.send(self.retarget(&id, target, container));
@@ -426,52 +377,6 @@ impl Engine {
                 let _ = reply.send(Ok(self.update_kubelet(update)));
             }
         }
-    }
-
-    /// Drift: reconciles (rewrites what someone changed), then reads back what the kernel
-    /// enforces on every assignment's target. Those that still differ at two checks in a row
-    /// are degraded, with the reason; changes of that are published as `degraded` / `restored`
-    /// events.
-    pub(super) fn check_drift(&mut self) -> DriftReport {
-        let (corrected, failed) = self.reconcile();
-        self.apply_irqs();
-        self.apply_cache();
-        self.apply_power();
-        let mut health = std::collections::BTreeMap::new();
-        let mut suspects = std::collections::BTreeSet::new();
-        for a in self.state.assignments().values() {
-            if let Err(e) = self.verify(a) {
-                // Seen once, it may be a unit caught mid-restart: degraded when the next check
-                // (after this one's corrections) still finds it so.
-                if self.suspects.contains(&a.id) || self.health.contains_key(&a.id) {
-                    health.insert(a.id.clone(), e.to_string());
-                } else {
-                    suspects.insert(a.id.clone());
-                }
-            }
-        }
-        self.suspects = suspects;
-        let mut events = Vec::new();
-        for (id, why) in &health {
-            if self.health.get(id) != Some(why) {
-                log::warn!(ASSIGNMENT = id.as_str(); "assignment {id} is degraded: {why}");
-                events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Degraded });
-            }
-        }
-        for id in self.health.keys() {
-            if !health.contains_key(id) && self.state.assignments().contains_key(id) {
-                log::info!(ASSIGNMENT = id.as_str(); "assignment {id} is enforced as assigned again");
-                events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Restored });
-            }
-        }
-        let report = DriftReport { corrected, failed, degraded: health.len() };
-        self.health = health;
-        events.extend(self.sync_housekeeping());
-        if corrected > 0 || failed > 0 || !events.is_empty() {
-            log::info!("drift check: {corrected} corrections, {failed} failed, {} degraded", report.degraded);
-        }
-        self.publish(events);
-        report
     }
 
     pub(super) fn publish(&self, mut events: Vec<Event>) {
@@ -495,9 +400,14 @@ impl Engine {
             .values()
             .filter(|p| p.kind != PoolKind::Reserved)
             .filter_map(|p| {
-                Some((p.name.clone(), self.backend.partition_status(&plan::pool_slice(&p.name))?))
+                Some((p.name.clone(), self.backend.kept_partition_status(&plan::pool_slice(&p.name))?))
             })
             .collect();
+        // The drift reader builds the layout from these: a new Arc only when they changed.
+        let layout = match &self.snapshots.borrow().layout {
+            same if **same == self.opts => same.clone(),
+            _ => Arc::new(self.opts.clone()),
+        };
         let snap = Snapshot {
             state: self.state.clone(),
             topology: self.topo.clone(),
@@ -506,6 +416,7 @@ impl Engine {
             degraded: self.degraded.clone(),
             partitions: Arc::new(partitions),
             backend: self.backend.name(),
+            layout,
             assignment_health: Arc::new(
                 self.health
                     .iter()

@@ -9,6 +9,7 @@ use super::{error_chain, Change, Engine, EngineError, Event, Request};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Effect, Key, Layout};
 use crate::core::state::{self, AssignSpec, Assignment, CgroupPath, Changes, Outcome, State, Target};
+use crate::host::Backend;
 
 impl Engine {
     /// Records when a pid target's process started; refuses a process that does not exist.
@@ -213,24 +214,7 @@ impl Engine {
 
     /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal.
     pub(super) fn verify(&self, a: &Assignment) -> Result<(), state::Error> {
-        let Some(key) = Key::of(&a.target) else { return Ok(()) };
-        match self.backend.enforced(&key) {
-            Ok(Some(now)) if now != a.cpus => {
-                let (parent, cpus) = match self.backend.confinement(&key) {
-                    Ok(Some(c)) => (c.parent, c.cpus),
-                    _ => ("its cgroup".to_owned(), now),
-                };
-                Err(outside(a, &parent, &cpus))
-            }
-            Ok(_) => Ok(()),
-            Err(e) => Err(state::Error::TargetOutsidePool {
-                target: a.target.to_string(),
-                cpus: a.cpus.to_string(),
-                parent: "?".into(),
-                parent_cpus: String::new(),
-                hint: format!("reading back what the kernel enforces failed: {}", error_chain(&e)),
-            }),
-        }
+        verify_on(&*self.backend, a)
     }
 
     /// [`Engine::verify`] after the commit that made `changes`; on a difference the commit is
@@ -429,6 +413,29 @@ impl Mutation {
 enum Decided {
     Assign(Result<Outcome<Assignment>, state::Error>),
     Release(Result<Assignment, state::Error>),
+}
+
+/// Reads back what the kernel enforces on `a`'s target through `backend`; a difference is a
+/// refusal. Also the drift reader's, off the engine thread.
+pub(super) fn verify_on(backend: &dyn Backend, a: &Assignment) -> Result<(), state::Error> {
+    let Some(key) = Key::of(&a.target) else { return Ok(()) };
+    match backend.enforced(&key) {
+        Ok(Some(now)) if now != a.cpus => {
+            let (parent, cpus) = match backend.confinement(&key) {
+                Ok(Some(c)) => (c.parent, c.cpus),
+                _ => ("its cgroup".to_owned(), now),
+            };
+            Err(outside(a, &parent, &cpus))
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(state::Error::TargetOutsidePool {
+            target: a.target.to_string(),
+            cpus: a.cpus.to_string(),
+            parent: "?".into(),
+            parent_cpus: String::new(),
+            hint: format!("reading back what the kernel enforces failed: {}", error_chain(&e)),
+        }),
+    }
 }
 
 /// The refusal of `a`, whose target sits in `parent` with effective CPUs `cpus`.

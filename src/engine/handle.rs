@@ -6,13 +6,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use super::{housekeeping, EngineError, IrqReport, KubeletUpdate, KubeletView};
+use super::{housekeeping, DriftFound, EngineError, IrqReport, KubeletUpdate, KubeletView};
 use crate::config::runtime::PoolEdit;
 use crate::config::{ConfigError, Settings};
 use crate::core::cpuset::CpuSet;
+use crate::core::plan::LayoutOptions;
 use crate::core::pool::{Pool, PoolName};
 use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, CgroupPath, Outcome, State};
 use crate::core::topology::Topology;
+use crate::host::Backend;
 
 /// A change other parties may want to hear about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +74,9 @@ pub struct Snapshot {
     pub partitions: Arc<std::collections::BTreeMap<PoolName, String>>,
     /// `cgroupfs` or `systemd`.
     pub backend: &'static str,
+    /// What the layout depends on besides the state (host cgroups, lending, unpooled
+    /// containers): the drift check builds the wanted layout from the snapshot.
+    pub layout: Arc<LayoutOptions>,
     /// Assignments whose target the kernel does not confine to their CPUs, with the reason,
     /// found by the last drift check and not restored by it.
     pub assignment_health: Arc<std::collections::BTreeMap<AssignmentId, String>>,
@@ -122,9 +127,10 @@ pub enum Request {
     Ping(oneshot::Sender<()>),
     /// Sample the isolation health counters.
     SampleIsolation(oneshot::Sender<()>),
-    /// Look for drift: correct what differs from the state, then read back what the kernel
-    /// enforces on every assignment's target and mark those that differ degraded.
-    CheckDrift(oneshot::Sender<Result<DriftReport, EngineError>>),
+    /// Drift found by reading the host off the engine thread: correct what still differs from
+    /// the state, then mark the assignments whose targets the kernel still does not confine to
+    /// their CPUs degraded (see [`Handle::check_drift`]).
+    CheckDrift(Box<DriftFound>, oneshot::Sender<Result<DriftReport, EngineError>>),
     /// Point an assignment at another target, keeping its CPUs, and record its container (the
     /// device plugin, once it knows the container of a kubelet allocation).
     Retarget(
@@ -148,6 +154,8 @@ pub struct Handle {
     pub(super) tx: mpsc::Sender<Request>,
     pub(super) snapshots: watch::Receiver<Snapshot>,
     pub(super) events: broadcast::Sender<Event>,
+    /// The engine's backend, for reading the host off the engine thread (the drift check).
+    pub(super) backend: Arc<dyn Backend>,
 }
 
 impl Handle {
@@ -220,9 +228,17 @@ impl Handle {
         self.call(|tx| Request::SetUnpooled(cgroups, tx)).await
     }
 
-    /// Corrects drift and reads back every assignment's target (see [`Request::CheckDrift`]).
+    /// Looks for drift: reads the host against the current snapshot on a blocking task (every
+    /// placement the state wants, every assignment's target), then has the engine correct and
+    /// judge only what differs (see [`Request::CheckDrift`]). The engine keeps answering
+    /// meanwhile.
     pub async fn check_drift(&self) -> Result<DriftReport, EngineError> {
-        self.call(Request::CheckDrift).await
+        let snap = self.snapshot();
+        let backend = self.backend.clone();
+        let found = tokio::task::spawn_blocking(move || super::drift::read(&*backend, &snap))
+            .await
+            .map_err(|_| EngineError::Stopped)?;
+        self.call(|tx| Request::CheckDrift(Box::new(found), tx)).await
     }
 
     /// Samples the isolation health counters (the daemon's health tick).

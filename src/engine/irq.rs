@@ -12,14 +12,16 @@
 //! `default_smp_affinity`, which is set too), happens at the next drift check: procfs offers
 //! no event for either.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::{error_chain, Engine};
 use crate::config::{Irq, Settings};
 use crate::core::cpuset::CpuSet;
-use crate::core::isolation::{self, IrqLayout, IrqPool, IrqWant};
+use crate::core::isolation::{self, IrqPool, IrqWant};
 use crate::core::pool::PoolKind;
 use crate::host::fsutil::Root;
 use crate::host::irq::{IrqError, IrqFs};
@@ -106,6 +108,8 @@ pub(crate) struct IrqManager {
     report: IrqReport,
     /// Whether the one-CPU reserved pool warning was given for the current pools.
     warned_one_cpu: bool,
+    /// The conversation with irqbalance, on a thread of its own.
+    notifier: Notifier,
 }
 
 impl IrqManager {
@@ -129,6 +133,7 @@ impl IrqManager {
         if !memory.irqs.is_empty() {
             log::info!("irq: {} affinities remembered from an earlier run", memory.irqs.len());
         }
+        let memory_told = memory.irqbalance;
         IrqManager {
             fs: irq_fs(settings),
             config: settings.irq.clone(),
@@ -137,6 +142,7 @@ impl IrqManager {
             memory,
             report: IrqReport::default(),
             warned_one_cpu: false,
+            notifier: Notifier::new(memory_told),
         }
     }
 
@@ -318,51 +324,34 @@ impl IrqManager {
             }
         }
         report.moved = self.memory.irqs.keys().copied().collect();
+        if self.config.irqbalance {
+            // Told on the notifier's thread: the report shows what the last finished exchange
+            // said (this pass's, once start has waited for it; the previous one's later).
+            let want = (!layout.isolated.is_empty()).then(|| layout.isolated.union(boot_isolated));
+            self.notifier.ask(&self.irqbalance_dir, want);
+            report.irqbalance = self.notifier.said();
+        }
+        self.memory.irqbalance = self.notifier.told();
         if self.memory != saved_before {
             self.save();
-        }
-        if self.config.irqbalance {
-            report.irqbalance = self.coordinate_irqbalance(&layout, boot_isolated);
         }
         self.finish(report);
     }
 
-    /// Tells each running irqbalance the isolated CPUs (and the CPUs it bans by itself at
-    /// start, `isolcpus=`, which its banned list would otherwise drop); hands the choice back
-    /// when nothing is isolated any more.
-    fn coordinate_irqbalance(&mut self, layout: &IrqLayout, boot_isolated: &CpuSet) -> Option<String> {
-        let sockets = irqbalance::sockets(&self.irqbalance_dir);
-        if sockets.is_empty() {
-            return None;
+    /// Waits (at most [`SETTLE`]) until irqbalance has been told what the last pass wants, and
+    /// reports what it said: start does, so that irqbalance knows the isolated CPUs by the time
+    /// the daemon is ready.
+    pub(crate) fn settle(&mut self) {
+        if !self.notifier.settle(SETTLE) {
+            log::warn!("irq: irqbalance has not answered yet; it is told in the background");
         }
-        let want = (!layout.isolated.is_empty()).then(|| layout.isolated.union(boot_isolated));
-        let mut said = Vec::new();
-        for sock in &sockets {
-            let banned = irqbalance::banned(sock);
-            let result = match (&want, &banned) {
-                (Some(w), Ok(b)) if w == b => Ok(format!("irqbalance bans CPUs {w}")),
-                (Some(w), _) => irqbalance::set_banned(sock, Some(w)).map(|()| {
-                    self.memory.irqbalance = true;
-                    format!("irqbalance asked to ban CPUs {w}")
-                }),
-                (None, _) if self.memory.irqbalance => irqbalance::set_banned(sock, None).map(|()| {
-                    self.memory.irqbalance = false;
-                    "irqbalance given back its own banned CPUs".to_owned()
-                }),
-                (None, Ok(b)) => Ok(format!("irqbalance bans CPUs {b}")),
-                (None, Err(e)) => Ok(format!("irqbalance: {}", error_chain(e))),
-            };
-            match result {
-                Ok(s) => said.push(s),
-                Err(e) => said.push(format!("irqbalance: {}", error_chain(&e))),
-            }
+        if self.config.irqbalance {
+            self.report.irqbalance = self.notifier.said();
         }
-        Some(said.join("; "))
     }
 
     /// Writes every remembered affinity back and forgets it (the daemon stops).
     fn restore_all(&mut self) {
-        let empty = IrqLayout::default();
         self.memory.written.clear();
         for (irq, text) in std::mem::take(&mut self.memory.irqs) {
             let Ok(c) = CpuSet::parse(&text) else { continue };
@@ -376,8 +365,11 @@ impl IrqManager {
                 log::warn!("irq: restoring: {}", error_chain(&e));
             }
         }
-        if self.memory.irqbalance {
-            let _ = self.coordinate_irqbalance(&empty, &CpuSet::new());
+        if self.notifier.told() {
+            // The last word before stopping: after anything still queued, and waited for.
+            self.notifier.ask(&self.irqbalance_dir, None);
+            self.notifier.settle(SETTLE);
+            self.memory.irqbalance = self.notifier.told();
         }
         self.save();
     }
@@ -392,13 +384,158 @@ impl IrqManager {
             let list: Vec<String> = report.kernel_placed.iter().map(|(i, n)| format!("{i} {n}")).collect();
             log::info!("irq: placed by the kernel (managed), left where it puts them: {}", list.join(", "));
         }
-        if report.irqbalance != self.report.irqbalance {
-            if let Some(s) = &report.irqbalance {
+        self.report = report;
+    }
+}
+
+/// How long start and stop wait for irqbalance to be told.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// Tells irqbalance the CPUs to ban on a thread of its own, so that a slow or hung irqbalance
+/// never holds up the engine (each exchange may wait [`irqbalance::ANSWER_TIMEOUT`] per
+/// command). The engine only hands it the wanted set ([`Notifier::ask`]); asks that arrive while
+/// an exchange runs are coalesced into one exchange with the latest set. Each exchange reads
+/// what irqbalance bans now and tells it only when that differs, and logs what it found when
+/// that changed (`irq: irqbalance asked to ban CPUs 2-3`).
+struct Notifier {
+    shared: Arc<(Mutex<Talk>, Condvar)>,
+    started: bool,
+}
+
+/// What the engine and the notifier's thread share.
+#[derive(Default)]
+struct Talk {
+    /// The latest set not yet sent, and the socket directory: `Some(None)` hands irqbalance
+    /// its own choice back.
+    pending: Option<(PathBuf, Option<CpuSet>)>,
+    /// Asks made, and asks answered by a finished exchange.
+    asked: u64,
+    done: u64,
+    /// Whether irqbalance was given a banned list (to hand it back), as the memory keeps it.
+    told: bool,
+    /// What the last exchange found; `None` when no irqbalance runs.
+    said: Option<String>,
+    /// The engine is gone.
+    stop: bool,
+}
+
+impl Notifier {
+    fn new(told: bool) -> Notifier {
+        let talk = Talk { told, ..Talk::default() };
+        Notifier { shared: Arc::new((Mutex::new(talk), Condvar::new())), started: false }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Talk> {
+        // A panic on the thread leaves plain data behind: still usable.
+        self.shared.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Hands the thread the set to ban (`None`: give irqbalance its own choice back), starting
+    /// the thread the first time.
+    fn ask(&mut self, dir: &Path, want: Option<CpuSet>) {
+        if !self.started {
+            let shared = self.shared.clone();
+            let spawned =
+                std::thread::Builder::new().name("cpupoold-irqbalance".into()).spawn(move || talk(&shared));
+            match spawned {
+                Ok(_) => self.started = true,
+                Err(e) => {
+                    log::error!("irq: cannot start the irqbalance thread: {e}");
+                    return;
+                }
+            }
+        }
+        let mut t = self.lock();
+        t.pending = Some((dir.to_owned(), want));
+        t.asked += 1;
+        self.shared.1.notify_all();
+    }
+
+    /// Waits until every ask so far is answered, at most `bound`; whether they are.
+    fn settle(&self, bound: Duration) -> bool {
+        let t = self.lock();
+        let (t, _) = self
+            .shared
+            .1
+            .wait_timeout_while(t, bound, |t| t.done < t.asked)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.done >= t.asked
+    }
+
+    fn said(&self) -> Option<String> {
+        self.lock().said.clone()
+    }
+
+    fn told(&self) -> bool {
+        self.lock().told
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        self.lock().stop = true;
+        self.shared.1.notify_all();
+    }
+}
+
+/// The notifier's thread: one exchange per batch of asks, until the engine is gone.
+fn talk(shared: &(Mutex<Talk>, Condvar)) {
+    let lock = || shared.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let (dir, want, asked, mut told) = {
+            let t = shared
+                .1
+                .wait_while(lock(), |t| t.pending.is_none() && !t.stop)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut t = t;
+            let Some((dir, want)) = t.pending.take() else { return };
+            (dir, want, t.asked, t.told)
+        };
+        let said = coordinate(&dir, want.as_ref(), &mut told);
+        let mut t = lock();
+        if said != t.said {
+            if let Some(s) = &said {
                 log::info!("irq: {s}");
             }
         }
-        self.report = report;
+        t.said = said;
+        t.told = told;
+        t.done = asked;
+        shared.1.notify_all();
     }
+}
+
+/// Tells each running irqbalance in `dir` to ban `want` (the isolated CPUs, and the CPUs it bans
+/// by itself at start, `isolcpus=`, which its banned list would otherwise drop); hands the
+/// choice back when nothing is isolated any more and it was `told` before. What it said, `None`
+/// when no irqbalance runs.
+fn coordinate(dir: &Path, want: Option<&CpuSet>, told: &mut bool) -> Option<String> {
+    let sockets = irqbalance::sockets(dir);
+    if sockets.is_empty() {
+        return None;
+    }
+    let mut said = Vec::new();
+    for sock in &sockets {
+        let banned = irqbalance::banned(sock);
+        let result = match (want, &banned) {
+            (Some(w), Ok(b)) if w == b => Ok(format!("irqbalance bans CPUs {w}")),
+            (Some(w), _) => irqbalance::set_banned(sock, Some(w)).map(|()| {
+                *told = true;
+                format!("irqbalance asked to ban CPUs {w}")
+            }),
+            (None, _) if *told => irqbalance::set_banned(sock, None).map(|()| {
+                *told = false;
+                "irqbalance given back its own banned CPUs".to_owned()
+            }),
+            (None, Ok(b)) => Ok(format!("irqbalance bans CPUs {b}")),
+            (None, Err(e)) => Ok(format!("irqbalance: {}", error_chain(e))),
+        };
+        match result {
+            Ok(s) => said.push(s),
+            Err(e) => said.push(format!("irqbalance: {}", error_chain(&e))),
+        }
+    }
+    Some(said.join("; "))
 }
 
 fn irq_fs(settings: &Settings) -> IrqFs {
@@ -457,5 +594,78 @@ impl Engine {
             })
             .collect();
         (pools, self.irq.config.cpus.clone().unwrap_or_else(|| reserved.clone()), reserved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::time::Duration;
+
+    use super::super::tests::{rt, spec, Fixture};
+    use crate::core::state::Size;
+
+    const ISOLATED: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,4\"\n\
+        [pools.dp]\nkind = \"exclusive\"\ncpus = \"1-2,5-6\"\nisolate = true\n\
+        [pools.web]\nkind = \"shared\"\ncpus = \"3,7\"\n";
+
+    /// Whether the other end of `conn` has closed it (not just shut down its writing half,
+    /// which an irqbalance client does right after its command): a write then fails. A client
+    /// still there reads the byte as a (meaningless) answer.
+    fn hung_up(mut conn: &UnixStream) -> bool {
+        use std::io::Write;
+        conn.write_all(b"?").is_err()
+    }
+
+    #[test]
+    fn a_silent_irqbalance_holds_up_no_engine_request() {
+        let f = Fixture::new();
+        fs::write(f.sb.etc().join("config.toml"), ISOLATED).unwrap_or_else(|e| panic!("{e}"));
+        let (engine, _) = f.start();
+        f.write("cpupool.slice/cpupool-web.slice/a/cpuset.cpus", "\n");
+        // An irqbalance that takes the first connection and never answers on it; later ones
+        // are closed at once.
+        let dir = f.sb.run().join("irqbalance");
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let listener = UnixListener::bind(dir.join("irqbalance4242.sock")).unwrap_or_else(|e| panic!("{e}"));
+        let (held_tx, held) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for (i, conn) in listener.incoming().enumerate() {
+                if i == 0 {
+                    let _ = held_tx.send(conn);
+                }
+            }
+        });
+        let (handle, thread) = engine.spawn();
+        let guard = Duration::from_secs(60);
+        rt().block_on(async {
+            // The drift check's interrupt pass hands irqbalance the isolated CPUs.
+            tokio::time::timeout(guard, handle.check_drift())
+                .await
+                .unwrap_or_else(|_| panic!("the drift check waited for irqbalance"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let conn = held
+                .recv_timeout(guard)
+                .unwrap_or_else(|e| panic!("irqbalance was never asked: {e}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            // irqbalance has been asked and has not answered: the engine answers meanwhile.
+            let a = tokio::time::timeout(
+                guard,
+                handle.assign(spec(
+                    "web",
+                    "cgroup:cpupool.slice/cpupool-web.slice/a",
+                    Size::Millicpus(100),
+                    None,
+                )),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("the engine waited for irqbalance"));
+            a.unwrap_or_else(|e| panic!("{e}"));
+            assert!(!hung_up(&conn), "the engine answered only after giving up on irqbalance");
+            drop(conn);
+        });
+        drop(handle);
+        let _ = thread.join();
     }
 }

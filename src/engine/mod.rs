@@ -19,6 +19,7 @@ mod actor;
 mod batch;
 mod cache;
 mod commit;
+mod drift;
 pub mod handle;
 pub mod housekeeping;
 mod irq;
@@ -33,6 +34,7 @@ use tokio::sync::{broadcast, watch};
 pub use crate::config::edit::ConfigSource;
 pub use actor::{StartError, StartReport};
 pub use commit::describe;
+pub use drift::Found as DriftFound;
 pub use handle::{ping_within, Change, DriftReport, Event, Handle, Request, Snapshot, PING_TIMEOUT};
 pub use irq::IrqReport;
 pub use kubelet::{KubeletUpdate, KubeletView};
@@ -94,7 +96,9 @@ pub struct Engine {
     state: Arc<State>,
     topo: Arc<Topology>,
     store: Store,
-    backend: Box<dyn Backend>,
+    /// Shared with the drift reader ([`Handle::check_drift`]), which reads the host off this
+    /// thread.
+    backend: Arc<dyn Backend>,
     /// `daemon.lend_idle` as configured; see [`Engine::layout_options`].
     lend_idle: bool,
     opts: LayoutOptions,

@@ -27,7 +27,7 @@ impl Fixture {
         Fixture { _dir: dir, sb }
     }
 
-    fn settings(&self) -> Settings {
+    pub(super) fn settings(&self) -> Settings {
         let mut s = crate::config::load(&self.sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
         self.sb.confine(&mut s);
         s

@@ -15,6 +15,7 @@ use crate::core::cpuset::CpuSet;
 use crate::core::plan::{Effect, Key};
 use crate::core::state::CgroupPath;
 
+mod cache;
 mod effective;
 mod partition;
 mod procs;
@@ -132,6 +133,8 @@ pub struct CgroupFs {
     /// The sandbox's simulated process attributes: affinities are recorded in
     /// `DIR/PID/status` (`Cpus_allowed_list:`) instead of being set on the real process.
     sim_procs: Option<PathBuf>,
+    /// Reads kept between writes (see `cache`); clones share it, as they share the tree.
+    cache: std::sync::Arc<cache::ReadCache>,
 }
 
 impl CgroupFs {
@@ -140,7 +143,7 @@ impl CgroupFs {
     pub fn new(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
         let root = root.into();
         let kernel = is_cgroupfs(&root);
-        CgroupFs { root, proc_root: proc_root.into(), kernel, sim_procs: None }
+        CgroupFs { root, proc_root: proc_root.into(), kernel, sim_procs: None, cache: Default::default() }
     }
 
     /// Never changes a real process: affinities are recorded under `dir` (the sandbox's
@@ -169,6 +172,8 @@ impl CgroupFs {
     /// Creates a cgroup and any missing parents, enabling the cpuset controller in each
     /// parent's `cgroup.subtree_control` first (starting at the root).
     pub fn create(&self, path: &CgroupPath) -> Result<(), HostError> {
+        // A new cgroup may be where a target was found to sit, or a partition's sibling.
+        self.cache.clear();
         let mut parents = vec![self.root.clone()];
         parents.extend(path.ancestors().iter().map(|a| self.dir(a)));
         let mut dirs = path.ancestors();
@@ -199,6 +204,7 @@ impl CgroupFs {
 
     /// Removes a cgroup the daemon created (it must hold no process).
     pub fn remove(&self, path: &CgroupPath) -> Result<(), HostError> {
+        self.cache.clear();
         let dir = self.dir(path);
         let failed =
             |e: super::fsutil::FsError| HostError::Dir { op: "removing", path: e.path, source: e.source };
@@ -396,6 +402,9 @@ impl super::Backend for CgroupFs {
     fn partition_status(&self, path: &CgroupPath) -> Option<String> {
         CgroupFs::partition_status(self, path)
     }
+    fn kept_partition_status(&self, path: &CgroupPath) -> Option<String> {
+        CgroupFs::kept_partition_status(self, path)
+    }
     fn remote_partitions(&self) -> bool {
         self.has_exclusive_file()
     }
@@ -410,6 +419,9 @@ impl super::Backend for CgroupFs {
     }
     fn can_read_units(&self) -> bool {
         false
+    }
+    fn refresh(&self) {
+        self.forget_reads();
     }
 }
 
@@ -441,7 +453,42 @@ impl CgroupFs {
         } else {
             self.fs().write_or_create(rel, bytes, 0o644)
         };
+        self.wrote(path);
         written.map_err(|e| err(e.source))
+    }
+
+    /// Forgets the reads a write of `file` can change (a failed write too: it may have been
+    /// taken in part).
+    fn wrote(&self, file: &Path) {
+        let cgroup = file
+            .parent()
+            .and_then(|d| d.strip_prefix(&self.root).ok())
+            .and_then(Path::to_str)
+            .and_then(|r| CgroupPath::new(r).ok());
+        match (file.file_name().and_then(|n| n.to_str()), cgroup) {
+            // Memory nodes and CPU time change no CPU set and no partition.
+            (Some("cpuset.mems" | "cpu.max"), _) => {}
+            (Some("cpuset.cpus"), Some(cgroup)) => self.cache.wrote_cpus(&cgroup),
+            _ => self.cache.clear(),
+        }
+    }
+
+    /// Forgets what `effect` can change when someone applied it on this tree's behalf (systemd
+    /// setting a unit's properties).
+    pub fn forget_after(&self, effect: &Effect) {
+        match effect {
+            Effect::SetCpus { key: Key::Cgroup(path), .. } => self.cache.wrote_cpus(path),
+            Effect::SetCpus { key: Key::Unit(unit), .. } => self.cache.wrote_unit(unit),
+            Effect::SetCpus { key: Key::Pid(_), .. } | Effect::SetMems { .. } | Effect::SetQuota { .. } => {}
+            Effect::CreateCgroup(_) | Effect::RemoveCgroup(_) | Effect::SetPartition { .. } => {
+                self.cache.clear()
+            }
+        }
+    }
+
+    /// Forgets every kept read (the drift check reads the host afresh).
+    pub fn forget_reads(&self) {
+        self.cache.clear();
     }
 }
 

@@ -23,6 +23,11 @@ use crate::core::cpuset::CpuSet;
 /// Where irqbalance puts its socket.
 pub const SOCKET_DIR: &str = "/run/irqbalance";
 
+/// How long an answer is waited for. The daemon talks to irqbalance on a thread of its own
+/// (see `engine::irq`), so a busy irqbalance (its socket is served between rescans) holds up
+/// nothing else; a hung one is given up on after this.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Why irqbalance could not be told or asked.
 #[derive(Debug, thiserror::Error)]
 pub enum IrqbalanceError {
@@ -82,7 +87,7 @@ fn command(socket: &Path, command: &str) -> Result<String, IrqbalanceError> {
     )
     .map_err(|e| err(e.into()))?;
     stream.shutdown(std::net::Shutdown::Write).map_err(err)?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(2))).map_err(err)?;
+    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(err)?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer).map_err(err)?;
     Ok(answer)

@@ -51,7 +51,10 @@ pub struct Confinement {
 }
 
 /// Executes planned effects and reads back what the host holds.
-pub trait Backend: Send {
+///
+/// `Sync`: the engine applies effects on its thread while the drift check reads the host on
+/// another ([`crate::engine::Handle::check_drift`]).
+pub trait Backend: Send + Sync {
     /// `cgroupfs` or `systemd`, for logs.
     fn name(&self) -> &'static str;
     /// Executes one effect.
@@ -63,6 +66,12 @@ pub trait Backend: Send {
     /// The kernel's word on a partition: `isolated`, `root invalid (...)`, ...; `None` where
     /// the cgroup or the file does not exist.
     fn partition_status(&self, path: &CgroupPath) -> Option<String>;
+    /// [`Backend::partition_status`] as last read, where nothing this backend wrote since can
+    /// have changed it (the drift check's [`Backend::refresh`] reads it afresh): what every
+    /// published snapshot shows.
+    fn kept_partition_status(&self, path: &CgroupPath) -> Option<String> {
+        self.partition_status(path)
+    }
     /// Whether the kernel has `cpuset.cpus.exclusive` (Linux 6.7): isolated partitions can then
     /// sit below a parent that is not a partition itself, which leaves the other pool CPUs free
     /// for lending.
@@ -77,6 +86,10 @@ pub trait Backend: Send {
     /// Where `key` sits and the CPUs the kernel lets it use there (a cgroup's parent, a unit's
     /// slice, a process's cgroup); `None` where that cannot be known.
     fn confinement(&self, key: &Key) -> Result<Option<Confinement>, HostError>;
+    /// Forgets what the backend remembers of the host between its own writes (where pool
+    /// slices sit, their partitions), so that the next reads see changes made by others: the
+    /// drift check calls it before it reads.
+    fn refresh(&self) {}
     /// Whether [`Backend::observe`] can read units (systemd can; cgroupfs cannot).
     fn can_read_units(&self) -> bool {
         true

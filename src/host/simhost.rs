@@ -197,18 +197,36 @@ pub fn effective_cpus(root: &Path, path: &CgroupPath) -> Option<CpuSet> {
     if !root.join(path.as_str()).is_dir() {
         return None;
     }
-    Some(effective_of(root, Some(path)))
+    Some(effective_in(root, Some(path), &partitions(root)))
 }
 
 /// The simulated root cgroup's effective CPUs (see [`effective_cpus`]).
 pub fn root_effective(root: &Path) -> CpuSet {
-    effective_of(root, None)
+    effective_in(root, None, &partitions(root))
 }
 
-fn effective_of(root: &Path, path: Option<&CgroupPath>) -> CpuSet {
-    let read = |p: &Path, file: &str| -> CpuSet {
-        fs::read_to_string(p.join(file)).ok().and_then(|t| CpuSet::parse(t.trim()).ok()).unwrap_or_default()
-    };
+/// The valid partitions of a simulated cgroupfs, by relative path, with the CPUs granted to
+/// each: what [`effective_cpus`] reads besides the `cpuset.cpus` on the way down. They change
+/// only when a partition file, a `cpuset.cpus.exclusive` or the `cpuset.cpus` of a partition
+/// is written, or a cgroup in the first two levels comes or goes; a caller that knows none of
+/// that happened may keep them ([`effective_in`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Partitions(Vec<(String, CpuSet)>);
+
+impl Partitions {
+    /// Whether `path` is one of them.
+    pub fn contains(&self, path: &CgroupPath) -> bool {
+        self.0.iter().any(|(p, _)| p == path.as_str())
+    }
+}
+
+fn read_list(p: &Path, file: &str) -> CpuSet {
+    fs::read_to_string(p.join(file)).ok().and_then(|t| CpuSet::parse(t.trim()).ok()).unwrap_or_default()
+}
+
+/// Reads the [`Partitions`] of the simulated cgroupfs under `root`.
+pub fn partitions(root: &Path) -> Partitions {
+    let read = read_list;
     let partition_cpus = |p: &Path| -> Option<CpuSet> {
         let status = fs::read_to_string(p.join("cpuset.cpus.partition")).ok()?;
         let word = status.split_whitespace().next()?;
@@ -247,6 +265,13 @@ fn effective_of(root: &Path, path: Option<&CgroupPath>) -> CpuSet {
             }
         }
     }
+    Partitions(partitions)
+}
+
+/// The effective CPUs of `path` (the root for `None`) given the [`Partitions`]: reads the root's
+/// `cpuset.cpus.effective` and the `cpuset.cpus` of each cgroup on the way down.
+pub fn effective_in(root: &Path, path: Option<&CgroupPath>, partitions: &Partitions) -> CpuSet {
+    let partitions = &partitions.0;
     // CPUs granted to partitions strictly below `at` ("" for the root) and not below another
     // partition below it.
     let granted_below = |at: &str| -> CpuSet {
@@ -257,21 +282,29 @@ fn effective_of(root: &Path, path: Option<&CgroupPath>) -> CpuSet {
             .filter(|(p, _)| !partitions.iter().any(|(q, _)| below(q) && p.starts_with(&format!("{q}/"))))
             .fold(CpuSet::new(), |acc, (_, c)| acc.union(c))
     };
-    let mut effective = read(root, "cpuset.cpus.effective").difference(&granted_below(""));
+    let mut effective = read_list(root, "cpuset.cpus.effective").difference(&granted_below(""));
     let mut at = String::new();
     for comp in path.map(CgroupPath::as_str).unwrap_or_default().split('/').filter(|c| !c.is_empty()) {
         at = if at.is_empty() { comp.to_owned() } else { format!("{at}/{comp}") };
-        let d = root.join(&at);
         if let Some((_, granted)) = partitions.iter().find(|(p, _)| *p == at) {
             effective = granted.difference(&granted_below(&at));
             continue;
         }
-        let own = read(&d, "cpuset.cpus").intersection(&effective);
-        if !own.is_empty() {
-            effective = own;
-        }
+        effective = below(&effective, &read_list(&root.join(&at), "cpuset.cpus"));
     }
     effective
+}
+
+/// The effective CPUs of a cgroup that is not a partition, whose parent has `parent` and
+/// which asks for `own` (its `cpuset.cpus`): those within its parent's, or all of its parent's
+/// when it asks for none of them.
+pub fn below(parent: &CpuSet, own: &CpuSet) -> CpuSet {
+    let own = own.intersection(parent);
+    if own.is_empty() {
+        parent.clone()
+    } else {
+        own
+    }
 }
 
 /// A set as sysfs prints it: the list syntax and a newline.

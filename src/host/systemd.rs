@@ -365,12 +365,9 @@ fn relative(cg: &str) -> Option<CgroupPath> {
     CgroupPath::new(cg.trim_start_matches('/')).ok()
 }
 
-impl Backend for Systemd {
-    fn name(&self) -> &'static str {
-        "systemd"
-    }
-
-    fn apply(&self, effect: &Effect) -> Result<(), HostError> {
+impl Systemd {
+    /// Executes one effect (see [`Backend::apply`]).
+    fn apply_effect(&self, effect: &Effect) -> Result<(), HostError> {
         match effect {
             Effect::CreateCgroup(path) => match unit_of(path) {
                 Some(unit) => self.start_slice(unit),
@@ -456,6 +453,23 @@ impl Backend for Systemd {
             Effect::SetPartition { .. } => self.fs.apply(effect),
         }
     }
+}
+
+impl Backend for Systemd {
+    fn name(&self) -> &'static str {
+        "systemd"
+    }
+
+    fn apply(&self, effect: &Effect) -> Result<(), HostError> {
+        let applied = self.apply_effect(effect);
+        // What systemd wrote for us, the cgroupfs side's kept reads do not know of.
+        self.fs.forget_after(effect);
+        applied
+    }
+
+    fn refresh(&self) {
+        self.fs.forget_reads();
+    }
 
     fn observe(&self, key: &Key) -> Result<Option<Observed>, HostError> {
         match key {
@@ -498,6 +512,10 @@ impl Backend for Systemd {
 
     fn partition_status(&self, path: &CgroupPath) -> Option<String> {
         self.fs.partition_status(path)
+    }
+
+    fn kept_partition_status(&self, path: &CgroupPath) -> Option<String> {
+        self.fs.kept_partition_status(path)
     }
 
     fn remote_partitions(&self) -> bool {

@@ -17,13 +17,46 @@ impl CgroupFs {
     /// controller is not on this hierarchy at all.
     pub fn effective(&self, path: &CgroupPath) -> Result<Option<CpuSet>, HostError> {
         if !self.kernel {
-            return Ok(simhost::effective_cpus(&self.root, path));
+            return Ok(self.sim_effective(path));
         }
         let dir = self.dir(path);
         if !dir.is_dir() {
             return Ok(None);
         }
         self.effective_at(&dir)
+    }
+
+    /// [`simhost::effective_cpus`], from the kept partitions and parent: a cgroup that is not a
+    /// partition has its own `cpuset.cpus` within its parent's effective CPUs, so only its own
+    /// file is read (its parent's were read when it was admitted, and are kept until a write).
+    fn sim_effective(&self, path: &CgroupPath) -> Option<CpuSet> {
+        if !self.exists(path) {
+            return None;
+        }
+        let partitions = self.sim_partitions();
+        if partitions.contains(path) {
+            return Some(simhost::effective_in(&self.root, Some(path), &partitions));
+        }
+        let parent = match self.nearest(path.ancestors().last()) {
+            Ok(Some(c)) => c.cpus,
+            _ => return Some(simhost::effective_in(&self.root, Some(path), &partitions)),
+        };
+        let own = fs::read_to_string(self.dir(path).join("cpuset.cpus"))
+            .ok()
+            .and_then(|t| CpuSet::parse(t.trim()).ok())
+            .unwrap_or_default();
+        Some(simhost::below(&parent, &own))
+    }
+
+    /// A simulated tree's partitions, kept until a write can change them.
+    fn sim_partitions(&self) -> std::sync::Arc<simhost::Partitions> {
+        if let Some(kept) = self.cache.partitions() {
+            return kept;
+        }
+        let at = self.cache.stamp();
+        let read = std::sync::Arc::new(simhost::partitions(&self.root));
+        self.cache.keep_partitions(at, read.clone());
+        read
     }
 
     fn effective_at(&self, dir: &Path) -> Result<Option<CpuSet>, HostError> {
@@ -68,14 +101,34 @@ impl CgroupFs {
 
     /// The nearest cgroup that exists at or above `path` (`None`: the root) and its effective
     /// CPUs: where something in `path` would sit.
+    ///
+    /// Kept until a write can change it (see `cache`) when `path` exists (a cgroup created
+    /// later below what was found would be missed otherwise).
     pub fn nearest(&self, path: Option<&CgroupPath>) -> Result<Option<Confinement>, HostError> {
+        if let Some(kept) = self.cache.nearest(path) {
+            return Ok(kept);
+        }
+        let at = self.cache.stamp();
+        let found = self.find_nearest(path)?;
+        let exists = match (path, &found) {
+            (None, _) => true,
+            (Some(p), Some(c)) => c.parent == p.as_str(),
+            (Some(_), None) => false,
+        };
+        if exists {
+            self.cache.keep_nearest(at, path, &found);
+        }
+        Ok(found)
+    }
+
+    fn find_nearest(&self, path: Option<&CgroupPath>) -> Result<Option<Confinement>, HostError> {
         let mut chain: Vec<CgroupPath> = path.map(|p| p.ancestors()).unwrap_or_default();
         chain.extend(path.cloned());
         let found = chain.into_iter().rev().find(|a| self.exists(a));
         let cpus = match &found {
             Some(p) => self.effective(p)?,
             None if self.kernel => self.effective_at(&self.root)?,
-            None => Some(simhost::root_effective(&self.root)),
+            None => Some(simhost::effective_in(&self.root, None, &self.sim_partitions())),
         };
         let name = found.map_or_else(|| "/".to_owned(), |p| p.to_string());
         Ok(cpus.map(|cpus| Confinement { parent: name, cpus }))

@@ -35,10 +35,28 @@ impl CgroupFs {
         }
     }
 
-    /// The first line of `cpuset.cpus.partition`, `None` if there is none.
+    /// The first line of `cpuset.cpus.partition`, `None` if there is none. Read afresh (the
+    /// kernel changes it by itself too); replaces what [`CgroupFs::kept_partition_status`] kept.
     pub fn partition_status(&self, path: &CgroupPath) -> Option<String> {
-        let text = fs::read_to_string(self.dir(path).join("cpuset.cpus.partition")).ok()?;
-        Some(text.lines().next().unwrap_or("").trim().to_owned())
+        let at = self.cache.stamp();
+        let status = fs::read_to_string(self.dir(path).join("cpuset.cpus.partition"))
+            .ok()
+            .map(|text| text.lines().next().unwrap_or("").trim().to_owned());
+        self.cache.update_status(at, path, &status);
+        status
+    }
+
+    /// [`CgroupFs::partition_status`] as last read, unless a write through this backend may
+    /// have changed it since (see `cache`): what every published snapshot shows, without
+    /// reading each pool's file at every Assign.
+    pub fn kept_partition_status(&self, path: &CgroupPath) -> Option<String> {
+        if let Some(kept) = self.cache.status(path) {
+            return kept;
+        }
+        let at = self.cache.stamp();
+        let status = self.partition_status(path);
+        self.cache.keep_status(at, path, &status);
+        status
     }
 
     /// The partition a cgroup is now, as the planner would have written it: a valid

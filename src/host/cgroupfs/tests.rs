@@ -154,3 +154,72 @@ fn affinity_of_a_child_process() {
     assert!(fs_.set_affinity(pid, &CpuSet::range(0, 0), true).is_ok());
     assert!(fs_.set_affinity(pid, &CpuSet::range(0, 0), false).is_err());
 }
+
+/// A simulated root with 8 CPUs, pool slice `cpupool.slice/cpupool-web.slice` on 2-3 and a
+/// target `app` below it.
+fn sim_tree() -> (tempfile::TempDir, CgroupFs, CgroupPath, CgroupPath) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    fs::write(dir.path().join("cpuset.cpus.effective"), "0-7\n").unwrap_or_else(|e| panic!("{e}"));
+    let fs_ = CgroupFs::new(dir.path(), "/proc");
+    let web = cg("cpupool.slice/cpupool-web.slice");
+    let app = cg("cpupool.slice/cpupool-web.slice/app");
+    fs_.create(&app).unwrap_or_else(|e| panic!("{e}"));
+    fs_.set_cpus(&cg("cpupool.slice"), &CpuSet::range(2, 5)).unwrap_or_else(|e| panic!("{e}"));
+    fs_.set_cpus(&web, &CpuSet::range(2, 3)).unwrap_or_else(|e| panic!("{e}"));
+    (dir, fs_, web, app)
+}
+
+fn confined(fs_: &CgroupFs, key: &CgroupPath) -> CpuSet {
+    match fs_.confinement(&Key::Cgroup(key.clone())) {
+        Ok(Some(c)) => c.cpus,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn kept_reads_follow_the_backends_own_writes_and_others_after_a_refresh() {
+    let (dir, fs_, web, app) = sim_tree();
+    assert_eq!(confined(&fs_, &app), CpuSet::range(2, 3));
+    // Written by someone else: kept until the drift check refreshes.
+    fs::write(dir.path().join(web.as_str()).join("cpuset.cpus"), "3\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(confined(&fs_, &app), CpuSet::range(2, 3));
+    crate::host::Backend::refresh(&fs_);
+    assert_eq!(confined(&fs_, &app), CpuSet::range(3, 3));
+    // Written through the backend: read back at once, the pool slice's and what is below it.
+    fs_.set_cpus(&web, &CpuSet::range(2, 3)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(confined(&fs_, &app), CpuSet::range(2, 3));
+    fs_.set_cpus(&app, &CpuSet::range(2, 2)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fs_.enforced(&Key::Cgroup(app.clone())).ok().flatten(), Some(CpuSet::range(2, 2)));
+    // A target's own CPUs are never kept: read back whoever wrote them.
+    fs::write(dir.path().join(app.as_str()).join("cpuset.cpus"), "3\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fs_.enforced(&Key::Cgroup(app.clone())).ok().flatten(), Some(CpuSet::range(3, 3)));
+    // A target's write leaves its parent's kept CPUs (someone else's change is not seen yet)...
+    fs::write(dir.path().join(web.as_str()).join("cpuset.cpus"), "2\n").unwrap_or_else(|e| panic!("{e}"));
+    fs_.set_cpus(&app, &CpuSet::range(2, 3)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(confined(&fs_, &app), CpuSet::range(2, 3));
+    // ...a new cgroup or a partition written anywhere forgets everything.
+    let other = cg("cpupool.slice/cpupool-dp.slice");
+    fs_.create(&other).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(confined(&fs_, &app), CpuSet::range(2, 2));
+    fs::write(dir.path().join(web.as_str()).join("cpuset.cpus"), "3\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(confined(&fs_, &app), CpuSet::range(2, 2));
+    fs_.set_partition(&other, &Partition::Member).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(confined(&fs_, &app), CpuSet::range(3, 3));
+}
+
+#[test]
+fn kept_partition_status_is_forgotten_by_a_write_of_the_pool_level() {
+    let (dir, fs_, web, _) = sim_tree();
+    fs_.set_partition(&web, &Partition::Isolated(CpuSet::range(2, 3))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fs_.kept_partition_status(&web).as_deref(), Some("isolated"));
+    let file = dir.path().join(web.as_str()).join("cpuset.cpus.partition");
+    let invalid = "isolated invalid (Cpu list in cpuset.cpus not exclusive)";
+    fs::write(&file, format!("{invalid}\n")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fs_.kept_partition_status(&web).as_deref(), Some("isolated"));
+    // The fresh read is the kernel's word, and is kept.
+    assert_eq!(fs_.partition_status(&web).as_deref(), Some(invalid));
+    assert_eq!(fs_.kept_partition_status(&web).as_deref(), Some(invalid));
+    fs::write(&file, "isolated\n").unwrap_or_else(|e| panic!("{e}"));
+    fs_.set_cpus(&cg("cpupool.slice"), &CpuSet::range(2, 5)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(fs_.kept_partition_status(&web).as_deref(), Some("isolated"));
+}
