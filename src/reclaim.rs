@@ -88,7 +88,11 @@ pub async fn run(
         tokio::select! {
             _ = &mut stop => break,
             ev = events.recv() => match ev {
-                Ok(Event::AssignmentChanged { .. }) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => r.sync().await,
+                // One assignment changed: only it is looked at, so an event costs the same
+                // whatever the number of assignments.
+                Ok(Event::AssignmentChanged { id, .. }) => r.sync_one(&id).await,
+                // Events were missed: everything is looked at again.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => r.sync().await,
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             },
@@ -233,50 +237,70 @@ impl Reclaimer {
         (removed, reloading)
     }
 
-    /// Starts watching new reclaimable assignments and stops watching released ones.
+    /// Starts watching new reclaimable assignments and stops watching released ones: all of
+    /// them, at start and after missed events.
     async fn sync(&mut self) {
         let snap = self.handle.snapshot();
         let live = snap.state.assignments();
         self.watches.retain(|id, _| live.get(id).is_some_and(|a| a.reclaim));
         for a in live.values().filter(|a| a.reclaim) {
-            if self.watches.contains_key(&a.id) {
-                continue;
+            if !self.watches.contains_key(&a.id) {
+                self.watch(a).await;
             }
-            let watch = match &a.target {
-                Target::Pid(pid) => {
-                    let start = a.process_start.or_else(|| self.fs.process_start(*pid));
-                    let (id, tx, pid) = (a.id.clone(), self.gone.0.clone(), *pid);
-                    let watched = start.map(|s| pidwatch::watch(&self.fs, pid, s));
-                    Watch::Pid(tokio::spawn(async move {
-                        let why = match watched {
-                            Some(Ok(Some(w))) => {
-                                w.exited().await;
-                                format!("process {pid} exited")
-                            }
-                            Some(Err(e)) => {
-                                // Cannot watch: keep the assignment rather than guess.
-                                log::warn!("cannot watch process {pid} of assignment {id}: {e}");
-                                return;
-                            }
-                            _ => format!("process {pid} is gone"),
-                        };
-                        let _ = tx.send((id, why));
-                    }))
-                }
-                Target::Cgroup(path) => Watch::Cgroup(path.clone()),
-                // Not placed yet; the device plugin owns kubelet assignments.
-                Target::Kubelet(_) => continue,
-                Target::Unit(name) => {
-                    let state = self.unit_state(name).await;
-                    Watch::Unit {
-                        name: name.clone(),
-                        path: unit_object_path(name),
-                        seen_active: state.flatten().as_deref().is_some_and(running),
-                    }
-                }
-            };
-            self.watches.insert(a.id.clone(), watch);
         }
+    }
+
+    /// [`Reclaimer::sync`] for the one assignment an event names.
+    async fn sync_one(&mut self, id: &AssignmentId) {
+        let snap = self.handle.snapshot();
+        match snap.state.assignments().get(id) {
+            Some(a) if a.reclaim => {
+                if !self.watches.contains_key(id) {
+                    self.watch(a).await;
+                }
+            }
+            _ => {
+                self.watches.remove(id);
+            }
+        }
+    }
+
+    /// Starts watching `a`'s target.
+    async fn watch(&mut self, a: &crate::core::state::Assignment) {
+        let watch = match &a.target {
+            Target::Pid(pid) => {
+                let start = a.process_start.or_else(|| self.fs.process_start(*pid));
+                let (id, tx, pid) = (a.id.clone(), self.gone.0.clone(), *pid);
+                let watched = start.map(|s| pidwatch::watch(&self.fs, pid, s));
+                Watch::Pid(tokio::spawn(async move {
+                    let why = match watched {
+                        Some(Ok(Some(w))) => {
+                            w.exited().await;
+                            format!("process {pid} exited")
+                        }
+                        Some(Err(e)) => {
+                            // Cannot watch: keep the assignment rather than guess.
+                            log::warn!("cannot watch process {pid} of assignment {id}: {e}");
+                            return;
+                        }
+                        _ => format!("process {pid} is gone"),
+                    };
+                    let _ = tx.send((id, why));
+                }))
+            }
+            Target::Cgroup(path) => Watch::Cgroup(path.clone()),
+            // Not placed yet; the device plugin owns kubelet assignments.
+            Target::Kubelet(_) => return,
+            Target::Unit(name) => {
+                let state = self.unit_state(name).await;
+                Watch::Unit {
+                    name: name.clone(),
+                    path: unit_object_path(name),
+                    seen_active: state.flatten().as_deref().is_some_and(running),
+                }
+            }
+        };
+        self.watches.insert(a.id.clone(), watch);
     }
 
     async fn reclaim(&mut self, id: &AssignmentId, why: &str) {
