@@ -137,30 +137,24 @@ impl CacheManager {
             self.rows = rows_for(&p.config, |_, _| (String::new(), ClassState::Unsupported(missing.clone())));
             return;
         }
-        let mut rows = Vec::new();
-        for (pool, class) in &p.config.pools {
-            let group = resctrl::group_name(pool.as_str());
-            let want = p.wanted.get(pool).copied().unwrap_or_default();
-            let outcome = match pools.get(pool) {
-                None => Err(format!("pool {pool} is not running (the configuration was not installed)")),
-                Some(cpus) => sync_group(&p.fs, &group, cpus, &want, info),
-            };
-            for (key, wanted) in class.keys() {
-                let (in_force, state) = match &outcome {
-                    Err(why) => (String::new(), ClassState::Degraded(why.clone())),
-                    Ok(shown) => judge(shown, key, &want, info),
+        let outcomes: BTreeMap<&PoolName, _> = p
+            .config
+            .pools
+            .keys()
+            .map(|pool| {
+                let want = p.wanted.get(pool).copied().unwrap_or_default();
+                let outcome = match pools.get(pool) {
+                    None => Err(format!("pool {pool} is not running (the configuration was not installed)")),
+                    Some(cpus) => sync_group(&p.fs, &resctrl::group_name(pool.as_str()), cpus, &want, info),
                 };
-                rows.push(ClassRow {
-                    pool: pool.to_string(),
-                    class: ClassKind::Cache,
-                    key: key.to_owned(),
-                    wanted,
-                    in_force,
-                    scope: group.clone(),
-                    state,
-                });
-            }
-        }
+                (pool, (want, outcome))
+            })
+            .collect();
+        let rows = rows_for(&p.config, |pool, key| match outcomes.get(pool) {
+            Some((want, Ok(shown))) => judge(shown, key, want, info),
+            Some((_, Err(why))) => (String::new(), ClassState::Degraded(why.clone())),
+            None => (String::new(), ClassState::Degraded(format!("pool {pool} was not looked at"))),
+        });
         self.remove_stale();
         for r in &rows {
             let before = self.rows.iter().find(|o| o.pool == r.pool && o.key == r.key);
