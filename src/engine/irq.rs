@@ -110,6 +110,10 @@ pub(crate) struct IrqManager {
     warned_one_cpu: bool,
     /// The conversation with irqbalance, on a thread of its own.
     notifier: Notifier,
+    /// IRQs whose effective affinity named isolated CPUs at the last pass (where their
+    /// `smp_affinity` does not), with their count on those CPUs then: the kernel moves an
+    /// interrupt at its next occurrence, so one that has not fired since is not delivered there.
+    stale: BTreeMap<u32, u64>,
 }
 
 impl IrqManager {
@@ -143,6 +147,7 @@ impl IrqManager {
             report: IrqReport::default(),
             warned_one_cpu: false,
             notifier: Notifier::new(memory_told),
+            stale: BTreeMap::new(),
         }
     }
 
@@ -310,8 +315,12 @@ impl IrqManager {
                 }
             }
         }
-        // Read back where every interrupt is delivered. Those written just now may move only
-        // at their next interrupt: they are judged at the next pass.
+        // Read back where every interrupt is delivered. The kernel moves an interrupt at its
+        // next occurrence, so an effective affinity that still names isolated CPUs is judged by
+        // the counts: delivered there only if it fired there since the last pass. Those written
+        // just now, or first seen so, are judged at the next pass.
+        let counts = self.fs.counts().ok();
+        let mut stale = BTreeMap::new();
         for &irq in &irqs {
             if written.contains(&irq) || report.kernel_placed.contains_key(&irq) {
                 continue;
@@ -319,10 +328,21 @@ impl IrqManager {
             let Ok(Some(eff)) = self.fs.effective(irq) else { continue };
             let on = eff.intersection(&layout.isolated);
             let claimed = self.fs.affinity(irq).ok().is_some_and(|a| !a.is_disjoint(&layout.isolated));
-            if !on.is_empty() && !claimed {
+            if on.is_empty() || claimed {
+                continue;
+            }
+            let Some(counts) = &counts else {
+                // No counts to judge by: what the kernel shows is all there is.
+                report.problems.push(format!("IRQ {} is still delivered to isolated CPUs {on}", label(irq)));
+                continue;
+            };
+            let there: u64 = counts.get(&irq).map_or(0, |c| on.iter().filter_map(|cpu| c.get(&cpu)).sum());
+            if self.stale.get(&irq).is_some_and(|&before| there > before) {
                 report.problems.push(format!("IRQ {} is still delivered to isolated CPUs {on}", label(irq)));
             }
+            stale.insert(irq, there);
         }
+        self.stale = stale;
         report.moved = self.memory.irqs.keys().copied().collect();
         if self.config.irqbalance {
             // Told on the notifier's thread: the report shows what the last finished exchange
@@ -616,6 +636,46 @@ mod tests {
     fn hung_up(mut conn: &UnixStream) -> bool {
         use std::io::Write;
         conn.write_all(b"?").is_err()
+    }
+
+    /// The kernel moves an interrupt at its next occurrence: until then its effective affinity
+    /// names the CPUs it left. Such an IRQ is "still delivered" to an isolated CPU only once its
+    /// count there grows.
+    #[test]
+    fn fake_procfs_an_irq_that_has_not_fired_since_it_was_moved_is_not_called_delivered() {
+        let f = Fixture::new();
+        fs::write(f.sb.etc().join("config.toml"), ISOLATED).unwrap_or_else(|e| panic!("{e}"));
+        let (mut engine, _) = f.start();
+        let proc = f.sb.procfs();
+        // IRQ 1 (i8042) went to the reserved CPUs at start; it has not fired since, so the
+        // kernel still shows it on isolated CPU 1.
+        fs::write(proc.join("irq/1/effective_affinity_list"), "1\n").unwrap_or_else(|e| panic!("{e}"));
+        let said = |e: &super::super::Engine| {
+            e.irq.report().problems.iter().filter(|p| p.starts_with("IRQ 1 ")).cloned().collect::<Vec<_>>()
+        };
+        engine.apply_irqs();
+        assert_eq!(said(&engine), Vec::<String>::new(), "first seen: judged at the next pass");
+        engine.apply_irqs();
+        assert_eq!(said(&engine), Vec::<String>::new(), "it has not fired on CPU 1 since");
+        // It fires on CPU 1: the kernel delivered it there.
+        let table = fs::read_to_string(proc.join("interrupts")).unwrap_or_else(|e| panic!("{e}"));
+        let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+        let col = header.iter().position(|c| *c == "CPU1").unwrap_or_else(|| panic!("{table}")) + 1;
+        let bumped: Vec<String> = table
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("1:") {
+                    let mut w: Vec<String> = l.split_whitespace().map(str::to_owned).collect();
+                    w[col] = "3".into();
+                    w.join(" ")
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect();
+        fs::write(proc.join("interrupts"), bumped.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+        engine.apply_irqs();
+        assert_eq!(said(&engine), ["IRQ 1 (i8042) is still delivered to isolated CPUs 1"]);
     }
 
     #[test]

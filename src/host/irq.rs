@@ -139,6 +139,18 @@ impl IrqFs {
         Ok(parse_interrupt_names(&text))
     }
 
+    /// Each numbered IRQ's counts per CPU from `/proc/interrupts`.
+    pub fn counts(&self) -> Result<BTreeMap<u32, BTreeMap<u32, u64>>, IrqError> {
+        let path = self.root.join("interrupts");
+        let text = Root::new(&self.root)
+            .read_to_string("interrupts")
+            .map_err(|e| IrqError::Read { path, source: e.source })?;
+        Ok(crate::core::housekeeping::parse_interrupts(&text)
+            .into_iter()
+            .filter_map(|(label, line)| Some((label.parse().ok()?, line.counts)))
+            .collect())
+    }
+
     fn read_list(&self, rel: &str) -> Result<CpuSet, IrqError> {
         let path = self.root.join(rel);
         let text = self
