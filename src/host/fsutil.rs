@@ -146,27 +146,40 @@ impl Root {
         self.write_with(rel.as_ref(), data, None)
     }
 
-    /// Like [`Root::write`], creating the file with `mode` if it does not exist (plain files,
-    /// such as the sandbox's simulated cgroupfs).
+    /// Like [`Root::write`] for plain files that stand in for kernel files (the sandbox's
+    /// simulated cgroupfs, tests): creates the file with `mode` if it does not exist, and
+    /// replaces its contents in place, `data` written at offset 0 and the file then cut to its
+    /// length. Not `O_TRUNC`: on a disk file system that frees the file's block and allocates
+    /// another at every write (on ext4, a discard when mounted with `-o discard`, and a
+    /// writeback started at close), which a kernel file, kept in memory, never costs; the
+    /// sandbox's figures would measure the disk instead of the daemon. A reader racing the
+    /// write may see a mix of old and new, as it could see the empty file `O_TRUNC` leaves.
     pub fn write_or_create(&self, rel: impl AsRef<Path>, data: &[u8], mode: u32) -> Result<(), FsError> {
         self.write_with(rel.as_ref(), data, Some(mode))
     }
 
     fn write_with(&self, rel: &Path, data: &[u8], create: Option<u32>) -> Result<(), FsError> {
         let err = self.err("writing", rel);
-        let mut flags = OFlags::WRONLY | OFlags::TRUNC;
-        if create.is_some() {
-            flags |= OFlags::CREATE;
-        }
+        let flags = match create {
+            Some(_) => OFlags::WRONLY | OFlags::CREATE,
+            None => OFlags::WRONLY | OFlags::TRUNC,
+        };
         let fd = self.open_file(rel, flags, create.unwrap_or(0)).map_err(err)?;
         // One write(2): a kernel file takes the whole value or refuses it, and splitting it
         // would hand the kernel two values.
-        let n = rustix::io::write(&fd, data).map_err(|e| err(e.into()))?;
+        let n = match create {
+            Some(_) => rustix::io::pwrite(&fd, data, 0),
+            None => rustix::io::write(&fd, data),
+        }
+        .map_err(|e| err(e.into()))?;
         if n != data.len() {
             return Err(err(io::Error::new(
                 io::ErrorKind::WriteZero,
                 format!("only {n} of {} bytes were taken", data.len()),
             )));
+        }
+        if create.is_some() {
+            rustix::fs::ftruncate(&fd, n as u64).map_err(|e| err(e.into()))?;
         }
         Ok(())
     }

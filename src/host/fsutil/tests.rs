@@ -58,6 +58,23 @@ fn writes_existing_files_in_one_write_and_creates_only_when_asked() {
 }
 
 #[test]
+fn a_plain_file_rewritten_with_a_shorter_value_keeps_nothing_of_the_old() {
+    for mode in MODES {
+        let (_dir, root_path, _, _) = crafted();
+        let root = Root::new(&root_path).with_resolve(mode);
+        let path = root_path.join("work/app1/cpuset.cpus");
+        root.write_or_create("work/app1/cpuset.cpus", b"504-511,1016-1023", 0o644)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read(&path), "504-511,1016-1023");
+        // Shorter: nothing of the old value is left behind.
+        root.write_or_create("work/app1/cpuset.cpus", b"\n", 0o644).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read(&path), "\n");
+        root.write_or_create("work/app1/cpuset.cpus", b"0-3", 0o644).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read(&path), "0-3");
+    }
+}
+
+#[test]
 fn a_file_symlink_is_refused_and_its_target_keeps_its_bytes() {
     for mode in MODES {
         let (_dir, root_path, target, _) = crafted();
