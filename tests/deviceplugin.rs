@@ -437,6 +437,62 @@ async fn kubelet_installed_after_the_daemon() {
     d.stop();
 }
 
+/// Pools deleted and made at run time: the deleted one's socket goes, the new one is served and
+/// registered, without a reload or a new kubelet. Assign and Release in between (pool events
+/// that change no offered pool) leave the served sockets as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_or_made_at_run_time_is_withdrawn_or_registered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sb = tmp.path().join("sb");
+    let Peer { plugins, kubelet: _kubelet, tx: _tx, mut registered, .. } = serve_peer(&sb);
+    let d = Daemon::start_shaped(tmp.path(), "2x4x2:2", Some(CONFIG), &["--bus", "none"]);
+    let next = |registered: &mut mpsc::UnboundedReceiver<dp::RegisterRequest>| {
+        let logs = d.logs();
+        let r = registered.try_recv();
+        r.map_err(|_| logs)
+    };
+    let mut got = Vec::new();
+    until(&d, "three registrations", || {
+        while let Ok(r) = next(&mut registered) {
+            got.push(r.resource_name);
+        }
+        got.len() == 3
+    })
+    .await;
+    let sock = |pool: &str| plugins.join(format!("cpupoold-{pool}.sock"));
+    let ino =
+        |pool: &str| std::fs::metadata(sock(pool)).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok();
+    let (dp, th) = (ino("dp"), ino("th"));
+
+    let mut v = Varlink::connect(&d.varlink);
+    std::fs::create_dir_all(sb.join("cgroup/work/app")).unwrap();
+    for i in 0..5 {
+        v.call(
+            "Assign",
+            json!({"pool": "web", "target": "cgroup:work/app", "millicpus": 100, "id": format!("a{i}")}),
+        )
+        .unwrap();
+        v.call("Release", json!({"id": format!("a{i}")})).unwrap();
+    }
+    v.call("DeletePool", json!({"name": "web"})).unwrap();
+    until(&d, "the deleted pool's socket is removed", || !sock("web").exists()).await;
+    v.call("CreatePool", json!({"name": "web2", "kind": "shared", "cpus": "5,13"})).unwrap();
+    until(&d, "the new pool registers", || {
+        while let Ok(r) = next(&mut registered) {
+            got.push(r.resource_name);
+        }
+        got.len() == 4
+    })
+    .await;
+    assert_eq!(got[3], "cpupool.io/web2");
+    assert!(sock("web2").exists());
+    // The other pools kept their sockets (not served anew) and registrations through all of it.
+    assert_eq!((ino("dp"), ino("th")), (dp, th));
+    assert!(dp.is_some() && th.is_some());
+    assert_eq!(got.len(), 4, "{got:?}");
+    d.stop();
+}
+
 /// The kubelet hands a terminated pod's devices out again at once; cpupoold still holds them
 /// for `release_grace_ms` (a minute here). Allocate must not be refused meanwhile: what no
 /// container holds in PodResources is released for it. What a container still holds is not.

@@ -128,7 +128,15 @@ impl Registrar {
                     }
                 },
                 e = events.recv() => {
-                    if matches!(e, Ok(Event::PoolChanged(_)) | Err(_)) {
+                    // Every Assign and Release changes a pool (its free capacity); only a change
+                    // of which pools are offered (a reload, a pool made, deleted or taken from
+                    // the kubelet) needs a sync. Missed events (lagged) may have held one.
+                    let offered_changed = match e {
+                        Ok(Event::PoolChanged(_)) => !self.serving_what_is_offered(),
+                        Ok(_) => false,
+                        Err(_) => true,
+                    };
+                    if offered_changed {
                         retry_at = self.sync().await?;
                     }
                 }
@@ -147,14 +155,7 @@ impl Registrar {
     /// Fails only when the directory, made since the start, is read-only to this service and a
     /// start anew would fix that ([`PluginError::NeedsRestart`]).
     async fn sync(&mut self) -> Result<Option<tokio::time::Instant>, PluginError> {
-        let snap = self.shared.handle.snapshot();
-        let wanted: Vec<PoolName> = snap
-            .state
-            .pools()
-            .values()
-            .filter(|p| p.kubelet && p.kind != PoolKind::Reserved)
-            .map(|p| p.name.clone())
-            .collect();
+        let wanted = self.offered();
         if !self.opts.plugin_dir().is_dir() {
             return Ok(self.wait_for_dir());
         }
@@ -223,6 +224,21 @@ impl Registrar {
             self.backoff.reset();
             None
         })
+    }
+
+    /// The pools offered to the kubelet now, in name order: every pool but the reserved one,
+    /// unless its configuration says `kubelet = false`.
+    fn offered(&self) -> Vec<PoolName> {
+        let snap = self.shared.handle.snapshot();
+        offered(&snap.state).cloned().collect()
+    }
+
+    /// Whether the pools served are the pools offered: then a pool event changed nothing the
+    /// registrar must act on. A pool whose serving failed is not served, so this is false and
+    /// the next event syncs too, as the pending retry would.
+    fn serving_what_is_offered(&self) -> bool {
+        let snap = self.shared.handle.snapshot();
+        offered(&snap.state).eq(self.running.keys())
     }
 
     /// No kubelet on this host (yet), or its directory was just removed: not a failure.
@@ -303,6 +319,11 @@ impl Registrar {
             }
         }
     }
+}
+
+/// The names of the pools `state` offers to the kubelet, in name order.
+fn offered(state: &crate::core::state::State) -> impl Iterator<Item = &PoolName> {
+    state.pools().iter().filter(|(_, p)| p.kubelet && p.kind != PoolKind::Reserved).map(|(name, _)| name)
 }
 
 /// An inotify watch on the device-plugin directory: creations (kubelet.sock) and removals
