@@ -248,6 +248,75 @@ pub fn partial_layouts(
     opts: &LayoutOptions,
     ids: &BTreeSet<AssignmentId>,
 ) -> (Layout, Layout) {
+    touched_layouts(before, after, topo, opts, ids, true)
+}
+
+/// The layouts a commit plans between: [`partial_layouts`], without the pool-level placements
+/// when the change cannot touch them ([`frame_untouched`]). Those are then the same on both
+/// sides, so they give no effect, and they neither enclose nor lie below a touched target, so
+/// no grow or shrink waits on them: planning without them plans what planning with them does
+/// (the planner's property tests check it), at the cost of the targets alone rather than of
+/// every pool slice twice over.
+pub fn mutation_layouts(
+    before: &State,
+    after: &State,
+    topo: &Topology,
+    opts: &LayoutOptions,
+    ids: &BTreeSet<AssignmentId>,
+) -> (Layout, Layout) {
+    let frame = !frame_untouched(before, after, opts, ids);
+    touched_layouts(before, after, topo, opts, ids, frame)
+}
+
+/// Whether the change from `before` to `after` of the assignments `ids` leaves every
+/// pool-level placement of [`frame`] as it was and touches no cgroup at, above or below one:
+/// the same pools; no exclusive assignment touched when idle exclusive CPUs are lent (lending
+/// follows what the exclusive pools hold free); and no touched target in `cpupool.slice`, at or
+/// below a host cgroup or an unpooled container, or above one of those.
+fn frame_untouched(
+    before: &State,
+    after: &State,
+    opts: &LayoutOptions,
+    ids: &BTreeSet<AssignmentId>,
+) -> bool {
+    if before.pools() != after.pools() {
+        return false;
+    }
+    let touched =
+        || ids.iter().flat_map(|id| [before.assignments().get(id), after.assignments().get(id)]).flatten();
+    if opts.lend_idle && touched().any(|a| a.kind == PoolKind::Exclusive) {
+        return false;
+    }
+    let within = |inner: &str, outer: &str| {
+        inner == outer || inner.strip_prefix(outer).is_some_and(|rest| rest.starts_with('/'))
+    };
+    !touched().any(|a| match &a.target {
+        Target::Cgroup(p) => {
+            let path = p.as_str();
+            within(path, TOP_SLICE)
+                || opts.host_cgroups.iter().any(|h| within(path, h.as_str()) || within(h.as_str(), path))
+                // Unpooled containers may be many: look them up at or above the target, and
+                // below it among the paths that start with it (contiguous in path order).
+                || opts.unpooled.contains(p)
+                || p.ancestors().iter().any(|up| opts.unpooled.contains(up))
+                || opts
+                    .unpooled
+                    .range::<CgroupPath, _>((std::ops::Bound::Excluded(p), std::ops::Bound::Unbounded))
+                    .take_while(|next| next.as_str().starts_with(path))
+                    .any(|next| within(next.as_str(), path))
+        }
+        _ => false,
+    })
+}
+
+fn touched_layouts(
+    before: &State,
+    after: &State,
+    topo: &Topology,
+    opts: &LayoutOptions,
+    ids: &BTreeSet<AssignmentId>,
+    with_frame: bool,
+) -> (Layout, Layout) {
     let tb: Vec<&Assignment> = ids.iter().filter_map(|id| before.assignments().get(id)).collect();
     let ta: Vec<&Assignment> = ids.iter().filter_map(|id| after.assignments().get(id)).collect();
     // Cgroups enclosing a touched target, on either side: whoever holds one there is in both.
@@ -261,14 +330,17 @@ pub fn partial_layouts(
         .flatten()
         .collect();
     let part = |s: &State, touched: &[&Assignment]| {
-        let mut out = frame(s, topo, opts);
-        // A frame key some assignment also targets is that assignment's placement, as in `layout`.
-        let cgroups: Vec<CgroupPath> = out
+        let mut out = if with_frame { frame(s, topo, opts) } else { Layout::new() };
+        // A frame key some assignment also targets is that assignment's placement, as in
+        // `layout`; an assignment's target enclosing a frame key (a pod cgroup above an unpooled
+        // container) is in too, since the frame key's writes may wait on it.
+        let cgroups: BTreeSet<CgroupPath> = out
             .keys()
             .filter_map(|k| match k {
-                Key::Cgroup(p) => Some(p.clone()),
+                Key::Cgroup(p) => Some(p.ancestors().into_iter().chain([p.clone()])),
                 _ => None,
             })
+            .flatten()
             .chain(enclosing.iter().cloned())
             .collect();
         for p in cgroups {

@@ -300,7 +300,7 @@ impl Engine {
             (self.layout(&self.state), self.layout(&next))
         } else {
             let ids = &next.changes().assignments;
-            plan::partial_layouts(&self.state, &next, &self.topo, &self.opts, ids)
+            plan::mutation_layouts(&self.state, &next, &self.topo, &self.opts, ids)
         };
         self.commit_layouts(&before, &after, &next)?;
         // The engine's state records no pending change: each commit starts a fresh record.

@@ -437,7 +437,9 @@ fn pools(isolate: bool, quota: bool) -> Vec<Pool> {
 
 /// Targets, some nested in others (the core books them; the engine's admission would refuse
 /// the nesting, but the planner must not rely on that).
-const TARGETS: [&str; 10] = [
+const TARGETS: [&str; 12] = [
+    "cgroup:k",
+    "cgroup:system.slice",
     "cgroup:k/a",
     "cgroup:k/a/b",
     "cgroup:k/c",
@@ -536,6 +538,19 @@ proptest! {
         let (kp, kf) = (kept(&pb, &pa), kept(&fb, &fa));
         prop_assert_eq!(plan(&pb, &kp), plan(&fb, &kf));
         prop_assert_eq!(plan(&kp, &pa), plan(&kf, &fa));
+        // The commit's layouts, without the pool level when the change cannot touch it, plan
+        // the same.
+        let (mb, ma) = mutation_layouts(&before, &after, &topo, &opts, &ids);
+        for (k, p) in mb.iter() {
+            prop_assert_eq!(Some(p), fb.get(k));
+        }
+        for (k, p) in ma.iter() {
+            prop_assert_eq!(Some(p), fa.get(k));
+        }
+        prop_assert_eq!(&plan(&mb, &ma), &effects);
+        let km = kept(&mb, &ma);
+        prop_assert_eq!(plan(&mb, &km), plan(&fb, &kf));
+        prop_assert_eq!(plan(&km, &ma), plan(&kf, &fa));
         let fin = replay(&fb, &fa, &effects).map_err(TestCaseError::fail)?;
         // A target may want CPUs an enclosing placement lacks (in another pool's slice, or in
         // another target), which no plan reaches; the engine's admission refuses such targets.
@@ -551,4 +566,40 @@ proptest! {
             prop_assert_eq!(fin, want);
         }
     }
+}
+
+/// A commit of an assignment whose target lies outside every pool-level cgroup plans over that
+/// target alone; one inside `cpupool.slice`, or with idle CPUs lent and an exclusive pool
+/// touched, plans over the pool level too.
+#[test]
+fn a_commit_plans_over_the_pool_level_only_when_it_can_touch_it() {
+    let topo = Topology::synthetic(2, 4, 2, 2);
+    let path = |p: &str| CgroupPath::new(p).unwrap_or_else(|e| panic!("{e}"));
+    let opts = |lend_idle| LayoutOptions {
+        host_cgroups: vec![path("system.slice")],
+        lend_idle,
+        unpooled: BTreeSet::from([path("k/u")]),
+    };
+    let before = State::with_pools(pools(false, false));
+    let commit = |pool: &str, target: &str, size: Size, lend_idle: bool| {
+        let mut after = before.clone();
+        let spec = AssignSpec::new(pool, Target::parse(target).unwrap_or_else(|e| panic!("{e}")), size, None);
+        after.assign(&topo, &spec).unwrap_or_else(|e| panic!("{e}"));
+        let ids = after.changes().assignments.clone();
+        let (b, a) = mutation_layouts(&before, &after, &topo, &opts(lend_idle), &ids);
+        let frame = |l: &Layout| l.contains_key(&Key::Cgroup(path(TOP_SLICE)));
+        assert_eq!(frame(&b), frame(&a));
+        (frame(&a), a.len())
+    };
+    let web = || Size::Millicpus(300);
+    assert_eq!(commit("web", "cgroup:k/c", web(), false), (false, 1));
+    assert_eq!(commit("web", "pid:41", web(), true), (false, 1));
+    assert_eq!(commit("dp", "cgroup:k/c", Size::Cpus(1), false), (false, 1));
+    // Inside cpupool.slice, at or above an unpooled container, below a host cgroup.
+    assert!(commit("web", "cgroup:cpupool.slice/cpupool-web.slice/x", web(), false).0);
+    assert!(commit("web", "cgroup:k", web(), false).0);
+    assert!(commit("web", "cgroup:k/u/x", web(), false).0);
+    assert!(commit("web", "cgroup:system.slice/app", web(), false).0);
+    // Lending: an exclusive assignment moves what the host cgroups borrow.
+    assert!(commit("dp", "cgroup:k/c", Size::Cpus(1), true).0);
 }
