@@ -8,7 +8,12 @@
 //! - `unit:NAME`: systemd's `PropertiesChanged` (`ActiveState`) and `UnitRemoved` signals. A
 //!   unit is reclaimed once it is inactive or failed after having been seen running; a scope
 //!   that is gone is reclaimed at once, since a scope never starts again;
-//! - `cgroup:PATH`: the directory, checked twice a second.
+//! - `cgroup:PATH`: an inotify watch on the directory for its removal or move
+//!   ([`crate::host::dirwatch`]), so a watched cgroup costs nothing until it goes, whatever the
+//!   number of targets; a target whose watch cannot be added (the per-user limit of watches
+//!   reached) is checked twice a second instead, and every target is looked at every
+//!   [`CGROUP_SWEEP`] off the runtime's workers, for what inotify does not report (a parent
+//!   directory renamed, a lost watch).
 //!
 //! It also re-applies the state when systemd finished reloading or re-executing (`Reloading`
 //! false), since a re-exec may re-create units from their files.
@@ -25,10 +30,13 @@ use crate::backoff::Backoff;
 use crate::core::state::{AssignmentId, Target};
 use crate::engine::{error_chain, Event, Handle};
 use crate::host::cgroupfs::CgroupFs;
+use crate::host::dirwatch::{DirWatch, Seen, Wd};
 use crate::host::{pidwatch, systemd};
 
-/// How often cgroup targets are checked.
+/// How often cgroup targets without an inotify watch are checked.
 const CGROUP_PERIOD: Duration = Duration::from_millis(500);
+/// How often every cgroup target is checked, watched or not.
+const CGROUP_SWEEP: Duration = Duration::from_secs(30);
 /// How often every unit target is checked, in case a signal was missed.
 const UNIT_SWEEP: Duration = Duration::from_secs(5);
 /// The longest wait between retries of corrections that failed.
@@ -50,8 +58,14 @@ pub fn unit_object_path(unit: &str) -> String {
 
 enum Watch {
     Pid(tokio::task::JoinHandle<()>),
-    Cgroup(crate::core::state::CgroupPath),
-    Unit { name: String, path: String, seen_active: bool },
+    /// The cgroup's path and its inotify watch; none when it could not be added (then it is
+    /// checked every [`CGROUP_PERIOD`]).
+    Cgroup(crate::core::state::CgroupPath, Option<Wd>),
+    Unit {
+        name: String,
+        path: String,
+        seen_active: bool,
+    },
 }
 
 impl Drop for Watch {
@@ -70,7 +84,21 @@ pub async fn run(
     systemd: Option<zbus::Connection>,
     stop: impl Future<Output = ()>,
 ) {
-    let mut r = Reclaimer { handle, fs, systemd, watches: HashMap::new(), gone: mpsc::unbounded_channel() };
+    let dirs = DirWatch::new()
+        .map_err(|e| {
+            log::warn!("cannot watch cgroup targets with inotify ({e}); checking them twice a second")
+        })
+        .ok();
+    let mut r = Reclaimer {
+        handle,
+        fs,
+        systemd,
+        watches: HashMap::new(),
+        gone: mpsc::unbounded_channel(),
+        dirs,
+        by_wd: HashMap::new(),
+        warned_unwatched: false,
+    };
     let mut events = r.handle.subscribe();
     // zbus reads the connection in order and waits when a signal stream is full. This loop
     // calls systemd (and the engine, which calls systemd) on the same connection, so if it read
@@ -80,6 +108,8 @@ pub async fn run(
     let forwarder = r.forward_signals(signals_tx).await;
     r.sync().await;
     let mut cgroup_tick = tokio::time::interval(CGROUP_PERIOD);
+    let mut sweep_tick = tokio::time::interval(CGROUP_SWEEP);
+    sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unit_tick = tokio::time::interval(UNIT_SWEEP);
     // The first retry comes at once, the next after two sweeps, doubling from there.
     let (mut retry, mut retry_at) = (Backoff::new(UNIT_SWEEP * 2, MAX_RETRY), std::time::Instant::now());
@@ -97,7 +127,9 @@ pub async fn run(
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             },
             Some((id, why)) = r.gone.1.recv() => r.reclaim(&id, &why).await,
-            _ = cgroup_tick.tick() => r.check_cgroups().await,
+            seen = next_seen(&mut r.dirs) => r.dir_seen(seen).await,
+            _ = cgroup_tick.tick() => r.check_unwatched_cgroups().await,
+            _ = sweep_tick.tick() => r.sweep_cgroups().await,
             _ = unit_tick.tick() => {
                 r.sweep_units().await;
                 // What systemd could not be told (it was away, e.g. re-executing) is tried again,
@@ -155,6 +187,21 @@ struct Reclaimer {
     watches: HashMap<AssignmentId, Watch>,
     /// Pid watchers report here: (assignment, why it is gone).
     gone: (mpsc::UnboundedSender<Gone>, mpsc::UnboundedReceiver<Gone>),
+    /// The inotify watches on cgroup targets; none when inotify could not be set up.
+    dirs: Option<DirWatch>,
+    /// The assignments each watch is for: one, unless a released assignment's watch and a new
+    /// one's on the same directory overlap for a moment.
+    by_wd: HashMap<Wd, Vec<AssignmentId>>,
+    /// Whether a target that could not be watched was logged.
+    warned_unwatched: bool,
+}
+
+/// The next thing the inotify watches saw; pending forever without them.
+async fn next_seen(dirs: &mut Option<DirWatch>) -> Seen {
+    match dirs {
+        Some(d) => d.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Reclaimer {
@@ -242,7 +289,11 @@ impl Reclaimer {
     async fn sync(&mut self) {
         let snap = self.handle.snapshot();
         let live = snap.state.assignments();
-        self.watches.retain(|id, _| live.get(id).is_some_and(|a| a.reclaim));
+        let stale: Vec<AssignmentId> =
+            self.watches.keys().filter(|id| !live.get(*id).is_some_and(|a| a.reclaim)).cloned().collect();
+        for id in stale {
+            self.forget(&id);
+        }
         for a in live.values().filter(|a| a.reclaim) {
             if !self.watches.contains_key(&a.id) {
                 self.watch(a).await;
@@ -260,7 +311,7 @@ impl Reclaimer {
                 }
             }
             _ => {
-                self.watches.remove(id);
+                self.forget(id);
             }
         }
     }
@@ -288,7 +339,10 @@ impl Reclaimer {
                     let _ = tx.send((id, why));
                 }))
             }
-            Target::Cgroup(path) => Watch::Cgroup(path.clone()),
+            Target::Cgroup(path) => {
+                let wd = self.watch_dir(&a.id, path);
+                Watch::Cgroup(path.clone(), wd)
+            }
             // Not placed yet; the device plugin owns kubelet assignments.
             Target::Kubelet(_) => return,
             Target::Unit(name) => {
@@ -303,8 +357,95 @@ impl Reclaimer {
         self.watches.insert(a.id.clone(), watch);
     }
 
+    /// Adds the inotify watch on `path` for `id`; none when it cannot be added. A target
+    /// that does not exist is reported gone, as a check would find it.
+    fn watch_dir(&mut self, id: &AssignmentId, path: &crate::core::state::CgroupPath) -> Option<Wd> {
+        let dirs = self.dirs.as_mut()?;
+        match dirs.add(&self.fs.root().join(path.as_str())) {
+            Ok(wd) => {
+                self.by_wd.entry(wd.clone()).or_default().push(id.clone());
+                Some(wd)
+            }
+            Err(e) => {
+                if !self.fs.exists(path) {
+                    let _ = self.gone.0.send((id.clone(), format!("cgroup {path} was removed")));
+                } else if !self.warned_unwatched {
+                    self.warned_unwatched = true;
+                    log::warn!(
+                        "cannot watch cgroup {path} with inotify ({e}; see fs.inotify.max_user_watches): \
+                         such targets are checked twice a second"
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Stops watching `id`'s target.
+    fn forget(&mut self, id: &AssignmentId) -> Option<Watch> {
+        let w = self.watches.remove(id)?;
+        if let Watch::Cgroup(_, Some(wd)) = &w {
+            self.unwatch(wd, id);
+        }
+        Some(w)
+    }
+
+    /// Takes `id` off the watch `wd`, and the watch off the directory when no one else is on it.
+    fn unwatch(&mut self, wd: &Wd, id: &AssignmentId) {
+        let Some(ids) = self.by_wd.get_mut(wd) else { return };
+        ids.retain(|i| i != id);
+        if ids.is_empty() {
+            self.by_wd.remove(wd);
+            if let Some(d) = self.dirs.as_mut() {
+                d.remove(wd.clone());
+            }
+        }
+    }
+
+    /// What the inotify watches saw: a watched directory that is gone now is reclaimed; one
+    /// that is there again (made anew, or moved back) is watched again.
+    async fn dir_seen(&mut self, seen: Seen) {
+        let ids: Vec<AssignmentId> = match seen {
+            Seen::Gone(wd) => {
+                let ids = self.by_wd.remove(&wd).unwrap_or_default();
+                if let Some(d) = self.dirs.as_mut() {
+                    d.remove(wd);
+                }
+                ids
+            }
+            Seen::Overflow => {
+                log::warn!("inotify events on cgroup targets were lost; looking at every target");
+                self.sweep_cgroups().await;
+                return;
+            }
+            Seen::Broken(e) => {
+                log::warn!("watching cgroup targets with inotify failed ({e}); checking them twice a second");
+                self.dirs = None;
+                self.by_wd.clear();
+                for w in self.watches.values_mut() {
+                    if let Watch::Cgroup(_, wd) = w {
+                        *wd = None;
+                    }
+                }
+                return;
+            }
+        };
+        for id in ids {
+            let Some(Watch::Cgroup(path, _)) = self.watches.get(&id) else { continue };
+            let path = path.clone();
+            if self.fs.exists(&path) {
+                let wd = self.watch_dir(&id, &path);
+                if let Some(Watch::Cgroup(_, slot)) = self.watches.get_mut(&id) {
+                    *slot = wd;
+                }
+            } else {
+                self.reclaim(&id, &format!("cgroup {path} was removed")).await;
+            }
+        }
+    }
+
     async fn reclaim(&mut self, id: &AssignmentId, why: &str) {
-        if self.watches.remove(id).is_none() {
+        if self.forget(id).is_none() {
             return;
         }
         match self.handle.release(id.as_str()).await {
@@ -323,12 +464,17 @@ impl Reclaimer {
         }
     }
 
-    async fn check_cgroups(&mut self) {
+    /// Checks the cgroup targets that have no inotify watch.
+    async fn check_unwatched_cgroups(&mut self) {
+        // Every target has its watch until one could not be added.
+        if self.dirs.is_some() && !self.warned_unwatched {
+            return;
+        }
         let gone: Vec<(AssignmentId, String)> = self
             .watches
             .iter()
             .filter_map(|(id, w)| match w {
-                Watch::Cgroup(path) if !self.fs.exists(path) => {
+                Watch::Cgroup(path, None) if !self.fs.exists(path) => {
                     Some((id.clone(), format!("cgroup {path} was removed")))
                 }
                 _ => None,
@@ -336,6 +482,33 @@ impl Reclaimer {
             .collect();
         for (id, why) in gone {
             self.reclaim(&id, &why).await;
+        }
+    }
+
+    /// Checks every cgroup target, on a blocking thread (at 10,000 targets, 10,000 stats).
+    async fn sweep_cgroups(&mut self) {
+        let targets: Vec<(AssignmentId, crate::core::state::CgroupPath)> = self
+            .watches
+            .iter()
+            .filter_map(|(id, w)| match w {
+                Watch::Cgroup(path, _) => Some((id.clone(), path.clone())),
+                _ => None,
+            })
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let fs = self.fs.clone();
+        let gone = tokio::task::spawn_blocking(move || {
+            targets.into_iter().filter(|(_, path)| !fs.exists(path)).collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        for (id, path) in gone {
+            // Still the same target: it may have been released and assigned anew meanwhile.
+            if matches!(self.watches.get(&id), Some(Watch::Cgroup(p, _)) if *p == path) {
+                self.reclaim(&id, &format!("cgroup {path} was removed")).await;
+            }
         }
     }
 

@@ -34,7 +34,7 @@ fn targets_that_go_away_are_reclaimed_and_a_release_by_the_owner_is_forgotten() 
     let d = Daemon::start(dir.path(), &[]);
     let mut v = Varlink::connect(&d.varlink);
     let slice = "cpupool.slice/cpupool-web.slice";
-    for n in ["a", "b", "c"] {
+    for n in ["a", "b", "c", "m"] {
         fs::create_dir_all(d.sb.join("cgroup").join(slice).join(n)).unwrap_or_else(|e| panic!("{e}"));
         assign(&mut v, &format!("cgroup:{slice}/{n}"), n);
     }
@@ -45,11 +45,14 @@ fn targets_that_go_away_are_reclaimed_and_a_release_by_the_owner_is_forgotten() 
     // The daemon's own cgroup writes are files in the sandbox's plain directory: empty it first.
     let a = d.sb.join("cgroup").join(slice).join("a");
     fs::remove_dir_all(&a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
+    // A cgroup moved away is gone from its path too (cgroup v2 renames within a parent).
+    let m = d.sb.join("cgroup").join(slice).join("m");
+    fs::rename(&m, m.with_file_name("m-old")).unwrap_or_else(|e| panic!("{}: {e}", m.display()));
     let _ = child.kill();
     let _ = child.wait();
-    let left = test_support::wait::until(Duration::from_secs(30), "a and p to be reclaimed", || {
+    let left = test_support::wait::until(Duration::from_secs(30), "a, m and p to be reclaimed", || {
         let left = ids(&mut v);
-        if left.iter().any(|i| i == "a" || i == "p") {
+        if left.iter().any(|i| i == "a" || i == "p" || i == "m") {
             Err(format!("still assigned: {left:?}"))
         } else {
             Ok(left)
@@ -57,7 +60,9 @@ fn targets_that_go_away_are_reclaimed_and_a_release_by_the_owner_is_forgotten() 
     });
     assert_eq!(left, ["c"], "c's cgroup is still there: it keeps its assignment");
     let logs = d.logs();
-    assert!(logs.contains("reclaimed assignment a") && logs.contains("reclaimed assignment p"), "{logs}");
+    for id in ["a", "m", "p"] {
+        assert!(logs.contains(&format!("reclaimed assignment {id} ")), "{logs}");
+    }
     assert!(
         !logs.contains("reclaiming assignment b"),
         "b, released by its owner, was not forgotten:\n{logs}"

@@ -6,6 +6,7 @@
 //! (partitions, cgroups that are not units). Both execute the same planned effects.
 pub mod bus;
 pub mod cgroupfs;
+pub mod dirwatch;
 pub mod fsutil;
 pub mod health;
 pub mod housekeeping;
