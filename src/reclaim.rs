@@ -108,7 +108,8 @@ pub async fn run(
     let forwarder = r.forward_signals(signals_tx).await;
     r.sync().await;
     let mut cgroup_tick = tokio::time::interval(CGROUP_PERIOD);
-    let mut sweep_tick = tokio::time::interval(CGROUP_SWEEP);
+    // Not at once: the start has just looked at every target.
+    let mut sweep_tick = tokio::time::interval_at(tokio::time::Instant::now() + CGROUP_SWEEP, CGROUP_SWEEP);
     sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unit_tick = tokio::time::interval(UNIT_SWEEP);
     // The first retry comes at once, the next after two sweeps, doubling from there.
