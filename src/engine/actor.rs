@@ -218,6 +218,7 @@ impl Engine {
             cache: super::cache::CacheManager::new(cache),
             power: super::power::PowerManager::new(settings),
             kubelet: Arc::default(),
+            slices: std::cell::RefCell::default(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         let (done, failed) = engine.reconcile();
@@ -394,15 +395,22 @@ impl Engine {
         keep.reverse();
         let mut keep = keep.into_iter();
         events.retain(|_| keep.next().unwrap_or(true));
-        let partitions = self
-            .state
-            .pools()
-            .values()
-            .filter(|p| p.kind != PoolKind::Reserved)
-            .filter_map(|p| {
-                Some((p.name.clone(), self.backend.kept_partition_status(&plan::pool_slice(&p.name))?))
-            })
-            .collect();
+        let mut slices = self.slices.borrow_mut();
+        let pools = self.state.pools().values().filter(|p| p.kind != PoolKind::Reserved);
+        if !pools.clone().map(|p| &p.name).eq(slices.iter().map(|(n, _)| n)) {
+            *slices = pools.map(|p| (p.name.clone(), plan::pool_slice(&p.name))).collect();
+        }
+        let statuses: Vec<(&PoolName, Option<String>)> =
+            slices.iter().map(|(name, slice)| (name, self.backend.kept_partition_status(slice))).collect();
+        let previous = self.snapshots.borrow().partitions.clone();
+        let same = statuses.iter().filter(|(_, s)| s.is_some()).count() == previous.len()
+            && statuses.iter().all(|(name, s)| s.is_none() || previous.get(*name) == s.as_ref());
+        let partitions = if same {
+            previous
+        } else {
+            Arc::new(statuses.into_iter().filter_map(|(name, s)| Some((name.clone(), s?))).collect())
+        };
+        drop(slices);
         // The drift reader builds the layout from these: a new Arc only when they changed.
         let layout = match &self.snapshots.borrow().layout {
             same if **same == self.opts => same.clone(),
@@ -414,7 +422,7 @@ impl Engine {
             state_path: self.store.path().to_owned(),
             config_error: self.config_error.clone(),
             degraded: self.degraded.clone(),
-            partitions: Arc::new(partitions),
+            partitions,
             backend: self.backend.name(),
             layout,
             assignment_health: Arc::new(

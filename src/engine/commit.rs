@@ -57,9 +57,9 @@ impl Engine {
         // the commit, after the save, like any assignment's: a crash in between leaves no
         // CPU given away that the saved state does not name. The process waits meanwhile.
         self.backend.start_scope(&scope, &slice_unit, pid, &CpuSet::new()).map_err(EngineError::Apply)?;
-        let before = (*self.state).clone();
+        let before = self.state.clone();
         let changes = self.commit(next)?;
-        self.verify_or_undo(before, &changes, a)?;
+        self.verify_or_undo(&before, &changes, a)?;
         self.publish(assigned(a));
         Ok(out)
     }
@@ -91,7 +91,7 @@ impl Engine {
             .iter()
             .any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
         if changed {
-            let mut before = (*self.state).clone();
+            let before = self.state.clone();
             let changes = match self.commit(next) {
                 Ok(changes) => changes,
                 Err(e) => {
@@ -127,6 +127,7 @@ impl Engine {
                         "taking back assignments the kernel does not enforce failed: {}",
                         error_chain(&e)
                     );
+                    let mut before = (*before).clone();
                     before.mark(&changes);
                     let _ = self.commit(before);
                 }
@@ -164,9 +165,9 @@ impl Engine {
         let mut next = (*self.state).clone();
         let out = self.decide(&mut next, spec)?;
         if let Outcome::Changed(a) = &out {
-            let before = (*self.state).clone();
+            let before = self.state.clone();
             let changes = self.commit(next)?;
-            self.verify_or_undo(before, &changes, a)?;
+            self.verify_or_undo(&before, &changes, a)?;
             self.publish(assigned(a));
         }
         Ok(out)
@@ -218,10 +219,11 @@ impl Engine {
     }
 
     /// [`Engine::verify`] after the commit that made `changes`; on a difference the commit is
-    /// undone (applied and saved back to `before`), so nothing stays booked.
+    /// undone (applied and saved back to `before`), so nothing stays booked. `before` is the
+    /// state the commit replaced, shared: it is copied only to undo.
     pub(super) fn verify_or_undo(
         &mut self,
-        mut before: State,
+        before: &Arc<State>,
         changes: &Changes,
         a: &Assignment,
     ) -> Result<(), EngineError> {
@@ -230,6 +232,7 @@ impl Engine {
                 TARGET = a.target.to_string().as_str();
                 "refusing assignment {} of CPUs {} to {}: {e}", a.id, a.cpus, a.target
             );
+            let mut before = (**before).clone();
             before.mark(changes);
             if let Err(undo) = self.commit(before) {
                 log::error!("taking back assignment {} failed: {}", a.id, error_chain(&undo));

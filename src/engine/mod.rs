@@ -120,6 +120,9 @@ pub struct Engine {
     /// Power classes (`[pools.NAME.power]`, `[idle_cpus.power]`).
     power: power::PowerManager,
     kubelet: Arc<KubeletView>,
+    /// Each pool's slice path, as [`Engine::publish`] last built them (pools change seldom;
+    /// every mutation publishes).
+    slices: std::cell::RefCell<Vec<(crate::core::pool::PoolName, crate::core::state::CgroupPath)>>,
 }
 
 impl Engine {
