@@ -92,6 +92,24 @@ ms=$(gone_ms "$t0" pidtest)
 echo "pid reclaim: $ms ms" >>"$RESULTS/reclaim.txt"
 if [ "$ms" -lt 1000 ]; then pass "an exited pid is reclaimed within 1 s ($ms ms after the kill)"; else fail "pid reclaim took $ms ms"; fi
 
+# A cgroup target: reclaimed when its directory is removed, seen through an inotify watch on the
+# cgroup (cgroupfs reports rmdir like any file system), not by looking twice a second.
+mkdir -p "$CG/cpupool.slice/cpupool-dp.slice/cgtest"
+check_output "assign dp to cgroup cpupool.slice/cpupool-dp.slice/cgtest" 'target: +cgroup:cpupool.slice/cpupool-dp.slice/cgtest' \
+  cpupoolctl pool assign dp --cgroup cpupool.slice/cpupool-dp.slice/cgtest --cpus 1 --id cgtest
+t0=$(now_us)
+rmdir "$CG/cpupool.slice/cpupool-dp.slice/cgtest"
+ms=$(gone_ms "$t0" cgtest)
+echo "cgroup reclaim: $ms ms" >>"$RESULTS/reclaim.txt"
+if [ "$ms" -lt 1000 ]; then pass "a removed cgroup is reclaimed within 1 s ($ms ms after rmdir)"; else fail "cgroup reclaim took $ms ms"; fi
+check_output "its reclaim names the removal" 'reclaimed assignment cgtest .*cgroup cpupool.slice/cpupool-dp.slice/cgtest was removed' \
+  journalctl -b -u cpupoold --no-pager -o cat
+if journalctl -b -u cpupoold --no-pager -o cat | grep -q 'cannot watch cgroup'; then
+  fail "a cgroup target could not be watched: $(journalctl -b -u cpupoold --no-pager -o cat | grep 'cannot watch cgroup' | tail -1)"
+else
+  pass "every cgroup target had its inotify watch"
+fi
+
 # Restart and daemon-reexec keep assignments and cgroup files.
 dp_unit keeper.service
 systemctl start keeper.service
