@@ -8,12 +8,12 @@
 //! - `unit:NAME`: systemd's `PropertiesChanged` (`ActiveState`) and `UnitRemoved` signals. A
 //!   unit is reclaimed once it is inactive or failed after having been seen running; a scope
 //!   that is gone is reclaimed at once, since a scope never starts again;
-//! - `cgroup:PATH`: an inotify watch on the directory for its removal or move
-//!   ([`crate::host::dirwatch`]), so a watched cgroup costs nothing until it goes, whatever the
-//!   number of targets; a target whose watch cannot be added (the per-user limit of watches
-//!   reached) is checked twice a second instead, and every target is looked at every
-//!   [`CGROUP_SWEEP`] off the runtime's workers, for what inotify does not report (a parent
-//!   directory renamed, a lost watch).
+//! - `cgroup:PATH`: an inotify watch on its parent directory, which names the cgroup when it is
+//!   removed ([`crate::host::dirwatch`]; cgroupfs tells only the parent), so a watched cgroup
+//!   costs nothing until it goes, whatever the number of targets; a target whose parent cannot
+//!   be watched (the per-user limit of watches reached) is checked twice a second instead, and
+//!   every target is looked at every [`CGROUP_SWEEP`] off the runtime's workers, for what
+//!   inotify does not report (a grandparent renamed, a lost watch).
 //!
 //! It also re-applies the state when systemd finished reloading or re-executing (`Reloading`
 //! false), since a re-exec may re-create units from their files.
@@ -58,8 +58,8 @@ pub fn unit_object_path(unit: &str) -> String {
 
 enum Watch {
     Pid(tokio::task::JoinHandle<()>),
-    /// The cgroup's path and its inotify watch; none when it could not be added (then it is
-    /// checked every [`CGROUP_PERIOD`]).
+    /// The cgroup's path and the inotify watch on its parent; none when it could not be added
+    /// (then it is checked every [`CGROUP_PERIOD`]).
     Cgroup(crate::core::state::CgroupPath, Option<Wd>),
     Unit {
         name: String,
@@ -190,9 +190,10 @@ struct Reclaimer {
     gone: (mpsc::UnboundedSender<Gone>, mpsc::UnboundedReceiver<Gone>),
     /// The inotify watches on cgroup targets; none when inotify could not be set up.
     dirs: Option<DirWatch>,
-    /// The assignments each watch is for: one, unless a released assignment's watch and a new
-    /// one's on the same directory overlap for a moment.
-    by_wd: HashMap<Wd, Vec<AssignmentId>>,
+    /// The assignments each watch (on a parent directory) is for, by the name of their target
+    /// in it: one per name, unless a released assignment and a new one on the same target
+    /// overlap for a moment.
+    by_wd: HashMap<Wd, HashMap<String, Vec<AssignmentId>>>,
     /// Whether a target that could not be watched was logged.
     warned_unwatched: bool,
 }
@@ -358,44 +359,60 @@ impl Reclaimer {
         self.watches.insert(a.id.clone(), watch);
     }
 
-    /// Adds the inotify watch on `path` for `id`; none when it cannot be added. A target
-    /// that does not exist is reported gone, as a check would find it.
+    /// Adds the inotify watch on `path`'s parent for `id`; none when it cannot be added. A
+    /// target that does not exist (now that removing it would be seen) is reported gone, as a
+    /// check would find it.
     fn watch_dir(&mut self, id: &AssignmentId, path: &crate::core::state::CgroupPath) -> Option<Wd> {
-        let dirs = self.dirs.as_mut()?;
-        match dirs.add(&self.fs.root().join(path.as_str())) {
+        let (parent, name) = path.as_str().rsplit_once('/').unwrap_or(("", path.as_str()));
+        let added = self.dirs.as_mut()?.add(&self.fs.root().join(parent));
+        let wd = match added {
             Ok(wd) => {
-                self.by_wd.entry(wd.clone()).or_default().push(id.clone());
+                self.by_wd
+                    .entry(wd.clone())
+                    .or_default()
+                    .entry(name.to_owned())
+                    .or_default()
+                    .push(id.clone());
                 Some(wd)
             }
             Err(e) => {
-                if !self.fs.exists(path) {
-                    let _ = self.gone.0.send((id.clone(), format!("cgroup {path} was removed")));
-                } else if !self.warned_unwatched {
+                if self.fs.exists(path) && !self.warned_unwatched {
                     self.warned_unwatched = true;
                     log::warn!(
-                        "cannot watch cgroup {path} with inotify ({e}; see fs.inotify.max_user_watches): \
-                         such targets are checked twice a second"
+                        "cannot watch the parent of cgroup {path} with inotify ({e}; see \
+                         fs.inotify.max_user_watches): such targets are checked twice a second"
                     );
                 }
                 None
             }
+        };
+        if !self.fs.exists(path) {
+            let _ = self.gone.0.send((id.clone(), format!("cgroup {path} was removed")));
         }
+        wd
     }
 
     /// Stops watching `id`'s target.
     fn forget(&mut self, id: &AssignmentId) -> Option<Watch> {
         let w = self.watches.remove(id)?;
-        if let Watch::Cgroup(_, Some(wd)) = &w {
-            self.unwatch(wd, id);
+        if let Watch::Cgroup(path, Some(wd)) = &w {
+            self.unwatch(wd, path, id);
         }
         Some(w)
     }
 
-    /// Takes `id` off the watch `wd`, and the watch off the directory when no one else is on it.
-    fn unwatch(&mut self, wd: &Wd, id: &AssignmentId) {
-        let Some(ids) = self.by_wd.get_mut(wd) else { return };
-        ids.retain(|i| i != id);
-        if ids.is_empty() {
+    /// Takes `id` (whose target is `path`) off the watch `wd`, and the watch off the directory
+    /// when no target is left under it.
+    fn unwatch(&mut self, wd: &Wd, path: &crate::core::state::CgroupPath, id: &AssignmentId) {
+        let name = path.as_str().rsplit('/').next().unwrap_or_default();
+        let Some(names) = self.by_wd.get_mut(wd) else { return };
+        if let Some(ids) = names.get_mut(name) {
+            ids.retain(|i| i != id);
+            if ids.is_empty() {
+                names.remove(name);
+            }
+        }
+        if names.is_empty() {
             self.by_wd.remove(wd);
             if let Some(d) = self.dirs.as_mut() {
                 d.remove(wd.clone());
@@ -403,16 +420,20 @@ impl Reclaimer {
         }
     }
 
-    /// What the inotify watches saw: a watched directory that is gone now is reclaimed; one
-    /// that is there again (made anew, or moved back) is watched again.
+    /// What the inotify watches saw: a target that is gone now is reclaimed; one that is there
+    /// again (made anew) is kept, and watched again if its parent's watch ended.
     async fn dir_seen(&mut self, seen: Seen) {
-        let ids: Vec<AssignmentId> = match seen {
+        let (ids, rewatch) = match seen {
+            Seen::ChildGone(wd, name) => {
+                let ids = self.by_wd.get(&wd).and_then(|names| names.get(&name)).cloned().unwrap_or_default();
+                (ids, false)
+            }
             Seen::Gone(wd) => {
-                let ids = self.by_wd.remove(&wd).unwrap_or_default();
+                let names = self.by_wd.remove(&wd).unwrap_or_default();
                 if let Some(d) = self.dirs.as_mut() {
                     d.remove(wd);
                 }
-                ids
+                (names.into_values().flatten().collect(), true)
             }
             Seen::Overflow => {
                 log::warn!("inotify events on cgroup targets were lost; looking at every target");
@@ -434,13 +455,13 @@ impl Reclaimer {
         for id in ids {
             let Some(Watch::Cgroup(path, _)) = self.watches.get(&id) else { continue };
             let path = path.clone();
-            if self.fs.exists(&path) {
+            if !self.fs.exists(&path) {
+                self.reclaim(&id, &format!("cgroup {path} was removed")).await;
+            } else if rewatch {
                 let wd = self.watch_dir(&id, &path);
                 if let Some(Watch::Cgroup(_, slot)) = self.watches.get_mut(&id) {
                     *slot = wd;
                 }
-            } else {
-                self.reclaim(&id, &format!("cgroup {path} was removed")).await;
             }
         }
     }
