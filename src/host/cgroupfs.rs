@@ -240,7 +240,7 @@ impl CgroupFs {
     /// A list file of a cgroup known to exist; a missing file is an empty list.
     pub(super) fn list_file(&self, path: &CgroupPath, name: &str) -> Result<CpuSet, HostError> {
         let file = self.dir(path).join(name);
-        let text = match read_small(&file) {
+        let text = match super::read_small(&file) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CpuSet::new()),
             Err(source) => return Err(HostError::Read { path: file, source }),
@@ -374,7 +374,7 @@ impl CgroupFs {
                 // Read first, and look for the directory only when the file is missing (a
                 // plain directory of the simulated tree has none until it is written).
                 let file = self.dir(path).join("cpuset.cpus");
-                let cpus = match read_small(&file) {
+                let cpus = match super::read_small(&file) {
                     Ok(text) => CpuSet::parse(&text).map_err(|_| HostError::Parse { path: file, text })?,
                     Err(e) if e.kind() == io::ErrorKind::NotFound && !self.exists(path) => return Ok(None),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => CpuSet::new(),
@@ -388,25 +388,6 @@ impl CgroupFs {
             Key::Unit(_) => None,
         })
     }
-}
-
-/// Reads a small kernel file whole: `open`, `read` until the end, `close`. Not
-/// [`fs::read_to_string`], which also stats the file for its size (a kernel file says 4096 or
-/// 0): at 10,000 targets read back at a restart, one system call in four.
-pub(crate) fn read_small(path: &Path) -> io::Result<String> {
-    use std::io::Read;
-    let mut f = fs::File::open(path)?;
-    let mut bytes = Vec::with_capacity(128);
-    let mut chunk = [0u8; 512];
-    loop {
-        match f.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// The `cpu.max` period: the kernel's default, 100 ms.

@@ -211,12 +211,12 @@ fn numbered_entries(dir: &Path, prefix: &str) -> Result<Option<Vec<(u32, PathBuf
 }
 
 fn read_file(path: &Path) -> Result<String, SysfsError> {
-    fs::read_to_string(path).map_err(|source| SysfsError::Read { path: path.to_owned(), source })
+    super::read_small(path).map_err(|source| SysfsError::Read { path: path.to_owned(), source })
 }
 
 /// Reads a file, `None` if it does not exist.
 fn read_optional(path: &Path) -> Result<Option<String>, SysfsError> {
-    match fs::read_to_string(path) {
+    match super::read_small(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(SysfsError::Read { path: path.to_owned(), source }),

@@ -41,7 +41,7 @@ impl CgroupFs {
             Ok(Some(c)) => c.cpus,
             _ => return Some(simhost::effective_in(&self.root, Some(path), &partitions)),
         };
-        let own = super::read_small(&self.dir(path).join("cpuset.cpus"))
+        let own = crate::host::read_small(&self.dir(path).join("cpuset.cpus"))
             .ok()
             .and_then(|t| CpuSet::parse(t.trim()).ok())
             .unwrap_or_default();
@@ -62,7 +62,7 @@ impl CgroupFs {
     fn effective_at(&self, dir: &Path) -> Result<Option<CpuSet>, HostError> {
         for d in dir.ancestors().take_while(|d| d.starts_with(&self.root)) {
             let file = d.join("cpuset.cpus.effective");
-            match super::read_small(&file) {
+            match crate::host::read_small(&file) {
                 Ok(text) => {
                     return CpuSet::parse(text.trim())
                         .map(Some)

@@ -39,7 +39,7 @@ impl CgroupFs {
     /// kernel changes it by itself too); replaces what [`CgroupFs::kept_partition_status`] kept.
     pub fn partition_status(&self, path: &CgroupPath) -> Option<String> {
         let at = self.cache.stamp();
-        let status = super::read_small(&self.dir(path).join("cpuset.cpus.partition"))
+        let status = crate::host::read_small(&self.dir(path).join("cpuset.cpus.partition"))
             .ok()
             .map(|text| text.lines().next().unwrap_or("").trim().to_owned());
         self.cache.update_status(at, path, &status);
