@@ -258,12 +258,10 @@ impl Engine {
         // Read the host afresh: someone (systemd reloading) may have changed the pool level.
         self.backend.refresh();
         let desired = self.layout(&self.state);
-        let mut observed = Layout::new();
-        for (key, want) in &desired {
-            if let Some(now) = drift::observe(&*self.backend, key, want) {
-                observed.insert(key.clone(), now);
-            }
-        }
+        let mut observed: Layout = drift::observe_all(&*self.backend, &desired)
+            .into_iter()
+            .filter_map(|(key, now)| Some((key, now?)))
+            .collect();
         for path in drift::stale_slices(&*self.backend, &desired) {
             if let Some(now) = drift::observe_stale(&*self.backend, &path) {
                 observed.insert(Key::Cgroup(path), now);

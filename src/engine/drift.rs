@@ -63,6 +63,41 @@ pub(super) fn observe(backend: &dyn Backend, key: &Key, want: &Placement) -> Opt
     Some(place)
 }
 
+/// [`observe`] for every entry of `layout`, in its order. At a restart with 10,000 targets that
+/// is 40,000 small files read: with many entries, the reads of cgroups and processes are spread
+/// over a few threads (the kernel serves them in parallel); units are asked on this thread,
+/// since their backend calls systemd.
+pub(super) fn observe_all(backend: &dyn Backend, layout: &Layout) -> Vec<(Key, Option<Placement>)> {
+    /// Below this many entries one thread reads them as fast.
+    const SPREAD_FROM: usize = 1024;
+    let entries: Vec<(&Key, &Placement)> = layout.iter().collect();
+    let threads = std::thread::available_parallelism().map_or(1, usize::from).min(4);
+    let read = |part: &[(&Key, &Placement)]| -> Vec<Option<Placement>> {
+        part.iter()
+            .map(|(k, w)| if matches!(k, Key::Unit(_)) { None } else { observe(backend, k, w) })
+            .collect()
+    };
+    let mut found: Vec<Option<Placement>> = if threads > 1 && entries.len() >= SPREAD_FROM {
+        let chunk = entries.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = entries.chunks(chunk).map(|part| s.spawn(move || read(part))).collect();
+            // A reader that panicked panics here, as the same read on this thread would.
+            parts
+                .into_iter()
+                .flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        })
+    } else {
+        read(&entries)
+    };
+    for (i, (k, w)) in entries.iter().enumerate() {
+        if matches!(k, Key::Unit(_)) {
+            found[i] = observe(backend, k, w);
+        }
+    }
+    entries.into_iter().map(|(k, _)| k.clone()).zip(found).collect()
+}
+
 /// A stale pool slice (or top slice) as it is now, to be planned away. A pool slice that cannot
 /// be read is removed all the same; a top slice that is gone is `None`.
 pub(super) fn observe_stale(backend: &dyn Backend, path: &CgroupPath) -> Option<Placement> {
