@@ -452,4 +452,33 @@ mod tests {
         drop(handle);
         let _ = thread.join();
     }
+
+    /// Many entries are read on a few threads: the same placements, in the layout's order, as
+    /// reading them one by one; units (which the cgroupfs backend cannot read) stay `None`.
+    #[test]
+    fn reading_many_placements_at_once_reads_what_reading_them_one_by_one_does() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let fs = CgroupFs::new(tmp.path(), "/proc");
+        let mut layout = Layout::new();
+        for i in 0..1500u32 {
+            let path = CgroupPath::new(&format!("k/c{i}")).unwrap_or_else(|e| panic!("{e}"));
+            let cpus = CpuSet::from_iter([i % 8]);
+            // Every third cgroup missing, the others holding their own CPUs.
+            if i % 3 != 0 {
+                let dir = tmp.path().join(path.as_str());
+                std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+                std::fs::write(dir.join("cpuset.cpus"), cpus.to_string()).unwrap_or_else(|e| panic!("{e}"));
+            }
+            layout.insert(Key::Cgroup(path), Placement::new(cpus, CpuSet::new(), Role::Shared));
+        }
+        layout.insert(
+            Key::Unit("a.service".into()),
+            Placement::new(CpuSet::new(), CpuSet::new(), Role::Shared),
+        );
+        let all = observe_all(&fs, &layout);
+        let one_by_one: Vec<(Key, Option<Placement>)> =
+            layout.iter().map(|(k, w)| (k.clone(), observe(&fs, k, w))).collect();
+        assert_eq!(all, one_by_one);
+        assert_eq!(all.iter().filter(|(_, p)| p.is_some()).count(), 1000 + 1);
+    }
 }
