@@ -486,34 +486,28 @@ impl Reclaimer {
         }
     }
 
-    /// Checks the cgroup targets that have no inotify watch.
+    /// Checks the cgroup targets that have no inotify watch: none until one could not be
+    /// added.
     async fn check_unwatched_cgroups(&mut self) {
-        // Every target has its watch until one could not be added.
         if self.dirs.is_some() && !self.warned_unwatched {
             return;
         }
-        let gone: Vec<(AssignmentId, String)> = self
-            .watches
-            .iter()
-            .filter_map(|(id, w)| match w {
-                Watch::Cgroup(path, None) if !self.fs.exists(path) => {
-                    Some((id.clone(), format!("cgroup {path} was removed")))
-                }
-                _ => None,
-            })
-            .collect();
-        for (id, why) in gone {
-            self.reclaim(&id, &why).await;
-        }
+        self.check_cgroups(false).await;
     }
 
-    /// Checks every cgroup target, on a blocking thread (at 10,000 targets, 10,000 stats).
+    /// Checks every cgroup target, watched or not.
     async fn sweep_cgroups(&mut self) {
+        self.check_cgroups(true).await;
+    }
+
+    /// Reclaims the cgroup targets that are gone: every one, or (`all` false) those without a
+    /// watch. The stats run on a blocking thread (at 10,000 targets, 10,000 of them).
+    async fn check_cgroups(&mut self, all: bool) {
         let targets: Vec<(AssignmentId, crate::core::state::CgroupPath)> = self
             .watches
             .iter()
             .filter_map(|(id, w)| match w {
-                Watch::Cgroup(path, _) => Some((id.clone(), path.clone())),
+                Watch::Cgroup(path, wd) if all || wd.is_none() => Some((id.clone(), path.clone())),
                 _ => None,
             })
             .collect();
