@@ -17,12 +17,11 @@ use std::time::{Duration, Instant};
 use common::{Daemon, Varlink};
 use serde_json::json;
 
-const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,4\"\n\
-    [pools.dp]\nkind = \"exclusive\"\ncpus = \"1-2,5-6\"\n\
-    [pools.web]\nkind = \"shared\"\ncpus = \"3,7\"\n";
-const DP_POWER: &str =
-    "[pools.dp.power]\ngovernor = \"performance\"\nmin_freq = \"max\"\nmax_freq = \"max\"\n\
-    epp = \"performance\"\nresume_latency_us = 0\nuncore_min_freq = \"max\"\nuncore_max_freq = \"max\"\n";
+/// Reserved 0,4, exclusive dp 1-2,5-6 and shared web 3,7; the same file serves
+/// src/engine/power/tests.rs.
+const POOLS: &str = include_str!("fixtures/power-pools.toml");
+/// Every power key for dp, at the top of its range.
+const DP_POWER: &str = include_str!("fixtures/power-dp.toml");
 const DP: [u32; 4] = [1, 2, 5, 6];
 const UNCORE: &str = "sys/devices/system/cpu/intel_uncore_frequency/package_00_die_00";
 

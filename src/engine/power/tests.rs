@@ -9,13 +9,12 @@ use crate::core::classes::ClassState;
 use crate::host::simhost::{self, TopologyShape};
 use crate::host::simpower::{self, SimPower};
 
-const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,4\"\n\
-    [pools.dp]\nkind = \"exclusive\"\ncpus = \"1-2,5-6\"\n\
-    [pools.web]\nkind = \"shared\"\ncpus = \"3,7\"\n";
+/// Reserved 0,4, exclusive dp 1-2,5-6 and shared web 3,7; the same file serves
+/// tests/power.rs.
+const POOLS: &str = include_str!("../../../tests/fixtures/power-pools.toml");
 
-const DP_POWER: &str =
-    "[pools.dp.power]\ngovernor = \"performance\"\nmin_freq = \"max\"\nmax_freq = \"max\"\n\
-    epp = \"performance\"\nresume_latency_us = 0\nuncore_min_freq = \"max\"\nuncore_max_freq = \"max\"\n";
+/// Every power key for dp, at the top of its range.
+const DP_POWER: &str = include_str!("../../../tests/fixtures/power-dp.toml");
 
 struct Host {
     _dir: tempfile::TempDir,
