@@ -365,6 +365,8 @@ impl Reclaimer {
     fn watch_dir(&mut self, id: &AssignmentId, path: &crate::core::state::CgroupPath) -> Option<Wd> {
         let (parent, name) = path.as_str().rsplit_once('/').unwrap_or(("", path.as_str()));
         let added = self.dirs.as_mut()?.add(&self.fs.root().join(parent));
+        // Looked at after the watch is in place, so that a removal in between is not missed.
+        let exists = self.fs.exists(path);
         let wd = match added {
             Ok(wd) => {
                 self.by_wd
@@ -376,7 +378,7 @@ impl Reclaimer {
                 Some(wd)
             }
             Err(e) => {
-                if self.fs.exists(path) && !self.warned_unwatched {
+                if exists && !self.warned_unwatched {
                     self.warned_unwatched = true;
                     log::warn!(
                         "cannot watch the parent of cgroup {path} with inotify ({e}; see \
@@ -386,7 +388,7 @@ impl Reclaimer {
                 None
             }
         };
-        if !self.fs.exists(path) {
+        if !exists {
             let _ = self.gone.0.send((id.clone(), format!("cgroup {path} was removed")));
         }
         wd
