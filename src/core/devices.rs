@@ -252,15 +252,23 @@ pub fn same(existing: &Assignment, alloc: &Allocation) -> bool {
         }
 }
 
-/// The environment a container gets for `a`.
+/// The environment a container gets for `a`; the NRI plugin reads it back at creation
+/// ([`super::container::decide`]).
 pub fn envs(a: &Assignment) -> std::collections::HashMap<String, String> {
+    use cpupool_wire::names;
     let cpus = a.cpus.to_string();
     let compat = if a.kind == PoolKind::Exclusive { "EXCLUSIVE_CPUS" } else { "SHARED_CPUS" };
-    std::collections::HashMap::from([
-        ("CPUPOOL_CPUS".to_owned(), cpus.clone()),
-        ("CPUPOOL_POOL".to_owned(), a.pool.to_string()),
+    let mut envs = std::collections::HashMap::from([
+        (names::ENV_CPUS.to_owned(), cpus.clone()),
+        (names::ENV_POOL.to_owned(), a.pool.to_string()),
         (compat.to_owned(), cpus),
-    ])
+        // Read back by the NRI plugin when the runtime creates the container.
+        (names::ENV_ASSIGNMENT.to_owned(), a.id.to_string()),
+    ]);
+    if a.kind == PoolKind::Shared {
+        envs.insert(names::ENV_MILLICPUS.to_owned(), a.millicpus.to_string());
+    }
+    envs
 }
 
 /// GetPreferredAllocation for one container: `size` devices from `available`, including
@@ -464,11 +472,15 @@ mod tests {
         assert_eq!(e["CPUPOOL_CPUS"], "1,9");
         assert_eq!(e["EXCLUSIVE_CPUS"], "1,9");
         assert_eq!(e["CPUPOOL_POOL"], "dp");
+        assert_eq!(e["CPUPOOL_ASSIGNMENT"], "kubelet-core-1");
+        assert!(!e.contains_key("CPUPOOL_MILLICPUS"));
         let a = s
             .assign(&t, &allocation(&shared, &t, 100, &ids(&["milli-web-00000"])).unwrap().spec)
             .unwrap()
             .into_inner();
         assert_eq!(envs(&a)["SHARED_CPUS"], "0,8");
         assert!(!envs(&a).contains_key("EXCLUSIVE_CPUS"));
+        assert_eq!(envs(&a)["CPUPOOL_MILLICPUS"], "100");
+        assert_eq!(envs(&a)["CPUPOOL_ASSIGNMENT"], "kubelet-milli-web-00000");
     }
 }

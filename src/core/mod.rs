@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod cache;
 pub mod classes;
+pub mod container;
 pub mod cpuset;
 pub mod devices;
 pub mod edit;

@@ -376,13 +376,7 @@ fn frame(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
         }
         out.insert(Key::Cgroup(pool_slice(&p.name)), place);
     }
-    // Idle exclusive CPUs lent to the host cgroups and unpooled containers.
-    let mut lent = CpuSet::new();
-    if opts.lend_idle {
-        for p in pools().filter(|p| p.kind == PoolKind::Exclusive && !p.isolate) {
-            lent = lent.union(&state.free_cpus(p));
-        }
-    }
+    let lent = lent_cpus(state, opts);
     if let Some(reserved) = state.pools().values().find(|p| p.kind == PoolKind::Reserved) {
         let host = reserved.cpus.union(&lent);
         for h in &opts.host_cgroups {
@@ -393,10 +387,7 @@ fn frame(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
         }
     }
     if !opts.unpooled.is_empty() {
-        let exclusive = pools()
-            .filter(|p| p.kind == PoolKind::Exclusive)
-            .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
-        let cpus = topo.online().difference(&exclusive).union(&lent);
+        let cpus = unpooled_cpus(state, topo, opts);
         for c in &opts.unpooled {
             out.insert(
                 Key::Cgroup(c.clone()),
@@ -405,6 +396,28 @@ fn frame(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
         }
     }
     out
+}
+
+/// Idle exclusive CPUs lent to the host cgroups and unpooled containers (`lend_idle`).
+fn lent_cpus(state: &State, opts: &LayoutOptions) -> CpuSet {
+    let mut lent = CpuSet::new();
+    if opts.lend_idle {
+        for p in state.pools().values().filter(|p| p.kind == PoolKind::Exclusive && !p.isolate) {
+            lent = lent.union(&state.free_cpus(p));
+        }
+    }
+    lent
+}
+
+/// The CPUs of a container that uses no pool: every online CPU but the exclusive pools', plus
+/// those lent while idle.
+pub fn unpooled_cpus(state: &State, topo: &Topology, opts: &LayoutOptions) -> CpuSet {
+    let exclusive = state
+        .pools()
+        .values()
+        .filter(|p| p.kind == PoolKind::Exclusive)
+        .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+    topo.online().difference(&exclusive).union(&lent_cpus(state, opts))
 }
 
 /// Adds `a`'s target to `out`.
