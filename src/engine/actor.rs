@@ -363,8 +363,8 @@ impl Engine {
             Request::CheckDrift(found, reply) => {
                 let _ = reply.send(Ok(self.correct_drift(*found)));
             }
-            Request::Retarget(id, target, container, reply) => {
-                let _ = reply.send(self.retarget(&id, target, container));
+            Request::Retarget(r, reply) => {
+                let _ = reply.send(self.retarget(r));
             }
             Request::SetUnpooled(cgroups, reply) => {
                 let _ = reply.send(self.set_unpooled(cgroups));

@@ -252,14 +252,16 @@ impl Engine {
 
     pub(super) fn retarget(
         &mut self,
-        id: &str,
-        target: state::Target,
-        container: Option<state::Container>,
+        r: super::handle::Retarget,
     ) -> Result<Outcome<Assignment>, EngineError> {
         let mut next = (*self.state).clone();
-        let out = next.retarget(id, target, container)?;
+        let out = next.retarget(&r.id, r.target, r.container)?;
         if let Outcome::Changed(a) = &out {
-            self.commit(next)?;
+            let before = self.state.clone();
+            let changes = self.commit(next)?;
+            if r.verify {
+                self.verify_or_undo(&before, &changes, a)?;
+            }
             log::info!(
                 POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
                 "assignment {} (CPUs {}) now applies to {}", a.id, a.cpus, a.target

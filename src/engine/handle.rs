@@ -133,12 +133,7 @@ pub enum Request {
     CheckDrift(Box<DriftFound>, oneshot::Sender<Result<DriftReport, EngineError>>),
     /// Point an assignment at another target, keeping its CPUs, and record its container (the
     /// device plugin, once it knows the container of a kubelet allocation).
-    Retarget(
-        String,
-        state::Target,
-        Option<state::Container>,
-        oneshot::Sender<Result<Outcome<Assignment>, EngineError>>,
-    ),
+    Retarget(Retarget, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
     /// Keep these container cgroups off the exclusive pools' CPUs, and no others (the device
     /// plugin, for the kubelet's containers that use no pool).
     SetUnpooled(std::collections::BTreeSet<CgroupPath>, oneshot::Sender<Result<usize, EngineError>>),
@@ -146,6 +141,20 @@ pub enum Request {
     AssignAll(Vec<AssignSpec>, oneshot::Sender<Result<Vec<Outcome<Assignment>>, EngineError>>),
     /// Record what the kubelet wing observed (see `kubelet`); answers whether it changed.
     Kubelet(KubeletUpdate, oneshot::Sender<Result<bool, EngineError>>),
+}
+
+/// What [`Request::Retarget`] asks.
+#[derive(Debug, Clone)]
+pub struct Retarget {
+    /// The assignment.
+    pub id: String,
+    /// Its new target.
+    pub target: state::Target,
+    /// The container it serves, if any.
+    pub container: Option<state::Container>,
+    /// Read back what the kernel enforces on the new target: a difference is a refusal, and
+    /// the assignment keeps its old target.
+    pub verify: bool,
 }
 
 /// How adapters reach the engine.
@@ -215,8 +224,21 @@ impl Handle {
         target: state::Target,
         container: Option<state::Container>,
     ) -> Result<Outcome<Assignment>, EngineError> {
-        let id = id.to_owned();
-        self.call(|tx| Request::Retarget(id, target, container, tx)).await
+        let r = Retarget { id: id.to_owned(), target, container, verify: false };
+        self.call(|tx| Request::Retarget(r, tx)).await
+    }
+
+    /// [`Handle::retarget`], then reads back what the kernel enforces on the new target: the
+    /// assignment is pointed there only if it holds its CPUs (the NRI path, as a container
+    /// starts: it gets an error rather than CPUs the books do not show).
+    pub async fn bind(
+        &self,
+        id: &str,
+        target: state::Target,
+        container: Option<state::Container>,
+    ) -> Result<Outcome<Assignment>, EngineError> {
+        let r = Retarget { id: id.to_owned(), target, container, verify: true };
+        self.call(|tx| Request::Retarget(r, tx)).await
     }
 
     /// Keeps exactly these container cgroups off the exclusive pools' CPUs; returns how many
@@ -251,6 +273,21 @@ impl Handle {
     /// Assigns every spec, all or nothing, with one save (see [`Request::AssignAll`]).
     pub async fn assign_all(&self, specs: Vec<AssignSpec>) -> Result<Vec<Outcome<Assignment>>, EngineError> {
         self.call(|tx| Request::AssignAll(specs, tx)).await
+    }
+
+    /// Publishes the runtime the NRI plugin serves (`None`: none); `true` when it changed.
+    pub async fn set_nri(&self, runtime: Option<String>) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Nri(runtime), tx)).await
+    }
+
+    /// Publishes the PodResources poll's interval (the device plugin runs).
+    pub async fn set_poll(&self, every: Duration) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Poll(every), tx)).await
+    }
+
+    /// Publishes the effective CPUs of the kubelet's pod cgroup; `true` when they changed.
+    pub async fn set_pod_cpus(&self, cpus: Option<CpuSet>) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::PodCpus(cpus), tx)).await
     }
 
     /// Publishes the CPUs online now; `true` when they changed.

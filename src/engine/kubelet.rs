@@ -19,12 +19,47 @@ pub struct KubeletView {
     pub online: Option<CpuSet>,
     /// Devices of shared pools the kubelet holds, by assignment (Allocate and PodResources).
     pub held: BTreeMap<AssignmentId, BTreeSet<String>>,
+    /// The container runtime whose NRI the plugin is registered with and synchronized to
+    /// (`containerd 1.7.24`): containers get their CPUs when created. `None`: the PodResources
+    /// poll confines them after they start.
+    pub nri: Option<String>,
+    /// The device plugin's PodResources poll interval, once the plugin runs.
+    pub poll: Option<std::time::Duration>,
+    /// The CPUs the kubelet's pod cgroup (`kubepods.slice`, `kubepods`) has in effect, as last
+    /// read; `None` while there is none. A container can run on no other CPU: an isolated
+    /// partition elsewhere takes its CPUs away from it.
+    pub pod_cpus: Option<CpuSet>,
 }
 
 impl KubeletView {
     /// The CPUs online now, as far as anyone has looked.
     pub fn online(&self, topo: &Topology) -> CpuSet {
         self.online.clone().unwrap_or_else(|| topo.online())
+    }
+
+    /// The CPUs a container can be given: online, and in the kubelet's pod cgroup when there
+    /// is one. Devices on other CPUs are Unhealthy.
+    pub fn usable(&self, topo: &Topology) -> CpuSet {
+        let online = self.online(topo);
+        match &self.pod_cpus {
+            Some(pods) => online.intersection(pods),
+            None => online,
+        }
+    }
+
+    /// How containers get their CPUs, and what it costs, for `status`; `None` without the
+    /// device plugin.
+    pub fn container_path(&self) -> Option<String> {
+        match (&self.nri, self.poll) {
+            (Some(runtime), _) => {
+                Some(format!("NRI ({runtime}): a container gets its CPUs when it is created"))
+            }
+            (None, Some(every)) => Some(format!(
+                "PodResources poll (no NRI): a container is confined up to {} s after it starts",
+                every.as_secs_f64()
+            )),
+            (None, None) => None,
+        }
     }
 
     /// The shared-pool devices the kubelet holds, of assignments `state` still has.
@@ -44,6 +79,12 @@ pub enum KubeletUpdate {
     Online(CpuSet),
     /// The devices an assignment holds (`None`: none any more).
     Held(AssignmentId, Option<BTreeSet<String>>),
+    /// The runtime the NRI plugin serves, or none.
+    Nri(Option<String>),
+    /// The PodResources poll's interval (the device plugin runs).
+    Poll(std::time::Duration),
+    /// The effective CPUs of the kubelet's pod cgroup (`None`: there is none).
+    PodCpus(Option<CpuSet>),
 }
 
 impl Engine {
@@ -54,6 +95,9 @@ impl Engine {
             KubeletUpdate::Online(cpus) => view.online.replace(cpus.clone()) != Some(cpus),
             KubeletUpdate::Held(id, Some(devices)) => view.held.insert(id, devices.clone()) != Some(devices),
             KubeletUpdate::Held(id, None) => view.held.remove(&id).is_some(),
+            KubeletUpdate::PodCpus(cpus) => std::mem::replace(&mut view.pod_cpus, cpus.clone()) != cpus,
+            KubeletUpdate::Poll(every) => view.poll.replace(every) != Some(every),
+            KubeletUpdate::Nri(runtime) => std::mem::replace(&mut view.nri, runtime.clone()) != runtime,
         };
         if changed {
             self.publish(Vec::new());
