@@ -319,6 +319,12 @@ pub async fn run(
         }
         let plugin = spawn_plugin(&tasks, &stop, handle.clone(), plugin_opts, restart.clone());
         watch_task(&tasks, "the device plugin", plugin);
+        if settings.kubelet.nri {
+            let (h, nri_opts, stopped) =
+                (handle.clone(), crate::nri::Options::from_settings(&settings), stop_flag(&tasks, &stop));
+            let nri = tasks.spawn(crate::nri::run(h, nri_opts, stopped));
+            watch_task(&tasks, "the NRI plugin", nri);
+        }
     }
     #[cfg(feature = "k8s")]
     if let (Some(pods), Some(path)) = (&pod_index, &opts.dirs.cluster) {

@@ -16,5 +16,6 @@ pub mod host;
 pub mod k8s;
 pub mod kubelet;
 pub mod logging;
+pub mod nri;
 pub mod reclaim;
 pub mod sandbox;

@@ -293,6 +293,7 @@ impl Sandbox {
         settings.paths.irqbalance_dir = self.run().join("irqbalance");
         settings.paths.resctrl_root = self.resctrl();
         settings.kubelet.runtime_endpoint = self.run().join("containerd.sock");
+        settings.kubelet.nri_socket = self.run().join("nri/nri.sock");
         // Loopback on a port of the kernel's choosing (the banner prints it), so that sandboxes
         // side by side never collide; a unix socket goes into the sandbox.
         settings.metrics.listen = match settings.metrics.listen {

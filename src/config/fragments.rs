@@ -118,6 +118,8 @@ pub(crate) struct KubeletFragment {
     pub reconcile_interval_ms: Option<u64>,
     pub runtime_endpoint: Option<PathBuf>,
     pub confine_unpooled: Option<bool>,
+    pub nri: Option<bool>,
+    pub nri_socket: Option<PathBuf>,
 }
 
 /// `[paths]` as written in one file.

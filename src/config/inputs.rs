@@ -82,6 +82,8 @@ impl Inputs {
         );
         set.field(&mut k.runtime_endpoint, kubelet.runtime_endpoint, "kubelet.runtime_endpoint");
         set.field(&mut k.confine_unpooled, kubelet.confine_unpooled, "kubelet.confine_unpooled");
+        set.field(&mut k.nri, kubelet.nri, "kubelet.nri");
+        set.field(&mut k.nri_socket, kubelet.nri_socket, "kubelet.nri_socket");
         set.field(&mut self.paths.sysfs_root, paths.sysfs_root, "paths.sysfs_root");
         set.field(&mut self.paths.cgroup_root, paths.cgroup_root, "paths.cgroup_root");
         set.field(&mut self.paths.state_dir, paths.state_dir, "paths.state_dir");

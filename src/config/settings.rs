@@ -251,6 +251,11 @@ pub struct Kubelet {
     /// `kubelet.confine_unpooled`: keep the kubelet's containers that use no pool off the
     /// exclusive pools' CPUs.
     pub confine_unpooled: bool,
+    /// `kubelet.nri`: serve the runtime's NRI (containers get their CPUs when created) where
+    /// its socket exists.
+    pub nri: bool,
+    /// `kubelet.nri_socket`: the runtime's NRI socket.
+    pub nri_socket: PathBuf,
 }
 
 impl Default for Kubelet {
@@ -263,6 +268,8 @@ impl Default for Kubelet {
             reconcile_interval: std::time::Duration::from_millis(DEFAULT_RECONCILE_INTERVAL_MS),
             runtime_endpoint: DEFAULT_RUNTIME_ENDPOINT.into(),
             confine_unpooled: true,
+            nri: true,
+            nri_socket: DEFAULT_NRI_SOCKET.into(),
         }
     }
 }
@@ -364,6 +371,9 @@ pub const MAX_SHARED_DEVICES: u64 = 16_384;
 pub const DEFAULT_RELEASE_GRACE_MS: u64 = 60_000;
 /// `kubelet.reconcile_interval_ms` when no file sets it.
 pub const DEFAULT_RECONCILE_INTERVAL_MS: u64 = 5_000;
+/// `kubelet.nri_socket` when no file sets it: where containerd and CRI-O listen for plugins.
+pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
+
 /// `kubelet.runtime_endpoint` when no file sets it.
 pub const DEFAULT_RUNTIME_ENDPOINT: &str = "/run/containerd/containerd.sock";
 
@@ -495,6 +505,8 @@ impl Settings {
             reconcile_interval: std::time::Duration::from_millis(interval),
             runtime_endpoint,
             confine_unpooled: kubelet.confine_unpooled.unwrap_or(defaults.confine_unpooled),
+            nri: kubelet.nri.unwrap_or(defaults.nri),
+            nri_socket: absolute(kubelet.nri_socket, defaults.nri_socket, "kubelet.nri_socket")?,
         };
 
         let report_interval = k8s.report_interval_ms.unwrap_or(DEFAULT_REPORT_INTERVAL_MS);

@@ -146,6 +146,8 @@ fn every_key_is_read() {
         reconcile_interval_ms = 100
         runtime_endpoint = "/run/crio/crio.sock"
         confine_unpooled = false
+        nri = false
+        nri_socket = "/run/nri/other.sock"
     "#);
     assert_eq!(
         s.kubelet,
@@ -157,6 +159,8 @@ fn every_key_is_read() {
             reconcile_interval: std::time::Duration::from_millis(100),
             runtime_endpoint: "/run/crio/crio.sock".into(),
             confine_unpooled: false,
+            nri: false,
+            nri_socket: "/run/nri/other.sock".into(),
         }
     );
     assert_eq!(s.origins.get("kubelet.millicpus_per_device"), Some(Path::new("t.toml")));

@@ -32,6 +32,8 @@ pub(super) struct Reconciler {
     absent: bool,
     /// Pool CPUs the kubelet's CPU manager may hand out exclusively, as last logged.
     cpu_manager_conflict: CpuSet,
+    /// Pool CPUs the kubelet's pod cgroup does not have, as last logged.
+    unreachable_cpus: CpuSet,
 }
 
 impl Reconciler {
@@ -42,6 +44,7 @@ impl Reconciler {
             unreachable: false,
             absent: false,
             cpu_manager_conflict: CpuSet::new(),
+            unreachable_cpus: CpuSet::new(),
         }
     }
 
@@ -115,9 +118,13 @@ impl Reconciler {
         };
         let holders = clients::holders(list, &format!("{}/", self.opts.resource_prefix));
         let snap = handle.snapshot();
+        // While the NRI plugin serves the runtime, containers get their CPUs (and unpooled ones
+        // are kept off the exclusive CPUs) when they are created: this poll only releases the
+        // allocations no container holds.
+        let nri = snap.kubelet.nri.is_some();
         // Needed when some container is not in its cgroup yet, and to confine the others.
         let mut containers: Option<Containers> = None;
-        if self.opts.confine_unpooled {
+        if self.opts.confine_unpooled && !nri {
             containers = self.cri_containers().await.ok();
         }
         let now = Instant::now();
@@ -146,6 +153,9 @@ impl Reconciler {
                 && snap.kubelet.held.get(&a.id) != Some(&h.devices)
             {
                 set_held(handle, &a.id, Some(h.devices.clone())).await;
+            }
+            if nri {
+                continue;
             }
             let extra =
                 self.opts.containers.as_ref().and_then(|s| s.container(&h.namespace, &h.pod, &h.container));
@@ -184,7 +194,7 @@ impl Reconciler {
         }
         self.missing.retain(|id, _| snap.state.assignments().keys().any(|k| k.as_str() == id));
         // A runtime that cannot be asked leaves the confined set as it was.
-        if let (true, Some(containers)) = (self.opts.confine_unpooled, &containers) {
+        if let (true, false, Some(containers)) = (self.opts.confine_unpooled, nri, &containers) {
             self.confine_unpooled(handle, &holders, containers).await;
         }
     }
@@ -217,14 +227,51 @@ impl Reconciler {
         }
     }
 
+    /// Publishes the effective CPUs of the kubelet's pod cgroup, and says (once per change)
+    /// which offered pools' CPUs it lacks: their devices are Unhealthy until it has them.
+    async fn refresh_pod_cpus(&mut self, handle: &Handle) {
+        let cpus = host::kubelet::pod_cpus(&self.opts.cgroup_root);
+        if let Err(e) = handle.set_pod_cpus(cpus.clone()).await {
+            log::debug!("device plugin: publishing the pod cgroup's CPUs: {}", error_chain(&e));
+            return;
+        }
+        let snap = handle.snapshot();
+        let offered = || {
+            snap.state
+                .pools()
+                .values()
+                .filter(|p| p.kubelet && p.kind != crate::core::pool::PoolKind::Reserved)
+        };
+        let all = offered().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+        let lacking = cpus.as_ref().map(|c| all.difference(c)).unwrap_or_default();
+        if lacking != self.unreachable_cpus && !lacking.is_empty() {
+            let names: Vec<&str> =
+                offered().filter(|p| !p.cpus.is_disjoint(&lacking)).map(|p| p.name.as_str()).collect();
+            log::warn!(
+                "device plugin: the kubelet's pod cgroup does not have CPUs {lacking} of pool(s) {} (its \
+                 effective CPUs are {}): no container can run there, so their devices are Unhealthy. An \
+                 isolated partition takes its CPUs from every cgroup outside it (docs/behaviour.md, \
+                 \"Isolated pools and containers\").",
+                names.join(", "),
+                cpus.as_ref().map(ToString::to_string).unwrap_or_default()
+            );
+        } else if lacking.is_empty() && !self.unreachable_cpus.is_empty() {
+            log::info!("device plugin: the kubelet's pod cgroup has every offered pool's CPUs again");
+        }
+        self.unreachable_cpus = lacking;
+    }
+
     /// Running containers by (namespace, pod, container name): (pod UID, container id).
     async fn cri_containers(&self) -> Result<Containers, String> {
         clients::cri_containers(&self.opts.runtime_endpoint).await
     }
 
     /// Reads the CPUs online again: a CPU taken offline makes its devices Unhealthy (and a
-    /// shared pool's capacity smaller) on every open ListAndWatch, until it comes back.
-    pub(super) async fn refresh_online(&self, handle: &Handle) {
+    /// shared pool's capacity smaller) on every open ListAndWatch, until it comes back. So does
+    /// a CPU the kubelet's pod cgroup does not have (an isolated partition took it): no
+    /// container could be given it.
+    pub(super) async fn refresh_online(&mut self, handle: &Handle) {
+        self.refresh_pod_cpus(handle).await;
         let now = match host::sysfs::read_online(&self.opts.sysfs_root) {
             Ok(set) => set,
             Err(e) => {

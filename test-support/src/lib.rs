@@ -7,7 +7,10 @@
 //! - [`wait`]: polling a condition against a deadline, for what has no ready signal (a log
 //!   line, a file the daemon writes);
 //! - `kubelet` (feature `kubelet`): a kubelet-shaped peer speaking the real protobuf: the
-//!   `v1beta1.Registration` socket, `v1.PodResourcesLister` and the CRI `RuntimeService`.
+//!   `v1beta1.Registration` socket, `v1.PodResourcesLister` and the CRI `RuntimeService`;
+//! - `nri` (feature `kubelet`): a fake container runtime's end of NRI (its multiplexer and
+//!   ttRPC written here, apart from the daemon's), for what the guest's real containerd does not
+//!   make easy to provoke.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -15,5 +18,7 @@ pub mod daemon;
 pub mod files;
 #[cfg(feature = "kubelet")]
 pub mod kubelet;
+#[cfg(feature = "kubelet")]
+pub mod nri;
 pub mod peer;
 pub mod wait;

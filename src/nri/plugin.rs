@@ -1,0 +1,628 @@
+//! The plugin's ttRPC service: each method decodes its request, asks [`container::decide`] and
+//! the engine, and encodes the answer. Requests are served one at a time (the runtime sends
+//! them so, and the containers seen alive are one record).
+//!
+//! What fails closed and what fails open (the runtime fails a container when a plugin answers
+//! an error, and drops a plugin that misses its deadline):
+//! - a pooled container whose assignment cannot be held (its CPUs taken since) or whose
+//!   environment is malformed is not created; one whose cgroup does not hold its CPUs at start
+//!   is not started. Neither runs on CPUs the books do not show.
+//! - an engine that does not answer within three quarters of the runtime's deadline fails the
+//!   creation of a pooled container (nothing was decided for it), but not its start: the
+//!   adjustment gave it its CPUs already, and the binding completes in the engine.
+//! - keeping unpooled containers and pod sandboxes off the exclusive CPUs never fails a
+//!   container: a write that fails is logged and tried again at the next event or resync.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+use tokio::sync::Mutex;
+
+use super::proto::{self as api, Event};
+use super::ttrpc::{code, Reply, Service, Status};
+use super::{DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
+use crate::core::container::{self, Created, Decision};
+use crate::core::cpuset::CpuSet;
+use crate::core::devices;
+use crate::core::pool::PoolKind;
+use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Size, Target};
+use crate::engine::{error_chain, EngineError, Handle};
+
+/// The events followed. Every bit is within NRI v0.6.1's mask (0x7FF), which refuses a plugin
+/// that asks for one it does not know.
+pub(super) const EVENTS: i32 = bit(Event::RunPodSandbox)
+    | bit(Event::StopPodSandbox)
+    | bit(Event::RemovePodSandbox)
+    | bit(Event::CreateContainer)
+    | bit(Event::StartContainer)
+    | bit(Event::UpdateContainer)
+    | bit(Event::StopContainer)
+    | bit(Event::RemoveContainer);
+
+const fn bit(e: Event) -> i32 {
+    1 << (e as i32 - 1)
+}
+
+/// A container seen alive.
+#[derive(Debug, Clone)]
+struct Seen {
+    /// Its cgroup, from the runtime's `cgroups_path`.
+    cgroup: Option<CgroupPath>,
+    /// The assignment it runs on; `None`: no pool.
+    assignment: Option<AssignmentId>,
+    /// Whether it was started.
+    started: bool,
+}
+
+/// The plugin's record of the runtime, rebuilt at every Synchronize.
+#[derive(Default)]
+struct Live {
+    containers: HashMap<String, Seen>,
+    /// Pod sandboxes (their pause containers' cgroups), by sandbox id.
+    sandboxes: HashMap<String, CgroupPath>,
+    /// The unpooled cgroups last given to the engine.
+    unpooled: BTreeSet<CgroupPath>,
+    /// A split Synchronize's parts so far (newer runtimes).
+    pending: Option<(Vec<api::PodSandbox>, Vec<api::Container>)>,
+    /// `containerd 1.7.24`, from Configure.
+    runtime: String,
+    /// The runtime's request timeout.
+    timeout: Option<Duration>,
+}
+
+/// The plugin: one per connection.
+pub(super) struct Plugin {
+    handle: Handle,
+    live: Mutex<Live>,
+    synced: AtomicBool,
+}
+
+impl Service for Plugin {
+    fn call(
+        self: Arc<Self>,
+        service: &str,
+        method: &str,
+        payload: Vec<u8>,
+        deadline: Option<Duration>,
+    ) -> Reply {
+        let (service, method) = (service.to_owned(), method.to_owned());
+        Box::pin(async move { self.dispatch(&service, &method, payload, deadline).await })
+    }
+}
+
+fn decode<M: Message + Default>(payload: &[u8]) -> Result<M, Status> {
+    M::decode(payload)
+        .map_err(|e| Status::new(code::INVALID_ARGUMENT, format!("cpupoold: decoding the request: {e}")))
+}
+
+fn empty() -> Vec<u8> {
+    api::Empty {}.encode_to_vec()
+}
+
+/// `KEY=VALUE` entries as a map (a later entry wins, as in the process's environment).
+fn env_of(c: &api::Container) -> Created {
+    Created {
+        env: c
+            .env
+            .iter()
+            .filter_map(|e| e.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    }
+}
+
+fn cgroup_of(c: &api::Container) -> Option<CgroupPath> {
+    c.linux.as_ref().and_then(|l| container::cgroup_of(&l.cgroups_path))
+}
+
+fn name_of(pod: &api::PodSandbox, c: &api::Container) -> String {
+    format!("{}/{}/{}", pod.namespace, pod.name, c.name)
+}
+
+/// The CPUs a request already pins the container to (the kubelet's static CPU manager, or a
+/// plugin before us): empty when none.
+fn pinned(resources: Option<&api::LinuxResources>) -> &str {
+    resources.and_then(|r| r.cpu.as_ref()).map_or("", |c| c.cpus.as_str())
+}
+
+fn resources(cpus: &CpuSet, mems: &CpuSet) -> api::LinuxResources {
+    api::LinuxResources {
+        cpu: Some(api::LinuxCpu { cpus: cpus.to_string(), mems: mems.to_string(), ..Default::default() }),
+        memory: None,
+    }
+}
+
+fn adjustment(cpus: &CpuSet, mems: &CpuSet) -> api::ContainerAdjustment {
+    api::ContainerAdjustment {
+        linux: Some(api::LinuxContainerAdjustment {
+            resources: Some(resources(cpus, mems)),
+            cgroups_path: String::new(),
+        }),
+        ..Default::default()
+    }
+}
+
+impl Plugin {
+    pub(super) fn new(handle: Handle) -> Plugin {
+        Plugin { handle, live: Mutex::new(Live::default()), synced: AtomicBool::new(false) }
+    }
+
+    /// Whether the runtime synchronized with the plugin (it sends events only after).
+    pub(super) fn synchronized(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    async fn dispatch(
+        &self,
+        service: &str,
+        method: &str,
+        payload: Vec<u8>,
+        deadline: Option<Duration>,
+    ) -> Result<Vec<u8>, Status> {
+        if service != PLUGIN_SERVICE {
+            return Err(Status::new(code::UNIMPLEMENTED, format!("service {service}")));
+        }
+        let mut live = self.live.lock().await;
+        // Engine calls get three quarters of what the runtime waits: the answer must be back
+        // before it gives up on the plugin.
+        let budget = deadline.or(live.timeout).unwrap_or(DEFAULT_REQUEST_TIMEOUT).mul_f32(0.75);
+        let call = Call { handle: &self.handle, budget };
+        match method {
+            "Configure" => Ok(self.configure(&mut live, decode(&payload)?).encode_to_vec()),
+            "Synchronize" => Ok(self.synchronize(&mut live, &call, decode(&payload)?).await.encode_to_vec()),
+            "CreateContainer" => {
+                let req: api::CreateContainerRequest = decode(&payload)?;
+                let (pod, c) = (req.pod.unwrap_or_default(), req.container.unwrap_or_default());
+                Ok(create(&mut live, &call, &pod, &c).await?.encode_to_vec())
+            }
+            "UpdateContainer" => Ok(update(&live, &call, decode(&payload)?).encode_to_vec()),
+            "StopContainer" => {
+                let req: api::StopContainerRequest = decode(&payload)?;
+                let (pod, c) = (req.pod.unwrap_or_default(), req.container.unwrap_or_default());
+                gone(&mut live, &call, &pod, &c, "stopped").await;
+                Ok(api::StopContainerResponse::default().encode_to_vec())
+            }
+            "StateChange" => {
+                let e: api::StateChangeEvent = decode(&payload)?;
+                let event = e.event();
+                event_of(&mut live, &call, event, e.pod.unwrap_or_default(), e.container).await?;
+                Ok(empty())
+            }
+            // Newer runtimes call a method per event first.
+            "RunPodSandbox" | "StopPodSandbox" | "RemovePodSandbox" => {
+                let req: api::PodRequest = decode(&payload)?;
+                let event = match method {
+                    "RunPodSandbox" => Event::RunPodSandbox,
+                    "StopPodSandbox" => Event::StopPodSandbox,
+                    _ => Event::RemovePodSandbox,
+                };
+                event_of(&mut live, &call, event, req.pod.unwrap_or_default(), None).await?;
+                Ok(empty())
+            }
+            "StartContainer" | "RemoveContainer" => {
+                let req: api::ContainerRequest = decode(&payload)?;
+                let event =
+                    if method == "StartContainer" { Event::StartContainer } else { Event::RemoveContainer };
+                event_of(&mut live, &call, event, req.pod.unwrap_or_default(), req.container).await?;
+                Ok(empty())
+            }
+            "Shutdown" => Ok(empty()),
+            _ => Err(Status::new(code::UNIMPLEMENTED, format!("method {method}"))),
+        }
+    }
+
+    fn configure(&self, live: &mut Live, req: api::ConfigureRequest) -> api::ConfigureResponse {
+        live.runtime = format!("{} {}", req.runtime_name, req.runtime_version).trim().to_owned();
+        live.timeout =
+            u64::try_from(req.request_timeout).ok().filter(|&ms| ms > 0).map(Duration::from_millis);
+        log::info!(
+            "NRI: registered with {} as {}-{}; containers get their pool's CPUs when they are created",
+            live.runtime,
+            super::PLUGIN_INDEX,
+            super::PLUGIN_NAME
+        );
+        api::ConfigureResponse { events: EVENTS }
+    }
+
+    /// Every pod and container the runtime has, after every (re)connect: running pooled
+    /// containers are bound to their assignments, the others kept off the exclusive CPUs, and
+    /// kubelet assignments whose container is gone are released.
+    async fn synchronize(
+        &self,
+        live: &mut Live,
+        call: &Call<'_>,
+        req: api::SynchronizeRequest,
+    ) -> api::SynchronizeResponse {
+        let (mut pods, mut containers) = live.pending.take().unwrap_or_default();
+        pods.extend(req.pods);
+        containers.extend(req.containers);
+        if req.more {
+            live.pending = Some((pods, containers));
+            return api::SynchronizeResponse { update: Vec::new(), more: true };
+        }
+        live.containers.clear();
+        live.sandboxes = pods.iter().filter_map(|p| Some((p.id.clone(), sandbox_cgroup(p)?))).collect();
+        let by_id: HashMap<&str, &api::PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let none = api::PodSandbox::default();
+        for c in &containers {
+            use api::ContainerState as S;
+            let started = match c.state() {
+                S::ContainerRunning | S::ContainerPaused => true,
+                S::ContainerCreated => false,
+                S::ContainerStopped | S::ContainerUnknown => continue,
+            };
+            let pod = by_id.get(c.pod_sandbox_id.as_str()).copied().unwrap_or(&none);
+            match seen_for(live, call, pod, c).await {
+                Ok(seen) => {
+                    let pooled = seen.assignment.is_some();
+                    live.containers.insert(c.id.clone(), Seen { started: started && !pooled, ..seen });
+                    // A pooled one is bound (and read back) as at its start; the unpooled are
+                    // confined together below.
+                    if started && pooled {
+                        if let Err(e) = start(live, call, pod, c).await {
+                            log::warn!("NRI: {}", e.message);
+                        }
+                    }
+                }
+                Err(e) => log::warn!("NRI: {}", e.message),
+            }
+        }
+        release_orphans(live, call).await;
+        confine(live, call).await;
+        self.synced.store(true, Ordering::Relaxed);
+        let _ = self.handle.set_nri(Some(live.runtime.clone())).await;
+        log::info!(
+            "NRI: synchronized with {}: {} pod(s), {} container(s)",
+            live.runtime,
+            pods.len(),
+            live.containers.len()
+        );
+        api::SynchronizeResponse { update: Vec::new(), more: false }
+    }
+}
+
+/// The engine, with the time left to answer the runtime.
+struct Call<'a> {
+    handle: &'a Handle,
+    budget: Duration,
+}
+
+impl Call<'_> {
+    /// `f`'s answer, or `None` once the budget is spent.
+    async fn within<T>(
+        &self,
+        f: impl Future<Output = Result<T, EngineError>>,
+    ) -> Option<Result<T, EngineError>> {
+        tokio::time::timeout(self.budget, f).await.ok()
+    }
+}
+
+/// The pause container's cgroup.
+fn sandbox_cgroup(p: &api::PodSandbox) -> Option<CgroupPath> {
+    p.linux.as_ref().and_then(|l| container::cgroup_of(&l.cgroups_path))
+}
+
+/// What `c` runs on: its assignment (held again if it was released) or none.
+async fn seen_for(
+    live: &Live,
+    call: &Call<'_>,
+    pod: &api::PodSandbox,
+    c: &api::Container,
+) -> Result<Seen, Status> {
+    let _ = live;
+    let snap = call.handle.snapshot();
+    let who = name_of(pod, c);
+    let decision = container::decide(&snap.state, &snap.topology, &snap.layout, &env_of(c))
+        .map_err(|r| Status::new(code::INVALID_ARGUMENT, format!("cpupoold: container {who}: {r}")))?;
+    let assignment = match decision {
+        Decision::Pooled { id, .. } => Some(id),
+        Decision::Rebook { id, pool, cpus, millicpus } => {
+            Some(rebook(call, &who, id, pool, cpus, millicpus).await?)
+        }
+        Decision::Unpooled { .. } => None,
+    };
+    Ok(Seen { cgroup: cgroup_of(c), assignment, started: false })
+}
+
+/// Holds again an assignment `Allocate` made whose container stopped (and released it): the
+/// kubelet restarts a container with the environment it had.
+async fn rebook(
+    call: &Call<'_>,
+    who: &str,
+    id: AssignmentId,
+    pool: String,
+    cpus: CpuSet,
+    millicpus: Option<u64>,
+) -> Result<AssignmentId, Status> {
+    let device = id.as_str().strip_prefix(devices::ID_PREFIX).unwrap_or(id.as_str()).to_owned();
+    let size = match millicpus {
+        Some(m) => Size::Millicpus(m),
+        None => Size::Cpuset(cpus.clone()),
+    };
+    let spec = AssignSpec {
+        reclaim: false,
+        ..AssignSpec::new(pool.clone(), Target::Kubelet(device), size, Some(id.clone()))
+    };
+    match call.within(call.handle.assign_all(vec![spec])).await {
+        Some(Ok(_)) => {
+            log::info!(
+                POOL = pool.as_str(), ASSIGNMENT = id.as_str();
+                "NRI: CPUs {cpus} of pool {pool} held again for container {who} ({id})"
+            );
+            Ok(id)
+        }
+        Some(Err(e)) => Err(Status::new(
+            code::FAILED_PRECONDITION,
+            format!(
+                "cpupoold: container {who}: CPUs {cpus} of pool {pool} ({id}) cannot be held again: {}",
+                error_chain(&e)
+            ),
+        )),
+        None => Err(Status::new(
+            code::UNAVAILABLE,
+            format!("cpupoold: container {who}: the engine did not answer within {:?}", call.budget),
+        )),
+    }
+}
+
+/// CreateContainer: the adjustment.
+async fn create(
+    live: &mut Live,
+    call: &Call<'_>,
+    pod: &api::PodSandbox,
+    c: &api::Container,
+) -> Result<api::CreateContainerResponse, Status> {
+    let who = name_of(pod, c);
+    let seen = seen_for(live, call, pod, c).await?;
+    let snap = call.handle.snapshot();
+    let before = pinned(c.linux.as_ref().and_then(|l| l.resources.as_ref())).to_owned();
+    let (cpus, mems) = match &seen.assignment {
+        Some(id) => {
+            let Some(a) = snap.state.assignments().get(id) else {
+                return Err(Status::new(
+                    code::FAILED_PRECONDITION,
+                    format!("cpupoold: container {who}: {id} is gone"),
+                ));
+            };
+            if !before.is_empty() && CpuSet::parse(&before).ok().as_ref() != Some(&a.cpus) {
+                log::warn!(
+                    "NRI: container {who} was pinned to CPUs {before} before cpupoold (the kubelet's static CPU \
+                     manager?); it gets {} of pool {} instead. Set the kubelet's cpuManagerPolicy to none.",
+                    a.cpus,
+                    a.pool
+                );
+            }
+            (a.cpus.clone(), snap.topology.nodes_of(&a.cpus))
+        }
+        None => {
+            if !before.is_empty() {
+                // Someone else decided (the kubelet's static CPU manager gives Guaranteed pods
+                // their own CPUs): theirs stands; said when it reaches the exclusive pools.
+                let exclusive: CpuSet = snap
+                    .state
+                    .pools()
+                    .values()
+                    .filter(|p| p.kind == PoolKind::Exclusive)
+                    .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+                if CpuSet::parse(&before).is_ok_and(|b| !b.is_disjoint(&exclusive)) {
+                    log::warn!(
+                        "NRI: container {who} is pinned to CPUs {before} by someone else (the kubelet's static \
+                         CPU manager?), which include exclusive pool CPUs {exclusive}; cpupoold leaves it. Keep \
+                         those CPUs in the kubelet's reservedSystemCPUs, or set cpuManagerPolicy: none."
+                    );
+                }
+                live.containers.insert(c.id.clone(), Seen { assignment: None, ..seen });
+                return Ok(api::CreateContainerResponse::default());
+            }
+            let cpus = crate::core::plan::unpooled_cpus(&snap.state, &snap.topology, &snap.layout);
+            let mems = snap.topology.nodes_of(&cpus);
+            (cpus, mems)
+        }
+    };
+    log::debug!("NRI: container {who} is created on CPUs {cpus}");
+    live.containers.insert(c.id.clone(), seen);
+    Ok(api::CreateContainerResponse { adjust: Some(adjustment(&cpus, &mems)), ..Default::default() })
+}
+
+/// StartContainer: the container's cgroup exists (its first instruction has not run): a
+/// pooled container's assignment is pointed at it and read back; an unpooled one joins the
+/// containers kept off the exclusive CPUs.
+async fn start(
+    live: &mut Live,
+    call: &Call<'_>,
+    pod: &api::PodSandbox,
+    c: &api::Container,
+) -> Result<(), Status> {
+    let who = name_of(pod, c);
+    let seen = match live.containers.get(&c.id) {
+        Some(s) => s.clone(),
+        None => seen_for(live, call, pod, c).await?,
+    };
+    live.containers.insert(c.id.clone(), Seen { started: true, ..seen.clone() });
+    let Some(id) = seen.assignment else {
+        confine(live, call).await;
+        return Ok(());
+    };
+    let Some(cgroup) = seen.cgroup else {
+        log::warn!("NRI: container {who} has no cgroup cpupoold can name; {id} stays unbound");
+        return Ok(());
+    };
+    let target = Target::Cgroup(cgroup);
+    let owner = Owner { namespace: pod.namespace.clone(), pod: pod.name.clone(), name: c.name.clone() };
+    match call.within(call.handle.bind(id.as_str(), target.clone(), Some(owner))).await {
+        Some(Ok(a)) => {
+            let a = a.into_inner();
+            log::info!(
+                POOL = a.pool.as_str(), ASSIGNMENT = id.as_str(), TARGET = target.to_string().as_str(),
+                POD = pod.name.as_str(), NAMESPACE = pod.namespace.as_str(), CONTAINER = c.name.as_str();
+                "NRI: container {who} starts on CPUs {} of pool {} ({id}), read back from {target}", a.cpus, a.pool
+            );
+            Ok(())
+        }
+        Some(Err(e)) => Err(Status::new(
+            code::FAILED_PRECONDITION,
+            format!("cpupoold: container {who} would not run on the CPUs of {id}: {}", error_chain(&e)),
+        )),
+        None => {
+            log::warn!(
+                "NRI: binding {id} to container {who} took longer than {:?}; it completes in the engine",
+                call.budget
+            );
+            Ok(())
+        }
+    }
+}
+
+/// StopContainer, RemoveContainer: a pooled container's assignment is released when it is
+/// bound to this container (or to none, and no other live container uses it); an unpooled one
+/// leaves the confined set.
+async fn gone(live: &mut Live, call: &Call<'_>, pod: &api::PodSandbox, c: &api::Container, how: &str) {
+    let who = name_of(pod, c);
+    let seen = live.containers.remove(&c.id);
+    let (cgroup, assignment) = match seen {
+        Some(s) => (s.cgroup, s.assignment),
+        None => {
+            // Not seen alive (cpupoold restarted since it stopped): its environment says.
+            let snap = call.handle.snapshot();
+            match container::decide(&snap.state, &snap.topology, &snap.layout, &env_of(c)) {
+                Ok(Decision::Pooled { id, .. }) => (cgroup_of(c), Some(id)),
+                _ => (cgroup_of(c), None),
+            }
+        }
+    };
+    let Some(id) = assignment else {
+        confine(live, call).await;
+        return;
+    };
+    let snap = call.handle.snapshot();
+    let Some(a) = snap.state.assignments().get(&id) else { return };
+    let bound_here = matches!((&a.target, &cgroup), (Target::Cgroup(t), Some(cg)) if t == cg);
+    let unbound = matches!(a.target, Target::Kubelet(_))
+        && !live.containers.values().any(|s| s.assignment.as_ref() == Some(&id));
+    if !(bound_here || unbound) {
+        return;
+    }
+    match call.within(call.handle.release(id.as_str())).await {
+        Some(Ok(a)) => log::info!(
+            POOL = a.pool.as_str(), ASSIGNMENT = id.as_str();
+            "NRI: released {id} (CPUs {} of pool {}): container {who} {how}", a.cpus, a.pool
+        ),
+        Some(Err(e)) => log::warn!("NRI: releasing {id} of container {who}: {}", error_chain(&e)),
+        None => log::warn!("NRI: releasing {id} of container {who} took longer than {:?}", call.budget),
+    }
+}
+
+/// UpdateContainer: a pooled container keeps its CPUs whatever the update asks (the kubelet's
+/// static CPU manager sends its own); the update is answered with them, and said.
+fn update(live: &Live, call: &Call<'_>, req: api::UpdateContainerRequest) -> api::UpdateContainerResponse {
+    let (pod, c) = (req.pod.unwrap_or_default(), req.container.unwrap_or_default());
+    let asked = pinned(req.linux_resources.as_ref());
+    let Some(Seen { assignment: Some(id), .. }) = live.containers.get(&c.id) else {
+        return api::UpdateContainerResponse::default();
+    };
+    let snap = call.handle.snapshot();
+    let Some(a) = snap.state.assignments().get(id) else { return api::UpdateContainerResponse::default() };
+    if asked.is_empty() || CpuSet::parse(asked).ok().as_ref() == Some(&a.cpus) {
+        return api::UpdateContainerResponse::default();
+    }
+    log::warn!(
+        "NRI: an update asked container {} onto CPUs {asked} (the kubelet's static CPU manager?); it keeps \
+         CPUs {} of pool {} ({id}). Set the kubelet's cpuManagerPolicy to none.",
+        name_of(&pod, &c),
+        a.cpus,
+        a.pool
+    );
+    let update = api::ContainerUpdate {
+        container_id: c.id.clone(),
+        linux: Some(api::LinuxContainerUpdate {
+            resources: Some(resources(&a.cpus, &snap.topology.nodes_of(&a.cpus))),
+        }),
+        ignore_failure: false,
+    };
+    api::UpdateContainerResponse { update: vec![update], evict: Vec::new() }
+}
+
+/// The events that come as StateChange (NRI before v0.12), or as methods of their own.
+async fn event_of(
+    live: &mut Live,
+    call: &Call<'_>,
+    event: Event,
+    pod: api::PodSandbox,
+    c: Option<api::Container>,
+) -> Result<(), Status> {
+    match (event, c) {
+        (Event::RunPodSandbox, _) => {
+            if let Some(cg) = sandbox_cgroup(&pod) {
+                live.sandboxes.insert(pod.id.clone(), cg);
+                confine(live, call).await;
+            }
+        }
+        (Event::StopPodSandbox | Event::RemovePodSandbox, _) if live.sandboxes.remove(&pod.id).is_some() => {
+            confine(live, call).await;
+        }
+        (Event::StartContainer, Some(c)) => start(live, call, &pod, &c).await?,
+        (Event::StopContainer, Some(c)) => gone(live, call, &pod, &c, "stopped").await,
+        (Event::RemoveContainer, Some(c)) => gone(live, call, &pod, &c, "was removed").await,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Gives the engine the cgroups to keep off the exclusive CPUs (pod sandboxes and started
+/// containers without a pool) when they changed.
+async fn confine(live: &mut Live, call: &Call<'_>) {
+    let want: BTreeSet<CgroupPath> = live
+        .sandboxes
+        .values()
+        .cloned()
+        .chain(
+            live.containers
+                .values()
+                .filter(|s| s.started && s.assignment.is_none())
+                .filter_map(|s| s.cgroup.clone()),
+        )
+        .collect();
+    if want == live.unpooled {
+        return;
+    }
+    match call.within(call.handle.set_unpooled(want.clone())).await {
+        Some(Ok(_)) => live.unpooled = want,
+        Some(Err(e)) => log::warn!(
+            "NRI: keeping {} container(s) and pod sandbox(es) off the exclusive CPUs: {}",
+            want.len(),
+            error_chain(&e)
+        ),
+        None => {
+            log::warn!("NRI: keeping containers off the exclusive CPUs took longer than {:?}", call.budget)
+        }
+    }
+}
+
+/// Releases the kubelet assignments bound to a container cgroup that no live container has
+/// (the container went while cpupoold was not connected).
+async fn release_orphans(live: &Live, call: &Call<'_>) {
+    let alive: BTreeSet<&CgroupPath> = live.containers.values().filter_map(|s| s.cgroup.as_ref()).collect();
+    let snap = call.handle.snapshot();
+    let orphans: Vec<AssignmentId> = snap
+        .state
+        .assignments()
+        .values()
+        .filter(|a| devices::is_kubelet(a))
+        .filter(|a| matches!(&a.target, Target::Cgroup(p) if !alive.contains(p)))
+        .map(|a| a.id.clone())
+        .collect();
+    for id in orphans {
+        match call.within(call.handle.release(id.as_str())).await {
+            Some(Ok(a)) => log::info!(
+                POOL = a.pool.as_str(), ASSIGNMENT = id.as_str();
+                "NRI: released {id} (CPUs {} of pool {}): its container {} is gone", a.cpus, a.pool, a.target
+            ),
+            Some(Err(e)) => log::warn!("NRI: releasing {id}, whose container is gone: {}", error_chain(&e)),
+            None => log::warn!("NRI: releasing {id} took longer than {:?}", call.budget),
+        }
+    }
+}
