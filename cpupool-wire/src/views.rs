@@ -118,6 +118,10 @@ pub struct Status {
     /// Assignments the kernel does not enforce as assigned.
     #[serde(default)]
     pub degraded_assignments: u64,
+    /// How the kubelet's containers get their CPUs (NRI at creation, or the PodResources poll
+    /// after they start) and what it costs; absent without the device plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<String>,
 }
 
 /// A committed change, as `Monitor` streams it (varlink `Event`).

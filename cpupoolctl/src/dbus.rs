@@ -356,6 +356,8 @@ impl crate::client::Manager for Client {
             state_file,
             config_error: Some(config_error).filter(|e| !e.is_empty()),
             degraded_assignments: degraded.into(),
+            // Not in D-Bus Status's signature (kept as clients know it); varlink has it.
+            containers: None,
         })
     }
 

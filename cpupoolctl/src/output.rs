@@ -300,27 +300,32 @@ pub fn topology(t: &Topology) -> String {
 
 /// `status`.
 pub fn status(s: &Status) -> String {
-    block(&[
-        ("version", s.version.clone()),
-        ("uptime", duration(s.uptime_seconds)),
-        ("pools", s.pools.to_string()),
-        ("assignments", s.assignments.to_string()),
-        ("state file", s.state_file.clone()),
-        (
-            "enforcement",
-            match s.degraded_assignments {
-                0 => "every assignment enforced as assigned".to_owned(),
-                n => format!("{n} assignment(s) degraded (`cpupoolctl assignments` says why)"),
-            },
-        ),
-        (
-            "configuration",
-            match &s.config_error {
-                None => "running as on disk".to_owned(),
-                Some(e) => format!("NOT the one on disk: {e}"),
-            },
-        ),
-    ])
+    block(
+        &[
+            ("version", s.version.clone()),
+            ("uptime", duration(s.uptime_seconds)),
+            ("pools", s.pools.to_string()),
+            ("assignments", s.assignments.to_string()),
+            ("state file", s.state_file.clone()),
+            (
+                "enforcement",
+                match s.degraded_assignments {
+                    0 => "every assignment enforced as assigned".to_owned(),
+                    n => format!("{n} assignment(s) degraded (`cpupoolctl assignments` says why)"),
+                },
+            ),
+            (
+                "configuration",
+                match &s.config_error {
+                    None => "running as on disk".to_owned(),
+                    Some(e) => format!("NOT the one on disk: {e}"),
+                },
+            ),
+        ]
+        .into_iter()
+        .chain(s.containers.clone().map(|c| ("containers", c)))
+        .collect::<Vec<_>>(),
+    )
 }
 
 /// One `monitor` line.
@@ -584,6 +589,7 @@ CPU  CORE  PACKAGE  DIE  NODE  L3
             state_file: "/var/lib/cpupoold/state.json".into(),
             config_error: None,
             degraded_assignments: 0,
+            containers: None,
         };
         let text = status(&s);
         assert!(text.starts_with("version:        0.1.0\nuptime:         1d 2h 3m 4s\n"), "{text}");

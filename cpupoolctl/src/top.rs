@@ -519,6 +519,7 @@ mod tests {
                 state_file: String::new(),
                 config_error: None,
                 degraded_assignments: 0,
+                containers: None,
             },
             pools: vec![
                 Pool {

@@ -143,6 +143,7 @@ pub async fn run(handle: Handle, opts: Options, shutdown: watch::Receiver<bool>)
         .collect();
     host::kubelet::check_cpu_manager(&opts.kubelet_dir.join("cpu_manager_state"), &pools)
         .map_err(PluginError::StaticPolicy)?;
+    let _ = handle.set_poll(opts.reconcile_interval).await;
     let shared = Shared {
         handle: handle.clone(),
         millis_per_device: opts.millis_per_device,

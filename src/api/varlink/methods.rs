@@ -297,6 +297,7 @@ pub fn read(
                 state_file: snap.state_path.display().to_string(),
                 config_error: snap.config_error.clone(),
                 degraded_assignments: count(snap.assignment_health.len()),
+                containers: snap.kubelet.container_path(),
             }))
         }
         Method::GetIsolation => {
