@@ -51,6 +51,16 @@ pub fn check_cpu_manager(file: &Path, pools: &[(String, CpuSet)]) -> Result<(), 
     Ok(())
 }
 
+/// The effective CPUs of the kubelet's pod cgroup: `kubepods.slice` (systemd driver) or
+/// `kubepods` (cgroupfs driver), whichever exists; `None` when neither does or its
+/// `cpuset.cpus.effective` cannot be read (a cgroup v1 host, a sandbox).
+pub fn pod_cpus(root: &Path) -> Option<CpuSet> {
+    ["kubepods.slice", "kubepods"].iter().find_map(|dir| {
+        let text = std::fs::read_to_string(root.join(dir).join("cpuset.cpus.effective")).ok()?;
+        CpuSet::parse(text.trim()).ok()
+    })
+}
+
 /// The cgroup of a container, relative to `root`: the pod's cgroup is found below `kubepods`
 /// (cgroupfs driver: `kubepods/[<qos>/]pod<uid>`) or `kubepods.slice` (systemd driver:
 /// `kubepods[-<qos>]-pod<uid with _>.slice`), and in it the container's: `<id>` (cgroupfs) or

@@ -154,7 +154,7 @@ impl PoolPlugin {
                 p,
                 self.shared.millis_per_device,
                 &snap.kubelet.held_devices(&snap.state),
-                &snap.kubelet.online(&snap.topology),
+                &snap.kubelet.usable(&snap.topology),
             )
             .into_iter()
             .map(encode)
