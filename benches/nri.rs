@@ -1,0 +1,115 @@
+//! The NRI plugin's handling of the runtime's requests, against a floor measured in the same
+//! run, on the real daemon (bench profile) and the fake runtime of `test_support::nri`.
+//!
+//! `cargo bench --bench nri` starts the daemon on a 1x4x2 sandbox host with a kubelet-shaped
+//! peer, has the kubelet allocate one exclusive core, and measures, as the runtime sees them:
+//!
+//! - the floor: `Shutdown`, a ttRPC round trip through the multiplexer that asks the engine
+//!   nothing;
+//! - `CreateContainer` of a container without a pool (a decision from the snapshot);
+//! - the life of a pooled container, each request on its own: `CreateContainer` (its
+//!   assignment, released by the previous container's stop, is held again: decided, applied
+//!   and saved durably), `StartContainer` (bound to its cgroup and read back, saved) and
+//!   `StopContainer` (released, saved).
+//!
+//! Median and 99th percentile of 500 cycles (10 under `cargo test`, as a smoke test), each as a
+//! ratio of the floor's. No figure is asserted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use cpupoold::nri::proto as api;
+use test_support::nri::{self as fake, Node};
+
+fn stats(mut t: Vec<Duration>) -> (Duration, Duration) {
+    t.sort();
+    (t[t.len() / 2], t[(t.len() * 99 / 100).min(t.len() - 1)])
+}
+
+fn row(name: &str, (p50, p99): (Duration, Duration), (f50, f99): (Duration, Duration)) {
+    println!(
+        "{name:<44} p50 {:>8.1} µs (×{:>5.1})  p99 {:>8.1} µs (×{:>5.1})",
+        p50.as_secs_f64() * 1e6,
+        p50.as_secs_f64() / f50.as_secs_f64(),
+        p99.as_secs_f64() * 1e6,
+        p99.as_secs_f64() / f99.as_secs_f64()
+    );
+}
+
+fn main() {
+    let n = if std::env::args().any(|a| a == "--bench") { 500 } else { 10 };
+    let dir = tempfile::tempdir().unwrap();
+    // The kubelet's sockets are served by tasks of a runtime of their own.
+    let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let _serving = tokio.enter();
+    let mut node = Node::serve(&dir.path().join("sb"));
+    let config =
+        format!("{}\n[kubelet]\nrelease_grace_ms = 3600000\n", include_str!("../tests/fixtures/1x4x2.toml"));
+    let d =
+        Daemon::start_shaped(dir.path(), "1x4x2:1", Some(&config), &["--bus", "none", "--log-level", "warn"]);
+    let mut rt = node.runtime.accept(Duration::from_secs(30)).unwrap();
+    rt.configure().unwrap();
+    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let env = tokio.block_on(node.allocate("dp", &["core-1"]));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let pod = fake::pod("s", "uid-bench", "bench");
+
+    let time = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    };
+    let (mut floor, mut unpooled, mut create, mut start, mut stop) = (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..n + n / 10 {
+        let warm = i < n / 10;
+        let f = time(&mut || {
+            let _: api::Empty = rt.call("Shutdown", &api::Empty {}).unwrap().unwrap();
+        });
+        let u = fake::container(&pod, &format!("u{i}"), "side", &[]);
+        let req = api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(u) };
+        let t_unpooled = time(&mut || {
+            let _: api::CreateContainerResponse = rt.call("CreateContainer", &req).unwrap().unwrap();
+        });
+        let c = fake::container(&pod, &format!("c{i}"), "app", &env);
+        let req = api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(c.clone()) };
+        let t_create = time(&mut || {
+            let _: api::CreateContainerResponse =
+                rt.call("CreateContainer", &req).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        });
+        node.runc_creates(&fake::cgroup(&pod, &c.id), "1,5");
+        let ev = api::StateChangeEvent {
+            event: api::Event::StartContainer as i32,
+            pod: Some(pod.clone()),
+            container: Some(c.clone()),
+        };
+        let t_start = time(&mut || {
+            let _: api::Empty =
+                rt.call("StateChange", &ev).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        });
+        let req = api::StopContainerRequest { pod: Some(pod.clone()), container: Some(c) };
+        let t_stop = time(&mut || {
+            let _: api::StopContainerResponse = rt.call("StopContainer", &req).unwrap().unwrap();
+        });
+        if !warm {
+            floor.push(f);
+            unpooled.push(t_unpooled);
+            create.push(t_create);
+            start.push(t_start);
+            stop.push(t_stop);
+        }
+    }
+    let floor = stats(floor);
+    println!(
+        "NRI requests, {n} each, through the fake runtime's socket (ratios: against the floor's p50 / p99)"
+    );
+    row("floor: Shutdown (no engine)", floor, floor);
+    row("CreateContainer, no pool", stats(unpooled), floor);
+    row("CreateContainer, pooled (held again, saved)", stats(create), floor);
+    row("StartContainer (bound, read back, saved)", stats(start), floor);
+    row("StopContainer (released, saved)", stats(stop), floor);
+    d.stop();
+}
