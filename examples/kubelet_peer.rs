@@ -360,16 +360,17 @@ mod runtime {
             })
         }
 
-        fn sandbox_config(&self) -> Result<cri::PodSandboxConfig, Failure> {
-            Ok(cri::PodSandboxConfig {
+        fn sandbox_config(&self) -> cri::PodSandboxConfig {
+            cri::PodSandboxConfig {
                 metadata: Some(cri::PodSandboxMetadata {
                     name: self.name.clone(),
                     uid: self.uid.clone(),
                     namespace: self.namespace.clone(),
                     attempt: 0,
                 }),
-                // A hostNetwork pod has the node's name.
-                hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_owned(),
+                // A hostNetwork pod shares the node's UTS namespace: the kubelet sends no hostname
+                // (runc cannot set one without a UTS namespace of the container's own).
+                hostname: String::new(),
                 log_directory: self.log_directory(),
                 labels: self.labels(),
                 annotations: HashMap::from([("kubernetes.io/config.source".to_owned(), "api".to_owned())]),
@@ -382,7 +383,7 @@ mod runtime {
                     }),
                     ..Default::default()
                 }),
-            })
+            }
         }
 
         /// One container's resources as the kubelet computes them: BestEffort gets the minimum
@@ -482,7 +483,7 @@ mod runtime {
         let r = client(sock)
             .await?
             .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(pod.sandbox_config()?),
+                config: Some(pod.sandbox_config()),
                 runtime_handler: String::new(),
             })
             .await?;
@@ -551,7 +552,7 @@ mod runtime {
             .create_container(cri::CreateContainerRequest {
                 pod_sandbox_id: sandbox.into(),
                 config: Some(config),
-                sandbox_config: Some(pod.sandbox_config()?),
+                sandbox_config: Some(pod.sandbox_config()),
             })
             .await?;
         Ok(r.into_inner().container_id)
