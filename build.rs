@@ -3,13 +3,23 @@
 //! from the `.proto` files in `proto/`. protox parses them in-process, so no `protoc` is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos =
-        ["proto/deviceplugin/v1beta1/api.proto", "proto/podresources/v1/api.proto", "proto/cri/v1/api.proto"];
-    for p in protos {
+    let kubelet = ["proto/deviceplugin/v1beta1/api.proto", "proto/podresources/v1/api.proto"];
+    let cri = ["proto/cri/v1/api.proto"];
+    for p in kubelet.iter().chain(&cri) {
         println!("cargo:rerun-if-changed={p}");
     }
-    let fds = protox::compile(protos, ["proto"])?;
+    // The kubelet's APIs: every server method must be written (the daemon serves the device
+    // plugin whole).
+    let fds = protox::compile(kubelet, ["proto"])?;
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    // The CRI: cpupoold calls ListContainers, the test peer the pod and container lifecycle; a
+    // fake runtime serves only ListContainers, so the methods it leaves out answer Unimplemented.
+    let fds = protox::compile(cri, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .generate_default_stubs(true)
+        .compile_fds(fds)?;
     // NRI speaks ttRPC, not gRPC: its messages only (src/nri/ttrpc.rs carries the calls).
     let nri = "proto/nri/v1alpha1/api.proto";
     println!("cargo:rerun-if-changed={nri}");

@@ -18,6 +18,32 @@
 //!     PODS_JSON (added to its pod, which is added if new). Prints
 //!     {"devices": [...], "envs": {...}}.
 //! ```
+//!
+//! The client side of the CRI, against a real runtime (containerd with the systemd cgroup
+//! driver, as on a kubelet node; `tests/vm/checks-containers/`), asked what the kubelet asks:
+//!
+//! ```text
+//! POD is NAMESPACE/NAME/UID/QOS, QOS one of besteffort, burstable, guaranteed.
+//! kubelet_peer cri-run-pod RUNTIME_SOCKET POD
+//!     As the kubelet's systemd cgroup driver, starts kubepods.slice, the QoS class's slice and
+//!     the pod's slice as transient systemd slices (kubepods-besteffort-pod<UID>.slice, or
+//!     kubepods-pod<UID>.slice for guaranteed; dashes in the UID become underscores), makes
+//!     /var/log/pods/NAMESPACE_NAME_UID, then RunPodSandbox on the host's network with the
+//!     pod's slice as the cgroup parent. Prints the sandbox id.
+//! kubelet_peer cri-create RUNTIME_SOCKET SANDBOX_ID POD CONTAINER IMAGE ENVS -- COMMAND...
+//!     CreateContainer with the kubelet's labels, the QoS class's linux resources, the log at
+//!     /var/log/pods/NAMESPACE_NAME_UID/CONTAINER/0.log and ENVS: a JSON object of variables, or
+//!     the output of `allocate` (its "envs" are taken). Prints the container id.
+//! kubelet_peer cri-start RUNTIME_SOCKET CONTAINER_ID
+//! kubelet_peer cri-stop RUNTIME_SOCKET CONTAINER_ID [TIMEOUT_SECONDS]   (default 10)
+//! kubelet_peer cri-remove RUNTIME_SOCKET CONTAINER_ID
+//! kubelet_peer cri-status RUNTIME_SOCKET CONTAINER_ID
+//!     Prints {"id", "state", "exit_code", "log_path", "pid", "cgroups_path"}: ContainerStatus,
+//!     with the pid and the OCI cgroupsPath from the runtime's verbose info.
+//! kubelet_peer cri-remove-pod RUNTIME_SOCKET SANDBOX_ID POD
+//!     StopPodSandbox, RemovePodSandbox, then stops the pod's slice (the kubelet's pod cgroup
+//!     clean-up).
+//! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -190,8 +216,398 @@ async fn main() -> Result<(), Failure> {
             println!("{}", allocate(Path::new(dir), pool, count.parse()?, Path::new(pods), who).await?);
             Ok(())
         }
+        ["cri-run-pod", sock, pod] => {
+            println!("{}", runtime::run_pod(&runtime::Pod::parse(pod)?, sock).await?);
+            Ok(())
+        }
+        ["cri-create", sock, sandbox, pod, name, image, envs, "--", ref command @ ..]
+            if !command.is_empty() =>
+        {
+            let pod = runtime::Pod::parse(pod)?;
+            println!("{}", runtime::create(sock, sandbox, &pod, name, image, envs, command).await?);
+            Ok(())
+        }
+        ["cri-start", sock, id] => runtime::start(sock, id).await,
+        ["cri-stop", sock, id] => runtime::stop(sock, id, 10).await,
+        ["cri-stop", sock, id, timeout] => runtime::stop(sock, id, timeout.parse()?).await,
+        ["cri-remove", sock, id] => runtime::remove(sock, id).await,
+        ["cri-status", sock, id] => {
+            println!("{}", runtime::status(sock, id).await?);
+            Ok(())
+        }
+        ["cri-remove-pod", sock, sandbox, pod] => {
+            runtime::remove_pod(sock, sandbox, &runtime::Pod::parse(pod)?).await
+        }
         _ => Err("usage: kubelet_peer serve KUBELET_DIR RUNTIME_SOCKET PODS_JSON | \
-                  kubelet_peer allocate KUBELET_DIR POOL COUNT PODS_JSON NAMESPACE/POD/UID/CONTAINER/ID"
+                  kubelet_peer allocate KUBELET_DIR POOL COUNT PODS_JSON NAMESPACE/POD/UID/CONTAINER/ID | \
+                  kubelet_peer cri-run-pod RUNTIME_SOCKET POD | \
+                  kubelet_peer cri-create RUNTIME_SOCKET SANDBOX_ID POD CONTAINER IMAGE ENVS -- COMMAND... | \
+                  kubelet_peer cri-start|cri-remove|cri-status RUNTIME_SOCKET CONTAINER_ID | \
+                  kubelet_peer cri-stop RUNTIME_SOCKET CONTAINER_ID [TIMEOUT_SECONDS] | \
+                  kubelet_peer cri-remove-pod RUNTIME_SOCKET SANDBOX_ID POD \
+                  (POD is NAMESPACE/NAME/UID/besteffort|burstable|guaranteed)"
             .into()),
+    }
+}
+
+/// The kubelet's side of a real container runtime: its CRI calls, and the systemd slices its
+/// systemd cgroup driver keeps for QoS classes and pods.
+mod runtime {
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+
+    use cpupoold::kubelet::proto::cri;
+    use cpupoold::kubelet::unix_channel;
+    use serde_json::{json, Value};
+    use zvariant::Value as V;
+
+    use super::Failure;
+
+    type Client = cri::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>;
+
+    async fn client(sock: &str) -> Result<Client, Failure> {
+        Ok(Client::new(unix_channel(sock.into()).await?))
+    }
+
+    /// What the kubelet knows of a pod here: NAMESPACE/NAME/UID/QOS.
+    pub struct Pod {
+        namespace: String,
+        name: String,
+        uid: String,
+        qos: Qos,
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Qos {
+        BestEffort,
+        Burstable,
+        Guaranteed,
+    }
+
+    impl Pod {
+        pub fn parse(spec: &str) -> Result<Pod, Failure> {
+            let [namespace, name, uid, qos] = spec.split('/').collect::<Vec<_>>()[..] else {
+                return Err(format!("`{spec}` is not NAMESPACE/NAME/UID/QOS").into());
+            };
+            let qos = match qos {
+                "besteffort" => Qos::BestEffort,
+                "burstable" => Qos::Burstable,
+                "guaranteed" => Qos::Guaranteed,
+                _ => {
+                    return Err(format!("QoS class `{qos}` is not besteffort, burstable or guaranteed").into())
+                }
+            };
+            Ok(Pod { namespace: namespace.into(), name: name.into(), uid: uid.into(), qos })
+        }
+
+        /// The systemd slices from kubepods.slice down to the pod's, each with its parent: the
+        /// kubelet's cgroup names (kubepods, QoS class, pod<UID>) in the systemd driver's form,
+        /// where a dash inside a name would read as a level, so it becomes an underscore.
+        fn slices(&self) -> Vec<(String, String)> {
+            let pod = format!("pod{}", self.uid.replace('-', "_"));
+            let mut levels = vec!["kubepods".to_owned()];
+            match self.qos {
+                Qos::BestEffort => levels.push("besteffort".into()),
+                Qos::Burstable => levels.push("burstable".into()),
+                Qos::Guaranteed => {}
+            }
+            levels.push(pod);
+            let mut out = Vec::new();
+            let mut parent = "-.slice".to_owned();
+            for i in 1..=levels.len() {
+                let unit = format!("{}.slice", levels[..i].join("-"));
+                out.push((unit.clone(), parent));
+                parent = unit;
+            }
+            out
+        }
+
+        /// The pod's cgroup as the kubelet sends it: the slice path from the root,
+        /// /kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<UID>.slice.
+        fn cgroup_parent(&self) -> String {
+            self.slices().iter().map(|(unit, _)| format!("/{unit}")).collect()
+        }
+
+        fn log_directory(&self) -> String {
+            format!("/var/log/pods/{}_{}_{}", self.namespace, self.name, self.uid)
+        }
+
+        fn labels(&self) -> HashMap<String, String> {
+            HashMap::from([
+                ("io.kubernetes.pod.name".to_owned(), self.name.clone()),
+                ("io.kubernetes.pod.namespace".to_owned(), self.namespace.clone()),
+                ("io.kubernetes.pod.uid".to_owned(), self.uid.clone()),
+            ])
+        }
+
+        /// Host network, as a hostNetwork pod; the kubelet's default PID (per container) and
+        /// IPC (per pod) namespaces.
+        fn namespaces() -> cri::NamespaceOption {
+            cri::NamespaceOption {
+                network: cri::NamespaceMode::Node as i32,
+                pid: cri::NamespaceMode::Container as i32,
+                ipc: cri::NamespaceMode::Pod as i32,
+                target_id: String::new(),
+            }
+        }
+
+        /// The kubelet sends Unconfined seccomp unless the pod or SeccompDefault asks otherwise,
+        /// and no AppArmor profile unless the pod names one.
+        fn seccomp() -> Option<cri::SecurityProfile> {
+            Some(cri::SecurityProfile {
+                profile_type: cri::security_profile::ProfileType::Unconfined as i32,
+                localhost_ref: String::new(),
+            })
+        }
+
+        fn sandbox_config(&self) -> cri::PodSandboxConfig {
+            cri::PodSandboxConfig {
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: self.name.clone(),
+                    uid: self.uid.clone(),
+                    namespace: self.namespace.clone(),
+                    attempt: 0,
+                }),
+                // A hostNetwork pod shares the node's UTS namespace: the kubelet sends no hostname
+                // (runc cannot set one without a UTS namespace of the container's own).
+                hostname: String::new(),
+                log_directory: self.log_directory(),
+                labels: self.labels(),
+                annotations: HashMap::from([("kubernetes.io/config.source".to_owned(), "api".to_owned())]),
+                linux: Some(cri::LinuxPodSandboxConfig {
+                    cgroup_parent: self.cgroup_parent(),
+                    security_context: Some(cri::LinuxSandboxSecurityContext {
+                        namespace_options: Some(Self::namespaces()),
+                        seccomp: Self::seccomp(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            }
+        }
+
+        /// One container's resources as the kubelet computes them: BestEffort gets the minimum
+        /// CPU weight and the highest OOM score; Burstable here requests 100m CPU; Guaranteed
+        /// here is 1 CPU and 128 MiB, requests equal to limits.
+        fn resources(&self) -> cri::LinuxContainerResources {
+            let (shares, quota, memory, oom) = match self.qos {
+                Qos::BestEffort => (2, 0, 0, 1000),
+                Qos::Burstable => (102, 0, 0, 999),
+                Qos::Guaranteed => (1024, 100_000, 128 << 20, -997),
+            };
+            cri::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_quota: quota,
+                cpu_shares: shares,
+                memory_limit_in_bytes: memory,
+                oom_score_adj: oom,
+                ..Default::default()
+            }
+        }
+    }
+
+    /// The systemd bus, for what the kubelet's cgroup driver asks of systemd.
+    async fn systemd(
+        bus: &zbus::Connection,
+        method: &str,
+        body: &(impl serde::Serialize + zvariant::DynamicType),
+    ) -> zbus::Result<zbus::Message> {
+        bus.call_method(
+            Some("org.freedesktop.systemd1"),
+            "/org/freedesktop/systemd1",
+            Some("org.freedesktop.systemd1.Manager"),
+            method,
+            body,
+        )
+        .await
+    }
+
+    fn error_named(e: &zbus::Error, name: &str) -> bool {
+        matches!(e, zbus::Error::MethodError(n, _, _) if n.as_str() == name)
+    }
+
+    async fn active_state(bus: &zbus::Connection, unit: &str) -> Result<String, Failure> {
+        let path: zvariant::OwnedObjectPath =
+            systemd(bus, "GetUnit", &(unit,)).await?.body().deserialize()?;
+        let reply = bus
+            .call_method(
+                Some("org.freedesktop.systemd1"),
+                &path,
+                Some("org.freedesktop.DBus.Properties"),
+                "Get",
+                &("org.freedesktop.systemd1.Unit", "ActiveState"),
+            )
+            .await?;
+        let v: zvariant::OwnedValue = reply.body().deserialize()?;
+        Ok(String::try_from(v)?)
+    }
+
+    /// Starts `unit` as a transient slice under `parent`, as runc's systemd manager does for the
+    /// kubelet (Wants= the parent, no default dependencies, accounting on), and waits until it
+    /// is active. A slice that exists already is left as it is.
+    async fn ensure_slice(bus: &zbus::Connection, unit: &str, parent: &str) -> Result<(), Failure> {
+        let props: Vec<(&str, V<'_>)> = vec![
+            ("Description", V::from(format!("libcontainer container {unit}"))),
+            ("Wants", V::from(vec![parent])),
+            ("DefaultDependencies", V::from(false)),
+            ("CPUAccounting", V::from(true)),
+            ("MemoryAccounting", V::from(true)),
+            ("IOAccounting", V::from(true)),
+            ("TasksAccounting", V::from(true)),
+        ];
+        let aux: Vec<(&str, Vec<(&str, V<'_>)>)> = Vec::new();
+        match systemd(bus, "StartTransientUnit", &(unit, "replace", props, aux)).await {
+            Ok(_) => {}
+            Err(e) if error_named(&e, "org.freedesktop.systemd1.UnitExists") => return Ok(()),
+            Err(e) => return Err(format!("starting {unit}: {e}").into()),
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let state = active_state(bus, unit).await?;
+            if state == "active" {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{unit} is {state}, not active, after 30 s").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn run_pod(pod: &Pod, sock: &str) -> Result<String, Failure> {
+        let bus = zbus::Connection::system().await?;
+        for (unit, parent) in pod.slices() {
+            ensure_slice(&bus, &unit, &parent).await?;
+        }
+        std::fs::create_dir_all(pod.log_directory())?;
+        let r = client(sock)
+            .await?
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(pod.sandbox_config()),
+                runtime_handler: String::new(),
+            })
+            .await?;
+        Ok(r.into_inner().pod_sandbox_id)
+    }
+
+    /// ENVS: `{"NAME": "value", ...}`, or `allocate`'s `{"devices": [...], "envs": {...}}`.
+    fn envs(text: &str) -> Result<Vec<cri::KeyValue>, Failure> {
+        let v: Value = serde_json::from_str(text)?;
+        let map = v.get("envs").unwrap_or(&v).as_object().ok_or("ENVS is not a JSON object")?;
+        let mut out: Vec<cri::KeyValue> = map
+            .iter()
+            .map(|(k, v)| cri::KeyValue {
+                key: k.clone(),
+                value: v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    pub async fn create(
+        sock: &str,
+        sandbox: &str,
+        pod: &Pod,
+        name: &str,
+        image: &str,
+        envs_json: &str,
+        command: &[&str],
+    ) -> Result<String, Failure> {
+        // The kubelet makes the container's log directory; the runtime writes the file.
+        std::fs::create_dir_all(format!("{}/{name}", pod.log_directory()))?;
+        let mut labels = pod.labels();
+        labels.insert("io.kubernetes.container.name".into(), name.into());
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                user_specified_image: image.into(),
+                ..Default::default()
+            }),
+            command: command.iter().map(|s| (*s).to_owned()).collect(),
+            envs: envs(envs_json)?,
+            labels,
+            annotations: HashMap::from([
+                ("io.kubernetes.container.restartCount".to_owned(), "0".to_owned()),
+                (
+                    "io.kubernetes.container.terminationMessagePath".to_owned(),
+                    "/dev/termination-log".to_owned(),
+                ),
+                ("io.kubernetes.pod.terminationGracePeriod".to_owned(), "30".to_owned()),
+            ]),
+            log_path: format!("{name}/0.log"),
+            linux: Some(cri::LinuxContainerConfig {
+                resources: Some(pod.resources()),
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: Some(Pod::namespaces()),
+                    seccomp: Pod::seccomp(),
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        };
+        let r = client(sock)
+            .await?
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox.into(),
+                config: Some(config),
+                sandbox_config: Some(pod.sandbox_config()),
+            })
+            .await?;
+        Ok(r.into_inner().container_id)
+    }
+
+    pub async fn start(sock: &str, id: &str) -> Result<(), Failure> {
+        client(sock).await?.start_container(cri::StartContainerRequest { container_id: id.into() }).await?;
+        Ok(())
+    }
+
+    pub async fn stop(sock: &str, id: &str, timeout: i64) -> Result<(), Failure> {
+        client(sock)
+            .await?
+            .stop_container(cri::StopContainerRequest { container_id: id.into(), timeout })
+            .await?;
+        Ok(())
+    }
+
+    pub async fn remove(sock: &str, id: &str) -> Result<(), Failure> {
+        client(sock).await?.remove_container(cri::RemoveContainerRequest { container_id: id.into() }).await?;
+        Ok(())
+    }
+
+    pub async fn status(sock: &str, id: &str) -> Result<Value, Failure> {
+        let r = client(sock)
+            .await?
+            .container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: true })
+            .await?
+            .into_inner();
+        let s = r.status.ok_or("ContainerStatus without a status")?;
+        // containerd's verbose info: {"pid": N, "runtimeSpec": {"linux": {"cgroupsPath": ...}}, ...}.
+        let info: Value =
+            r.info.get("info").and_then(|t| serde_json::from_str(t).ok()).unwrap_or(Value::Null);
+        let state = cri::ContainerState::try_from(s.state).map_or("UNKNOWN", |st| st.as_str_name());
+        Ok(json!({
+            "id": s.id,
+            "state": state,
+            "exit_code": s.exit_code,
+            "log_path": s.log_path,
+            "pid": info["pid"],
+            "cgroups_path": info["runtimeSpec"]["linux"]["cgroupsPath"],
+        }))
+    }
+
+    pub async fn remove_pod(sock: &str, sandbox: &str, pod: &Pod) -> Result<(), Failure> {
+        let mut c = client(sock).await?;
+        c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.into() }).await?;
+        c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.into() }).await?;
+        // The kubelet removes the pod's cgroup once its containers are gone: the QoS slices stay.
+        let (unit, _) = pod.slices().pop().ok_or("no pod slice")?;
+        let bus = zbus::Connection::system().await?;
+        match systemd(&bus, "StopUnit", &(unit.as_str(), "replace")).await {
+            Ok(_) => Ok(()),
+            Err(e) if error_named(&e, "org.freedesktop.systemd1.NoSuchUnit") => Ok(()),
+            Err(e) => Err(format!("stopping {unit}: {e}").into()),
+        }
     }
 }
