@@ -34,22 +34,22 @@ check_output "status says containers get their CPUs at creation" 'containers: +N
 
 # The kubelet allocates one dp CPU to the container `app` of a BestEffort pod.
 uid=0a1b2c3d-0000-4000-8000-0000000000a1
-out=$("$PEER" allocate $KD dp 1 $PODS default/nri-0/$uid/app/pending 2>&1)
-cpu=$(printf '%s' "$out" | sed -n 's/.*"CPUPOOL_CPUS":"\([0-9]*\)".*/\1/p')
-check_output "Allocate gives one of dp's CPUs and the assignment's id" '"CPUPOOL_ASSIGNMENT":"kubelet-cpu-[23]"' echo "$out"
+alloc=$("$PEER" allocate $KD dp 1 $PODS default/nri-0/$uid/app/pending 2>/run/peer-nri-allocate.err)
+cpu=$(printf '%s' "$alloc" | sed -n 's/.*"CPUPOOL_CPUS":"\([0-9]*\)".*/\1/p')
+check_output "Allocate gives one of dp's CPUs and the assignment's id" '"CPUPOOL_ASSIGNMENT":"kubelet-cpu-[23]"' echo "$alloc"
 pod=$(pod_start default/nri-0/$uid/besteffort)
 [ -n "$pod" ] || { fail "RunPodSandbox"; exit 1; }
 slice=$(pod_slice)
 check_output "the pod's sandbox runs off the exclusive CPUs from its start" '^0-1$' \
   cat "$slice/cri-containerd-$pod.scope/cpuset.cpus.effective"
 
-id=$(ctr_start app "$out")
-[ -n "$id" ] || { fail "CreateContainer and StartContainer"; exit 1; }
+id=$(ctr_start app "$alloc")
+[ -n "$id" ] || { fail "CreateContainer and StartContainer: $alloc $(cat /run/peer-nri-allocate.err)"; exit 1; }
 check_output "the container's first process ran on CPU $cpu only" "^$cpu\$" ctr_cpus app
 check_output "it has the environment Allocate gave" "^$cpu\$" ctr_env app CPUPOOL_CPUS
 check_output "its scope holds CPU $cpu" "^$cpu\$" cat "$slice/cri-containerd-$id.scope/cpuset.cpus.effective"
 check_output "the assignment is bound to its scope, applied" \
-  "kubelet-cpu-$cpu +dp +$cpu +[0-9]+ +applied +cgroup:kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod$(echo $uid | tr - _).slice/cri-containerd-$id.scope +default/nri-0/app" \
+  "kubelet-cpu-$cpu +dp +$cpu +1000m +applied +cgroup:kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod$(echo $uid | tr - _).slice/cri-containerd-$id.scope +default/nri-0/app" \
   cpupoolctl assignments
 check_output "the log says it was read back at start" "container default/nri-0/app starts on CPUs $cpu of pool dp" nri_logs
 
@@ -83,6 +83,20 @@ check "the other container stops" ctr_stop side 2
 check "and is removed" ctr_remove side
 check "the pod goes" pod_remove
 
+# An isolated dp: its partition takes CPUs 2-3 from kubepods.slice (before 6.7 cpupool.slice is a
+# root partition and takes every pool's), so no container could run there: dp's devices are
+# Unhealthy, the log names the pool, and the kubelet has nothing to allocate.
+vm_pools "isolate = true
+[kubelet]
+release_grace_ms = 600000"
+check "restart with dp isolated" systemctl restart cpupoold
+check_output "the pool's partition is isolated" 'dp .*isolated' cpupoolctl pool list
+check "the log says the pod cgroup lacks dp's CPUs" wait_for 30 sh -c \
+  "journalctl -u cpupoold --no-pager -o cat | grep -q \"pod cgroup does not have CPUs .* of pool(s) [a-z, ]*dp.*Unhealthy\""
+check_fails "Allocate finds no healthy dp device" 1 'Error' "$PEER" allocate $KD dp 1 $PODS default/nri-1/u1/app/pending
+vm_pools "[kubelet]
+release_grace_ms = 600000"
+
 # Without NRI: the poll path, and status says what it costs.
 echo "[kubelet]
 nri = false" >/etc/cpupoold/config.d/51-vmtest-nri.toml
@@ -93,7 +107,8 @@ check_output "status names the poll and its delay" 'containers: +PodResources po
 # Back as it was.
 kill $peer
 wait $peer 2>/dev/null
-rm -f /etc/cpupoold/config.d/50-vmtest.toml /etc/cpupoold/config.d/51-vmtest-nri.toml $PODS /run/peer-nri.log
+rm -f /etc/cpupoold/config.d/50-vmtest.toml /etc/cpupoold/config.d/51-vmtest-nri.toml $PODS /run/peer-nri.log \
+  /run/peer-nri-allocate.err
 systemctl stop cpupoold
 rm -rf $KD
 check "restart with the packaged configuration" systemctl restart cpupoold
