@@ -54,7 +54,7 @@ fn main() {
     let mut rt = node.runtime.accept(Duration::from_secs(30)).unwrap();
     rt.configure().unwrap();
     rt.synchronize(Vec::new(), Vec::new()).unwrap();
-    let env = tokio.block_on(node.allocate("dp", &["core-1"]));
+    let env = tokio.block_on(node.allocate("dp", &["core-1"], "default/bench/app"));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let pod = fake::pod("s", "uid-bench", "bench");
 

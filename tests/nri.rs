@@ -1,7 +1,8 @@
 //! The NRI plugin against a fake container runtime (`test_support::nri`, named a fake: the
 //! real containerd runs in the guest suite, tests/vm/). It checks what the real runtime makes
 //! hard to provoke: registration and the events subscribed, Synchronize on every connection,
-//! the adjustment at creation, the read-back at start, release at stop, a container restarted
+//! the adjustment at creation (from the allocation PodResources says the container holds, not
+//! from its environment), the read-back at start, release at stop, a container restarted
 //! after its CPUs were released, a start refused when the kernel does not give the CPUs,
 //! reconnection after the runtime goes, and a restart of cpupoold with containers running.
 //!
@@ -92,7 +93,7 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
     rt.synchronize(Vec::new(), Vec::new()).unwrap();
 
     // The kubelet allocates core 6 (CPUs 6,14, node 1) of dp; the runtime creates the container.
-    let env = n.allocate("dp", &["core-6"]).await;
+    let env = n.allocate("dp", &["core-6"], "default/web-0/app").await;
     let pod = fake::pod("s1", "uid-1", "web-0");
     let c = fake::container(&pod, "c1", "app", &env_refs(&env));
     let r: api::CreateContainerResponse = rt
@@ -200,14 +201,15 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_names_cpupoold() {
+async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_a_copied_environment_gets_nothing(
+) {
     let tmp = tempfile::tempdir().unwrap();
     let mut n = Node::serve(&tmp.path().join("sb"));
     let d = start(tmp.path());
     let mut rt = n.runtime.accept(WAIT).unwrap();
     rt.configure().unwrap();
     rt.synchronize(Vec::new(), Vec::new()).unwrap();
-    let env = n.allocate("dp", &["core-7"]).await;
+    let env = n.allocate("dp", &["core-7"], "default/db-0/db").await;
     let pod = fake::pod("s1", "uid-2", "db-0");
     let c = fake::container(&pod, "c1", "db", &env_refs(&env));
     let _: api::CreateContainerResponse = rt
@@ -226,22 +228,25 @@ async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_name
     assert!(e.message.starts_with("cpupoold: container default/db-0/db"), "{}", e.message);
     let a = assignment(&d, "kubelet-core-7").unwrap();
     assert_eq!(a["target"], "kubelet:core-7", "never bound where the CPUs do not hold: {a}");
-    // A malformed environment is refused with the variable named, and nothing is held.
-    let bad = fake::container(
-        &pod,
-        "c9",
-        "x",
-        &[("CPUPOOL_ASSIGNMENT", "kubelet-core-1"), ("CPUPOOL_POOL", "dp"), ("CPUPOOL_CPUS", "1-x")],
-    );
-    let r: Result<api::CreateContainerResponse, _> = rt
+    // A container whose author copied db's variables into its environment holds no device
+    // (PodResources says so): it gets no pool's CPUs, and db's assignment is not touched.
+    let thief = fake::container(&pod, "c9", "x", &env_refs(&env));
+    let r: api::CreateContainerResponse = rt
         .call(
             "CreateContainer",
-            &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(bad) },
+            &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(thief.clone()) },
         )
+        .unwrap()
         .unwrap();
-    let e = r.expect_err("refused");
-    assert!(e.message.contains("CPUPOOL_CPUS"), "{}", e.message);
-    assert!(assignment(&d, "kubelet-core-1").is_none());
+    assert_eq!(adjusted(&r).0, "0,4-5,8,12-13", "the CPUs of no pool");
+    n.runc_creates(&fake::cgroup(&pod, "c9"), "0,4-5,8,12-13");
+    let _: api::Empty =
+        rt.call("StateChange", &event(api::Event::StartContainer, &pod, Some(&thief))).unwrap().unwrap();
+    assert_eq!(assignment(&d, "kubelet-core-7").unwrap()["target"], "kubelet:core-7");
+    let stop = api::StopContainerRequest { pod: Some(pod.clone()), container: Some(thief) };
+    let _: api::StopContainerResponse = rt.call("StopContainer", &stop).unwrap().unwrap();
+    assert!(assignment(&d, "kubelet-core-7").is_some(), "its stop releases nothing of db's");
+    assert!(d.logs().contains("container default/db-0/x names kubelet-core-7 in its environment, but the kubelet says it holds none"), "{}", d.logs());
     // A method this plugin does not serve is Unimplemented (newer runtimes fall back on it).
     let r: Result<api::Empty, _> = rt.call("PostStartContainer", &api::Empty {}).unwrap();
     assert_eq!(r.unwrap_err().code, 12);
@@ -256,8 +261,8 @@ async fn fake_runtime_reconnects_and_a_restart_of_cpupoold_keeps_running_contain
     let mut rt = n.runtime.accept(WAIT).unwrap();
     rt.configure().unwrap();
     rt.synchronize(Vec::new(), Vec::new()).unwrap();
-    let env1 = n.allocate("dp", &["core-1"]).await;
-    let env2 = n.allocate("dp", &["core-2"]).await;
+    let env1 = n.allocate("dp", &["core-1"], "default/p/a").await;
+    let env2 = n.allocate("dp", &["core-2"], "default/p/b").await;
     let pod = fake::pod("s1", "uid-3", "p");
     let (c1, c2) = (
         fake::container(&pod, "c1", "a", &env_refs(&env1)),

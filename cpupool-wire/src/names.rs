@@ -28,8 +28,8 @@ pub const ENV_POOL: &str = "CPUPOOL_POOL";
 pub const ENV_EXCLUSIVE_CPUS: &str = "EXCLUSIVE_CPUS";
 /// The CPU list again, for workloads that read it under this name (shared pools).
 pub const ENV_SHARED_CPUS: &str = "SHARED_CPUS";
-/// The assignment's id: set by `cpupoolctl run`, and by `Allocate`, where the NRI plugin reads
-/// it back when the runtime creates the container.
+/// The assignment's id: set by `cpupoolctl run`, and by `Allocate` (for the workload to read;
+/// the NRI plugin takes the kubelet's word on what a container holds, not its environment).
 pub const ENV_ASSIGNMENT: &str = "CPUPOOL_ASSIGNMENT";
 /// A shared pool's assignment size in millicpus (set by `Allocate`).
 pub const ENV_MILLICPUS: &str = "CPUPOOL_MILLICPUS";

@@ -2,21 +2,14 @@
 //! of the assignment its `Allocate` made, or the CPUs every container without one shares; and
 //! where its cgroup will be, from the runtime's notation for it.
 //!
-//! Pure: the NRI wing decodes the runtime's request into a [`Created`], asks [`decide`], and
-//! encodes the answer; the engine does the rest once the cgroup exists.
-
-use std::collections::BTreeMap;
+//! Pure: the NRI wing asks the kubelet which allocation the container holds, asks [`decide`],
+//! and encodes the answer; the engine does the rest once the cgroup exists.
 
 use super::cpuset::CpuSet;
+use super::devices::Allocation;
 use super::plan::LayoutOptions;
-use super::pool::PoolKind;
-use super::state::{AssignmentId, CgroupPath, State};
+use super::state::{AssignSpec, AssignmentId, CgroupPath, State};
 use super::topology::Topology;
-
-pub use cpupool_wire::names::{
-    ENV_ASSIGNMENT as ASSIGNMENT_ENV, ENV_CPUS as CPUS_ENV, ENV_MILLICPUS as MILLICPUS_ENV,
-    ENV_POOL as POOL_ENV,
-};
 
 /// The cgroup (relative to the cgroup root) of a container or pod sandbox, from the runtime's
 /// `cgroups_path`: with the systemd driver `SLICE:PREFIX:NAME`, i.e. the scope
@@ -69,13 +62,6 @@ fn slice_path(slice: &str) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// A container as the runtime describes it at creation (or at a resync).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Created {
-    /// Its environment, `KEY=VALUE` split.
-    pub env: BTreeMap<String, String>,
-}
-
 /// What the container is to get.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -88,18 +74,10 @@ pub enum Decision {
         /// Their NUMA nodes.
         mems: CpuSet,
     },
-    /// An assignment `Allocate` made that is gone (released when its last container stopped):
-    /// booked again from what the environment says, then [`Decision::Pooled`].
-    Rebook {
-        /// The assignment's id.
-        id: AssignmentId,
-        /// The pool.
-        pool: String,
-        /// The CPUs the environment names.
-        cpus: CpuSet,
-        /// For a shared pool, the millicpus.
-        millicpus: Option<u64>,
-    },
+    /// The kubelet's allocation has no assignment (it was released when its previous
+    /// container stopped, and the kubelet restarts the container with the same devices): held
+    /// again as `Allocate` made it, then [`Decision::Pooled`].
+    Rebook(AssignSpec),
     /// No pool: the CPUs no exclusive pool holds (those lent to the host too).
     Unpooled {
         /// The CPUs.
@@ -109,48 +87,18 @@ pub enum Decision {
     },
 }
 
-/// Why a container's environment cannot be honoured: named by the variable.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{var}: {reason}")]
-pub struct Refused {
-    /// The variable at fault.
-    pub var: &'static str,
-    /// Why.
-    pub reason: String,
-}
-
-fn refused(var: &'static str, reason: impl Into<String>) -> Refused {
-    Refused { var, reason: reason.into() }
-}
-
-/// What `c` gets in `state`.
-pub fn decide(
-    state: &State,
-    topo: &Topology,
-    opts: &LayoutOptions,
-    c: &Created,
-) -> Result<Decision, Refused> {
-    let Some(id) = c.env.get(ASSIGNMENT_ENV) else {
+/// What a container gets in `state`, given the allocation the kubelet says it holds (from its
+/// PodResources, never from the container's own environment: a pod's author could write any
+/// `CPUPOOL_ASSIGNMENT` there).
+pub fn decide(state: &State, topo: &Topology, opts: &LayoutOptions, held: Option<&Allocation>) -> Decision {
+    let Some(alloc) = held else {
         let cpus = super::plan::unpooled_cpus(state, topo, opts);
-        return Ok(Decision::Unpooled { mems: topo.nodes_of(&cpus), cpus });
+        return Decision::Unpooled { mems: topo.nodes_of(&cpus), cpus };
     };
-    let id = AssignmentId::new(id).map_err(|e| refused(ASSIGNMENT_ENV, e.to_string()))?;
-    if let Some(a) = state.assignments().get(&id) {
-        return Ok(Decision::Pooled { id, mems: topo.nodes_of(&a.cpus), cpus: a.cpus.clone() });
+    match alloc.spec.id.as_ref().and_then(|id| state.assignments().get(id)) {
+        Some(a) => Decision::Pooled { id: a.id.clone(), mems: topo.nodes_of(&a.cpus), cpus: a.cpus.clone() },
+        None => Decision::Rebook(alloc.spec.clone()),
     }
-    let pool = c.env.get(POOL_ENV).ok_or_else(|| refused(POOL_ENV, "is not set"))?;
-    let p = state.pools().iter().find(|(n, _)| n.as_str() == pool).map(|(_, p)| p);
-    let Some(p) = p else { return Err(refused(POOL_ENV, format!("no pool `{pool}`"))) };
-    let cpus = c.env.get(CPUS_ENV).ok_or_else(|| refused(CPUS_ENV, "is not set"))?;
-    let cpus = CpuSet::parse(cpus).map_err(|e| refused(CPUS_ENV, e.to_string()))?;
-    let millicpus = match p.kind {
-        PoolKind::Shared => {
-            let m = c.env.get(MILLICPUS_ENV).ok_or_else(|| refused(MILLICPUS_ENV, "is not set"))?;
-            Some(m.parse().map_err(|e| refused(MILLICPUS_ENV, format!("`{m}`: {e}")))?)
-        }
-        _ => None,
-    };
-    Ok(Decision::Rebook { id, pool: pool.clone(), cpus, millicpus })
 }
 
 #[cfg(test)]
@@ -181,6 +129,49 @@ mod tests {
     fn cgroupfs_notation_is_a_path_from_the_root() {
         assert_eq!(path("/kubepods/besteffort/pod1/abc").as_deref(), Some("kubepods/besteffort/pod1/abc"));
         assert_eq!(path("kubepods/pod1/abc").as_deref(), Some("kubepods/pod1/abc"));
+    }
+
+    /// No allocation: the CPUs no exclusive pool has; an allocation with its assignment: that
+    /// assignment's CPUs and nodes; one whose assignment is gone: held again as Allocate made it.
+    #[test]
+    fn a_container_gets_its_allocation_or_the_cpus_of_no_exclusive_pool() {
+        use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
+        let t = Topology::synthetic(1, 4, 2, 1);
+        let pool = |name: &str, kind, cpus: &str| Pool {
+            name: PoolName::new(name).unwrap_or_else(|e| panic!("{e}")),
+            kind,
+            cpus: CpuSet::parse(cpus).unwrap_or_else(|e| panic!("{e}")),
+            smt: Smt::FullCores,
+            isolate: false,
+            kubelet: true,
+            enforce_quota: false,
+        };
+        let dp = pool("dp", PoolKind::Exclusive, "1-2,5-6");
+        let mut s = State::with_pools(vec![
+            pool("sys", PoolKind::Reserved, "0,4"),
+            dp.clone(),
+            pool("web", PoolKind::Shared, "3,7"),
+        ]);
+        let opts = LayoutOptions::default();
+        let none = decide(&s, &t, &opts, None);
+        assert_eq!(
+            none,
+            Decision::Unpooled {
+                cpus: CpuSet::parse("0,3-4,7").unwrap_or_default(),
+                mems: CpuSet::parse("0").unwrap_or_default()
+            }
+        );
+        let alloc = crate::core::devices::allocation(&dp, &t, 100, &["core-2".to_owned()])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(decide(&s, &t, &opts, Some(&alloc)), Decision::Rebook(alloc.spec.clone()));
+        s.assign(&t, &alloc.spec).unwrap_or_else(|e| panic!("{e}"));
+        let Decision::Pooled { id, cpus, mems } = decide(&s, &t, &opts, Some(&alloc)) else {
+            panic!("pooled")
+        };
+        assert_eq!(
+            (id.as_str(), cpus.to_string(), mems.to_string()),
+            ("kubelet-core-2", "2,6".to_owned(), "0".to_owned())
+        );
     }
 
     #[test]

@@ -252,8 +252,7 @@ pub fn same(existing: &Assignment, alloc: &Allocation) -> bool {
         }
 }
 
-/// The environment a container gets for `a`; the NRI plugin reads it back at creation
-/// ([`super::container::decide`]).
+/// The environment a container gets for `a`.
 pub fn envs(a: &Assignment) -> std::collections::HashMap<String, String> {
     use cpupool_wire::names;
     let cpus = a.cpus.to_string();
@@ -262,7 +261,6 @@ pub fn envs(a: &Assignment) -> std::collections::HashMap<String, String> {
         (names::ENV_CPUS.to_owned(), cpus.clone()),
         (names::ENV_POOL.to_owned(), a.pool.to_string()),
         (compat.to_owned(), cpus),
-        // Read back by the NRI plugin when the runtime creates the container.
         (names::ENV_ASSIGNMENT.to_owned(), a.id.to_string()),
     ]);
     if a.kind == PoolKind::Shared {

@@ -106,6 +106,8 @@ pub struct Holder {
     pub pod: String,
     /// The container's name.
     pub container: String,
+    /// The pool: the resource's name without the prefix.
+    pub pool: String,
     /// The devices it holds.
     pub devices: BTreeSet<String>,
 }
@@ -126,9 +128,10 @@ pub fn holders(list: podresources::ListPodResourcesResponse, prefix: &str) -> Ha
         }
     }
     held.into_iter()
-        .filter_map(|((namespace, pod, container, _), devices)| {
+        .filter_map(|((namespace, pod, container, resource), devices)| {
             let id = format!("{}{}", devices::ID_PREFIX, devices::first_device(&devices)?);
-            Some((id, Holder { namespace, pod, container, devices }))
+            let pool = resource.strip_prefix(prefix).unwrap_or(&resource).to_owned();
+            Some((id, Holder { namespace, pod, container, pool, devices }))
         })
         .collect()
 }

@@ -10,8 +10,9 @@
 //! Synchronize    → every running container bound again (its assignment at its cgroup, or
 //!                  kept off the exclusive CPUs), on every (re)connect
 //! CreateContainer→ the adjustment: the CPUs and memory nodes of the assignment `Allocate`
-//!                  made (`CPUPOOL_ASSIGNMENT` in its environment), or the CPUs no exclusive
-//!                  pool holds for a container without one
+//!                  made for the devices the kubelet says the container holds (its
+//!                  PodResources; never the container's own environment, which a pod's author
+//!                  writes), or the CPUs no exclusive pool holds for a container without one
 //! StartContainer → the assignment's target becomes the container's cgroup, read back before
 //!                  the container's first instruction (a difference fails the start)
 //! Stop/Remove    → released at once
@@ -57,12 +58,25 @@ pub struct Options {
     pub socket: PathBuf,
     /// How long a runtime that went away is waited for before trying again, at most.
     pub retry_cap: Duration,
+    /// The kubelet's PodResources socket: which container holds which of our devices.
+    pub pod_resources: PathBuf,
+    /// `kubelet.resource_prefix`.
+    pub resource_prefix: String,
+    /// `kubelet.millicpus_per_device`.
+    pub millis_per_device: u64,
 }
 
 impl Options {
     /// From the settings.
     pub fn from_settings(s: &crate::config::Settings) -> Options {
-        Options { socket: s.kubelet.nri_socket.clone(), retry_cap: Duration::from_secs(5) }
+        let kubelet = crate::kubelet::Options::from_settings(s);
+        Options {
+            socket: s.kubelet.nri_socket.clone(),
+            retry_cap: Duration::from_secs(5),
+            pod_resources: kubelet.pod_resources_socket(),
+            resource_prefix: s.kubelet.resource_prefix.clone(),
+            millis_per_device: s.kubelet.millicpus_per_device,
+        }
     }
 }
 
@@ -137,7 +151,7 @@ async fn session(
     let stream = tokio::net::UnixStream::connect(&opts.socket)
         .await
         .map_err(|source| SessionError::Connect { path: opts.socket.clone(), source })?;
-    let plugin = Arc::new(plugin::Plugin::new(handle.clone()));
+    let plugin = Arc::new(plugin::Plugin::new(handle.clone(), opts.clone()));
     let (conn, mut task) = ttrpc::Connection::start(stream, plugin.clone());
     let req = proto::RegisterPluginRequest {
         plugin_name: PLUGIN_NAME.into(),

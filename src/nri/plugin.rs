@@ -24,13 +24,14 @@ use tokio::sync::Mutex;
 
 use super::proto::{self as api, Event};
 use super::ttrpc::{code, Reply, Service, Status};
-use super::{DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
-use crate::core::container::{self, Created, Decision};
+use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
+use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
 use crate::core::pool::PoolKind;
-use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Size, Target};
+use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
 use crate::engine::{error_chain, EngineError, Handle};
+use crate::kubelet::clients::{self, Holder};
 
 /// The events followed. Every bit is within NRI v0.6.1's mask (0x7FF), which refuses a plugin
 /// that asks for one it does not know.
@@ -77,6 +78,7 @@ struct Live {
 /// The plugin: one per connection.
 pub(super) struct Plugin {
     handle: Handle,
+    opts: Options,
     live: Mutex<Live>,
     synced: AtomicBool,
 }
@@ -103,16 +105,9 @@ fn empty() -> Vec<u8> {
     api::Empty {}.encode_to_vec()
 }
 
-/// `KEY=VALUE` entries as a map (a later entry wins, as in the process's environment).
-fn env_of(c: &api::Container) -> Created {
-    Created {
-        env: c
-            .env
-            .iter()
-            .filter_map(|e| e.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    }
+/// The value of `key` in the container's environment (the last entry wins, as in the process).
+fn env_of<'a>(c: &'a api::Container, key: &str) -> Option<&'a str> {
+    c.env.iter().rev().filter_map(|e| e.split_once('=')).find(|(k, _)| *k == key).map(|(_, v)| v)
 }
 
 fn cgroup_of(c: &api::Container) -> Option<CgroupPath> {
@@ -147,8 +142,8 @@ fn adjustment(cpus: &CpuSet, mems: &CpuSet) -> api::ContainerAdjustment {
 }
 
 impl Plugin {
-    pub(super) fn new(handle: Handle) -> Plugin {
-        Plugin { handle, live: Mutex::new(Live::default()), synced: AtomicBool::new(false) }
+    pub(super) fn new(handle: Handle, opts: Options) -> Plugin {
+        Plugin { handle, opts, live: Mutex::new(Live::default()), synced: AtomicBool::new(false) }
     }
 
     /// Whether the runtime synchronized with the plugin (it sends events only after).
@@ -170,7 +165,7 @@ impl Plugin {
         // Engine calls get three quarters of what the runtime waits: the answer must be back
         // before it gives up on the plugin.
         let budget = deadline.or(live.timeout).unwrap_or(DEFAULT_REQUEST_TIMEOUT).mul_f32(0.75);
-        let call = Call { handle: &self.handle, budget };
+        let call = Call { handle: &self.handle, opts: &self.opts, budget };
         match method {
             "Configure" => Ok(self.configure(&mut live, decode(&payload)?).encode_to_vec()),
             "Synchronize" => Ok(self.synchronize(&mut live, &call, decode(&payload)?).await.encode_to_vec()),
@@ -248,6 +243,7 @@ impl Plugin {
         live.sandboxes = pods.iter().filter_map(|p| Some((p.id.clone(), sandbox_cgroup(p)?))).collect();
         let by_id: HashMap<&str, &api::PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let none = api::PodSandbox::default();
+        let word = Word::ask(call).await;
         for c in &containers {
             use api::ContainerState as S;
             let started = match c.state() {
@@ -256,7 +252,7 @@ impl Plugin {
                 S::ContainerStopped | S::ContainerUnknown => continue,
             };
             let pod = by_id.get(c.pod_sandbox_id.as_str()).copied().unwrap_or(&none);
-            match seen_for(live, call, pod, c).await {
+            match seen_for(call, &word, pod, c).await {
                 Ok(seen) => {
                     let pooled = seen.assignment.is_some();
                     live.containers.insert(c.id.clone(), Seen { started: started && !pooled, ..seen });
@@ -288,7 +284,38 @@ impl Plugin {
 /// The engine, with the time left to answer the runtime.
 struct Call<'a> {
     handle: &'a Handle,
+    opts: &'a Options,
     budget: Duration,
+}
+
+/// The kubelet's word on which container holds which of our devices (PodResources).
+enum Word {
+    /// No kubelet here (no PodResources socket): nobody holds a device.
+    NoKubelet,
+    /// It could not be asked.
+    Unreachable(String),
+    /// The holders, by (namespace, pod, container).
+    Holders(HashMap<(String, String, String), (String, Holder)>),
+}
+
+impl Word {
+    async fn ask(call: &Call<'_>) -> Word {
+        let socket = &call.opts.pod_resources;
+        if !socket.exists() {
+            return Word::NoKubelet;
+        }
+        let list = match tokio::time::timeout(call.budget / 2, clients::pod_resources(socket)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => return Word::Unreachable(e),
+            Err(_) => return Word::Unreachable(format!("no answer within {:?}", call.budget / 2)),
+        };
+        let prefix = format!("{}/", call.opts.resource_prefix);
+        let by_container = clients::holders(list, &prefix)
+            .into_iter()
+            .map(|(id, h)| ((h.namespace.clone(), h.pod.clone(), h.container.clone()), (id, h)))
+            .collect();
+        Word::Holders(by_container)
+    }
 }
 
 impl Call<'_> {
@@ -306,67 +333,102 @@ fn sandbox_cgroup(p: &api::PodSandbox) -> Option<CgroupPath> {
     p.linux.as_ref().and_then(|l| container::cgroup_of(&l.cgroups_path))
 }
 
-/// What `c` runs on: its assignment (held again if it was released) or none.
+/// What `c` runs on: the assignment of the allocation the kubelet says it holds (held again
+/// if it was released), or none. The container's own `CPUPOOL_ASSIGNMENT` is only compared:
+/// a pod's author writes its environment, and could name another pod's CPUs there.
 async fn seen_for(
-    live: &Live,
     call: &Call<'_>,
+    word: &Word,
     pod: &api::PodSandbox,
     c: &api::Container,
 ) -> Result<Seen, Status> {
-    let _ = live;
     let snap = call.handle.snapshot();
     let who = name_of(pod, c);
-    let decision = container::decide(&snap.state, &snap.topology, &snap.layout, &env_of(c))
-        .map_err(|r| Status::new(code::INVALID_ARGUMENT, format!("cpupoold: container {who}: {r}")))?;
-    let assignment = match decision {
-        Decision::Pooled { id, .. } => Some(id),
-        Decision::Rebook { id, pool, cpus, millicpus } => {
-            Some(rebook(call, &who, id, pool, cpus, millicpus).await?)
+    let claimed = env_of(c, cpupool_wire::names::ENV_ASSIGNMENT);
+    let holder = match word {
+        Word::Holders(h) => h.get(&(pod.namespace.clone(), pod.name.clone(), c.name.clone())),
+        Word::NoKubelet => None,
+        // Whether it holds devices cannot be told: a container that says it does is not
+        // created (the kubelet tries again); one that does not say so gets no pool's CPUs.
+        Word::Unreachable(e) => match claimed {
+            Some(_) => {
+                return Err(Status::new(
+                    code::UNAVAILABLE,
+                    format!("cpupoold: container {who}: the kubelet's PodResources cannot say which CPUs it holds: {e}"),
+                ))
+            }
+            None => None,
+        },
+    };
+    let alloc = match holder {
+        Some((id, h)) => {
+            if let Some(claim) = claimed.filter(|c| c != id) {
+                log::warn!("NRI: container {who} names {claim} in its environment, but the kubelet says it holds {id}");
+            }
+            let Some(p) = snap.state.pools().values().find(|p| p.name.as_str() == h.pool) else {
+                return Err(Status::new(
+                    code::FAILED_PRECONDITION,
+                    format!("cpupoold: container {who}: it holds devices of `{}`, which is no pool", h.pool),
+                ));
+            };
+            let ids: Vec<String> = h.devices.iter().cloned().collect();
+            let alloc =
+                devices::allocation(p, &snap.topology, call.opts.millis_per_device, &ids).map_err(|r| {
+                    Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {r}"))
+                })?;
+            Some(alloc)
         }
+        None => {
+            if let Some(claim) = claimed {
+                log::warn!(
+                    "NRI: container {who} names {claim} in its environment, but the kubelet says it holds none of \
+                     our devices: it gets no pool's CPUs"
+                );
+            }
+            None
+        }
+    };
+    let assignment = match container::decide(&snap.state, &snap.topology, &snap.layout, alloc.as_ref()) {
+        Decision::Pooled { id, .. } => Some(id),
+        Decision::Rebook(spec) => Some(rebook(call, &who, spec).await?),
         Decision::Unpooled { .. } => None,
     };
     Ok(Seen { cgroup: cgroup_of(c), assignment, started: false })
 }
 
-/// Holds again an assignment `Allocate` made whose container stopped (and released it): the
-/// kubelet restarts a container with the environment it had.
-async fn rebook(
-    call: &Call<'_>,
-    who: &str,
-    id: AssignmentId,
-    pool: String,
-    cpus: CpuSet,
-    millicpus: Option<u64>,
-) -> Result<AssignmentId, Status> {
-    let device = id.as_str().strip_prefix(devices::ID_PREFIX).unwrap_or(id.as_str()).to_owned();
-    let size = match millicpus {
-        Some(m) => Size::Millicpus(m),
-        None => Size::Cpuset(cpus.clone()),
-    };
-    let spec = AssignSpec {
-        reclaim: false,
-        ..AssignSpec::new(pool.clone(), Target::Kubelet(device), size, Some(id.clone()))
-    };
-    match call.within(call.handle.assign_all(vec![spec])).await {
-        Some(Ok(_)) => {
-            log::info!(
-                POOL = pool.as_str(), ASSIGNMENT = id.as_str();
-                "NRI: CPUs {cpus} of pool {pool} held again for container {who} ({id})"
-            );
-            Ok(id)
+/// Holds again the allocation of a container whose assignment was released when its previous
+/// container stopped: the kubelet restarts a container with the devices it had.
+async fn rebook(call: &Call<'_>, who: &str, spec: AssignSpec) -> Result<AssignmentId, Status> {
+    let pool = spec.pool.clone();
+    let made = match call.within(call.handle.assign_all(vec![spec])).await {
+        Some(Ok(made)) => made,
+        Some(Err(e)) => {
+            return Err(Status::new(
+                code::FAILED_PRECONDITION,
+                format!(
+                    "cpupoold: container {who}: its CPUs of pool {pool} cannot be held again: {}",
+                    error_chain(&e)
+                ),
+            ))
         }
-        Some(Err(e)) => Err(Status::new(
-            code::FAILED_PRECONDITION,
-            format!(
-                "cpupoold: container {who}: CPUs {cpus} of pool {pool} ({id}) cannot be held again: {}",
-                error_chain(&e)
-            ),
-        )),
-        None => Err(Status::new(
-            code::UNAVAILABLE,
-            format!("cpupoold: container {who}: the engine did not answer within {:?}", call.budget),
-        )),
-    }
+        None => {
+            return Err(Status::new(
+                code::UNAVAILABLE,
+                format!("cpupoold: container {who}: the engine did not answer within {:?}", call.budget),
+            ))
+        }
+    };
+    let Some(a) = made.into_iter().next().map(|o| o.into_inner()) else {
+        return Err(Status::new(
+            code::INTERNAL,
+            format!("cpupoold: container {who}: the engine held nothing"),
+        ));
+    };
+    log::info!(
+        POOL = pool.as_str(), ASSIGNMENT = a.id.as_str();
+        "NRI: CPUs {} of pool {pool} held again for container {who} ({})", a.cpus, a.id
+    );
+    Ok(a.id)
 }
 
 /// CreateContainer: the adjustment.
@@ -377,7 +439,7 @@ async fn create(
     c: &api::Container,
 ) -> Result<api::CreateContainerResponse, Status> {
     let who = name_of(pod, c);
-    let seen = seen_for(live, call, pod, c).await?;
+    let seen = seen_for(call, &Word::ask(call).await, pod, c).await?;
     let snap = call.handle.snapshot();
     let before = pinned(c.linux.as_ref().and_then(|l| l.resources.as_ref())).to_owned();
     let (cpus, mems) = match &seen.assignment {
@@ -440,7 +502,7 @@ async fn start(
     let who = name_of(pod, c);
     let seen = match live.containers.get(&c.id) {
         Some(s) => s.clone(),
-        None => seen_for(live, call, pod, c).await?,
+        None => seen_for(call, &Word::ask(call).await, pod, c).await?,
     };
     live.containers.insert(c.id.clone(), Seen { started: true, ..seen.clone() });
     let Some(id) = seen.assignment else {
@@ -486,12 +548,18 @@ async fn gone(live: &mut Live, call: &Call<'_>, pod: &api::PodSandbox, c: &api::
     let (cgroup, assignment) = match seen {
         Some(s) => (s.cgroup, s.assignment),
         None => {
-            // Not seen alive (cpupoold restarted since it stopped): its environment says.
+            // Not seen alive (cpupoold restarted since it stopped): the kubelet assignment
+            // bound to its cgroup, if one is.
+            let cgroup = cgroup_of(c);
             let snap = call.handle.snapshot();
-            match container::decide(&snap.state, &snap.topology, &snap.layout, &env_of(c)) {
-                Ok(Decision::Pooled { id, .. }) => (cgroup_of(c), Some(id)),
-                _ => (cgroup_of(c), None),
-            }
+            let bound = snap
+                .state
+                .assignments()
+                .values()
+                .filter(|a| devices::is_kubelet(a))
+                .find(|a| matches!((&a.target, &cgroup), (Target::Cgroup(t), Some(cg)) if t == cg))
+                .map(|a| a.id.clone());
+            (cgroup, bound)
         }
     };
     let Some(id) = assignment else {

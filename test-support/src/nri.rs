@@ -322,6 +322,8 @@ pub struct Node {
     _kubelet: kubelet::Kubelet,
     registered: tokio::sync::mpsc::UnboundedReceiver<dp::RegisterRequest>,
     seen: std::collections::BTreeSet<String>,
+    /// What the kubelet's PodResources lists: each allocation's container and devices.
+    pub pods: MemoryPods,
 }
 
 impl Node {
@@ -338,14 +340,16 @@ impl Node {
         let pods = MemoryPods::default();
         kubelet::serve_pod_resources(&sb.join("kubelet/pod-resources/kubelet.sock"), pods.clone())
             .unwrap_or_else(|e| panic!("{e}"));
-        kubelet::serve_runtime(&sb.join("run/containerd.sock"), pods).unwrap_or_else(|e| panic!("{e}"));
+        kubelet::serve_runtime(&sb.join("run/containerd.sock"), pods.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
         let runtime = FakeRuntime::bind(&sb.join("run/nri/nri.sock")).unwrap_or_else(|e| panic!("{e}"));
-        Node { sb: sb.to_owned(), runtime, _kubelet: k, registered, seen: Default::default() }
+        Node { sb: sb.to_owned(), runtime, _kubelet: k, registered, seen: Default::default(), pods }
     }
 
-    /// Allocate as the kubelet calls it, once `pool` is registered: the container's
-    /// environment, sorted.
-    pub async fn allocate(&mut self, pool: &str, devices: &[&str]) -> Vec<(String, String)> {
+    /// Allocate as the kubelet calls it for container `who` (`NAMESPACE/POD/CONTAINER`), once
+    /// `pool` is registered; from then on PodResources lists the container holding the
+    /// devices, as the kubelet's does. Returns the container's environment, sorted.
+    pub async fn allocate(&mut self, pool: &str, devices: &[&str], who: &str) -> Vec<(String, String)> {
         let want = format!("cpupool.io/{pool}");
         while !self.seen.contains(&want) {
             let r = tokio::time::timeout(Duration::from_secs(30), self.registered.recv())
@@ -363,9 +367,35 @@ impl Node {
             }],
         };
         let r = c.allocate(req).await.unwrap_or_else(|e| panic!("{e}")).into_inner();
+        self.holds(who, pool, devices);
         let mut env: Vec<(String, String)> = r.container_responses[0].envs.clone().into_iter().collect();
         env.sort();
         env
+    }
+
+    /// PodResources lists container `who` (`NAMESPACE/POD/CONTAINER`) holding `devices` of
+    /// `pool`, one entry per device as the kubelet lists them.
+    pub fn holds(&self, who: &str, pool: &str, devices: &[&str]) {
+        use cpupoold::kubelet::proto::podresources as pr;
+        let mut parts = who.splitn(3, '/');
+        let (ns, pod, name) =
+            (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let entries = devices.iter().map(|d| pr::ContainerDevices {
+            resource_name: format!("cpupool.io/{pool}"),
+            device_ids: vec![(*d).to_owned()],
+            ..Default::default()
+        });
+        let mut pods = self.pods.pods.lock().unwrap_or_else(|e| e.into_inner());
+        if !pods.iter().any(|p| p.namespace == ns && p.name == pod) {
+            pods.push(pr::PodResources { name: pod.into(), namespace: ns.into(), containers: Vec::new() });
+        }
+        for p in pods.iter_mut().filter(|p| p.namespace == ns && p.name == pod) {
+            p.containers.push(pr::ContainerResources {
+                name: name.into(),
+                devices: entries.clone().collect(),
+                ..Default::default()
+            });
+        }
     }
 
     /// What runc does between CreateContainer and StartContainer: the container's cgroup in
