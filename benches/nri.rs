@@ -70,9 +70,8 @@ fn main() {
             let _: api::Empty = rt.call("Shutdown", &api::Empty {}).unwrap().unwrap();
         });
         let u = fake::container(&pod, &format!("u{i}"), "side", &[]);
-        let req = api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(u) };
         let t_unpooled = time(&mut || {
-            let _: api::CreateContainerResponse = rt.call("CreateContainer", &req).unwrap().unwrap();
+            rt.create(&pod, &u).unwrap().unwrap();
         });
         let c = fake::container(&pod, &format!("c{i}"), "app", &env);
         let req = api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(c.clone()) };

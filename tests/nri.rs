@@ -70,10 +70,6 @@ fn assignment(d: &Daemon, id: &str) -> Option<serde_json::Value> {
     list["assignments"].as_array().unwrap().iter().find(|a| a["id"] == id).cloned()
 }
 
-fn event(e: api::Event, pod: &api::PodSandbox, c: Option<&api::Container>) -> api::StateChangeEvent {
-    api::StateChangeEvent { event: e as i32, pod: Some(pod.clone()), container: c.cloned() }
-}
-
 fn state(mut c: api::Container, s: api::ContainerState) -> api::Container {
     c.set_state(s);
     c
@@ -96,13 +92,7 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
     let env = n.allocate("dp", &["core-6"], "default/web-0/app").await;
     let pod = fake::pod("s1", "uid-1", "web-0");
     let c = fake::container(&pod, "c1", "app", &env_refs(&env));
-    let r: api::CreateContainerResponse = rt
-        .call(
-            "CreateContainer",
-            &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(c.clone()) },
-        )
-        .unwrap()
-        .unwrap();
+    let r: api::CreateContainerResponse = rt.create(&pod, &c).unwrap().unwrap();
     assert_eq!(adjusted(&r), ("6,14".to_owned(), "1".to_owned()), "{}", d.logs());
     let a = assignment(&d, "kubelet-core-6").unwrap();
     assert_eq!(a["target"], "kubelet:core-6", "not bound before the cgroup exists: {a}");
@@ -110,8 +100,7 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
     // runc makes the cgroup with the adjusted CPUs; StartContainer binds and reads it back.
     let cg = fake::cgroup(&pod, "c1");
     n.runc_creates(&cg, "6,14");
-    let started: Result<api::Empty, _> =
-        rt.call("StateChange", &event(api::Event::StartContainer, &pod, Some(&c))).unwrap();
+    let started: Result<api::Empty, _> = rt.event(api::Event::StartContainer, &pod, Some(&c)).unwrap();
     started.unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
     let a = assignment(&d, "kubelet-core-6").unwrap();
     assert_eq!(a["target"], format!("cgroup:{cg}"), "{a}");
@@ -121,24 +110,16 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
     // A container without a pool device: the CPUs no exclusive pool holds, and its cgroup is
     // kept there once started; so is the pod's sandbox.
     let side = fake::container(&pod, "c2", "side", &[]);
-    let r: api::CreateContainerResponse = rt
-        .call(
-            "CreateContainer",
-            &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(side.clone()) },
-        )
-        .unwrap()
-        .unwrap();
+    let r: api::CreateContainerResponse = rt.create(&pod, &side).unwrap().unwrap();
     assert_eq!(adjusted(&r), ("0,4-5,8,12-13".to_owned(), "0-1".to_owned()));
     n.runc_creates(&fake::cgroup(&pod, "c2"), "0-15");
-    let _: api::Empty =
-        rt.call("StateChange", &event(api::Event::StartContainer, &pod, Some(&side))).unwrap().unwrap();
+    let _: api::Empty = rt.event(api::Event::StartContainer, &pod, Some(&side)).unwrap().unwrap();
     assert_eq!(
         d.cgroup(&format!("{}/cpuset.cpus", fake::cgroup(&pod, "c2"))).as_deref(),
         Some("0,4-5,8,12-13")
     );
     n.runc_creates(&fake::cgroup(&pod, "s1"), "0-15");
-    let _: api::Empty =
-        rt.call("StateChange", &event(api::Event::RunPodSandbox, &pod, None)).unwrap().unwrap();
+    let _: api::Empty = rt.event(api::Event::RunPodSandbox, &pod, None).unwrap().unwrap();
     assert_eq!(
         d.cgroup(&format!("{}/cpuset.cpus", fake::cgroup(&pod, "s1"))).as_deref(),
         Some("0,4-5,8,12-13")
@@ -166,36 +147,23 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
     assert!(d.logs().contains("cpuManagerPolicy"), "{}", d.logs());
 
     // The container stops: its CPUs are released at once.
-    let stop = api::StopContainerRequest {
-        pod: Some(pod.clone()),
-        container: Some(state(c.clone(), api::ContainerState::ContainerStopped)),
-    };
-    let _: api::StopContainerResponse = rt.call("StopContainer", &stop).unwrap().unwrap();
+    rt.stop(&pod, &state(c.clone(), api::ContainerState::ContainerStopped)).unwrap().unwrap();
     assert!(assignment(&d, "kubelet-core-6").is_none(), "{}", d.logs());
 
     // The kubelet restarts it (a new container, the same environment): held again, bound again.
     let again = fake::container(&pod, "c3", "app", &env_refs(&env));
-    let r: api::CreateContainerResponse = rt
-        .call(
-            "CreateContainer",
-            &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(again.clone()) },
-        )
-        .unwrap()
-        .unwrap();
+    let r: api::CreateContainerResponse = rt.create(&pod, &again).unwrap().unwrap();
     assert_eq!(adjusted(&r).0, "6,14");
     n.runc_creates(&fake::cgroup(&pod, "c3"), "6,14");
-    let _: api::Empty =
-        rt.call("StateChange", &event(api::Event::StartContainer, &pod, Some(&again))).unwrap().unwrap();
+    let _: api::Empty = rt.event(api::Event::StartContainer, &pod, Some(&again)).unwrap().unwrap();
     assert_eq!(
         assignment(&d, "kubelet-core-6").unwrap()["target"],
         format!("cgroup:{}", fake::cgroup(&pod, "c3"))
     );
     // The old container's removal, later, does not take the new one's CPUs.
-    let _: api::Empty =
-        rt.call("StateChange", &event(api::Event::RemoveContainer, &pod, Some(&c))).unwrap().unwrap();
+    let _: api::Empty = rt.event(api::Event::RemoveContainer, &pod, Some(&c)).unwrap().unwrap();
     assert!(assignment(&d, "kubelet-core-6").is_some());
-    let _: api::Empty =
-        rt.call("StateChange", &event(api::Event::RemoveContainer, &pod, Some(&again))).unwrap().unwrap();
+    let _: api::Empty = rt.event(api::Event::RemoveContainer, &pod, Some(&again)).unwrap().unwrap();
     assert!(assignment(&d, "kubelet-core-6").is_none(), "released when its container is removed");
     d.stop();
 }
@@ -212,18 +180,11 @@ async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_a_co
     let env = n.allocate("dp", &["core-7"], "default/db-0/db").await;
     let pod = fake::pod("s1", "uid-2", "db-0");
     let c = fake::container(&pod, "c1", "db", &env_refs(&env));
-    let _: api::CreateContainerResponse = rt
-        .call(
-            "CreateContainer",
-            &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(c.clone()) },
-        )
-        .unwrap()
-        .unwrap();
+    let _: api::CreateContainerResponse = rt.create(&pod, &c).unwrap().unwrap();
     // The pod's parent has other CPUs (the kernel gives a cgroup only what its parent has).
     n.runc_creates("kubepods.slice", "0-5");
     n.runc_creates(&fake::cgroup(&pod, "c1"), "7,15");
-    let r: Result<api::Empty, _> =
-        rt.call("StateChange", &event(api::Event::StartContainer, &pod, Some(&c))).unwrap();
+    let r: Result<api::Empty, _> = rt.event(api::Event::StartContainer, &pod, Some(&c)).unwrap();
     let e = r.expect_err("the start must fail");
     assert!(e.message.starts_with("cpupoold: container default/db-0/db"), "{}", e.message);
     let a = assignment(&d, "kubelet-core-7").unwrap();
@@ -231,20 +192,12 @@ async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_a_co
     // A container whose author copied db's variables into its environment holds no device
     // (PodResources says so): it gets no pool's CPUs, and db's assignment is not touched.
     let thief = fake::container(&pod, "c9", "x", &env_refs(&env));
-    let r: api::CreateContainerResponse = rt
-        .call(
-            "CreateContainer",
-            &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(thief.clone()) },
-        )
-        .unwrap()
-        .unwrap();
+    let r: api::CreateContainerResponse = rt.create(&pod, &thief).unwrap().unwrap();
     assert_eq!(adjusted(&r).0, "0,4-5,8,12-13", "the CPUs of no pool");
     n.runc_creates(&fake::cgroup(&pod, "c9"), "0,4-5,8,12-13");
-    let _: api::Empty =
-        rt.call("StateChange", &event(api::Event::StartContainer, &pod, Some(&thief))).unwrap().unwrap();
+    let _: api::Empty = rt.event(api::Event::StartContainer, &pod, Some(&thief)).unwrap().unwrap();
     assert_eq!(assignment(&d, "kubelet-core-7").unwrap()["target"], "kubelet:core-7");
-    let stop = api::StopContainerRequest { pod: Some(pod.clone()), container: Some(thief) };
-    let _: api::StopContainerResponse = rt.call("StopContainer", &stop).unwrap().unwrap();
+    rt.stop(&pod, &thief).unwrap().unwrap();
     assert!(assignment(&d, "kubelet-core-7").is_some(), "its stop releases nothing of db's");
     assert!(d.logs().contains("container default/db-0/x names kubelet-core-7 in its environment, but the kubelet says it holds none"), "{}", d.logs());
     // A method this plugin does not serve is Unimplemented (newer runtimes fall back on it).
@@ -269,16 +222,9 @@ async fn fake_runtime_reconnects_and_a_restart_of_cpupoold_keeps_running_contain
         fake::container(&pod, "c2", "b", &env_refs(&env2)),
     );
     for (c, cpus) in [(&c1, "1,9"), (&c2, "2,10")] {
-        let _: api::CreateContainerResponse = rt
-            .call(
-                "CreateContainer",
-                &api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(c.clone()) },
-            )
-            .unwrap()
-            .unwrap();
+        let _: api::CreateContainerResponse = rt.create(&pod, c).unwrap().unwrap();
         n.runc_creates(&fake::cgroup(&pod, &c.id), cpus);
-        let _: api::Empty =
-            rt.call("StateChange", &event(api::Event::StartContainer, &pod, Some(c))).unwrap().unwrap();
+        let _: api::Empty = rt.event(api::Event::StartContainer, &pod, Some(c)).unwrap().unwrap();
     }
     // The runtime restarts: the plugin connects again and is synchronized with what runs.
     drop(rt);

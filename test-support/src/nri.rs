@@ -261,6 +261,37 @@ impl Plugin {
         r.map_err(|e| io::Error::other(e.message))
     }
 
+    /// CreateContainer of `c` in `pod`.
+    pub fn create(
+        &mut self,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+    ) -> io::Result<Result<api::CreateContainerResponse, Refused>> {
+        let req = api::CreateContainerRequest { pod: Some(pod.clone()), container: Some(c.clone()) };
+        self.call("CreateContainer", &req)
+    }
+
+    /// An event as NRI v0.6 sends it (StateChange), for `pod` and `c` (none for pod events).
+    pub fn event(
+        &mut self,
+        e: api::Event,
+        pod: &api::PodSandbox,
+        c: Option<&api::Container>,
+    ) -> io::Result<Result<api::Empty, Refused>> {
+        let ev = api::StateChangeEvent { event: e as i32, pod: Some(pod.clone()), container: c.cloned() };
+        self.call("StateChange", &ev)
+    }
+
+    /// StopContainer of `c` in `pod`.
+    pub fn stop(
+        &mut self,
+        pod: &api::PodSandbox,
+        c: &api::Container,
+    ) -> io::Result<Result<api::StopContainerResponse, Refused>> {
+        let req = api::StopContainerRequest { pod: Some(pod.clone()), container: Some(c.clone()) };
+        self.call("StopContainer", &req)
+    }
+
     /// Whether the plugin closed the connection (a read finds the end).
     pub fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
