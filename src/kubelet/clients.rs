@@ -60,6 +60,40 @@ pub async fn pod_resources(socket: &Path) -> Result<podresources::ListPodResourc
     answer(client.list(podresources::ListPodResourcesRequest {})).await
 }
 
+/// The kubelet's PodResources, its connection kept between calls (the NRI plugin asks at every
+/// container creation; a new connection each time was most of that request's cost). A failed
+/// call drops it, and the next one connects again.
+pub struct PodResources {
+    socket: PathBuf,
+    channel: tokio::sync::Mutex<Option<tonic::transport::Channel>>,
+}
+
+impl PodResources {
+    /// A client of the kubelet listening on `socket`; nothing is connected yet.
+    pub fn new(socket: PathBuf) -> PodResources {
+        PodResources { socket, channel: tokio::sync::Mutex::new(None) }
+    }
+
+    /// The socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `List`.
+    pub async fn list(&self) -> Result<podresources::ListPodResourcesResponse, String> {
+        let mut kept = self.channel.lock().await;
+        let channel = match kept.as_ref() {
+            Some(c) => c.clone(),
+            None => channel(&self.socket).await?,
+        };
+        let mut client =
+            podresources::pod_resources_lister_client::PodResourcesListerClient::new(channel.clone());
+        let r = answer(client.list(podresources::ListPodResourcesRequest {})).await;
+        *kept = r.is_ok().then_some(channel);
+        r
+    }
+}
+
 /// The CPUs the kubelet's CPU manager allocates from (PodResources `GetAllocatableResources`).
 pub async fn allocatable_cpus(socket: &Path) -> Result<CpuSet, String> {
     let mut client =

@@ -79,6 +79,7 @@ struct Live {
 pub(super) struct Plugin {
     handle: Handle,
     opts: Options,
+    kubelet: clients::PodResources,
     live: Mutex<Live>,
     synced: AtomicBool,
 }
@@ -143,7 +144,8 @@ fn adjustment(cpus: &CpuSet, mems: &CpuSet) -> api::ContainerAdjustment {
 
 impl Plugin {
     pub(super) fn new(handle: Handle, opts: Options) -> Plugin {
-        Plugin { handle, opts, live: Mutex::new(Live::default()), synced: AtomicBool::new(false) }
+        let kubelet = clients::PodResources::new(opts.pod_resources.clone());
+        Plugin { handle, opts, kubelet, live: Mutex::new(Live::default()), synced: AtomicBool::new(false) }
     }
 
     /// Whether the runtime synchronized with the plugin (it sends events only after).
@@ -165,7 +167,7 @@ impl Plugin {
         // Engine calls get three quarters of what the runtime waits: the answer must be back
         // before it gives up on the plugin.
         let budget = deadline.or(live.timeout).unwrap_or(DEFAULT_REQUEST_TIMEOUT).mul_f32(0.75);
-        let call = Call { handle: &self.handle, opts: &self.opts, budget };
+        let call = Call { handle: &self.handle, opts: &self.opts, kubelet: &self.kubelet, budget };
         match method {
             "Configure" => Ok(self.configure(&mut live, decode(&payload)?).encode_to_vec()),
             "Synchronize" => Ok(self.synchronize(&mut live, &call, decode(&payload)?).await.encode_to_vec()),
@@ -285,6 +287,7 @@ impl Plugin {
 struct Call<'a> {
     handle: &'a Handle,
     opts: &'a Options,
+    kubelet: &'a clients::PodResources,
     budget: Duration,
 }
 
@@ -300,11 +303,10 @@ enum Word {
 
 impl Word {
     async fn ask(call: &Call<'_>) -> Word {
-        let socket = &call.opts.pod_resources;
-        if !socket.exists() {
+        if !call.kubelet.socket().exists() {
             return Word::NoKubelet;
         }
-        let list = match tokio::time::timeout(call.budget / 2, clients::pod_resources(socket)).await {
+        let list = match tokio::time::timeout(call.budget / 2, call.kubelet.list()).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => return Word::Unreachable(e),
             Err(_) => return Word::Unreachable(format!("no answer within {:?}", call.budget / 2)),
