@@ -105,17 +105,25 @@ pub async fn run(handle: Handle, opts: Options, mut shutdown: watch::Receiver<bo
         };
         let _ = handle.set_nri(None).await;
         let pause = match outcome {
-            Some(Ok(served)) => {
-                if served {
-                    backoff.reset();
-                    log::warn!("NRI: the runtime closed the connection; connecting again");
-                }
+            Some(Ok(true)) => {
+                backoff.reset();
+                log::warn!("NRI: the runtime closed the connection; connecting again");
                 backoff.fail()
+            }
+            Some(Ok(false)) => {
+                let pause = backoff.fail();
+                if worth_logging(backoff.failures()) {
+                    log::warn!(
+                        "NRI: the runtime closed the connection before it synchronized (did it refuse the \
+                         plugin? its log says why); trying again in {pause:?}"
+                    );
+                }
+                pause
             }
             Some(Err(e)) => {
                 let pause = backoff.fail();
                 if worth_logging(backoff.failures()) {
-                    log::warn!("NRI: {e}; trying again in {pause:?}");
+                    log::warn!("NRI: {}; trying again in {pause:?}", crate::engine::error_chain(&e));
                 }
                 pause
             }
@@ -160,7 +168,10 @@ async fn session(
     };
     let registered: Result<proto::Empty, _> =
         conn.call(RUNTIME_SERVICE, "RegisterPlugin", &req, DEFAULT_REQUEST_TIMEOUT).await;
-    registered.map_err(SessionError::Register)?;
+    if let Err(e) = registered {
+        task.abort();
+        return Err(SessionError::Register(e));
+    }
     tokio::select! {
         r = &mut task => {
             if let Ok(Err(e)) = r {
