@@ -28,7 +28,7 @@ and errors one JSON object on stderr: {\"error\": NAME, \"parameters\": {..}, \"
 const EXAMPLES: &str = "\
 Examples:
   cpupoolctl pool list
-  cpupoolctl pool assign dp --cgroup work/app --cpus 2 --id app-1
+  cpupoolctl pool assign dp --cgroup cpupool.slice/cpupool-dp.slice/app --cpus 2 --id app-1
   cpupoolctl pool assign web --unit nginx.service --millicpus 1500
   cpupoolctl pool release app-1
   cpupoolctl --sandbox /tmp/cpupool-demo --json assignments --pool dp
@@ -273,7 +273,8 @@ pub struct TargetArgs {
     /// A systemd unit, e.g. nginx.service.
     #[arg(long, value_name = "UNIT")]
     pub unit: Option<String>,
-    /// A cgroup, as a path relative to the cgroup root, e.g. work/app.
+    /// A cgroup, as a path relative to the cgroup root, e.g. cpupool.slice/cpupool-dp.slice/app (the
+    /// kernel gives a cgroup only CPUs its parent has: inside the pool's slice).
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
     /// A process (every thread of it).

@@ -37,7 +37,7 @@ With \fB\-\-json\fR, errors are printed on standard error as one JSON object
 const EXAMPLES: &str = r#".SH EXAMPLES
 .nf
 cpupoolctl pool list
-cpupoolctl pool assign dp \-\-cgroup work/app \-\-cpus 2 \-\-id app\-1
+cpupoolctl pool assign dp \-\-cgroup cpupool.slice/cpupool\-dp.slice/app \-\-cpus 2 \-\-id app\-1
 cpupoolctl pool assign web \-\-unit nginx.service \-\-millicpus 1500
 cpupoolctl pool release app\-1
 cpupoolctl pool create batch \-\-kind exclusive \-\-count 4 \-\-numa 1
