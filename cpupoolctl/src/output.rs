@@ -300,32 +300,31 @@ pub fn topology(t: &Topology) -> String {
 
 /// `status`.
 pub fn status(s: &Status) -> String {
-    block(
-        &[
-            ("version", s.version.clone()),
-            ("uptime", duration(s.uptime_seconds)),
-            ("pools", s.pools.to_string()),
-            ("assignments", s.assignments.to_string()),
-            ("state file", s.state_file.clone()),
-            (
-                "enforcement",
-                match s.degraded_assignments {
-                    0 => "every assignment enforced as assigned".to_owned(),
-                    n => format!("{n} assignment(s) degraded (`cpupoolctl assignments` says why)"),
-                },
-            ),
-            (
-                "configuration",
-                match &s.config_error {
-                    None => "running as on disk".to_owned(),
-                    Some(e) => format!("NOT the one on disk: {e}"),
-                },
-            ),
-        ]
-        .into_iter()
-        .chain(s.containers.clone().map(|c| ("containers", c)))
-        .collect::<Vec<_>>(),
-    )
+    let mut pairs = vec![
+        ("version", s.version.clone()),
+        ("uptime", duration(s.uptime_seconds)),
+        ("pools", s.pools.to_string()),
+        ("assignments", s.assignments.to_string()),
+        ("state file", s.state_file.clone()),
+        (
+            "enforcement",
+            match s.degraded_assignments {
+                0 => "every assignment enforced as assigned".to_owned(),
+                n => format!("{n} assignment(s) degraded (`cpupoolctl assignments` says why)"),
+            },
+        ),
+        (
+            "configuration",
+            match &s.config_error {
+                None => "running as on disk".to_owned(),
+                Some(e) => format!("NOT the one on disk: {e}"),
+            },
+        ),
+    ];
+    if let Some(c) = &s.containers {
+        pairs.push(("containers", c.clone()));
+    }
+    block(&pairs)
 }
 
 /// One `monitor` line.

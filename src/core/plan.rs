@@ -409,15 +409,19 @@ fn lent_cpus(state: &State, opts: &LayoutOptions) -> CpuSet {
     lent
 }
 
-/// The CPUs of a container that uses no pool: every online CPU but the exclusive pools', plus
-/// those lent while idle.
-pub fn unpooled_cpus(state: &State, topo: &Topology, opts: &LayoutOptions) -> CpuSet {
-    let exclusive = state
+/// Every exclusive pool's CPUs.
+pub fn exclusive_cpus(state: &State) -> CpuSet {
+    state
         .pools()
         .values()
         .filter(|p| p.kind == PoolKind::Exclusive)
-        .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
-    topo.online().difference(&exclusive).union(&lent_cpus(state, opts))
+        .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus))
+}
+
+/// The CPUs of a container that uses no pool: every online CPU but the exclusive pools', plus
+/// those lent while idle.
+pub fn unpooled_cpus(state: &State, topo: &Topology, opts: &LayoutOptions) -> CpuSet {
+    topo.online().difference(&exclusive_cpus(state)).union(&lent_cpus(state, opts))
 }
 
 /// Adds `a`'s target to `out`.

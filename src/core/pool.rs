@@ -164,6 +164,11 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Whether the kubelet is offered it (`kubelet = true`, never the reserved pool).
+    pub fn offered_to_kubelet(&self) -> bool {
+        self.kubelet && self.kind != PoolKind::Reserved
+    }
+
     /// Millicpus the pool can hand out (1000 per CPU).
     pub fn capacity_millis(&self) -> u64 {
         self.cpus.len() as u64 * 1000

@@ -38,7 +38,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::Settings;
-use crate::core::pool::PoolKind;
 use crate::engine::Handle;
 use crate::host;
 use plugin::Shared;
@@ -138,7 +137,7 @@ pub async fn run(handle: Handle, opts: Options, shutdown: watch::Receiver<bool>)
         .state
         .pools()
         .values()
-        .filter(|p| p.kubelet && p.kind != PoolKind::Reserved)
+        .filter(|p| p.offered_to_kubelet())
         .map(|p| (p.name.to_string(), p.cpus.clone()))
         .collect();
     host::kubelet::check_cpu_manager(&opts.kubelet_dir.join("cpu_manager_state"), &pools)

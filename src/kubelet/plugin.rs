@@ -136,14 +136,9 @@ impl PoolPlugin {
     }
 
     fn pool_of(&self, snap: &Snapshot) -> Result<Pool, Status> {
-        snap.state
-            .pools()
-            .get(&self.pool)
-            .filter(|p| p.kubelet && p.kind != PoolKind::Reserved)
-            .cloned()
-            .ok_or_else(|| {
-                Status::not_found(format!("pool `{}` is no longer offered to the kubelet", self.pool))
-            })
+        snap.state.pools().get(&self.pool).filter(|p| p.offered_to_kubelet()).cloned().ok_or_else(|| {
+            Status::not_found(format!("pool `{}` is no longer offered to the kubelet", self.pool))
+        })
     }
 
     fn list(&self, snap: &Snapshot) -> Vec<v1beta1::Device> {

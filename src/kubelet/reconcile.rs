@@ -58,22 +58,15 @@ impl Reconciler {
             return;
         };
         let snap = handle.snapshot();
-        let pools: Vec<&crate::core::pool::Pool> = snap
-            .state
-            .pools()
-            .values()
-            .filter(|p| p.kubelet && p.kind != crate::core::pool::PoolKind::Reserved)
-            .collect();
+        let pools = offered(&snap.state);
         let conflict =
             pools.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus.intersection(&allocatable)));
         if conflict != self.cpu_manager_conflict && !conflict.is_empty() {
-            let names: Vec<&str> =
-                pools.iter().filter(|p| !p.cpus.is_disjoint(&conflict)).map(|p| p.name.as_str()).collect();
             log::error!(
                 "device plugin: the kubelet's static CPU manager may give CPUs {conflict} of pool(s) {} to \
                  Guaranteed containers exclusively (GetAllocatableResources); keep them out of its reach with \
                  reservedSystemCPUs, or set cpuManagerPolicy: none",
-                names.join(", ")
+                names_on(&pools, &conflict)
             );
         }
         self.cpu_manager_conflict = conflict;
@@ -236,23 +229,16 @@ impl Reconciler {
             return;
         }
         let snap = handle.snapshot();
-        let offered = || {
-            snap.state
-                .pools()
-                .values()
-                .filter(|p| p.kubelet && p.kind != crate::core::pool::PoolKind::Reserved)
-        };
-        let all = offered().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+        let pools = offered(&snap.state);
+        let all = pools.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
         let lacking = cpus.as_ref().map(|c| all.difference(c)).unwrap_or_default();
         if lacking != self.unreachable_cpus && !lacking.is_empty() {
-            let names: Vec<&str> =
-                offered().filter(|p| !p.cpus.is_disjoint(&lacking)).map(|p| p.name.as_str()).collect();
             log::warn!(
                 "device plugin: the kubelet's pod cgroup does not have CPUs {lacking} of pool(s) {} (its \
                  effective CPUs are {}): no container can run there, so their devices are Unhealthy. An \
                  isolated partition takes its CPUs from every cgroup outside it (docs/behaviour.md, \
                  \"Isolated pools and containers\").",
-                names.join(", "),
+                names_on(&pools, &lacking),
                 cpus.as_ref().map(ToString::to_string).unwrap_or_default()
             );
         } else if lacking.is_empty() && !self.unreachable_cpus.is_empty() {
@@ -295,6 +281,18 @@ impl Reconciler {
             Err(e) => log::debug!("device plugin: publishing the online CPUs: {}", error_chain(&e)),
         }
     }
+}
+
+/// The pools offered to the kubelet.
+fn offered(state: &crate::core::state::State) -> Vec<&crate::core::pool::Pool> {
+    state.pools().values().filter(|p| p.offered_to_kubelet()).collect()
+}
+
+/// The names of those of `pools` with a CPU in `cpus`, for a log line.
+fn names_on(pools: &[&crate::core::pool::Pool], cpus: &CpuSet) -> String {
+    let names: Vec<&str> =
+        pools.iter().filter(|p| !p.cpus.is_disjoint(cpus)).map(|p| p.name.as_str()).collect();
+    names.join(", ")
 }
 
 /// Publishes the devices the kubelet holds for assignment `id` (they decide which shared units

@@ -18,7 +18,7 @@ use super::proto::v1beta1;
 use super::{clients, Options, PluginError, KUBELET_SOCKET, VERSION};
 use crate::backoff::Backoff;
 use crate::core::devices;
-use crate::core::pool::{PoolKind, PoolName};
+use crate::core::pool::PoolName;
 use crate::engine::Event;
 use crate::host::kubelet::{file_id as inode, FileId};
 
@@ -323,7 +323,7 @@ impl Registrar {
 
 /// The names of the pools `state` offers to the kubelet, in name order.
 fn offered(state: &crate::core::state::State) -> impl Iterator<Item = &PoolName> {
-    state.pools().iter().filter(|(_, p)| p.kubelet && p.kind != PoolKind::Reserved).map(|(name, _)| name)
+    state.pools().iter().filter(|(_, p)| p.offered_to_kubelet()).map(|(name, _)| name)
 }
 
 /// An inotify watch on the device-plugin directory: creations (kubelet.sock) and removals

@@ -28,7 +28,6 @@ use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
 use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::core::pool::PoolKind;
 use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
 use crate::engine::{error_chain, EngineError, Handle};
 use crate::kubelet::clients::{self, Holder};
@@ -466,12 +465,7 @@ async fn create(
             if !before.is_empty() {
                 // Someone else decided (the kubelet's static CPU manager gives Guaranteed pods
                 // their own CPUs): theirs stands; said when it reaches the exclusive pools.
-                let exclusive: CpuSet = snap
-                    .state
-                    .pools()
-                    .values()
-                    .filter(|p| p.kind == PoolKind::Exclusive)
-                    .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+                let exclusive = crate::core::plan::exclusive_cpus(&snap.state);
                 if CpuSet::parse(&before).is_ok_and(|b| !b.is_disjoint(&exclusive)) {
                     log::warn!(
                         "NRI: container {who} is pinned to CPUs {before} by someone else (the kubelet's static \
