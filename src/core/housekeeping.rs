@@ -296,8 +296,9 @@ pub struct Sample {
     pub interrupts: Interrupts,
     /// Task ticks per CPU (`/proc/stat`).
     pub task_ticks: BTreeMap<u32, u64>,
-    /// Each isolated pool's slice `usage_usec`, where readable.
-    pub pool_usage_usec: BTreeMap<String, u64>,
+    /// Each isolated pool's cgroups' `usage_usec` (its slice, its containers' cgroups), by
+    /// cgroup, where readable.
+    pub pool_usage_usec: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 /// One device IRQ firing on an isolated CPU.
@@ -432,8 +433,18 @@ pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: 
             timer_per_sec: timer as f64 / secs,
         });
     }
-    let foreign_percent = match (before.pool_usage_usec.get(pool), after.pool_usage_usec.get(pool)) {
-        (Some(a), Some(b)) if !cpus.is_empty() => {
+    // The pool's own time: what each of its cgroups read in both samples added (a container
+    // that came or went between them is left out rather than counted as foreign).
+    let own = match (before.pool_usage_usec.get(pool), after.pool_usage_usec.get(pool)) {
+        (Some(a), Some(b)) => {
+            let both: Vec<u64> =
+                b.iter().filter_map(|(cg, now)| a.get(cg).map(|then| now.saturating_sub(*then))).collect();
+            (!both.is_empty()).then(|| both.iter().sum::<u64>())
+        }
+        _ => None,
+    };
+    let foreign_percent = match own {
+        Some(own_usec) if !cpus.is_empty() => {
             let ticks: u64 = cpus
                 .iter()
                 .map(|c| {
@@ -443,7 +454,7 @@ pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: 
                 .sum();
             // USER_HZ is 100: a tick is 10 ms.
             let busy_usec = ticks as f64 * 10_000.0;
-            let own_usec = b.saturating_sub(*a) as f64;
+            let own_usec = own_usec as f64;
             let total_usec = secs * 1e6 * cpus.len() as f64;
             Some(((busy_usec - own_usec).max(0.0) / total_usec * 100.0).min(100.0))
         }
@@ -562,8 +573,9 @@ mod tests {
         let mut before = Sample { task_ticks: parse_stat(stat0), ..Default::default() };
         let mut after = Sample { task_ticks: parse_stat(stat1), ..Default::default() };
         // 112 ticks = 1.12 s busy over 2 CPUs x 2 s; the pool ran 1.0 s of it.
-        before.pool_usage_usec.insert("dp".into(), 5_000_000);
-        after.pool_usage_usec.insert("dp".into(), 6_000_000);
+        let slice = |usec| BTreeMap::from([("cpupool.slice/cpupool-dp.slice".to_owned(), usec)]);
+        before.pool_usage_usec.insert("dp".into(), slice(5_000_000));
+        after.pool_usage_usec.insert("dp".into(), slice(6_000_000));
         let h = assess("dp", &set("2-3"), &before, &after, 2.0);
         let f = h.foreign_percent.unwrap_or_else(|| panic!("no foreign time"));
         assert!((f - 3.0).abs() < 1e-9, "{f}");

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cpuset::CpuSet;
-use super::pool::{PoolKind, PoolName};
+use super::pool::{Pool, PoolKind, PoolName};
 use super::state::{Assignment, AssignmentId, CgroupPath, State, Target};
 use super::topology::Topology;
 
@@ -217,6 +217,25 @@ pub struct LayoutOptions {
     /// Cgroups of kubelet containers that use no pool (`kubelet.confine_unpooled`): kept off
     /// the exclusive pools' CPUs, like the kubelet's own shared pool.
     pub unpooled: BTreeSet<CgroupPath>,
+    /// Where isolated partitions are made.
+    pub partitions: Partitions,
+}
+
+/// Where the isolated pools' partitions are made: what the kernel allows and what the CPUs
+/// serve decide it (the engine chooses; see docs/behaviour.md, "Isolated pools and containers").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Partitions {
+    /// Each isolated pool's slice is a partition on all its CPUs.
+    #[default]
+    Pools,
+    /// The kernel has `cpuset.cpus.exclusive` (Linux 6.7): the CPUs of an isolated pool that
+    /// serve kubelet containers (an allocation, or a container's cgroup outside
+    /// `cpupool.slice`) leave the pool's partition, and each such container's cgroup is an
+    /// isolated partition of its own; the pool's slice keeps the rest.
+    Containers,
+    /// None: without `cpuset.cpus.exclusive` the parent of isolated pools must be a `root`
+    /// partition, which would take every pool's CPUs from the kubelet's containers.
+    Off,
 }
 
 /// The placements `state` implies: the top slice and one slice per pool (the reserved pool's
@@ -225,7 +244,7 @@ pub struct LayoutOptions {
 pub fn layout(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
     let mut out = frame(state, topo, opts);
     for a in state.assignments().values() {
-        insert_target(&mut out, state, topo, a);
+        insert_target(&mut out, state, topo, opts, a);
     }
     out
 }
@@ -287,6 +306,11 @@ fn frame_untouched(
     if opts.lend_idle && touched().any(|a| a.kind == PoolKind::Exclusive) {
         return false;
     }
+    // A container's CPUs leave or rejoin its isolated pool's partition.
+    let isolated = |a: &Assignment| after.pools().get(&a.pool).is_some_and(|p| p.isolate);
+    if opts.partitions == Partitions::Containers && touched().any(isolated) {
+        return false;
+    }
     let within = |inner: &str, outer: &str| {
         inner == outer || inner.strip_prefix(outer).is_some_and(|rest| rest.starts_with('/'))
     };
@@ -345,11 +369,11 @@ fn touched_layouts(
             .collect();
         for p in cgroups {
             if let Some(h) = s.holder(&Target::Cgroup(p)) {
-                insert_target(&mut out, s, topo, h);
+                insert_target(&mut out, s, topo, opts, h);
             }
         }
         for a in touched {
-            insert_target(&mut out, s, topo, a);
+            insert_target(&mut out, s, topo, opts, a);
         }
         out
     };
@@ -361,7 +385,14 @@ fn frame(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
     let mut out = Layout::new();
     let pools = || state.pools().values().filter(|p| p.kind != PoolKind::Reserved);
     let all = pools().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
-    let isolated = pools().filter(|p| p.isolate).fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+    // What each isolated pool's partition holds: its CPUs, less those serving containers when
+    // those have partitions of their own.
+    let partitioned = |p: &Pool| match opts.partitions {
+        Partitions::Pools => p.cpus.clone(),
+        Partitions::Containers => p.cpus.difference(&state.usage(&p.name).containers),
+        Partitions::Off => CpuSet::new(),
+    };
+    let isolated = pools().filter(|p| p.isolate).fold(CpuSet::new(), |acc, p| acc.union(&partitioned(p)));
     if let (Ok(top), false) = (CgroupPath::new(TOP_SLICE), all.is_empty()) {
         let mut top_place = Placement::new(all.clone(), topo.nodes_of(&all), Role::Parent);
         if !isolated.is_empty() {
@@ -371,8 +402,9 @@ fn frame(state: &State, topo: &Topology, opts: &LayoutOptions) -> Layout {
     }
     for p in pools() {
         let mut place = Placement::new(p.cpus.clone(), topo.nodes_of(&p.cpus), Role::Pool(p.kind));
-        if p.isolate {
-            place.partition = Partition::Isolated(p.cpus.clone());
+        let own = partitioned(p);
+        if p.isolate && !own.is_empty() {
+            place.partition = Partition::Isolated(own);
         }
         out.insert(Key::Cgroup(pool_slice(&p.name)), place);
     }
@@ -424,14 +456,31 @@ pub fn unpooled_cpus(state: &State, topo: &Topology, opts: &LayoutOptions) -> Cp
     topo.online().difference(&exclusive_cpus(state)).union(&lent_cpus(state, opts))
 }
 
-/// Adds `a`'s target to `out`.
-fn insert_target(out: &mut Layout, state: &State, topo: &Topology, a: &Assignment) {
+/// The placement of `a`'s target in the layout of `state` (`None` for a kubelet allocation
+/// whose container is not known yet).
+pub fn layout_of(state: &State, topo: &Topology, opts: &LayoutOptions, a: &Assignment) -> Option<Placement> {
+    let mut out = Layout::new();
+    insert_target(&mut out, state, topo, opts, a);
+    out.into_values().next()
+}
+
+/// Adds `a`'s target to `out`: a container holding CPUs of an isolated pool is an isolated
+/// partition of its own where [`Partitions::Containers`].
+fn insert_target(out: &mut Layout, state: &State, topo: &Topology, opts: &LayoutOptions, a: &Assignment) {
     let Some(key) = Key::of(&a.target) else { return };
     let role = if a.kind == PoolKind::Exclusive { Role::Exclusive } else { Role::Shared };
     let mut place = Placement::new(a.cpus.clone(), topo.nodes_of(&a.cpus), role);
-    let enforce = state.pools().get(&a.pool).is_some_and(|p| p.enforce_quota);
-    if a.kind == PoolKind::Shared && enforce {
+    let pool = state.pools().get(&a.pool);
+    if a.kind == PoolKind::Shared && pool.is_some_and(|p| p.enforce_quota) {
         place.quota = Some(a.millicpus);
+    }
+    if opts.partitions == Partitions::Containers
+        && a.kind == PoolKind::Exclusive
+        && pool.is_some_and(|p| p.isolate)
+        && matches!(&a.target, Target::Cgroup(_))
+        && a.target.outside_pools()
+    {
+        place.partition = Partition::Isolated(a.cpus.clone());
     }
     out.insert(key, place);
 }
@@ -442,19 +491,7 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
 
     // Partitions that change at all go back to member first, innermost first; when the parent's
     // grant changes, every partition below it goes too.
-    let parent_changes = before.iter().any(|(k, p)| {
-        matches!(p.partition, Partition::Parent(_))
-            && after.get(k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus)
-    });
-    let mut torn: Vec<&Key> = before
-        .iter()
-        .filter(|(k, p)| {
-            p.partition != Partition::Member
-                && (parent_changes
-                    || after.get(*k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus))
-        })
-        .map(|(k, _)| k)
-        .collect();
+    let mut torn = torn(before, after);
     torn.sort_by_key(|k| std::cmp::Reverse(k.depth()));
     for k in &torn {
         if let Key::Cgroup(path) = k {
@@ -629,6 +666,31 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
     effects
 }
 
+/// The partitions of `before` that go back to member on the way to `after`: those that change
+/// or end, and every one below a parent whose grant changes. A container's own partition is
+/// below no parent the planner grants from, so pool-level changes leave it standing.
+fn torn<'a>(before: &'a Layout, after: &Layout) -> Vec<&'a Key> {
+    let changes =
+        |k: &Key, p: &Placement| after.get(k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus);
+    let parents: Vec<&str> = before
+        .iter()
+        .filter(|(k, p)| matches!(p.partition, Partition::Parent(_)) && changes(k, p))
+        .filter_map(|(k, _)| match k {
+            Key::Cgroup(c) => Some(c.as_str()),
+            _ => None,
+        })
+        .collect();
+    let below = |k: &Key| match k {
+        Key::Cgroup(c) => parents.iter().any(|up| c.as_str().strip_prefix(up).is_some_and(|r| r.starts_with('/'))),
+        _ => false,
+    };
+    before
+        .iter()
+        .filter(|(k, p)| p.partition != Partition::Member && (changes(k, p) || below(k)))
+        .map(|(k, _)| k)
+        .collect()
+}
+
 /// Every role a placement can have, as an index into [`Holders`] counts.
 const ROLES: [Role; 8] = [
     Role::Parent,
@@ -712,9 +774,9 @@ impl Holders {
 /// if the state on disk names it (with those CPUs or more): nothing unsaved is half applied, and
 /// the reconcile at the next start completes the rest from the saved state.
 ///
-/// Partitions change only as a whole: if any partition would be torn down between `before`
-/// and `after`, every one is a member in the kept layout (torn down before the save, set up
-/// again after it), so no partition is ever set up on CPUs it is about to lose.
+/// A partition that changes, and every one below a parent whose grant changes, is a member in
+/// the kept layout (torn down before the save, set up again after it), so no partition is ever
+/// set up on CPUs it is about to lose.
 pub fn kept(before: &Layout, after: &Layout) -> Layout {
     let mut out: Layout = before
         .iter()
@@ -728,12 +790,8 @@ pub fn kept(before: &Layout, after: &Layout) -> Layout {
             Some((k.clone(), p))
         })
         .collect();
-    let partitions_change = before.iter().any(|(k, old)| {
-        old.partition != Partition::Member
-            && after.get(k).is_none_or(|new| new.partition != old.partition || new.cpus != old.cpus)
-    });
-    if partitions_change {
-        for p in out.values_mut() {
+    for k in torn(before, after) {
+        if let Some(p) = out.get_mut(k) {
             p.partition = Partition::Member;
         }
     }

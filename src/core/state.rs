@@ -138,6 +138,9 @@ impl<T> Outcome<T> {
 pub struct Usage {
     /// CPUs owned by exclusive assignments.
     pub taken: CpuSet,
+    /// Those of them serving targets outside `cpupool.slice` (kubelet containers, allocated
+    /// or running): an isolated pool's partition cannot hold them.
+    pub containers: CpuSet,
     /// Millicpus held.
     pub millicpus: u64,
     /// Number of assignments.
@@ -299,6 +302,7 @@ impl State {
         if let Some(u) = self.usage.get_mut(&a.pool) {
             if exclusive {
                 u.taken = u.taken.difference(&a.cpus);
+                u.containers = u.containers.difference(&a.cpus);
             }
             u.millicpus = u.millicpus.saturating_sub(a.millicpus);
             u.count = u.count.saturating_sub(1);
@@ -594,8 +598,8 @@ impl State {
         a.target = target;
         a.container = container;
         let a = a.clone();
-        self.unindex(&old);
-        self.index(&a);
+        self.remove_usage(&old);
+        self.add_usage(&a);
         self.changes.assignments.insert(key);
         Ok(Outcome::Changed(a))
     }
@@ -650,6 +654,9 @@ fn add_usage(usage: &mut BTreeMap<PoolName, Usage>, a: &Assignment) {
     let u = usage.entry(a.pool.clone()).or_default();
     if a.kind == PoolKind::Exclusive {
         u.taken = u.taken.union(&a.cpus);
+        if a.target.outside_pools() {
+            u.containers = u.containers.union(&a.cpus);
+        }
     }
     u.millicpus += a.millicpus;
     u.count += 1;

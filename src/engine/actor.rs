@@ -11,7 +11,7 @@ use super::{drift, housekeeping, irq, ConfigSource, Engine, EngineError, Event, 
 use crate::config::ConfigError;
 use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
-use crate::core::plan::{self, Key, Layout, LayoutOptions};
+use crate::core::plan::{self, Key, Layout, LayoutOptions, Partitions};
 use crate::core::pool::{PoolKind, PoolName};
 use crate::core::state::{self, CgroupPath, Delta, State, StateData};
 use crate::host::store::{Loaded, PrevCopy, Store, StoreError};
@@ -243,13 +243,23 @@ impl Engine {
     /// partition itself, and no CPU below it can be lent.
     pub(super) fn layout_options(&self, state: &State, host_cgroups: &[CgroupPath]) -> LayoutOptions {
         let isolating = state.pools().values().any(|p| p.isolate);
-        let lend_idle = self.lend_idle && (!isolating || self.backend.remote_partitions());
+        let remote = self.backend.remote_partitions();
+        let lend_idle = self.lend_idle && (!isolating || remote);
         if self.lend_idle && !lend_idle {
             log::warn!(
                 "lend_idle is off while pools are isolated: this kernel has no cpuset.cpus.exclusive (Linux 6.7)"
             );
         }
-        LayoutOptions { host_cgroups: host_cgroups.to_vec(), lend_idle, unpooled: self.opts.unpooled.clone() }
+        let partitions = partitions(state, remote, self.kubelet.pod_cpus.is_some());
+        if partitions == Partitions::Off && isolating {
+            log::warn!("{}", no_partitions_reason(state));
+        }
+        LayoutOptions {
+            host_cgroups: host_cgroups.to_vec(),
+            lend_idle,
+            unpooled: self.opts.unpooled.clone(),
+            partitions,
+        }
     }
 
     /// Makes the host match the state: reads what each placement holds now and applies the
@@ -446,4 +456,31 @@ impl Engine {
 /// Each pool's CPUs, for resolving count pools where they are.
 pub(super) fn current_cpus(state: &State) -> std::collections::BTreeMap<PoolName, CpuSet> {
     state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect()
+}
+
+/// Where isolated partitions go: containers' own cgroups where the kernel has
+/// `cpuset.cpus.exclusive`; nowhere where it has not, the kubelet's pod cgroup exists
+/// (`pods`) and some pool is offered to the kubelet (the `root` partition an older kernel needs
+/// above the isolated pools would take every pool's CPUs from the kubelet's containers); the
+/// pools' slices otherwise.
+pub(super) fn partitions(state: &State, remote: bool, pods: bool) -> Partitions {
+    let kubelet = pods && state.pools().values().any(|p| p.offered_to_kubelet());
+    match (remote, kubelet) {
+        (true, _) => Partitions::Containers,
+        (false, true) => Partitions::Off,
+        (false, false) => Partitions::Pools,
+    }
+}
+
+/// Why no isolated pool is a partition ([`Partitions::Off`]), for the log and `pool show`.
+pub(crate) fn no_partitions_reason(state: &State) -> String {
+    let offered: Vec<&str> =
+        state.pools().values().filter(|p| p.offered_to_kubelet()).map(|p| p.name.as_str()).collect();
+    format!(
+        "no isolated partition: this kernel has no cpuset.cpus.exclusive (Linux 6.7), and the root partition \
+         it would need above the isolated pools would take the CPUs of pool(s) {} from the kubelet's \
+         containers. Interrupts and kernel threads still keep off the isolated CPUs; the scheduler \
+         still balances load onto them (boot with isolcpus= for that, or use Linux 6.7 or later)",
+        offered.join(", ")
+    )
 }

@@ -215,7 +215,25 @@ impl Engine {
 
     /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal.
     pub(super) fn verify(&self, a: &Assignment) -> Result<(), state::Error> {
-        verify_on(&*self.backend, a)
+        verify_on(&*self.backend, a)?;
+        // A container of an isolated pool: its cgroup must be a valid isolated partition.
+        let Target::Cgroup(path) = &a.target else { return Ok(()) };
+        let wanted = plan::layout_of(&self.state, &self.topo, &self.opts, a)
+            .is_some_and(|p| p.partition != plan::Partition::Member);
+        if !wanted {
+            return Ok(());
+        }
+        match self.backend.partition_status(path) {
+            Some(status) if status == "isolated" => Ok(()),
+            status => Err(state::Error::TargetNotAllowed {
+                target: a.target.to_string(),
+                reason: format!(
+                    "the kernel did not make {path} an isolated partition on CPUs {} (cpuset.cpus.partition reads `{}`)",
+                    a.cpus,
+                    status.as_deref().unwrap_or("nothing")
+                ),
+            }),
+        }
     }
 
     /// [`Engine::verify`] after the commit that made `changes`; on a difference the commit is
@@ -278,14 +296,21 @@ impl Engine {
         if cgroups == self.opts.unpooled {
             return Ok(0);
         }
+        self.relayout(|o| o.unpooled = cgroups)
+    }
+
+    /// Changes what the layout depends on besides the state and applies the difference; on
+    /// failure puts both back as they were, so that the next call tries again. Returns the
+    /// number of effects.
+    pub(super) fn relayout(&mut self, change: impl FnOnce(&mut plan::LayoutOptions)) -> Result<usize, EngineError> {
         let before = self.layout(&self.state);
-        let previous = std::mem::replace(&mut self.opts.unpooled, cgroups);
+        let previous = self.opts.clone();
+        change(&mut self.opts);
         let after = self.layout(&self.state);
         let effects = plan::plan(&before, &after).len();
         if let Err(e) = self.apply_plan(&before, &after) {
-            // Back as it was, so that the next call tries again.
             self.undo(&after, &before);
-            self.opts.unpooled = previous;
+            self.opts = previous;
             return Err(e);
         }
         Ok(effects)

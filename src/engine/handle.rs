@@ -92,6 +92,22 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The CPUs a kubelet container can be given ([`super::KubeletView::usable`]), with those
+    /// an isolated pool's partition holds where containers get partitions of their own: they
+    /// leave the pool's partition when the kubelet allocates them.
+    pub fn container_cpus(&self) -> CpuSet {
+        let usable = self.kubelet.usable(&self.topology);
+        if self.layout.partitions != crate::core::plan::Partitions::Containers {
+            return usable;
+        }
+        let online = self.kubelet.online(&self.topology);
+        self.state
+            .pools()
+            .values()
+            .filter(|p| p.isolate)
+            .fold(usable, |acc, p| acc.union(&p.cpus.intersection(&online)))
+    }
+
     /// The one-line summary for `STATUS=` and logs.
     pub fn summary(&self) -> String {
         let mut s =

@@ -58,7 +58,8 @@ pub struct MaskReport {
 pub struct PoolIsolation {
     /// Its CPUs.
     pub cpus: CpuSet,
-    /// The kernel's reason when its partition is invalid.
+    /// Why its CPUs are not isolated partitions as planned: the kernel's reason (`isolated
+    /// invalid (...)`) for its slice's or a container's partition, or why there is none.
     pub invalid: Option<String>,
     /// The last interval measured; `None` until two samples exist.
     pub health: Option<PoolHealth>,
@@ -78,7 +79,7 @@ impl PoolIsolation {
     /// One line for people.
     pub fn summary(&self) -> String {
         match (&self.invalid, &self.health) {
-            (Some(why), _) => format!("degraded: the kernel made the partition {why}"),
+            (Some(why), _) => format!("degraded: {why}"),
             (None, None) => "not measured yet".to_owned(),
             (None, Some(h)) => h.summary(),
         }
@@ -346,8 +347,7 @@ impl Engine {
         let mut pools = BTreeMap::new();
         let mut isolated = CpuSet::new();
         for p in self.state.pools().values().filter(|p| p.isolate) {
-            let status = self.backend.partition_status(&plan::pool_slice(&p.name)).unwrap_or_default();
-            let invalid = status.contains("invalid").then(|| status.clone());
+            let invalid = self.partition_problem(p);
             let before = hk.report.pools.get(&p.name);
             if before.map(|b| &b.invalid) != Some(&invalid) {
                 match &invalid {
@@ -390,15 +390,60 @@ impl Engine {
         events
     }
 
+    /// What keeps an isolated pool's CPUs from being the partitions the layout plans: none at
+    /// all ([`plan::Partitions::Off`]), or the kernel's word on its slice's partition, or on
+    /// a container's that holds some of its CPUs.
+    fn partition_problem(&self, pool: &crate::core::pool::Pool) -> Option<String> {
+        if self.opts.partitions == plan::Partitions::Off {
+            return Some(super::actor::no_partitions_reason(&self.state));
+        }
+        let slice = plan::pool_slice(&pool.name);
+        let status = self.backend.partition_status(&slice).unwrap_or_default();
+        if status.contains("invalid") {
+            return Some(format!("the kernel made the partition {status}"));
+        }
+        for (path, _) in self.container_partitions(pool) {
+            let status = self.backend.partition_status(&path).unwrap_or_default();
+            if status != "isolated" {
+                return Some(format!("the kernel made the partition of container cgroup {path} `{status}`"));
+            }
+        }
+        None
+    }
+
+    /// The cgroups of containers holding CPUs of `pool` as partitions of their own, with the
+    /// assignment's CPUs.
+    fn container_partitions(&self, pool: &crate::core::pool::Pool) -> Vec<(crate::core::state::CgroupPath, CpuSet)> {
+        if self.opts.partitions != plan::Partitions::Containers || self.state.usage(&pool.name).containers.is_empty() {
+            return Vec::new();
+        }
+        self.state
+            .assignments()
+            .values()
+            .filter(|a| a.pool == pool.name && a.target.outside_pools())
+            .filter_map(|a| match &a.target {
+                crate::core::state::Target::Cgroup(p) => Some((p.clone(), a.cpus.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Takes a sample of the counters and measures each isolated pool since the last one.
     pub(super) fn sample_isolation(&mut self) {
+        let Some(names) = self.hk.as_ref().map(|hk| hk.report.pools.keys().cloned().collect::<Vec<_>>()) else {
+            return;
+        };
+        // A pool's own time: its slice's, and its containers' where they are partitions.
+        let mut slices: Vec<(String, String)> = Vec::new();
+        for n in &names {
+            slices.push((n.to_string(), plan::pool_slice(n).as_str().to_owned()));
+            if let Some(p) = self.state.pools().get(n) {
+                for (path, _) in self.container_partitions(p) {
+                    slices.push((n.to_string(), path.as_str().to_owned()));
+                }
+            }
+        }
         let Some(hk) = self.hk.as_mut() else { return };
-        let slices: Vec<(String, String)> = hk
-            .report
-            .pools
-            .keys()
-            .map(|n| (n.to_string(), plan::pool_slice(n).as_str().to_owned()))
-            .collect();
         let now = Instant::now();
         let sample = match health::read_sample(&hk.roots.procfs, &hk.roots.cgroup, &slices) {
             Ok(s) => s,

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::Engine;
 use crate::core::cpuset::CpuSet;
+use crate::core::plan::Partitions;
 use crate::core::state::{AssignmentId, State};
 use crate::core::topology::Topology;
 
@@ -100,9 +101,28 @@ impl Engine {
             KubeletUpdate::Nri(runtime) => std::mem::replace(&mut view.nri, runtime.clone()) != runtime,
         };
         if changed {
+            self.follow_pods();
             self.publish(Vec::new());
         }
         changed
+    }
+
+    /// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it,
+    /// the isolated pools' partitions go or come back ([`super::actor::partitions`]).
+    fn follow_pods(&mut self) {
+        let pods = self.kubelet.pod_cpus.is_some();
+        let want = super::actor::partitions(&self.state, self.backend.remote_partitions(), pods);
+        if want == self.opts.partitions {
+            return;
+        }
+        if want == Partitions::Off {
+            log::warn!("{}", super::actor::no_partitions_reason(&self.state));
+        } else {
+            log::info!("the kubelet's pod cgroup is gone: isolated pools are partitions again");
+        }
+        if let Err(e) = self.relayout(|o| o.partitions = want) {
+            log::error!("changing where isolated partitions are: {}", crate::engine::error_chain(&e));
+        }
     }
 }
 

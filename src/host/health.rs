@@ -11,7 +11,8 @@ use std::path::Path;
 use super::fsutil::{FsError, Root};
 use crate::core::housekeeping::{parse_cpu_stat, parse_interrupts, parse_stat, Sample};
 
-/// Reads one sample; `slices` are `(pool, slice path relative to the cgroup root)`. A slice
+/// Reads one sample; `slices` are `(pool, cgroup path relative to the cgroup root)`, several
+/// for one pool where its containers have partitions of their own. A cgroup
 /// whose `cpu.stat` cannot be read (no cpu controller) is left out: its foreign time is then
 /// unknown rather than wrong.
 pub fn read_sample(procfs: &Path, cgroup: &Path, slices: &[(String, String)]) -> Result<Sample, FsError> {
@@ -19,13 +20,14 @@ pub fn read_sample(procfs: &Path, cgroup: &Path, slices: &[(String, String)]) ->
     let interrupts = parse_interrupts(&proc.read_to_string("interrupts")?);
     let task_ticks = parse_stat(&proc.read_to_string("stat")?);
     let cg = Root::new(cgroup);
-    let pool_usage_usec = slices
-        .iter()
-        .filter_map(|(pool, slice)| {
-            let text = cg.read_to_string(format!("{}/cpu.stat", slice.trim_start_matches('/'))).ok()?;
-            Some((pool.clone(), parse_cpu_stat(&text)?))
-        })
-        .collect();
+    let mut pool_usage_usec: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> =
+        std::collections::BTreeMap::new();
+    for (pool, slice) in slices {
+        let read = cg.read_to_string(format!("{}/cpu.stat", slice.trim_start_matches('/')));
+        if let Some(usec) = read.ok().as_deref().and_then(parse_cpu_stat) {
+            pool_usage_usec.entry(pool.clone()).or_default().insert(slice.clone(), usec);
+        }
+    }
     Ok(Sample { interrupts, task_ticks, pool_usage_usec })
 }
 
@@ -55,6 +57,6 @@ mod tests {
         assert!(s.pool_usage_usec.is_empty());
         std::fs::write(c.join(slice).join("cpu.stat"), "usage_usec 77\n").unwrap_or_else(|e| panic!("{e}"));
         let s = read_sample(&p, &c, &pools).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(s.pool_usage_usec.get("dp"), Some(&77));
+        assert_eq!(s.pool_usage_usec.get("dp").and_then(|d| d.values().next()), Some(&77));
     }
 }

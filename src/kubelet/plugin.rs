@@ -149,7 +149,7 @@ impl PoolPlugin {
                 p,
                 self.shared.millis_per_device,
                 &snap.kubelet.held_devices(&snap.state),
-                &snap.kubelet.usable(&snap.topology),
+                &snap.container_cpus(),
             )
             .into_iter()
             .map(encode)

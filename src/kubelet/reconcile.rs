@@ -231,7 +231,10 @@ impl Reconciler {
         let snap = handle.snapshot();
         let pools = offered(&snap.state);
         let all = pools.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
-        let lacking = cpus.as_ref().map(|c| all.difference(c)).unwrap_or_default();
+        let lacking = match &cpus {
+            Some(_) => all.difference(&snap.container_cpus()),
+            None => CpuSet::new(),
+        };
         if lacking != self.unreachable_cpus && !lacking.is_empty() {
             log::warn!(
                 "device plugin: the kubelet's pod cgroup does not have CPUs {lacking} of pool(s) {} (its \

@@ -114,6 +114,78 @@ fn new_pool_slices_are_created_parent_first_and_released_targets_cleared() {
     assert_eq!(last_mems, Some(effects.len() - 1));
 }
 
+/// Where the kernel has `cpuset.cpus.exclusive`, a container holding CPUs of an isolated pool
+/// is an isolated partition of its own and its CPUs leave the pool's (an allocation's at once);
+/// another container's coming and going leaves a standing container partition alone; without
+/// partitions at all nothing is one.
+#[test]
+fn containers_of_isolated_pools_are_partitions_of_their_own() {
+    let t = Topology::synthetic(1, 6, 1, 1);
+    let n = |s: &str| PoolName::new(s).unwrap_or_else(|e| panic!("{e}"));
+    let pool = |name: &str, kind, cpus: &str, isolate| Pool {
+        name: n(name),
+        kind,
+        cpus: set(cpus),
+        smt: Smt::Threads,
+        isolate,
+        kubelet: true,
+        enforce_quota: false,
+    };
+    let mut s = State::with_pools(vec![
+        pool("sys", PoolKind::Reserved, "0-1", false),
+        pool("dp", PoolKind::Exclusive, "2", false),
+        pool("iso", PoolKind::Exclusive, "3-5", true),
+    ]);
+    let opts = LayoutOptions { partitions: Partitions::Containers, ..LayoutOptions::default() };
+    let assign = |s: &mut State, target: &str| {
+        let target = Target::parse(target).unwrap_or_else(|e| panic!("{e}"));
+        s.assign(&t, &AssignSpec::new("iso", target, Size::Cpus(1), None)).unwrap_or_else(|e| panic!("{e}")).into_inner()
+    };
+    let idle = layout(&s, &t, &opts);
+    assert_eq!(idle[&cg("cpupool.slice")].partition, Partition::Parent(set("3-5")));
+    // An allocation whose container is not known yet: its CPU leaves the pool's partition.
+    let held = assign(&mut s, "kubelet:iso-3");
+    let l = layout(&s, &t, &opts);
+    assert_eq!(l[&cg("cpupool.slice")].partition, Partition::Parent(set("4-5")));
+    assert_eq!(l[&cg("cpupool.slice/cpupool-iso.slice")].partition, Partition::Isolated(set("4-5")));
+    // Its container: a partition of its own.
+    let ctr = "kubepods.slice/kubepods-podA.slice/cri-containerd-a.scope";
+    s.retarget(held.id.as_str(), Target::parse(&format!("cgroup:{ctr}")).unwrap_or_else(|e| panic!("{e}")), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let one = layout(&s, &t, &opts);
+    assert_eq!(one[&cg(ctr)].partition, Partition::Isolated(set("3")));
+    // A unit in the pool's slice stays in the pool's partition.
+    let unit = assign(&mut s, "unit:cpupool-iso-x.slice");
+    let two = layout(&s, &t, &opts);
+    assert_eq!(two[&cg("cpupool.slice/cpupool-iso.slice")].partition, Partition::Isolated(set("4-5")));
+    assert_eq!(two[&Key::Unit("cpupool-iso-x.slice".into())].partition, Partition::Member);
+    // A second container: the pool's partition shrinks, the first container's is not torn.
+    let other = "kubepods.slice/kubepods-podB.slice/cri-containerd-b.scope";
+    assign(&mut s, &format!("cgroup:{other}"));
+    let three = layout(&s, &t, &opts);
+    let effects = check(&two, &three);
+    let parts: Vec<&Effect> = effects.iter().filter(|e| matches!(e, Effect::SetPartition { .. })).collect();
+    assert!(
+        !parts.iter().any(|e| matches!(e, Effect::SetPartition { path, .. } if path.as_str() == ctr)),
+        "{parts:#?}"
+    );
+    assert!(matches!(parts.last(), Some(Effect::SetPartition { path, partition: Partition::Isolated(c) }) if path.as_str() == other && c.len() == 1), "{parts:#?}");
+    let k = kept(&two, &three);
+    assert_eq!(k[&cg(ctr)].partition, Partition::Isolated(set("3")));
+    // The pool's partition is gone when containers hold all its CPUs.
+    s.release(unit.id.as_str()).unwrap_or_else(|e| panic!("{e}"));
+    assign(&mut s, "cgroup:kubepods.slice/kubepods-podC.slice/cri-containerd-c.scope");
+    let full = layout(&s, &t, &opts);
+    assert_eq!(full[&cg("cpupool.slice/cpupool-iso.slice")].partition, Partition::Member);
+    assert!(!full.contains_key(&cg("cpupool.slice")) || full[&cg("cpupool.slice")].partition == Partition::Member);
+    // Without partitions, nothing is one; with pools' partitions, no container is.
+    let off = layout(&s, &t, &LayoutOptions { partitions: Partitions::Off, ..opts.clone() });
+    assert!(off.values().all(|p| p.partition == Partition::Member), "{off:#?}");
+    let pools = layout(&s, &t, &LayoutOptions { partitions: Partitions::Pools, ..opts.clone() });
+    assert_eq!(pools[&cg("cpupool.slice/cpupool-iso.slice")].partition, Partition::Isolated(set("3-5")));
+    assert_eq!(pools[&cg(ctr)].partition, Partition::Member);
+}
+
 #[test]
 fn layout_from_state() {
     let t = Topology::synthetic(1, 4, 1, 1);
@@ -153,6 +225,7 @@ fn layout_from_state() {
         host_cgroups: vec![CgroupPath::new("system.slice").unwrap_or_else(|e| panic!("{e}"))],
         lend_idle: false,
         unpooled: BTreeSet::new(),
+        partitions: Partitions::Pools,
     };
     let l = layout(&s, &t, &opts);
     // The reserved pool's slices are the host ones: cpupool.slice holds the other pools.
@@ -507,6 +580,7 @@ proptest! {
         lend_idle in any::<bool>(),
         host in any::<bool>(),
         unpooled in any::<bool>(),
+        containers in any::<bool>(),
         setup in proptest::collection::vec(op(), 0..12),
         group in proptest::collection::vec(op(), 1..4),
     ) {
@@ -516,6 +590,7 @@ proptest! {
             host_cgroups: if host { vec![path("system.slice")] } else { Vec::new() },
             lend_idle,
             unpooled: if unpooled { BTreeSet::from([path("side"), path("k/u")]) } else { BTreeSet::new() },
+            partitions: if containers { Partitions::Containers } else { Partitions::Pools },
         };
         let mut before = State::with_pools(pools(isolate, quota));
         run(&mut before, &topo, &setup);
@@ -579,6 +654,7 @@ fn a_commit_plans_over_the_pool_level_only_when_it_can_touch_it() {
         host_cgroups: vec![path("system.slice")],
         lend_idle,
         unpooled: BTreeSet::from([path("k/u")]),
+        partitions: Partitions::Pools,
     };
     let before = State::with_pools(pools(false, false));
     let commit = |pool: &str, target: &str, size: Size, lend_idle: bool| {

@@ -177,6 +177,23 @@ pub enum Target {
     Kubelet(String),
 }
 
+impl Target {
+    /// Whether the target lies outside `cpupool.slice`: a kubelet allocation (its container is
+    /// not known yet) or a cgroup elsewhere (a container's). A pool slice's partition cannot
+    /// hold its CPUs.
+    pub fn outside_pools(&self) -> bool {
+        let top = crate::core::plan::TOP_SLICE;
+        match self {
+            Target::Kubelet(_) => true,
+            Target::Cgroup(p) => {
+                let path = p.as_str();
+                !(path == top || path.strip_prefix(top).is_some_and(|rest| rest.starts_with('/')))
+            }
+            Target::Unit(_) | Target::Pid(_) => false,
+        }
+    }
+}
+
 /// Longest device id (the device plugin API's limit).
 pub const MAX_DEVICE_ID: usize = 63;
 

@@ -6,21 +6,33 @@ use std::fs;
 use super::{CgroupFs, HostError};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::Partition;
-use crate::core::state::CgroupPath;
+use crate::core::state::{CgroupPath, Target};
 
 impl CgroupFs {
     /// Makes a cgroup a partition or a member again. `cpuset.cpus.exclusive` is written where
     /// the kernel has it (6.7+); without it, the parent of isolated partitions becomes a
     /// `root` partition itself, as older kernels require.
+    ///
+    /// A cgroup outside `cpupool.slice` (a container's) is a remote partition: its ancestors,
+    /// which the planner does not manage (the kubelet's slices), are granted its CPUs in their
+    /// `cpuset.cpus.exclusive` first, outermost first; when it goes back to member (or is gone
+    /// already, with its container), each ancestor keeps only what its children still hold.
     pub fn set_partition(&self, path: &CgroupPath, partition: &Partition) -> Result<(), HostError> {
         let dir = self.dir(path);
         let exclusive = dir.join("cpuset.cpus.exclusive");
         let file = dir.join("cpuset.cpus.partition");
+        let remote = Target::Cgroup(path.clone()).outside_pools();
         match partition {
             Partition::Member => {
-                self.write_file(&file, "member")?;
-                if exclusive.exists() {
-                    self.write_file(&exclusive, "")?;
+                // A partition is gone with its cgroup.
+                if self.exists(path) {
+                    self.write_file(&file, "member")?;
+                    if exclusive.exists() {
+                        self.write_file(&exclusive, "")?;
+                    }
+                }
+                if remote {
+                    self.regrant(path)?;
                 }
                 Ok(())
             }
@@ -28,11 +40,50 @@ impl CgroupFs {
             Partition::Parent(_) => self.write_file(&file, "root"),
             Partition::Isolated(cpus) => {
                 if exclusive.exists() {
+                    if remote {
+                        self.grant(path, cpus)?;
+                    }
                     self.write_file(&exclusive, &cpus.to_string())?;
                 }
                 self.write_file(&file, "isolated")
             }
         }
+    }
+
+    /// Adds `cpus` to the `cpuset.cpus.exclusive` of every ancestor of `path` below the root,
+    /// outermost first (a cgroup's exclusive CPUs must be its parent's).
+    fn grant(&self, path: &CgroupPath, cpus: &CpuSet) -> Result<(), HostError> {
+        for up in path.ancestors() {
+            let held = self.list_file(&up, "cpuset.cpus.exclusive")?;
+            if !cpus.is_subset(&held) {
+                let file = self.dir(&up).join("cpuset.cpus.exclusive");
+                self.write_file(&file, &held.union(cpus).to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves each ancestor of `path` below the root, innermost first, only the exclusive
+    /// CPUs its children hold. Ancestors that do not exist, or have no such file, are skipped.
+    fn regrant(&self, path: &CgroupPath) -> Result<(), HostError> {
+        for up in path.ancestors().into_iter().rev() {
+            let file = self.dir(&up).join("cpuset.cpus.exclusive");
+            if !file.exists() {
+                continue;
+            }
+            let held = self.list_file(&up, "cpuset.cpus.exclusive")?;
+            if held.is_empty() {
+                continue;
+            }
+            let mut want = CpuSet::new();
+            for child in self.children(&up) {
+                want = want.union(&self.list_file(&child, "cpuset.cpus.exclusive")?);
+            }
+            if want != held {
+                self.write_file(&file, &want.to_string())?;
+            }
+        }
+        Ok(())
     }
 
     /// The first line of `cpuset.cpus.partition`, `None` if there is none. Read afresh (the

@@ -121,6 +121,38 @@ fn partitions_on_kernels_with_and_without_cpuset_cpus_exclusive() {
     assert!(fs_.has_exclusive_file());
 }
 
+/// A container's cgroup outside cpupool.slice becomes an isolated partition with its CPUs
+/// granted down the kubelet's slices (modelled on the kernel's files: every cpuset cgroup of a
+/// 6.7+ kernel has `cpuset.cpus.exclusive`); when it goes back to member, or is gone already,
+/// each slice keeps what its other children hold.
+#[test]
+fn a_containers_partition_is_granted_down_the_kubelets_slices_and_taken_back() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let fs_ = CgroupFs::new(dir.path(), "/proc");
+    let pods = cg("kubepods.slice");
+    let pod = cg("kubepods.slice/kubepods-podA.slice");
+    let (a, b) = (cg("kubepods.slice/kubepods-podA.slice/cri-a.scope"), cg("kubepods.slice/kubepods-podA.slice/cri-b.scope"));
+    for p in [&pods, &pod, &a, &b] {
+        let d = dir.path().join(p.as_str());
+        fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        fs::write(d.join("cpuset.cpus.exclusive"), "\n").unwrap_or_else(|e| panic!("{e}"));
+        fs::write(d.join("cpuset.cpus.partition"), "member\n").unwrap_or_else(|e| panic!("{e}"));
+    }
+    let read = |p: &CgroupPath| {
+        fs::read_to_string(dir.path().join(p.as_str()).join("cpuset.cpus.exclusive")).unwrap_or_default()
+    };
+    fs_.set_partition(&a, &Partition::Isolated(CpuSet::range(3, 3))).unwrap_or_else(|e| panic!("{e}"));
+    fs_.set_partition(&b, &Partition::Isolated(CpuSet::range(4, 5))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((read(&pods), read(&pod), read(&a), read(&b)), ("3-5".into(), "3-5".into(), "3".into(), "4-5".into()));
+    assert_eq!(fs_.partition_status(&a).as_deref(), Some("isolated"));
+    fs_.set_partition(&a, &Partition::Member).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((read(&pods), read(&pod), read(&a)), ("4-5".into(), "4-5".into(), "\n".into()));
+    // The container went with its cgroup before it was torn down: the slices still give back.
+    fs::remove_dir_all(dir.path().join(b.as_str())).unwrap_or_else(|e| panic!("{e}"));
+    fs_.set_partition(&b, &Partition::Member).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((read(&pods), read(&pod)), ("\n".into(), "\n".into()));
+}
+
 #[test]
 fn process_start_time_survives_odd_command_names() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

@@ -11,19 +11,7 @@ pub(super) fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
 
     // Partitions that change at all go back to member first, innermost first; when the parent's
     // grant changes, every partition below it goes too.
-    let parent_changes = before.iter().any(|(k, p)| {
-        matches!(p.partition, Partition::Parent(_))
-            && after.get(k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus)
-    });
-    let mut torn: Vec<&Key> = before
-        .iter()
-        .filter(|(k, p)| {
-            p.partition != Partition::Member
-                && (parent_changes
-                    || after.get(*k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus))
-        })
-        .map(|(k, _)| k)
-        .collect();
+    let mut torn = super::super::torn(before, after);
     torn.sort_by_key(|k| std::cmp::Reverse(k.depth()));
     for k in &torn {
         if let Key::Cgroup(path) = k {
