@@ -90,6 +90,7 @@ fn main() {
         host_cgroups: vec![CgroupPath::new("system.slice").unwrap()],
         lend_idle: true,
         unpooled: BTreeSet::new(),
+        partitions: cpupoold::core::plan::Partitions::Containers,
     };
     let mut rows: Vec<(&str, usize, f64)> = Vec::new();
     for &n in sizes {

@@ -627,8 +627,7 @@ fn libraries_do_not_log_below_warn_at_info() {
             let out = busctl(&bus, false, &["call", DEST, PATH, IFACE, method]);
             assert!(out.status.success(), "{method}: {}", text(&out.stderr));
         }
-        let logs = d.logs();
-        d.stop();
+        let logs = d.stop_with_logs();
         let libraries: Vec<&str> = logs
             .lines()
             .filter(|l| l.contains(" [zbus") || l.contains(" [tracing") || l.contains(" span="))

@@ -157,7 +157,13 @@ pub fn read(backend: &dyn Backend, snap: &Snapshot) -> Found {
     let mut frame = false;
     let mut differing = BTreeSet::new();
     for (key, want) in &desired {
-        if differs(key, observe(backend, key, want), want) {
+        let now = observe(backend, key, want);
+        // A container's cgroup that is gone is not drift: its assignment goes with the
+        // container (NRI's StopContainer, or the kubelet's PodResources), not by a write.
+        if now.is_none() && matches!(key, Key::Cgroup(p) if backend.vanished(p)) {
+            continue;
+        }
+        if differs(key, now, want) {
             if frame_keys.contains_key(key) {
                 frame = true;
             }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{Effect, Key};
-use crate::core::state::CgroupPath;
+use crate::core::state::{CgroupPath, Target};
 
 mod cache;
 mod effective;
@@ -337,19 +337,27 @@ impl CgroupFs {
         Ok(())
     }
 
+    /// Whether `path` is a cgroup outside `cpupool.slice` (a container's, which the runtime
+    /// makes and removes) that is gone from the kernel's tree: there is nothing left to
+    /// confine, so a write to it is skipped rather than failed and retried. The simulated tree
+    /// has no one else to remove cgroups, and makes them on the first write.
+    pub fn vanished(&self, path: &CgroupPath) -> bool {
+        self.kernel && Target::Cgroup(path.clone()).outside_pools() && !self.exists(path)
+    }
+
     /// Executes one planned effect.
     pub fn apply(&self, effect: &Effect) -> Result<(), HostError> {
         match effect {
             Effect::CreateCgroup(path) => self.create(path),
             Effect::RemoveCgroup(path) => self.remove(path),
             Effect::SetCpus { key: Key::Cgroup(path), cpus, optional } => {
-                if *optional && !self.exists(path) {
+                if (*optional && !self.exists(path)) || self.vanished(path) {
                     return Ok(());
                 }
                 self.set_cpus(path, cpus)
             }
             Effect::SetMems { path, mems, optional } => {
-                if *optional && !self.exists(path) {
+                if (*optional && !self.exists(path)) || self.vanished(path) {
                     return Ok(());
                 }
                 self.write_file(&self.dir(path).join("cpuset.mems"), &mems.to_string())
@@ -414,6 +422,9 @@ impl super::Backend for CgroupFs {
     }
     fn remote_partitions(&self) -> bool {
         self.has_exclusive_file()
+    }
+    fn vanished(&self, path: &CgroupPath) -> bool {
+        CgroupFs::vanished(self, path)
     }
     fn process_start(&self, pid: u32) -> Option<u64> {
         CgroupFs::process_start(self, pid)

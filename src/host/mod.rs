@@ -87,6 +87,12 @@ pub trait Backend: Send + Sync {
     /// Where `key` sits and the CPUs the kernel lets it use there (a cgroup's parent, a unit's
     /// slice, a process's cgroup); `None` where that cannot be known.
     fn confinement(&self, key: &Key) -> Result<Option<Confinement>, HostError>;
+    /// Whether `path` is a container's cgroup (outside `cpupool.slice`) that is gone from the
+    /// kernel's tree: writes to it are skipped, and it is not drift.
+    fn vanished(&self, path: &CgroupPath) -> bool {
+        let _ = path;
+        false
+    }
     /// Forgets what the backend remembers of the host between its own writes (where pool
     /// slices sit, their partitions), so that the next reads see changes made by others: the
     /// drift check calls it before it reads.

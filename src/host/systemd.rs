@@ -391,7 +391,9 @@ impl Systemd {
             },
             Effect::SetCpus { key: Key::Cgroup(path), cpus, optional } => match unit_of(path) {
                 Some(unit) => {
-                    if *optional && !self.fs.exists(path) {
+                    // A container's scope that is gone has nothing left to confine: asking
+                    // systemd would only fail (NoSuchUnit) at every check until it is released.
+                    if (*optional && !self.fs.exists(path)) || self.fs.vanished(path) {
                         return Ok(());
                     }
                     self.set_cpus(unit, cpus)?;
@@ -422,7 +424,7 @@ impl Systemd {
             Effect::SetCpus { key: Key::Pid(_), .. } => self.fs.apply(effect),
             Effect::SetMems { path, mems, optional } => match unit_of(path) {
                 Some(unit) => {
-                    if *optional && !self.fs.exists(path) {
+                    if (*optional && !self.fs.exists(path)) || self.fs.vanished(path) {
                         return Ok(());
                     }
                     let what = format!("setting AllowedMemoryNodes={mems} on {unit}");
@@ -520,6 +522,10 @@ impl Backend for Systemd {
 
     fn remote_partitions(&self) -> bool {
         self.fs.has_exclusive_file()
+    }
+
+    fn vanished(&self, path: &CgroupPath) -> bool {
+        self.fs.vanished(path)
     }
 
     fn process_start(&self, pid: u32) -> Option<u64> {

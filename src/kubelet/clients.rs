@@ -131,6 +131,20 @@ pub async fn cri_containers(endpoint: &Path) -> Result<Containers, String> {
         .collect())
 }
 
+/// The ready pod sandboxes (the pause containers the kubelet does not list among a pod's
+/// containers), as (pod UID, sandbox id).
+pub async fn cri_sandboxes(endpoint: &Path) -> Result<Vec<(String, String)>, String> {
+    let mut client = cri::runtime_service_client::RuntimeServiceClient::new(channel(endpoint).await?);
+    let reply = answer(client.list_pod_sandbox(cri::ListPodSandboxRequest {
+        filter: Some(cri::PodSandboxFilter {
+            state: Some(cri::PodSandboxStateValue { state: cri::PodSandboxState::SandboxReady as i32 }),
+            ..Default::default()
+        }),
+    }))
+    .await?;
+    Ok(reply.items.into_iter().map(|s| (s.metadata.map(|m| m.uid).unwrap_or_default(), s.id)).collect())
+}
+
 /// Who holds one allocation.
 #[derive(Debug, Clone)]
 pub struct Holder {

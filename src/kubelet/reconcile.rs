@@ -188,25 +188,35 @@ impl Reconciler {
         self.missing.retain(|id, _| snap.state.assignments().keys().any(|k| k.as_str() == id));
         // A runtime that cannot be asked leaves the confined set as it was.
         if let (true, false, Some(containers)) = (self.opts.confine_unpooled, nri, &containers) {
-            self.confine_unpooled(handle, &holders, containers).await;
+            // The pods' sandboxes too: a runtime that lists none leaves them as they were.
+            let sandboxes = match clients::cri_sandboxes(&self.opts.runtime_endpoint).await {
+                Ok(s) => s,
+                Err(e) => {
+                    log::debug!("device plugin: listing the pod sandboxes: {e}");
+                    Vec::new()
+                }
+            };
+            self.confine_unpooled(handle, &holders, containers, &sandboxes).await;
         }
     }
 
-    /// Keeps the running containers that hold none of our devices off the exclusive CPUs.
+    /// Keeps the running containers that hold none of our devices, and the pods' sandboxes, off
+    /// the exclusive CPUs.
     async fn confine_unpooled(
         &mut self,
         handle: &Handle,
         holders: &HashMap<String, Holder>,
         containers: &Containers,
+        sandboxes: &[(String, String)],
     ) {
         let pooled: BTreeSet<(&str, &str, &str)> =
             holders.values().map(|h| (h.namespace.as_str(), h.pod.as_str(), h.container.as_str())).collect();
         let unpooled: BTreeSet<CgroupPath> = containers
             .iter()
             .filter(|((ns, pod, name), _)| !pooled.contains(&(ns.as_str(), pod.as_str(), name.as_str())))
-            .filter_map(|(_, (uid, cid))| {
-                host::kubelet::find_container(&self.opts.cgroup_root, uid, cid, None)
-            })
+            .map(|(_, (uid, cid))| (uid, cid))
+            .chain(sandboxes.iter().map(|(uid, id)| (uid, id)))
+            .filter_map(|(uid, cid)| host::kubelet::find_container(&self.opts.cgroup_root, uid, cid, None))
             .collect();
         let count = unpooled.len();
         match handle.set_unpooled(unpooled).await {

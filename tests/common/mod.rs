@@ -230,6 +230,14 @@ impl Daemon {
         let log = self.log.clone();
         test_support::daemon::stop(&mut self.child, || fs::read_to_string(&log).unwrap_or_default());
     }
+
+    /// Stops the daemon and returns its whole log: what its threads were still writing when
+    /// the last call returned is in it (read before the stop, it may not be yet).
+    pub fn stop_with_logs(self) -> String {
+        let log = self.log.clone();
+        self.stop();
+        fs::read_to_string(&log).unwrap_or_default()
+    }
 }
 
 impl Drop for Daemon {

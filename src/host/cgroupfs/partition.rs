@@ -38,6 +38,8 @@ impl CgroupFs {
             }
             Partition::Parent(cpus) if exclusive.exists() => self.write_file(&exclusive, &cpus.to_string()),
             Partition::Parent(_) => self.write_file(&file, "root"),
+            // A container's cgroup that is gone: nothing to make a partition of.
+            Partition::Isolated(_) if self.vanished(path) => Ok(()),
             Partition::Isolated(cpus) => {
                 if exclusive.exists() {
                     if remote {

@@ -4,8 +4,9 @@
 # Allocate gave. Checked: the container's first process runs on its allocated CPU (it prints
 # its own Cpus_allowed_list), its scope holds it, the books say so; a container without a pool
 # and the pod's sandbox are kept off the exclusive CPUs from their start; a containerd restart
-# and a cpupoold restart keep it; the stop releases at once; without NRI status says which path.
-# 4 CPUs: reserved 0, shared web 1, exclusive dp 2-3.
+# and a cpupoold restart keep it; the stop releases at once; an isolated pool's container is an
+# isolated partition of its own (6.7+), or the daemon says why not (6.1); without NRI status says
+# which path. 4 CPUs: reserved 0, shared web 1, exclusive dp 2-3.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/containers.sh"
 
@@ -83,17 +84,73 @@ check "the other container stops" ctr_stop side 2
 check "and is removed" ctr_remove side
 check "the pod goes" pod_remove
 
-# An isolated dp: its partition takes CPUs 2-3 from kubepods.slice (before 6.7 cpupool.slice is a
-# root partition and takes every pool's), so no container could run there: dp's devices are
-# Unhealthy, the log names the pool, and the kubelet has nothing to allocate.
-vm_pools "isolate = true
+# An isolated pool beside one that is not: reserved 0, web 1, dp 2, iso 3 (isolate = true). Where
+# the kernel has cpuset.cpus.exclusive (6.7), iso's container is an isolated partition of its own
+# and dp's keeps its CPU; where it has not (6.1), no partition is made while the kubelet's pods
+# exist (a root partition above iso would take dp's CPUs from them), and the daemon says so.
+cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
+[pools.reserved]
+kind = "reserved"
+cpus = "0"
+[pools.web]
+kind = "shared"
+cpus = "1"
+[pools.dp]
+kind = "exclusive"
+cpus = "2"
+[pools.iso]
+kind = "exclusive"
+cpus = "3"
+isolate = true
 [kubelet]
-release_grace_ms = 600000"
-check "restart with dp isolated" systemctl restart cpupoold
-check_output "the pool's partition is isolated" 'dp .*isolated' cpupoolctl pool list
-check "the log says the pod cgroup lacks dp's CPUs" wait_for 30 sh -c \
-  "journalctl -u cpupoold --no-pager -o cat | grep -q \"pod cgroup does not have CPUs .* of pool(s) [a-z, ]*dp.*Unhealthy\""
-check_fails "Allocate finds no healthy dp device" 1 'Error' "$PEER" allocate $KD dp 1 $PODS default/nri-1/u1/app/pending
+release_grace_ms = 600000
+EOF
+check "restart with iso isolated" systemctl restart cpupoold
+check "iso registers with the kubelet" wait_for 60 grep -q '^registered cpupool.io/iso ' /run/peer-nri.log
+check "the plugin is synchronized" wait_for 60 sh -c "cpupoolctl status | grep -q 'containers: *NRI'"
+uid=0a1b2c3d-0000-4000-8000-0000000000a2
+iso=$("$PEER" allocate $KD iso 1 $PODS default/nri-1/$uid/rt/pending 2>/run/peer-nri-allocate.err)
+check_output "iso's device is healthy: Allocate gives CPU 3" '"CPUPOOL_CPUS":"3"' echo "$iso $(cat /run/peer-nri-allocate.err)"
+dp=$("$PEER" allocate $KD dp 1 $PODS default/nri-1/$uid/app/pending 2>/run/peer-nri-allocate.err)
+check_output "dp's too: CPU 2" '"CPUPOOL_CPUS":"2"' echo "$dp $(cat /run/peer-nri-allocate.err)"
+pod=$(pod_start default/nri-1/$uid/guaranteed)
+[ -n "$pod" ] || { fail "RunPodSandbox"; exit 1; }
+slice=$(pod_slice)
+rt=$(ctr_start rt "$iso")
+app=$(ctr_start app "$dp")
+check_output "the iso container's first process ran on CPU 3 only" '^3$' ctr_cpus rt
+check_output "the dp container's on CPU 2 only" '^2$' ctr_cpus app
+check_output "dp's scope keeps CPU 2" '^2$' cat "$slice/cri-containerd-$app.scope/cpuset.cpus.effective"
+check_output "iso's assignment is applied" "kubelet-cpu-3 +iso +3 +1000m +applied +cgroup:kubepods.slice/kubepods-pod.*cri-containerd-$rt.scope" \
+  cpupoolctl assignments
+if [ -e /sys/fs/cgroup/system.slice/cpuset.cpus.exclusive ]; then
+  check_output "6.7+: the iso container's scope is an isolated partition" '^isolated$' \
+    cat "$slice/cri-containerd-$rt.scope/cpuset.cpus.partition"
+  check_output "on CPU 3" '^3$' cat "$slice/cri-containerd-$rt.scope/cpuset.cpus.effective"
+  check_output "which the kernel lists as isolated" '3' cat /sys/fs/cgroup/cpuset.cpus.isolated
+  check_output "granted down the kubelet's slices" '^3$' cat /sys/fs/cgroup/kubepods.slice/cpuset.cpus.exclusive
+  check_output "pool show: the isolation is not degraded" '^isolation: +(holds|not measured yet|[0-9.]+ IRQ/s)' \
+    cpupoolctl pool show iso
+else
+  check_output "6.1: the log says why there is no partition" \
+    "no isolated partition: this kernel has no cpuset.cpus.exclusive .*pool\(s\) [a-z, ]*dp" \
+    journalctl -u cpupoold --no-pager -o cat
+  check_output "pool show says iso is degraded, and why" '^isolation: +degraded: no isolated partition' \
+    cpupoolctl pool show iso
+  check_output "no partition takes CPUs from the kubelet's pods" '^0-3$' cat /sys/fs/cgroup/kubepods.slice/cpuset.cpus.effective
+fi
+check "StopContainer rt" ctr_stop rt 2
+check "iso's assignment is gone" sh -c '! cpupoolctl assignments | grep -q "kubelet-cpu-3 "'
+if [ -e /sys/fs/cgroup/system.slice/cpuset.cpus.exclusive ]; then
+  check_output "the kubelet's slices give CPU 3 back" '^$' cat /sys/fs/cgroup/kubepods.slice/cpuset.cpus.exclusive
+  check "iso's pool partition holds CPU 3 again" wait_for 10 sh -c \
+    "grep -qx isolated /sys/fs/cgroup/cpupool.slice/cpupool-iso.slice/cpuset.cpus.partition"
+fi
+check_output "dp's container still runs on CPU 2" '^2$' cat "$slice/cri-containerd-$app.scope/cpuset.cpus.effective"
+check "StopContainer app" ctr_stop app 2
+check "RemoveContainer rt" ctr_remove rt
+check "RemoveContainer app" ctr_remove app
+check "the pod goes" pod_remove
 vm_pools "[kubelet]
 release_grace_ms = 600000"
 
@@ -103,6 +160,30 @@ nri = false" >/etc/cpupoold/config.d/51-vmtest-nri.toml
 check "restart without NRI" systemctl restart cpupoold
 check_output "status names the poll and its delay" 'containers: +PodResources poll \(no NRI\): a container is confined up to 5 s after it starts' \
   cpupoolctl status
+# The poll confines a pooled container after it starts, and the pod's sandbox with the
+# containers that use no pool; a container whose scope is gone before its allocation is released
+# is no error.
+pods '{"pods": []}'
+uid=0a1b2c3d-0000-4000-8000-0000000000a3
+alloc=$("$PEER" allocate $KD dp 1 $PODS default/nri-2/$uid/app/pending 2>/run/peer-nri-allocate.err)
+cpu=$(printf '%s' "$alloc" | sed -n 's/.*"CPUPOOL_CPUS":"\([0-9]*\)".*/\1/p')
+pod=$(pod_start default/nri-2/$uid/besteffort)
+[ -n "$pod" ] || { fail "RunPodSandbox"; exit 1; }
+slice=$(pod_slice)
+id=$(ctr_start app "$alloc")
+check "the poll confines the container to CPU $cpu" wait_for 15 sh -c \
+  "grep -qx '$cpu' $slice/cri-containerd-$id.scope/cpuset.cpus.effective"
+check "and keeps the pod's sandbox off the exclusive CPUs" wait_for 15 sh -c \
+  "grep -qx '0-1' $slice/cri-containerd-$pod.scope/cpuset.cpus.effective"
+since=$(date '+%Y-%m-%d %H:%M:%S')
+check "StopContainer" ctr_stop app 2
+check "RemoveContainer" ctr_remove app
+sleep 12
+check_output "its scope is gone while the allocation is held: no error in 12 s" '^0$' sh -c \
+  "journalctl -u cpupoold --since '$since' --no-pager -p err -o cat | grep -c . || true"
+check_fails "and no NoSuchUnit" 1 '' sh -c "journalctl -u cpupoold --since '$since' --no-pager -o cat | grep NoSuchUnit"
+check "the pod goes" pod_remove
+pods '{"pods": []}'
 
 # Back as it was.
 kill $peer
