@@ -101,19 +101,20 @@ impl Engine {
             KubeletUpdate::Nri(runtime) => std::mem::replace(&mut view.nri, runtime.clone()) != runtime,
         };
         if changed {
-            self.follow_pods();
-            self.publish(Vec::new());
+            let events = self.follow_pods();
+            self.publish(events);
         }
         changed
     }
 
     /// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it,
-    /// the isolated pools' partitions go or come back ([`super::actor::partitions`]).
-    fn follow_pods(&mut self) {
+    /// the isolated pools' partitions go or come back ([`super::actor::partitions`]); returns
+    /// the events of the pools whose isolation report changed.
+    fn follow_pods(&mut self) -> Vec<super::Event> {
         let pods = self.kubelet.pod_cpus.is_some();
         let want = super::actor::partitions(&self.state, self.backend.remote_partitions(), pods);
         if want == self.opts.partitions {
-            return;
+            return Vec::new();
         }
         if want == Partitions::Off {
             log::warn!("{}", super::actor::no_partitions_reason(&self.state));
@@ -123,6 +124,8 @@ impl Engine {
         if let Err(e) = self.relayout(|o| o.partitions = want) {
             log::error!("changing where isolated partitions are: {}", crate::engine::error_chain(&e));
         }
+        // The isolated pools' reports say what became of their partitions.
+        self.sync_housekeeping()
     }
 }
 
@@ -130,6 +133,45 @@ impl Engine {
 mod tests {
     use super::super::tests::{rt, Fixture};
     use super::*;
+
+    /// A kernel without `cpuset.cpus.exclusive` (the sandbox's): once the kubelet's pod cgroup
+    /// exists, the isolated pool is no partition (a root partition above it would take every
+    /// pool's CPUs from the pods), and its report says why; when it is gone, it is one again.
+    #[test]
+    fn without_exclusive_cpus_the_kubelets_pods_end_isolated_partitions_and_say_why() {
+        let f = Fixture::new();
+        f.config(&super::super::tests::CONFIG.replace("cpus = \"1-2,5-6\"", "cpus = \"1-2,5-6\"\nisolate = true"));
+        let (engine, _) = f.start();
+        let roots = super::super::housekeeping::Roots {
+            procfs: f.sb.procfs(),
+            sysfs: f.sb.sysfs(),
+            cgroup: f.sb.cgroupfs(),
+            state_dir: f.sb.state(),
+        };
+        let (handle, thread) = engine.with_housekeeping(roots).spawn();
+        let dp = crate::core::pool::PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"));
+        let partition = || f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus.partition");
+        assert_eq!(partition(), "isolated");
+        assert_eq!(handle.snapshot().layout.partitions, Partitions::Pools);
+        rt().block_on(async {
+            let all = handle.snapshot().topology.online();
+            assert!(handle.set_pod_cpus(Some(all)).await.unwrap_or_else(|e| panic!("{e}")));
+        });
+        let snap = handle.snapshot();
+        assert_eq!(snap.layout.partitions, Partitions::Off);
+        assert_eq!(partition(), "member");
+        let summary = snap.isolation.pools[&dp].summary();
+        assert!(summary.starts_with("degraded: no isolated partition"), "{summary}");
+        assert!(summary.contains("pool(s) dp, web"), "{summary}");
+        rt().block_on(async {
+            assert!(handle.set_pod_cpus(None).await.unwrap_or_else(|e| panic!("{e}")));
+        });
+        assert_eq!(handle.snapshot().layout.partitions, Partitions::Pools);
+        assert_eq!(partition(), "isolated");
+        assert_eq!(handle.snapshot().isolation.pools[&dp].invalid, None);
+        drop(handle);
+        let _ = thread.join();
+    }
 
     #[test]
     fn observations_are_published_once_each() {

@@ -11,7 +11,7 @@ use crate::core::state::{AssignSpec, Assignment, Delta, Outcome, Size, State, St
 use crate::host::store::{Loaded, PrevCopy};
 use crate::sandbox::Sandbox;
 
-const CONFIG: &str = include_str!("../../tests/fixtures/1x4x2.toml");
+pub(super) const CONFIG: &str = include_str!("../../tests/fixtures/1x4x2.toml");
 
 pub(super) struct Fixture {
     _dir: tempfile::TempDir,
@@ -55,7 +55,7 @@ impl Fixture {
         fs::write(p, data).unwrap_or_else(|e| panic!("{e}"));
     }
 
-    fn config(&self, text: &str) {
+    pub(super) fn config(&self, text: &str) {
         fs::write(self.sb.etc().join("config.toml"), text).unwrap_or_else(|e| panic!("{e}"));
     }
 
