@@ -433,13 +433,12 @@ pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: 
             timer_per_sec: timer as f64 / secs,
         });
     }
-    // The pool's own time: what each of its cgroups read in both samples added (a container
-    // that came or went between them is left out rather than counted as foreign).
+    // The pool's own time, from its cgroups' counters: a cgroup new since `before` (a container
+    // that started) counts all it used; one gone since (a container that ended) leaves the
+    // interval unknown, since what it used after `before` went with it.
     let own = match (before.pool_usage_usec.get(pool), after.pool_usage_usec.get(pool)) {
-        (Some(a), Some(b)) => {
-            let both: Vec<u64> =
-                b.iter().filter_map(|(cg, now)| a.get(cg).map(|then| now.saturating_sub(*then))).collect();
-            (!both.is_empty()).then(|| both.iter().sum::<u64>())
+        (Some(a), Some(b)) if a.keys().all(|cg| b.contains_key(cg)) => {
+            Some(b.iter().map(|(cg, now)| now.saturating_sub(a.get(cg).copied().unwrap_or(0))).sum::<u64>())
         }
         _ => None,
     };
@@ -578,6 +577,16 @@ mod tests {
         after.pool_usage_usec.insert("dp".into(), slice(6_000_000));
         let h = assess("dp", &set("2-3"), &before, &after, 2.0);
         let f = h.foreign_percent.unwrap_or_else(|| panic!("no foreign time"));
+        // A container of the pool that started in between: all its time is the pool's.
+        let ctr = "kubepods.slice/kubepods-podA.slice/cri-containerd-a.scope".to_owned();
+        let mut started = after.clone();
+        started.pool_usage_usec.entry("dp".into()).or_default().insert(ctr.clone(), 120_000);
+        let g = assess("dp", &set("2-3"), &before, &started, 2.0).foreign_percent;
+        assert!(g.is_some_and(|g| g < f), "{g:?} {f}");
+        // One that ended in between: what it used is gone with it, so the interval is unknown.
+        let mut ran = before.clone();
+        ran.pool_usage_usec.entry("dp".into()).or_default().insert(ctr, 100_000);
+        assert_eq!(assess("dp", &set("2-3"), &ran, &after, 2.0).foreign_percent, None);
         assert!((f - 3.0).abs() < 1e-9, "{f}");
         assert!(h.summary().contains("3.0% CPU time used by tasks outside the pool"), "{}", h.summary());
         assert_eq!(parse_cpu_stat("usage_usec 42\nuser_usec 40\n"), Some(42));

@@ -250,7 +250,7 @@ impl Engine {
                 "lend_idle is off while pools are isolated: this kernel has no cpuset.cpus.exclusive (Linux 6.7)"
             );
         }
-        let partitions = partitions(state, remote, self.kubelet.pod_cpus.is_some());
+        let partitions = partitions(state, remote, self.backend.kubelet_pods());
         if partitions == Partitions::Off && isolating {
             log::warn!("{}", no_partitions_reason(state));
         }

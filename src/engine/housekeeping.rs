@@ -352,10 +352,10 @@ impl Engine {
             if before.map(|b| &b.invalid) != Some(&invalid) {
                 match &invalid {
                     Some(why) => {
-                        log::warn!(POOL = p.name.as_str(); "pool {} is degraded: partition {why}", p.name)
+                        log::warn!(POOL = p.name.as_str(); "pool {} is degraded: {why}", p.name)
                     }
                     None if before.is_some_and(|b| b.invalid.is_some()) => {
-                        log::info!(POOL = p.name.as_str(); "pool {}: partition valid again", p.name)
+                        log::info!(POOL = p.name.as_str(); "pool {}: its partitions are valid again", p.name)
                     }
                     None => {}
                 }

@@ -107,11 +107,11 @@ impl Engine {
         changed
     }
 
-    /// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it,
-    /// the isolated pools' partitions go or come back ([`super::actor::partitions`]); returns
+    /// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it
+    /// (seen by the wing's reading of its CPUs), the isolated pools' partitions go or come back ([`super::actor::partitions`]); returns
     /// the events of the pools whose isolation report changed.
     fn follow_pods(&mut self) -> Vec<super::Event> {
-        let pods = self.kubelet.pod_cpus.is_some();
+        let pods = self.backend.kubelet_pods();
         let want = super::actor::partitions(&self.state, self.backend.remote_partitions(), pods);
         if want == self.opts.partitions {
             return Vec::new();
@@ -153,6 +153,8 @@ mod tests {
         let partition = || f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus.partition");
         assert_eq!(partition(), "isolated");
         assert_eq!(handle.snapshot().layout.partitions, Partitions::Pools);
+        let pods = f.sb.cgroupfs().join("kubepods.slice");
+        std::fs::create_dir_all(&pods).unwrap_or_else(|e| panic!("{e}"));
         rt().block_on(async {
             let all = handle.snapshot().topology.online();
             assert!(handle.set_pod_cpus(Some(all)).await.unwrap_or_else(|e| panic!("{e}")));
@@ -163,6 +165,7 @@ mod tests {
         let summary = snap.isolation.pools[&dp].summary();
         assert!(summary.starts_with("degraded: no isolated partition"), "{summary}");
         assert!(summary.contains("pool(s) dp, web"), "{summary}");
+        std::fs::remove_dir(&pods).unwrap_or_else(|e| panic!("{e}"));
         rt().block_on(async {
             assert!(handle.set_pod_cpus(None).await.unwrap_or_else(|e| panic!("{e}")));
         });
@@ -171,6 +174,11 @@ mod tests {
         assert_eq!(handle.snapshot().isolation.pools[&dp].invalid, None);
         drop(handle);
         let _ = thread.join();
+        // A start that finds the pods' cgroup makes no partition in the first place.
+        std::fs::create_dir_all(&pods).unwrap_or_else(|e| panic!("{e}"));
+        let (engine, _) = f.start();
+        assert_eq!(engine.opts.partitions, Partitions::Off);
+        assert_eq!(partition(), "member");
     }
 
     #[test]

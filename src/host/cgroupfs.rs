@@ -337,6 +337,12 @@ impl CgroupFs {
         Ok(())
     }
 
+    /// Whether the kubelet's pod cgroup exists (`kubepods.slice`, or `kubepods` with the
+    /// cgroupfs driver).
+    pub fn kubelet_pods(&self) -> bool {
+        ["kubepods.slice", "kubepods"].iter().any(|p| self.root.join(p).is_dir())
+    }
+
     /// Whether `path` is a cgroup outside `cpupool.slice` (a container's, which the runtime
     /// makes and removes) that is gone from the kernel's tree: there is nothing left to
     /// confine, so a write to it is skipped rather than failed and retried. The simulated tree
@@ -425,6 +431,9 @@ impl super::Backend for CgroupFs {
     }
     fn vanished(&self, path: &CgroupPath) -> bool {
         CgroupFs::vanished(self, path)
+    }
+    fn kubelet_pods(&self) -> bool {
+        CgroupFs::kubelet_pods(self)
     }
     fn process_start(&self, pid: u32) -> Option<u64> {
         CgroupFs::process_start(self, pid)

@@ -77,6 +77,11 @@ pub trait Backend: Send + Sync {
     /// sit below a parent that is not a partition itself, which leaves the other pool CPUs free
     /// for lending.
     fn remote_partitions(&self) -> bool;
+    /// Whether the kubelet's pod cgroup (`kubepods.slice`, or `kubepods` with the cgroupfs
+    /// driver) exists: the kubelet runs pods on this host.
+    fn kubelet_pods(&self) -> bool {
+        false
+    }
     /// When a process started (`/proc/PID/stat` field 22, clock ticks since boot); `None` if
     /// it does not exist. With the pid, it names one process for good.
     fn process_start(&self, pid: u32) -> Option<u64>;

@@ -528,6 +528,10 @@ impl Backend for Systemd {
         self.fs.vanished(path)
     }
 
+    fn kubelet_pods(&self) -> bool {
+        self.fs.kubelet_pods()
+    }
+
     fn process_start(&self, pid: u32) -> Option<u64> {
         self.fs.process_start(pid)
     }

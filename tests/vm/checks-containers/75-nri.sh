@@ -121,7 +121,7 @@ app=$(ctr_start app "$dp")
 check_output "the iso container's first process ran on CPU 3 only" '^3$' ctr_cpus rt
 check_output "the dp container's on CPU 2 only" '^2$' ctr_cpus app
 check_output "dp's scope keeps CPU 2" '^2$' cat "$slice/cri-containerd-$app.scope/cpuset.cpus.effective"
-check_output "iso's assignment is applied" "kubelet-cpu-3 +iso +3 +1000m +applied +cgroup:kubepods.slice/kubepods-pod.*cri-containerd-$rt.scope" \
+check_output "iso's assignment is applied" "kubelet-(core|cpu)-3 +iso +3 +1000m +applied +cgroup:kubepods.slice/kubepods-pod.*cri-containerd-$rt.scope" \
   cpupoolctl assignments
 if [ -e /sys/fs/cgroup/system.slice/cpuset.cpus.exclusive ]; then
   check_output "6.7+: the iso container's scope is an isolated partition" '^isolated$' \
@@ -140,7 +140,7 @@ else
   check_output "no partition takes CPUs from the kubelet's pods" '^0-3$' cat /sys/fs/cgroup/kubepods.slice/cpuset.cpus.effective
 fi
 check "StopContainer rt" ctr_stop rt 2
-check "iso's assignment is gone" sh -c '! cpupoolctl assignments | grep -q "kubelet-cpu-3 "'
+check "iso's assignment is gone" sh -c '! cpupoolctl assignments | grep -Eq "kubelet-(core|cpu)-3 "'
 if [ -e /sys/fs/cgroup/system.slice/cpuset.cpus.exclusive ]; then
   check_output "the kubelet's slices give CPU 3 back" '^$' cat /sys/fs/cgroup/kubepods.slice/cpuset.cpus.exclusive
   check "iso's pool partition holds CPU 3 again" wait_for 10 sh -c \
