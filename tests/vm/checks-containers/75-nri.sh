@@ -14,6 +14,20 @@ KD=/var/lib/kubelet
 PODS=/run/kubelet-peer-pods.json
 pods() { printf '%s\n' "$1" >$PODS.tmp && mv $PODS.tmp $PODS; }
 nri_logs() { journalctl -u cpupoold --no-pager -o cat | grep 'NRI: '; }
+# measure_starts N TAG: the median milliseconds of N CreateContainer+StartContainer of a container
+# without a pool in the current pod (each stopped and removed after). Measured, never checked:
+# the figures go to $RESULTS/nri-measure.txt.
+measure_starts() {
+  local i t0 t1 ms=""
+  for i in $(seq 1 "$1"); do
+    t0=$(date +%s%N)
+    ctr_start "m$2$i" >/dev/null || return 1
+    t1=$(date +%s%N)
+    ms="$ms $(((t1 - t0) / 1000000))"
+    ctr_stop "m$2$i" 1 >/dev/null && ctr_remove "m$2$i" >/dev/null || return 1
+  done
+  printf '%s\n' $ms | sort -n | sed -n "$((($1 + 1) / 2))p"
+}
 
 vm_pools "[kubelet]
 release_grace_ms = 600000"
@@ -58,6 +72,8 @@ check_output "the log says it was read back at start" "container default/nri-0/a
 side=$(ctr_start side)
 check_output "a container without a pool ran on 0-1 only" '^0-1$' ctr_cpus side
 check_output "and its scope is kept there" '^0-1$' cat "$slice/cri-containerd-$side.scope/cpuset.cpus.effective"
+with_nri=$(measure_starts 5 n)
+check "create+start measured with the plugin: ${with_nri} ms (median of 5)" test -n "$with_nri"
 
 # containerd restarts: the plugin connects again and is synchronized; nothing moves.
 n=$(nri_logs | grep -c 'synchronized with containerd')
@@ -175,6 +191,11 @@ check "the poll confines the container to CPU $cpu" wait_for 15 sh -c \
   "grep -qx '$cpu' $slice/cri-containerd-$id.scope/cpuset.cpus.effective"
 check "and keeps the pod's sandbox off the exclusive CPUs" wait_for 15 sh -c \
   "grep -qx '0-1' $slice/cri-containerd-$pod.scope/cpuset.cpus.effective"
+without=$(measure_starts 5 p)
+check "create+start measured without NRI: ${without} ms (median of 5)" test -n "$without"
+[ -z "$with_nri" ] || [ -z "$without" ] ||
+  echo "create+start of a container without a pool, median of 5: with cpupoold's NRI plugin $with_nri ms, without NRI $without ms (ratio $(awk "BEGIN { printf \"%.2f\", $with_nri / ($without > 0 ? $without : 1) }"))" \
+    >>"$RESULTS/nri-measure.txt"
 since=$(date '+%Y-%m-%d %H:%M:%S')
 check "StopContainer" ctr_stop app 2
 check "RemoveContainer" ctr_remove app
