@@ -191,6 +191,17 @@ fn busctl_reads_assigns_and_an_unprivileged_caller_is_refused() {
     }
     let out = busctl(&bus, true, &["get-property", DEST, PATH, IFACE, "Version"]);
     assert!(text(&out.stdout).contains(env!("CARGO_PKG_VERSION")), "{}", text(&out.stderr));
+    // How containers get their CPUs: the sandbox has the device plugin and no NRI runtime, so
+    // the poll (said once the plugin runs, which may be after the bus is served).
+    let containers = || {
+        let out = busctl(&bus, true, &["get-property", DEST, PATH, IFACE, "Containers"]);
+        text(&out.stdout)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !containers().contains("PodResources poll (no NRI)") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(containers().contains("PodResources poll (no NRI)"), "{}", containers());
 
     // nobody may not assign; the state stays as it was.
     let before = d.state_file();

@@ -483,6 +483,13 @@ impl Manager {
         .await
     }
 
+    /// How the kubelet's containers get their CPUs (`cpupoolctl status`'s `containers:`);
+    /// empty without the device plugin. Read on demand: no change signal.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn containers(&self) -> String {
+        self.handle.snapshot().kubelet.container_path().unwrap_or_default()
+    }
+
     #[zbus(property)]
     async fn pools(&self) -> Vec<PoolStruct> {
         PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect()

@@ -277,14 +277,23 @@ impl Engine {
         if let Outcome::Changed(a) = &out {
             let before = self.state.clone();
             let changes = self.commit(next)?;
+            let mut events = Vec::new();
             if r.verify {
                 self.verify_or_undo(&before, &changes, a)?;
+            } else if let Err(e) = self.verify(a) {
+                // Kept (the target runs already, and taking it back would leave it
+                // unconfined), but degraded at once rather than counted as applied until the
+                // next drift checks find it.
+                log::warn!(ASSIGNMENT = a.id.as_str(); "assignment {} is degraded: {e}", a.id);
+                self.health.insert(a.id.clone(), e.to_string());
+                events.push(Event::AssignmentChanged { id: a.id.clone(), change: Change::Degraded });
             }
             log::info!(
                 POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
                 "assignment {} (CPUs {}) now applies to {}", a.id, a.cpus, a.target
             );
-            self.publish(vec![Event::AssignmentChanged { id: a.id.clone(), change: Change::Added }]);
+            events.insert(0, Event::AssignmentChanged { id: a.id.clone(), change: Change::Added });
+            self.publish(events);
         }
         Ok(out)
     }

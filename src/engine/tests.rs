@@ -147,6 +147,41 @@ fn assign_and_release_write_cgroups_save_state_and_signal() {
     let _ = thread.join();
 }
 
+/// The kubelet's poll moves an allocation to a running container whose cgroup cannot hold its
+/// CPUs: the move stays (taking it back would leave the container unconfined), and the
+/// assignment is degraded at once, with the reason, rather than counted as applied.
+#[test]
+fn a_retarget_the_kernel_does_not_enforce_is_degraded_at_once() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    // The container's pod cgroup has CPU 0 only: no CPU of dp reaches the container.
+    f.write("k/cpuset.cpus", "0\n");
+    f.write("k/ctr/cpuset.cpus", "\n");
+    let (handle, thread) = engine.spawn();
+    let mut events = handle.subscribe();
+    rt().block_on(async {
+        let a = handle.assign(spec("dp", "kubelet:core-1", Size::Cpus(2), Some("kubelet-core-1"))).await;
+        let a = a.unwrap_or_else(|e| panic!("{e}")).into_inner();
+        while events.try_recv().is_ok() {}
+        let target = state::Target::parse("cgroup:k/ctr").unwrap_or_else(|e| panic!("{e}"));
+        handle.retarget(a.id.as_str(), target.clone(), None).await.unwrap_or_else(|e| panic!("{e}"));
+        let snap = handle.snapshot();
+        assert_eq!(snap.state.assignments()[&a.id].target, target);
+        let why = snap.assignment_health.get(&a.id).cloned().unwrap_or_default();
+        assert!(why.contains("k/ctr"), "{why:?}");
+        assert_eq!(
+            events.recv().await.ok(),
+            Some(Event::AssignmentChanged { id: a.id.clone(), change: Change::Added })
+        );
+        assert_eq!(
+            events.recv().await.ok(),
+            Some(Event::AssignmentChanged { id: a.id.clone(), change: Change::Degraded })
+        );
+    });
+    drop(handle);
+    let _ = thread.join();
+}
+
 #[test]
 fn failed_apply_rolls_back_and_changes_nothing() {
     let f = Fixture::new();
