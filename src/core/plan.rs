@@ -681,7 +681,9 @@ fn torn<'a>(before: &'a Layout, after: &Layout) -> Vec<&'a Key> {
         })
         .collect();
     let below = |k: &Key| match k {
-        Key::Cgroup(c) => parents.iter().any(|up| c.as_str().strip_prefix(up).is_some_and(|r| r.starts_with('/'))),
+        Key::Cgroup(c) => {
+            parents.iter().any(|up| c.as_str().strip_prefix(up).is_some_and(|r| r.starts_with('/')))
+        }
         _ => false,
     };
     before

@@ -358,7 +358,9 @@ impl Engine {
                 let events = self.sync_housekeeping();
                 self.publish(events);
                 if done > 0 || failed > 0 {
-                    log::info!("read back the host and re-applied the state: {done} corrections, {failed} failed");
+                    log::info!(
+                        "read back the host and re-applied the state: {done} corrections, {failed} failed"
+                    );
                 }
                 let _ = reply.send(Ok(done));
             }

@@ -311,7 +311,10 @@ impl Engine {
     /// Changes what the layout depends on besides the state and applies the difference; on
     /// failure puts both back as they were, so that the next call tries again. Returns the
     /// number of effects.
-    pub(super) fn relayout(&mut self, change: impl FnOnce(&mut plan::LayoutOptions)) -> Result<usize, EngineError> {
+    pub(super) fn relayout(
+        &mut self,
+        change: impl FnOnce(&mut plan::LayoutOptions),
+    ) -> Result<usize, EngineError> {
         let before = self.layout(&self.state);
         let previous = self.opts.clone();
         change(&mut self.opts);

@@ -413,8 +413,13 @@ impl Engine {
 
     /// The cgroups of containers holding CPUs of `pool` as partitions of their own, with the
     /// assignment's CPUs.
-    fn container_partitions(&self, pool: &crate::core::pool::Pool) -> Vec<(crate::core::state::CgroupPath, CpuSet)> {
-        if self.opts.partitions != plan::Partitions::Containers || self.state.usage(&pool.name).containers.is_empty() {
+    fn container_partitions(
+        &self,
+        pool: &crate::core::pool::Pool,
+    ) -> Vec<(crate::core::state::CgroupPath, CpuSet)> {
+        if self.opts.partitions != plan::Partitions::Containers
+            || self.state.usage(&pool.name).containers.is_empty()
+        {
             return Vec::new();
         }
         self.state
@@ -430,7 +435,8 @@ impl Engine {
 
     /// Takes a sample of the counters and measures each isolated pool since the last one.
     pub(super) fn sample_isolation(&mut self) {
-        let Some(names) = self.hk.as_ref().map(|hk| hk.report.pools.keys().cloned().collect::<Vec<_>>()) else {
+        let Some(names) = self.hk.as_ref().map(|hk| hk.report.pools.keys().cloned().collect::<Vec<_>>())
+        else {
             return;
         };
         // A pool's own time: its slice's, and its containers' where they are partitions.

@@ -140,7 +140,9 @@ mod tests {
     #[test]
     fn without_exclusive_cpus_the_kubelets_pods_end_isolated_partitions_and_say_why() {
         let f = Fixture::new();
-        f.config(&super::super::tests::CONFIG.replace("cpus = \"1-2,5-6\"", "cpus = \"1-2,5-6\"\nisolate = true"));
+        f.config(
+            &super::super::tests::CONFIG.replace("cpus = \"1-2,5-6\"", "cpus = \"1-2,5-6\"\nisolate = true"),
+        );
         let (engine, _) = f.start();
         let roots = super::super::housekeeping::Roots {
             procfs: f.sb.procfs(),

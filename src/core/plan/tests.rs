@@ -139,7 +139,9 @@ fn containers_of_isolated_pools_are_partitions_of_their_own() {
     let opts = LayoutOptions { partitions: Partitions::Containers, ..LayoutOptions::default() };
     let assign = |s: &mut State, target: &str| {
         let target = Target::parse(target).unwrap_or_else(|e| panic!("{e}"));
-        s.assign(&t, &AssignSpec::new("iso", target, Size::Cpus(1), None)).unwrap_or_else(|e| panic!("{e}")).into_inner()
+        s.assign(&t, &AssignSpec::new("iso", target, Size::Cpus(1), None))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_inner()
     };
     let idle = layout(&s, &t, &opts);
     assert_eq!(idle[&cg("cpupool.slice")].partition, Partition::Parent(set("3-5")));
@@ -150,8 +152,12 @@ fn containers_of_isolated_pools_are_partitions_of_their_own() {
     assert_eq!(l[&cg("cpupool.slice/cpupool-iso.slice")].partition, Partition::Isolated(set("4-5")));
     // Its container: a partition of its own.
     let ctr = "kubepods.slice/kubepods-podA.slice/cri-containerd-a.scope";
-    s.retarget(held.id.as_str(), Target::parse(&format!("cgroup:{ctr}")).unwrap_or_else(|e| panic!("{e}")), None)
-        .unwrap_or_else(|e| panic!("{e}"));
+    s.retarget(
+        held.id.as_str(),
+        Target::parse(&format!("cgroup:{ctr}")).unwrap_or_else(|e| panic!("{e}")),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let one = layout(&s, &t, &opts);
     assert_eq!(one[&cg(ctr)].partition, Partition::Isolated(set("3")));
     // A unit in the pool's slice stays in the pool's partition.
@@ -169,7 +175,10 @@ fn containers_of_isolated_pools_are_partitions_of_their_own() {
         !parts.iter().any(|e| matches!(e, Effect::SetPartition { path, .. } if path.as_str() == ctr)),
         "{parts:#?}"
     );
-    assert!(matches!(parts.last(), Some(Effect::SetPartition { path, partition: Partition::Isolated(c) }) if path.as_str() == other && c.len() == 1), "{parts:#?}");
+    assert!(
+        matches!(parts.last(), Some(Effect::SetPartition { path, partition: Partition::Isolated(c) }) if path.as_str() == other && c.len() == 1),
+        "{parts:#?}"
+    );
     let k = kept(&two, &three);
     assert_eq!(k[&cg(ctr)].partition, Partition::Isolated(set("3")));
     // The pool's partition is gone when containers hold all its CPUs.
@@ -177,7 +186,9 @@ fn containers_of_isolated_pools_are_partitions_of_their_own() {
     assign(&mut s, "cgroup:kubepods.slice/kubepods-podC.slice/cri-containerd-c.scope");
     let full = layout(&s, &t, &opts);
     assert_eq!(full[&cg("cpupool.slice/cpupool-iso.slice")].partition, Partition::Member);
-    assert!(!full.contains_key(&cg("cpupool.slice")) || full[&cg("cpupool.slice")].partition == Partition::Member);
+    assert!(
+        !full.contains_key(&cg("cpupool.slice")) || full[&cg("cpupool.slice")].partition == Partition::Member
+    );
     // Without partitions, nothing is one; with pools' partitions, no container is.
     let off = layout(&s, &t, &LayoutOptions { partitions: Partitions::Off, ..opts.clone() });
     assert!(off.values().all(|p| p.partition == Partition::Member), "{off:#?}");

@@ -131,7 +131,10 @@ fn a_containers_partition_is_granted_down_the_kubelets_slices_and_taken_back() {
     let fs_ = CgroupFs::new(dir.path(), "/proc");
     let pods = cg("kubepods.slice");
     let pod = cg("kubepods.slice/kubepods-podA.slice");
-    let (a, b) = (cg("kubepods.slice/kubepods-podA.slice/cri-a.scope"), cg("kubepods.slice/kubepods-podA.slice/cri-b.scope"));
+    let (a, b) = (
+        cg("kubepods.slice/kubepods-podA.slice/cri-a.scope"),
+        cg("kubepods.slice/kubepods-podA.slice/cri-b.scope"),
+    );
     for p in [&pods, &pod, &a, &b] {
         let d = dir.path().join(p.as_str());
         fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
@@ -143,7 +146,10 @@ fn a_containers_partition_is_granted_down_the_kubelets_slices_and_taken_back() {
     };
     fs_.set_partition(&a, &Partition::Isolated(CpuSet::range(3, 3))).unwrap_or_else(|e| panic!("{e}"));
     fs_.set_partition(&b, &Partition::Isolated(CpuSet::range(4, 5))).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((read(&pods), read(&pod), read(&a), read(&b)), ("3-5".into(), "3-5".into(), "3".into(), "4-5".into()));
+    assert_eq!(
+        (read(&pods), read(&pod), read(&a), read(&b)),
+        ("3-5".into(), "3-5".into(), "3".into(), "4-5".into())
+    );
     assert_eq!(fs_.partition_status(&a).as_deref(), Some("isolated"));
     fs_.set_partition(&a, &Partition::Member).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((read(&pods), read(&pod), read(&a)), ("4-5".into(), "4-5".into(), "\n".into()));
