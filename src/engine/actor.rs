@@ -280,8 +280,9 @@ impl Engine {
         self.apply_corrections(&observed, &desired)
     }
 
-    /// Runs the engine on its own thread until every [`Handle`] is dropped.
-    pub fn spawn(self) -> (Handle, std::thread::JoinHandle<()>) {
+    /// Runs the engine on its own thread until every [`Handle`] is dropped; an error when the
+    /// system refuses the thread.
+    pub fn spawn(self) -> Result<(Handle, std::thread::JoinHandle<()>), crate::threads::ThreadError> {
         let (tx, rx) = mpsc::channel(256);
         let handle = Handle {
             tx,
@@ -292,11 +293,8 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("cpupoold-engine".into())
             .spawn(move || self.run(rx))
-            .unwrap_or_else(|e| {
-                log::error!("cannot start the engine thread: {e}");
-                std::process::exit(1)
-            });
-        (handle, thread)
+            .map_err(|source| crate::threads::ThreadError::Spawn { what: "the engine", source })?;
+        Ok((handle, thread))
     }
 
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Request>) {

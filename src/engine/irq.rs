@@ -697,7 +697,7 @@ mod tests {
                 }
             }
         });
-        let (handle, thread) = engine.spawn();
+        let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
         let guard = Duration::from_secs(60);
         rt().block_on(async {
             // The drift check's interrupt pass hands irqbalance the isolated CPUs.
