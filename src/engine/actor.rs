@@ -224,7 +224,21 @@ impl Engine {
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
-        engine.store.save(engine.state.data()).map_err(StartError::Store)?;
+        if let Err(e) = engine.store.save(engine.state.data()) {
+            // A state that was read is applied even when it cannot be compacted (a reboot with
+            // /var full): the files still hold it, the next write must be a whole snapshot
+            // (mutations are refused `NotDurable` until one succeeds). A fresh state that
+            // cannot be written at all is an error.
+            if report.fresh {
+                return Err(StartError::Store(e));
+            }
+            log::warn!(
+                "the state in `{}` was loaded and applied but could not be compacted; changes are refused until it can be written: {}",
+                engine.store.dir().display(),
+                super::error_chain(&e)
+            );
+            engine.store.mark_stale();
+        }
         engine.apply_irqs();
         engine.apply_cache();
         engine.apply_power();

@@ -8,7 +8,8 @@
 //! snapshot's size (at least 1 MiB) [`Store::compact_due`] says so and the engine writes the whole
 //! state with [`Store::save`], which starts a new, empty journal. At start it calls
 //! [`Store::load`], which reads the snapshot and replays the journal's records after it; the
-//! daemon then compacts. An operator who has been told that a file is damaged starts the daemon
+//! daemon then compacts (a state that loads but cannot be compacted is used as it is, with the
+//! store marked stale, see [`Store::mark_stale`]). An operator who has been told that a file is damaged starts the daemon
 //! with `--restore-previous-state`, which calls [`Store::restore_previous`] (see `recovery`).
 //! The store is generic over the state and change types, so it knows nothing of pools or CPUs.
 //!
