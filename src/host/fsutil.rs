@@ -75,6 +75,13 @@ pub fn is_symlink_refusal(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<SymlinkRefused>())
 }
 
+/// The largest state file (`state.json`, the journal, their previous copies) read: generous (a
+/// million assignments stay below it), only so that a file that is not the daemon's cannot
+/// have it read without end.
+pub const MAX_STATE_BYTES: u64 = 256 << 20;
+/// The largest remembered-values file (`irq.json`, `power.json`, `housekeeping.json`) read.
+pub const MAX_REMEMBERED_BYTES: u64 = 16 << 20;
+
 /// Why a file the daemon keeps or is configured by was not read (the source of the
 /// [`io::Error`] the reading sites carry, with the file's path, in their own error types).
 #[derive(Debug, thiserror::Error)]

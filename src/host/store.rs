@@ -139,7 +139,7 @@ use std::sync::{Mutex, MutexGuard};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::fsutil::{FsError, Root};
+use super::fsutil::{FsError, Root, MAX_STATE_BYTES};
 
 mod error;
 mod format;
@@ -525,7 +525,7 @@ impl Store {
         T: DeserializeOwned,
         D: DeserializeOwned,
     {
-        let bytes = match self.root.read(STATE_FILE) {
+        let bytes = match self.root.read_regular(STATE_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return match self.prev_copy::<T>() {
@@ -564,7 +564,7 @@ impl Store {
         if j.known {
             return Ok(());
         }
-        let mut seq = match self.root.read(STATE_FILE) {
+        let mut seq = match self.root.read_regular(STATE_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => {
                 decode::<serde::de::IgnoredAny>(&bytes)
                     .map_err(|d| d.into_error(self.current.clone(), PrevCopy::Itself))?
@@ -594,7 +594,7 @@ impl Store {
 
     /// The bytes of the journal `name`, or `None` if there is none.
     fn read_journal(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.root.read(name) {
+        match self.root.read_regular(name, MAX_STATE_BYTES) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
