@@ -104,8 +104,8 @@ pub enum DaemonError {
     #[error("starting the sandbox's bus")]
     PrivateBus(#[source] crate::sandbox::SandboxError),
     /// The engine could not be started on a thread of its own.
-    #[error("starting the engine: {0}")]
-    EngineThread(String),
+    #[error("starting the engine")]
+    EngineThread(#[source] crate::threads::ThreadError),
     /// systemd could not be reached for the systemd backend.
     #[error("connecting to systemd on {bus} (daemon.backend = \"cgroupfs\" runs without it)")]
     Systemd {
@@ -257,13 +257,14 @@ pub async fn run(
         cgroup: settings.paths.cgroup_root.clone(),
         state_dir: settings.paths.state_dir.clone(),
     };
-    let (engine, report) = tokio::task::spawn_blocking(move || {
+    let (engine, report) = crate::threads::run_blocking("the engine's start", move || {
         Engine::start(&start_settings, backend, restore).map(|(e, r)| (e.with_housekeeping(roots), r))
     })
     .await
-    .map_err(|e| DaemonError::EngineThread(e.to_string()))?
+    .map_err(DaemonError::EngineThread)?
     .map_err(DaemonError::Start)?;
-    let (handle, thread) = engine.with_config(config_source(&opts)).spawn();
+    let (handle, thread) =
+        engine.with_config(config_source(&opts)).spawn().map_err(DaemonError::EngineThread)?;
     let snap = handle.snapshot();
     log::info!(
         "started in {:.1} ms: {}{}; {} corrections applied, {} failed",

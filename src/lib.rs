@@ -19,3 +19,4 @@ pub mod logging;
 pub mod nri;
 pub mod reclaim;
 pub mod sandbox;
+pub mod threads;

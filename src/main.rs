@@ -57,6 +57,9 @@ struct Args {
     print_crd: bool,
 }
 
+/// The async runtime's worker threads (the engine has a thread of its own).
+const WORKER_THREADS: usize = 2;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     #[cfg(feature = "k8s")]
@@ -84,10 +87,17 @@ fn main() -> ExitCode {
     if args.log_level.is_none() {
         log::set_max_level(settings.log_level);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => return fail(&e),
-    };
+    // tokio's builder panics when it cannot start its workers (pids.max reached): ask first,
+    // for them and the first blocking thread.
+    if let Err(e) = cpupoold::threads::probe("the async runtime", WORKER_THREADS + 1) {
+        return fail(&e);
+    }
+    let runtime =
+        match tokio::runtime::Builder::new_multi_thread().worker_threads(WORKER_THREADS).enable_all().build()
+        {
+            Ok(rt) => rt,
+            Err(e) => return fail(&e),
+        };
     let ran = runtime.block_on(async {
         let host = daemon::Host::connect(&settings, &opts).await?;
         daemon::run(opts, settings, host, std::future::pending()).await

@@ -517,11 +517,19 @@ impl Reclaimer {
             return;
         }
         let fs = self.fs.clone();
-        let gone = tokio::task::spawn_blocking(move || {
+        // A thread of its own: tokio's blocking pool panics when no thread can be started
+        // (pids.max reached), which ended the reclaimer; this way the check is tried again.
+        let gone = match crate::threads::run_blocking("the reclaimer's cgroup check", move || {
             targets.into_iter().filter(|(_, path)| !fs.exists(path)).collect::<Vec<_>>()
         })
         .await
-        .unwrap_or_default();
+        {
+            Ok(gone) => gone,
+            Err(e) => {
+                log::warn!("reclaim: checking cgroup targets: {}", crate::engine::error_chain(&e));
+                return;
+            }
+        };
         for (id, path) in gone {
             // Still the same target: it may have been released and assigned anew meanwhile.
             if matches!(self.watches.get(&id), Some(Watch::Cgroup(p, _)) if *p == path) {

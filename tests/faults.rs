@@ -192,6 +192,40 @@ fn full_state_file_system_refuses_mutations_typed_and_keeps_serving_reads() {
     recovers(d, dir.path(), &bus);
 }
 
+/// A restart on a full state file system (a reboot with /var full): the state loads but the
+/// start cannot compact it. The daemon comes up with the saved assignment applied again, says
+/// why it could not compact, refuses mutations `NotDurable`, and recovers once there is room.
+/// Before, the start failed on `state.json.tmp` and no pool was applied.
+#[test]
+fn a_restart_on_a_full_state_file_system_applies_the_loaded_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let _mount = match Mount::tmpfs(&dir.path().join("sb/state"), "256k") {
+        Ok(m) => m,
+        Err(e) => return skip(&e),
+    };
+    let (bus, d) = start(dir.path());
+    let held = d.sb.join("cgroup/k/a/cpuset.cpus");
+    let filler = d.sb.join("state/filler");
+    d.stop();
+    // As a reboot leaves it: the cgroup no longer confined to the assignment's CPUs.
+    fs::write(&held, "0-7").unwrap();
+    let mut f = fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 4096];
+    while f.write_all(&chunk).is_ok() {}
+    while f.write_all(&[0]).is_ok() {}
+    drop(f);
+    let d = Daemon::start(dir.path(), &["--bus", &bus.address, "--log-level", "warn"]);
+    assert_eq!(fs::read_to_string(&held).unwrap().trim(), "1,5", "the saved assignment is applied again");
+    assert!(
+        d.logs().contains("could not be compacted") && d.logs().contains("No space left on device"),
+        "the start says why it could not compact:\n{}",
+        d.logs()
+    );
+    mutations_fail_typed_and_change_nothing(&d, &bus, "restarted with the state dir full");
+    fs::remove_file(&filler).unwrap();
+    recovers(d, dir.path(), &bus);
+}
+
 #[test]
 fn read_only_state_dir_refuses_mutations_typed_and_keeps_serving_reads() {
     let dir = tempfile::tempdir().unwrap();

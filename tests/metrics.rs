@@ -376,3 +376,33 @@ fn drift_corrected_at_a_restart_is_counted() {
     assert_eq!(drift(&d), 1.0, "one file was corrected");
     d.stop();
 }
+
+/// Connections that hold a slot without asking anything, some never sending a request, some
+/// idle on a kept-alive connection after one, twice as many as the endpoint has slots (16), do
+/// not keep a scraper out: the oldest idle one gives way to a new connection. Before, the 16
+/// slots were held until each timed out and every scrape was closed at accept.
+#[test]
+fn idle_connections_do_not_keep_scrapers_out() {
+    const SLOTS: usize = 16;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start(dir.path());
+    let mut idle = Vec::new();
+    for i in 0..2 * SLOTS {
+        let mut s = TcpStream::connect(&d.addr).unwrap_or_else(|e| panic!("connecting to {}: {e}", d.addr));
+        if i % 2 == 1 {
+            // Kept alive after one answer (a HEAD: no body to read), then idle.
+            let _ = s.write_all(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && matches!(s.read(&mut byte), Ok(1)) {
+                head.push(byte[0]);
+            }
+        }
+        idle.push(s);
+    }
+    for _ in 0..5 {
+        get(&d.addr, "text/plain");
+    }
+    drop(idle);
+    d.stop();
+}

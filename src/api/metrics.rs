@@ -13,13 +13,16 @@
 //! own threads run on the housekeeping CPUs its unit confines it to).
 //!
 //! The server ([`serve`]) is a small hyper HTTP/1 server: only `GET`/`HEAD /metrics`, at most
-//! [`MAX_CONNECTIONS`] connections at once (more are closed at accept), request heads of at
-//! most 8 KiB that must arrive within [`REQUEST_TIMEOUT`], and each connection ends after
-//! [`CONNECTION_TIMEOUT`], so a slow or stuck client holds one slot for a bounded time and
-//! stalls nothing else. The answer is OpenMetrics when the client asks for it (`Accept:
+//! [`MAX_CONNECTIONS`] connections at once, [`MAX_CONNECTIONS_PER_PEER`] of one peer, where a
+//! new connection takes the slot of the one idle longest ([`slots`]: connections that ask
+//! nothing cannot keep scrapers out), request heads of at most 8 KiB that must arrive within
+//! [`REQUEST_TIMEOUT`], and each connection ends after [`CONNECTION_TIMEOUT`], so a slow or
+//! stuck client holds one slot for a bounded time and stalls nothing else. The answer is OpenMetrics when the client asks for it (`Accept:
 //! application/openmetrics-text`, as Prometheus does), the Prometheus text format 0.0.4
 //! otherwise.
 #![deny(missing_docs)]
+
+mod slots;
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -38,6 +41,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
+use slots::{Admit, Answering, Peer, Slots};
 use tokio::sync::watch;
 
 use crate::core::state::Target;
@@ -738,26 +742,38 @@ pub fn listen(listen: &Listen, passed: &mut listenfd::ListenFd) -> std::io::Resu
     })
 }
 
-/// Connections served at once; more are closed at accept.
+/// Connection slots; when all are taken, a new connection takes the slot of the one idle the
+/// longest (see [`slots`]), and is closed at accept only if every connection is answering.
 pub const MAX_CONNECTIONS: usize = 16;
-/// How long a request head may take to arrive.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Slots one peer (a remote address; all of loopback; a unix socket uid) may hold; beyond them
+/// its own idle connections give way first.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 8;
+/// How long a request head may take to arrive, on a new connection and between the requests
+/// of a kept-alive one.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one connection may stay open, whatever it does.
-pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `GET /metrics` on `listener` until `stop` completes.
 pub async fn serve(listener: Listener, exporter: Arc<Exporter>, stop: impl std::future::Future<Output = ()>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut slots = Slots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
             _ = &mut stop => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            Some(ended) = conns.join_next_with_id(), if !conns.is_empty() => {
+                let id = match ended {
+                    Ok((id, ())) => id,
+                    Err(e) => e.id(),
+                };
+                slots.remove(|h: &tokio::task::AbortHandle| h.id() == id);
+                continue;
+            }
             a = accept(&listener) => a,
         };
-        let io = match accepted {
-            Ok(io) => io,
+        let (io, peer) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 log::warn!("metrics: accept failed: {e}");
                 // Out of descriptors, most likely: give the others a moment to end.
@@ -765,14 +781,38 @@ pub async fn serve(listener: Listener, exporter: Arc<Exporter>, stop: impl std::
                 continue;
             }
         };
-        // Over the limit: closed at once (dropped), so a flood costs one accept each.
-        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let mut tries = 0;
+        let admitted = loop {
+            match slots.admit(&peer, tries < ADMIT_YIELDS) {
+                // Connections accepted but not read yet: let their tasks run, they may hold a
+                // scraper's request.
+                Admit::Wait => {
+                    tries += 1;
+                    tokio::task::yield_now().await;
+                }
+                Admit::Evict(idle) => {
+                    idle.abort();
+                    break true;
+                }
+                Admit::Room => break true,
+                Admit::Refuse => break false,
+            }
+        };
+        // Every slot is answering: closed at once (dropped), so a flood costs one accept each.
+        if !admitted {
+            continue;
+        }
+        let activity = slots.activity();
+        let io = hyper_util::rt::TokioIo::new(Watched { io, activity: activity.clone() });
         let exporter = exporter.clone();
-        conns.spawn(async move {
-            let _slot = slot;
+        let conn_activity = activity.clone();
+        let task = conns.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
+                let busy = conn_activity.answering();
                 let exporter = exporter.clone();
-                async move { Ok::<_, Infallible>(answer(&exporter, &req)) }
+                async move {
+                    Ok::<_, Infallible>(answer(&exporter, &req).map(|body| Answer { body, _busy: busy }))
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -781,20 +821,104 @@ pub async fn serve(listener: Listener, exporter: Arc<Exporter>, stop: impl std::
                 .serve_connection(io, service);
             let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
         });
+        slots.insert(peer, activity, task);
     }
     conns.shutdown().await;
 }
 
+/// An answer's body, holding its connection busy until hyper has written it and drops it.
+struct Answer {
+    body: Full<Bytes>,
+    _busy: Answering,
+}
+
+impl hyper::body::Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// How often a new connection lets the connections not read yet be read before one of them is
+/// closed for it ([`Admit::Wait`]).
+const ADMIT_YIELDS: usize = 4;
+
 /// A connection of either kind.
-type Io = hyper_util::rt::TokioIo<Box<dyn Stream>>;
+type Io = Box<dyn Stream>;
 trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Stream for T {}
 
-async fn accept(l: &Listener) -> std::io::Result<Io> {
-    Ok(hyper_util::rt::TokioIo::new(match l {
-        Listener::Tcp(l) => Box::new(l.accept().await?.0) as Box<dyn Stream>,
-        Listener::Unix(l) => Box::new(l.accept().await?.0),
-    }))
+/// A connection that tells its [`slots::Activity`] when a read finds nothing to read.
+struct Watched {
+    io: Io,
+    activity: Arc<slots::Activity>,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        if r.is_pending() {
+            self.activity.waited();
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The next connection and who it comes from.
+async fn accept(l: &Listener) -> std::io::Result<(Io, Peer)> {
+    let (stream, peer) = match l {
+        Listener::Tcp(l) => {
+            let (s, addr) = l.accept().await?;
+            (Box::new(s) as Box<dyn Stream>, Peer::from_ip(addr.ip()))
+        }
+        Listener::Unix(l) => {
+            let (s, _) = l.accept().await?;
+            let peer = s.peer_cred().map_or(Peer::Unknown, |c| Peer::Uid(c.uid()));
+            (Box::new(s) as Box<dyn Stream>, peer)
+        }
+    };
+    Ok((stream, peer))
 }
 
 fn answer<B>(exporter: &Exporter, req: &Request<B>) -> Response<Full<Bytes>> {

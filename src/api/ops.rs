@@ -311,7 +311,7 @@ pub fn state_error(e: &state::Error) -> ApiError {
 pub fn engine_error(e: &EngineError) -> ApiError {
     let kind = match e {
         EngineError::State(s) => return state_error(s),
-        EngineError::Apply(_) => ErrorKind::ApplyFailed,
+        EngineError::Apply(_) | EngineError::Thread(_) => ErrorKind::ApplyFailed,
         EngineError::Store(_) | EngineError::Dropin(_) => ErrorKind::NotDurable,
         EngineError::Config(_) | EngineError::Overridden { .. } | EngineError::NoConfigFiles => {
             ErrorKind::ConfigRejected

@@ -256,13 +256,27 @@ pub(crate) fn read_all_with(
         .map(|file| {
             let text = match replace {
                 Some((path, Some(text))) if path == file => text.to_owned(),
-                _ => fs::read_to_string(&file)
-                    .map_err(|source| ConfigError::Read { file: file.clone(), source })?,
+                _ => read_fragment(&file)?,
             };
             let fragment = parse(&text, &file)?;
             Ok((file, fragment))
         })
         .collect()
+}
+
+/// The largest configuration file read: far above any real one, and a file that never ends
+/// (a link to `/dev/zero`) is refused at it rather than read until memory runs out.
+pub const MAX_FRAGMENT_BYTES: u64 = 1 << 20;
+
+/// Reads one configuration file: a regular file of at most [`MAX_FRAGMENT_BYTES`], opened
+/// without blocking, so that a FIFO in a drop-in directory is an error naming it rather than an
+/// engine stuck in `open` at every reload.
+pub(crate) fn read_fragment(file: &Path) -> Result<String, ConfigError> {
+    let read = |file: &Path| -> io::Result<String> {
+        let bytes = crate::host::fsutil::read_regular_file(file, MAX_FRAGMENT_BYTES)?;
+        String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    };
+    read(file).map_err(|source| ConfigError::Read { file: file.to_owned(), source })
 }
 
 /// The fragment files that exist, in merge order. See the [module docs](super) for the order.

@@ -18,7 +18,6 @@
 //! Writes are durable (a hidden temporary file in the same directory, fsync, rename, fsync of the
 //! directory), so a crash leaves either the old or the new drop-in.
 
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -67,10 +66,12 @@ impl Dropin {
     /// Reads the drop-in under `dirs`; a missing file has no pools.
     pub fn read(dirs: &ConfigDirs) -> Result<Dropin, ConfigError> {
         let path = dirs.etc.join("config.d").join(DROPIN_NAME);
-        let text = match fs::read_to_string(&path) {
+        let text = match fragments::read_fragment(&path) {
             Ok(text) => text,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-            Err(source) => return Err(ConfigError::Read { file: path, source }),
+            Err(ConfigError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                String::new()
+            }
+            Err(e) => return Err(e),
         };
         // Checked as a fragment first, so that a hand-edited file gets the usual errors.
         fragments::parse(&text, &path)?;
@@ -203,6 +204,7 @@ mod tests {
     use super::*;
     use crate::core::cpuset::CpuSet;
     use crate::core::pool::{PoolKind, Smt};
+    use std::fs;
 
     fn name(s: &str) -> PoolName {
         PoolName::new(s).unwrap()

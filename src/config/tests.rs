@@ -850,3 +850,38 @@ fn power_tables_merge_by_key_and_refuse_bad_syntax_naming_the_key() {
     let e = err(&format!("{base}[pools.dp.power]\nturbo = true\n"));
     assert_eq!(e.key(), Some("pools.dp.power.turbo"), "{}", chain(&e));
 }
+
+/// A drop-in that is not a regular file, or is too large, is an error naming it: before, a FIFO
+/// blocked the reader in `open` (the engine, at every reload) and a link to `/dev/zero` was
+/// read until memory ran out.
+#[test]
+fn a_fifo_a_device_or_a_huge_file_is_refused_by_name() {
+    let t = Tree::new();
+    t.etc("config.toml", RESERVED);
+    fs::create_dir_all(t.etc_path("config.d")).unwrap_or_else(|e| panic!("{e}"));
+    let fifo = t.etc_path("config.d/50-fifo.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let e = t.err();
+    assert!(matches!(&e, ConfigError::Read { file, .. } if *file == fifo), "{e:?}");
+    assert!(chain(&e).contains("not a regular file but a FIFO"), "{}", chain(&e));
+    fs::remove_file(&fifo).unwrap_or_else(|e| panic!("{e}"));
+
+    let zero = t.etc_path("config.d/50-zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap_or_else(|e| panic!("{e}"));
+    let e = t.err();
+    assert!(matches!(&e, ConfigError::Read { file, .. } if *file == zero), "{e:?}");
+    assert!(chain(&e).contains("not a regular file but a character device"), "{}", chain(&e));
+    fs::remove_file(&zero).unwrap_or_else(|e| panic!("{e}"));
+
+    let huge = format!("# {}\n", "x".repeat(usize::try_from(fragments::MAX_FRAGMENT_BYTES).unwrap_or(0)));
+    t.etc("config.d/50-huge.toml", &huge);
+    let e = t.err();
+    assert!(
+        matches!(&e, ConfigError::Read { file, .. } if *file == t.etc_path("config.d/50-huge.toml")),
+        "{e:?}"
+    );
+    assert!(chain(&e).contains("larger than 1048576 bytes"), "{}", chain(&e));
+    fs::remove_file(t.etc_path("config.d/50-huge.toml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(t.load().pools.len(), 1);
+}

@@ -224,7 +224,21 @@ impl Engine {
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
-        engine.store.save(engine.state.data()).map_err(StartError::Store)?;
+        if let Err(e) = engine.store.save(engine.state.data()) {
+            // A state that was read is applied even when it cannot be compacted (a reboot with
+            // /var full): the files still hold it, the next write must be a whole snapshot
+            // (mutations are refused `NotDurable` until one succeeds). A fresh state that
+            // cannot be written at all is an error.
+            if report.fresh {
+                return Err(StartError::Store(e));
+            }
+            log::warn!(
+                "the state in `{}` was loaded and applied but could not be compacted; changes are refused until it can be written: {}",
+                engine.store.dir().display(),
+                super::error_chain(&e)
+            );
+            engine.store.mark_stale();
+        }
         engine.apply_irqs();
         engine.apply_cache();
         engine.apply_power();
@@ -280,8 +294,9 @@ impl Engine {
         self.apply_corrections(&observed, &desired)
     }
 
-    /// Runs the engine on its own thread until every [`Handle`] is dropped.
-    pub fn spawn(self) -> (Handle, std::thread::JoinHandle<()>) {
+    /// Runs the engine on its own thread until every [`Handle`] is dropped; an error when the
+    /// system refuses the thread.
+    pub fn spawn(self) -> Result<(Handle, std::thread::JoinHandle<()>), crate::threads::ThreadError> {
         let (tx, rx) = mpsc::channel(256);
         let handle = Handle {
             tx,
@@ -292,11 +307,8 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("cpupoold-engine".into())
             .spawn(move || self.run(rx))
-            .unwrap_or_else(|e| {
-                log::error!("cannot start the engine thread: {e}");
-                std::process::exit(1)
-            });
-        (handle, thread)
+            .map_err(|source| crate::threads::ThreadError::Spawn { what: "the engine", source })?;
+        Ok((handle, thread))
     }
 
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Request>) {

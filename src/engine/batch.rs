@@ -66,7 +66,7 @@ mod tests {
         f.write("k/a/cpuset.cpus", "\n");
         f.write("k/b/cpuset.cpus", "\n");
         let (engine, _) = f.start();
-        let (handle, thread) = engine.spawn();
+        let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
         let mut events = handle.subscribe();
         let outs = rt().block_on(handle.assign_all(vec![
             spec("dp", "cgroup:k/a", Size::Cpus(2), Some("a")),
@@ -107,7 +107,7 @@ mod tests {
         f.write("k/b/cpuset.cpus", "\n");
         let (engine, _) = f.start();
         let file = f.state_file();
-        let (handle, thread) = engine.spawn();
+        let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
         // The second does not fit beside the first: refused by the core, nothing applied.
         let err = rt().block_on(handle.assign_all(vec![
             spec("dp", "cgroup:k/a", Size::Cpus(2), Some("a")),

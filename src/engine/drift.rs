@@ -80,11 +80,23 @@ pub(super) fn observe_all(backend: &dyn Backend, layout: &Layout) -> Vec<(Key, O
     let mut found: Vec<Option<Placement>> = if threads > 1 && entries.len() >= SPREAD_FROM {
         let chunk = entries.len().div_ceil(threads);
         std::thread::scope(|s| {
-            let parts: Vec<_> = entries.chunks(chunk).map(|part| s.spawn(move || read(part))).collect();
+            // A part whose thread the system refuses (pids.max reached) is read on this one.
+            let parts: Vec<_> = entries
+                .chunks(chunk)
+                .map(|part| {
+                    std::thread::Builder::new()
+                        .name("cpupoold-drift".into())
+                        .spawn_scoped(s, move || read(part))
+                        .map_err(|_| part)
+                })
+                .collect();
             // A reader that panicked panics here, as the same read on this thread would.
             parts
                 .into_iter()
-                .flat_map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .flat_map(|p| match p {
+                    Ok(t) => t.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                    Err(part) => read(part),
+                })
                 .collect()
         })
     } else {
@@ -389,7 +401,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
         f.write("k/a/cpuset.cpus", "\n");
         f.write("k/b/cpuset.cpus", "\n");
-        let (handle, thread) = engine.spawn();
+        let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
         rt().block_on(async {
             handle
                 .assign(spec("dp", "cgroup:k/a", Size::Cpus(2), Some("a")))
@@ -428,7 +440,7 @@ mod tests {
         let f = Fixture::new();
         let (engine, _) = f.start();
         f.write("k/mid/app/cpuset.cpus", "\n");
-        let (handle, thread) = engine.spawn();
+        let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
         rt().block_on(async {
             handle
                 .assign(spec("web", "cgroup:k/mid/app", Size::Millicpus(500), Some("w")))

@@ -273,9 +273,12 @@ impl Handle {
     pub async fn check_drift(&self) -> Result<DriftReport, EngineError> {
         let snap = self.snapshot();
         let backend = self.backend.clone();
-        let found = tokio::task::spawn_blocking(move || super::drift::read(&*backend, &snap))
-            .await
-            .map_err(|_| EngineError::Stopped)?;
+        // A thread of its own, not tokio's blocking pool, which panics when no thread can be
+        // started (pids.max reached) and so ended the periodic check for good.
+        let found =
+            crate::threads::run_blocking("the drift read", move || super::drift::read(&*backend, &snap))
+                .await
+                .map_err(EngineError::Thread)?;
         self.call(|tx| Request::CheckDrift(Box::new(found), tx)).await
     }
 

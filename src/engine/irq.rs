@@ -120,7 +120,9 @@ impl IrqManager {
     /// Set up from `settings`, reading the memory a previous run left.
     pub(crate) fn new(settings: &Settings) -> IrqManager {
         let state_dir = settings.paths.state_dir.clone();
-        let memory = match Root::new(&state_dir).read(MEMORY_FILE) {
+        let memory = match Root::new(&state_dir)
+            .read_regular(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)
+        {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 log::error!(
                     "irq: `{}` is not readable ({e}); the affinities it remembered cannot be restored",
@@ -697,7 +699,7 @@ mod tests {
                 }
             }
         });
-        let (handle, thread) = engine.spawn();
+        let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
         let guard = Duration::from_secs(60);
         rt().block_on(async {
             // The drift check's interrupt pass hands irqbalance the isolated CPUs.

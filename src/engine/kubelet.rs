@@ -150,7 +150,7 @@ mod tests {
             cgroup: f.sb.cgroupfs(),
             state_dir: f.sb.state(),
         };
-        let (handle, thread) = engine.with_housekeeping(roots).spawn();
+        let (handle, thread) = engine.with_housekeeping(roots).spawn().unwrap_or_else(|e| panic!("{e}"));
         let dp = crate::core::pool::PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"));
         let partition = || f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus.partition");
         assert_eq!(partition(), "isolated");
@@ -187,7 +187,7 @@ mod tests {
     fn observations_are_published_once_each() {
         let f = Fixture::new();
         let (engine, _) = f.start();
-        let (handle, thread) = engine.spawn();
+        let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
         let mut snaps = handle.watch();
         snaps.borrow_and_update();
         let all = handle.snapshot().topology.online();

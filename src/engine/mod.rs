@@ -86,6 +86,9 @@ pub enum EngineError {
     /// Pool edits need configuration files, and this engine has none.
     #[error("this daemon runs without configuration files, so pools cannot be changed at run time")]
     NoConfigFiles,
+    /// A thread the work needs could not be started; nothing changed.
+    #[error("the host could not be read")]
+    Thread(#[source] crate::threads::ThreadError),
     /// The engine is gone (shutting down).
     #[error("the daemon is shutting down")]
     Stopped,

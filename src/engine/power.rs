@@ -373,7 +373,9 @@ impl PowerManager {
     /// Set up from `settings`, reading the memory a previous run left.
     pub fn new(settings: &Settings) -> PowerManager {
         let state_dir = settings.paths.state_dir.clone();
-        let memory = match Root::new(&state_dir).read(MEMORY_FILE) {
+        let memory = match Root::new(&state_dir)
+            .read_regular(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)
+        {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 log::error!(
                     "power: `{}` is not readable ({e}); the values it remembered cannot be restored",

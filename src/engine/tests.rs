@@ -113,7 +113,7 @@ fn assign_and_release_write_cgroups_save_state_and_signal() {
     let f = Fixture::new();
     let (engine, _) = f.start();
     f.write("k/ctr/cpuset.cpus", "\n");
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     let mut events = handle.subscribe();
     rt().block_on(async {
         let a = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x"))).await;
@@ -187,7 +187,7 @@ fn failed_apply_rolls_back_and_changes_nothing() {
     let f = Fixture::new();
     let (engine, _) = f.start();
     let before_file = f.state_file();
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     rt().block_on(async {
         let err = handle.assign(spec("dp", "cgroup:does/not/exist", Size::Cpus(2), None)).await;
         let Err(EngineError::Apply(e)) = err else { panic!("{err:?}") };
@@ -212,7 +212,7 @@ fn failed_save_rolls_back_the_cgroup_writes() {
     fs::create_dir(&journal).unwrap_or_else(|e| panic!("{e}"));
     fs::write(journal.join("x"), "").unwrap_or_else(|e| panic!("{e}"));
     let before_file = f.state_file();
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     rt().block_on(async {
         let err = handle.assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), None)).await;
         assert!(matches!(err, Err(EngineError::Store(_))), "{err:?}");
@@ -230,7 +230,7 @@ fn restart_keeps_assignments_and_restores_files_changed_behind_our_back() {
     let f = Fixture::new();
     let (engine, _) = f.start();
     f.write("k/ctr/cpuset.cpus", "\n");
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     rt().block_on(async {
         handle
             .assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x")))
@@ -253,7 +253,7 @@ fn restart_keeps_assignments_and_restores_files_changed_behind_our_back() {
     assert_eq!(f.read("k/ctr/cpuset.cpus"), "1,5");
     assert_eq!(f.read("system.slice/cpuset.cpus"), "0,4");
     assert!(!f.sb.cgroupfs().join("cpupool.slice/cpupool-old.slice").exists());
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(handle.snapshot().state.assignments().len(), 1);
     drop(handle);
     let _ = thread.join();
@@ -277,7 +277,7 @@ fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
     let f = Fixture::new();
     let (engine, _) = f.start();
     f.write("k/ctr/cpuset.cpus", "\n");
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     let mut events = handle.subscribe();
     rt().block_on(async {
         handle
@@ -315,7 +315,7 @@ fn start_with_a_stranding_config_keeps_the_persisted_pools() {
     let f = Fixture::new();
     let (engine, _) = f.start();
     f.write("k/ctr/cpuset.cpus", "\n");
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     rt().block_on(async {
         handle
             .assign(spec("dp", "cgroup:k/ctr", Size::Cpus(2), Some("x")))
@@ -327,7 +327,7 @@ fn start_with_a_stranding_config_keeps_the_persisted_pools() {
     // The operator deletes the dp pool while it has an assignment.
     f.config("[pools.sys]\nkind = \"reserved\"\ncpus = \"0-7\"\n");
     let (engine, _) = f.start();
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     let snap = handle.snapshot();
     assert_eq!(snap.state.assignments().len(), 1);
     assert_eq!(snap.state.pools().len(), 3);
@@ -465,7 +465,7 @@ mod pool_edits {
         let (engine, _) = f.start();
         let sb = f.sb.clone();
         let source = ConfigSource { dirs: f.sb.config_dirs(), adjust: Box::new(move |s| sb.confine(s)) };
-        engine.with_config(source).spawn()
+        engine.with_config(source).spawn().unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn dropin(f: &Fixture) -> Option<String> {
@@ -638,7 +638,7 @@ fn concurrent_mutations_grouped_or_not_answer_as_if_alone() {
         }
     }
     let (engine, _) = f.start();
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -739,7 +739,7 @@ fn enforce_quota_writes_cpu_max_for_shared_assignments() {
     f.config(&format!("{CONFIG}enforce_quota = true\n"));
     let (engine, _) = f.start();
     f.write("k/web/cpuset.cpus", "\n");
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     rt().block_on(async {
         handle
             .assign(spec("web", "cgroup:k/web", Size::Millicpus(1500), Some("w")))
@@ -759,7 +759,7 @@ fn enforce_quota_writes_cpu_max_for_shared_assignments() {
 fn pid_targets_record_the_start_time_and_need_a_live_process() {
     let f = Fixture::new();
     let (engine, _) = f.start();
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
     let pid = child.id();
     rt().block_on(async {
@@ -823,7 +823,7 @@ mod housekeeping_tests {
         // A kill -9: the next start finds the record and keeps the masks as they are.
         drop(engine);
         let (engine, _) = f.start();
-        let (handle, thread) = engine.with_housekeeping(f.roots()).spawn();
+        let (handle, thread) = engine.with_housekeeping(f.roots()).spawn().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(f.sys(WQ), "99\n");
         rt().block_on(async {
             // Isolation ends: the masks found before go back and the record goes.
@@ -900,7 +900,7 @@ mod housekeeping_tests {
         let f = Fixture::new();
         f.config(&isolated_dp());
         let (engine, _) = f.start();
-        let (handle, thread) = engine.with_housekeeping(f.roots()).spawn();
+        let (handle, thread) = engine.with_housekeeping(f.roots()).spawn().unwrap_or_else(|e| panic!("{e}"));
         let dp = PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"));
         let online: Vec<u32> = (0..8).collect();
         rt().block_on(async {

@@ -75,6 +75,73 @@ pub fn is_symlink_refusal(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<SymlinkRefused>())
 }
 
+/// The largest state file (`state.json`, the journal, their previous copies) read: generous (a
+/// million assignments stay below it), only so that a file that is not the daemon's cannot
+/// have it read without end.
+pub const MAX_STATE_BYTES: u64 = 256 << 20;
+/// The largest remembered-values file (`irq.json`, `power.json`, `housekeeping.json`) read.
+pub const MAX_REMEMBERED_BYTES: u64 = 16 << 20;
+
+/// Why a file the daemon keeps or is configured by was not read (the source of the
+/// [`io::Error`] the reading sites carry, with the file's path, in their own error types).
+#[derive(Debug, thiserror::Error)]
+pub enum NotReadable {
+    /// Not a regular file: a FIFO would block the reader, a device such as `/dev/zero` never ends.
+    #[error("not a regular file but a {kind}")]
+    NotRegular {
+        /// `FIFO`, `character device`, `directory`, ...
+        kind: &'static str,
+    },
+    /// Larger than the reader takes.
+    #[error("larger than {limit} bytes")]
+    TooLarge {
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// Opens `path` for reading without blocking (`O_NONBLOCK`: opening a FIFO with no writer
+/// returns at once) and reads it with [`read_capped`]. Links are followed: a drop-in may be a
+/// link to a file elsewhere, and a link to `/dev/null` (how a drop-in masks a vendor file of
+/// the same name) reads as empty.
+pub fn read_regular_file(path: &Path, cap: u64) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file =
+        std::fs::OpenOptions::new().read(true).custom_flags(OFlags::NONBLOCK.bits() as i32).open(path)?;
+    let st = rustix::fs::fstat(&file)?;
+    let dev_null = rustix::fs::makedev(1, 3);
+    if FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice && st.st_rdev == dev_null {
+        return Ok(Vec::new());
+    }
+    read_capped(file, cap)
+}
+
+/// Reads `file` if it is a regular file of at most `cap` bytes, reading no more than `cap + 1`
+/// bytes whatever its size claims; anything else is an [`io::ErrorKind::InvalidData`] error with
+/// a [`NotReadable`] inside.
+pub fn read_capped(file: File, cap: u64) -> io::Result<Vec<u8>> {
+    let kind = FileType::from_raw_mode(rustix::fs::fstat(&file)?.st_mode);
+    let refuse = |why: NotReadable| io::Error::new(io::ErrorKind::InvalidData, why);
+    let name = match kind {
+        FileType::RegularFile => None,
+        FileType::Fifo => Some("FIFO"),
+        FileType::CharacterDevice => Some("character device"),
+        FileType::BlockDevice => Some("block device"),
+        FileType::Directory => Some("directory"),
+        FileType::Socket => Some("socket"),
+        _ => Some("special file"),
+    };
+    if let Some(kind) = name {
+        return Err(refuse(NotReadable::NotRegular { kind }));
+    }
+    let mut bytes = Vec::new();
+    file.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(refuse(NotReadable::TooLarge { limit: cap }));
+    }
+    Ok(bytes)
+}
+
 /// How paths below a root are resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolve {
@@ -192,6 +259,16 @@ impl Root {
         let mut bytes = Vec::new();
         File::from(fd).read_to_end(&mut bytes).map_err(err)?;
         Ok(bytes)
+    }
+
+    /// Reads the regular file `rel`, of at most `cap` bytes, without blocking on a FIFO or
+    /// reading a device without end: see [`read_capped`]. For the daemon's own files (state,
+    /// remembered host values), never kernel files.
+    pub fn read_regular(&self, rel: impl AsRef<Path>, cap: u64) -> Result<Vec<u8>, FsError> {
+        let rel = rel.as_ref();
+        let err = self.err("reading", rel);
+        let fd = self.open_file(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0).map_err(err)?;
+        read_capped(File::from(fd), cap).map_err(err)
     }
 
     /// Reads the whole file `rel` as UTF-8.

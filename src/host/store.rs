@@ -8,7 +8,8 @@
 //! snapshot's size (at least 1 MiB) [`Store::compact_due`] says so and the engine writes the whole
 //! state with [`Store::save`], which starts a new, empty journal. At start it calls
 //! [`Store::load`], which reads the snapshot and replays the journal's records after it; the
-//! daemon then compacts. An operator who has been told that a file is damaged starts the daemon
+//! daemon then compacts (a state that loads but cannot be compacted is used as it is, with the
+//! store marked stale, see [`Store::mark_stale`]). An operator who has been told that a file is damaged starts the daemon
 //! with `--restore-previous-state`, which calls [`Store::restore_previous`] (see `recovery`).
 //! The store is generic over the state and change types, so it knows nothing of pools or CPUs.
 //!
@@ -138,7 +139,7 @@ use std::sync::{Mutex, MutexGuard};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::fsutil::{FsError, Root};
+use super::fsutil::{FsError, Root, MAX_STATE_BYTES};
 
 mod error;
 mod format;
@@ -524,7 +525,7 @@ impl Store {
         T: DeserializeOwned,
         D: DeserializeOwned,
     {
-        let bytes = match self.root.read(STATE_FILE) {
+        let bytes = match self.root.read_regular(STATE_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return match self.prev_copy::<T>() {
@@ -563,7 +564,7 @@ impl Store {
         if j.known {
             return Ok(());
         }
-        let mut seq = match self.root.read(STATE_FILE) {
+        let mut seq = match self.root.read_regular(STATE_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => {
                 decode::<serde::de::IgnoredAny>(&bytes)
                     .map_err(|d| d.into_error(self.current.clone(), PrevCopy::Itself))?
@@ -593,7 +594,7 @@ impl Store {
 
     /// The bytes of the journal `name`, or `None` if there is none.
     fn read_journal(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.root.read(name) {
+        match self.root.read_regular(name, MAX_STATE_BYTES) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),

@@ -281,7 +281,7 @@ fn sandboxed_engine(dir: &std::path::Path) -> Sandboxed {
     sb.confine(&mut settings);
     let backend = crate::host::cgroupfs::CgroupFs::new(sb.cgroupfs(), "/proc");
     let (engine, _) = Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
-    let (handle, engine) = engine.spawn();
+    let (handle, engine) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     Sandboxed { handle, engine, sandbox: SandboxPaths { settings, cgroupfs: sb.cgroupfs() } }
 }
 

@@ -30,6 +30,7 @@ use super::{
     journal, PrevCopy, Store, StoreError, CORRUPT_FILE, JOURNAL_CORRUPT_FILE, JOURNAL_FILE,
     JOURNAL_PREV_FILE, JOURNAL_TMP_FILE, PREV_FILE, STATE_FILE,
 };
+use crate::host::fsutil::MAX_STATE_BYTES;
 
 /// How many numbered `*.corrupt.N` names to try before giving up.
 const MAX_CORRUPT_COPIES: u32 = 10_000;
@@ -131,7 +132,8 @@ impl Store {
         T: DeserializeOwned,
         D: DeserializeOwned,
     {
-        let current = self.root.read(STATE_FILE).ok().and_then(|b| decode::<T>(&b).ok());
+        let current =
+            self.root.read_regular(STATE_FILE, MAX_STATE_BYTES).ok().and_then(|b| decode::<T>(&b).ok());
         if let (Some((mut state, mut seq)), Some(bytes)) = (current, self.read_journal(JOURNAL_FILE)?) {
             if let Err(damage) = self.replay(JOURNAL_FILE, &bytes, &mut state, &mut seq, &mut apply) {
                 log::warn!("restoring: {}", crate::engine::error_chain(&damage.error));
@@ -139,7 +141,7 @@ impl Store {
                 return Ok(Plan::Salvage { state, keep });
             }
         }
-        let prev_bytes = match self.root.read(PREV_FILE) {
+        let prev_bytes = match self.root.read_regular(PREV_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(StoreError::NoPrevious { path: self.prev.clone() })
@@ -192,7 +194,7 @@ impl Store {
 
     /// Checks `state.json.prev` for an error message. Reads only.
     pub(super) fn prev_copy<T: DeserializeOwned>(&self) -> PrevCopy {
-        match self.root.read(PREV_FILE) {
+        match self.root.read_regular(PREV_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => match decode::<T>(&bytes) {
                 Ok(_) => PrevCopy::Good(self.prev.clone()),
                 Err(_) => PrevCopy::Damaged(self.prev.clone()),

@@ -612,3 +612,18 @@ fn one_store_at_a_time_holds_the_state_directory() {
     drop(first);
     second.lock_dir().unwrap();
 }
+
+/// A FIFO or a device where the state file is expected is an error naming it, at once: before,
+/// a FIFO `state.json` blocked the start in `open` forever without a log line.
+#[test]
+fn a_state_file_that_is_not_a_regular_file_is_refused_by_name() {
+    let (_dir, store) = new_store();
+    nix::unistd::mkfifo(store.path(), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let e = load(&store).err().map(|e| crate::engine::error_chain(&e)).unwrap_or_default();
+    assert!(e.contains(&store.path().display().to_string()), "{e}");
+    assert!(e.contains("not a regular file but a FIFO"), "{e}");
+    fs::remove_file(store.path()).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", store.path()).unwrap();
+    let e = load(&store).err().map(|e| crate::engine::error_chain(&e)).unwrap_or_default();
+    assert!(e.contains(&store.path().display().to_string()), "{e}");
+}
