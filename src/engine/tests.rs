@@ -157,7 +157,7 @@ fn a_retarget_the_kernel_does_not_enforce_is_degraded_at_once() {
     // The container's pod cgroup has CPU 0 only: no CPU of dp reaches the container.
     f.write("k/cpuset.cpus", "0\n");
     f.write("k/ctr/cpuset.cpus", "\n");
-    let (handle, thread) = engine.spawn();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     let mut events = handle.subscribe();
     rt().block_on(async {
         let a = handle.assign(spec("dp", "kubelet:core-1", Size::Cpus(2), Some("kubelet-core-1"))).await;
