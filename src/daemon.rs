@@ -679,8 +679,8 @@ fn print_banner(
 ) {
     let snap = handle.snapshot();
     let mut out = format!(
-        "cpupoold sandbox ready: {} CPUs ({}), {}\n",
-        snap.topology.online().len(),
+        "cpupoold sandbox ready: {} ({}), {}\n",
+        crate::core::state::counted(snap.topology.online().len() as u64, "CPU"),
         sb.shape(),
         snap.summary()
     );

@@ -180,7 +180,8 @@ impl DaemonError {
                 let pool = p("pool").unwrap_or_else(|| "POOL".into());
                 (
                     p("pool").map(|x| match p("assignments") {
-                        Some(n) => Full(format!("pool `{x}` still has {n} assignment(s)")),
+                        Some(n) if n == "1" => Full(format!("pool `{x}` still has 1 assignment")),
+                        Some(n) => Full(format!("pool `{x}` still has {n} assignments")),
                         None => Partial(format!("pool `{x}` still has assignments")),
                     }),
                     format!("release them first; `cpupoolctl assignments --pool {pool}` lists them"),

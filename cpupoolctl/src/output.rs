@@ -310,7 +310,8 @@ pub fn status(s: &Status) -> String {
             "enforcement",
             match s.degraded_assignments {
                 0 => "every assignment enforced as assigned".to_owned(),
-                n => format!("{n} assignment(s) degraded (`cpupoolctl assignments` says why)"),
+                1 => "1 assignment degraded (`cpupoolctl assignments` says why)".to_owned(),
+                n => format!("{n} assignments degraded (`cpupoolctl assignments` says why)"),
             },
         ),
         (

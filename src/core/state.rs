@@ -23,7 +23,7 @@ mod validate;
 pub use admit::{check_target, slice_cgroup};
 #[cfg(test)]
 pub(crate) use error::every_error;
-pub use error::Error;
+pub use error::{counted, Error};
 pub use target::{AssignmentId, CgroupPath, Target, MAX_CGROUP_PATH, MAX_DEVICE_ID, MAX_ID, MAX_UNIT_NAME};
 pub use validate::{misfits, Misfit, Violation};
 /// How much an assignment asks for.

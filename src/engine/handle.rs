@@ -110,8 +110,12 @@ impl Snapshot {
 
     /// The one-line summary for `STATUS=` and logs.
     pub fn summary(&self) -> String {
-        let mut s =
-            format!("{} pools, {} assignments", self.state.pools().len(), self.state.assignments().len());
+        let n = |n: usize, one: &str| state::counted(n as u64, one);
+        let mut s = format!(
+            "{}, {}",
+            n(self.state.pools().len(), "pool"),
+            n(self.state.assignments().len(), "assignment")
+        );
         if !self.assignment_health.is_empty() {
             s.push_str(&format!("; {} degraded", self.assignment_health.len()));
         }

@@ -16,7 +16,7 @@ pub enum Error {
         pool: String,
     },
     /// The pool still has assignments.
-    #[error("pool `{pool}` has {assignments} assignments; release them first")]
+    #[error("pool `{pool}` has {}; release them first", counted(*assignments as u64, "assignment"))]
     PoolInUse {
         /// The pool.
         pool: String,
@@ -100,7 +100,7 @@ pub enum Error {
         pool: String,
     },
     /// A full-cores pool cannot give exactly the number asked for.
-    #[error("pool `{pool}` hands out whole cores: {requested} CPUs is not a whole number of free cores")]
+    #[error("pool `{pool}` hands out whole cores: {} is not a whole number of free cores", counted(*requested, "CPU"))]
     NotWholeCores {
         /// The pool.
         pool: String,
@@ -133,4 +133,31 @@ pub(crate) fn every_error() -> Vec<Error> {
         Error::PoolExists { pool: "p".into() },
         Error::PoolInUse { pool: "p".into(), assignments: 1 },
     ]
+}
+
+/// `1 CPU`, `2 CPUs`: a count with its noun, for messages people read.
+pub fn counted(n: u64, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_read_as_people_write_them() {
+        let one = Error::NotWholeCores { pool: "dp".into(), requested: 1 };
+        assert_eq!(
+            one.to_string(),
+            "pool `dp` hands out whole cores: 1 CPU is not a whole number of free cores"
+        );
+        let busy = Error::PoolInUse { pool: "dp".into(), assignments: 3 };
+        assert_eq!(busy.to_string(), "pool `dp` has 3 assignments; release them first");
+        assert_eq!(counted(1, "assignment"), "1 assignment");
+        assert_eq!(counted(0, "pool"), "0 pools");
+    }
 }
