@@ -311,7 +311,12 @@ fn isolation_table(snap: &Snapshot) -> Table<'_> {
                 String::new(),
                 String::new(),
                 foreign,
-                format!("{}: {}", p.state, p.summary),
+                // `holds` says it all; a state that is also its summary is said once.
+                if p.summary == p.state || p.summary.starts_with(&format!("{}:", p.state)) {
+                    p.summary.clone()
+                } else {
+                    format!("{}: {}", p.state, p.summary)
+                },
             ])
             .style(bold()),
         );
@@ -608,6 +613,19 @@ mod tests {
         assert!(cpu1.contains("71.0") && cpu1.contains("3.0") && cpu1.contains("0.5"), "{cpu1}");
         assert!(s.contains("app-1") && s.contains("cgroup:app"), "{s}");
         assert!(s.contains("not measured CPU time"), "{s}");
+    }
+
+    #[test]
+    fn a_state_that_is_its_own_summary_is_said_once() {
+        let mut snap = snapshot();
+        for (state, summary) in [("holds", "holds"), ("degraded", "degraded: no isolated partition")] {
+            snap.isolation.pools[0].state = state.into();
+            snap.isolation.pools[0].summary = summary.into();
+            let view = View { snapshot: Some(snap.clone()), problem: None, interval: Duration::from_secs(1) };
+            let s = screen(&view, 120, 30);
+            assert!(s.contains(summary), "{s}");
+            assert!(!s.contains(&format!("{state}: {state}")), "{s}");
+        }
     }
 
     #[test]
