@@ -346,7 +346,11 @@ impl DaemonError {
             Some(Partial(w)) => Some(self.detail.clone().unwrap_or(w)),
             None => self.detail.clone(),
         };
+        // A reason that gives the advice already (the daemon's refusals often do) is not
+        // followed by it again; the advice is the hint without its parenthesized example.
+        let advice = hint.split(" (").next().unwrap_or(&hint);
         match what {
+            Some(what) if advice.is_empty() || what.contains(advice) => what,
             Some(what) => format!("{what}; {hint}"),
             None => hint,
         }
@@ -468,6 +472,18 @@ mod tests {
             m("InsufficientCapacity", json!({"pool": "dp", "requested": 4, "unit": "cpus"}), None),
             "pool `dp` has fewer than 4 cpus free; ask for less or release an assignment; \
              `cpupoolctl pool show dp` shows what is free"
+        );
+        // A reason that gives the advice already is not followed by it again.
+        let said = m(
+            "TargetNotAllowed",
+            json!({"target": "cgroup:system.slice", "reason": "`system.slice` is a host slice; assign a unit or cgroup inside a pool's slice instead (e.g. `cpupoolctl run`)"}),
+            None,
+        );
+        assert_eq!(said.matches("inside a pool's slice").count(), 1, "{said}");
+        let unsaid = m("TargetNotAllowed", json!({"target": "cgroup:a", "reason": "nested"}), None);
+        assert!(
+            unsaid.ends_with("; assign a unit or cgroup inside a pool's slice (`cpupool-POOL.slice`)"),
+            "{unsaid}"
         );
         // Unknown errors are shown as they came.
         assert_eq!(
