@@ -16,6 +16,15 @@ use serde_json::{json, Map, Value};
 
 /// The daemon answered with an error, or something else failed after arguments were parsed.
 pub const EXIT_DAEMON: u8 = 1;
+
+/// Where the messages send a reader for the daemon's log.
+pub const JOURNAL: &str = "`journalctl -u cpupoold`";
+
+/// `line` as said to the user of a sandbox daemon, which logs to the terminal it runs in rather
+/// than to the journal.
+pub fn for_sandbox(line: &str) -> String {
+    line.replace(JOURNAL, "the sandbox daemon's output, in its terminal")
+}
 /// No daemon answered at the address tried.
 pub const EXIT_UNREACHABLE: u8 = 3;
 
@@ -485,6 +494,9 @@ mod tests {
             unsaid.ends_with("; assign a unit or cgroup inside a pool's slice (`cpupool-POOL.slice`)"),
             "{unsaid}"
         );
+        // A sandbox's log is its terminal.
+        let failed = m("ApplyFailed", json!({"reason": "EBUSY"}), None);
+        assert!(for_sandbox(&failed).ends_with("(the sandbox daemon's output, in its terminal)"), "{failed}");
         // Unknown errors are shown as they came.
         assert_eq!(
             m("org.example.Odd", json!({"a": 1}), Some("why")),

@@ -42,8 +42,12 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            let line =
+            let mut line =
                 if cli.global.json { e.to_json().to_string() } else { format!("cpupoolctl: {}", e.human()) };
+            // A sandbox daemon logs to the terminal it runs in, not to the journal.
+            if cli.global.sandbox.is_some() {
+                line = error::for_sandbox(&line);
+            }
             // If stderr is gone too there is nobody left to tell.
             let _ = writeln!(io::stderr(), "{line}");
             ExitCode::from(e.exit_code())
