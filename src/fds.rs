@@ -4,9 +4,13 @@
 //! engine reads (cgroupfs, procfs, sysfs), every save of the state store, every pidfd of a
 //! `pid:` target. The soft limit a service gets by default (1024) is kept low for programs
 //! that use `select`; this one does not, and takes what the unit's `LimitNOFILE=` allows.
+//!
+//! [`Refusals`]: the log line of connections a socket refused, at most one per period.
 #![deny(missing_docs)]
 
 use std::io;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
@@ -53,6 +57,43 @@ pub fn raise_nofile() -> Result<Raised, RaiseError> {
     Ok(Raised { before, soft: to, hard: now.maximum })
 }
 
+/// Refusals are logged at most once per this period, with a count, so that a flood of
+/// connections does not become a flood of log lines.
+pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Logs refused connections of one socket (or family of sockets), at most once per
+/// [`REFUSAL_LOG_PERIOD`], with how many there were.
+#[derive(Debug)]
+pub struct Refusals {
+    what: &'static str,
+    seen: Mutex<(u64, Option<Instant>)>,
+}
+
+impl Refusals {
+    /// Refusals of `what` ("device plugin", ...), which starts the log line.
+    pub const fn new(what: &'static str) -> Refusals {
+        Refusals { what, seen: Mutex::new((0, None)) }
+    }
+
+    /// Counts a refusal; logs when the period since the last line is over. Returns whether
+    /// it logged.
+    pub fn note(&self, why: &str) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.0 += 1;
+        if seen.1.is_some_and(|t| t.elapsed() < REFUSAL_LOG_PERIOD) {
+            return false;
+        }
+        log::warn!(
+            "{}: refused {} connection(s) in the last {} s; latest: {why}",
+            self.what,
+            seen.0,
+            REFUSAL_LOG_PERIOD.as_secs()
+        );
+        *seen = (0, Some(Instant::now()));
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +106,13 @@ mod tests {
         if let Some(hard) = r.hard {
             assert_eq!(r.soft, hard);
         }
+    }
+
+    #[test]
+    fn refusals_are_logged_once_per_period() {
+        let r = Refusals::new("test");
+        assert!(r.note("one"));
+        assert!(!r.note("two"));
+        assert!(!r.note("three"));
     }
 }
