@@ -118,14 +118,14 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// Room kept for privileged peers: far more than `cpupoolctl` runs and monitors need, and
-    /// with the others well under the 1024 descriptors a service gets by default.
-    pub const PRIVILEGED: usize = 128;
-    /// All unprivileged peers together: reads are for monitoring tools and users checking
-    /// their pools, a handful of connections each.
-    pub const UNPRIVILEGED: usize = 64;
-    /// One unprivileged uid: so that one user cannot take the whole unprivileged budget alone.
-    pub const PER_UID: usize = 16;
+    /// Room kept for privileged peers. This and the two below are the budgets' full size; the
+    /// daemon serves with what its descriptor limit allows ([`crate::fds::Budgets`]), at most
+    /// these.
+    pub const PRIVILEGED: usize = crate::fds::Budgets::PRIVILEGED;
+    /// All unprivileged peers together.
+    pub const UNPRIVILEGED: usize = crate::fds::Budgets::UNPRIVILEGED;
+    /// One unprivileged uid.
+    pub const PER_UID: usize = crate::fds::Budgets::PER_UID;
     /// 30 s: well beyond any pause of a working client between calls; clients that keep a
     /// connection for longer without using it connect again.
     pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -5,7 +5,7 @@
 //! the daemon's descriptors until accept, the engine's reads and every other socket fail with
 //! EMFILE. The kubelet needs one connection per pool (ListAndWatch and every call share it),
 //! and one more while it registers again, so the budget is small
-//! ([`super::Options::max_connections`]). A connection beyond it is closed at once (the
+//! ([`crate::fds::Budgets::device_plugin`]). A connection beyond it is closed at once (the
 //! peer reads the end of the stream) and counted in a log line at most every 10 s, never kept
 //! waiting for room. A failed accept (EMFILE after all, from something else) backs off instead
 //! of spinning: tonic would ask again at once.

@@ -49,11 +49,6 @@ pub use containers::{ContainerRef, ContainerSource};
 /// The API version registered.
 pub const VERSION: &str = "v1beta1";
 
-/// Connections the device-plugin sockets hold at once, every pool's together: the kubelet
-/// holds one per pool (ListAndWatch and every call share it), plus one while it registers
-/// again.
-pub const MAX_CONNECTIONS: usize = 64;
-
 /// The kubelet's registration socket in the device-plugin directory.
 const KUBELET_SOCKET: &str = "kubelet.sock";
 
@@ -81,7 +76,7 @@ pub struct Options {
     /// Consulted before the CRI for a container's pod UID and id (the `k8s` pod watch).
     pub containers: Option<Arc<dyn ContainerSource>>,
     /// Connections the device-plugin sockets hold at once, every pool's together; one more is
-    /// closed at accept ([`MAX_CONNECTIONS`] by default).
+    /// closed at accept ([`crate::fds::Budgets`] sizes it from the descriptor limit).
     pub max_connections: usize,
 }
 
@@ -99,7 +94,7 @@ impl Options {
             runtime_endpoint: s.kubelet.runtime_endpoint.clone(),
             confine_unpooled: s.kubelet.confine_unpooled,
             containers: None,
-            max_connections: MAX_CONNECTIONS,
+            max_connections: crate::fds::Budgets::DEVICE_PLUGIN,
         }
     }
 
