@@ -6,7 +6,9 @@
 //! - the device-plugin sockets: 600 idle connections under a limit of 256 (the attack test's
 //!   1,100 under 1024, scaled down); those beyond the sockets' budget are closed at once;
 //! - varlink, root's own connections: 100 idle ones under a limit of 64 (as in the attack
-//!   test); those beyond root's budget are answered `Busy` and closed.
+//!   test); those beyond root's budget are answered `Busy` and closed;
+//! - varlink, four unprivileged uids holding 100 idle connections each under a limit of 64:
+//!   root's own budget stays free, so root's call is answered, not even `Busy` (needs root).
 //!
 //! Every wait has a generous deadline; no time is asserted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -180,5 +182,78 @@ fn idle_root_connections_cannot_take_the_descriptors() {
     });
     eprintln!("root varlink flood under RLIMIT_NOFILE {LIMIT}: {open} of {FLOOD} idle connections kept");
     no_emfile(&d, "after the varlink flood");
+    d.stop();
+}
+
+/// Unprivileged uids (65534 is nobody; the others need not exist) holding idle connections.
+const UIDS: [u32; 4] = [65534, 65533, 65532, 65531];
+
+/// Opens COUNT idle connections to SOCKET (each connect waits at most 30 s), prints how many it
+/// opened, and holds them until its stdin closes.
+const HOLDER_PY: &str = r#"
+import socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    try:
+        s.connect(path)
+    except OSError:
+        break
+    held.append(s)
+print(len(held), flush=True)
+sys.stdin.read()
+"#;
+
+/// A process of `uid` holding up to `count` idle connections to `socket`, until dropped.
+struct Holder(std::process::Child);
+
+impl Holder {
+    fn start(uid: u32, socket: &Path, count: usize) -> Holder {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("setpriv")
+            .args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".to_owned()])
+            .args(["/usr/bin/python3", "-c", HOLDER_PY])
+            .arg(socket)
+            .arg(count.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("setpriv python3: {e}"));
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(!line.trim().is_empty(), "uid {uid}: the holder said nothing");
+        Holder(child)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn idle_unprivileged_connections_cannot_take_what_root_needs() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root, to hold connections as other uids");
+        return;
+    }
+    const LIMIT: u64 = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(dir.path(), LIMIT);
+    // 4 uids x 100: the old budgets let them hold 64, all the limit left.
+    let holders: Vec<Holder> = UIDS.iter().map(|uid| Holder::start(*uid, &d.varlink, 100)).collect();
+    // Root's budget is its own: answered, not Busy.
+    match root_call(&d) {
+        Ok(Ok(_)) => {}
+        other => panic!("root's call during the unprivileged flood: {other:?}\n{}", d.logs()),
+    }
+    drift_check_works(&d, "unprivileged flood");
+    no_emfile(&d, "unprivileged flood");
+    drop(holders);
     d.stop();
 }
