@@ -302,8 +302,20 @@ pub async fn run(
         owner_uid: opts.sandbox.as_ref().map(|_| nix::unistd::getuid().as_raw()),
         proc_root: opts.proc_root.clone(),
     };
-    let api =
-        tasks.spawn(varlink::serve(listener, handle.clone(), auth.clone(), stop.clone().cancelled_owned()));
+    let budgets = crate::fds::Budgets::current();
+    log_budgets(&budgets);
+    let api = tasks.spawn(varlink::serve_with(
+        listener,
+        handle.clone(),
+        auth.clone(),
+        varlink::Limits {
+            privileged: budgets.privileged,
+            unprivileged: budgets.unprivileged,
+            per_uid: budgets.per_uid,
+            ..Default::default()
+        },
+        stop.clone().cancelled_owned(),
+    ));
     watch_task(&tasks, "the varlink server", api);
     let metrics_at = serve_metrics(&settings, &handle, &tasks, &stop, &mut passed);
 
@@ -312,8 +324,8 @@ pub async fn run(
     #[cfg(feature = "k8s")]
     let pod_index = settings.k8s.enabled.then(crate::k8s::pods::PodIndex::new);
     if settings.kubelet.enabled {
-        #[allow(unused_mut)]
         let mut plugin_opts = deviceplugin::Options::from_settings(&settings);
+        plugin_opts.max_connections = budgets.device_plugin;
         #[cfg(feature = "k8s")]
         if let Some(index) = &pod_index {
             plugin_opts.containers = Some(Arc::new(index.clone()));
@@ -540,6 +552,29 @@ where
             _ = stop.cancelled() => return,
             _ = job() => {}
         }
+    }
+}
+
+/// Says what the descriptor limit allows each served socket (docs/behaviour.md, "Descriptors").
+fn log_budgets(b: &crate::fds::Budgets) {
+    let line = format!(
+        "descriptors: limit {}, {} kept for the daemon; connections: varlink {} privileged, {} \
+         unprivileged ({} per uid), device plugin {}, metrics {}",
+        b.limit,
+        b.reserve,
+        b.privileged,
+        b.unprivileged,
+        b.per_uid,
+        b.device_plugin,
+        crate::fds::Budgets::METRICS
+    );
+    if b.cut {
+        log::warn!(
+            "{line}: below the full budgets (a limit of {} or more gives them; LimitNOFILE= in the unit)",
+            crate::fds::Budgets::FULL_AT
+        );
+    } else {
+        log::info!("{line}");
     }
 }
 

@@ -11,6 +11,7 @@ pub mod config;
 pub mod core;
 pub mod daemon;
 pub mod engine;
+pub mod fds;
 pub mod host;
 #[cfg(feature = "k8s")]
 pub mod k8s;

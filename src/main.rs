@@ -87,6 +87,16 @@ fn main() -> ExitCode {
     if args.log_level.is_none() {
         log::set_max_level(settings.log_level);
     }
+    // Before the runtime and the sockets, which take their descriptors from this limit.
+    match cpupoold::fds::raise_nofile() {
+        Ok(r) if r.soft > r.before => log::info!(
+            "descriptors: soft RLIMIT_NOFILE raised from {} to {} (the hard limit)",
+            r.before,
+            r.soft
+        ),
+        Ok(r) => log::info!("descriptors: soft RLIMIT_NOFILE {} (the hard limit)", r.soft),
+        Err(e) => log::warn!("descriptors: {}; keeping {}", cpupoold::engine::error_chain(&e), e.before),
+    }
     // tokio's builder panics when it cannot start its workers (pids.max reached): ask first,
     // for them and the first blocking thread.
     if let Err(e) = cpupoold::threads::probe("the async runtime", WORKER_THREADS + 1) {

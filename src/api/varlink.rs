@@ -34,6 +34,7 @@ use tokio::task::JoinSet;
 
 pub use crate::api::auth::{Authorizer, Peer};
 use crate::engine::Handle;
+use crate::fds::Refusals;
 
 pub mod methods;
 pub mod wire;
@@ -117,14 +118,14 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// Room kept for privileged peers: far more than `cpupoolctl` runs and monitors need, and
-    /// with the others well under the 1024 descriptors a service gets by default.
-    pub const PRIVILEGED: usize = 128;
-    /// All unprivileged peers together: reads are for monitoring tools and users checking
-    /// their pools, a handful of connections each.
-    pub const UNPRIVILEGED: usize = 64;
-    /// One unprivileged uid: so that one user cannot take the whole unprivileged budget alone.
-    pub const PER_UID: usize = 16;
+    /// Room kept for privileged peers. This and the two below are the budgets' full size; the
+    /// daemon serves with what its descriptor limit allows ([`crate::fds::Budgets`]), at most
+    /// these.
+    pub const PRIVILEGED: usize = crate::fds::Budgets::PRIVILEGED;
+    /// All unprivileged peers together.
+    pub const UNPRIVILEGED: usize = crate::fds::Budgets::UNPRIVILEGED;
+    /// One unprivileged uid.
+    pub const PER_UID: usize = crate::fds::Budgets::PER_UID;
     /// 30 s: well beyond any pause of a working client between calls; clients that keep a
     /// connection for longer without using it connect again.
     pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -256,9 +257,6 @@ const MAX_LOOKUPS: usize = 4;
 const ADMIN_CACHE_TTL: Duration = Duration::from_secs(60);
 /// At most this many uids' answers are kept; older ones are dropped first.
 const ADMIN_CACHE_SIZE: usize = 1024;
-/// Refusals are logged at most once per this period, with a count, so that a flood of
-/// connections does not become a flood of log lines.
-const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// Whether uids are in the admin group, as the group database said recently.
 #[derive(Default)]
@@ -277,28 +275,6 @@ impl AdminCache {
             }
         }
         self.0.insert(uid, (admin, Instant::now()));
-    }
-}
-
-/// Logs refused connections, at most once per [`REFUSAL_LOG_PERIOD`].
-#[derive(Default)]
-struct Refusals {
-    since_logged: u64,
-    logged_at: Option<Instant>,
-}
-
-impl Refusals {
-    fn note(&mut self, why: &str) {
-        self.since_logged += 1;
-        if self.logged_at.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_PERIOD) {
-            log::warn!(
-                "varlink: refused {} connection(s) in the last {} s; latest: {why}",
-                self.since_logged,
-                REFUSAL_LOG_PERIOD.as_secs()
-            );
-            self.since_logged = 0;
-            self.logged_at = Some(Instant::now());
-        }
     }
 }
 
@@ -364,7 +340,7 @@ pub async fn serve_with(
         budget: Budget::new(limits),
         lookups: JoinSet::new(),
         admins: AdminCache::default(),
-        refusals: Refusals::default(),
+        refusals: Refusals::new("varlink"),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();

@@ -26,6 +26,7 @@
 
 pub mod clients;
 mod containers;
+mod incoming;
 pub mod plugin;
 pub mod proto;
 mod reconcile;
@@ -74,6 +75,9 @@ pub struct Options {
     pub confine_unpooled: bool,
     /// Consulted before the CRI for a container's pod UID and id (the `k8s` pod watch).
     pub containers: Option<Arc<dyn ContainerSource>>,
+    /// Connections the device-plugin sockets hold at once, every pool's together; one more is
+    /// closed at accept ([`crate::fds::Budgets`] sizes it from the descriptor limit).
+    pub max_connections: usize,
 }
 
 impl Options {
@@ -90,6 +94,7 @@ impl Options {
             runtime_endpoint: s.kubelet.runtime_endpoint.clone(),
             confine_unpooled: s.kubelet.confine_unpooled,
             containers: None,
+            max_connections: crate::fds::Budgets::DEVICE_PLUGIN,
         }
     }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use tokio::net::UnixListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_stream::StreamExt;
 
+use super::incoming;
 use super::plugin::{self, PoolPlugin, Shared};
 use super::proto::v1beta1;
 use super::{clients, Options, PluginError, KUBELET_SOCKET, VERSION};
@@ -54,11 +54,15 @@ pub(super) struct Registrar {
     waiting: bool,
     /// The directory was missing at some time since the start.
     seen_missing: bool,
+    /// The connections every pool's socket may hold together ([`Options::max_connections`]).
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Registrar {
     pub(super) fn new(opts: Options, shared: Shared) -> Registrar {
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(opts.max_connections.max(1)));
         Registrar {
+            slots,
             opts,
             shared,
             running: BTreeMap::new(),
@@ -285,12 +289,16 @@ impl Registrar {
         let svc = PoolPlugin { pool: pool.clone(), shared: self.shared.clone(), stopped: stopped.clone() };
         let mut until = stopped;
         let name = pool.clone();
+        let slots = self.slots.clone();
         tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(v1beta1::device_plugin_server::DevicePluginServer::new(svc))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = until.wait_for(|s| *s).await;
-                })
+                .serve_with_incoming_shutdown(
+                    incoming::capped(listener, slots, &incoming::REFUSALS),
+                    async move {
+                        let _ = until.wait_for(|s| *s).await;
+                    },
+                )
                 .await;
             if let Err(e) = result {
                 log::error!(POOL = name.as_str(); "device plugin: the endpoint of pool {name} failed: {e}");

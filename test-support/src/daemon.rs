@@ -34,8 +34,30 @@ pub fn spawn_with_env(
     env: &[(&str, &str)],
     log: &Path,
 ) -> Spawned {
+    spawn_wrapped(&[], bin, sb, shape, args, env, log)
+}
+
+/// [`spawn_with_env`] run through `wrapper` (a command and its arguments before the daemon's,
+/// e.g. `prlimit --nofile=64`), when it is not empty.
+pub fn spawn_wrapped(
+    wrapper: &[&str],
+    bin: &Path,
+    sb: &Path,
+    shape: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Spawned {
     let log = fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-    let mut child = Command::new(bin)
+    let mut command = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let mut child = command
         .envs(env.iter().copied())
         .arg("--sandbox")
         .arg(sb)

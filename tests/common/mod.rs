@@ -141,6 +141,19 @@ impl Daemon {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Daemon {
+        Daemon::start_wrapped(dir, &[], shape, config, args, env)
+    }
+
+    /// Like [`Daemon::start_shaped_env`], the daemon run through `wrapper` (e.g.
+    /// `["prlimit", "--nofile=64"]`).
+    pub fn start_wrapped(
+        dir: &Path,
+        wrapper: &[&str],
+        shape: &str,
+        config: Option<&str>,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let sb = dir.join("sb");
         fs::create_dir_all(sb.join("etc/cpupoold")).unwrap();
         if let Some(config) = config.filter(|_| !sb.join("etc/cpupoold/config.toml").exists()) {
@@ -149,7 +162,7 @@ impl Daemon {
         let log = dir.join("daemon.log");
         let bin = Path::new(env!("CARGO_BIN_EXE_cpupoold"));
         let test_support::daemon::Spawned { child, banner, varlink, .. } =
-            test_support::daemon::spawn_with_env(bin, &sb, shape, args, env, &log);
+            test_support::daemon::spawn_wrapped(wrapper, bin, &sb, shape, args, env, &log);
         let log_text = fs::read_to_string(&log).unwrap_or_default();
         let varlink = varlink.unwrap_or_else(|| panic!("no READY banner:\n{banner}\n{log_text}"));
         open_to_everyone(&sb.join("run"));
@@ -286,6 +299,12 @@ impl Varlink {
             Some(e) => Err((e.to_owned(), reply["parameters"].clone())),
             None => Ok(reply["parameters"].clone()),
         })
+    }
+
+    /// Makes reads and writes fail after `limit` instead of waiting for good.
+    pub fn set_timeout(&self, limit: std::time::Duration) {
+        self.stream.set_read_timeout(Some(limit)).unwrap();
+        self.stream.set_write_timeout(Some(limit)).unwrap();
     }
 
     /// The connection itself.

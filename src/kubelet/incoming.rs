@@ -1,0 +1,142 @@
+//! The connections the device-plugin sockets accept, within one budget for every pool's socket.
+//!
+//! tonic serves each accepted connection until its peer goes, and HTTP/2 lets a client keep a
+//! connection open without a word; so without a cap, connections that send nothing would take
+//! the daemon's descriptors until accept, the engine's reads and every other socket fail with
+//! EMFILE. The kubelet needs one connection per pool (ListAndWatch and every call share it),
+//! and one more while it registers again, so the budget is small
+//! ([`crate::fds::Budgets::device_plugin`]). A connection beyond it is closed at once (the
+//! peer reads the end of the stream) and counted in a log line at most every 10 s, never kept
+//! waiting for room. A failed accept (EMFILE after all, from something else) backs off instead
+//! of spinning: tonic would ask again at once.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::fds::Refusals;
+
+/// How long a failed accept waits before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Refused device-plugin connections, for every pool's socket.
+pub(super) static REFUSALS: Refusals = Refusals::new("device plugin");
+
+/// An accepted connection holding its place in the budget until it is closed.
+#[derive(Debug)]
+pub struct Capped {
+    stream: UnixStream,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// The connections of `listener`, each holding one of `slots` (shared by every pool's socket);
+/// one that finds none left is closed at once. Never ends and never yields an error.
+pub(super) fn capped(
+    listener: UnixListener,
+    slots: Arc<Semaphore>,
+    refusals: &'static Refusals,
+) -> impl Stream<Item = io::Result<Capped>> + Send + 'static {
+    futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+                    Ok(slot) => return Some((Ok(Capped { stream, _slot: slot }), (listener, slots))),
+                    Err(_) => {
+                        refusals.note("every connection of the device-plugin sockets is taken");
+                        drop(stream);
+                    }
+                },
+                Err(e) => {
+                    refusals.note(&format!("accept: {e}"));
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            }
+        }
+    })
+}
+
+impl tonic::transport::server::Connected for Capped {
+    type ConnectInfo = <UnixStream as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Capped {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Capped {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use tokio::io::AsyncReadExt;
+
+    static TEST_REFUSALS: Refusals = Refusals::new("device plugin (test)");
+
+    #[tokio::test]
+    async fn a_connection_beyond_the_budget_is_closed_and_a_freed_slot_is_used_again() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("p.sock");
+        let listener = UnixListener::bind(&path).unwrap_or_else(|e| panic!("{e}"));
+        let slots = Arc::new(Semaphore::new(2));
+        let mut incoming = Box::pin(capped(listener, slots.clone(), &TEST_REFUSALS));
+        let connect = || async { UnixStream::connect(&path).await.unwrap_or_else(|e| panic!("{e}")) };
+        let (_c1, _c2) = (connect().await, connect().await);
+        let first = incoming.next().await;
+        let _second = incoming.next().await;
+        assert_eq!(slots.available_permits(), 0);
+        // The third is closed at accept: its peer reads the end of the stream, while the
+        // stream yields nothing.
+        let mut third = connect().await;
+        let mut buf = [0u8; 1];
+        tokio::select! {
+            _ = incoming.next() => panic!("a connection beyond the budget was served"),
+            n = third.read(&mut buf) => assert_eq!(n.unwrap_or_else(|e| panic!("{e}")), 0),
+        }
+        drop(first);
+        assert_eq!(slots.available_permits(), 1);
+        let _c4 = connect().await;
+        assert!(matches!(incoming.next().await, Some(Ok(_))));
+    }
+}
