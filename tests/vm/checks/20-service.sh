@@ -8,6 +8,10 @@ check_output "STATUS= set" 'StatusText=.+' systemctl show -p StatusText cpupoold
 check "varlink socket exists" test -S /run/cpupoold/org.cpupool.Manager
 pid=$(main_pid)
 check "main pid known" test "$pid" -gt 0
+# LimitNOFILE= reaches the daemon, which runs on the whole of it and says what it has.
+check_output "the unit's LimitNOFILE is 65536" '^LimitNOFILE=65536$' systemctl show -p LimitNOFILE cpupoold.service
+check_output "the daemon's soft descriptor limit is 65536" '^Max open files +65536 +65536' grep '^Max open files' "/proc/$pid/limits"
+check_output "and its log says so" 'descriptors: soft RLIMIT_NOFILE .*65536' journalctl -u cpupoold --no-pager -o cat
 ns() { nsenter -t "$pid" -m -- "$@"; }
 check "unit can write /etc/cpupoold/config.d (ConfigurationDirectory=)" \
   ns sh -c 'touch /etc/cpupoold/config.d/.vmtest && rm /etc/cpupoold/config.d/.vmtest'
