@@ -672,18 +672,16 @@ pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {
 fn torn<'a>(before: &'a Layout, after: &Layout) -> Vec<&'a Key> {
     let changes =
         |k: &Key, p: &Placement| after.get(k).is_none_or(|a| a.partition != p.partition || a.cpus != p.cpus);
-    let parents: Vec<&str> = before
+    let parents: Vec<&CgroupPath> = before
         .iter()
         .filter(|(k, p)| matches!(p.partition, Partition::Parent(_)) && changes(k, p))
         .filter_map(|(k, _)| match k {
-            Key::Cgroup(c) => Some(c.as_str()),
+            Key::Cgroup(c) => Some(c),
             _ => None,
         })
         .collect();
     let below = |k: &Key| match k {
-        Key::Cgroup(c) => {
-            parents.iter().any(|up| c.as_str().strip_prefix(up).is_some_and(|r| r.starts_with('/')))
-        }
+        Key::Cgroup(c) => parents.iter().any(|up| c != *up && c.within(up)),
         _ => false,
     };
     before

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{Effect, Key};
-use crate::core::state::{CgroupPath, Target};
+use crate::core::state::CgroupPath;
 
 mod cache;
 mod effective;
@@ -340,7 +340,7 @@ impl CgroupFs {
     /// Whether the kubelet's pod cgroup exists (`kubepods.slice`, or `kubepods` with the
     /// cgroupfs driver).
     pub fn kubelet_pods(&self) -> bool {
-        ["kubepods.slice", "kubepods"].iter().any(|p| self.root.join(p).is_dir())
+        super::kubelet::POD_CGROUPS.iter().any(|p| self.root.join(p).is_dir())
     }
 
     /// Whether `path` is a cgroup outside `cpupool.slice` (a container's, which the runtime
@@ -348,7 +348,7 @@ impl CgroupFs {
     /// confine, so a write to it is skipped rather than failed and retried. The simulated tree
     /// has no one else to remove cgroups, and makes them on the first write.
     pub fn vanished(&self, path: &CgroupPath) -> bool {
-        self.kernel && Target::Cgroup(path.clone()).outside_pools() && !self.exists(path)
+        self.kernel && path.outside_pools() && !self.exists(path)
     }
 
     /// Executes one planned effect.

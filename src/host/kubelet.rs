@@ -51,11 +51,15 @@ pub fn check_cpu_manager(file: &Path, pools: &[(String, CpuSet)]) -> Result<(), 
     Ok(())
 }
 
+/// The kubelet's pod cgroup, relative to the cgroup root: with the systemd driver, then with
+/// the cgroupfs driver.
+pub const POD_CGROUPS: [&str; 2] = ["kubepods.slice", "kubepods"];
+
 /// The effective CPUs of the kubelet's pod cgroup: `kubepods.slice` (systemd driver) or
 /// `kubepods` (cgroupfs driver), whichever exists; `None` when neither does or its
 /// `cpuset.cpus.effective` cannot be read (a cgroup v1 host, a sandbox).
 pub fn pod_cpus(root: &Path) -> Option<CpuSet> {
-    ["kubepods.slice", "kubepods"].iter().find_map(|dir| {
+    POD_CGROUPS.iter().find_map(|dir| {
         let text = std::fs::read_to_string(root.join(dir).join("cpuset.cpus.effective")).ok()?;
         CpuSet::parse(text.trim()).ok()
     })
@@ -104,7 +108,7 @@ pub fn find_container(
     if let Some(pod) = named.into_iter().flatten().find(|p| root.join(p).is_dir()) {
         return in_pod(&pod);
     }
-    for top in ["kubepods.slice", "kubepods"] {
+    for top in POD_CGROUPS {
         // kubepods/pod, kubepods/<qos>/pod: at most two levels down.
         let mut level = vec![top.to_owned()];
         for _ in 0..2 {

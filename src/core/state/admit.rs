@@ -25,11 +25,6 @@ pub fn slice_cgroup(name: &str) -> Option<CgroupPath> {
     CgroupPath::new(&parts.join("/")).ok()
 }
 
-/// Whether `a` is `b` or lies below it.
-fn within(a: &CgroupPath, b: &CgroupPath) -> bool {
-    a == b || a.as_str().strip_prefix(b.as_str()).is_some_and(|rest| rest.starts_with('/'))
-}
-
 /// Refuses targets that would defeat the pools, before anything is booked: cpupoold's own
 /// slices, the host slices (`system.slice`, `user.slice`, `init.scope`, `-.slice` and the
 /// configured `host_cgroups`) and their ancestors, and a cgroup nested inside (or containing)
@@ -45,7 +40,7 @@ pub fn check_target<'a>(
     let Some(path) = check_protected(target, host_cgroups)? else { return Ok(()) };
     for a in others {
         let Some(other) = target_cgroup(&a.target) else { continue };
-        if within(&path, &other) || within(&other, &path) {
+        if path.within(&other) || other.within(&path) {
             return Err(nested(target, &path, &other, a));
         }
     }
@@ -63,7 +58,7 @@ fn target_cgroup(target: &Target) -> Option<CgroupPath> {
 
 /// The refusal of `target` (cgroup `path`) for its nesting with `other`, `a`'s target.
 fn nested(target: &Target, path: &CgroupPath, other: &CgroupPath, a: &Assignment) -> Error {
-    let how = if within(path, other) { "lies inside" } else { "contains" };
+    let how = if path.within(other) { "lies inside" } else { "contains" };
     Error::TargetNotAllowed {
         target: target.to_string(),
         reason: format!(
@@ -101,7 +96,7 @@ fn check_protected(target: &Target, host_cgroups: &[CgroupPath]) -> Result<Optio
     let protected =
         PROTECTED_CGROUPS.iter().filter_map(|p| CgroupPath::new(p).ok()).chain(host_cgroups.iter().cloned());
     for p in protected {
-        if within(&p, &path) {
+        if p.within(&path) {
             let what = if p == path { "is" } else { "holds" };
             return refuse(format!(
                 "`{path}` {what} `{p}`, which the reserved pool confines for the host's own processes; assign a unit or cgroup inside a pool's slice instead (e.g. `systemd-run --slice=cpupool-POOL.slice`, or `cpupoolctl run`)"

@@ -119,6 +119,21 @@ impl CgroupPath {
         &self.0
     }
 
+    /// Whether `self` is `outer` or lies below it.
+    pub fn within(&self, outer: &CgroupPath) -> bool {
+        self.is_within(outer.as_str())
+    }
+
+    fn is_within(&self, outer: &str) -> bool {
+        self.0 == outer || self.0.strip_prefix(outer).is_some_and(|rest| rest.starts_with('/'))
+    }
+
+    /// Whether the cgroup lies outside `cpupool.slice` (a container's, which the runtime makes
+    /// and removes).
+    pub fn outside_pools(&self) -> bool {
+        !self.is_within(crate::core::plan::TOP_SLICE)
+    }
+
     /// The enclosing cgroups, outermost first, not including `self`.
     pub fn ancestors(&self) -> Vec<CgroupPath> {
         let mut out = Vec::new();
@@ -182,13 +197,9 @@ impl Target {
     /// not known yet) or a cgroup elsewhere (a container's). A pool slice's partition cannot
     /// hold its CPUs.
     pub fn outside_pools(&self) -> bool {
-        let top = crate::core::plan::TOP_SLICE;
         match self {
             Target::Kubelet(_) => true,
-            Target::Cgroup(p) => {
-                let path = p.as_str();
-                !(path == top || path.strip_prefix(top).is_some_and(|rest| rest.starts_with('/')))
-            }
+            Target::Cgroup(p) => p.outside_pools(),
             Target::Unit(_) | Target::Pid(_) => false,
         }
     }

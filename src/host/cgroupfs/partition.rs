@@ -6,7 +6,7 @@ use std::fs;
 use super::{CgroupFs, HostError};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::Partition;
-use crate::core::state::{CgroupPath, Target};
+use crate::core::state::CgroupPath;
 
 impl CgroupFs {
     /// Makes a cgroup a partition or a member again. `cpuset.cpus.exclusive` is written where
@@ -21,7 +21,7 @@ impl CgroupFs {
         let dir = self.dir(path);
         let exclusive = dir.join("cpuset.cpus.exclusive");
         let file = dir.join("cpuset.cpus.partition");
-        let remote = Target::Cgroup(path.clone()).outside_pools();
+        let remote = path.outside_pools();
         match partition {
             Partition::Member => {
                 // A partition is gone with its cgroup.
