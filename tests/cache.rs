@@ -267,9 +267,7 @@ fn fake_resctrl_a_start_with_a_key_the_host_lacks_is_refused_naming_it() {
 
 #[test]
 fn get_classes_through_the_third_party_client() {
-    let python = Command::new("python3").args(["-c", "import varlink"]).output();
-    if !python.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED: `python3 -c 'import varlink'` failed; install it with `pip install varlink`");
+    if !test_support::needs::python_varlink() {
         return;
     }
     let dir = tempdir();

@@ -238,8 +238,7 @@ impl Drop for Holder {
 
 #[test]
 fn idle_unprivileged_connections_cannot_take_what_root_needs() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: needs root, to hold connections as other uids");
+    if !test_support::needs::root("to hold connections as other uids") {
         return;
     }
     const LIMIT: u64 = 64;

@@ -4,7 +4,8 @@
 //! pools, assignments, cgroup files, runtime drop-in), reads must keep working, and once the
 //! file system recovers the next mutation succeeds without a restart.
 //!
-//! Needs root (to mount); skipped, saying why, where mounting is impossible.
+//! Needs root (to mount): fails where mounting is impossible, saying why, or skips with
+//! `CPUPOOL_TESTS_MAY_SKIP=1` (`test_support::needs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -53,7 +54,10 @@ impl Drop for Mount {
 }
 
 fn skip(why: &str) {
-    println!("SKIPPED: cannot mount a file system for the state directory ({why}); this test needs root");
+    test_support::needs::unavailable(
+        &format!("to mount a file system for the state directory ({why})"),
+        "run the tests as root, as CI does",
+    );
 }
 
 fn rt() -> tokio::runtime::Runtime {

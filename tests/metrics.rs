@@ -3,8 +3,8 @@
 //! and the PyPI `prometheus_client` parsers read both it and OpenMetrics. The values must be
 //! those of the pools and assignments the test made.
 //!
-//! The parser checks skip (with a message) when `promtool` or `prometheus_client` is missing;
-//! `.ci/run` installs both.
+//! Without `promtool` or `prometheus_client` the test fails, saying what to install
+//! (`test_support::needs`); `.ci/run` installs both.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -84,19 +84,6 @@ fn get(addr: &str, accept: &str) -> (String, String) {
     (head, body)
 }
 
-fn have(cmd: &[&str], what: &str) -> bool {
-    let ok = Command::new(cmd[0])
-        .args(&cmd[1..])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIPPED: {what}");
-    }
-    ok
-}
-
 /// Runs `cmd` with `text` on its stdin: its status and output.
 fn piped(cmd: &mut Command, text: &str) -> std::process::Output {
     let mut child = cmd
@@ -168,15 +155,14 @@ fn a_scrape_parses_and_shows_the_pools_and_assignments_made() {
     // The Prometheus text format: linted by promtool, parsed by prometheus_client.
     let (head, text) = get(&d.addr, "text/plain");
     assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
-    if have(&["promtool", "--version"], "promtool is missing (Debian package `prometheus`)") {
+    if test_support::needs::command(&["promtool", "--version"], "`apt install prometheus` (promtool)") {
         let out = piped(Command::new("promtool").args(["check", "metrics"]), &text);
         let said =
             format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         // Success and not a single lint remark (naming conventions, units, help text).
         assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
     }
-    if !have(&["python3", "-c", "import prometheus_client"], "`pip install prometheus_client` for the parser")
-    {
+    if !test_support::needs::python_module("prometheus_client", "prometheus_client") {
         d.stop();
         return;
     }

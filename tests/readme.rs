@@ -1,5 +1,5 @@
 //! The README's "Try it" section, run as written: its `sh` blocks are taken from README.md, the
-//! sandbox directory `/tmp/cpupool-demo` becomes a temp dir, and `cargo run [--release] --bin X --`
+//! sandbox directory `/tmp/cpupool-demo` becomes a temp dir, and `cargo run --bin X --`
 //! becomes the binary cargo built for this test run. The daemon starts as the first block says
 //! and the test waits for its `READY` line; every other line runs with `sh` (after the block's
 //! variable assignments), and the first that fails fails the test with its output.
@@ -13,7 +13,8 @@
 //! resolve; and the README stays a guide (under 25 KB).
 //!
 //! Not run: `cargo test ...` (this is one of those tests). The varlink lines need the PyPI
-//! `varlink` package and are skipped, with a message, without it. The Monitor line streams until
+//! `varlink` package (`test_support::needs`: the test fails without it, or skips them with
+//! `CPUPOOL_TESTS_MAY_SKIP=1`). The Monitor line streams until
 //! stopped: it passes once it printed its first event.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -42,6 +43,32 @@ fn try_it_blocks() -> Vec<Vec<String>> {
         }
     }
     blocks
+}
+
+/// The README shows the sandbox's banner as it is printed: line for line, with the sandbox
+/// directory in place of `/tmp/cpupool-demo` and anything from `<pid>` or `<port>` on unchecked.
+fn readme_banner_is_printed(printed: &str, demo: &Path) {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let shown = blocks(&readme, "")
+        .into_iter()
+        .find(|b| b.starts_with("cpupoold sandbox ready:"))
+        .expect("the README shows the sandbox's banner");
+    let printed: Vec<&str> =
+        printed.lines().skip_while(|l| !l.starts_with("cpupoold sandbox ready:")).collect();
+    let shown: Vec<String> =
+        shown.lines().map(|l| l.replace("/tmp/cpupool-demo", &demo.display().to_string())).collect();
+    assert_eq!(
+        printed.len(),
+        shown.len(),
+        "the README's banner:\n{}\nprinted:\n{}",
+        shown.join("\n"),
+        printed.join("\n")
+    );
+    for (p, s) in printed.iter().zip(&shown) {
+        let fixed = s.find(['<']).map_or(s.as_str(), |i| &s[..i]);
+        let same = if fixed.len() < s.len() { p.starts_with(fixed) } else { p == s };
+        assert!(same, "the README's banner shows\n  {s}\nwhere the sandbox printed\n  {p}");
+    }
 }
 
 /// `target/debug/cpupoolctl`, next to this test's binary's directory (`target/debug/deps/`);
@@ -84,14 +111,23 @@ fn rewrite(line: &str, dir: &Path) -> String {
         line.to_owned()
     };
     line.replace(DEMO, &dir.display().to_string())
-        .replace("cargo run --release --bin cpupoold --", env!("CARGO_BIN_EXE_cpupoold"))
         .replace("cargo run --bin cpupoold --", env!("CARGO_BIN_EXE_cpupoold"))
-        .replace("cargo run --release --bin cpupoolctl --", &ctl.display().to_string())
         .replace("cargo run --bin cpupoolctl --", &ctl.display().to_string())
 }
 
 fn python_varlink() -> bool {
-    Command::new("python3").args(["-c", "import varlink"]).status().is_ok_and(|s| s.success())
+    test_support::needs::python_varlink()
+}
+
+/// The tour's `cargo run` lines share one profile (`dev`, as `cargo test`): a `--release` among
+/// them would build the whole tree a second time before the newcomer sees anything.
+#[test]
+fn the_tour_builds_in_one_profile() {
+    let lines: Vec<String> = try_it_blocks().concat();
+    assert!(lines.iter().any(|l| l.contains("cargo run")), "{lines:?}");
+    for line in lines.iter().filter(|l| l.contains("cargo ")) {
+        assert!(!line.contains("--release") && !line.contains("--profile"), "another profile: {line}");
+    }
 }
 
 #[test]
@@ -123,6 +159,7 @@ fn every_try_it_example_works() {
     }
     let guard = Kill(daemon);
     assert!(banner.ends_with("READY\n"), "`{start}` printed no READY:\n{banner}");
+    readme_banner_is_printed(&banner, &demo);
 
     let varlink = python_varlink();
     let mut ran = Vec::new();
@@ -140,7 +177,7 @@ fn every_try_it_example_works() {
                 continue;
             }
             if line.contains("varlink.cli") && !varlink {
-                eprintln!("SKIPPED: `python3 -c 'import varlink'` failed (pip install varlink): {line}");
+                eprintln!("SKIPPED (CPUPOOL_TESTS_MAY_SKIP=1): needs the PyPI varlink package: {line}");
                 continue;
             }
             let script = format!("{vars}{cmd}");

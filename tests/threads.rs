@@ -4,7 +4,7 @@
 //! panic with a backtrace (tokio's runtime builder and `spawn_blocking`, `std::thread::spawn`),
 //! never a hang.
 //!
-//! Needs root (to run as that uid); skipped, saying why, otherwise.
+//! Needs root (to run as that uid): see `test_support::needs`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -56,8 +56,7 @@ fn start_limited(dir: &Path, nproc: usize) -> (bool, Option<std::process::ExitSt
 
 #[test]
 fn a_start_short_of_threads_fails_with_an_error_not_a_panic() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: needs root, to run the daemon as a uid of its own");
+    if !test_support::needs::root("to run the daemon as a uid of its own") {
         return;
     }
     let mut came_up = false;

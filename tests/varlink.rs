@@ -4,7 +4,8 @@
 //! unprivileged caller, and a monitor stream. Each test stops the daemon with SIGTERM and
 //! expects a clean exit.
 //!
-//! The tests skip (with a message) when `python3 -c 'import varlink'` fails.
+//! The tests need the PyPI `varlink` package (`test_support::needs`: they fail without it, or skip
+//! with `CPUPOOL_TESTS_MAY_SKIP=1`).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -21,16 +22,7 @@ use serde_json::{json, Value};
 const IFACE: &str = "org.cpupool.Manager";
 
 fn have_python_varlink() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import varlink"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIPPED: `python3 -c 'import varlink'` failed; install it with `pip install varlink`");
-    }
-    ok
+    test_support::needs::python_varlink()
 }
 
 /// Runs `python3 -m varlink.cli ARGS`, optionally under another command (`setpriv ...`).
@@ -245,8 +237,7 @@ fn unprivileged_callers_may_read_but_not_assign() {
     if !have_python_varlink() {
         return;
     }
-    if !nix::unistd::getuid().is_root() {
-        eprintln!("SKIPPED: running a client as another user needs root (setpriv)");
+    if !test_support::needs::root("to run a client as another user with setpriv") {
         return;
     }
     let dir = tempdir();
@@ -254,7 +245,10 @@ fn unprivileged_callers_may_read_but_not_assign() {
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap_or_else(|e| panic!("{e}"));
     let setpriv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"];
     let Some((python, lib)) = python_for_nobody(dir.path(), &setpriv) else {
-        eprintln!("SKIPPED: no python3 that user nobody can run the varlink client with");
+        test_support::needs::unavailable(
+            "a python3 with the varlink package that user nobody can run",
+            "install varlink for the system python3 (`python3 -m pip install --break-system-packages varlink`)",
+        );
         return;
     };
     let d = Daemon::start_sample(dir.path(), &["--bus", "none"]);

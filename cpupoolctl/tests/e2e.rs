@@ -494,8 +494,7 @@ fn no_bus_daemon_outlives_the_harness() {
 
 /// An unprivileged caller (`nobody`) may read but not change anything.
 fn unprivileged_callers_are_denied(dbus: bool) {
-    if !nix::unistd::getuid().is_root() {
-        eprintln!("SKIPPED: running cpupoolctl as another user needs root (setpriv)");
+    if !test_support::needs::root("to run cpupoolctl as another user with setpriv") {
         return;
     }
     let dir = tempdir();

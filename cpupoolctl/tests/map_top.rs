@@ -273,12 +273,9 @@ impl Tmux {
     }
 }
 
+/// `top` needs a terminal: tmux's.
 fn tmux_missing() -> bool {
-    let found = Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("SKIPPED: tmux is not installed (CI installs it: .ci/run); `top` needs a terminal");
-    }
-    !found
+    !test_support::needs::command(&["tmux", "-V"], "`apt install tmux`")
 }
 
 /// A pane's line for pool `name` in top's pool table: its cells, split on whitespace.

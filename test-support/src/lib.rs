@@ -3,6 +3,8 @@
 //! - [`daemon`]: the real `cpupoold` binary started on a sandbox host, its banner read up to
 //!   `READY` (never a sleep), and stopped with SIGTERM and a checked exit;
 //! - [`files`]: a sandbox's configuration, directories, permissions for other uids;
+//! - [`needs`]: what a test needs from the machine (a command, a Python module, root): a missing
+//!   one fails the test with what to install, never an `ok` for a check not made;
 //! - [`peer`]: the unprivileged varlink peer of the connection-limit tests;
 //! - [`wait`]: polling a condition against a deadline, for what has no ready signal (a log
 //!   line, a file the daemon writes);
@@ -18,6 +20,7 @@ pub mod daemon;
 pub mod files;
 #[cfg(feature = "kubelet")]
 pub mod kubelet;
+pub mod needs;
 #[cfg(feature = "kubelet")]
 pub mod nri;
 pub mod peer;
