@@ -179,7 +179,7 @@ pub fn settings(opts: RunOptions) -> Result<(RunOptions, Settings), DaemonError>
                 log::error!(
                     "k8s: the cluster configuration `{}` no longer loads ({}); removing it, the local files apply",
                     path.display(),
-                    engine::error_chain(&e)
+                    crate::error_chain(&e)
                 );
                 if let Err(e) = std::fs::remove_file(&path) {
                     log::error!("k8s: removing `{}`: {e}", path.display());
@@ -484,7 +484,7 @@ impl Jobs for EngineJobs {
     async fn drift(&self) {
         match self.0.check_drift().await {
             Ok(r) => crate::api::metrics::metrics().drift(r.corrected, r.failed),
-            Err(e) => log::warn!("drift check: {}", engine::error_chain(&e)),
+            Err(e) => log::warn!("drift check: {}", crate::error_chain(&e)),
         }
     }
 
@@ -640,10 +640,10 @@ fn spawn_plugin(
     tasks.spawn(async move {
         match deviceplugin::run(handle, opts, stopped).await {
             Err(e @ deviceplugin::PluginError::NeedsRestart { .. }) => {
-                let _ = restart.set(engine::error_chain(&e));
+                let _ = restart.set(crate::error_chain(&e));
                 stop.cancel();
             }
-            Err(e) => log::error!("{}", engine::error_chain(&e)),
+            Err(e) => log::error!("{}", crate::error_chain(&e)),
             Ok(()) => {}
         }
     })
@@ -666,15 +666,12 @@ fn spawn_cluster(
                 (handle.clone(), path.to_owned(), pods.clone(), stop_flag(tasks, stop));
             Some(tasks.spawn(async move {
                 if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, pods, stopped).await {
-                    log::error!(
-                        "k8s: {}; the local configuration files alone apply",
-                        engine::error_chain(&e)
-                    );
+                    log::error!("k8s: {}; the local configuration files alone apply", crate::error_chain(&e));
                 }
             }))
         }
         Err(e) => {
-            log::error!("k8s: {}; the local configuration files alone apply", engine::error_chain(&e));
+            log::error!("k8s: {}; the local configuration files alone apply", crate::error_chain(&e));
             None
         }
     }

@@ -21,3 +21,16 @@ pub mod nri;
 pub mod reclaim;
 pub mod sandbox;
 pub mod threads;
+
+/// An error and its causes on one line: "a: b: c". On the ground floor: every room logs and
+/// reports errors this way.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

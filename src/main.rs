@@ -95,7 +95,7 @@ fn main() -> ExitCode {
             r.soft
         ),
         Ok(r) => log::info!("descriptors: soft RLIMIT_NOFILE {} (the hard limit)", r.soft),
-        Err(e) => log::warn!("descriptors: {}; keeping {}", cpupoold::engine::error_chain(&e), e.before),
+        Err(e) => log::warn!("descriptors: {}; keeping {}", cpupoold::error_chain(&e), e.before),
     }
     // tokio's builder panics when it cannot start its workers (pids.max reached): ask first,
     // for them and the first blocking thread.
@@ -163,6 +163,6 @@ fn options(args: &Args) -> Result<RunOptions, Box<dyn std::error::Error>> {
 struct UsageError(String);
 
 fn fail(e: &dyn std::error::Error) -> ExitCode {
-    log::error!("{}", cpupoold::engine::error_chain(e));
+    log::error!("{}", cpupoold::error_chain(e));
     ExitCode::FAILURE
 }

@@ -28,7 +28,8 @@ use zbus::zvariant::OwnedValue;
 
 use crate::backoff::Backoff;
 use crate::core::state::{AssignmentId, Target};
-use crate::engine::{error_chain, Event, Handle};
+use crate::engine::{Event, Handle};
+use crate::error_chain;
 use crate::host::cgroupfs::CgroupFs;
 use crate::host::dirwatch::{DirWatch, Seen, Wd};
 use crate::host::{pidwatch, systemd};
@@ -526,7 +527,7 @@ impl Reclaimer {
         {
             Ok(gone) => gone,
             Err(e) => {
-                log::warn!("reclaim: checking cgroup targets: {}", crate::engine::error_chain(&e));
+                log::warn!("reclaim: checking cgroup targets: {}", crate::error_chain(&e));
                 return;
             }
         };

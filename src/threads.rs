@@ -114,7 +114,7 @@ mod tests {
         let refused =
             |_: String, _: Box<dyn FnOnce() + Send>| Err(io::Error::from_raw_os_error(libc_eagain()));
         let e = run_blocking_with("the drift read", || 1, refused).await.err();
-        let text = e.as_ref().map(|e| crate::engine::error_chain(e)).unwrap_or_default();
+        let text = e.as_ref().map(|e| crate::error_chain(e)).unwrap_or_default();
         assert!(matches!(e, Some(ThreadError::Spawn { what: "the drift read", .. })), "{text}");
         assert!(text.contains("starting a thread for the drift read"), "{text}");
     }

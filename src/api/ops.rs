@@ -19,7 +19,8 @@ use crate::core::edit::{PoolEdit, Source};
 use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
 use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, Size, State, Target};
 use crate::core::topology::Topology;
-use crate::engine::{error_chain, EngineError, Handle, Snapshot};
+use crate::engine::{EngineError, Handle, Snapshot};
+use crate::error_chain;
 
 /// A pool as both interfaces show it (the varlink `Pool` type, the D-Bus `(ssssttbus)`), and
 /// the lists of them.

@@ -489,7 +489,7 @@ async fn connection(admitted: Admitted, ctx: Arc<Ctx>, mut stop: watch::Receiver
                 break;
             }
             Ok(Err(e)) => {
-                log::debug!("varlink: dropping a connection: {}", crate::engine::error_chain(&e));
+                log::debug!("varlink: dropping a connection: {}", crate::error_chain(&e));
                 break;
             }
             Err(_) => {

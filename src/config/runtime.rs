@@ -277,7 +277,7 @@ mod tests {
         let mut d = Dropin::read(&dirs).unwrap();
         d.apply(&create);
         let err = d.write().unwrap_err();
-        let chain = crate::engine::error_chain(&err);
+        let chain = crate::error_chain(&err);
         let link = dirs.etc.join("config.d");
         assert!(
             chain.contains(&format!("refusing to follow the symbolic link `{}`", link.display())),

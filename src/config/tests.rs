@@ -7,7 +7,7 @@ use crate::core::pool::{CpuSource, PoolKind, PoolName, Smt};
 use crate::core::topology::Topology;
 
 /// The error and its causes on one line, as main prints them.
-use crate::engine::error_chain as chain;
+use crate::error_chain as chain;
 
 fn write(root: &Path, rel: &str, text: &str) {
     let path = root.join(rel);

@@ -138,17 +138,7 @@ impl Engine {
     }
 }
 
-/// An error and its causes on one line: "a: b: c".
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+pub use crate::error_chain;
 
 #[cfg(test)]
 mod tests;

@@ -26,7 +26,8 @@ use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 
 use super::ClusterStatus;
-use crate::engine::{error_chain, ConfigSource, Handle};
+use crate::engine::{ConfigSource, Handle};
+use crate::error_chain;
 use crate::host::fsutil::{FsError, Root};
 
 /// Every ConfigMap the daemon reads is named with this prefix.

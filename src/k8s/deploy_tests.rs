@@ -146,10 +146,8 @@ fn the_example_configmaps_load_over_the_bootstrap_config() {
         assert!(name.starts_with(super::config::PREFIX), "{name}");
         let text = cm.data.unwrap_or_default().remove(super::config::KEY).unwrap_or_default();
         let settings = crate::config::load_strs(&[("10-k8s.toml", base), (&name, &text)])
-            .unwrap_or_else(|e| panic!("{name}: {}", crate::engine::error_chain(&e)));
+            .unwrap_or_else(|e| panic!("{name}: {}", crate::error_chain(&e)));
         assert!(settings.k8s.enabled);
-        settings
-            .resolve_pools(&topo)
-            .unwrap_or_else(|e| panic!("{name}: {}", crate::engine::error_chain(&e)));
+        settings.resolve_pools(&topo).unwrap_or_else(|e| panic!("{name}: {}", crate::error_chain(&e)));
     }
 }

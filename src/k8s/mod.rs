@@ -26,7 +26,8 @@ use std::time::Duration;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 
-use crate::engine::{error_chain, ConfigSource, Handle};
+use crate::engine::{ConfigSource, Handle};
+use crate::error_chain;
 
 /// The namespace when neither `k8s.namespace` nor `POD_NAMESPACE` says.
 pub const DEFAULT_NAMESPACE: &str = "cpupool-system";

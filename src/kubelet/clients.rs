@@ -12,7 +12,7 @@ use tokio::net::UnixStream;
 use super::proto::{cri, podresources, v1beta1};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::engine::error_chain;
+use crate::error_chain;
 
 /// How long the kubelet or the runtime may take to answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(5);

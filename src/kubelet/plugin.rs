@@ -16,7 +16,8 @@ use crate::api::ops;
 use crate::core::devices::{self, Allocation, Device, Refused};
 use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, AssignmentId, Outcome, Size};
-use crate::engine::{error_chain, EngineError, Handle, Snapshot};
+use crate::engine::{EngineError, Handle, Snapshot};
+use crate::error_chain;
 
 /// What every pool's service needs.
 #[derive(Clone)]

@@ -18,7 +18,8 @@ use super::Options;
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
 use crate::core::state::{AssignmentId, CgroupPath, Container, Target};
-use crate::engine::{error_chain, Handle};
+use crate::engine::Handle;
+use crate::error_chain;
 use crate::host;
 
 /// The reconciler's memory between rounds.

@@ -123,7 +123,7 @@ pub async fn run(handle: Handle, opts: Options, mut shutdown: watch::Receiver<bo
             Some(Err(e)) => {
                 let pause = backoff.fail();
                 if worth_logging(backoff.failures()) {
-                    log::warn!("NRI: {}; trying again in {pause:?}", crate::engine::error_chain(&e));
+                    log::warn!("NRI: {}; trying again in {pause:?}", crate::error_chain(&e));
                 }
                 pause
             }

@@ -29,7 +29,8 @@ use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
 use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
-use crate::engine::{error_chain, EngineError, Handle};
+use crate::engine::{EngineError, Handle};
+use crate::error_chain;
 use crate::kubelet::clients::{self, Holder};
 
 /// The events followed. Every bit is within NRI v0.6.1's mask (0x7FF), which refuses a plugin

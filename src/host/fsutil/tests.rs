@@ -90,7 +90,7 @@ fn a_file_symlink_is_refused_and_its_target_keeps_its_bytes() {
             assert_eq!(err.path, link);
         }
         assert_eq!(read(&target), "root:x:0:0\n", "{mode:?}");
-        let chain = crate::engine::error_chain(
+        let chain = crate::error_chain(
             &root.write("work/app2/cpuset.cpus", b"2-3").err().unwrap_or_else(|| panic!("{mode:?}")),
         );
         assert!(chain.contains("refusing to follow the symbolic link"), "{chain}");

@@ -136,7 +136,7 @@ impl Store {
             self.root.read_regular(STATE_FILE, MAX_STATE_BYTES).ok().and_then(|b| decode::<T>(&b).ok());
         if let (Some((mut state, mut seq)), Some(bytes)) = (current, self.read_journal(JOURNAL_FILE)?) {
             if let Err(damage) = self.replay(JOURNAL_FILE, &bytes, &mut state, &mut seq, &mut apply) {
-                log::warn!("restoring: {}", crate::engine::error_chain(&damage.error));
+                log::warn!("restoring: {}", crate::error_chain(&damage.error));
                 let keep = bytes[..usize::try_from(damage.good_len).unwrap_or(bytes.len())].to_vec();
                 return Ok(Plan::Salvage { state, keep });
             }
@@ -157,7 +157,7 @@ impl Store {
         let mut journal_damaged = false;
         if let Some(bytes) = self.read_journal(JOURNAL_FILE)? {
             if let Err(damage) = self.replay(JOURNAL_FILE, &bytes, &mut state, &mut seq, &mut apply) {
-                log::warn!("restoring: {}", crate::engine::error_chain(&damage.error));
+                log::warn!("restoring: {}", crate::error_chain(&damage.error));
                 journal_damaged = true;
             }
         }

@@ -321,7 +321,7 @@ fn links_in_the_state_directory_are_never_followed() {
     fs::remove_file(store.path()).unwrap();
     std::os::unix::fs::symlink(&outside, store.path()).unwrap();
     let err = load(&store).unwrap_err();
-    let chain = crate::engine::error_chain(&err);
+    let chain = crate::error_chain(&err);
     assert!(
         chain.contains(&format!("refusing to follow the symbolic link `{}`", store.path().display())),
         "{chain}"
@@ -619,11 +619,11 @@ fn one_store_at_a_time_holds_the_state_directory() {
 fn a_state_file_that_is_not_a_regular_file_is_refused_by_name() {
     let (_dir, store) = new_store();
     nix::unistd::mkfifo(store.path(), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-    let e = load(&store).err().map(|e| crate::engine::error_chain(&e)).unwrap_or_default();
+    let e = load(&store).err().map(|e| crate::error_chain(&e)).unwrap_or_default();
     assert!(e.contains(&store.path().display().to_string()), "{e}");
     assert!(e.contains("not a regular file but a FIFO"), "{e}");
     fs::remove_file(store.path()).unwrap();
     std::os::unix::fs::symlink("/dev/zero", store.path()).unwrap();
-    let e = load(&store).err().map(|e| crate::engine::error_chain(&e)).unwrap_or_default();
+    let e = load(&store).err().map(|e| crate::error_chain(&e)).unwrap_or_default();
     assert!(e.contains(&store.path().display().to_string()), "{e}");
 }
