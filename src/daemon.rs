@@ -277,7 +277,7 @@ pub async fn run(
     if !report.fresh {
         // What a restart finds different from the saved state drifted while the daemon was
         // away; a first start's writes are the initial apply, not drift.
-        crate::api::metrics::metrics().drift(report.corrections, report.failed_corrections);
+        crate::counters::counters().drift(report.corrections, report.failed_corrections);
     }
     for p in snap.state.pools().values() {
         log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
@@ -483,7 +483,7 @@ struct EngineJobs(Handle);
 impl Jobs for EngineJobs {
     async fn drift(&self) {
         match self.0.check_drift().await {
-            Ok(r) => crate::api::metrics::metrics().drift(r.corrected, r.failed),
+            Ok(r) => crate::counters::counters().drift(r.corrected, r.failed),
             Err(e) => log::warn!("drift check: {}", crate::error_chain(&e)),
         }
     }
@@ -588,7 +588,7 @@ fn serve_metrics(
     tasks: &TaskTracker,
     stop: &CancellationToken,
     passed: &mut listenfd::ListenFd,
-) -> Result<crate::api::metrics::Listen, String> {
+) -> Result<crate::config::Listen, String> {
     use crate::api::metrics;
     if !settings.metrics.enabled {
         return Err("off (metrics.enabled = false)".into());
@@ -707,7 +707,7 @@ fn print_banner(
     handle: &Handle,
     varlink_path: &std::path::Path,
     bus: Option<&Bus>,
-    metrics: &Result<crate::api::metrics::Listen, String>,
+    metrics: &Result<crate::config::Listen, String>,
 ) {
     let snap = handle.snapshot();
     let mut out = format!(

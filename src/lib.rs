@@ -9,6 +9,7 @@ pub mod api;
 pub mod backoff;
 pub mod config;
 pub mod core;
+pub mod counters;
 pub mod daemon;
 pub mod engine;
 pub mod fds;

@@ -156,7 +156,7 @@ pub async fn run(
                 Signal::Reloaded => match r.handle.reapply().await {
                     Ok(n) => {
                         // systemd's reload rewrote what it realizes: drift, corrected.
-                        crate::api::metrics::metrics().drift(n, 0);
+                        crate::counters::counters().drift(n, 0);
                         log::info!("systemd reloaded: state re-applied ({n} corrections)")
                     }
                     Err(e) => log::error!("re-applying after systemd reloaded: {}", error_chain(&e)),
@@ -475,7 +475,7 @@ impl Reclaimer {
         }
         match self.handle.release(id.as_str()).await {
             Ok(a) => {
-                crate::api::metrics::metrics().reclaimed(a.pool.as_str());
+                crate::counters::counters().reclaimed(a.pool.as_str());
                 log::info!(
                     ASSIGNMENT = id.as_str(), POOL = a.pool.as_str();
                     "reclaimed assignment {id} (CPUs {} of pool {}): {why}", a.cpus, a.pool

@@ -297,12 +297,10 @@ impl Sandbox {
         // Loopback on a port of the kernel's choosing (the banner prints it), so that sandboxes
         // side by side never collide; a unix socket goes into the sandbox.
         settings.metrics.listen = match settings.metrics.listen {
-            crate::api::metrics::Listen::Tcp(_) => {
-                crate::api::metrics::Listen::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            crate::config::Listen::Tcp(_) => {
+                crate::config::Listen::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
             }
-            crate::api::metrics::Listen::Unix(_) => {
-                crate::api::metrics::Listen::Unix(self.run().join("metrics.sock"))
-            }
+            crate::config::Listen::Unix(_) => crate::config::Listen::Unix(self.run().join("metrics.sock")),
         };
     }
 }

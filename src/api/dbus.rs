@@ -179,18 +179,13 @@ async fn metered<T>(
     method: &str,
     f: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    crate::api::metrics::timed(
-        "dbus",
-        method,
-        |r: &Result<T, Error>| r.as_ref().err().map(|e| e.name.clone()),
-        f,
-    )
-    .await
+    crate::counters::timed("dbus", method, |r: &Result<T, Error>| r.as_ref().err().map(|e| e.name.clone()), f)
+        .await
 }
 
 /// [`metered`] for a method that cannot fail.
 async fn metered_ok<T>(method: &str, f: impl std::future::Future<Output = T>) -> T {
-    crate::api::metrics::timed("dbus", method, |_| None, f).await
+    crate::counters::timed("dbus", method, |_| None, f).await
 }
 
 fn options(map: &HashMap<String, OwnedValue>, allowed: &[&str]) -> Result<Options, Error> {

@@ -563,7 +563,7 @@ async fn answer(
     }
     .await;
     let error = outcome.as_ref().err().map(|e| e.name.as_str());
-    crate::api::metrics::metrics().api_call("varlink", name, error, start.elapsed());
+    crate::counters::counters().api_call("varlink", name, error, start.elapsed());
     match outcome {
         Ok(Some(_)) | Err(_) if call.oneway => Ok(()),
         Ok(Some(Answer::Parameters(params))) => send(ctx, wr, reply(params, false)).await,

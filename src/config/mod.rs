@@ -53,6 +53,7 @@
 pub mod edit;
 mod fragments;
 mod inputs;
+mod metrics;
 pub mod runtime;
 mod settings;
 
@@ -61,10 +62,11 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use metrics::{parse_metrics_listen, Listen, Metrics, DEFAULT_METRICS_PORT};
 pub use settings::{
-    power_key, Backend, Cache, Irq, IrqPool, K8s, Kubelet, Metrics, Paths, Power, Settings,
-    DEFAULT_ADMIN_GROUP, DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE,
-    DEFAULT_REPORT_INTERVAL_MS, DEFAULT_RESOURCE_PREFIX, MAX_SHARED_DEVICES,
+    power_key, Backend, Cache, Irq, IrqPool, K8s, Kubelet, Paths, Power, Settings, DEFAULT_ADMIN_GROUP,
+    DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS,
+    DEFAULT_RESOURCE_PREFIX, MAX_SHARED_DEVICES,
 };
 
 use crate::core::cpuset::CpuSetError;

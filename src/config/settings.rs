@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::fragments::CacheFragment;
 use super::inputs::{Inputs, PoolInput};
-use super::{pool_key, ConfigError, Origins};
+use super::{parse_metrics_listen, pool_key, ConfigError, Metrics, Origins};
 use crate::core::pool::{self, CpuSource, Pool, PoolError, PoolName, PoolSpec};
 use crate::core::state::CgroupPath;
 use crate::core::topology::Topology;
@@ -304,55 +304,6 @@ impl Default for K8s {
             report_interval: std::time::Duration::from_millis(DEFAULT_REPORT_INTERVAL_MS),
         }
     }
-}
-
-/// `[metrics]`: where the metrics endpoint listens (see `api::metrics`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Metrics {
-    /// `metrics.enabled`: serve the endpoint.
-    pub enabled: bool,
-    /// `metrics.listen`: an `IP:PORT` or `unix:/PATH`.
-    pub listen: crate::api::metrics::Listen,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            enabled: true,
-            listen: crate::api::metrics::Listen::Tcp(std::net::SocketAddr::from((
-                [127, 0, 0, 1],
-                DEFAULT_METRICS_PORT,
-            ))),
-        }
-    }
-}
-
-/// The port of `metrics.listen` when no file sets it (loopback only: the figures describe the
-/// host's workloads, and the endpoint has no authentication).
-pub const DEFAULT_METRICS_PORT: u16 = 9465;
-
-/// Parses `metrics.listen`: `IP:PORT` (`[IPv6]:PORT`) or `unix:/ABSOLUTE/PATH`. Host names are
-/// refused: what a name resolves to may change, and a root daemon should not resolve names to
-/// decide where it listens.
-pub fn parse_metrics_listen(text: &str) -> Result<crate::api::metrics::Listen, String> {
-    use crate::api::metrics::Listen;
-    if let Some(path) = text.strip_prefix("unix:") {
-        let path = PathBuf::from(path);
-        return if path.is_absolute() {
-            Ok(Listen::Unix(path))
-        } else {
-            Err(format!(
-                "`{}`: a unix socket needs an absolute path (unix:/run/cpupoold/metrics.sock)",
-                text.escape_debug()
-            ))
-        };
-    }
-    text.parse::<std::net::SocketAddr>().map(Listen::Tcp).map_err(|_| {
-        format!(
-            "`{}` is not an IP:PORT address (127.0.0.1:9465, [::1]:9465) or unix:/PATH",
-            text.escape_debug()
-        )
-    })
 }
 
 /// `k8s.report_interval_ms` when no file sets it.

@@ -777,7 +777,7 @@ fn irq_keys_defaults_and_errors() {
 
 #[test]
 fn metrics_listen_on_loopback_unless_told_otherwise() {
-    use crate::api::metrics::Listen;
+    use crate::config::Listen;
     let base = "[pools.r]\nkind = \"reserved\"\ncount = 1\n";
     let s = ok(base);
     assert!(s.metrics.enabled);

@@ -69,7 +69,7 @@ impl Engine {
     /// its own, so every caller gets the answer it would have had alone.
     pub(super) fn mutate(&mut self, group: Vec<Mutation>) {
         if !group.is_empty() {
-            crate::api::metrics::metrics().batch(group.len());
+            crate::counters::counters().batch(group.len());
         }
         if group.len() <= 1 {
             for m in group {
@@ -367,7 +367,7 @@ impl Engine {
         let whole = self.store.snapshot_needed();
         let saved =
             if whole { self.store.save(next.data()) } else { self.store.append(&next.delta(next.changes())) };
-        crate::api::metrics::metrics().state_saved(saving.elapsed());
+        crate::counters::counters().state_saved(saving.elapsed());
         if let Err(e) = saved {
             log::error!("saving the state failed: {}; rolling back", error_chain(&e));
             self.undo(&kept, before);

@@ -291,7 +291,7 @@ impl DevicePlugin for PoolPlugin {
     ) -> Result<Response<v1beta1::AllocateResponse>, Status> {
         let start = std::time::Instant::now();
         let r = self.allocate_all(request).await;
-        crate::api::metrics::metrics().allocate(self.pool.as_str(), r.is_ok(), start.elapsed());
+        crate::counters::counters().allocate(self.pool.as_str(), r.is_ok(), start.elapsed());
         r
     }
 

@@ -211,7 +211,7 @@ impl Registrar {
             }
             match register(&self.opts, &pool).await {
                 Ok(()) => {
-                    crate::api::metrics::metrics().registered(pool.as_str(), kubelet);
+                    crate::counters::counters().registered(pool.as_str(), kubelet);
                     r.registered = kubelet;
                     log::info!(POOL = pool.as_str(); "device plugin: registered {} with the kubelet",
                         devices::resource_name(&self.opts.resource_prefix, pool.as_str()));
