@@ -10,10 +10,17 @@
 //! it ([`plan::kept`]), so a crash never leaves CPUs with a target the saved state lacks. If an effect or the save fails, the effects already executed are undone by
 //! executing the reverse plan, and the caller is told.
 //!
-//! The module is laid out along that path: [`handle`] is the contract adapters use (requests,
-//! the handle, snapshots, events), `actor` the owner loop and start-up, `commit` the commit
-//! path (decide, plan, apply, save, read back, undo, publish's inputs) and `reload` new
-//! settings and pool edits.
+//! The module is laid out along that path:
+//! - [`handle`]: the contract adapters use (requests, the handle, snapshots, events);
+//! - `actor`: start-up and the owner loop (`Engine::run` there receives every request);
+//! - `batch`: mutations that arrive together, decided one by one and saved once;
+//! - `commit`: the commit path (decide, plan, apply, save, read back, undo, publish's inputs);
+//! - `reload`: new settings and pool edits;
+//! - `drift`: the periodic comparison of the host with the state, and its corrections;
+//! - `kubelet`: what the kubelet wing reports (pods, containers) folded into the state;
+//! - the keepers of host settings beside the cpusets: `irq` (device interrupts off isolated
+//!   CPUs), [`housekeeping`] (the unbound workqueue mask, kernel threads), [`power`] (the sysfs
+//!   files of the power classes) and `cache` (the resctrl groups of the cache classes).
 
 mod actor;
 mod batch;
