@@ -25,11 +25,8 @@ fn layout_block() -> String {
 fn the_development_layout_names_every_source_directory_and_only_real_paths() {
     let block = layout_block();
     // The paths it names: each line's first word ending in `/`.
-    let named: Vec<&str> = block
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|w| w.ends_with('/'))
-        .collect();
+    let named: Vec<&str> =
+        block.lines().filter_map(|l| l.split_whitespace().next()).filter(|w| w.ends_with('/')).collect();
     assert!(named.len() >= 10, "{named:?}");
     for path in &named {
         assert!(root().join(path).is_dir(), "docs/development.md names `{path}`, which does not exist");
