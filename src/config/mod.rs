@@ -50,6 +50,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod cluster;
 pub mod edit;
 mod fragments;
 mod inputs;
@@ -62,11 +63,14 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use cluster::{
+    K8s, Kubelet, DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS, DEFAULT_RESOURCE_PREFIX,
+    MAX_SHARED_DEVICES,
+};
 pub use metrics::{parse_metrics_listen, Listen, Metrics, DEFAULT_METRICS_PORT};
 pub use settings::{
-    power_key, Backend, Cache, Irq, IrqPool, K8s, Kubelet, Paths, Power, Settings, DEFAULT_ADMIN_GROUP,
-    DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL, DEFAULT_MILLICPUS_PER_DEVICE, DEFAULT_REPORT_INTERVAL_MS,
-    DEFAULT_RESOURCE_PREFIX, MAX_SHARED_DEVICES,
+    power_key, Backend, Cache, Irq, IrqPool, Paths, Power, Settings, DEFAULT_ADMIN_GROUP,
+    DEFAULT_HOST_CGROUPS, DEFAULT_LOG_LEVEL,
 };
 
 use crate::core::cpuset::CpuSetError;
@@ -101,7 +105,7 @@ impl ConfigDirs {
 
 /// Whether `name` is a name Kubernetes accepts for a node (an RFC 1123 subdomain).
 pub fn is_node_name(name: &str) -> bool {
-    settings::is_dns_subdomain(name)
+    cluster::is_dns_subdomain(name)
 }
 
 /// Reads, merges and validates every fragment under `dirs`.
