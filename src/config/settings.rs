@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::cluster::{k8s_settings, kubelet_settings, K8s, Kubelet, MAX_SHARED_DEVICES};
-use super::fragments::CacheFragment;
+use super::fragments::{CacheFragment, PathsFragment};
 use super::inputs::{Inputs, PoolInput};
 use super::{parse_metrics_listen, pool_key, ConfigError, Metrics, Origins};
 use crate::core::pool::{self, CpuSource, Pool, PoolError, PoolName, PoolSpec};
@@ -259,6 +259,86 @@ pub(super) fn absolute(
     }
 }
 
+/// `daemon.backend`.
+fn backend(text: Option<&str>, origins: &Origins) -> Result<Backend, ConfigError> {
+    match text {
+        None | Some("auto") => Ok(Backend::Auto),
+        Some("systemd") => Ok(Backend::Systemd),
+        Some("cgroupfs") => Ok(Backend::Cgroupfs),
+        Some(other) => Err(invalid(
+            origins,
+            "daemon.backend",
+            format!("`{}` is not one of auto, systemd, cgroupfs", other.escape_debug()),
+        )),
+    }
+}
+
+/// `[paths]`: every root absolute.
+fn paths_settings(paths: PathsFragment, origins: &Origins) -> Result<Paths, ConfigError> {
+    let defaults = Paths::default();
+    let absolute =
+        |value: Option<PathBuf>, default: PathBuf, key: &str| absolute(origins, value, default, key);
+    Ok(Paths {
+        sysfs_root: absolute(paths.sysfs_root, defaults.sysfs_root, "paths.sysfs_root")?,
+        cgroup_root: absolute(paths.cgroup_root, defaults.cgroup_root, "paths.cgroup_root")?,
+        state_dir: absolute(paths.state_dir, defaults.state_dir, "paths.state_dir")?,
+        runtime_dir: absolute(paths.runtime_dir, defaults.runtime_dir, "paths.runtime_dir")?,
+        kubelet_dir: absolute(paths.kubelet_dir, defaults.kubelet_dir, "paths.kubelet_dir")?,
+        procfs_root: absolute(paths.procfs_root, defaults.procfs_root, "paths.procfs_root")?,
+        irqbalance_dir: absolute(paths.irqbalance_dir, defaults.irqbalance_dir, "paths.irqbalance_dir")?,
+        resctrl_root: absolute(paths.resctrl_root, defaults.resctrl_root, "paths.resctrl_root")?,
+    })
+}
+
+/// `daemon.host_cgroups`, each a cgroup path.
+fn host_cgroups(list: Option<Vec<String>>, origins: &Origins) -> Result<Vec<CgroupPath>, ConfigError> {
+    let Some(list) = list else {
+        return Ok(DEFAULT_HOST_CGROUPS.iter().filter_map(|s| CgroupPath::new(s).ok()).collect());
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            CgroupPath::new(s).map_err(|source| ConfigError::HostCgroup {
+                file: origins.file_for("daemon.host_cgroups").unwrap_or_default(),
+                key: format!("daemon.host_cgroups[{i}]"),
+                source: Box::new(source),
+            })
+        })
+        .collect()
+}
+
+/// `daemon.admin_group`: a group name.
+fn admin_group(name: Option<String>, origins: &Origins) -> Result<String, ConfigError> {
+    let name = name.unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned());
+    if name.is_empty() || name.chars().any(|c| c == ':' || c == '/' || c.is_whitespace() || c.is_control()) {
+        return Err(invalid(
+            origins,
+            "daemon.admin_group",
+            format!("`{}` is not a group name", name.escape_debug()),
+        ));
+    }
+    Ok(name)
+}
+
+/// `daemon.log_level`.
+fn log_level(text: Option<&str>, origins: &Origins) -> Result<log::LevelFilter, ConfigError> {
+    Ok(match text {
+        None => DEFAULT_LOG_LEVEL,
+        Some("error") => log::LevelFilter::Error,
+        Some("warn") => log::LevelFilter::Warn,
+        Some("info") => log::LevelFilter::Info,
+        Some("debug") => log::LevelFilter::Debug,
+        Some("trace") => log::LevelFilter::Trace,
+        Some(other) => {
+            return Err(invalid(
+                origins,
+                "daemon.log_level",
+                format!("`{}` is not one of error, warn, info, debug, trace", other.escape_debug()),
+            ))
+        }
+    })
+}
+
 impl Settings {
     /// Validates merged inputs.
     pub(crate) fn from_inputs(inputs: Inputs) -> Result<Self, ConfigError> {
@@ -266,73 +346,11 @@ impl Settings {
         let power_restore_on_stop = daemon.power_restore_on_stop;
         let daemon_irq = (daemon.irq_cpus.clone(), daemon.irq_restore_on_stop, daemon.irqbalance);
         let lend_idle = daemon.lend_idle.unwrap_or(false);
-        let backend = match daemon.backend.as_deref() {
-            None | Some("auto") => Backend::Auto,
-            Some("systemd") => Backend::Systemd,
-            Some("cgroupfs") => Backend::Cgroupfs,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    file: origins.file_for("daemon.backend").unwrap_or_default(),
-                    key: "daemon.backend".to_owned(),
-                    reason: format!("`{}` is not one of auto, systemd, cgroupfs", other.escape_debug()),
-                })
-            }
-        };
-        let invalid = |key: &str, reason: String| invalid(&origins, key, reason);
-
-        let defaults = Paths::default();
-        let absolute =
-            |value: Option<PathBuf>, default: PathBuf, key: &str| absolute(&origins, value, default, key);
-        let paths = Paths {
-            sysfs_root: absolute(paths.sysfs_root, defaults.sysfs_root, "paths.sysfs_root")?,
-            cgroup_root: absolute(paths.cgroup_root, defaults.cgroup_root, "paths.cgroup_root")?,
-            state_dir: absolute(paths.state_dir, defaults.state_dir, "paths.state_dir")?,
-            runtime_dir: absolute(paths.runtime_dir, defaults.runtime_dir, "paths.runtime_dir")?,
-            kubelet_dir: absolute(paths.kubelet_dir, defaults.kubelet_dir, "paths.kubelet_dir")?,
-            procfs_root: absolute(paths.procfs_root, defaults.procfs_root, "paths.procfs_root")?,
-            irqbalance_dir: absolute(paths.irqbalance_dir, defaults.irqbalance_dir, "paths.irqbalance_dir")?,
-            resctrl_root: absolute(paths.resctrl_root, defaults.resctrl_root, "paths.resctrl_root")?,
-        };
-
-        let host_cgroups = match daemon.host_cgroups {
-            None => DEFAULT_HOST_CGROUPS.iter().filter_map(|s| CgroupPath::new(s).ok()).collect(),
-            Some(list) => list
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    CgroupPath::new(s).map_err(|source| ConfigError::HostCgroup {
-                        file: origins.file_for("daemon.host_cgroups").unwrap_or_default(),
-                        key: format!("daemon.host_cgroups[{i}]"),
-                        source: Box::new(source),
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-        };
-
-        let admin_group = daemon.admin_group.unwrap_or_else(|| DEFAULT_ADMIN_GROUP.to_owned());
-        if admin_group.is_empty()
-            || admin_group.chars().any(|c| c == ':' || c == '/' || c.is_whitespace() || c.is_control())
-        {
-            return Err(invalid(
-                "daemon.admin_group",
-                format!("`{}` is not a group name", admin_group.escape_debug()),
-            ));
-        }
-
-        let log_level = match daemon.log_level.as_deref() {
-            None => DEFAULT_LOG_LEVEL,
-            Some("error") => log::LevelFilter::Error,
-            Some("warn") => log::LevelFilter::Warn,
-            Some("info") => log::LevelFilter::Info,
-            Some("debug") => log::LevelFilter::Debug,
-            Some("trace") => log::LevelFilter::Trace,
-            Some(other) => {
-                return Err(invalid(
-                    "daemon.log_level",
-                    format!("`{}` is not one of error, warn, info, debug, trace", other.escape_debug()),
-                ))
-            }
-        };
+        let backend = backend(daemon.backend.as_deref(), &origins)?;
+        let paths = paths_settings(paths, &origins)?;
+        let host_cgroups = host_cgroups(daemon.host_cgroups, &origins)?;
+        let admin_group = admin_group(daemon.admin_group, &origins)?;
+        let log_level = log_level(daemon.log_level.as_deref(), &origins)?;
 
         let kubelet = kubelet_settings(kubelet, &origins)?;
         let k8s = k8s_settings(k8s, &origins)?;
@@ -342,9 +360,8 @@ impl Settings {
             enabled: metrics.enabled.unwrap_or(defaults.enabled),
             listen: match &metrics.listen {
                 None => defaults.listen,
-                Some(text) => {
-                    parse_metrics_listen(text).map_err(|reason| invalid("metrics.listen", reason))?
-                }
+                Some(text) => parse_metrics_listen(text)
+                    .map_err(|reason| invalid(&origins, "metrics.listen", reason))?,
             },
         };
 
