@@ -72,8 +72,9 @@
 //! only after the append): [`Store::load`] ignores it with a warning naming the file, the offset
 //! and the number of bytes, and the next append cuts the file back to the last good record before
 //! writing, so that no later record sits behind garbage. A record that does not check but has good
-//! records after it, a sequence gap, or a record that checks but does not decode cannot come from a
-//! crash: that is damage, and the load refuses, like a damaged snapshot.
+//! records after it, a sequence gap, a record that checks but does not decode, or (with
+//! [`Store::load_checked`]) one whose change the caller refuses cannot come from a crash: that is
+//! damage, and the load refuses, like a damaged snapshot.
 //!
 //! # Why compaction is crash-safe
 //!

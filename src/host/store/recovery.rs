@@ -4,7 +4,8 @@
 //! Two cases, decided from what is damaged:
 //!
 //! - **The snapshot is intact and the journal is damaged** (a record that does not check with
-//!   good ones after it, a sequence gap, a record that does not decode): the state is the snapshot
+//!   good ones after it, a sequence gap, a record that does not decode, a change the caller of a
+//!   `*_checked` method refuses): the state is the snapshot
 //!   plus the journal's records before the damaged one. The journal is moved aside to
 //!   `state.journal.corrupt` and a new journal holding those records takes its name. Changes
 //!   acknowledged after the damaged record are lost; the error said so before the operator chose.
