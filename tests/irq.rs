@@ -412,3 +412,52 @@ fn fake_procfs_the_sandbox_banner_shows_what_left_the_isolated_pool() {
     assert!(banner.ends_with("READY\n"), "{banner}");
     assert!(status.success(), "{status}");
 }
+
+/// Adds IRQ `irq` on every CPU of the 1x4x2 host to the sandbox's procfs, as a device that
+/// appears while the daemon runs.
+fn add_irq(sb: &Path, irq: u32) {
+    let dir = sb.join(format!("proc/irq/{irq}"));
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    for (name, text) in
+        [("smp_affinity", "ff\n"), ("smp_affinity_list", "0-7\n"), ("effective_affinity_list", "0\n"), ("node", "0\n")]
+    {
+        fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let mut table = fs::read_to_string(sb.join("proc/interrupts")).unwrap_or_else(|e| panic!("{e}"));
+    table.push_str(&format!("{irq:>4}:{}   PCI-MSI 65536-edge      late-device\n", format!(" {:>10}", 0).repeat(8)));
+    fs::write(sb.join("proc/interrupts"), table).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `irq.json` keeps its previous copy as the state does: a damaged memory after a crash falls
+/// back to `irq.json.prev` (logged, naming both), so the IRQs it remembered get their
+/// affinities back when the isolation ends.
+#[test]
+fn fake_procfs_a_damaged_memory_falls_back_to_its_previous_copy() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(ISOLATED), &["--check-interval", "1"]);
+    let sb = d.sb.clone();
+    assert!(all_movable_on(&sb, "0,4"), "{}", d.logs());
+    // A second save: an IRQ that appears is remembered and moved at the next check.
+    add_irq(&sb, 60);
+    until(&d, "IRQ 60 moved", || irq_file(&sb, 60, "smp_affinity_list") == "0,4");
+    let prev = sb.join("state/irq.json.prev");
+    let kept: serde_json::Value = serde_json::from_str(&fs::read_to_string(&prev).unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for irq in MOVABLE {
+        assert_eq!(kept["irqs"][irq.to_string()], "0-7", "IRQ {irq} in irq.json.prev");
+    }
+    d.kill();
+    // The crash left the memory damaged (a disk that lied).
+    let memory = sb.join("state/irq.json");
+    fs::write(&memory, "{\"irqs\": {\"1\": \"0-").unwrap_or_else(|e| panic!("{e}"));
+
+    fs::write(sb.join("etc/cpupoold/config.toml"), ISOLATED.replace("isolate = true\n", ""))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", None, &["--check-interval", "1"]);
+    let logs = d.logs();
+    let said = format!("irq: `{}` is not readable", memory.display());
+    let line = logs.lines().find(|l| l.contains(&said)).unwrap_or_else(|| panic!("{logs}"));
+    assert!(line.contains(&format!("using the previous copy `{}`", prev.display())), "{line}");
+    until(&d, "the remembered IRQs restored", || all_movable_on(&sb, "0-7"));
+    d.stop();
+}

@@ -219,3 +219,72 @@ fn fake_sysfs_start_is_refused_naming_the_key_when_the_host_lacks_the_driver() {
     );
     assert!(DP.iter().all(|&c| pristine(&sb, c)), "nothing was written");
 }
+
+/// A remembered value is restored only when the daemon could have remembered it: a file a
+/// power class writes, of a CPU of the host, holding what such a file holds. `cpu5/online = 0`
+/// (which would take CPU 5 offline on a host) is refused naming `power.json`, and forgotten.
+#[test]
+fn fake_sysfs_remembered_values_the_daemon_never_writes_are_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(POOLS), &["--bus", "none"]);
+    let sb = d.sb.clone();
+    d.stop();
+    let online = sb.join("sys/devices/system/cpu/cpu5/online");
+    let before = file(&sb, "sys/devices/system/cpu/cpu5/online");
+    // As a crash would leave it: a class's governor in force, and its original remembered.
+    let gov1 = sb.join("sys/devices/system/cpu/cpufreq/policy1/scaling_governor");
+    fs::write(&gov1, "performance\n").unwrap_or_else(|e| panic!("{e}"));
+    let memory = json!({ "files": {
+        "devices/system/cpu/cpu5/online": "0",
+        "devices/system/cpu/cpu9/power/pm_qos_resume_latency_us": "0",
+        "devices/system/cpu/cpufreq/policy2/scaling_max_freq": "99999999",
+        "devices/system/cpu/cpufreq/policy1/scaling_governor": "powersave",
+    }});
+    let path = sb.join("state/power.json");
+    fs::write(&path, memory.to_string()).unwrap_or_else(|e| panic!("{e}"));
+
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", None, &["--bus", "none"]);
+    let logs = d.logs();
+    assert_eq!(file(&sb, "sys/devices/system/cpu/cpu5/online"), before, "{logs}");
+    assert_eq!(policy(&sb, 2, "scaling_max_freq"), "3500000", "{logs}");
+    // The one the daemon could have written is restored.
+    assert_eq!(policy(&sb, 1, "scaling_governor"), "powersave", "{logs}");
+    for (rel, why) in [
+        ("devices/system/cpu/cpu5/online", "not a file a power class writes"),
+        ("devices/system/cpu/cpu9/power/pm_qos_resume_latency_us", "CPU 9 is not an online CPU of this host"),
+        ("devices/system/cpu/cpufreq/policy2/scaling_max_freq", "99999999 is above the maximum 3500000"),
+    ] {
+        let said = format!("power: `{}` remembers `{rel}` = `", path.display());
+        let line = logs.lines().find(|l| l.contains(&said)).unwrap_or_else(|| panic!("{rel}:\n{logs}"));
+        assert!(line.contains("cpupoold error: ") && line.contains(why) && line.contains("it is not restored"), "{line}");
+    }
+    let kept: serde_json::Value =
+        serde_json::from_str(&file(&sb, "state/power.json")).unwrap_or_else(|e| panic!("power.json: {e}"));
+    assert_eq!(kept["files"], json!({}), "refused values are forgotten");
+    assert!(online.exists());
+    d.stop();
+}
+
+/// `housekeeping.json` remembering a workqueue mask narrower than the one in force is not one
+/// the daemon recorded (it only narrows the mask it remembers): it is refused naming the file,
+/// and the mask in force is left alone.
+#[test]
+fn fake_sysfs_a_remembered_workqueue_mask_the_daemon_never_recorded_is_not_restored() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(POOLS), &["--bus", "none"]);
+    let sb = d.sb.clone();
+    d.stop();
+    let mask = "sys/devices/virtual/workqueue/cpumask";
+    let before = file(&sb, mask);
+    let path = sb.join("state/housekeeping.json");
+    fs::write(&path, json!({ "workqueue": "1" }).to_string()).unwrap_or_else(|e| panic!("{e}"));
+
+    let d = Daemon::start_shaped(dir.path(), "1x4x2:1", None, &["--bus", "none"]);
+    let logs = d.logs();
+    assert_eq!(file(&sb, mask), before, "{logs}");
+    let said = format!("`{}` remembers `1` for `devices/virtual/workqueue/cpumask`", path.display());
+    let line = logs.lines().find(|l| l.contains(&said)).unwrap_or_else(|| panic!("{logs}"));
+    assert!(line.contains("cpupoold error: ") && line.contains("it is not restored"), "{line}");
+    assert!(!path.exists(), "the refused record is forgotten");
+    d.stop();
+}

@@ -14,7 +14,7 @@ use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Key, Layout, LayoutOptions, Partitions};
 use crate::core::pool::{PoolKind, PoolName};
 use crate::core::state::{self, CgroupPath, Delta, State, StateData};
-use crate::host::store::{Loaded, PrevCopy, Store, StoreError};
+use crate::host::store::{Loaded, PrevCopy, RecordAt, Store, StoreError};
 use crate::host::sysfs::{self, SysfsError};
 use crate::host::Backend;
 
@@ -52,13 +52,17 @@ pub enum StartError {
 /// `--restore-previous-state`: installs what [`Store::restore_previous`] restores (the snapshot
 /// and the journal's records before its damage, or `state.json.prev` and the journals after it)
 /// if it keeps the state's rules; otherwise changes nothing.
+///
+/// A journal record whose change breaks the state's rules counts as damage of the journal
+/// ([`replay_checked`]): the snapshot and the records before it are kept, as for a record that
+/// does not check.
 fn restore_previous_state(store: &Store) -> Result<Loaded<StateData>, StartError> {
-    let prev = store.previous(replay).map(StateData::from).map_err(StartError::Store)?;
+    let prev = store.previous_checked(replay_checked).map(StateData::from).map_err(StartError::Store)?;
     if let Err(violations) = prev.validate() {
         let path = store.prev_path().to_owned();
         return Err(StartError::Inconsistent { path, violations, prev: PrevCopy::Itself });
     }
-    let data = store.restore_previous(replay).map(StateData::from).map_err(StartError::Store)?;
+    let data = store.restore_previous_checked(replay_checked).map(StateData::from).map_err(StartError::Store)?;
     log::warn!("state restored from the previous good copy in `{}`", store.dir().display());
     Ok(Loaded::State(data))
 }
@@ -68,12 +72,59 @@ fn replay(state: &mut State, change: Delta) {
     state.apply(change);
 }
 
-/// The snapshot with the journal replayed on it.
-fn load(store: &Store) -> Result<Loaded<StateData>, StoreError> {
-    Ok(match store.load(replay)? {
+/// Replays one journal record unless the change breaks the state's rules
+/// ([`StateData::validate`]) on a state that kept them: then the record is refused, and the
+/// store names it. A state that already breaks them (a bad snapshot) takes the change: the
+/// fault is the snapshot's, and is reported against it. Checks the whole state at each record,
+/// so it runs only once the quick load has found the state inconsistent, or to restore.
+fn replay_checked(state: &mut State, change: Delta, _: &RecordAt) -> Result<(), String> {
+    if state.check().is_err() {
+        state.apply(change);
+        return Ok(());
+    }
+    let mut next = state.clone();
+    next.apply(change);
+    match next.check() {
+        Ok(()) => {
+            *state = next;
+            Ok(())
+        }
+        Err(violations) => Err(violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")),
+    }
+}
+
+/// Where each assignment of a loaded state was last written: the journal record, or (absent)
+/// the snapshot.
+type Origins = std::collections::BTreeMap<state::AssignmentId, RecordAt>;
+
+/// The snapshot with the journal replayed on it, and where each assignment came from.
+fn load(store: &Store) -> Result<(Loaded<StateData>, Origins), StoreError> {
+    let mut origins = Origins::new();
+    let loaded = store.load_checked(|state: &mut State, change: Delta, at: &RecordAt| {
+        for id in &change.remove {
+            origins.remove(id);
+        }
+        for a in &change.upsert {
+            origins.insert(a.id.clone(), at.clone());
+        }
+        state.apply(change);
+        Ok(())
+    })?;
+    let loaded = match loaded {
         Loaded::Fresh => Loaded::Fresh,
         Loaded::State(state) => Loaded::State(StateData::from(state)),
-    })
+    };
+    Ok((loaded, origins))
+}
+
+/// The error for a loaded state that breaks the state's rules: the journal record that broke
+/// them when the snapshot keeps them (found by loading again, checking each record), otherwise
+/// the snapshot.
+fn inconsistent(store: &Store, violations: Vec<state::Violation>) -> StartError {
+    match store.load_checked(replay_checked) {
+        Err(e @ StoreError::JournalRejected { .. }) => StartError::Store(e),
+        _ => StartError::Inconsistent { path: store.path().to_owned(), violations, prev: previous_copy(store) },
+    }
 }
 
 /// What `--restore-previous-state` would find, for the error message.
@@ -109,7 +160,9 @@ impl Engine {
     /// Lets the engine keep kernel housekeeping off the isolated pools and measure them; fits
     /// the workqueue masks to the pools now.
     pub fn with_housekeeping(mut self, roots: housekeeping::Roots) -> Engine {
-        self.hk = Some(housekeeping::Housekeeping::new(roots));
+        let mut hk = housekeeping::Housekeeping::new(roots);
+        hk.check_saved(&self.topo.online().union(self.topo.offline()));
+        self.hk = Some(hk);
         let events = self.sync_housekeeping();
         self.sample_isolation();
         self.publish(events);
@@ -139,16 +192,13 @@ impl Engine {
         let mut config_error = None;
         // A file that is damaged or breaks the state's rules is evidence: it is left alone unless
         // the operator asked for the previous copy.
-        let loaded = match load(&store) {
-            Ok(Loaded::State(data)) => match data.validate() {
-                Ok(()) => Loaded::State(data),
-                Err(_) if restore_previous => restore_previous_state(&store)?,
-                Err(violations) => {
-                    let prev = previous_copy(&store);
-                    return Err(StartError::Inconsistent { path: store.path().to_owned(), violations, prev });
-                }
+        let (loaded, origins) = match load(&store) {
+            Ok((Loaded::State(data), origins)) => match data.validate() {
+                Ok(()) => (Loaded::State(data), origins),
+                Err(_) if restore_previous => (restore_previous_state(&store)?, Origins::new()),
+                Err(violations) => return Err(inconsistent(&store, violations)),
             },
-            Err(_) if restore_previous => restore_previous_state(&store)?,
+            Err(_) if restore_previous => (restore_previous_state(&store)?, Origins::new()),
             other => other.map_err(StartError::Store)?,
         };
         let state = match loaded {
@@ -189,6 +239,7 @@ impl Engine {
             state_path: store.path().to_owned(),
             config_error: config_error.clone(),
             degraded: Vec::new(),
+            state_warnings: Arc::default(),
             partitions: Arc::default(),
             backend: backend.name(),
             layout: Arc::default(),
@@ -208,6 +259,7 @@ impl Engine {
             opts: LayoutOptions::default(),
             config_error,
             degraded: Vec::new(),
+            state_warnings: Vec::new(),
             health: std::collections::BTreeMap::new(),
             suspects: std::collections::BTreeSet::new(),
             events,
@@ -221,6 +273,12 @@ impl Engine {
             slices: std::cell::RefCell::default(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
+        // What the files hold passes the checks a request passes before anything is applied;
+        // what does not is dropped, and the save below makes that durable.
+        engine.state_warnings = engine.admit_loaded_state(&origins);
+        if !engine.state_warnings.is_empty() {
+            engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
+        }
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
@@ -246,6 +304,49 @@ impl Engine {
         engine.irq.settle();
         engine.publish(Vec::new());
         Ok((engine, report))
+    }
+
+    /// Admits every assignment of the state just loaded as a request for it would be admitted
+    /// ([`Engine::admit_loaded`]), in the order they were written (the snapshot's, then the
+    /// journal's records), each against those admitted before it. One that is refused is
+    /// dropped from the state, with an error naming the file and record it came from; returns
+    /// those errors (the snapshot shows them).
+    fn admit_loaded_state(&mut self, origins: &Origins) -> Vec<String> {
+        let all = self.state.clone();
+        let next_id = all.data().next_id;
+        let delta = |upsert: Vec<state::Assignment>, remove: Vec<state::AssignmentId>| Delta {
+            pools: None,
+            upsert,
+            remove,
+            next_id,
+        };
+        let mut order: Vec<&state::Assignment> = all.assignments().values().collect();
+        order.sort_by_key(|a| origins.get(&a.id).map_or(0, |at| at.seq));
+        let mut next = (*all).clone();
+        next.apply(delta(Vec::new(), all.assignments().keys().cloned().collect()));
+        let mut dropped = Vec::new();
+        for a in order {
+            next.apply(delta(vec![a.clone()], Vec::new()));
+            let Err(e) = self.admit_loaded(&next, a) else { continue };
+            next.apply(delta(Vec::new(), vec![a.id.clone()]));
+            let from = origins
+                .get(&a.id)
+                .map_or_else(|| format!("`{}`", self.store.path().display()), ToString::to_string);
+            let what = format!(
+                "assignment {} (CPUs {} of pool {} for {}) in {from} is refused: {e}",
+                a.id, a.cpus, a.pool, a.target
+            );
+            log::error!(
+                ASSIGNMENT = a.id.as_str();
+                "{what}; it is dropped, not applied, and the state is saved without it"
+            );
+            dropped.push(what);
+        }
+        if !dropped.is_empty() {
+            next.take_changes();
+            self.state = Arc::new(next);
+        }
+        dropped
     }
 
     pub(super) fn layout(&self, state: &State) -> Layout {
@@ -444,6 +545,7 @@ impl Engine {
             state_path: self.store.path().to_owned(),
             config_error: self.config_error.clone(),
             degraded: self.degraded.clone(),
+            state_warnings: Arc::new(self.state_warnings.clone()),
             partitions,
             backend: self.backend.name(),
             layout,

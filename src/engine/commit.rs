@@ -15,17 +15,41 @@ impl Engine {
     /// Records when a pid target's process started; refuses a process that does not exist.
     pub(super) fn stamp(&self, mut spec: AssignSpec) -> Result<AssignSpec, state::Error> {
         if let Target::Pid(pid) = spec.target {
-            match self.backend.process_start(pid) {
-                Some(start) => spec.process_start = Some(start),
-                None => {
-                    return Err(state::Error::InvalidArgument {
-                        arg: "target",
-                        reason: format!("process {pid} does not exist"),
-                    })
-                }
-            }
+            spec.process_start = Some(self.process_start(pid)?);
         }
         Ok(spec)
+    }
+
+    /// When process `pid` started, from the host; refuses a process that does not exist.
+    fn process_start(&self, pid: u32) -> Result<u64, state::Error> {
+        self.backend.process_start(pid).ok_or_else(|| state::Error::InvalidArgument {
+            arg: "target",
+            reason: format!("process {pid} does not exist"),
+        })
+    }
+
+    /// Admits an assignment read from the state files at start as [`Engine::decide`] and
+    /// [`Engine::stamp`] admit a new one: the same target rules ([`Engine::check_protected`]
+    /// against `next`, which holds it and those admitted before it), and for a process the same
+    /// look-up of when it started, which must be the start the assignment recorded (else the
+    /// pid names another process now, or none). Where the target sits is not asked: before
+    /// start's reconcile the host shows the last run's layout, and the read-back after it
+    /// (the drift check) reports a target not confined.
+    pub(super) fn admit_loaded(&self, next: &State, a: &Assignment) -> Result<(), state::Error> {
+        self.check_protected(next, a)?;
+        if let Target::Pid(pid) = a.target {
+            let now = self.process_start(pid)?;
+            if a.process_start != Some(now) {
+                let recorded = a.process_start.map_or_else(|| "no start time".to_owned(), |s| format!("start time {s}"));
+                return Err(state::Error::TargetNotAllowed {
+                    target: a.target.to_string(),
+                    reason: format!(
+                        "process {pid} started at {now} (clock ticks since boot) but the assignment records {recorded}: it is not the process the CPUs were assigned to"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// [`Handle::run`]: where systemd runs, the assignment's target is a new scope

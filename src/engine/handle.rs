@@ -69,6 +69,9 @@ pub struct Snapshot {
     pub config_error: Option<String>,
     /// Pools whose cgroups could not all be applied at the last reconcile.
     pub degraded: Vec<String>,
+    /// Assignments the state files held that start refused and dropped (each naming the file
+    /// and record it came from, and why), until the daemon is started again.
+    pub state_warnings: Arc<Vec<String>>,
     /// The kernel's word on each pool slice's partition (`member`, `isolated`,
     /// `isolated invalid (...)`), read after every change.
     pub partitions: Arc<std::collections::BTreeMap<PoolName, String>>,
@@ -121,6 +124,12 @@ impl Snapshot {
         }
         if self.config_error.is_some() {
             s.push_str("; configuration on disk rejected, running the last good one");
+        }
+        if !self.state_warnings.is_empty() {
+            s.push_str(&format!(
+                "; {} dropped from the state at start (see the log)",
+                n(self.state_warnings.len(), "assignment")
+            ));
         }
         s
     }

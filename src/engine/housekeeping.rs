@@ -180,6 +180,64 @@ impl Housekeeping {
         Housekeeping { roots, saved, last: None, report: IsolationReport::default() }
     }
 
+    /// Forgets remembered masks and affinities this daemon could not have recorded, with an
+    /// error naming the file: a mask must hold the mask in force now (the daemon only ever
+    /// narrows the one it remembers, so what is in force lies within it) and no CPU that is
+    /// neither the host's (`host`) nor in force; a kernel thread's CPUs must be the host's.
+    /// Restoring anything else would write to the kernel what someone else put in the file.
+    pub(super) fn check_saved(&mut self, host: &CpuSet) {
+        let path = self.roots.state_dir.join(hk::SAVED_FILE);
+        let mut refused = false;
+        for file in [hk::WORKQUEUE_MASK, hk::WRITEBACK_MASK] {
+            let Some(text) = self.saved.slot(file).clone() else { continue };
+            let now = hk::read_mask(&self.roots.sysfs, file).ok().flatten();
+            let why = match housekeeping::parse_mask(&text) {
+                Err(e) => Some(e.to_string()),
+                Ok(saved) if saved.is_empty() => Some("the mask holds no CPU".to_owned()),
+                Ok(saved) => {
+                    let known = now.as_ref().map_or_else(|| host.clone(), |n| n.union(host));
+                    let outside = saved.difference(&known);
+                    match &now {
+                        _ if !outside.is_empty() => Some(format!("CPUs {outside} are not CPUs of this host")),
+                        Some(now) if !now.is_subset(&saved) => Some(format!(
+                            "`{file}` holds CPUs {now} now, more than the remembered CPUs {saved}: cpupoold only \
+                             narrows the mask it remembers"
+                        )),
+                        _ => None,
+                    }
+                }
+            };
+            if let Some(why) = why {
+                log::error!(
+                    "`{}` remembers `{}` for `{file}`, which cpupoold did not record: {why}; it is not restored",
+                    path.display(),
+                    text.escape_debug()
+                );
+                *self.saved.slot(file) = None;
+                refused = true;
+            }
+        }
+        self.saved.kthreads.retain(|pid, t| {
+            let why = match CpuSet::parse(&t.cpus) {
+                Err(e) => e.to_string(),
+                Ok(cpus) if cpus.is_empty() => "no CPU".to_owned(),
+                Ok(cpus) if !cpus.is_subset(host) => format!("CPUs {} are not CPUs of this host", cpus.difference(host)),
+                Ok(_) => return true,
+            };
+            log::error!(
+                "`{}` remembers CPUs `{}` for kernel thread {} ({pid}), which cpupoold did not record: {why}; they are not restored",
+                path.display(),
+                t.cpus.escape_debug(),
+                t.comm.escape_debug()
+            );
+            refused = true;
+            false
+        });
+        if refused {
+            self.store();
+        }
+    }
+
     /// The report for the snapshot.
     pub fn report(&self) -> Arc<IsolationReport> {
         Arc::new(self.report.clone())

@@ -29,6 +29,22 @@ use crate::host::irqbalance;
 
 /// The file in the state directory that remembers affinities from before the daemon's writes.
 pub const MEMORY_FILE: &str = "irq.json";
+/// The memory before the last save: what start uses when [`MEMORY_FILE`] cannot be read.
+pub const MEMORY_PREV_FILE: &str = "irq.json.prev";
+/// Where the link to the outgoing memory is made before it replaces [`MEMORY_PREV_FILE`].
+const MEMORY_PREV_TMP_FILE: &str = ".irq.json.prev.tmp";
+
+/// The memory in `name` of the state directory `root`: `Ok(None)` when there is none, `Err`
+/// (saying why) when it cannot be used.
+fn read_memory(root: &Root, name: &str) -> Result<Option<Memory>, String> {
+    match root.read_own(name, crate::host::fsutil::MAX_REMEMBERED_BYTES) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("`{}` is not readable ({e})", root.path().join(name).display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(error_chain(&e)),
+    }
+}
 
 /// What the last pass found and did, for the snapshot and logs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,27 +130,45 @@ pub(crate) struct IrqManager {
     /// `smp_affinity` does not), with their count on those CPUs then: the kernel moves an
     /// interrupt at its next occurrence, so one that has not fired since is not delivered there.
     stale: BTreeMap<u32, u64>,
+    /// Whether the next save keeps the file it replaces as [`MEMORY_PREV_FILE`]: not when
+    /// start found it damaged.
+    keep_prev: std::cell::Cell<bool>,
 }
 
 impl IrqManager {
     /// Set up from `settings`, reading the memory a previous run left.
     pub(crate) fn new(settings: &Settings) -> IrqManager {
         let state_dir = settings.paths.state_dir.clone();
-        let memory = match Root::new(&state_dir)
-            .read_regular(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)
-        {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                log::error!(
-                    "irq: `{}` is not readable ({e}); the affinities it remembered cannot be restored",
-                    state_dir.join(MEMORY_FILE).display()
-                );
-                Memory::default()
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Memory::default(),
-            Err(e) => {
-                log::error!("irq: {}", error_chain(&e));
-                Memory::default()
-            }
+        // A damaged memory (a disk that lies, an editor) falls back to the one before the last
+        // save, as the state does; the damaged file is not kept as the next previous copy.
+        let root = Root::new(&state_dir);
+        let (memory, keep_prev) = match read_memory(&root, MEMORY_FILE) {
+            Ok(memory) => (memory.unwrap_or_default(), true),
+            Err(why) => match read_memory(&root, MEMORY_PREV_FILE) {
+                Ok(Some(prev)) => {
+                    log::error!(
+                        "irq: {why}; using the previous copy `{}`: the affinities remembered since its last \
+                         save are lost",
+                        state_dir.join(MEMORY_PREV_FILE).display()
+                    );
+                    (prev, false)
+                }
+                Ok(None) => {
+                    log::error!(
+                        "irq: {why}, and there is no previous copy `{}`; the affinities it remembered cannot \
+                         be restored",
+                        state_dir.join(MEMORY_PREV_FILE).display()
+                    );
+                    (Memory::default(), false)
+                }
+                Err(prev_why) => {
+                    log::error!(
+                        "irq: {why}, and the previous copy cannot be used either: {prev_why}; the affinities \
+                         they remembered cannot be restored"
+                    );
+                    (Memory::default(), false)
+                }
+            },
         };
         if !memory.irqs.is_empty() {
             log::info!("irq: {} affinities remembered from an earlier run", memory.irqs.len());
@@ -150,6 +184,7 @@ impl IrqManager {
             warned_one_cpu: false,
             notifier: Notifier::new(memory_told),
             stale: BTreeMap::new(),
+            keep_prev: std::cell::Cell::new(keep_prev),
         }
     }
 
@@ -165,10 +200,24 @@ impl IrqManager {
         &self.report
     }
 
+    /// Writes the memory durably, keeping the one it replaces as [`MEMORY_PREV_FILE`] (unless
+    /// that is the damaged file start could not read).
     fn save(&self) -> bool {
         let data = serde_json::to_vec_pretty(&self.memory).unwrap_or_default();
-        match Root::new(&self.state_dir).replace(MEMORY_FILE, &data, 0o600) {
-            Ok(()) => true,
+        let root = Root::new(&self.state_dir);
+        let tmp = format!(".{MEMORY_FILE}.tmp");
+        let keep = || {
+            if self.keep_prev.get() {
+                root.link_prev(MEMORY_FILE, MEMORY_PREV_TMP_FILE, MEMORY_PREV_FILE)
+            } else {
+                Ok(())
+            }
+        };
+        match root.replace_with(Path::new(MEMORY_FILE), &tmp, &data, 0o600, keep) {
+            Ok(()) => {
+                self.keep_prev.set(true);
+                true
+            }
             Err(e) => {
                 log::error!("irq: saving the remembered affinities failed: {}", error_chain(&e));
                 false

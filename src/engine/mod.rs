@@ -114,6 +114,8 @@ pub struct Engine {
     opts: LayoutOptions,
     config_error: Option<String>,
     degraded: Vec<String>,
+    /// See [`Snapshot::state_warnings`].
+    state_warnings: Vec<String>,
     /// See [`Snapshot::assignment_health`].
     health: std::collections::BTreeMap<AssignmentId, String>,
     /// Assignments the last drift check found not enforced for the first time.

@@ -360,12 +360,94 @@ struct Written {
     failed: BTreeMap<String, String>,
 }
 
+/// The cpufreq files a class writes ([`cpufreq_write`]).
+const CPUFREQ_FILES: [&str; 4] =
+    ["scaling_governor", "scaling_min_freq", "scaling_max_freq", "energy_performance_preference"];
+
+/// Why the remembered `value` of `file` is not one this daemon could have recorded, or `None`
+/// when it is: `file` must be one a class writes ([`plan_key`]: PM QoS resume latency of a CPU,
+/// a cpufreq policy's governor, frequency limits or EPP, an uncore die's frequency limits), of
+/// a CPU of the host (`online`, when known), and `value` what such a file holds (a frequency
+/// within the limits the CPU or die reports, a governor or preference it offers). The files
+/// are read by `fs`; a limit that cannot be read is not held against the value.
+fn refuse_remembered(fs: &PowerFs, online: Option<&CpuSet>, file: &str, value: &str) -> Option<String> {
+    let number = |v: &str| v.parse::<u64>().map_err(|_| format!("`{}` is not a number", v.escape_debug()));
+    let within = |dir: &str, lo: &str, hi: &str| -> Option<String> {
+        let v = match number(value) {
+            Ok(v) => v,
+            Err(e) => return Some(e),
+        };
+        let limit = |name: &str| fs.read_number(&format!("{dir}/{name}")).ok();
+        match (limit(lo), limit(hi)) {
+            (Some(lo), _) if v < lo => Some(format!("{v} is below the minimum {lo}")),
+            (_, Some(hi)) if v > hi => Some(format!("{v} is above the maximum {hi}")),
+            _ => None,
+        }
+    };
+    let offered = |dir: &str, list: &str| -> Option<String> {
+        if !crate::core::power::is_word(value) {
+            return Some(format!("`{}` is not a word the kernel lists", value.escape_debug()));
+        }
+        let words = fs.read(&format!("{dir}/{list}")).ok()?;
+        (!words.split_whitespace().any(|w| w == value)).then(|| format!("`{value}` is not in {list} ({words})"))
+    };
+    let cpu_of = |n: &str| -> Result<u32, String> {
+        let cpu: u32 = n.parse().ok().filter(|_| n.bytes().all(|b| b.is_ascii_digit())).ok_or("not a CPU")?;
+        match online {
+            Some(on) if !on.contains(cpu) => Err(format!("CPU {cpu} is not an online CPU of this host")),
+            _ => Ok(cpu),
+        }
+    };
+    let Some(rest) = file.strip_prefix(CPU_DIR).and_then(|r| r.strip_prefix('/')) else {
+        return Some("not a file below the CPUs' sysfs directory".into());
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    let not_ours = || Some("not a file a power class writes".to_owned());
+    match parts[..] {
+        [cpu, "power", "pm_qos_resume_latency_us"] if cpu.starts_with("cpu") => {
+            if let Err(e) = cpu_of(&cpu[3..]) {
+                return Some(e);
+            }
+            crate::core::power::parse_resume_latency(value).err()
+        }
+        [cpu, "cpufreq", name] | ["cpufreq", cpu, name]
+            if CPUFREQ_FILES.contains(&name) && (cpu.starts_with("cpu") || cpu.starts_with("policy")) =>
+        {
+            let n = cpu.trim_start_matches("cpu").trim_start_matches("policy");
+            if let Err(e) = cpu_of(n) {
+                return Some(e);
+            }
+            let dir = file.rsplit_once('/').map_or("", |(d, _)| d);
+            match name {
+                "scaling_governor" => offered(dir, "scaling_available_governors"),
+                "energy_performance_preference" if value.parse::<u8>().is_ok() => None,
+                "energy_performance_preference" => offered(dir, "energy_performance_available_preferences"),
+                _ => within(dir, "cpuinfo_min_freq", "cpuinfo_max_freq"),
+            }
+        }
+        ["intel_uncore_frequency", die, "min_freq_khz" | "max_freq_khz"] => {
+            let ok = die.strip_prefix("package_").and_then(|d| d.split_once("_die_")).is_some_and(|(p, d)| {
+                [p, d].iter().all(|n| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))
+            });
+            if !ok {
+                return not_ours();
+            }
+            let dir = file.rsplit_once('/').map_or("", |(d, _)| d);
+            within(dir, "initial_min_freq_khz", "initial_max_freq_khz")
+        }
+        _ => not_ours(),
+    }
+}
+
 /// The engine's power state (public for benches/classes.rs, which times a pass).
 pub struct PowerManager {
     fs: PowerFs,
     config: Power,
     state_dir: PathBuf,
     memory: Memory,
+    /// Whether the memory read at start was checked against the host's CPUs
+    /// ([`PowerManager::check_memory`]).
+    checked: bool,
     rows: Vec<ClassRow>,
 }
 
@@ -374,7 +456,7 @@ impl PowerManager {
     pub fn new(settings: &Settings) -> PowerManager {
         let state_dir = settings.paths.state_dir.clone();
         let memory = match Root::new(&state_dir)
-            .read_regular(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)
+            .read_own(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)
         {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 log::error!(
@@ -392,13 +474,43 @@ impl PowerManager {
         if !memory.files.is_empty() {
             log::info!("power: {} values remembered from an earlier run", memory.files.len());
         }
-        PowerManager {
+        let mut m = PowerManager {
             fs: PowerFs::new(&settings.paths.sysfs_root),
             config: settings.power.clone(),
             state_dir,
             memory,
+            checked: false,
             rows: Vec::new(),
+        };
+        m.check_memory(None);
+        m
+    }
+
+    /// Forgets every remembered value that is not one the daemon could have recorded
+    /// ([`refuse_remembered`]; `online`: the host's CPUs, when known), with an error naming the
+    /// file, and saves the memory without them: a value put there by hand or by another program
+    /// is never written to the kernel.
+    fn check_memory(&mut self, online: Option<&CpuSet>) {
+        let path = self.state_dir.join(MEMORY_FILE);
+        let mut refused = false;
+        let fs = &self.fs;
+        self.memory.files.retain(|file, value| match refuse_remembered(fs, online, file, value) {
+            None => true,
+            Some(why) => {
+                log::error!(
+                    "power: `{}` remembers `{}` = `{}`, which cpupoold does not write: {why}; it is not restored",
+                    path.display(),
+                    file.escape_debug(),
+                    value.escape_debug()
+                );
+                refused = true;
+                false
+            }
+        });
+        if refused {
+            self.save();
         }
+        self.checked |= online.is_some();
     }
 
     /// Takes new settings (a reload).
@@ -469,6 +581,9 @@ impl PowerManager {
 
     /// One pass (module docs) over the pools' CPUs now.
     pub fn apply(&mut self, topo: &Topology, pools: &BTreeMap<String, CpuSet>) {
+        if !self.checked {
+            self.check_memory(Some(&topo.online()));
+        }
         let facts = Facts::new(&self.fs);
         let plans: Vec<KeyPlan> = scopes(&self.config, topo, pools)
             .into_iter()
@@ -547,7 +662,7 @@ impl PowerManager {
             return;
         }
         let files: Vec<(String, String)> =
-            files.iter().filter(|(f, _)| f.starts_with(CPU_DIR)).cloned().collect();
+            files.iter().filter(|(f, v)| refuse_remembered(&self.fs, None, f, v).is_none()).cloned().collect();
         let written = self.write_all(&files);
         for (file, value) in &files {
             match written.failed.get(file) {

@@ -98,6 +98,17 @@ pub enum NotReadable {
         /// The limit.
         limit: u64,
     },
+    /// A file the daemon keeps for itself that every user may write ([`Root::read_own`]).
+    #[error(
+        "it is writable by every user (mode {mode:04o}, owner uid {uid}), so any local user could have \
+         written it and cpupoold does not trust it; check its content, then `chmod o-w` it"
+    )]
+    WorldWritable {
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        uid: u32,
+    },
 }
 
 /// Opens `path` for reading without blocking (`O_NONBLOCK`: opening a FIFO with no writer
@@ -269,6 +280,58 @@ impl Root {
         let err = self.err("reading", rel);
         let fd = self.open_file(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0).map_err(err)?;
         read_capped(File::from(fd), cap).map_err(err)
+    }
+
+    /// [`Root::read_regular`] for a file the daemon writes for itself (the state, the values
+    /// it remembers of the host), checking the file as opened: one every user may write is
+    /// refused ([`NotReadable::WorldWritable`]); one owned by another user than the daemon's, or
+    /// that its group may write, is read with a warning naming the file, its owner and mode.
+    /// The daemon creates them all with mode 0600.
+    pub fn read_own(&self, rel: impl AsRef<Path>, cap: u64) -> Result<Vec<u8>, FsError> {
+        let rel = rel.as_ref();
+        let err = self.err("reading", rel);
+        let fd = self.open_file(rel, OFlags::RDONLY | OFlags::NONBLOCK, 0).map_err(err)?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| err(e.into()))?;
+        let (mode, uid) = (st.st_mode & 0o7777, st.st_uid);
+        if mode & 0o002 != 0 {
+            return Err(err(io::Error::other(NotReadable::WorldWritable { mode, uid })));
+        }
+        let path = self.path.join(rel);
+        let me = rustix::process::geteuid().as_raw();
+        if uid != me {
+            log::warn!(
+                "`{}` is owned by uid {uid}, not by cpupoold's uid {me} (mode {mode:04o}): another user \
+                 could have written it",
+                path.display()
+            );
+        }
+        if mode & 0o020 != 0 {
+            log::warn!(
+                "`{}` is writable by its group (mode {mode:04o}, owner uid {uid}): cpupoold writes it with \
+                 mode 0600; `chmod g-w` it",
+                path.display()
+            );
+        }
+        read_capped(File::from(fd), cap).map_err(err)
+    }
+
+    /// Makes the file `name` also `prev` (through a hard link at `tmp`, renamed over `prev`),
+    /// never removing `name`: the previous copy a file replaced by [`Root::replace_with`] keeps
+    /// (call it as `before_rename`). Nothing to keep when `name` does not exist.
+    pub fn link_prev(&self, name: &str, tmp: &str, prev: &str) -> Result<(), FsError> {
+        // Left over by a crash between link and rename; `link` will not replace it.
+        if let Err(e) = self.remove_file(tmp) {
+            if e.kind() != io::ErrorKind::NotFound {
+                log::debug!("removing stale `{}`: {e}", self.path.join(tmp).display());
+            }
+        }
+        match self.hard_link(name, tmp) {
+            Ok(()) => {}
+            // First save: nothing to keep.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.exists(name) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        self.rename(tmp, prev)
     }
 
     /// Reads the whole file `rel` as UTF-8.

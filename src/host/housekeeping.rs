@@ -165,7 +165,7 @@ impl Saved {
         if !root.exists(SAVED_FILE) {
             return Ok(Saved::default());
         }
-        let bytes = root.read_regular(SAVED_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)?;
+        let bytes = root.read_own(SAVED_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)?;
         serde_json::from_slice(&bytes)
             .map_err(|source| HousekeepingError::Saved { path: state_dir.join(SAVED_FILE), source })
     }

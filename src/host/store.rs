@@ -72,8 +72,9 @@
 //! only after the append): [`Store::load`] ignores it with a warning naming the file, the offset
 //! and the number of bytes, and the next append cuts the file back to the last good record before
 //! writing, so that no later record sits behind garbage. A record that does not check but has good
-//! records after it, a sequence gap, or a record that checks but does not decode cannot come from a
-//! crash: that is damage, and the load refuses, like a damaged snapshot.
+//! records after it, a sequence gap, a record that checks but does not decode, or (with
+//! [`Store::load_checked`]) one whose change the caller refuses cannot come from a crash: that is
+//! damage, and the load refuses, like a damaged snapshot.
 //!
 //! # Why compaction is crash-safe
 //!
@@ -237,6 +238,25 @@ pub struct Store {
     journal: Mutex<Journal>,
     /// `state.lock`, held with `flock` while this store writes ([`Store::lock_dir`]).
     dir_lock: std::sync::OnceLock<std::fs::File>,
+}
+
+/// Where a journal record was found: given to the callers that check each change as it is
+/// replayed ([`Store::load_checked`]), so that a change they refuse is named by its file, record
+/// and offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordAt {
+    /// The journal file.
+    pub path: PathBuf,
+    /// The record's sequence number.
+    pub seq: u64,
+    /// Where its header starts, in bytes from the start of the file.
+    pub offset: u64,
+}
+
+impl std::fmt::Display for RecordAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` record {} (byte {})", self.path.display(), self.seq, self.offset)
+    }
 }
 
 /// The records of one journal file replayed onto a state.
@@ -525,7 +545,26 @@ impl Store {
         T: DeserializeOwned,
         D: DeserializeOwned,
     {
-        let bytes = match self.root.read_regular(STATE_FILE, MAX_STATE_BYTES) {
+        self.load_checked(|state: &mut T, change: D, _: &RecordAt| {
+            apply(state, change);
+            Ok(())
+        })
+    }
+
+    /// [`Store::load`] with a caller that checks each change as it replays it, and learns where
+    /// each one was found. `apply` returns `Err(reason)` for a change it refuses, and must then
+    /// leave the state as it was: the load fails with [`StoreError::JournalRejected`] naming the
+    /// journal, the record and its offset, like any other damage of the journal (which
+    /// `--restore-previous-state` salvages, keeping the records before it).
+    pub fn load_checked<T, D>(
+        &self,
+        mut apply: impl FnMut(&mut T, D, &RecordAt) -> Result<(), String>,
+    ) -> Result<Loaded<T>, StoreError>
+    where
+        T: DeserializeOwned,
+        D: DeserializeOwned,
+    {
+        let bytes = match self.root.read_own(STATE_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return match self.prev_copy::<T>() {
@@ -564,7 +603,7 @@ impl Store {
         if j.known {
             return Ok(());
         }
-        let mut seq = match self.root.read_regular(STATE_FILE, MAX_STATE_BYTES) {
+        let mut seq = match self.root.read_own(STATE_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => {
                 decode::<serde::de::IgnoredAny>(&bytes)
                     .map_err(|d| d.into_error(self.current.clone(), PrevCopy::Itself))?
@@ -573,7 +612,7 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
             Err(e) => return Err(e.into()),
         };
-        let mut skip = |_: &mut (), _: serde::de::IgnoredAny| {};
+        let mut skip = |_: &mut (), _: serde::de::IgnoredAny, _: &RecordAt| Ok(());
         let replayed = match self.read_journal(JOURNAL_FILE)? {
             Some(journal) => {
                 self.replay(JOURNAL_FILE, &journal, &mut (), &mut seq, &mut skip).map_err(|d| d.error)?
@@ -594,7 +633,7 @@ impl Store {
 
     /// The bytes of the journal `name`, or `None` if there is none.
     fn read_journal(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.root.read_regular(name, MAX_STATE_BYTES) {
+        match self.root.read_own(name, MAX_STATE_BYTES) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
@@ -609,7 +648,7 @@ impl Store {
         bytes: &[u8],
         state: &mut T,
         seq: &mut u64,
-        apply: &mut impl FnMut(&mut T, D),
+        apply: &mut impl FnMut(&mut T, D, &RecordAt) -> Result<(), String>,
     ) -> Result<Replayed, Damage> {
         let path = self.dir.join(name);
         let scan = journal::scan(bytes);
@@ -627,7 +666,11 @@ impl Store {
                 error: StoreError::JournalDecode { path: path.clone(), offset: r.offset, seq: r.seq, source },
                 good_len: r.offset,
             })?;
-            apply(state, change);
+            let at = RecordAt { path: path.clone(), seq: r.seq, offset: r.offset };
+            if let Err(reason) = apply(state, change, &at) {
+                let error = StoreError::JournalRejected { path, offset: r.offset, seq: r.seq, reason };
+                return Err(Damage { error, good_len: r.offset });
+            }
             *seq = r.seq;
         }
         let records = u64::try_from(scan.records.len()).unwrap_or(u64::MAX);
@@ -659,18 +702,6 @@ impl Store {
     /// Makes the outgoing `name` the previous copy `prev` (through the link `tmp`) without
     /// ever removing `name`.
     fn link_prev(&self, name: &str, tmp: &str, prev: &str) -> Result<(), FsError> {
-        // Left over by a crash between link and rename; `link` will not replace it.
-        if let Err(e) = self.root.remove_file(tmp) {
-            if e.kind() != io::ErrorKind::NotFound {
-                log::debug!("removing stale `{}`: {e}", self.dir.join(tmp).display());
-            }
-        }
-        match self.root.hard_link(name, tmp) {
-            Ok(()) => {}
-            // First save: nothing to keep.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !self.root.exists(name) => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        self.root.rename(tmp, prev)
+        self.root.link_prev(name, tmp, prev)
     }
 }

@@ -236,6 +236,24 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    /// A journal record checks and decodes, but the caller refused the change it holds
+    /// ([`Store::load_checked`](super::Store::load_checked)): applied, it would break the
+    /// state's rules. Damage, not a crash: the daemon wrote no such record.
+    #[error(
+        "`{}` has an intact checksum on record {seq} at byte {offset} but the change it holds breaks \
+         the state's rules: {reason}{JOURNAL_HINT}",
+        .path.display()
+    )]
+    JournalRejected {
+        /// The journal file.
+        path: PathBuf,
+        /// Where the record starts.
+        offset: u64,
+        /// Its sequence number.
+        seq: u64,
+        /// Why the change was refused.
+        reason: String,
+    },
     /// The journal file this daemon keeps open is no longer the one at its name (moved, removed
     /// or replaced behind its back): writes to it would be read by no restart.
     #[error(

@@ -4,7 +4,8 @@
 //! Two cases, decided from what is damaged:
 //!
 //! - **The snapshot is intact and the journal is damaged** (a record that does not check with
-//!   good ones after it, a sequence gap, a record that does not decode): the state is the snapshot
+//!   good ones after it, a sequence gap, a record that does not decode, a change the caller of a
+//!   `*_checked` method refuses): the state is the snapshot
 //!   plus the journal's records before the damaged one. The journal is moved aside to
 //!   `state.journal.corrupt` and a new journal holding those records takes its name. Changes
 //!   acknowledged after the damaged record are lost; the error said so before the operator chose.
@@ -27,7 +28,7 @@ use serde::Serialize;
 
 use super::format::{decode, frame};
 use super::{
-    journal, PrevCopy, Store, StoreError, CORRUPT_FILE, JOURNAL_CORRUPT_FILE, JOURNAL_FILE,
+    journal, PrevCopy, RecordAt, Store, StoreError, CORRUPT_FILE, JOURNAL_CORRUPT_FILE, JOURNAL_FILE,
     JOURNAL_PREV_FILE, JOURNAL_TMP_FILE, PREV_FILE, STATE_FILE,
 };
 use crate::host::fsutil::MAX_STATE_BYTES;
@@ -57,7 +58,24 @@ impl Store {
     ///
     /// In the second case `state.json` is moved aside even if it is intact: the operator asked
     /// for the previous state. `state.json.prev` itself is kept.
-    pub fn restore_previous<T, D>(&self, apply: impl FnMut(&mut T, D)) -> Result<T, StoreError>
+    pub fn restore_previous<T, D>(&self, mut apply: impl FnMut(&mut T, D)) -> Result<T, StoreError>
+    where
+        T: Serialize + DeserializeOwned,
+        D: DeserializeOwned,
+    {
+        self.restore_previous_checked(|state: &mut T, change: D, _: &RecordAt| {
+            apply(state, change);
+            Ok(())
+        })
+    }
+
+    /// [`Store::restore_previous`] with a caller that checks each change (see
+    /// [`Store::load_checked`]): a change it refuses is damage of its journal, as a record that
+    /// does not check would be.
+    pub fn restore_previous_checked<T, D>(
+        &self,
+        apply: impl FnMut(&mut T, D, &RecordAt) -> Result<(), String>,
+    ) -> Result<T, StoreError>
     where
         T: Serialize + DeserializeOwned,
         D: DeserializeOwned,
@@ -117,7 +135,23 @@ impl Store {
     }
 
     /// What `--restore-previous-state` would install, without changing any file.
-    pub fn previous<T, D>(&self, apply: impl FnMut(&mut T, D)) -> Result<T, StoreError>
+    pub fn previous<T, D>(&self, mut apply: impl FnMut(&mut T, D)) -> Result<T, StoreError>
+    where
+        T: DeserializeOwned,
+        D: DeserializeOwned,
+    {
+        self.previous_checked(|state: &mut T, change: D, _: &RecordAt| {
+            apply(state, change);
+            Ok(())
+        })
+    }
+
+    /// [`Store::previous`] with a caller that checks each change (see
+    /// [`Store::restore_previous_checked`]).
+    pub fn previous_checked<T, D>(
+        &self,
+        apply: impl FnMut(&mut T, D, &RecordAt) -> Result<(), String>,
+    ) -> Result<T, StoreError>
     where
         T: DeserializeOwned,
         D: DeserializeOwned,
@@ -127,13 +161,16 @@ impl Store {
         }
     }
 
-    fn plan<T, D>(&self, mut apply: impl FnMut(&mut T, D)) -> Result<Plan<T>, StoreError>
+    fn plan<T, D>(
+        &self,
+        mut apply: impl FnMut(&mut T, D, &RecordAt) -> Result<(), String>,
+    ) -> Result<Plan<T>, StoreError>
     where
         T: DeserializeOwned,
         D: DeserializeOwned,
     {
         let current =
-            self.root.read_regular(STATE_FILE, MAX_STATE_BYTES).ok().and_then(|b| decode::<T>(&b).ok());
+            self.root.read_own(STATE_FILE, MAX_STATE_BYTES).ok().and_then(|b| decode::<T>(&b).ok());
         if let (Some((mut state, mut seq)), Some(bytes)) = (current, self.read_journal(JOURNAL_FILE)?) {
             if let Err(damage) = self.replay(JOURNAL_FILE, &bytes, &mut state, &mut seq, &mut apply) {
                 log::warn!("restoring: {}", crate::error_chain(&damage.error));
@@ -141,7 +178,7 @@ impl Store {
                 return Ok(Plan::Salvage { state, keep });
             }
         }
-        let prev_bytes = match self.root.read_regular(PREV_FILE, MAX_STATE_BYTES) {
+        let prev_bytes = match self.root.read_own(PREV_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(StoreError::NoPrevious { path: self.prev.clone() })
@@ -194,7 +231,7 @@ impl Store {
 
     /// Checks `state.json.prev` for an error message. Reads only.
     pub(super) fn prev_copy<T: DeserializeOwned>(&self) -> PrevCopy {
-        match self.root.read_regular(PREV_FILE, MAX_STATE_BYTES) {
+        match self.root.read_own(PREV_FILE, MAX_STATE_BYTES) {
             Ok(bytes) => match decode::<T>(&bytes) {
                 Ok(_) => PrevCopy::Good(self.prev.clone()),
                 Err(_) => PrevCopy::Damaged(self.prev.clone()),
