@@ -31,19 +31,9 @@ pub fn cpupoold_bin() -> PathBuf {
     bin
 }
 
-/// The `dbus-daemon`s serving the private bus of the sandbox in `dir/sb`, found by the
-/// configuration file on their command line.
+/// The `dbus-daemon`s serving the private bus of the sandbox in `dir/sb`.
 pub fn bus_daemons(dir: &Path) -> Vec<i32> {
-    let needle = format!("--config-file={}", dir.join("sb/run/bus.conf").display());
-    let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
-    procs
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let cmdline = fs::read(e.path().join("cmdline")).ok()?;
-            cmdline.split(|b| *b == 0).any(|a| a == needle.as_bytes()).then_some(pid)
-        })
-        .collect()
+    test_support::daemon::bus_daemons(&dir.join("sb"))
 }
 
 pub struct Daemon {
