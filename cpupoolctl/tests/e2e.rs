@@ -841,3 +841,28 @@ fn varlink_classes_are_shown() {
 fn dbus_classes_are_shown() {
     classes_are_shown(true);
 }
+
+/// An assign whose first step fails applies nothing, so its rollback has nothing to undo: the
+/// daemon warns of the failure and logs no error-level rollback. The sandbox runs the cgroupfs
+/// backend, where a unit target cannot be applied; a cgroup that does not exist fails the same
+/// way.
+#[test]
+fn an_assign_that_never_applied_logs_no_rollback_error() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, false);
+    for (target, why) in [
+        (&["--unit", "nginx.service"][..], "unit targets need systemd"),
+        (&["--cgroup", "cpupool.slice/cpupool-web.slice/none"][..], "no cgroup"),
+    ] {
+        let (code, e) = ctl.err(&[&["pool", "assign", "web", "--millicpus", "500"], target].concat());
+        assert_eq!((code, e["error"].as_str()), (1, Some("ApplyFailed")), "{e}");
+        assert!(e["message"].as_str().unwrap_or_default().contains(why), "{e}");
+    }
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    let logs = d.logs();
+    assert!(logs.contains("failed: unit `nginx.service`: unit targets need systemd"), "{logs}");
+    let errors: Vec<&str> = logs.lines().filter(|l| l.starts_with("cpupoold error")).collect();
+    assert!(errors.is_empty(), "error-level lines for changes that never applied:\n{}", errors.join("\n"));
+    d.stop();
+}
