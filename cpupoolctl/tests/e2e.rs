@@ -747,6 +747,13 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
     let (code, _, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "2", "--", "/nonexistent/cmd"]);
     assert_eq!(code, 127, "{err}");
     assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    // The daemon released each run's assignment when its process exited; cpupoolctl waited for
+    // that instead of racing it with a Release that would be answered NoSuchAssignment (an API
+    // error on the daemon's books).
+    let release = ["method=\"Release\""];
+    assert_eq!(d.metric_sum("cpupoold_api_requests_total{", &release), 0.0, "{}", d.metrics());
+    assert_eq!(d.metric_sum("cpupoold_api_errors_total{", &release), 0.0, "{}", d.metrics());
+    assert!(d.metric_sum("cpupoold_api_requests_total{", &["method=\"Run\""]) >= 3.0, "{}", d.metrics());
 }
 
 #[test]

@@ -45,6 +45,8 @@ pub struct Daemon {
     pub sb: PathBuf,
     /// Its stderr.
     pub log: PathBuf,
+    /// Its banner, up to `READY`.
+    pub banner: String,
 }
 
 impl Daemon {
@@ -66,9 +68,38 @@ impl Daemon {
         let log = dir.join("daemon.log");
         let test_support::daemon::Spawned { child, banner, ready, .. } =
             test_support::daemon::spawn(&cpupoold_bin(), &sb, shape, &[], &log);
-        let d = Daemon { child, dir: dir.to_owned(), sb, log };
+        let d = Daemon { child, dir: dir.to_owned(), sb, log, banner: banner.clone() };
         assert!(ready, "no READY from the daemon:\n{banner}\n{}", d.logs());
         d
+    }
+
+    /// A scrape of its metrics endpoint (the banner's `metrics http://ADDR/metrics`): one
+    /// HTTP/1.1 GET.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let url = self
+            .banner
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("metrics").map(str::trim))
+            .unwrap_or_else(|| panic!("no metrics line in the banner:\n{}", self.banner));
+        let addr = url.strip_prefix("http://").and_then(|u| u.split('/').next()).unwrap_or(url);
+        let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{url}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{url}: {reply:?}"));
+        assert!(head.starts_with("HTTP/1.1 200"), "{url}: {head}");
+        body.to_owned()
+    }
+
+    /// The sum of the metric lines that start with `series` and contain every one of `labels`.
+    pub fn metric_sum(&self, series: &str, labels: &[&str]) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(series) && labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     pub fn logs(&self) -> String {
