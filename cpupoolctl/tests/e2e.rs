@@ -364,6 +364,21 @@ fn pool_create_resize_delete(dbus: bool) {
     );
     let (code, e) = ctl.err(&["pool", "resize", "nope", "--count", "2"]);
     assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
+    // Taking CPUs the other pools need is the edit's fault: an invalid argument saying what it
+    // breaks, not a rejected configuration blaming a key of config.toml nobody touched.
+    let (code, e) = ctl.err(&["pool", "resize", "batch", "--cpus", "1-3,5-7"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("InvalidArgument")), "{e}");
+    // (D-Bus errors carry the message only.)
+    if !dbus {
+        assert_eq!(e["parameters"]["argument"].as_str(), Some("cpus"), "{e}");
+    }
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(
+        message
+            .starts_with("invalid cpus: with CPUs 1-3,5-7 for pool `batch`, the other pools no longer fit: "),
+        "{e}"
+    );
+    assert_eq!(ctl.ok(&["pool", "show", "batch"])["pool"], batch);
 
     // A pool with an assignment is not deleted, nor shrunk under it.
     d.cgroup("cpupool.slice/cpupool-dp.slice/app");
