@@ -362,7 +362,7 @@ fn top_fits_an_80x24_terminal_and_uses_120_columns() {
     for id in &ids {
         assert!(screen.contains(id.as_str()), "{id} not shown in 80x24:\n{screen}");
     }
-    let last = screen.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or_default();
+    let last = screen.lines().rfind(|l| !l.trim().is_empty()).unwrap_or_default();
     assert!(
         last.starts_with("… not shown: ")
             && last.contains("isolation rows")

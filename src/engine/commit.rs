@@ -323,7 +323,7 @@ impl Engine {
         if let Err(failed) = self.apply_plan(&before, &after) {
             self.undo(&after, &before, &failed.unchanged);
             self.opts = previous;
-            return Err(failed.error);
+            return Err(*failed.error);
         }
         Ok(effects)
     }
@@ -362,7 +362,7 @@ impl Engine {
         let kept = plan::kept(before, after);
         if let Err(failed) = self.apply_plan(before, &kept) {
             self.undo(&kept, before, &failed.unchanged);
-            return Err(failed.error);
+            return Err(*failed.error);
         }
         // One durable write: the change as a journal record, or the whole state when the files
         // no longer replay to the engine's state.
@@ -388,7 +388,7 @@ impl Engine {
             }
             self.undo(after, before, &failed.unchanged);
             self.resave_previous(next);
-            return Err(failed.error);
+            return Err(*failed.error);
         }
         if self.store.compact_due() {
             // The change is durable already: a compaction that fails is tried again after the
@@ -409,7 +409,7 @@ impl Engine {
                 let what = subject(&effect);
                 let unchanged =
                     if touched.contains(&what) { Unchanged::new() } else { Unchanged::from([what]) };
-                return Err(PlanFailed { error: EngineError::Apply(e), unchanged });
+                return Err(PlanFailed { error: Box::new(EngineError::Apply(e)), unchanged });
             }
             touched.insert(subject(&effect));
         }
@@ -474,7 +474,7 @@ pub(super) type Unchanged = std::collections::BTreeSet<String>;
 /// A plan that stopped at an effect that failed.
 pub(super) struct PlanFailed {
     /// Why.
-    pub(super) error: EngineError,
+    pub(super) error: Box<EngineError>,
     /// The failed effect's subject, unless an effect before it changed the same one.
     pub(super) unchanged: Unchanged,
 }
