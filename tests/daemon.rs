@@ -254,3 +254,68 @@ fn inconsistent_state_refuses_to_start_naming_file_and_assignments() {
     d.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(d.wait_exit().success());
 }
+
+/// Ctrl-C in the sandbox's terminal goes to its whole process group: the daemon and the private
+/// bus it started. The bus may be gone before the daemon lets go of its name, and with the bus
+/// went the name: the daemon stops cleanly without a warning about it. The bus is killed first
+/// here, so that the daemon always finds it gone.
+#[test]
+fn ctrl_c_on_the_sandbox_stops_without_blaming_the_bus() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let sb = dir.path().join("sb");
+    let log = dir.path().join("daemon.log");
+    let logs = || fs::read_to_string(&log).unwrap_or_default();
+    // `setsid`: a process group of its own, as a shell gives a foreground job.
+    let test_support::daemon::Spawned { mut child, ready, banner, .. } = test_support::daemon::spawn_wrapped(
+        &["setsid"],
+        Path::new(env!("CARGO_BIN_EXE_cpupoold")),
+        &sb,
+        "1x4x2:1",
+        &[],
+        &[],
+        &log,
+    );
+    let group = Pid::from_raw(-i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let _stop = Group(group);
+    assert!(ready, "no READY:\n{banner}\n{}", logs());
+    assert!(banner.contains("dbus      unix:path="), "{banner}");
+    let bus = test_support::daemon::bus_daemons(&sb);
+    assert_eq!(bus.len(), 1, "{bus:?}");
+    kill(Pid::from_raw(bus[0]), Signal::SIGKILL).unwrap_or_else(|e| panic!("{e}"));
+    test_support::wait::until(Duration::from_secs(30), "the bus to be gone", || {
+        match std::os::unix::net::UnixStream::connect(sb.join("run/bus.sock")) {
+            Ok(_) => Err("the bus still accepts".to_owned()),
+            Err(_) => Ok(()),
+        }
+    });
+    kill(group, Signal::SIGINT).unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the daemon did not stop on SIGINT:\n{}", logs());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}:\n{}", logs());
+    let logged = logs();
+    assert!(logged.contains("SIGINT: stopping"), "{logged}");
+    // zbus itself may warn that the bus closed under it: that is the bus's death, said as it
+    // happened. The daemon's own stop has nothing to add.
+    let complaints: Vec<&str> = logged
+        .lines()
+        .filter(|l| (l.contains("warning") || l.contains("error")) && !l.contains("[zbus::"))
+        .collect();
+    assert!(complaints.is_empty(), "a clean stop complained:\n{}", complaints.join("\n"));
+}
+
+/// Kills what is left of a process group when a test ends early.
+struct Group(nix::unistd::Pid);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGKILL);
+    }
+}

@@ -329,8 +329,9 @@ fn every_error_kind_has_its_name_on_both_interfaces_and_changes_nothing() {
         case("InvalidArgument", ("CreatePool", json!({ "name": "x", "kind": "big", "cpus": "3" })), |c| {
             Box::pin(c.call("CreatePool", ("x", "big", options(&[("cpus", s("3"))]))))
         }),
+        // CPU 3 is web's: the edit's `cpus` is to blame, the files being valid without it.
         case(
-            "ConfigRejected",
+            "InvalidArgument",
             ("CreatePool", json!({ "name": "two", "kind": "shared", "cpus": "3" })),
             |c| Box::pin(c.call("CreatePool", ("two", "shared", options(&[("cpus", s("3"))])))),
         ),
@@ -389,6 +390,16 @@ fn every_error_kind_has_its_name_on_both_interfaces_and_changes_nothing() {
     let got = rt.block_on(client.call("ResizePool", ("web", options(&[("cpus", s("3"))])))).err();
     assert_eq!(got.as_deref(), Some("org.cpupool.Manager1.Error.TopologyFailed"));
     fs::write(&online, saved).unwrap();
+    assert_eq!(observed(&d, &mut v), before);
+
+    // Files on disk that are invalid without the edit: the configuration is rejected.
+    let broken = d.sb.join("etc/cpupoold/config.d/50-broken.toml");
+    fs::write(&broken, "[pools.extra]\nkind = \"shared\"\ncpus = \"3\"\n").unwrap();
+    let got = v.call("ResizePool", json!({ "name": "dp", "cpus": "1-2,5-6" })).err().map(|e| e.0);
+    assert_eq!(got.as_deref(), Some("org.cpupool.Manager.ConfigRejected"));
+    let got = rt.block_on(client.call("ResizePool", ("dp", options(&[("cpus", s("1-2,5-6"))])))).err();
+    assert_eq!(got.as_deref(), Some("org.cpupool.Manager1.Error.ConfigRejected"));
+    fs::remove_file(&broken).unwrap();
     assert_eq!(observed(&d, &mut v), before);
 
     // Unknown options are refused by name on D-Bus.

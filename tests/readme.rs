@@ -6,6 +6,9 @@
 //!
 //! `cargo run --example kubelet_peer --` becomes the example cargo built (`--all-targets`).
 //!
+//! Every `cpupoolctl` example of the help texts, the man pages and `docs/` runs too, each
+//! document's in order against a fresh sandbox ([`run_examples`] says how lines are adapted).
+//!
 //! The other tests here check what cannot run in the sandbox: every `toml` block of the README
 //! and of `docs/` loads with the real configuration parser; every `cpupoolctl` line of their
 //! `sh` blocks parses with cpupoolctl's real argument parser; the interface tables of
@@ -537,4 +540,338 @@ fn relative_links_resolve() {
     }
     assert!(broken.is_empty(), "links to nothing:\n{}", broken.join("\n"));
     assert!(seen >= 20, "{seen}");
+}
+
+/// A `cpupoolctl` example as written, and where: `FILE:LINE`.
+struct Example {
+    at: String,
+    line: String,
+}
+
+/// What an example is to do in the sandbox, as its comment says: succeed; or, marked
+/// `needs systemd`, be refused because the sandbox has none; or, marked `fails: ERROR`, be
+/// refused with that error.
+fn expected_refusal(line: &str) -> Option<String> {
+    let comment = line.split_once(" #").map(|(_, c)| c)?;
+    if comment.contains("needs systemd") {
+        return Some("unit targets need systemd".to_owned());
+    }
+    let error = comment.split("fails: ").nth(1)?;
+    let name: String = error.chars().take_while(char::is_ascii_alphanumeric).collect();
+    Some(format!("error {name}"))
+}
+
+/// The line of `file` (relative to the root) that holds `text`, as `file:LINE`.
+fn source_line(files: &[&str], text: &str) -> Option<String> {
+    files.iter().find_map(|f| {
+        let body = std::fs::read_to_string(root().join(f)).ok()?;
+        let n = body.lines().position(|l| l.contains(text))?;
+        Some(format!("{f}:{}", n + 1))
+    })
+}
+
+/// The examples of `cpupoolctl --help` and of every subcommand's `--help`: the lines of an
+/// `Examples:` section and every `` `cpupoolctl ...` `` span, once each, with the line of
+/// cpupoolctl's source that holds them.
+fn help_examples() -> Vec<Example> {
+    let sources = ["cpupoolctl/src/cli.rs", "cpupoolctl/src/manpage.rs"];
+    let mut found: Vec<Example> = Vec::new();
+    let mut add = |line: String, shown: &str| {
+        if !found.iter().any(|e| e.line == line) {
+            let at = source_line(&sources, &line).unwrap_or_else(|| shown.to_owned());
+            found.push(Example { at, line });
+        }
+    };
+    let mut todo: std::collections::VecDeque<Vec<String>> = [Vec::new()].into();
+    while let Some(path) = todo.pop_front() {
+        let out = Command::new(cpupoolctl_bin()).args(&path).arg("--help").output().unwrap();
+        assert!(out.status.success(), "cpupoolctl {path:?} --help: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let shown =
+            format!("`cpupoolctl {}--help`", path.iter().map(|p| format!("{p} ")).collect::<String>());
+        let mut section = "";
+        for line in text.lines() {
+            if !line.starts_with(' ') && line.ends_with(':') {
+                section = line;
+                continue;
+            }
+            let item = line.strip_prefix("  ").filter(|l| !l.starts_with(' '));
+            match (section, item) {
+                ("Commands:", Some(name)) => {
+                    let name = name.split_whitespace().next().unwrap_or_default();
+                    if name != "help" {
+                        todo.push_back([path.clone(), vec![name.to_owned()]].concat());
+                    }
+                }
+                ("Examples:", Some(example)) if example.starts_with("cpupoolctl ") => {
+                    add(example.trim().to_owned(), &shown)
+                }
+                _ => {}
+            }
+        }
+        // Spans, with the help's line breaks undone.
+        let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        for span in joined.split('`').skip(1).step_by(2).filter(|s| s.starts_with("cpupoolctl ")) {
+            add(span.to_owned(), &shown);
+        }
+    }
+    found
+}
+
+/// The `cpupoolctl` lines of the `.nf`/`.fi` and `.EX`/`.EE` blocks of the man pages: those
+/// `cpupoolctl manpage --dir` writes (found in cpupoolctl's source when they are there), and
+/// those under packaging/; one list per page that has any.
+fn man_examples(scratch: &Path) -> Vec<(String, Vec<Example>)> {
+    let generated = scratch.join("man");
+    let out = Command::new(cpupoolctl_bin()).arg("manpage").arg("--dir").arg(&generated).output().unwrap();
+    assert!(out.status.success(), "cpupoolctl manpage --dir: {}", String::from_utf8_lossy(&out.stderr));
+    let mut pages: Vec<(PathBuf, String)> = Vec::new();
+    for dir in [generated.clone(), root().join("packaging")] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for f in files.into_iter().filter(|f| f.extension().is_some_and(|e| e.len() == 1)) {
+            let shown = match f.strip_prefix(root()) {
+                Ok(rel) => rel.display().to_string(),
+                Err(_) => format!("`cpupoolctl manpage --dir`: {}", f.file_name().unwrap().to_string_lossy()),
+            };
+            pages.push((f, shown));
+        }
+    }
+    assert!(pages.len() >= 10, "{pages:?}");
+    let mut all = Vec::new();
+    for (page, shown) in pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let mut inside = false;
+        let mut found = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            match raw.trim() {
+                ".nf" | ".EX" => inside = true,
+                ".fi" | ".EE" => inside = false,
+                _ if inside => {
+                    let line = raw.replace("\\-", "-").replace("\\e", "\\").replace("\\\\", "\\");
+                    if line
+                        .trim_start()
+                        .strip_prefix("sudo ")
+                        .unwrap_or(line.trim_start())
+                        .starts_with("cpupoolctl ")
+                    {
+                        let at =
+                            source_line(&["cpupoolctl/src/cli.rs", "cpupoolctl/src/manpage.rs"], line.trim())
+                                .unwrap_or_else(|| format!("{shown}:{}", i + 1));
+                        found.push(Example { at, line: line.trim().to_owned() });
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !found.is_empty() {
+            all.push((shown, found));
+        }
+    }
+    all
+}
+
+/// The `cpupoolctl` lines of the `sh` blocks of docs/, one list per document that has any.
+fn doc_examples() -> Vec<(String, Vec<Example>)> {
+    let mut all = Vec::new();
+    for (path, text) in documents().into_iter().filter(|(p, _)| p.starts_with("docs")) {
+        let mut in_sh: Option<bool> = None;
+        let mut found = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            match (in_sh, line.trim_start().strip_prefix("```")) {
+                (None, Some(info)) => in_sh = Some(info.trim() == "sh"),
+                (Some(_), Some(_)) => in_sh = None,
+                (Some(true), None) if cpupoolctl_command(line).is_some() => found.push(Example {
+                    at: format!("{}:{}", path.display(), i + 1),
+                    line: line.trim().to_owned(),
+                }),
+                _ => {}
+            }
+        }
+        if !found.is_empty() {
+            all.push((path.display().to_string(), found));
+        }
+    }
+    all
+}
+
+/// Runs `examples` in order against a fresh sandbox daemon (`cpupoold --sandbox`, as the README
+/// starts it), each line with `sh` as written except: `cpupoolctl` is the binary cargo built,
+/// `--sandbox DIR` is added where the line names no daemon, `/tmp/cpupool-demo` is the
+/// sandbox, `sudo` goes, the `--cgroup` directory is made in the sandbox's cgroupfs (as the
+/// user makes it), and a redirection to a file outside the sandbox goes to a scratch file.
+/// `monitor` passes once it printed its first event; `top` runs in a tmux pane until it drew
+/// its pools, and must quit on q. Returns the failures.
+fn run_examples(document: &str, examples: &[Example]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = dir.path().join("sb");
+    let log = dir.path().join("daemon.log");
+    let spawned = test_support::daemon::spawn(
+        Path::new(env!("CARGO_BIN_EXE_cpupoold")),
+        &sb,
+        cpupoold::sandbox::DEFAULT_SHAPE,
+        &[],
+        &log,
+    );
+    let daemon = Kill(spawned.child);
+    assert!(spawned.ready, "{document}: the sandbox printed no READY:\n{}", spawned.banner);
+    let bin_dir = cpupoolctl_bin().parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let sbs = sb.display().to_string();
+    let mut failures = Vec::new();
+    for (n, ex) in examples.iter().enumerate() {
+        let written = ex.line.split(" #").next().unwrap_or_default().trim();
+        let written = written.strip_prefix("sudo ").unwrap_or(written);
+        let addressed = ["--sandbox", "--varlink-address", "--bus"]
+            .iter()
+            .any(|o| written.split_whitespace().any(|w| w == *o || w.starts_with(&format!("{o}="))));
+        let mut cmd = written.replace(DEMO, &sbs);
+        if !addressed {
+            cmd = cmd.replacen("cpupoolctl ", &format!("cpupoolctl --sandbox {sbs} "), 1);
+        }
+        let words: Vec<&str> = written.split_whitespace().collect();
+        for pair in words.windows(2) {
+            match pair {
+                ["--cgroup", cg] => std::fs::create_dir_all(sb.join("cgroup").join(cg)).unwrap(),
+                [">", file] if file.starts_with('/') && !file.starts_with(DEMO) => {
+                    let scratch = dir.path().join(format!("redirected-{n}"));
+                    cmd = cmd.replace(&format!("> {file}"), &format!("> {}", scratch.display()));
+                }
+                _ => {}
+            }
+        }
+        if words.contains(&"man")
+            && !test_support::needs::command(&["man", "--version"], "`apt install man-db`")
+        {
+            continue;
+        }
+        let refusal = expected_refusal(&ex.line);
+        let outcome = if words.contains(&"monitor") {
+            stream_prints(&cmd, &path)
+        } else if words.contains(&"top") {
+            top_runs_and_quits(&cmd, &path, dir.path())
+        } else {
+            let out = Command::new("sh")
+                .args(["-c", &cmd])
+                .env("PATH", &path)
+                .env("MANPAGER", "cat")
+                .env("PAGER", "cat")
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let said = format!(
+                "exit {}\nstdout:\n{}stderr:\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            match &refusal {
+                None if out.status.success() => Ok(()),
+                None => Err(said),
+                Some(why)
+                    if out.status.code() == Some(1)
+                        && String::from_utf8_lossy(&out.stderr).contains(why.as_str()) =>
+                {
+                    Ok(())
+                }
+                Some(why) => Err(format!("expected a refusal saying `{why}` (exit 1); {said}")),
+            }
+        };
+        if let Err(e) = outcome {
+            failures.push(format!("{}: {}\n  ran: {cmd}\n  {}", ex.at, ex.line, e.replace('\n', "\n  ")));
+        }
+    }
+    drop(daemon);
+    failures
+}
+
+/// A streaming command: passes once it printed a line (within 30 s).
+fn stream_prints(cmd: &str, path: &str) -> Result<(), String> {
+    let mut child = Command::new("sh")
+        .args(["-c", &format!("exec {cmd}")])
+        .env("PATH", path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut first = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut first);
+        let _ = tx.send(first);
+    });
+    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut err = String::new();
+    let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+    if first.trim().is_empty() {
+        Err(format!("printed nothing; stderr:\n{err}"))
+    } else {
+        Ok(())
+    }
+}
+
+/// `top` in a tmux pane of its own server: it must draw the pools, then quit on q with 0.
+fn top_runs_and_quits(cmd: &str, path: &str, dir: &Path) -> Result<(), String> {
+    if !test_support::needs::command(&["tmux", "-V"], "`apt install tmux`") {
+        return Ok(());
+    }
+    let socket = dir.join("tmux.sock");
+    let tmux = |args: &[&str]| {
+        Command::new("tmux").arg("-S").arg(&socket).args(args).env("PATH", path).output().unwrap()
+    };
+    let script = dir.join("top.sh");
+    std::fs::write(&script, format!("{cmd}\necho \"exited=$?\"\nread x\n")).unwrap();
+    let started =
+        tmux(&["new-session", "-d", "-s", "t", "-x", "120", "-y", "40", "sh", script.to_str().unwrap()]);
+    if !started.status.success() {
+        return Err(format!("tmux: {}", String::from_utf8_lossy(&started.stderr)));
+    }
+    let screen = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let result = loop {
+        let s = screen();
+        if s.contains(" pools ") && s.contains("q quits") {
+            tmux(&["send-keys", "-t", "t", "q"]);
+        }
+        if s.contains("exited=") {
+            break if s.contains("exited=0") { Ok(()) } else { Err(format!("screen:\n{s}")) };
+        }
+        if std::time::Instant::now() > deadline {
+            break Err(format!("did not draw and quit within 30 s; screen:\n{s}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    tmux(&["kill-server"]);
+    result
+}
+
+/// Every `cpupoolctl` example of the help texts, the man pages and docs/ works: each
+/// document's examples run in order against a fresh sandbox, as [`run_examples`] says, and
+/// every failure is reported with its file and line.
+#[test]
+fn every_cpupoolctl_example_runs() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mut documents: Vec<(String, Vec<Example>)> = vec![("`--help`".to_owned(), help_examples())];
+    documents.extend(man_examples(scratch.path()));
+    documents.extend(doc_examples());
+    let count =
+        |name: &str| documents.iter().filter(|(d, _)| d.contains(name)).map(|(_, e)| e.len()).sum::<usize>();
+    assert!(count("--help") >= 10, "help examples: {}", count("--help"));
+    assert!(count("manpage") >= 9, "man page examples: {}", count("manpage"));
+    assert!(
+        count("docs/interfaces.md") >= 20,
+        "docs/interfaces.md examples: {}",
+        count("docs/interfaces.md")
+    );
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for (document, examples) in &documents {
+        failures.extend(run_examples(document, examples));
+        ran += examples.len();
+    }
+    eprintln!("ran {ran} cpupoolctl examples from {} documents", documents.len());
+    assert!(failures.is_empty(), "{} of {ran} examples failed:\n\n{}", failures.len(), failures.join("\n\n"));
 }

@@ -25,14 +25,21 @@ Exit status:
 With --json, results are one JSON document on stdout (for monitor: one JSON object per line),
 and errors one JSON object on stderr: {\"error\": NAME, \"parameters\": {..}, \"message\": ..}.";
 
-const EXAMPLES: &str = "\
+/// The examples of `--help` and of the man page's EXAMPLES, in an order that works as a
+/// sequence on a fresh `cpupoold --sandbox` (tests/readme.rs runs them there). A comment
+/// saying `needs systemd` marks a unit target, which the sandbox (no systemd) refuses;
+/// `fails: ERROR` marks an example of a refusal.
+pub const EXAMPLES: &str = "\
 Examples:
   cpupoolctl pool list
   cpupoolctl pool assign dp --cgroup cpupool.slice/cpupool-dp.slice/app --cpus 2 --id app-1
-  cpupoolctl pool assign web --unit nginx.service --millicpus 1500
+  cpupoolctl pool assign web --unit nginx.service --millicpus 1500   # needs systemd
   cpupoolctl pool release app-1
-  cpupoolctl --sandbox /tmp/cpupool-demo --json assignments --pool dp
-  cpupoolctl --dbus monitor";
+  cpupoolctl pool resize web --count 8
+  cpupoolctl pool create batch --kind exclusive --count 4 --numa 0
+  cpupoolctl --json assignments --pool dp
+  cpupoolctl --dbus monitor
+  cpupoolctl --sandbox /tmp/cpupool-demo status";
 
 /// Talk to cpupoold: list pools, assign and release CPUs, manage pools, watch changes.
 #[derive(Parser, Debug)]

@@ -172,11 +172,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             // Nor one without GetClasses.
             let classes = m.classes(name).unwrap_or_default();
             p.print(
-                || {
-                    output::pool_with(&pool, &list)
-                        + &output::isolation_lines(&iso, false)
-                        + &output::class_lines(&classes)
-                },
+                || output::pool_show(&pool, &list, &iso, &classes),
                 || output::pool_classes_json(&pool, &classes),
             )
         }
@@ -257,14 +253,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let s = m.status()?;
             let iso = m.isolation("").unwrap_or_default();
             let classes = m.classes("").unwrap_or_default();
-            p.print(
-                || {
-                    output::status(&s)
-                        + &output::classes_in_force(&classes)
-                        + &output::isolation_lines(&iso, true)
-                },
-                || output::status_json(&s, &classes),
-            )
+            p.print(|| output::status(&s, &classes, &iso), || output::status_json(&s, &classes))
         }
         Command::Pool(PoolCommand::Map(a)) => {
             let topo = m.topology()?;

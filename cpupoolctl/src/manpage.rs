@@ -33,19 +33,18 @@ With \fB\-\-json\fR, errors are printed on standard error as one JSON object
 \fB{"error": NAME, "parameters": {...}, "message": TEXT}\fR, with the same exit codes.
 "#;
 
-/// EXAMPLES, in roff.
-const EXAMPLES: &str = r#".SH EXAMPLES
-.nf
-cpupoolctl pool list
-cpupoolctl pool assign dp \-\-cgroup cpupool.slice/cpupool\-dp.slice/app \-\-cpus 2 \-\-id app\-1
-cpupoolctl pool assign web \-\-unit nginx.service \-\-millicpus 1500
-cpupoolctl pool release app\-1
-cpupoolctl pool create batch \-\-kind exclusive \-\-count 4 \-\-numa 1
-cpupoolctl \-\-json assignments \-\-pool dp
-cpupoolctl \-\-dbus monitor
-cpupoolctl \-\-sandbox /tmp/cpupool\-demo status
-.fi
-.SH "SEE ALSO"
+/// EXAMPLES, in roff: the examples of `--help` ([`crate::cli::EXAMPLES`]).
+fn examples() -> String {
+    let lines: String = crate::cli::EXAMPLES
+        .lines()
+        .skip(1)
+        .map(|l| format!("{}\n", l.trim().replace('\\', "\\\\").replace('-', "\\-")))
+        .collect();
+    format!(".SH EXAMPLES\n.nf\n{lines}.fi\n{SEE_ALSO}")
+}
+
+/// SEE ALSO, in roff.
+const SEE_ALSO: &str = r#".SH "SEE ALSO"
 \fBcpupoold\fR(8), \fBvarlinkctl\fR(1), \fBbusctl\fR(1)
 "#;
 
@@ -68,7 +67,7 @@ pub fn render(cmd: clap::Command, root: bool, w: &mut dyn Write) -> io::Result<(
     // Not render_extra_section: that is --help's plain-text version of these sections.
     w.write_all(EXIT_STATUS.as_bytes())?;
     if root {
-        w.write_all(EXAMPLES.as_bytes())?;
+        w.write_all(examples().as_bytes())?;
     }
     if has_version {
         man.render_version_section(w)?;

@@ -68,10 +68,34 @@ impl Table {
     }
 }
 
-/// `key: value` lines with the values aligned.
+/// `key: value` lines with the values aligned, however many parts of a command's output
+/// feed them: `status` and `pool show` each print one, so their columns line up alike.
+#[derive(Debug, Default)]
+pub struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// Adds a line.
+    pub fn add(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        self.0.push((key.into(), value.into()));
+    }
+
+    /// The lines, each value two spaces after the longest `key:`.
+    pub fn render(&self) -> String {
+        let width = self.0.iter().map(|(k, _)| k.chars().count() + 1).max().unwrap_or(0);
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{:<width$}  {v}\n", format!("{k}:")).replace(" \n", "\n"))
+            .collect()
+    }
+}
+
+/// One aligned block of `pairs`.
 fn block(pairs: &[(&str, String)]) -> String {
-    let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
-    pairs.iter().map(|(k, v)| format!("{:<width$}  {v}\n", format!("{k}:")).replace(" \n", "\n")).collect()
+    let mut f = Fields::default();
+    for (k, v) in pairs {
+        f.add(*k, v.clone());
+    }
+    f.render()
 }
 
 /// Millicpus as people read them: `1500m`.
@@ -128,17 +152,21 @@ pub fn pools(pools: &[Pool]) -> String {
     t.render()
 }
 
-/// `pool show`, `pool create`, `pool resize`.
+/// `pool create`, `pool resize`.
 pub fn pool(p: &Pool) -> String {
-    block(&[
-        ("name", p.name.clone()),
-        ("kind", p.kind.clone()),
-        ("cpus", cpus(&p.cpus)),
-        ("free cpus", cpus(&p.free_cpus)),
-        ("free", format!("{} of {}", millicpus(p.free_millicpus), millicpus(p.capacity_millicpus))),
-        ("isolated", isolation(p)),
-        ("assignments", p.assignments.to_string()),
-    ])
+    pool_fields(p).render()
+}
+
+fn pool_fields(p: &Pool) -> Fields {
+    let mut f = Fields::default();
+    f.add("name", p.name.clone());
+    f.add("kind", p.kind.clone());
+    f.add("cpus", cpus(&p.cpus));
+    f.add("free cpus", cpus(&p.free_cpus));
+    f.add("free", format!("{} of {}", millicpus(p.free_millicpus), millicpus(p.capacity_millicpus)));
+    f.add("isolated", isolation(p));
+    f.add("assignments", p.assignments.to_string());
+    f
 }
 
 /// `no`, or what the kernel says of the isolated partition (`isolated`, `isolated invalid
@@ -195,40 +223,32 @@ pub fn assignments(list: &[Assignment], pool: Option<&str>) -> String {
     out
 }
 
-/// `pool show`: the pool, and why its degraded assignments are.
-pub fn pool_with(p: &Pool, list: &[Assignment]) -> String {
-    let mut out = pool(p);
+/// `pool show`: the pool, why its degraded assignments are, its isolation and its classes, in
+/// one aligned block (the classes listed under it).
+pub fn pool_show(p: &Pool, list: &[Assignment], iso: &Isolation, classes: &[ClassSetting]) -> String {
+    let mut f = pool_fields(p);
     for a in list.iter().filter(|a| a.state == "degraded") {
-        out.push_str(&format!("degraded: assignment {} ({}): {}\n", a.id, a.target, a.reason));
+        f.add("degraded", format!("assignment {} ({}): {}", a.id, a.target, a.reason));
     }
-    out
+    isolation_fields(iso, false, &mut f);
+    f.render() + &class_lines(classes)
 }
 
 /// `isolation: holds` per isolated pool (`isolation dp: ...` when `named`, for `status`).
-pub fn isolation_lines(iso: &Isolation, named: bool) -> String {
-    let pairs: Vec<(String, String)> = iso
-        .pools
-        .iter()
-        .enumerate()
-        .flat_map(|(i, p)| {
-            let key = |k: &str| if named { format!("{k} {}", p.pool) } else { k.to_owned() };
-            let mut lines = vec![(key("isolation"), p.summary.clone())];
-            // One system-wide figure: said once in `status`.
-            if !named || i == 0 {
-                for (k, v) in [("irqs", &p.irqs), ("kernel threads", &p.kthreads)] {
-                    if !v.is_empty() {
-                        lines.push((k.to_owned(), v.clone()));
-                    }
+fn isolation_fields(iso: &Isolation, named: bool, f: &mut Fields) {
+    for (i, p) in iso.pools.iter().enumerate() {
+        f.add(
+            if named { format!("isolation {}", p.pool) } else { "isolation".to_owned() },
+            p.summary.clone(),
+        );
+        // One system-wide figure: said once in `status`.
+        if !named || i == 0 {
+            for (k, v) in [("irqs", &p.irqs), ("kernel threads", &p.kthreads)] {
+                if !v.is_empty() {
+                    f.add(k, v.clone());
                 }
             }
-            lines
-        })
-        .collect();
-    let refs: Vec<(&str, String)> = pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    if refs.is_empty() {
-        String::new()
-    } else {
-        block(&refs)
+        }
     }
 }
 
@@ -298,8 +318,19 @@ pub fn topology(t: &Topology) -> String {
     out
 }
 
-/// `status`.
-pub fn status(s: &Status) -> String {
+/// `status`: the daemon, which classes are in force, and the isolation of every isolated pool,
+/// in one aligned block.
+pub fn status(s: &Status, classes: &[ClassSetting], iso: &Isolation) -> String {
+    let mut f = Fields::default();
+    for (k, v) in status_pairs(s) {
+        f.add(k, v);
+    }
+    f.add("classes", classes_in_force(classes));
+    isolation_fields(iso, true, &mut f);
+    f.render()
+}
+
+fn status_pairs(s: &Status) -> Vec<(&'static str, String)> {
     let mut pairs = vec![
         ("version", s.version.clone()),
         ("uptime", duration(s.uptime_seconds)),
@@ -325,7 +356,7 @@ pub fn status(s: &Status) -> String {
     if let Some(c) = &s.containers {
         pairs.push(("containers", c.clone()));
     }
-    block(&pairs)
+    pairs
 }
 
 /// One `monitor` line.
@@ -382,8 +413,8 @@ pub fn class_lines(classes: &[ClassSetting]) -> String {
     out
 }
 
-/// `status`' `classes:` line: which classes of which pools are in force, `dp cache, web power
-/// (1 of 3 degraded)`, or `none`.
+/// The value of `status`' `classes:` line: which classes of which pools are in force, `dp
+/// cache, web power (1 of 3 degraded)`, or `none`.
 pub fn classes_in_force(classes: &[ClassSetting]) -> String {
     let mut groups: Vec<(String, String, usize, usize, usize)> = Vec::new();
     for c in classes {
@@ -418,8 +449,11 @@ pub fn classes_in_force(classes: &[ClassSetting]) -> String {
             }
         })
         .collect();
-    let line = if said.is_empty() { "none".to_owned() } else { said.join(", ") };
-    block(&[("classes", line)])
+    if said.is_empty() {
+        "none".to_owned()
+    } else {
+        said.join(", ")
+    }
 }
 
 /// The `--json` document of `assignments`.
@@ -591,13 +625,86 @@ CPU  CORE  PACKAGE  DIE  NODE  L3
             degraded_assignments: 0,
             containers: None,
         };
-        let text = status(&s);
+        let text = status(&s, &[], &Isolation::default());
         assert!(text.starts_with("version:        0.1.0\nuptime:         1d 2h 3m 4s\n"), "{text}");
-        assert!(text.ends_with("configuration:  running as on disk\n"), "{text}");
+        assert!(text.ends_with("configuration:  running as on disk\nclasses:        none\n"), "{text}");
         // config_error is always in the JSON document, null when absent.
         assert_eq!(serde_json::to_value(&s).unwrap()["config_error"], Value::Null);
         s.config_error = Some("pools.dp.count: must be at least 1".into());
-        assert!(status(&s).contains("NOT the one on disk: pools.dp.count"));
+        assert!(status(&s, &[], &Isolation::default()).contains("NOT the one on disk: pools.dp.count"));
+    }
+
+    /// The column where a `key: value` line's value starts.
+    fn value_column(line: &str) -> usize {
+        let colon = line.find(": ").unwrap_or_else(|| panic!("{line:?}"));
+        colon + 1 + line[colon + 1..].chars().take_while(|c| *c == ' ').count()
+    }
+
+    /// `status` and `pool show` print their parts (the daemon or pool, the classes, the
+    /// isolation) as one block: every value starts in the same column.
+    #[test]
+    fn status_and_pool_show_align_every_part_alike() {
+        let s = Status {
+            version: "0.1.0".into(),
+            uptime_seconds: 5,
+            pools: 3,
+            assignments: 1,
+            state_file: "/var/lib/cpupoold/state.json".into(),
+            config_error: None,
+            degraded_assignments: 0,
+            containers: Some("NRI".into()),
+        };
+        let iso = Isolation {
+            pools: vec![cpupool_wire::views::PoolIsolation {
+                pool: "dp".into(),
+                cpus: "2-3,6-7".into(),
+                state: "holds".into(),
+                summary: "holds".into(),
+                reason: String::new(),
+                foreign_percent: -1.0,
+                per_cpu: Vec::new(),
+                irqs: "8 moved off 2-3,6-7".into(),
+                kthreads: "7 moved off 2-3,6-7".into(),
+            }],
+            ..Default::default()
+        };
+        let classes = vec![ClassSetting {
+            pool: "dp".into(),
+            class: "cache".into(),
+            key: "l3".into(),
+            wanted: "50%".into(),
+            state: "applied".into(),
+            in_force: "fc0".into(),
+            scope: "cpupool-dp".into(),
+            reason: String::new(),
+        }];
+        let text = status(&s, &classes, &iso);
+        assert!(text.contains("\nclasses:         dp cache\n"), "{text}");
+        assert!(text.contains("\nisolation dp:    holds\n"), "{text}");
+        let columns: Vec<usize> = text.lines().map(value_column).collect();
+        assert!(columns.iter().all(|c| *c == columns[0]), "status:\n{text}");
+
+        let mut degraded = Assignment {
+            id: "app-1".into(),
+            pool: "dp".into(),
+            cpus: "2,6".into(),
+            millicpus: 2000,
+            target: "cgroup:cpupool.slice/cpupool-dp.slice/app".into(),
+            reclaim: true,
+            container: String::new(),
+            state: "degraded".into(),
+            reason: "the kernel enforces 2-3".into(),
+        };
+        let text = pool_show(&dp(), std::slice::from_ref(&degraded), &iso, &classes);
+        let (block, listed) = text.split_once("classes:\n").unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(listed, "  cache.l3 = 50%: applied (fc0 in cpupool-dp)\n");
+        assert!(block.contains("\nkernel threads:  7 moved off 2-3,6-7\n"), "{text}");
+        assert!(block.contains("\ndegraded:        assignment app-1 ("), "{text}");
+        let columns: Vec<usize> = block.lines().map(value_column).collect();
+        assert!(columns.iter().all(|c| *c == columns[0]), "pool show:\n{text}");
+        assert_eq!(columns[0], value_column(status(&s, &classes, &iso).lines().next().unwrap_or_default()));
+        degraded.state = "applied".into();
+        assert!(!pool_show(&dp(), &[degraded], &iso, &[]).contains("degraded"));
     }
 
     #[test]

@@ -8,15 +8,17 @@
 //! slice with AllowedCPUs; elsewhere it sets its affinity), then writes the environment
 //! (`CPUPOOL_CPUS`, `CPUPOOL_POOL`, `EXCLUSIVE_CPUS` or `SHARED_CPUS`, `CPUPOOL_ASSIGNMENT`)
 //! into the FIFO. The child sets it and executes COMMAND in place: same pid, so the scope and
-//! the affinity hold. The parent waits, releases the assignment and exits with COMMAND's
-//! status (128 + N when a signal N ended it). If cpupoolctl itself dies, the daemon reclaims
-//! the assignment when the process exits. Against a sandbox the CPUs are simulated: COMMAND
+//! the affinity hold. The parent waits, sees the daemon release the assignment (it does so
+//! when the process exits; the parent asks only if it has not within a few seconds) and exits
+//! with COMMAND's status (128 + N when a signal N ended it). If cpupoolctl itself dies, the
+//! daemon still releases the assignment when the process exits. Against a sandbox the CPUs are simulated: COMMAND
 //! runs unconfined and gets `CPUPOOL_SIMULATED=1`.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
 use crate::client::Manager;
@@ -119,14 +121,43 @@ pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount, sandbox: bool
     }
     drop(dir);
     let status = child.wait().map_err(local("waiting for the command"))?;
-    match m.release(&a.id) {
-        Ok(_) => {}
-        // The daemon saw the process exit first and reclaimed it.
-        Err(Error::Daemon(e)) if e.kind == "NoSuchAssignment" => {}
-        Err(e) => eprintln!("cpupoolctl: releasing assignment {}: {}", a.id, e.human()),
+    // The daemon releases a `Run` assignment itself when its process exits. Releasing it here
+    // too would race that, and the loser's NoSuchAssignment would count as an API error on
+    // the daemon's books: so this waits (reading) until the CPUs are free, and asks only a
+    // daemon that has not released them within RECLAIM_WAIT.
+    if !reclaimed(m, &a.pool, &a.id) {
+        match m.release(&a.id) {
+            Ok(_) => {}
+            // It did, just now.
+            Err(Error::Daemon(e)) if e.kind == "NoSuchAssignment" => {}
+            Err(e) => eprintln!("cpupoolctl: releasing assignment {}: {}", a.id, e.human()),
+        }
     }
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     std::process::exit(code)
+}
+
+/// How long the daemon is given to release a `Run` assignment whose process exited: it watches
+/// the process (a pidfd) or its scope, so it is usually done before the first look.
+const RECLAIM_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether the daemon released assignment `id` of `pool` within [`RECLAIM_WAIT`] (looked at
+/// with `ListAssignments`, which changes nothing); `false` also when it cannot be asked.
+fn reclaimed(m: &mut dyn Manager, pool: &str, id: &str) -> bool {
+    let deadline = Instant::now() + RECLAIM_WAIT;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match m.list_assignments(Some(pool)) {
+            Ok(list) if !list.iter().any(|a| a.id == id) => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
 }
 
 /// The child side: waits for the environment, then becomes COMMAND.

@@ -152,20 +152,29 @@ pub fn draw(frame: &mut Frame, view: &View) {
     let cell_w = cpu_cells.iter().map(|(t, _)| t.chars().count()).max().unwrap_or(1) + 1;
     let per_line = (usize::from(area.width.saturating_sub(2)) / cell_w).max(1);
     let cpu_lines = cpu_cells.len().div_ceil(per_line);
-    let health: Vec<_> =
-        snap.isolation.pools.iter().flat_map(|p| p.per_cpu.iter().map(move |c| (p, c))).collect();
-    let iso_rows = snap.isolation.pools.len() + health.len();
+    let iso_rows = snap.isolation.pools.iter().map(|p| 1 + p.per_cpu.len()).sum::<usize>();
+
+    // The sections in the order they get the height there is: pools, CPUs, assignments, then
+    // the isolation detail (its summary is in the pools' ISOLATION column too). What does not
+    // fit is counted in the footer, never silently left out.
+    let fixed = 2 + usize::from(problem.is_some());
+    let fit = Fit::new(
+        usize::from(area.height).saturating_sub(fixed),
+        &[
+            (snap.pools.len(), 3),
+            (cpu_lines, 2),
+            (snap.assignments.len(), 3),
+            (iso_rows, if iso_rows > 0 { 3 } else { 0 }),
+        ],
+    );
+    let [pool_rows, cpu_rows, assignment_rows, iso_shown] = fit.shown;
 
     let mut constraints = vec![Constraint::Length(1)];
     if problem.is_some() {
         constraints.push(Constraint::Length(1));
     }
-    constraints.push(Constraint::Length(u16::try_from(snap.pools.len() + 3).unwrap_or(u16::MAX)));
-    constraints.push(Constraint::Length(u16::try_from(cpu_lines + 2).unwrap_or(u16::MAX)));
-    if iso_rows > 0 {
-        constraints.push(Constraint::Length(u16::try_from(iso_rows + 3).unwrap_or(u16::MAX)));
-    }
-    constraints.push(Constraint::Min(3));
+    constraints.extend(fit.heights.iter().map(|h| Constraint::Length(u16::try_from(*h).unwrap_or(u16::MAX))));
+    constraints.push(Constraint::Fill(1));
     constraints.push(Constraint::Length(1));
     let areas = Layout::vertical(constraints).split(area);
     let mut at = areas.iter().copied();
@@ -175,33 +184,83 @@ pub fn draw(frame: &mut Frame, view: &View) {
     if let Some(p) = problem {
         frame.render_widget(Paragraph::new(p), next());
     }
-    frame.render_widget(pools_table(snap, map.as_ref()), next());
+    let (pools_area, cpus_area, assignments_area, iso_area) = (next(), next(), next(), next());
+    let _spare = next();
+    if pool_rows > 0 {
+        frame.render_widget(pools_table(snap, map.as_ref(), pool_rows), pools_area);
+    }
 
     let mut lines = Vec::new();
-    for chunk in cpu_cells.chunks(per_line) {
+    for chunk in cpu_cells.chunks(per_line).take(cpu_rows) {
         let spans: Vec<Span> = chunk
             .iter()
             .map(|(text, style)| Span::styled(format!("{text:<w$}", w = cell_w), *style))
             .collect();
         lines.push(Line::from(spans));
     }
-    frame.render_widget(
-        Paragraph::new(lines)
-            .block(Block::bordered().title(" CPUs: pool letter and number, [ ] isolated, * held ")),
-        next(),
-    );
-
-    if iso_rows > 0 {
-        frame.render_widget(isolation_table(snap), next());
+    if cpu_rows > 0 {
+        frame.render_widget(
+            Paragraph::new(lines)
+                .block(Block::bordered().title(" CPUs: pool letter and number, [ ] isolated, * held ")),
+            cpus_area,
+        );
     }
-    frame.render_widget(assignments_table(&snap.assignments), next());
-    frame.render_widget(
-        Paragraph::new(Line::from(Span::styled(
+    if assignment_rows > 0 || (snap.assignments.is_empty() && fit.heights[2] > 0) {
+        frame.render_widget(assignments_table(&snap.assignments, assignment_rows), assignments_area);
+    }
+    if iso_shown > 0 {
+        frame.render_widget(isolation_table(snap, iso_shown), iso_area);
+    }
+    let hidden: Vec<String> = [
+        (snap.pools.len() - pool_rows, "pool", "pools"),
+        (snap.assignments.len() - assignment_rows, "assignment", "assignments"),
+        (cpu_lines - cpu_rows, "line of CPUs", "lines of CPUs"),
+        (iso_rows - iso_shown, "isolation row", "isolation rows"),
+    ]
+    .iter()
+    .filter(|(n, _, _)| *n > 0)
+    .map(|(n, one, many)| if *n == 1 { format!("1 {one}") } else { format!("{n} {many}") })
+    .collect();
+    let footer = if hidden.is_empty() {
+        Span::styled(
             "USE: capacity the daemon assigned (millicpus granted of the pool's), not measured CPU time",
             Style::default().add_modifier(Modifier::DIM),
-        ))),
-        next(),
-    );
+        )
+    } else {
+        Span::styled(
+            format!("… not shown: {} (enlarge the terminal)", hidden.join(", ")),
+            Style::default().fg(Color::Yellow).add_modifier(Modifier::BOLD),
+        )
+    };
+    frame.render_widget(Paragraph::new(Line::from(footer)), next());
+}
+
+/// How the height there is goes to sections, each `(rows, frame)`: rows of content and the
+/// lines its frame takes (borders, a table's header). In order, each section gets what it
+/// needs or what is left; a section left less than its frame and one row is not drawn.
+struct Fit {
+    /// Each section's height (0: not drawn).
+    heights: Vec<usize>,
+    /// Each section's rows of content shown.
+    shown: [usize; 4],
+}
+
+impl Fit {
+    fn new(mut height: usize, sections: &[(usize, usize); 4]) -> Fit {
+        let mut heights = Vec::new();
+        let mut shown = [0; 4];
+        for (i, (rows, frame)) in sections.iter().enumerate() {
+            // An empty list still shows its (empty) frame when there is room: "0 assignments".
+            let want = frame + rows;
+            let room = height.min(want);
+            let (h, n) =
+                if room > *frame || (*rows == 0 && room == want) { (room, room - frame) } else { (0, 0) };
+            heights.push(h);
+            shown[i] = n;
+            height -= h;
+        }
+        Fit { heights, shown }
+    }
 }
 
 /// Every online CPU in number order, as `map` draws it: `[d4]*`, coloured by pool.
@@ -244,8 +303,22 @@ fn cpu_spans(map: &HostMap) -> Vec<(String, Style)> {
     cells
 }
 
-fn pools_table<'a>(snap: &'a Snapshot, map: Option<&HostMap>) -> Table<'a> {
-    let rows = snap.pools.iter().map(|p| {
+/// The widest of `cells` and `header`, in characters: a column as wide as what it shows.
+fn width<'a>(header: &str, cells: impl Iterator<Item = &'a str>) -> u16 {
+    let w = cells.map(|c| c.chars().count()).chain([header.chars().count()]).max().unwrap_or(1);
+    u16::try_from(w).unwrap_or(u16::MAX)
+}
+
+fn pools_table<'a>(snap: &'a Snapshot, map: Option<&HostMap>, shown: usize) -> Table<'a> {
+    let name_w = width("POOL", snap.pools.iter().map(|p| p.name.as_str()));
+    let cpus_w = width("CPUS", snap.pools.iter().map(|p| p.cpus.as_str()));
+    let assigned = |p: &Pool| {
+        let used = p.capacity_millicpus.saturating_sub(p.free_millicpus);
+        format!("{} / {}", millicpus(used), millicpus(p.capacity_millicpus))
+    };
+    let assigned_w =
+        width("ASSIGNED", snap.pools.iter().map(assigned).collect::<Vec<_>>().iter().map(String::as_str));
+    let rows = snap.pools.iter().take(shown).map(|p| {
         let key = map.and_then(|m| m.pools.iter().find(|k| k.name == p.name));
         let used = p.capacity_millicpus.saturating_sub(p.free_millicpus);
         let iso = snap.isolation.pools.iter().find(|i| i.pool == p.name);
@@ -269,7 +342,7 @@ fn pools_table<'a>(snap: &'a Snapshot, map: Option<&HostMap>) -> Table<'a> {
             Span::raw(p.name.clone()),
             Span::raw(p.kind.clone()),
             Span::raw(if p.cpus.is_empty() { "-".to_owned() } else { p.cpus.clone() }),
-            Span::raw(format!("{} / {}", millicpus(used), millicpus(p.capacity_millicpus))),
+            Span::raw(assigned(p)),
             Span::raw(bar(used, p.capacity_millicpus)),
             Span::raw(p.assignments.to_string()),
             Span::raw(isolation),
@@ -279,13 +352,13 @@ fn pools_table<'a>(snap: &'a Snapshot, map: Option<&HostMap>) -> Table<'a> {
         rows,
         [
             Constraint::Length(1),
-            Constraint::Min(8),
+            Constraint::Length(name_w),
             Constraint::Length(9),
-            Constraint::Min(10),
+            Constraint::Length(cpus_w),
+            Constraint::Length(assigned_w),
             Constraint::Length(15),
-            Constraint::Length(15),
-            Constraint::Length(7),
-            Constraint::Fill(3),
+            Constraint::Length(6),
+            Constraint::Fill(1),
         ],
     )
     .header(
@@ -298,7 +371,9 @@ fn rate(v: f64) -> String {
     format!("{v:.1}")
 }
 
-fn isolation_table(snap: &Snapshot) -> Table<'_> {
+fn isolation_table(snap: &Snapshot, shown: usize) -> Table<'_> {
+    let name_w = width("POOL", snap.isolation.pools.iter().map(|p| p.pool.as_str()));
+    let cpus_w = width("CPU", snap.isolation.pools.iter().map(|p| p.cpus.as_str()));
     let mut rows = Vec::new();
     for p in &snap.isolation.pools {
         let foreign =
@@ -332,11 +407,12 @@ fn isolation_table(snap: &Snapshot) -> Table<'_> {
             ]));
         }
     }
+    rows.truncate(shown);
     Table::new(
         rows,
         [
-            Constraint::Min(8),
-            Constraint::Min(5),
+            Constraint::Length(name_w),
+            Constraint::Length(cpus_w),
             Constraint::Length(8),
             Constraint::Length(8),
             Constraint::Length(8),
@@ -351,8 +427,12 @@ fn isolation_table(snap: &Snapshot) -> Table<'_> {
     .block(Block::bordered().title(" isolation, as the daemon last measured it "))
 }
 
-fn assignments_table(list: &[Assignment]) -> Table<'_> {
-    let rows = list.iter().map(|a| {
+fn assignments_table(list: &[Assignment], shown: usize) -> Table<'_> {
+    let id_w = width("ID", list.iter().map(|a| a.id.as_str()));
+    let pool_w = width("POOL", list.iter().map(|a| a.pool.as_str()));
+    let cpus_w = width("CPUS", list.iter().map(|a| a.cpus.as_str()));
+    let target_w = width("TARGET", list.iter().map(|a| a.target.as_str()));
+    let rows = list.iter().take(shown).map(|a| {
         let state = if a.reason.is_empty() { a.state.clone() } else { format!("{}: {}", a.state, a.reason) };
         let row = Row::new(vec![
             a.id.clone(),
@@ -371,11 +451,11 @@ fn assignments_table(list: &[Assignment]) -> Table<'_> {
     Table::new(
         rows,
         [
-            Constraint::Min(8),
-            Constraint::Min(8),
-            Constraint::Min(8),
-            Constraint::Length(10),
-            Constraint::Fill(2),
+            Constraint::Length(id_w),
+            Constraint::Length(pool_w),
+            Constraint::Length(cpus_w),
+            Constraint::Length(9),
+            Constraint::Length(target_w),
             Constraint::Fill(1),
         ],
     )
@@ -644,6 +724,102 @@ mod tests {
         let first =
             View { snapshot: None, problem: Some("error: nope".into()), interval: Duration::from_secs(1) };
         assert!(screen(&first, 60, 5).starts_with("cpupoolctl top: error: nope (retrying; q quits)"));
+    }
+
+    /// A 2x8x2 host's view: 4 pools, 32 CPUs, 3 assignments, 14 isolated CPUs measured.
+    fn big_snapshot() -> Snapshot {
+        let mut snap = snapshot();
+        snap.topology.online = "0-31".into();
+        snap.topology.cpus = (0..32)
+            .map(|cpu| Cpu { cpu, core: cpu % 16, package: cpu / 8 % 2, die: 0, node: cpu / 8 % 2, l3: 0 })
+            .collect();
+        let pool = |name: &str, kind: &str, cpus: &str, n: u64, isolated: bool| Pool {
+            name: name.into(),
+            kind: kind.into(),
+            cpus: cpus.into(),
+            free_cpus: cpus.into(),
+            free_millicpus: n * 1000,
+            capacity_millicpus: n * 1000,
+            isolated,
+            assignments: 0,
+            partition: if isolated { "isolated".into() } else { String::new() },
+        };
+        snap.pools = vec![
+            pool("batch", "exclusive", "5-6,21-22", 4, false),
+            pool("dp", "exclusive", "8-14,24-30", 14, true),
+            pool("reserved", "reserved", "0,7,15-16,23,31", 6, false),
+            pool("web", "shared", "1-4,17-20", 8, false),
+        ];
+        snap.status.pools = 4;
+        snap.status.assignments = 3;
+        snap.assignments = (1..=3)
+            .map(|i| Assignment {
+                id: format!("analytics-worker-{i}"),
+                pool: "web".into(),
+                cpus: "1-4,17-20".into(),
+                millicpus: 500,
+                target: format!("cgroup:cpupool.slice/cpupool-web.slice/worker-{i}"),
+                reclaim: true,
+                container: String::new(),
+                state: "applied".into(),
+                reason: String::new(),
+            })
+            .collect();
+        let iso = &mut snap.isolation.pools[0];
+        iso.cpus = "8-14,24-30".into();
+        iso.per_cpu = [8, 9, 10, 11, 12, 13, 14, 24, 25, 26, 27, 28, 29, 30]
+            .iter()
+            .map(|cpu| CpuHealth {
+                cpu: *cpu,
+                device_irqs_per_sec: 0.0,
+                ipis_per_sec: 0.0,
+                timer_per_sec: 0.0,
+                sources: String::new(),
+            })
+            .collect();
+        snap
+    }
+
+    /// At 80x24 not everything fits: every pool and assignment still shows, and what does
+    /// not (the isolation detail) is counted in the footer, never left out silently.
+    #[test]
+    fn a_small_terminal_says_what_is_not_shown() {
+        let view = View { snapshot: Some(big_snapshot()), problem: None, interval: Duration::from_secs(1) };
+        let s = screen(&view, 80, 24);
+        for pool in ["batch", "dp", "reserved", "web"] {
+            assert!(s.lines().any(|l| l.contains(&format!(" {pool} "))), "{pool} not shown:\n{s}");
+        }
+        for i in 1..=3 {
+            assert!(s.contains(&format!("analytics-worker-{i}")), "assignment {i} not shown:\n{s}");
+        }
+        let last = s.lines().last().unwrap_or_default();
+        assert!(last.starts_with("… not shown: ") && last.ends_with(" (enlarge the terminal)"), "{s}");
+        assert!(last.contains("isolation rows"), "{s}");
+        // Smaller still: pools and assignments are counted too.
+        let s = screen(&view, 80, 12);
+        let last = s.lines().last().unwrap_or_default();
+        assert!(last.contains("3 assignments") && last.contains("isolation rows"), "{s}");
+        assert!(s.lines().count() <= 12, "{s}");
+        // With room for everything, the footer says what USE is.
+        let s = screen(&view, 120, 60);
+        assert!(s.lines().last().unwrap_or_default().starts_with("USE: "), "{s}");
+        assert!(!s.contains("not shown"), "{s}");
+    }
+
+    /// At 120 columns the CPU lists, ids and targets are shown whole: columns are as wide as
+    /// what they show, and the spare width goes to the last one.
+    #[test]
+    fn a_wide_terminal_shows_lists_and_ids_whole() {
+        let view = View { snapshot: Some(big_snapshot()), problem: None, interval: Duration::from_secs(1) };
+        let s = screen(&view, 120, 60);
+        for whole in [
+            "0,7,15-16,23,31",
+            "8-14,24-30",
+            "analytics-worker-3",
+            "cgroup:cpupool.slice/cpupool-web.slice/worker-3",
+        ] {
+            assert!(s.contains(whole), "{whole} is cut:\n{s}");
+        }
     }
 
     #[test]

@@ -364,6 +364,21 @@ fn pool_create_resize_delete(dbus: bool) {
     );
     let (code, e) = ctl.err(&["pool", "resize", "nope", "--count", "2"]);
     assert_eq!((code, e["error"].as_str()), (1, Some("NoSuchPool")), "{e}");
+    // Taking CPUs the other pools need is the edit's fault: an invalid argument saying what it
+    // breaks, not a rejected configuration blaming a key of config.toml nobody touched.
+    let (code, e) = ctl.err(&["pool", "resize", "batch", "--cpus", "1-3,5-7"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("InvalidArgument")), "{e}");
+    // (D-Bus errors carry the message only.)
+    if !dbus {
+        assert_eq!(e["parameters"]["argument"].as_str(), Some("cpus"), "{e}");
+    }
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(
+        message
+            .starts_with("invalid cpus: with CPUs 1-3,5-7 for pool `batch`, the other pools no longer fit: "),
+        "{e}"
+    );
+    assert_eq!(ctl.ok(&["pool", "show", "batch"])["pool"], batch);
 
     // A pool with an assignment is not deleted, nor shrunk under it.
     d.cgroup("cpupool.slice/cpupool-dp.slice/app");
@@ -747,6 +762,13 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
     let (code, _, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "2", "--", "/nonexistent/cmd"]);
     assert_eq!(code, 127, "{err}");
     assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    // The daemon released each run's assignment when its process exited; cpupoolctl waited for
+    // that instead of racing it with a Release that would be answered NoSuchAssignment (an API
+    // error on the daemon's books).
+    let release = ["method=\"Release\""];
+    assert_eq!(d.metric_sum("cpupoold_api_requests_total{", &release), 0.0, "{}", d.metrics());
+    assert_eq!(d.metric_sum("cpupoold_api_errors_total{", &release), 0.0, "{}", d.metrics());
+    assert!(d.metric_sum("cpupoold_api_requests_total{", &["method=\"Run\""]) >= 3.0, "{}", d.metrics());
 }
 
 #[test]
@@ -840,4 +862,29 @@ fn varlink_classes_are_shown() {
 #[test]
 fn dbus_classes_are_shown() {
     classes_are_shown(true);
+}
+
+/// An assign whose first step fails applies nothing, so its rollback has nothing to undo: the
+/// daemon warns of the failure and logs no error-level rollback. The sandbox runs the cgroupfs
+/// backend, where a unit target cannot be applied; a cgroup that does not exist fails the same
+/// way.
+#[test]
+fn an_assign_that_never_applied_logs_no_rollback_error() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, false);
+    for (target, why) in [
+        (&["--unit", "nginx.service"][..], "unit targets need systemd"),
+        (&["--cgroup", "cpupool.slice/cpupool-web.slice/none"][..], "no cgroup"),
+    ] {
+        let (code, e) = ctl.err(&[&["pool", "assign", "web", "--millicpus", "500"], target].concat());
+        assert_eq!((code, e["error"].as_str()), (1, Some("ApplyFailed")), "{e}");
+        assert!(e["message"].as_str().unwrap_or_default().contains(why), "{e}");
+    }
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    let logs = d.logs();
+    assert!(logs.contains("failed: unit `nginx.service`: unit targets need systemd"), "{logs}");
+    let errors: Vec<&str> = logs.lines().filter(|l| l.starts_with("cpupoold error")).collect();
+    assert!(errors.is_empty(), "error-level lines for changes that never applied:\n{}", errors.join("\n"));
+    d.stop();
 }

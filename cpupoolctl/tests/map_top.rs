@@ -245,9 +245,14 @@ impl Drop for Tmux {
 }
 
 impl Tmux {
-    /// Starts `top --interval 0.2` on `d` in session `t`, from a script that afterwards prints
-    /// top's exit status and the terminal modes, and waits.
+    /// Starts `top --interval 0.2` on `d` in session `t` of a 120x40 terminal, from a script
+    /// that afterwards prints top's exit status and the terminal modes, and waits.
     fn run_top(&self, dir: &Path, d: &Daemon) {
+        self.run_top_in(dir, d, (120, 40));
+    }
+
+    /// [`Tmux::run_top`] in a terminal of `(columns, lines)`.
+    fn run_top_in(&self, dir: &Path, d: &Daemon, (w, h): (u16, u16)) {
         let script = dir.join("top.sh");
         fs::write(
             &script,
@@ -260,7 +265,8 @@ impl Tmux {
             ),
         )
         .unwrap();
-        self.cmd(&["new-session", "-d", "-s", "t", "-x", "120", "-y", "40", "sh", script.to_str().unwrap()]);
+        let (w, h) = (w.to_string(), h.to_string());
+        self.cmd(&["new-session", "-d", "-s", "t", "-x", &w, "-y", &h, "sh", script.to_str().unwrap()]);
     }
 
     /// Waits for top to end; asserts its exit status, cooked mode (icanon, echo) and the main
@@ -317,6 +323,73 @@ fn top_in_a_terminal() {
 
     tmux.cmd(&["send-keys", "-t", "t", "q"]);
     tmux.assert_restored(0);
+    d.stop();
+}
+
+/// The README's sandbox host (2x8x2, 32 CPUs) with 4 pools and 3 assignments: at 80x24 `top`
+/// shows every pool and assignment and says in its last line what it leaves out (the
+/// isolated CPUs' rows); at 120 columns the CPU lists, ids and targets are whole.
+#[test]
+fn top_fits_an_80x24_terminal_and_uses_120_columns() {
+    if tmux_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_shape(dir.path(), "2x8x2:2");
+    let ctl = Ctl::new(&d, false);
+    ctl.ok(&["pool", "resize", "web", "--count", "8"]);
+    ctl.ok(&["pool", "create", "batch", "--kind", "exclusive", "--count", "4", "--numa", "0"]);
+    let ids: Vec<String> = (1..=3).map(|i| format!("analytics-worker-{i}")).collect();
+    for id in &ids {
+        let cg = format!("cpupool.slice/cpupool-web.slice/{id}");
+        fs::create_dir_all(d.sb.join("cgroup").join(&cg)).unwrap();
+        ctl.ok(&["pool", "assign", "web", "--cgroup", &cg, "--millicpus", "500", "--id", id]);
+    }
+    let pools = ctl.pools();
+    let names: Vec<&str> = pools.as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names.len(), 4, "{pools}");
+
+    let small = Tmux { socket: dir.path().join("tmux-80.sock") };
+    small.run_top_in(dir.path(), &d, (80, 24));
+    // The isolated pool's per-CPU rows come with the daemon's first health sample (within its
+    // --health-interval): then there is more than fits.
+    let screen = small.wait("top to say what does not fit in 80x24", |s| {
+        s.contains("3 assignments") && s.contains("not shown:")
+    });
+    for name in &names {
+        assert!(pool_row(&screen, name).is_some(), "pool {name} not shown in 80x24:\n{screen}");
+    }
+    for id in &ids {
+        assert!(screen.contains(id.as_str()), "{id} not shown in 80x24:\n{screen}");
+    }
+    let last = screen.lines().rfind(|l| !l.trim().is_empty()).unwrap_or_default();
+    assert!(
+        last.starts_with("… not shown: ")
+            && last.contains("isolation rows")
+            && last.ends_with("(enlarge the terminal)"),
+        "the last line does not say what is left out:\n{screen}"
+    );
+    small.cmd(&["send-keys", "-t", "t", "q"]);
+    small.assert_restored(0);
+
+    let wide = Tmux { socket: dir.path().join("tmux-120.sock") };
+    wide.run_top_in(dir.path(), &d, (120, 40));
+    let screen =
+        wide.wait("top to draw in 120 columns", |s| s.contains("3 assignments") && s.contains("analytics"));
+    for p in pools.as_array().unwrap() {
+        let (name, cpus) = (p["name"].as_str().unwrap(), p["cpus"].as_str().unwrap());
+        let row = pool_row(&screen, name).unwrap_or_else(|| panic!("no {name}:\n{screen}"));
+        assert_eq!(row[3], cpus, "pool {name}'s CPUs are cut:\n{screen}");
+    }
+    for id in &ids {
+        let target = format!("cgroup:cpupool.slice/cpupool-web.slice/{id}");
+        assert!(
+            screen.lines().any(|l| l.contains(&format!("{id} ")) && l.contains(&target)),
+            "{id} or its target is cut:\n{screen}"
+        );
+    }
+    wide.cmd(&["send-keys", "-t", "t", "q"]);
+    wide.assert_restored(0);
     d.stop();
 }
 

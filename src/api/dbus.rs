@@ -518,10 +518,34 @@ impl Service {
     /// engine can stop.
     pub async fn stop(self) {
         self.forwarder.abort();
-        if let Err(e) = self.conn.release_name(BUS_NAME).await {
-            log::warn!("releasing the D-Bus name {BUS_NAME}: {e}");
+        match self.conn.release_name(BUS_NAME).await {
+            Ok(_) => {}
+            // The bus went first (the sandbox's private bus gets the same Ctrl-C as the
+            // daemon): with it went the name, so there is nothing left to release.
+            Err(e) if bus_gone(&e) => {
+                log::debug!("releasing the D-Bus name {BUS_NAME}: the bus is gone ({e})")
+            }
+            Err(e) => log::warn!("releasing the D-Bus name {BUS_NAME}: {e}"),
         }
         let _ = self.conn.object_server().remove::<Manager, _>(OBJECT_PATH).await;
+    }
+}
+
+/// Whether `e` says the connection to the bus is closed: the bus daemon exited or closed it.
+fn bus_gone(e: &zbus::Error) -> bool {
+    use std::io::ErrorKind as K;
+    match e {
+        zbus::Error::InputOutput(io) => {
+            matches!(
+                io.kind(),
+                K::BrokenPipe
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::NotConnected
+                    | K::UnexpectedEof
+            )
+        }
+        _ => false,
     }
 }
 

@@ -344,10 +344,10 @@ impl Engine {
         change(&mut self.opts);
         let after = self.layout(&self.state);
         let effects = plan::plan(&before, &after).len();
-        if let Err(e) = self.apply_plan(&before, &after) {
-            self.undo(&after, &before);
+        if let Err(failed) = self.apply_plan(&before, &after) {
+            self.undo(&after, &before, &failed.unchanged);
             self.opts = previous;
-            return Err(e);
+            return Err(*failed.error);
         }
         Ok(effects)
     }
@@ -384,7 +384,10 @@ impl Engine {
         next: &State,
     ) -> Result<(), EngineError> {
         let kept = plan::kept(before, after);
-        self.apply_plan(before, &kept).inspect_err(|_| self.undo(&kept, before))?;
+        if let Err(failed) = self.apply_plan(before, &kept) {
+            self.undo(&kept, before, &failed.unchanged);
+            return Err(*failed.error);
+        }
         // One durable write: the change as a journal record, or the whole state when the files
         // no longer replay to the engine's state.
         let saving = std::time::Instant::now();
@@ -394,7 +397,7 @@ impl Engine {
         crate::counters::counters().state_saved(saving.elapsed());
         if let Err(e) = saved {
             log::error!("saving the state failed: {}; rolling back", error_chain(&e));
-            self.undo(&kept, before);
+            self.undo(&kept, before, &Unchanged::new());
             // A failed append cuts its own record; a snapshot may be in place already (a failed
             // directory fsync).
             if whole {
@@ -402,10 +405,14 @@ impl Engine {
             }
             return Err(EngineError::Store(e));
         }
-        if let Err(e) = self.apply_plan(&kept, after) {
-            self.undo(after, before);
+        if let Err(mut failed) = self.apply_plan(&kept, after) {
+            // What the first half changed is to be undone like the rest.
+            for effect in plan::plan(before, &kept) {
+                failed.unchanged.remove(&subject(&effect));
+            }
+            self.undo(after, before, &failed.unchanged);
             self.resave_previous(next);
-            return Err(e);
+            return Err(*failed.error);
         }
         if self.store.compact_due() {
             // The change is durable already: a compaction that fails is tried again after the
@@ -417,12 +424,18 @@ impl Engine {
         Ok(())
     }
 
-    pub(super) fn apply_plan(&self, from: &Layout, to: &Layout) -> Result<(), EngineError> {
+    /// Applies the effects that take `from` to `to`, in order, up to the first that fails.
+    pub(super) fn apply_plan(&self, from: &Layout, to: &Layout) -> Result<(), PlanFailed> {
+        let mut touched = Unchanged::new();
         for effect in plan::plan(from, to) {
             if let Err(e) = self.backend.apply(&effect) {
                 log::warn!("{} failed: {}; rolling back", describe(&effect), error_chain(&e));
-                return Err(EngineError::Apply(e));
+                let what = subject(&effect);
+                let unchanged =
+                    if touched.contains(&what) { Unchanged::new() } else { Unchanged::from([what]) };
+                return Err(PlanFailed { error: Box::new(EngineError::Apply(e)), unchanged });
             }
+            touched.insert(subject(&effect));
         }
         Ok(())
     }
@@ -448,13 +461,46 @@ impl Engine {
         }
     }
 
-    pub(super) fn undo(&self, applied: &Layout, back_to: &Layout) {
+    /// Takes `applied` back to `back_to`. A step on something in `unchanged` (whose change
+    /// failed before anything was applied to it) is tried too, in case the failure left part
+    /// of it behind, but its failure is no error: there was nothing to roll back.
+    pub(super) fn undo(&self, applied: &Layout, back_to: &Layout, unchanged: &Unchanged) {
         for effect in plan::plan(applied, back_to) {
             if let Err(e) = self.backend.apply(&effect) {
-                log::error!("rollback: {} failed: {}", describe(&effect), error_chain(&e));
+                if unchanged.contains(&subject(&effect)) {
+                    log::info!(
+                        "rollback: nothing to undo on {}, whose change did not apply ({})",
+                        subject(&effect),
+                        error_chain(&e)
+                    );
+                } else {
+                    log::error!("rollback: {} failed: {}", describe(&effect), error_chain(&e));
+                }
             }
         }
     }
+}
+
+/// What an effect changes: `cgroup PATH`, `unit NAME` or `pid N`.
+fn subject(effect: &Effect) -> String {
+    match effect {
+        Effect::SetCpus { key, .. } | Effect::SetQuota { key, .. } => key.to_string(),
+        Effect::CreateCgroup(path)
+        | Effect::RemoveCgroup(path)
+        | Effect::SetMems { path, .. }
+        | Effect::SetPartition { path, .. } => Key::Cgroup(path.clone()).to_string(),
+    }
+}
+
+/// The subjects ([`subject`]) a failed plan left as they were.
+pub(super) type Unchanged = std::collections::BTreeSet<String>;
+
+/// A plan that stopped at an effect that failed.
+pub(super) struct PlanFailed {
+    /// Why.
+    pub(super) error: Box<EngineError>,
+    /// The failed effect's subject, unless an effect before it changed the same one.
+    pub(super) unchanged: Unchanged,
 }
 
 /// The most mutations decided and saved together.

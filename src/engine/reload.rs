@@ -134,15 +134,20 @@ impl Engine {
             _ => {}
         }
         let src = self.config.as_ref().ok_or(EngineError::NoConfigFiles)?;
-        let PreparedEdit { old, new, settings } = edit::prepare(src, edit).map_err(|e| match e {
-            EditError::Read(e) => EngineError::Config(e),
-            EditError::Invalid { dropin, source } => edit_error(name, &dropin, *source),
-            EditError::Overridden { key, file, dropin } => EngineError::Overridden { key, file, dropin },
-        })?;
-        let (topo, next) = self.prepare(&settings).map_err(|e| match e {
-            EngineError::Config(c) => edit_error(name, new.path(), *c),
-            other => other,
-        })?;
+        let PreparedEdit { old, new, settings } = edit::prepare(src, edit)
+            .map_err(|e| match e {
+                EditError::Read(e) => EngineError::Config(e),
+                EditError::Invalid { dropin, source } => edit_error(name, &dropin, *source),
+                EditError::Overridden { key, file, dropin } => EngineError::Overridden { key, file, dropin },
+            })
+            .map_err(|e| self.blame_the_edit(edit, e))?;
+        let (topo, next) = self
+            .prepare(&settings)
+            .map_err(|e| match e {
+                EngineError::Config(c) => edit_error(name, new.path(), *c),
+                other => other,
+            })
+            .map_err(|e| self.blame_the_edit(edit, e))?;
         if let Err(e) = new.write() {
             // The rename may have happened before a later step failed: put the old one back.
             if let Err(e2) = old.write() {
@@ -165,6 +170,36 @@ impl Engine {
         };
         log::info!(POOL = name.as_str(); "pool {name} {verb}; persisted in `{}`", new.path().display());
         Ok(self.state.pools().get(name).cloned())
+    }
+}
+
+impl Engine {
+    /// A configuration error about a key the edit does not write (another pool's `count`,
+    /// say) is still the edit's doing when the configuration without the edit, as it is on
+    /// disk, is valid: then it is an invalid argument, the edit's CPU source, and says what it
+    /// breaks. Otherwise (the files on disk are broken anyway) it stays a rejected
+    /// configuration naming the file and key.
+    fn blame_the_edit(&self, edit: &PoolEdit, e: EngineError) -> EngineError {
+        let EngineError::Config(c) = &e else { return e };
+        let (PoolEdit::Create { source, .. } | PoolEdit::Resize { source, .. }) = edit else { return e };
+        let Some(src) = self.config.as_ref() else { return e };
+        let valid_without = src.load(None).ok().is_some_and(|s| self.prepare(&s).is_ok());
+        if !valid_without {
+            return e;
+        }
+        let (arg, what) = match source {
+            crate::core::edit::Source::Cpus(cpus) => ("cpus", format!("CPUs {cpus}")),
+            crate::core::edit::Source::Count { count, numa: None } => ("count", format!("{count} CPUs")),
+            crate::core::edit::Source::Count { count, numa: Some(n) } => {
+                ("count", format!("{count} CPUs of NUMA node {n}"))
+            }
+        };
+        let reason = format!(
+            "with {what} for pool `{}`, the other pools no longer fit: {}",
+            edit.name(),
+            error_chain(c.as_ref())
+        );
+        EngineError::State(state::Error::InvalidArgument { arg, reason })
     }
 }
 

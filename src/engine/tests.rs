@@ -552,8 +552,9 @@ mod pool_edits {
                 (resize("dp", "2,6"), "AssignmentsStranded"),
                 // CPU 9 does not exist: an invalid `cpus` argument.
                 (create("big", PoolKind::Shared, "9"), "InvalidArgument"),
-                // CPU 3 is web's: the configuration as a whole is rejected.
-                (create("two", PoolKind::Shared, "3"), "ConfigRejected"),
+                // CPU 3 is web's: the edit's `cpus` leaves web no room, which is the edit's
+                // doing (the files are valid without it), not a key of config.toml.
+                (create("two", PoolKind::Shared, "3"), "InvalidArgument"),
             ];
             for (edit, kind) in cases {
                 let err = handle
@@ -569,6 +570,23 @@ mod pool_edits {
             let invalid = handle.edit_pool(create("big", PoolKind::Shared, "9")).await.err();
             let api = invalid.as_ref().map(crate::api::ops::engine_error);
             assert_eq!(api.map(|a| a.params["argument"].clone()), Some(serde_json::json!("cpus")));
+            let taken = handle.edit_pool(create("two", PoolKind::Shared, "3")).await.err();
+            let reason = taken.as_ref().map(|e| crate::api::ops::engine_error(e).params["reason"].clone());
+            let reason = reason.and_then(|r| r.as_str().map(str::to_owned)).unwrap_or_default();
+            assert!(
+                reason.starts_with("with CPUs 3 for pool `two`, the other pools no longer fit: "),
+                "{reason}"
+            );
+            // Files on disk that are invalid without the edit: still the configuration's fault,
+            // named by its file and key, whatever the edit.
+            f.config(&format!("{CONFIG}\n[pools.extra]\nkind = \"shared\"\ncpus = \"3\"\n"));
+            let err =
+                handle.edit_pool(resize("dp", "1-2,5-6")).await.err().unwrap_or_else(|| panic!("accepted"));
+            assert_eq!(crate::api::ops::engine_error(&err).kind, "ConfigRejected", "{}", error_chain(&err));
+            assert!(error_chain(&err).contains("config.toml"), "{}", error_chain(&err));
+            assert_eq!(f.state_file(), state_before);
+            assert_eq!(dropin(&f), None);
+            f.config(CONFIG);
             assert_eq!(f.read("k/a/cpuset.cpus"), held.cpus.to_string());
         });
         drop(handle);

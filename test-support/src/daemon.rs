@@ -102,3 +102,18 @@ pub fn stop(child: &mut Child, logs: impl Fn() -> String) {
     };
     assert!(status.success(), "daemon exited with {status}:\n{}", logs());
 }
+
+/// The `dbus-daemon`s serving the private bus of the sandbox `sb`, found by the configuration
+/// file on their command line.
+pub fn bus_daemons(sb: &Path) -> Vec<i32> {
+    let needle = format!("--config-file={}", sb.join("run/bus.conf").display());
+    let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
+    procs
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(e.path().join("cmdline")).ok()?;
+            cmdline.split(|b| *b == 0).any(|a| a == needle.as_bytes()).then_some(pid)
+        })
+        .collect()
+}

@@ -31,19 +31,9 @@ pub fn cpupoold_bin() -> PathBuf {
     bin
 }
 
-/// The `dbus-daemon`s serving the private bus of the sandbox in `dir/sb`, found by the
-/// configuration file on their command line.
+/// The `dbus-daemon`s serving the private bus of the sandbox in `dir/sb`.
 pub fn bus_daemons(dir: &Path) -> Vec<i32> {
-    let needle = format!("--config-file={}", dir.join("sb/run/bus.conf").display());
-    let Ok(procs) = fs::read_dir("/proc") else { return Vec::new() };
-    procs
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let cmdline = fs::read(e.path().join("cmdline")).ok()?;
-            cmdline.split(|b| *b == 0).any(|a| a == needle.as_bytes()).then_some(pid)
-        })
-        .collect()
+    test_support::daemon::bus_daemons(&dir.join("sb"))
 }
 
 pub struct Daemon {
@@ -55,6 +45,8 @@ pub struct Daemon {
     pub sb: PathBuf,
     /// Its stderr.
     pub log: PathBuf,
+    /// Its banner, up to `READY`.
+    pub banner: String,
 }
 
 impl Daemon {
@@ -76,9 +68,38 @@ impl Daemon {
         let log = dir.join("daemon.log");
         let test_support::daemon::Spawned { child, banner, ready, .. } =
             test_support::daemon::spawn(&cpupoold_bin(), &sb, shape, &[], &log);
-        let d = Daemon { child, dir: dir.to_owned(), sb, log };
+        let d = Daemon { child, dir: dir.to_owned(), sb, log, banner: banner.clone() };
         assert!(ready, "no READY from the daemon:\n{banner}\n{}", d.logs());
         d
+    }
+
+    /// A scrape of its metrics endpoint (the banner's `metrics http://ADDR/metrics`): one
+    /// HTTP/1.1 GET.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let url = self
+            .banner
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("metrics").map(str::trim))
+            .unwrap_or_else(|| panic!("no metrics line in the banner:\n{}", self.banner));
+        let addr = url.strip_prefix("http://").and_then(|u| u.split('/').next()).unwrap_or(url);
+        let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{url}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{url}: {reply:?}"));
+        assert!(head.starts_with("HTTP/1.1 200"), "{url}: {head}");
+        body.to_owned()
+    }
+
+    /// The sum of the metric lines that start with `series` and contain every one of `labels`.
+    pub fn metric_sum(&self, series: &str, labels: &[&str]) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(series) && labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     pub fn logs(&self) -> String {
