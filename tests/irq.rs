@@ -418,13 +418,19 @@ fn fake_procfs_the_sandbox_banner_shows_what_left_the_isolated_pool() {
 fn add_irq(sb: &Path, irq: u32) {
     let dir = sb.join(format!("proc/irq/{irq}"));
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-    for (name, text) in
-        [("smp_affinity", "ff\n"), ("smp_affinity_list", "0-7\n"), ("effective_affinity_list", "0\n"), ("node", "0\n")]
-    {
+    for (name, text) in [
+        ("smp_affinity", "ff\n"),
+        ("smp_affinity_list", "0-7\n"),
+        ("effective_affinity_list", "0\n"),
+        ("node", "0\n"),
+    ] {
         fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("{e}"));
     }
     let mut table = fs::read_to_string(sb.join("proc/interrupts")).unwrap_or_else(|e| panic!("{e}"));
-    table.push_str(&format!("{irq:>4}:{}   PCI-MSI 65536-edge      late-device\n", format!(" {:>10}", 0).repeat(8)));
+    table.push_str(&format!(
+        "{irq:>4}:{}   PCI-MSI 65536-edge      late-device\n",
+        format!(" {:>10}", 0).repeat(8)
+    ));
     fs::write(sb.join("proc/interrupts"), table).unwrap_or_else(|e| panic!("{e}"));
 }
 
@@ -441,8 +447,9 @@ fn fake_procfs_a_damaged_memory_falls_back_to_its_previous_copy() {
     add_irq(&sb, 60);
     until(&d, "IRQ 60 moved", || irq_file(&sb, 60, "smp_affinity_list") == "0,4");
     let prev = sb.join("state/irq.json.prev");
-    let kept: serde_json::Value = serde_json::from_str(&fs::read_to_string(&prev).unwrap_or_else(|e| panic!("{e}")))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let kept: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&prev).unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"));
     for irq in MOVABLE {
         assert_eq!(kept["irqs"][irq.to_string()], "0-7", "IRQ {irq} in irq.json.prev");
     }

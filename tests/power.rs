@@ -256,7 +256,10 @@ fn fake_sysfs_remembered_values_the_daemon_never_writes_are_refused_naming_the_f
     ] {
         let said = format!("power: `{}` remembers `{rel}` = `", path.display());
         let line = logs.lines().find(|l| l.contains(&said)).unwrap_or_else(|| panic!("{rel}:\n{logs}"));
-        assert!(line.contains("cpupoold error: ") && line.contains(why) && line.contains("it is not restored"), "{line}");
+        assert!(
+            line.contains("cpupoold error: ") && line.contains(why) && line.contains("it is not restored"),
+            "{line}"
+        );
     }
     let kept: serde_json::Value =
         serde_json::from_str(&file(&sb, "state/power.json")).unwrap_or_else(|e| panic!("power.json: {e}"));

@@ -574,6 +574,11 @@ fn show(
             if wait.is_zero() {
                 break;
             }
+            // A terminal that hung up is readable for ever, at end of file: end as the SIGHUP
+            // it sent does (which may not come: the hangup goes to the foreground group only).
+            if terminal_hung_up() {
+                return Ok(Ended::Signal(signal_hook::consts::SIGHUP));
+            }
             if event::poll(wait.min(SIGNAL_LATENCY)).map_err(local("reading the terminal"))? {
                 match event::read().map_err(local("reading the terminal"))? {
                     TermEvent::Key(k) if quits(&k) => return Ok(Ended::Key),
@@ -583,6 +588,17 @@ fn show(
             }
         }
     }
+}
+
+/// Whether the terminal on stdin hung up (its window, tmux or ssh connection went away):
+/// `poll` says so with `POLLHUP` (or `POLLERR`, `POLLNVAL`) at once.
+fn terminal_hung_up() -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+    let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+    poll(&mut fds, PollTimeout::ZERO).is_ok() && fds[0].revents().is_some_and(|r| r.intersects(gone))
 }
 
 #[cfg(test)]

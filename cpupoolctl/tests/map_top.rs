@@ -421,6 +421,36 @@ fn top_puts_the_terminal_back_when_killed() {
     d.stop();
 }
 
+/// When its terminal goes away (tmux's server killed: the pty closes, as when a terminal window
+/// or an ssh connection does), `top` exits. It used to spin for ever on the end of file of a
+/// hung-up terminal, a core's worth of CPU, deaf to SIGTERM.
+#[test]
+fn top_exits_when_its_terminal_goes_away() {
+    if tmux_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path());
+    let tmux = Tmux { socket: dir.path().join("tmux-gone.sock") };
+    tmux.run_top(dir.path(), &d);
+    tmux.wait("top to show the pools", |s| pool_row(s, "dp").is_some());
+    let shell: u32 =
+        text(&tmux.cmd(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().parse().unwrap();
+    let children = fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap();
+    let top: u32 =
+        children.split_whitespace().next().unwrap_or_else(|| panic!("no child of {shell}")).parse().unwrap();
+    tmux.cmd(&["kill-server"]);
+    test_support::wait::until(Duration::from_secs(30), "top to exit with its terminal gone", || {
+        match fs::read_to_string(format!("/proc/{top}/stat")) {
+            // Gone, or a zombie nobody reaps (its shell died with the terminal).
+            Err(_) => Ok(()),
+            Ok(stat) if stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')) => Ok(()),
+            Ok(stat) => Err(format!("/proc/{top}/stat: {stat}")),
+        }
+    });
+    d.stop();
+}
+
 /// `pool map` in a terminal colours by default and not with NO_COLOR set.
 #[test]
 fn map_in_a_terminal_respects_no_color() {

@@ -62,7 +62,8 @@ fn restore_previous_state(store: &Store) -> Result<Loaded<StateData>, StartError
         let path = store.prev_path().to_owned();
         return Err(StartError::Inconsistent { path, violations, prev: PrevCopy::Itself });
     }
-    let data = store.restore_previous_checked(replay_checked).map(StateData::from).map_err(StartError::Store)?;
+    let data =
+        store.restore_previous_checked(replay_checked).map(StateData::from).map_err(StartError::Store)?;
     log::warn!("state restored from the previous good copy in `{}`", store.dir().display());
     Ok(Loaded::State(data))
 }
@@ -123,7 +124,9 @@ fn load(store: &Store) -> Result<(Loaded<StateData>, Origins), StoreError> {
 fn inconsistent(store: &Store, violations: Vec<state::Violation>) -> StartError {
     match store.load_checked(replay_checked) {
         Err(e @ StoreError::JournalRejected { .. }) => StartError::Store(e),
-        _ => StartError::Inconsistent { path: store.path().to_owned(), violations, prev: previous_copy(store) },
+        _ => {
+            StartError::Inconsistent { path: store.path().to_owned(), violations, prev: previous_copy(store) }
+        }
     }
 }
 

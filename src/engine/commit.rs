@@ -40,7 +40,8 @@ impl Engine {
         if let Target::Pid(pid) = a.target {
             let now = self.process_start(pid)?;
             if a.process_start != Some(now) {
-                let recorded = a.process_start.map_or_else(|| "no start time".to_owned(), |s| format!("start time {s}"));
+                let recorded =
+                    a.process_start.map_or_else(|| "no start time".to_owned(), |s| format!("start time {s}"));
                 return Err(state::Error::TargetNotAllowed {
                     target: a.target.to_string(),
                     reason: format!(

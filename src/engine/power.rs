@@ -389,7 +389,8 @@ fn refuse_remembered(fs: &PowerFs, online: Option<&CpuSet>, file: &str, value: &
             return Some(format!("`{}` is not a word the kernel lists", value.escape_debug()));
         }
         let words = fs.read(&format!("{dir}/{list}")).ok()?;
-        (!words.split_whitespace().any(|w| w == value)).then(|| format!("`{value}` is not in {list} ({words})"))
+        (!words.split_whitespace().any(|w| w == value))
+            .then(|| format!("`{value}` is not in {list} ({words})"))
     };
     let cpu_of = |n: &str| -> Result<u32, String> {
         let cpu: u32 = n.parse().ok().filter(|_| n.bytes().all(|b| b.is_ascii_digit())).ok_or("not a CPU")?;
@@ -426,9 +427,10 @@ fn refuse_remembered(fs: &PowerFs, online: Option<&CpuSet>, file: &str, value: &
             }
         }
         ["intel_uncore_frequency", die, "min_freq_khz" | "max_freq_khz"] => {
-            let ok = die.strip_prefix("package_").and_then(|d| d.split_once("_die_")).is_some_and(|(p, d)| {
-                [p, d].iter().all(|n| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))
-            });
+            let ok =
+                die.strip_prefix("package_").and_then(|d| d.split_once("_die_")).is_some_and(|(p, d)| {
+                    [p, d].iter().all(|n| n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()))
+                });
             if !ok {
                 return not_ours();
             }
@@ -455,22 +457,21 @@ impl PowerManager {
     /// Set up from `settings`, reading the memory a previous run left.
     pub fn new(settings: &Settings) -> PowerManager {
         let state_dir = settings.paths.state_dir.clone();
-        let memory = match Root::new(&state_dir)
-            .read_own(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)
-        {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                log::error!(
-                    "power: `{}` is not readable ({e}); the values it remembered cannot be restored",
-                    state_dir.join(MEMORY_FILE).display()
-                );
-                Memory::default()
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Memory::default(),
-            Err(e) => {
-                log::error!("power: {}", error_chain(&e));
-                Memory::default()
-            }
-        };
+        let memory =
+            match Root::new(&state_dir).read_own(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES) {
+                Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                    log::error!(
+                        "power: `{}` is not readable ({e}); the values it remembered cannot be restored",
+                        state_dir.join(MEMORY_FILE).display()
+                    );
+                    Memory::default()
+                }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Memory::default(),
+                Err(e) => {
+                    log::error!("power: {}", error_chain(&e));
+                    Memory::default()
+                }
+            };
         if !memory.files.is_empty() {
             log::info!("power: {} values remembered from an earlier run", memory.files.len());
         }
@@ -661,8 +662,11 @@ impl PowerManager {
         if files.is_empty() {
             return;
         }
-        let files: Vec<(String, String)> =
-            files.iter().filter(|(f, v)| refuse_remembered(&self.fs, None, f, v).is_none()).cloned().collect();
+        let files: Vec<(String, String)> = files
+            .iter()
+            .filter(|(f, v)| refuse_remembered(&self.fs, None, f, v).is_none())
+            .cloned()
+            .collect();
         let written = self.write_all(&files);
         for (file, value) in &files {
             match written.failed.get(file) {

@@ -169,8 +169,7 @@ impl Store {
         T: DeserializeOwned,
         D: DeserializeOwned,
     {
-        let current =
-            self.root.read_own(STATE_FILE, MAX_STATE_BYTES).ok().and_then(|b| decode::<T>(&b).ok());
+        let current = self.root.read_own(STATE_FILE, MAX_STATE_BYTES).ok().and_then(|b| decode::<T>(&b).ok());
         if let (Some((mut state, mut seq)), Some(bytes)) = (current, self.read_journal(JOURNAL_FILE)?) {
             if let Err(damage) = self.replay(JOURNAL_FILE, &bytes, &mut state, &mut seq, &mut apply) {
                 log::warn!("restoring: {}", crate::error_chain(&damage.error));
