@@ -264,6 +264,15 @@ pub fn access_denied(uid: u32) -> ApiError {
     )
 }
 
+/// `AccessDenied` for `uid`, which could not be told allowed: `why`.
+pub fn access_denied_because(uid: u32, why: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::AccessDenied,
+        json!({ "uid": uid }),
+        format!("uid {uid} may not change pools or assignments now: {why}"),
+    )
+}
+
 /// `ShuttingDown`.
 pub fn shutting_down() -> ApiError {
     ApiError::new(ErrorKind::ShuttingDown, json!({}), "the daemon is shutting down")
@@ -272,6 +281,15 @@ pub fn shutting_down() -> ApiError {
 /// `Busy`: too many connections.
 pub fn busy() -> ApiError {
     ApiError::new(ErrorKind::Busy, json!({}), "too many connections; try again later")
+}
+
+/// `Busy`: too many calls in flight (D-Bus) from `whom` ("uid 65534", "unprivileged peers").
+pub fn busy_calls(whom: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::Busy,
+        json!({}),
+        format!("too many calls in flight from {whom}; wait for their answers and try again"),
+    )
 }
 
 /// Each state error to its own kind.
