@@ -293,6 +293,20 @@ async fn kubelet_peer_end_to_end() {
             tonic::Code::InvalidArgument,
             "held by assignment `kubelet-core-6`",
         ),
+        // One device for two containers (the kubelet never asks it): they would share the
+        // exclusive CPUs, here of the existing allocation.
+        (
+            alloc(vec![vec!["core-6", "core-7"], vec!["core-7", "core-6"], vec!["core-6", "core-7"]]),
+            tonic::Code::InvalidArgument,
+            "device `core-7` is listed for container requests 0 and 1",
+        ),
+        (alloc(vec![vec!["core-1"], vec!["core-1"]]), tonic::Code::InvalidArgument, "`core-1`"),
+        // Far more containers than one call carries.
+        (
+            alloc(vec![vec!["core-6", "core-7"]; 20_000]),
+            tonic::Code::InvalidArgument,
+            "20000 container requests",
+        ),
     ] {
         let e = c.allocate(req).await.unwrap_err();
         assert_eq!(e.code(), code, "{}", e.message());
