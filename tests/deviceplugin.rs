@@ -507,6 +507,66 @@ async fn a_pool_deleted_or_made_at_run_time_is_withdrawn_or_registered() {
     d.stop();
 }
 
+/// Holds as many idle connections to `sock` as it gets (of `n`), as nobody; prints how many
+/// stayed open (the server spoke first: HTTP/2 settings), then waits for stdin to close.
+const IDLE_HOLDER_PY: &str = r#"
+import socket, sys
+held, refused = [], 0
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+        s.settimeout(5)
+        if s.recv(1):
+            held.append(s)
+            continue
+    except OSError:
+        pass
+    refused += 1
+print(len(held), refused, flush=True)
+sys.stdin.read()
+"#;
+
+/// The device-plugin sockets' connections are the kubelet's: with the daemon's umask 000 (so a
+/// socket would be open to all), another user's idle connections do not take the budget (64),
+/// and root's calls are answered while they try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_idle_connections_do_not_lock_the_kubelet_out() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let sb = tmp.path().join("sb");
+    let Peer { plugins, kubelet: _kubelet, tx: _tx, mut registered, .. } = serve_peer(&sb);
+    let umask0 = ["sh", "-c", "umask 000; exec \"$0\" \"$@\""];
+    let d = Daemon::start_wrapped(tmp.path(), &umask0, "2x4x2:2", Some(CONFIG), &["--bus", "none"], &[]);
+    tokio::time::timeout(WAIT, registered.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no registration\n{}", d.logs()));
+    let sock = plugins.join("cpupoold-dp.sock");
+    common::open_to_everyone(&plugins);
+
+    let mut holder = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", IDLE_HOLDER_PY])
+        .arg(&sock)
+        .arg("100")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    // The kubelet (root) is served.
+    let opts = plugin(sock.clone()).await.get_device_plugin_options(dp::Empty {}).await;
+    assert!(opts.is_ok(), "root's call while nobody holds what it got ({line}): {opts:?}");
+    let counts: Vec<u32> = line.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    assert_eq!(counts, [0, 100], "nobody's connections held and refused: {line}");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket's mode");
+    drop(holder.stdin.take());
+    let _ = holder.wait();
+    d.stop();
+}
+
 /// The kubelet hands a terminated pod's devices out again at once; cpupoold still holds them
 /// for `release_grace_ms` (a minute here). Allocate must not be refused meanwhile: what no
 /// container holds in PodResources is released for it. What a container still holds is not.
