@@ -301,6 +301,8 @@ async fn kubelet_peer_end_to_end() {
             "device `core-7` is listed for container requests 0 and 1",
         ),
         (alloc(vec![vec!["core-1"], vec!["core-1"]]), tonic::Code::InvalidArgument, "`core-1`"),
+        // A 1 MB device id is repeated cut short.
+        (alloc(vec![vec![&"x".repeat(1 << 20)]]), tonic::Code::InvalidArgument, "… (1048576 bytes)"),
         // Far more containers than one call carries.
         (
             alloc(vec![vec!["core-6", "core-7"]; 20_000]),
@@ -309,6 +311,7 @@ async fn kubelet_peer_end_to_end() {
         ),
     ] {
         let e = c.allocate(req).await.unwrap_err();
+        assert!(e.message().len() <= 512, "a {} byte message", e.message().len());
         assert_eq!(e.code(), code, "{}", e.message());
         assert!(e.message().contains(says), "{}", e.message());
         assert_eq!(v.call("ListAssignments", json!({})).unwrap(), before);

@@ -315,7 +315,8 @@ impl Manager {
     ) -> Result<AssignmentStruct, Error> {
         caller.authorize()?;
         let id = Some(id).filter(|s| !s.is_empty());
-        let mut spec = ops::assign_spec(pool, target, nonzero(cpus), nonzero(millicpus), id)?;
+        let mut spec =
+            ops::assign_spec(pool, target, nonzero("cpus", cpus)?, nonzero("millicpus", millicpus)?, id)?;
         spec.reclaim = reclaim;
         let a = self.handle.assign(spec).await?.into_inner();
         Ok(AssignmentView::from(&a).into())
@@ -406,12 +407,16 @@ impl Options {
     }
 }
 
-fn nonzero<T: Default + PartialEq + Into<i128>>(v: T) -> Option<i64> {
+/// `argument`'s value, `None` for 0 (absent); one beyond what the API takes (2^63-1) is refused
+/// naming the argument, the value and the maximum.
+fn nonzero<T: Default + PartialEq + Into<i128>>(argument: &str, v: T) -> Result<Option<i64>, ApiError> {
     if v == T::default() {
-        None
-    } else {
-        i64::try_from(v.into()).ok().or(Some(i64::MAX))
+        return Ok(None);
     }
+    let v = v.into();
+    i64::try_from(v)
+        .map(Some)
+        .map_err(|_| ops::invalid_argument(argument, &format!("{v} is more than the maximum, {}", i64::MAX)))
 }
 
 #[zbus::interface(name = "org.cpupool.Manager1")]
@@ -579,7 +584,13 @@ impl Manager {
         self.call(&hdr, "Run", |c| async move {
             let uid = c.authorize()?;
             let id = Some(id).filter(|s| !s.is_empty());
-            let spec = ops::run_spec(pool, i64::from(pid), nonzero(cpus), nonzero(millicpus), id)?;
+            let spec = ops::run_spec(
+                pool,
+                i64::from(pid),
+                nonzero("cpus", cpus)?,
+                nonzero("millicpus", millicpus)?,
+                id,
+            )?;
             self.auth.check_process(pid, uid)?;
             let a = self.handle.run(spec).await?.into_inner();
             Ok(AssignmentView::from(&a).into())
@@ -818,8 +829,14 @@ mod tests {
 
     #[test]
     fn zero_means_absent() {
-        assert_eq!(nonzero(0u32), None);
-        assert_eq!(nonzero(3u32), Some(3));
-        assert_eq!(nonzero(u64::MAX), Some(i64::MAX));
+        assert_eq!(nonzero("cpus", 0u32), Ok(None));
+        assert_eq!(nonzero("cpus", 3u32), Ok(Some(3)));
+        assert_eq!(nonzero("millicpus", i64::MAX as u64), Ok(Some(i64::MAX)));
+        // What the caller sent, not 2^63-1.
+        let e = nonzero("millicpus", u64::MAX).err().map(|e| e.message).unwrap_or_default();
+        assert_eq!(
+            e,
+            "invalid millicpus: 18446744073709551615 is more than the maximum, 9223372036854775807"
+        );
     }
 }

@@ -61,7 +61,7 @@ fn pool_named<'a>(state: &'a State, name: &str) -> Result<&'a Pool, ApiError> {
         .pools()
         .values()
         .find(|p| p.name.as_str() == name)
-        .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
+        .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: crate::core::echo(name) }))
 }
 
 /// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsbsss)`.
@@ -123,7 +123,7 @@ impl AssignmentView {
             .ok()
             .and_then(|k| snap.state.assignments().get(&k))
             .map(|a| AssignmentView::new(snap, a))
-            .ok_or_else(|| state_error(&state::Error::NoSuchAssignment { id: id.to_owned() }))
+            .ok_or_else(|| state_error(&state::Error::NoSuchAssignment { id: crate::core::echo(id) }))
     }
 }
 
@@ -491,7 +491,10 @@ pub fn create_pool(name: &str, kind: &str, o: &PoolOptions<'_>) -> Result<PoolEd
         other => {
             return Err(invalid_argument(
                 "kind",
-                &format!("`{}` is not one of reserved, exclusive, shared", other.escape_debug()),
+                &format!(
+                    "`{}` is not one of reserved, exclusive, shared",
+                    crate::core::echo(other).escape_debug()
+                ),
             ))
         }
     };
@@ -502,7 +505,7 @@ pub fn create_pool(name: &str, kind: &str, o: &PoolOptions<'_>) -> Result<PoolEd
         Some(other) => {
             return Err(invalid_argument(
                 "smt",
-                &format!("`{}` is not one of full-cores, threads", other.escape_debug()),
+                &format!("`{}` is not one of full-cores, threads", crate::core::echo(other).escape_debug()),
             ))
         }
     };

@@ -180,11 +180,15 @@ fn lookup(
         let Some(u) = all.get(id) else {
             return Err(refused(
                 field,
-                format!("`{}` is not a device of resource pool `{}`", id.escape_debug(), pool.name),
+                format!(
+                    "`{}` is not a device of resource pool `{}`",
+                    super::echo(id).escape_debug(),
+                    pool.name
+                ),
             ));
         };
         if !seen.insert(id.as_str()) {
-            return Err(refused(field, format!("`{id}` is listed twice")));
+            return Err(refused(field, format!("`{}` is listed twice", super::echo(id))));
         }
         out.push(u.clone());
     }
@@ -278,7 +282,7 @@ pub fn allocations<'a>(
                     "container_requests",
                     format!(
                         "device `{}` is listed for container requests {first} and {i}; each device goes to one container",
-                        id.escape_debug()
+                        super::echo(id).escape_debug()
                     ),
                 ));
             }
