@@ -355,7 +355,7 @@ fn an_unprivileged_dbus_flood_does_not_starve_root() {
     let (first, mut asked) = loop {
         let c = new_root_call(&rt, &bus);
         let asked = asked_until(&questions, &c, Duration::from_secs(1));
-        if asked.iter().any(|n| *n == c) {
+        if asked.contains(&c) {
             break (c, asked);
         }
     };

@@ -131,15 +131,15 @@ impl CallLimits {
 /// life, so an answer stays true. At most this many are kept; the oldest go first.
 const SENDERS_KEPT: usize = 4096;
 
+/// Unique names to uids (each asked of the bus once), and the names in the order they came.
+type Senders = (HashMap<String, Arc<tokio::sync::OnceCell<u32>>>, std::collections::VecDeque<String>);
+
 /// Who calls, and what their calls in flight hold.
 struct Callers {
     budget: Arc<Budget>,
     /// Unique name to uid (asked of the bus once, however many calls of the connection arrive
     /// at once), and the names in the order they came.
-    senders: std::sync::Mutex<(
-        HashMap<String, Arc<tokio::sync::OnceCell<u32>>>,
-        std::collections::VecDeque<String>,
-    )>,
+    senders: std::sync::Mutex<Senders>,
     /// Whether uids are privileged; held while the user database is asked, so that a flood of
     /// one uid's calls asks once.
     admins: tokio::sync::Mutex<AdminCache>,
