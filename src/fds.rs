@@ -153,13 +153,19 @@ pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct Refusals {
     what: &'static str,
+    unit: &'static str,
     seen: Mutex<(u64, Option<Instant>)>,
 }
 
 impl Refusals {
     /// Refusals of `what` ("device plugin", ...), which starts the log line.
     pub const fn new(what: &'static str) -> Refusals {
-        Refusals { what, seen: Mutex::new((0, None)) }
+        Refusals { what, unit: "connection(s)", seen: Mutex::new((0, None)) }
+    }
+
+    /// Refused calls of `what` ("D-Bus"), which starts the log line.
+    pub const fn calls(what: &'static str) -> Refusals {
+        Refusals { what, unit: "call(s)", seen: Mutex::new((0, None)) }
     }
 
     /// Counts a refusal; logs when the period since the last line is over. Returns whether
@@ -171,9 +177,10 @@ impl Refusals {
             return false;
         }
         log::warn!(
-            "{}: refused {} connection(s) in the last {} s; latest: {why}",
+            "{}: refused {} {} in the last {} s; latest: {why}",
             self.what,
             seen.0,
+            self.unit,
             REFUSAL_LOG_PERIOD.as_secs()
         );
         *seen = (0, Some(Instant::now()));

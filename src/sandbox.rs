@@ -10,7 +10,8 @@
 //! DIR/usr/lib/cpupoold/      vendor config.d/
 //! DIR/state/                 state.json
 //! DIR/run/                   runtime dir (API sockets)
-//! DIR/run/bus.sock           the sandbox's private D-Bus bus (see [`Sandbox::private_bus`])
+//! DIR/run/bus.sock           the sandbox's private D-Bus bus (see [`Sandbox::private_bus`]);
+//!                            bus.conf its policy, bus.log (and bus.log.1) what it said
 //! DIR/proc/                  simulated process attributes: the affinity a pid target or
 //!                            `Run` would set, as PID/status (Cpus_allowed_list); processes
 //!                            themselves are only read, never changed
@@ -222,27 +223,54 @@ impl Sandbox {
 
     /// The sandbox's own bus: a `dbus-daemon` listening on [`Sandbox::bus_socket`], so the
     /// D-Bus API can be tried without touching the system bus. A bus still running from an
-    /// earlier run (its daemon was killed) is reused; otherwise one is started, and it stops
-    /// when the returned [`PrivateBus`] is dropped. It logs to `DIR/run/bus.log`.
+    /// earlier run (its daemon was killed) is reused if it is ours: run by this uid with the
+    /// configuration this run would write ([`sandbox_bus_config`]); any other is left alone
+    /// and a new one started in its place. A bus started here stops when the returned
+    /// [`PrivateBus`] is dropped. What it says goes to `DIR/run/bus.log`, at most
+    /// [`BUS_LOG_MAX`] bytes, then to `bus.log.1` in turn.
     ///
-    /// Its policy lets everyone own and call anything: the daemon's own uid check is what
-    /// guards the mutating methods, as on the system bus.
+    /// Its policy lets only this uid own `org.cpupool.Manager1` (as the system bus lets only
+    /// root), and everyone own other names and call anything: the daemon's own uid check is
+    /// what guards the mutating methods, as on the system bus.
     pub fn private_bus(&self) -> Result<PrivateBus, SandboxError> {
         let sock = self.bus_socket();
         let address = format!("unix:path={}", sock.display());
-        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
-            return Ok(PrivateBus { address, child: None });
-        }
         let io_err = |path: &Path| {
             let path = path.to_owned();
             move |source| SandboxError::Io { path, source }
         };
-        let _ = fs::remove_file(&sock);
-        fs::create_dir_all(self.run()).map_err(io_err(&self.run()))?;
+        let uid = nix::unistd::geteuid().as_raw();
         let conf = self.run().join("bus.conf");
-        fs::write(&conf, permissive_bus_config(&sock)).map_err(io_err(&conf))?;
+        let config = sandbox_bus_config(&sock, uid);
+        if let Ok(running) = std::os::unix::net::UnixStream::connect(&sock) {
+            let owner = nix::sys::socket::getsockopt(&running, nix::sys::socket::sockopt::PeerCredentials)
+                .map(|c| c.uid());
+            let same_config = fs::read_to_string(&conf).is_ok_and(|c| c == config);
+            match owner {
+                Ok(owner) if owner == uid && same_config => return Ok(PrivateBus { address, child: None }),
+                Ok(owner) if owner != uid => log::warn!(
+                    "sandbox: the bus on `{}` is run by uid {owner}, not by us (uid {uid}): starting our own",
+                    sock.display()
+                ),
+                Ok(_) => log::warn!(
+                    "sandbox: the bus on `{}` runs with another policy than ours: starting a new one \
+                     (the old dbus-daemon keeps running until stopped)",
+                    sock.display()
+                ),
+                Err(e) => log::warn!(
+                    "sandbox: who runs the bus on `{}` cannot be told ({e}): starting our own",
+                    sock.display()
+                ),
+            }
+        }
+        match fs::remove_file(&sock) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&sock)(e)),
+        }
+        fs::create_dir_all(self.run()).map_err(io_err(&self.run()))?;
+        fs::write(&conf, &config).map_err(io_err(&conf))?;
         let log = self.run().join("bus.log");
-        let log_file = fs::File::create(&log).map_err(io_err(&log))?;
         let mut child = std::process::Command::new("dbus-daemon")
             .arg(format!("--config-file={}", conf.display()))
             .args(["--nofork", "--print-address"])
@@ -252,10 +280,11 @@ impl Sandbox {
             .env_remove("WATCHDOG_PID")
             .env_remove("LISTEN_FDS")
             .env_remove("LISTEN_PID")
-            // Nothing of ours stays open in it: it may outlive us (it is reused then).
+            // Nothing of ours stays open in it but the pipes: it may outlive us (it is reused
+            // then, and what it says after goes nowhere).
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
-            .stderr(log_file)
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(SandboxError::Bus)?;
         // The address line is printed once the socket listens.
@@ -269,9 +298,24 @@ impl Sandbox {
         if ready.unwrap_or(0) == 0 {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(SandboxError::Bus(io::Error::other(
-                "dbus-daemon exited before it printed its address",
-            )));
+            // It has exited: what it said is all there, and short.
+            let mut said = String::new();
+            if let Some(err) = child.stderr.take() {
+                let _ = io::Read::read_to_string(&mut io::Read::take(err, 4096), &mut said);
+            }
+            return Err(SandboxError::Bus(io::Error::other(format!(
+                "dbus-daemon exited before it printed its address: {}",
+                said.trim()
+            ))));
+        }
+        if let Some(err) = child.stderr.take() {
+            let copy = std::thread::Builder::new()
+                .name("cpupoold-buslog".into())
+                .spawn(move || copy_capped(err, &log, BUS_LOG_MAX));
+            if let Err(e) = copy {
+                // The pipe is closed with the thread's closure: the bus's words are lost.
+                log::warn!("sandbox: no thread to keep the bus's log ({e}); it is not kept");
+            }
         }
         Ok(PrivateBus { address, child: Some(child) })
     }
@@ -355,25 +399,98 @@ impl Drop for PrivateBus {
     }
 }
 
+/// The largest `bus.log`: beyond, it becomes `bus.log.1` (replacing the one before) and a new
+/// one starts. A flood of calls can make the bus warn many times a second.
+pub const BUS_LOG_MAX: u64 = 1 << 20;
+
+/// Copies `from` to `path` until `from` ends, in files of at most `max` bytes: a full one is
+/// renamed `<path>.1`. Errors end the copy (the rest goes nowhere); it is a log.
+fn copy_capped(from: impl io::Read, path: &Path, max: u64) {
+    use std::io::{BufRead, Read, Write};
+    let rotated = path.with_extension("log.1");
+    let Ok(mut file) = fs::File::create(path) else { return };
+    let mut written = 0u64;
+    let mut lines = io::BufReader::new(from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // A line is at most 64 KiB here: a longer one is cut.
+        match (&mut lines).take(64 * 1024).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let n = n as u64;
+                if written + n > max && written > 0 {
+                    if fs::rename(path, &rotated).is_err() {
+                        return;
+                    }
+                    match fs::File::create(path) {
+                        Ok(f) => (file, written) = (f, 0),
+                        Err(_) => return,
+                    }
+                }
+                if file.write_all(&line).is_err() {
+                    return;
+                }
+                written += n;
+            }
+        }
+    }
+}
+
+/// The configuration of the sandbox's private bus on `sock`: only `uid` (the daemon's) may own
+/// `org.cpupool.Manager1`, as only root may on the system bus
+/// (`dbus/org.cpupool.Manager1.conf`); everyone may connect, own other names and call anything.
+pub fn sandbox_bus_config(sock: &Path, uid: u32) -> String {
+    let name = crate::api::dbus::BUS_NAME;
+    bus_config(
+        sock,
+        &format!(
+            "Written by cpupoold: the sandbox's private bus. Only uid {uid} may own {name}; the daemon checks callers."
+        ),
+        &format!(
+            r#"  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <deny own="{name}"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+  <policy user="{uid}">
+    <allow own="{name}"/>
+  </policy>
+"#
+        ),
+    )
+}
+
 /// The configuration of a session-type bus on `sock` whose policy lets everyone own and call
-/// anything: the sandbox's private bus (and the tests' own buses).
+/// anything: the tests' own buses.
 pub fn permissive_bus_config(sock: &Path) -> String {
-    let path = sock.display().to_string().replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
-    format!(
-        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<!-- Written by cpupoold: a private bus whose policy allows everything (the daemon checks callers). -->
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={path}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
+    bus_config(
+        sock,
+        "Written by cpupoold: a private bus whose policy allows everything (the daemon checks callers).",
+        r#"  <policy context="default">
     <allow user="*"/>
     <allow own="*"/>
     <allow send_destination="*"/>
     <allow receive_sender="*"/>
   </policy>
-</busconfig>
+"#,
+    )
+}
+
+/// A session-type bus on `sock` with `policy`, `comment` at its head.
+fn bus_config(sock: &Path, comment: &str, policy: &str) -> String {
+    let path = sock.display().to_string().replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    format!(
+        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- {comment} -->
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={path}</listen>
+  <auth>EXTERNAL</auth>
+{policy}</busconfig>
 "#
     )
 }
@@ -409,4 +526,51 @@ pub fn sample_config(shape: &TopologyShape) -> String {
         s.push_str(&format!("\n[pools.web]\nkind = \"shared\"\ncount = {web}\n"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_bus_log_is_kept_in_two_files_of_at_most_the_cap() {
+        let dir = tempdir();
+        let log = dir.path().join("bus.log");
+        let lines: String = (0..5000).map(|i| format!("warning {i:05}: a flood of calls\n")).collect();
+        copy_capped(lines.as_bytes(), &log, 10_000);
+        let now = fs::read_to_string(&log).unwrap_or_default();
+        let before = fs::read_to_string(dir.path().join("bus.log.1")).unwrap_or_default();
+        assert!(now.len() <= 10_000 && before.len() <= 10_000, "{} and {} bytes", now.len(), before.len());
+        assert!(now.ends_with("warning 04999: a flood of calls\n"), "the latest lines are kept: {now:?}");
+        assert!(before.len() > 9_000, "the file before was full: {}", before.len());
+        // Whole lines, continued from one file to the next.
+        let first_now = now.lines().next().unwrap_or_default();
+        let last_before = before.lines().last().unwrap_or_default();
+        let n = |l: &str| l[8..13].parse::<u32>().unwrap_or(0);
+        assert_eq!(n(first_now), n(last_before) + 1);
+    }
+
+    #[test]
+    fn a_running_bus_of_ours_is_used_again() {
+        if std::process::Command::new("dbus-daemon").arg("--version").output().is_err() {
+            eprintln!("skipped: no dbus-daemon");
+            return;
+        }
+        let dir = tempdir();
+        let sb = Sandbox::prepare(dir.path(), Some("1x2x1:1")).unwrap_or_else(|e| panic!("{e}"));
+        let first = sb.private_bus().unwrap_or_else(|e| panic!("{e}"));
+        assert!(first.child.is_some());
+        let conf = fs::read_to_string(sb.run().join("bus.conf")).unwrap_or_default();
+        let uid = nix::unistd::geteuid().as_raw();
+        assert!(conf.contains(&format!(r#"<policy user="{uid}">"#)), "{conf}");
+        assert!(conf.contains(r#"<deny own="org.cpupool.Manager1"/>"#), "{conf}");
+        // As after a daemon killed with its bus still running: the bus is ours, and used.
+        let again = sb.private_bus().unwrap_or_else(|e| panic!("{e}"));
+        assert!(again.child.is_none(), "a bus was started beside our running one");
+        assert_eq!(again.address, first.address);
+    }
 }

@@ -135,6 +135,12 @@ fn bad_varlink_arguments_are_refused_by_name_and_change_nothing() {
         ("Release", json!({ "id": "held\u{0}" }), "NoSuchAssignment", ""),
         ("GetPool", json!({ "name": long(60_000) }), "NoSuchPool", ""),
         ("CreatePool", json!({ "name": long(33), "kind": "shared", "cpus": "3" }), "InvalidArgument", "name"),
+        (
+            "CreatePool",
+            json!({ "name": long(60_000), "kind": "shared", "cpus": "3" }),
+            "InvalidArgument",
+            "name",
+        ),
         ("CreatePool", json!({ "name": "../x", "kind": "shared", "cpus": "3" }), "InvalidArgument", "name"),
         ("CreatePool", json!({ "name": "x", "kind": "shared", "count": 0 }), "InvalidArgument", "count"),
         ("CreatePool", json!({ "name": "x", "kind": "shared", "count": -2 }), "InvalidArgument", "count"),
@@ -169,6 +175,9 @@ fn bad_varlink_arguments_are_refused_by_name_and_change_nothing() {
         let (name, p) =
             v.call(method, params.clone()).err().unwrap_or_else(|| panic!("{method} {params} succeeded"));
         let what = format!("{method} {}", params.to_string().chars().take(200).collect::<String>());
+        // Long input is repeated cut short: its first 64 characters and its length.
+        let said = p.to_string();
+        assert!(said.len() <= 512, "{what}: a {} byte answer: {}...", said.len(), &said[..200]);
         if kind.is_empty() {
             // A value of the wrong JSON type is the protocol's InvalidParameter.
             assert_eq!(name, "org.varlink.service.InvalidParameter", "{what}");
@@ -251,12 +260,15 @@ fn bad_dbus_arguments_are_refused_by_name_and_change_nothing() {
         ("Assign", Box::new(("web", "unit:..", 0u32, 100u64, "")), "InvalidArgument", "target"),
         ("Assign", Box::new(("web", "cgroup:k/b", 0u32, 0u64, "")), "InvalidArgument", "cpus"),
         ("Assign", Box::new(("dp", "cgroup:k/b", u32::MAX, 0u64, "")), "InsufficientCapacity", ""),
-        ("Assign", Box::new(("web", "cgroup:k/b", 0u32, u64::MAX, "")), "InsufficientCapacity", ""),
+        // Refused naming the value sent, not taken as 2^63-1.
+        ("Assign", Box::new(("web", "cgroup:k/b", 0u32, u64::MAX, "")), "InvalidArgument", "millicpus"),
         ("Assign", Box::new(("web", "cgroup:k/b", 1u32, 1u64, "")), "InvalidArgument", "cpus"),
         ("Assign", Box::new(("nope", "cgroup:k/b", 1u32, 0u64, "")), "NoSuchPool", ""),
         ("Assign", Box::new((long(5000), "cgroup:k/b", 1u32, 0u64, "")), "NoSuchPool", ""),
         ("Assign", Box::new(("web", "cgroup:k/b", 0u32, 1u64, long(129))), "InvalidArgument", "id"),
         ("Release", Box::new((long(100_000),)), "NoSuchAssignment", ""),
+        ("GetPool", Box::new((long(100_000),)), "NoSuchPool", ""),
+        ("CreatePool", Box::new((long(100_000), "shared", opts("cpus", s("3")))), "InvalidArgument", "name"),
         ("CreatePool", Box::new((long(33), "shared", opts("cpus", s("3")))), "InvalidArgument", "name"),
         (
             "CreatePool",
@@ -276,6 +288,8 @@ fn bad_dbus_arguments_are_refused_by_name_and_change_nothing() {
     ];
     for (method, body, kind, argument) in &cases {
         let (name, msg) = call(method, &|m| send(m, body.as_ref()));
+        // Long input is repeated cut short: its first 64 characters and its length.
+        assert!(msg.len() <= 512, "D-Bus {method}: a {} byte message: {}...", msg.len(), &msg[..200]);
         assert_eq!(name, format!("org.cpupool.Manager1.Error.{kind}"), "D-Bus {method}: {msg}");
         if !argument.is_empty() {
             let named = msg.strip_prefix("invalid ").and_then(|m| m.split(':').next()).unwrap_or_default();
@@ -283,6 +297,10 @@ fn bad_dbus_arguments_are_refused_by_name_and_change_nothing() {
         }
         assert_eq!(observed(&d, &mut v), before, "D-Bus {method} changed something");
     }
+    let (_, msg) = call("GetPool", &|m| send(m, &(long(100_000),)));
+    assert!(msg.contains(&format!("{}… (100000 bytes)", long(64))), "{msg}");
+    let (_, msg) = call("Assign", &|m| send(m, &("web", "cgroup:k/b", 0u32, u64::MAX, "")));
+    assert!(msg.contains("18446744073709551615") && msg.contains("9223372036854775807"), "{msg}");
     // A wrong signature is refused by zbus before our code runs (it names it
     // org.freedesktop.zbus.Error rather than the standard DBus.Error.InvalidArgs).
     let (name, msg) = call("Assign", &|m| send(m, &("web", 5u8)));

@@ -712,3 +712,142 @@ fn lists_are_shared_by_concurrent_callers_and_follow_each_change() {
     );
     d.stop();
 }
+
+/// The environment variable that makes [`impostor_peer`] take the daemon's name on the bus at
+/// its address.
+const IMPOSTOR_BUS: &str = "CPUPOOLD_TEST_IMPOSTOR_BUS";
+
+/// The impostor: this test binary run again as nobody by [`Impostor::start`]. It asks for the
+/// daemon's name (`org.cpupool.Manager1`) and prints what the bus said; it keeps its connection
+/// (and the name, if it got it) until its stdin closes.
+#[test]
+#[ignore = "a helper: run as nobody by the sandbox bus tests"]
+fn impostor_peer() {
+    let Ok(address) = std::env::var(IMPOSTOR_BUS) else { return };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = zbus::connection::Builder::address(address.as_str()).unwrap().build().await.unwrap();
+        let r = c.request_name_with_flags(DEST, zbus::fdo::RequestNameFlags::DoNotQueue.into()).await;
+        println!(
+            "impostor: {}",
+            match r {
+                Ok(reply) => format!("{reply:?}"),
+                Err(e) => format!("refused: {e}"),
+            }
+        );
+        let _ = tokio::task::spawn_blocking(|| {
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+        })
+        .await;
+    });
+}
+
+/// An [`impostor_peer`] running as nobody, holding its connection until dropped.
+struct Impostor {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    /// What the bus said to its request for the name.
+    said: String,
+}
+
+impl Impostor {
+    fn start(address: &str) -> Impostor {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "impostor_peer", "--nocapture", "--test-threads=1"])
+            .env(IMPOSTOR_BUS, address)
+            .uid(65534)
+            .gid(65534)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("the impostor: {e}"));
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        // libtest prints `test NAME ... ` before the test's own output, on the same line.
+        while !line.contains("impostor: ") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the impostor ended before it asked");
+        }
+        let said = line.split_once("impostor: ").map(|(_, s)| s.trim().to_owned()).unwrap_or_default();
+        Impostor { child, out, said }
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        // The rest of libtest's lines, so that it does not write into a closed pipe.
+        let _ = std::io::Read::read_to_end(&mut self.out, &mut Vec::new());
+        let _ = self.child.wait();
+    }
+}
+
+/// The uid of the owner of the daemon's name on `address`, as the bus says.
+fn name_owner_uid(address: &str) -> Output {
+    run(Command::new("busctl").arg(format!("--address={address}")).args([
+        "call",
+        "org.freedesktop.DBus",
+        "/org/freedesktop/DBus",
+        "org.freedesktop.DBus",
+        "GetConnectionUnixUser",
+        "s",
+        DEST,
+    ]))
+}
+
+/// The sandbox's own bus (`--bus private`, the sandbox's default) lets no one but the daemon's
+/// uid own `org.cpupool.Manager1`, as the system bus policy lets only root.
+#[test]
+fn on_the_sandbox_bus_only_the_daemons_uid_may_own_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &[]);
+    let address = format!("unix:path={}", d.sb.join("run/bus.sock").display());
+    let impostor = Impostor::start(&address);
+    assert!(impostor.said.contains("AccessDenied"), "nobody asked for the daemon's name: {}", impostor.said);
+    drop(impostor);
+    let owner = name_owner_uid(&address);
+    assert_eq!(
+        text(&owner.stdout).trim(),
+        format!("u {}", nix::unistd::geteuid()),
+        "{}",
+        text(&owner.stderr)
+    );
+    d.stop();
+}
+
+/// A bus left in the sandbox's place by a killed run, with a policy that let anyone own the name
+/// (as the sandbox's bus had), and an impostor of another uid holding the name on it: the daemon
+/// starts a bus of its own instead of using that one, and root's clients of the sandbox's bus
+/// reach the daemon, not the impostor.
+#[test]
+fn a_bus_left_with_an_impostor_on_it_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("sb/run");
+    fs::create_dir_all(&run).unwrap();
+    // As the earlier versions wrote it: everyone may own anything.
+    let left = PrivateBus::start(&run);
+    let impostor = Impostor::start(&left.address);
+    assert!(impostor.said.contains("PrimaryOwner"), "the impostor did not get the name: {}", impostor.said);
+
+    let d = Daemon::start(dir.path(), &[]);
+    assert!(d.logs().contains("runs with another policy than ours"), "{}", d.logs());
+    let address = format!("unix:path={}", run.join("bus.sock").display());
+    let owner = name_owner_uid(&address);
+    assert_eq!(
+        text(&owner.stdout).trim(),
+        format!("u {}", nix::unistd::geteuid()),
+        "{}",
+        text(&owner.stderr)
+    );
+    let out = run_busctl(&address, &["call", DEST, PATH, IFACE, "Status"]);
+    assert!(out.status.success(), "root's Status on the sandbox's bus: {}", text(&out.stderr));
+    d.stop();
+    drop(impostor);
+    drop(left);
+}
+
+fn run_busctl(address: &str, args: &[&str]) -> Output {
+    run(Command::new("busctl").arg(format!("--address={address}")).args(args))
+}

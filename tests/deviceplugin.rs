@@ -293,8 +293,25 @@ async fn kubelet_peer_end_to_end() {
             tonic::Code::InvalidArgument,
             "held by assignment `kubelet-core-6`",
         ),
+        // One device for two containers (the kubelet never asks it): they would share the
+        // exclusive CPUs, here of the existing allocation.
+        (
+            alloc(vec![vec!["core-6", "core-7"], vec!["core-7", "core-6"], vec!["core-6", "core-7"]]),
+            tonic::Code::InvalidArgument,
+            "device `core-7` is listed for container requests 0 and 1",
+        ),
+        (alloc(vec![vec!["core-1"], vec!["core-1"]]), tonic::Code::InvalidArgument, "`core-1`"),
+        // A 1 MB device id is repeated cut short.
+        (alloc(vec![vec![&"x".repeat(1 << 20)]]), tonic::Code::InvalidArgument, "… (1048576 bytes)"),
+        // Far more containers than one call carries.
+        (
+            alloc(vec![vec!["core-6", "core-7"]; 20_000]),
+            tonic::Code::InvalidArgument,
+            "20000 container requests",
+        ),
     ] {
         let e = c.allocate(req).await.unwrap_err();
+        assert!(e.message().len() <= 512, "a {} byte message", e.message().len());
         assert_eq!(e.code(), code, "{}", e.message());
         assert!(e.message().contains(says), "{}", e.message());
         assert_eq!(v.call("ListAssignments", json!({})).unwrap(), before);
@@ -490,6 +507,66 @@ async fn a_pool_deleted_or_made_at_run_time_is_withdrawn_or_registered() {
     assert_eq!((ino("dp"), ino("th")), (dp, th));
     assert!(dp.is_some() && th.is_some());
     assert_eq!(got.len(), 4, "{got:?}");
+    d.stop();
+}
+
+/// Holds as many idle connections to `sock` as it gets (of `n`), as nobody; prints how many
+/// stayed open (the server spoke first: HTTP/2 settings), then waits for stdin to close.
+const IDLE_HOLDER_PY: &str = r#"
+import socket, sys
+held, refused = [], 0
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+        s.settimeout(5)
+        if s.recv(1):
+            held.append(s)
+            continue
+    except OSError:
+        pass
+    refused += 1
+print(len(held), refused, flush=True)
+sys.stdin.read()
+"#;
+
+/// The device-plugin sockets' connections are the kubelet's: with the daemon's umask 000 (so a
+/// socket would be open to all), another user's idle connections do not take the budget (64),
+/// and root's calls are answered while they try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_idle_connections_do_not_lock_the_kubelet_out() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let sb = tmp.path().join("sb");
+    let Peer { plugins, kubelet: _kubelet, tx: _tx, mut registered, .. } = serve_peer(&sb);
+    let umask0 = ["sh", "-c", "umask 000; exec \"$0\" \"$@\""];
+    let d = Daemon::start_wrapped(tmp.path(), &umask0, "2x4x2:2", Some(CONFIG), &["--bus", "none"], &[]);
+    tokio::time::timeout(WAIT, registered.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no registration\n{}", d.logs()));
+    let sock = plugins.join("cpupoold-dp.sock");
+    common::open_to_everyone(&plugins);
+
+    let mut holder = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", IDLE_HOLDER_PY])
+        .arg(&sock)
+        .arg("100")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    // The kubelet (root) is served.
+    let opts = plugin(sock.clone()).await.get_device_plugin_options(dp::Empty {}).await;
+    assert!(opts.is_ok(), "root's call while nobody holds what it got ({line}): {opts:?}");
+    let counts: Vec<u32> = line.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    assert_eq!(counts, [0, 100], "nobody's connections held and refused: {line}");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket's mode");
+    drop(holder.stdin.take());
+    let _ = holder.wait();
     d.stop();
 }
 

@@ -6,7 +6,8 @@
 //! - varlink: a memory flood (calls of 1 MiB without a terminator, then half-sent calls held
 //!   open) leaves the daemon's RSS within a bound of where it started.
 //! - D-Bus: an unprivileged peer floods the daemon with calls on the private bus; root's calls
-//!   are still answered.
+//!   are all answered, every flood call gets an answer (`AccessDenied` and `Busy` the only
+//!   errors), and the daemon asks the bus who a caller is once per connection, not per call.
 //!
 //! Latencies and RSS figures are printed (run with `--nocapture`), never asserted as times.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -205,7 +206,8 @@ const ROOT_CALLS: usize = 200;
 /// [`an_unprivileged_dbus_flood_does_not_starve_root`]. It calls `ListPools` and `Release`
 /// (refused: `AccessDenied`, which costs the daemon a bus round trip and a user lookup) as fast
 /// as the daemon answers, on several connections with many calls in flight, until its stdin
-/// closes; then prints how many calls were answered.
+/// closes; then prints how many calls were answered, and how many refused `Busy` (beyond its
+/// uid's share of calls in flight).
 #[test]
 #[ignore = "a helper: run as another uid by an_unprivileged_dbus_flood_does_not_starve_root"]
 fn dbus_flood_peer() {
@@ -217,7 +219,7 @@ fn dbus_flood_peer() {
         stopper.store(true, std::sync::atomic::Ordering::SeqCst);
     });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (answered, denied) = rt.block_on(async {
+    let (answered, denied, busy) = rt.block_on(async {
         let mut conns = Vec::new();
         for _ in 0..FLOOD_CONNECTIONS {
             conns.push(zbus::connection::Builder::address(address.as_str()).unwrap().build().await.unwrap());
@@ -244,30 +246,38 @@ fn dbus_flood_peer() {
         for c in conns {
             let (stop, round) = (stop.clone(), round);
             tasks.push(tokio::spawn(async move {
-                let (mut answered, mut denied) = (0u64, 0u64);
+                let (mut answered, mut denied, mut busy) = (0u64, 0u64, 0u64);
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     for r in round(c.clone()).await {
                         match r {
                             Ok(()) => answered += 1,
-                            Err(zbus::Error::MethodError(name, _, _)) if name.ends_with("AccessDenied") => {
+                            Err(zbus::Error::MethodError(name, _, _))
+                                if name.as_str() == "org.cpupool.Manager1.Error.AccessDenied" =>
+                            {
                                 answered += 1;
                                 denied += 1
+                            }
+                            Err(zbus::Error::MethodError(name, _, _))
+                                if name.as_str() == "org.cpupool.Manager1.Error.Busy" =>
+                            {
+                                answered += 1;
+                                busy += 1
                             }
                             Err(e) => panic!("flood call: {e}"),
                         }
                     }
                 }
-                (answered, denied)
+                (answered, denied, busy)
             }));
         }
-        let mut total = (0, 0);
+        let mut total = (0, 0, 0);
         for t in tasks {
-            let (a, d) = t.await.unwrap();
-            total = (total.0 + a, total.1 + d);
+            let (a, d, b) = t.await.unwrap();
+            total = (total.0 + a, total.1 + d, total.2 + b);
         }
         total
     });
-    println!("flood: {}", json!({ "answered": answered, "denied": denied }));
+    println!("flood: {}", json!({ "answered": answered, "denied": denied, "busy": busy }));
 }
 
 /// How long root takes for `n` `Status` calls over D-Bus on its connection.
@@ -282,6 +292,48 @@ fn root_dbus_calls(rt: &tokio::runtime::Runtime, conn: &zbus::Connection, n: usi
         .collect()
 }
 
+/// Calls `Release` as root on a new connection (refused: no such assignment) and gives its
+/// unique name.
+fn new_root_call(rt: &tokio::runtime::Runtime, bus: &PrivateBus) -> String {
+    let c = rt.block_on(zbus::connection::Builder::address(bus.address.as_str()).unwrap().build()).unwrap();
+    let r = rt.block_on(c.call_method(Some(DEST), PATH, Some(DEST), "Release", &("nothing",)));
+    assert!(
+        matches!(&r, Err(zbus::Error::MethodError(n, _, _)) if n.as_str().ends_with("NoSuchAssignment")),
+        "{r:?}"
+    );
+    c.unique_name().unwrap().to_string()
+}
+
+/// The unique names a `dbus-monitor --monitor` watching `GetConnectionUnixUser` shows asked
+/// about, sent on as it shows them, from a thread of its own (it ends with the monitor).
+fn asked(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            // The argument of each call: `   string ":1.12"`.
+            if let Some(name) = line.trim().strip_prefix("string \"").and_then(|l| l.strip_suffix('"')) {
+                if tx.send(name.to_owned()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// What [`asked`] shows until `until`, or until it has been quiet for `quiet`.
+fn asked_until(rx: &std::sync::mpsc::Receiver<String>, until: &str, quiet: Duration) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Ok(name) = rx.recv_timeout(quiet) {
+        let last = name == until;
+        names.push(name);
+        if last {
+            break;
+        }
+    }
+    names
+}
+
 #[test]
 fn an_unprivileged_dbus_flood_does_not_starve_root() {
     let dir = tempfile::tempdir().unwrap();
@@ -291,6 +343,23 @@ fn an_unprivileged_dbus_flood_does_not_starve_root() {
     let root =
         rt.block_on(zbus::connection::Builder::address(bus.address.as_str()).unwrap().build()).unwrap();
     let quiet = p50_max(root_dbus_calls(&rt, &root, ROOT_CALLS));
+    // Every question the daemon asks the bus about a caller, from here on.
+    let mut monitor = Command::new("dbus-monitor")
+        .args(["--address", &bus.address, "--monitor"])
+        .arg("type='method_call',interface='org.freedesktop.DBus',member='GetConnectionUnixUser'")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("dbus-monitor (package dbus): {e}"));
+    let questions = asked(monitor.stdout.take().unwrap());
+    // Once a call on a new connection has been seen asked about, the monitor is on.
+    let (first, mut asked) = loop {
+        let c = new_root_call(&rt, &bus);
+        let asked = asked_until(&questions, &c, Duration::from_secs(1));
+        if asked.contains(&c) {
+            break (c, asked);
+        }
+    };
+    asked.retain(|n| *n != first);
 
     let mut flood = Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", "dbus_flood_peer", "--nocapture", "--test-threads=1"])
@@ -321,16 +390,36 @@ fn an_unprivileged_dbus_flood_does_not_starve_root() {
         .find_map(|l| l.split_once("flood: {").map(|(_, j)| format!("{{{j}")))
         .and_then(|j| serde_json::from_str(&j).ok())
         .unwrap_or_else(|| panic!("no report from the flood peer: {rest}"));
+    // A last call of root's, on a new connection, after every flood call: once its uid was
+    // asked, the monitor has shown every question before it.
+    let last = new_root_call(&rt, &bus);
+    asked.extend(asked_until(&questions, &last, Duration::from_secs(60)));
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    assert!(asked.contains(&last), "dbus-monitor did not show the daemon asking about {last}: {asked:?}");
     assert!(report["denied"].as_u64() > Some(0), "the flood was refused nothing: {report}");
+    // Root's connections and the flood's: each asked about once. A question per call made the
+    // bus do twice the work for the flood, and the daemon's calls wait for its answers.
+    let connections: std::collections::BTreeSet<&String> = asked.iter().collect();
+    assert!(connections.len() <= FLOOD_CONNECTIONS + 1, "{connections:?}");
+    assert_eq!(
+        asked.len(),
+        connections.len(),
+        "the daemon asked the bus for a caller's uid {} times about {} connections ({} flood calls)",
+        asked.len(),
+        connections.len(),
+        report["answered"]
+    );
     let mut v = Varlink::connect(&d.varlink);
     assert!(v.call("ListPools", json!({})).is_ok(), "varlink after the flood");
     eprintln!(
         "D-Bus flood by uid 65534 ({FLOOD_CONNECTIONS} connections x {FLOOD_IN_FLIGHT} calls in flight, \
-         {} calls answered, {} of them AccessDenied, in about {flood_secs:.1} s): root Status, \
+         {} calls answered, {} of them AccessDenied, {} Busy, in about {flood_secs:.1} s): root Status, \
          {ROOT_CALLS} calls: p50 {:.2} ms / max {:.2} ms quiet, p50 {:.2} ms / max {:.2} ms during the \
          flood (p50 ratio {:.2})",
         report["answered"],
         report["denied"],
+        report["busy"],
         quiet.0,
         quiet.1,
         flooded.0,

@@ -70,7 +70,7 @@ kinds! {
     TopologyFailed,
     /// The daemon is shutting down.
     ShuttingDown,
-    /// Too many connections (varlink; the bus does this job for D-Bus).
+    /// Too many connections (varlink), or too many calls in flight (D-Bus).
     Busy,
     /// A call longer than the limit (varlink only).
     MessageTooLarge,
@@ -87,10 +87,10 @@ impl ErrorKind {
         format!("{DBUS_ERROR_PREFIX}.{}", self.name())
     }
 
-    /// Whether the D-Bus interface returns it: `Busy` and `MessageTooLarge` are about
-    /// varlink connections, which the bus manages for D-Bus.
+    /// Whether the D-Bus interface returns it: `MessageTooLarge` is about varlink's framing,
+    /// which the bus does for D-Bus.
     pub fn on_dbus(self) -> bool {
-        !matches!(self, ErrorKind::Busy | ErrorKind::MessageTooLarge)
+        !matches!(self, ErrorKind::MessageTooLarge)
     }
 
     /// The kind of a varlink or D-Bus error name, or of a short name; `None` for names that

@@ -5,6 +5,7 @@
 //! decision is the same: uid 0, the sandbox's owner, or a member of the admin group.
 
 use crate::api::ops::{self, ApiError};
+use crate::threads::ThreadError;
 
 /// Who may call the mutating methods (`Assign`, `Release`, `CreatePool`, `ResizePool`,
 /// `DeletePool`): root, the admin group, and in the sandbox its owner.
@@ -59,10 +60,7 @@ impl Authorizer {
             return Ok(());
         }
         if self.admin_gid.is_some() && !*looked_up {
-            let (uid, gid) = (p.uid, p.gid);
-            // The group database may be NSS-backed (LDAP, sssd): never block a runtime worker.
-            p.groups =
-                tokio::task::spawn_blocking(move || supplementary_groups(uid, gid)).await.unwrap_or_default();
+            p.groups = groups_of(p.uid, p.gid).await.map_err(|e| lookup_failed(p.uid, &e))?;
             *looked_up = true;
         }
         if self.allows(p) {
@@ -73,8 +71,21 @@ impl Authorizer {
     }
 }
 
+/// `AccessDenied` for `uid` because its groups could not be looked up: it may be allowed, but
+/// that cannot be told now.
+fn lookup_failed(uid: u32, e: &ThreadError) -> ApiError {
+    ops::access_denied_because(uid, &format!("its groups could not be looked up: {}", crate::error_chain(e)))
+}
+
+/// [`supplementary_groups`] on a thread of its own ([`crate::threads::run_blocking`]): the group
+/// database may be NSS-backed (LDAP, sssd), so it never blocks a runtime worker, and a thread
+/// the system refuses is an error, not a panic.
+pub async fn groups_of(uid: u32, gid: u32) -> Result<Vec<u32>, ThreadError> {
+    crate::threads::run_blocking("a group database lookup", move || supplementary_groups(uid, gid)).await
+}
+
 /// The groups of user `uid` (primary group `gid`) in the group database. It may be NSS-backed
-/// (LDAP, sssd): call it off the async workers.
+/// (LDAP, sssd): call it off the async workers ([`groups_of`]).
 pub fn supplementary_groups(uid: u32, gid: u32) -> Vec<u32> {
     use nix::unistd::{getgrouplist, Gid, Uid, User};
     let user = match User::from_uid(Uid::from_raw(uid)) {
@@ -98,25 +109,31 @@ impl Authorizer {
         ops::check_process_owner(owner, pid, uid)
     }
 
-    /// Checks a caller known only by uid (the D-Bus case): its primary group and supplementary
-    /// groups come from the user database.
-    pub async fn check_uid(&self, uid: u32) -> Result<(), ApiError> {
-        let gid = if uid == 0 || self.owner_uid == Some(uid) {
-            None
-        } else {
-            tokio::task::spawn_blocking(move || {
-                nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-                    .ok()
-                    .flatten()
-                    .map(|u| u.gid.as_raw())
+    /// Whether a caller known only by uid (the D-Bus case) may mutate: root and the owner may;
+    /// anyone else only by the admin group, as the user database says (its primary group and
+    /// supplementary groups, looked up on a thread of its own). `Err`: that thread could not be
+    /// started, so it cannot be told.
+    pub async fn allows_uid(&self, uid: u32) -> Result<bool, ThreadError> {
+        if uid == 0 || self.owner_uid == Some(uid) {
+            return Ok(true);
+        }
+        let Some(admin) = self.admin_gid else { return Ok(false) };
+        crate::threads::run_blocking("a user database lookup", move || {
+            let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten();
+            // An unknown user has no groups: only its uid could decide, and it did not.
+            user.is_some_and(|u| {
+                u.gid.as_raw() == admin || supplementary_groups(uid, u.gid.as_raw()).contains(&admin)
             })
-            .await
-            .ok()
-            .flatten()
-        };
-        // An unknown user has no groups: only its uid can decide.
-        let mut peer = Some(Peer { uid, gid: gid.unwrap_or(u32::MAX), groups: Vec::new() });
-        let mut looked_up = gid.is_none();
-        self.check(&mut peer, &mut looked_up).await
+        })
+        .await
+    }
+
+    /// Checks a caller known only by uid: [`Authorizer::allows_uid`], as an API error.
+    pub async fn check_uid(&self, uid: u32) -> Result<(), ApiError> {
+        match self.allows_uid(uid).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ops::access_denied(uid)),
+            Err(e) => Err(lookup_failed(uid, &e)),
+        }
     }
 }

@@ -5,9 +5,12 @@
 //! through the [`Handle`]. A task forwards the engine's events as the `PoolChanged` and
 //! `AssignmentChanged` signals and `PropertiesChanged` for `Pools`.
 //!
-//! Mutations ask the bus who the caller is (`GetConnectionUnixUser`: the bus took the uid from
-//! the kernel when the client connected) and apply the same [`Authorizer`] rules as varlink.
-//! Errors are `org.cpupool.Manager1.Error.<kind>`, one name per kind, with a message naming the
+//! Every call asks who the caller is: the bus's answer to `GetConnectionUnixUser` (it took the
+//! uid from the kernel when the client connected), kept per unique name for the connection's
+//! life ([`Callers`]). The uid decides which budget of calls in flight the call draws on
+//! ([`CallLimits`], the same rule as varlink's connections): an unprivileged uid's calls beyond
+//! its share are answered `Busy` at once, so a flood cannot take root's room. Mutations apply
+//! the same [`Authorizer`] rules as varlink. Errors are `org.cpupool.Manager1.Error.<kind>`, one name per kind, with a message naming the
 //! argument at fault.
 //!
 //! The interface as served is kept equal to `dbus/org.cpupool.Manager1.xml` by a test.
@@ -30,6 +33,7 @@ use zbus::{Connection, DBusError};
 use zvariant::OwnedValue;
 
 use crate::api::auth::Authorizer;
+use crate::api::budget::{AdminCache, Budget, Class, Shares, Slot};
 use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PerSnapshot, PoolOptions, PoolView};
 use crate::core::edit::PoolEdit;
 use crate::engine::{EngineError, Event, Handle};
@@ -103,12 +107,99 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// How many calls may await their answer at once, per class of caller (see
+/// [`crate::api::budget`]); a call beyond is answered `Busy`.
+pub struct CallLimits;
+
+impl CallLimits {
+    /// Root, the admin group and the sandbox's owner, together: far more than `cpupoolctl` and
+    /// monitors need.
+    pub const PRIVILEGED: usize = 256;
+    /// All unprivileged uids together.
+    pub const UNPRIVILEGED: usize = 64;
+    /// One unprivileged uid.
+    pub const PER_UID: usize = 16;
+    /// The shares of [`Budget`].
+    pub const SHARES: Shares = Shares {
+        privileged: CallLimits::PRIVILEGED,
+        unprivileged: CallLimits::UNPRIVILEGED,
+        per_uid: CallLimits::PER_UID,
+    };
+}
+
+/// Callers' uids by unique name: a name is never given to another connection during the bus's
+/// life, so an answer stays true. At most this many are kept; the oldest go first.
+const SENDERS_KEPT: usize = 4096;
+
+/// Unique names to uids (each asked of the bus once), and the names in the order they came.
+type Senders = (HashMap<String, Arc<tokio::sync::OnceCell<u32>>>, std::collections::VecDeque<String>);
+
+/// Who calls, and what their calls in flight hold.
+struct Callers {
+    budget: Arc<Budget>,
+    /// Unique name to uid (asked of the bus once, however many calls of the connection arrive
+    /// at once), and the names in the order they came.
+    senders: std::sync::Mutex<Senders>,
+    /// Whether uids are privileged; held while the user database is asked, so that a flood of
+    /// one uid's calls asks once.
+    admins: tokio::sync::Mutex<AdminCache>,
+}
+
+/// An admitted call: its caller and its place in the budget, held until it is answered.
+struct Caller {
+    uid: u32,
+    /// `Err`: whether it is privileged could not be told (the reason).
+    privileged: Result<bool, String>,
+    _slot: Slot,
+}
+
+impl Callers {
+    fn new() -> Callers {
+        Callers {
+            budget: Budget::new(CallLimits::SHARES),
+            senders: std::sync::Mutex::new(Default::default()),
+            admins: tokio::sync::Mutex::new(AdminCache::default()),
+        }
+    }
+
+    /// A call of `uid` (`privileged`: whether it may mutate), within its budget, or `Busy`.
+    fn admit(&self, uid: u32, privileged: Result<bool, String>) -> Result<Caller, Error> {
+        let class = if privileged == Ok(true) { Class::Privileged } else { Class::Unprivileged(uid) };
+        match self.budget.admit(class) {
+            Ok(slot) => Ok(Caller { uid, privileged, _slot: slot }),
+            Err(full) => {
+                CALL_REFUSALS.note(&format!("the calls in flight of {full} at their limit"));
+                Err(ops::busy_calls(&full.to_string()).into())
+            }
+        }
+    }
+
+    /// Where the uid of `sender` is, or will be once asked.
+    fn sender(&self, sender: &str) -> Arc<tokio::sync::OnceCell<u32>> {
+        let mut guard = self.senders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (map, order) = &mut *guard;
+        if let Some(cell) = map.get(sender) {
+            return cell.clone();
+        }
+        let cell = Arc::new(tokio::sync::OnceCell::new());
+        map.insert(sender.to_owned(), cell.clone());
+        order.push_back(sender.to_owned());
+        while order.len() > SENDERS_KEPT {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+        cell
+    }
+}
+
 /// The object served at [`OBJECT_PATH`].
 pub struct Manager {
     handle: Handle,
     auth: Authorizer,
     started: Instant,
     bus: Option<zbus::fdo::DBusProxy<'static>>,
+    callers: Callers,
     /// `ListAssignments` replies of the latest snapshot, shared by every caller.
     assignments: PerSnapshot<Vec<AssignmentStruct>>,
 }
@@ -128,28 +219,93 @@ impl zvariant::Type for SharedAssignments {
 }
 
 impl Manager {
-    /// Asks the bus for the caller's uid and checks it.
-    async fn authorize(&self, hdr: &Header<'_>) -> Result<(), Error> {
-        self.authorize_uid(hdr).await.map(|_| ())
-    }
-
-    /// [`Manager::authorize`], returning the caller's uid.
-    async fn authorize_uid(&self, hdr: &Header<'_>) -> Result<u32, Error> {
-        let (Some(bus), Some(sender)) = (&self.bus, hdr.sender()) else {
-            return Err(ops::access_denied(u32::MAX).into());
-        };
-        let uid = bus.get_connection_unix_user(sender.clone().into()).await.map_err(|e| {
+    /// The caller's uid: kept from an earlier call of the same connection, or asked of the bus.
+    /// `u32::MAX`: unknown (no sender, or the bus did not say).
+    async fn uid_of(&self, hdr: &Header<'_>) -> u32 {
+        let (Some(bus), Some(sender)) = (&self.bus, hdr.sender()) else { return u32::MAX };
+        let asked = self
+            .callers
+            .sender(sender)
+            .get_or_try_init(|| bus.get_connection_unix_user(sender.clone().into()))
+            .await
+            .copied();
+        asked.unwrap_or_else(|e| {
+            // Not kept: the next call asks again.
             log::warn!("asking the bus for the uid of `{sender}`: {e}");
-            Error::from(ops::access_denied(u32::MAX))
-        })?;
-        self.auth.check_uid(uid).await.map_err(Error::from)?;
-        Ok(uid)
+            u32::MAX
+        })
     }
 
+    /// Whether `uid` may mutate (its class), as the user database said within the cache's time.
+    async fn privileged(&self, uid: u32) -> Result<bool, String> {
+        if uid == u32::MAX {
+            return Ok(false);
+        }
+        let mut admins = self.callers.admins.lock().await;
+        if let Some(known) = admins.get(uid) {
+            return Ok(known);
+        }
+        match self.auth.allows_uid(uid).await {
+            Ok(allowed) => {
+                admins.insert(uid, allowed);
+                Ok(allowed)
+            }
+            Err(e) => {
+                let why = crate::error_chain(&e);
+                log::warn!("D-Bus: whether uid {uid} is privileged: {why}");
+                Err(why)
+            }
+        }
+    }
+
+    /// Admits a call within its caller's budget of calls in flight, or answers `Busy`.
+    async fn admit(&self, hdr: &Header<'_>) -> Result<Caller, Error> {
+        let uid = self.uid_of(hdr).await;
+        let privileged = self.privileged(uid).await;
+        self.callers.admit(uid, privileged)
+    }
+
+    /// Runs one call of `method` within the caller's budget, metered.
+    async fn call<T, F>(
+        &self,
+        hdr: &Header<'_>,
+        method: &str,
+        f: impl FnOnce(Caller) -> F,
+    ) -> Result<T, Error>
+    where
+        F: std::future::Future<Output = Result<T, Error>>,
+    {
+        metered(method, async {
+            let caller = self.admit(hdr).await?;
+            f(caller).await
+        })
+        .await
+    }
+}
+
+/// Calls refused `Busy`, in a log line at most every 10 s.
+static CALL_REFUSALS: crate::fds::Refusals = crate::fds::Refusals::calls("D-Bus");
+
+impl Caller {
+    /// Checks that the caller may mutate; its uid.
+    fn authorize(&self) -> Result<u32, Error> {
+        match &self.privileged {
+            Ok(true) => Ok(self.uid),
+            Ok(false) => Err(ops::access_denied(self.uid).into()),
+            Err(why) => Err(ops::access_denied_because(
+                self.uid,
+                &format!("whether it is in the admin group could not be told: {why}"),
+            )
+            .into()),
+        }
+    }
+}
+
+impl Manager {
     #[allow(clippy::too_many_arguments)]
     async fn assign_with(
         &self,
-        hdr: &Header<'_>,
+        caller: Caller,
         pool: String,
         target: &str,
         cpus: u32,
@@ -157,9 +313,10 @@ impl Manager {
         id: &str,
         reclaim: bool,
     ) -> Result<AssignmentStruct, Error> {
-        self.authorize(hdr).await?;
+        caller.authorize()?;
         let id = Some(id).filter(|s| !s.is_empty());
-        let mut spec = ops::assign_spec(pool, target, nonzero(cpus), nonzero(millicpus), id)?;
+        let mut spec =
+            ops::assign_spec(pool, target, nonzero("cpus", cpus)?, nonzero("millicpus", millicpus)?, id)?;
         spec.reclaim = reclaim;
         let a = self.handle.assign(spec).await?.into_inner();
         Ok(AssignmentView::from(&a).into())
@@ -181,11 +338,6 @@ async fn metered<T>(
 ) -> Result<T, Error> {
     crate::counters::timed("dbus", method, |r: &Result<T, Error>| r.as_ref().err().map(|e| e.name.clone()), f)
         .await
-}
-
-/// [`metered`] for a method that cannot fail.
-async fn metered_ok<T>(method: &str, f: impl std::future::Future<Output = T>) -> T {
-    crate::counters::timed("dbus", method, |_| None, f).await
 }
 
 fn options(map: &HashMap<String, OwnedValue>, allowed: &[&str]) -> Result<Options, Error> {
@@ -255,46 +407,58 @@ impl Options {
     }
 }
 
-fn nonzero<T: Default + PartialEq + Into<i128>>(v: T) -> Option<i64> {
+/// `argument`'s value, `None` for 0 (absent); one beyond what the API takes (2^63-1) is refused
+/// naming the argument, the value and the maximum.
+fn nonzero<T: Default + PartialEq + Into<i128>>(argument: &str, v: T) -> Result<Option<i64>, ApiError> {
     if v == T::default() {
-        None
-    } else {
-        i64::try_from(v.into()).ok().or(Some(i64::MAX))
+        return Ok(None);
     }
+    let v = v.into();
+    i64::try_from(v)
+        .map(Some)
+        .map_err(|_| ops::invalid_argument(argument, &format!("{v} is more than the maximum, {}", i64::MAX)))
 }
 
 #[zbus::interface(name = "org.cpupool.Manager1")]
 impl Manager {
     #[zbus(out_args("pools"))]
-    async fn list_pools(&self) -> Vec<PoolStruct> {
-        metered_ok("ListPools", async {
-            PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect()
+    async fn list_pools(&self, #[zbus(header)] hdr: Header<'_>) -> Result<Vec<PoolStruct>, Error> {
+        self.call(&hdr, "ListPools", |_| async {
+            Ok(PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect())
         })
         .await
     }
 
     #[zbus(out_args("pool"))]
-    async fn get_pool(&self, name: &str) -> Result<PoolStruct, Error> {
-        metered("GetPool", async { Ok(PoolView::find(&self.handle.snapshot(), name)?.into()) }).await
+    async fn get_pool(&self, #[zbus(header)] hdr: Header<'_>, name: &str) -> Result<PoolStruct, Error> {
+        self.call(&hdr, "GetPool", |_| async { Ok(PoolView::find(&self.handle.snapshot(), name)?.into()) })
+            .await
     }
 
     #[zbus(out_args("online", "offline", "isolated", "cpus"))]
-    async fn get_topology(&self) -> (String, String, String, Vec<CpuStruct>) {
-        metered_ok("GetTopology", async {
+    async fn get_topology(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<(String, String, String, Vec<CpuStruct>), Error> {
+        self.call(&hdr, "GetTopology", |_| async {
             let topo = self.handle.snapshot().topology;
-            (
+            Ok((
                 topo.online().to_string(),
                 topo.offline().to_string(),
                 topo.isolated().to_string(),
                 CpuView::all(&topo).into_iter().map(Into::into).collect(),
-            )
+            ))
         })
         .await
     }
 
     #[zbus(out_args("assignments"))]
-    async fn list_assignments(&self, pool: &str) -> Result<SharedAssignments, Error> {
-        metered("ListAssignments", async {
+    async fn list_assignments(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        pool: &str,
+    ) -> Result<SharedAssignments, Error> {
+        self.call(&hdr, "ListAssignments", |_| async {
             let snap = self.handle.snapshot();
             let filter = Some(pool).filter(|p| !p.is_empty());
             let list = self
@@ -309,9 +473,15 @@ impl Manager {
     }
 
     #[zbus(out_args("assignment"))]
-    async fn get_assignment(&self, id: &str) -> Result<AssignmentStruct, Error> {
-        metered("GetAssignment", async { Ok(AssignmentView::find(&self.handle.snapshot(), id)?.into()) })
-            .await
+    async fn get_assignment(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        id: &str,
+    ) -> Result<AssignmentStruct, Error> {
+        self.call(&hdr, "GetAssignment", |_| async {
+            Ok(AssignmentView::find(&self.handle.snapshot(), id)?.into())
+        })
+        .await
     }
 
     #[zbus(out_args(
@@ -323,11 +493,14 @@ impl Manager {
         "config_error",
         "degraded_assignments"
     ))]
-    async fn status(&self) -> (String, u64, u32, u32, String, String, u32) {
-        metered_ok("Status", async {
+    async fn status(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> Result<(String, u64, u32, u32, String, String, u32), Error> {
+        self.call(&hdr, "Status", |_| async {
             let snap = self.handle.snapshot();
             let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-            (
+            Ok((
                 env!("CARGO_PKG_VERSION").to_owned(),
                 self.started.elapsed().as_secs(),
                 count(snap.state.pools().len()),
@@ -335,7 +508,7 @@ impl Manager {
                 snap.state_path.display().to_string(),
                 snap.config_error.clone().unwrap_or_default(),
                 count(snap.assignment_health.len()),
-            )
+            ))
         })
         .await
     }
@@ -343,9 +516,10 @@ impl Manager {
     #[zbus(out_args("isolcpus", "nohz_full", "housekeeping", "workqueue", "pools"))]
     async fn get_isolation(
         &self,
+        #[zbus(header)] hdr: Header<'_>,
         pool: &str,
     ) -> Result<(String, String, String, String, Vec<PoolIsolationStruct>), Error> {
-        metered("GetIsolation", async {
+        self.call(&hdr, "GetIsolation", |_| async {
             let r = crate::api::ops::IsolationReply::new(&self.handle.snapshot(), pool)?;
             let pools = r.pools.into_iter().map(Into::into).collect();
             Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, pools))
@@ -354,8 +528,12 @@ impl Manager {
     }
 
     #[zbus(out_args("classes"))]
-    async fn get_classes(&self, pool: &str) -> Result<Vec<ClassStruct>, Error> {
-        metered("GetClasses", async {
+    async fn get_classes(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        pool: &str,
+    ) -> Result<Vec<ClassStruct>, Error> {
+        self.call(&hdr, "GetClasses", |_| async {
             let r = crate::api::ops::ClassesReply::new(&self.handle.snapshot(), pool)?;
             Ok(r.classes.into_iter().map(Into::into).collect())
         })
@@ -372,7 +550,7 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        metered("Assign", self.assign_with(&hdr, pool, target, cpus, millicpus, id, true)).await
+        self.call(&hdr, "Assign", |c| self.assign_with(c, pool, target, cpus, millicpus, id, true)).await
     }
 
     /// Assign with options: `reclaim` false keeps the assignment when the target goes away.
@@ -388,7 +566,7 @@ impl Manager {
         id: &str,
         reclaim: bool,
     ) -> Result<AssignmentStruct, Error> {
-        metered("AssignEx", self.assign_with(&hdr, pool, target, cpus, millicpus, id, reclaim)).await
+        self.call(&hdr, "AssignEx", |c| self.assign_with(c, pool, target, cpus, millicpus, id, reclaim)).await
     }
 
     /// Assigns CPUs to process `pid` (the caller's own; root: any) and confines it: in a new
@@ -403,10 +581,16 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        metered("Run", async {
-            let uid = self.authorize_uid(&hdr).await?;
+        self.call(&hdr, "Run", |c| async move {
+            let uid = c.authorize()?;
             let id = Some(id).filter(|s| !s.is_empty());
-            let spec = ops::run_spec(pool, i64::from(pid), nonzero(cpus), nonzero(millicpus), id)?;
+            let spec = ops::run_spec(
+                pool,
+                i64::from(pid),
+                nonzero("cpus", cpus)?,
+                nonzero("millicpus", millicpus)?,
+                id,
+            )?;
             self.auth.check_process(pid, uid)?;
             let a = self.handle.run(spec).await?.into_inner();
             Ok(AssignmentView::from(&a).into())
@@ -416,8 +600,8 @@ impl Manager {
 
     #[zbus(out_args("assignment"))]
     async fn release(&self, #[zbus(header)] hdr: Header<'_>, id: &str) -> Result<AssignmentStruct, Error> {
-        metered("Release", async {
-            self.authorize(&hdr).await?;
+        self.call(&hdr, "Release", |c| async move {
+            c.authorize()?;
             let a = self.handle.release(id).await?;
             Ok(AssignmentView::from(&a).into())
         })
@@ -432,8 +616,8 @@ impl Manager {
         kind: &str,
         options: HashMap<String, OwnedValue>,
     ) -> Result<PoolStruct, Error> {
-        metered("CreatePool", async {
-            self.authorize(&hdr).await?;
+        self.call(&hdr, "CreatePool", |c| async move {
+            c.authorize()?;
             let o = self::options(&options, &["cpus", "count", "numa", "smt", "isolate", "kubelet"])?;
             let edit = ops::create_pool(name, kind, &o.borrowed())?;
             self.pool_reply(edit).await
@@ -448,8 +632,8 @@ impl Manager {
         name: &str,
         options: HashMap<String, OwnedValue>,
     ) -> Result<PoolStruct, Error> {
-        metered("ResizePool", async {
-            self.authorize(&hdr).await?;
+        self.call(&hdr, "ResizePool", |c| async move {
+            c.authorize()?;
             let o = self::options(&options, &["cpus", "count", "numa"])?;
             let edit = ops::resize_pool(name, &o.borrowed())?;
             self.pool_reply(edit).await
@@ -458,8 +642,8 @@ impl Manager {
     }
 
     async fn delete_pool(&self, #[zbus(header)] hdr: Header<'_>, name: &str) -> Result<(), Error> {
-        metered("DeletePool", async {
-            self.authorize(&hdr).await?;
+        self.call(&hdr, "DeletePool", |c| async move {
+            c.authorize()?;
             let edit = ops::delete_pool(name)?;
             self.handle.edit_pool(edit).await?;
             Ok(())
@@ -471,8 +655,8 @@ impl Manager {
     /// an error (ConfigRejected, AssignmentsStranded) and the running one stays.
     #[zbus(out_args("changed"))]
     async fn reload(&self, #[zbus(header)] hdr: Header<'_>) -> Result<bool, Error> {
-        metered("Reload", async {
-            self.authorize(&hdr).await?;
+        self.call(&hdr, "Reload", |c| async move {
+            c.authorize()?;
             Ok(ops::reload(&self.handle).await?)
         })
         .await
@@ -559,6 +743,7 @@ pub async fn serve(bus: &Bus, handle: Handle, auth: Authorizer) -> zbus::Result<
         auth,
         started: Instant::now(),
         bus: None,
+        callers: Callers::new(),
         assignments: PerSnapshot::default(),
     };
     let conn = builder.serve_at(OBJECT_PATH, manager)?.build().await?;
@@ -618,7 +803,6 @@ mod tests {
 
     #[test]
     fn error_names_follow_the_prefix_and_are_documented() {
-        // `Busy` is varlink's answer to too many connections; the bus does that job for D-Bus.
         for kind in ops::ErrorKind::ALL.iter().copied().filter(|k| k.on_dbus()) {
             let e = Error::from(ApiError { kind, params: serde_json::json!({}), message: "m".into() });
             assert_eq!(e.name(), format!("{ERROR_PREFIX}.{kind}"));
@@ -628,9 +812,55 @@ mod tests {
     }
 
     #[test]
+    fn calls_beyond_an_unprivileged_share_are_busy_and_root_keeps_its_room() {
+        let callers = Callers::new();
+        let nobody: Vec<Caller> = (0..CallLimits::PER_UID)
+            .map(|_| callers.admit(65534, Ok(false)).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let e = callers.admit(65534, Ok(false)).err().unwrap_or_else(|| panic!("admitted beyond the share"));
+        assert_eq!(e.name(), format!("{ERROR_PREFIX}.Busy"));
+        assert!(e.message.contains("uid 65534"), "{e}");
+        // Other uids fill the unprivileged budget; root and a caller whose privilege could not
+        // be told are apart: root has its room, the other counts as unprivileged.
+        let others: Vec<Caller> = (0..CallLimits::UNPRIVILEGED - CallLimits::PER_UID)
+            .map(|i| callers.admit(1000 + (i % 4) as u32, Ok(false)).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert!(callers.admit(2000, Err("no thread".into())).is_err());
+        let root: Vec<Caller> = (0..CallLimits::PRIVILEGED)
+            .map(|_| callers.admit(0, Ok(true)).unwrap_or_else(|e| panic!("root refused: {e}")))
+            .collect();
+        assert!(root[0].authorize().is_ok());
+        assert_eq!(
+            nobody[0].authorize().err().map(|e| e.name().to_owned()),
+            Some(format!("{ERROR_PREFIX}.AccessDenied"))
+        );
+        // Answered calls give their room back.
+        drop(nobody);
+        assert!(callers.admit(65534, Ok(false)).is_ok());
+        drop((others, root));
+        assert_eq!(callers.budget.held(), (0, 0));
+    }
+
+    #[test]
+    fn a_caller_whose_privilege_cannot_be_told_is_denied_with_the_reason() {
+        let callers = Callers::new();
+        let c =
+            callers.admit(1000, Err("starting a thread: EAGAIN".into())).unwrap_or_else(|e| panic!("{e}"));
+        let e = c.authorize().err().unwrap_or_else(|| panic!("allowed"));
+        assert_eq!(e.name(), format!("{ERROR_PREFIX}.AccessDenied"));
+        assert!(e.message.contains("EAGAIN"), "{e}");
+    }
+
+    #[test]
     fn zero_means_absent() {
-        assert_eq!(nonzero(0u32), None);
-        assert_eq!(nonzero(3u32), Some(3));
-        assert_eq!(nonzero(u64::MAX), Some(i64::MAX));
+        assert_eq!(nonzero("cpus", 0u32), Ok(None));
+        assert_eq!(nonzero("cpus", 3u32), Ok(Some(3)));
+        assert_eq!(nonzero("millicpus", i64::MAX as u64), Ok(Some(i64::MAX)));
+        // What the caller sent, not 2^63-1.
+        let e = nonzero("millicpus", u64::MAX).err().map(|e| e.message).unwrap_or_default();
+        assert_eq!(
+            e,
+            "invalid millicpus: 18446744073709551615 is more than the maximum, 9223372036854775807"
+        );
     }
 }

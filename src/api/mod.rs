@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod budget;
 pub mod dbus;
 pub mod metrics;
 pub mod ops;

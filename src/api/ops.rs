@@ -61,7 +61,7 @@ fn pool_named<'a>(state: &'a State, name: &str) -> Result<&'a Pool, ApiError> {
         .pools()
         .values()
         .find(|p| p.name.as_str() == name)
-        .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: name.to_owned() }))
+        .ok_or_else(|| state_error(&state::Error::NoSuchPool { pool: crate::core::echo(name) }))
 }
 
 /// An assignment as both interfaces show it: varlink `Assignment`, D-Bus `(ssstsbsss)`.
@@ -123,7 +123,7 @@ impl AssignmentView {
             .ok()
             .and_then(|k| snap.state.assignments().get(&k))
             .map(|a| AssignmentView::new(snap, a))
-            .ok_or_else(|| state_error(&state::Error::NoSuchAssignment { id: id.to_owned() }))
+            .ok_or_else(|| state_error(&state::Error::NoSuchAssignment { id: crate::core::echo(id) }))
     }
 }
 
@@ -264,6 +264,15 @@ pub fn access_denied(uid: u32) -> ApiError {
     )
 }
 
+/// `AccessDenied` for `uid`, which could not be told allowed: `why`.
+pub fn access_denied_because(uid: u32, why: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::AccessDenied,
+        json!({ "uid": uid }),
+        format!("uid {uid} may not change pools or assignments now: {why}"),
+    )
+}
+
 /// `ShuttingDown`.
 pub fn shutting_down() -> ApiError {
     ApiError::new(ErrorKind::ShuttingDown, json!({}), "the daemon is shutting down")
@@ -272,6 +281,15 @@ pub fn shutting_down() -> ApiError {
 /// `Busy`: too many connections.
 pub fn busy() -> ApiError {
     ApiError::new(ErrorKind::Busy, json!({}), "too many connections; try again later")
+}
+
+/// `Busy`: too many calls in flight (D-Bus) from `whom` ("uid 65534", "unprivileged peers").
+pub fn busy_calls(whom: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::Busy,
+        json!({}),
+        format!("too many calls in flight from {whom}; wait for their answers and try again"),
+    )
 }
 
 /// Each state error to its own kind.
@@ -473,7 +491,10 @@ pub fn create_pool(name: &str, kind: &str, o: &PoolOptions<'_>) -> Result<PoolEd
         other => {
             return Err(invalid_argument(
                 "kind",
-                &format!("`{}` is not one of reserved, exclusive, shared", other.escape_debug()),
+                &format!(
+                    "`{}` is not one of reserved, exclusive, shared",
+                    crate::core::echo(other).escape_debug()
+                ),
             ))
         }
     };
@@ -484,7 +505,7 @@ pub fn create_pool(name: &str, kind: &str, o: &PoolOptions<'_>) -> Result<PoolEd
         Some(other) => {
             return Err(invalid_argument(
                 "smt",
-                &format!("`{}` is not one of full-cores, threads", other.escape_debug()),
+                &format!("`{}` is not one of full-cores, threads", crate::core::echo(other).escape_debug()),
             ))
         }
     };

@@ -18,11 +18,10 @@
 //! turning the descriptor into a listener is left to the `listenfd` crate, since this crate
 //! forbids `unsafe`.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -33,6 +32,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 
 pub use crate::api::auth::{Authorizer, Peer};
+use crate::api::budget::{AdminCache, Budget, Class, Full, Shares, Slot};
 use crate::engine::Handle;
 use crate::fds::Refusals;
 
@@ -143,148 +143,26 @@ impl Default for Limits {
     }
 }
 
-/// Which budget a connection counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Privileged,
-    Unprivileged(u32),
-}
-
-/// Connections open, per [`Class`].
-#[derive(Debug, Default)]
-struct Counts {
-    privileged: usize,
-    unprivileged: usize,
-    per_uid: HashMap<u32, usize>,
-}
-
-/// The connection budgets of [`Limits`]. Connections hold a [`Slot`], given back when the
-/// connection's task ends however it ends.
-#[derive(Debug)]
-struct Budget {
-    limits: Limits,
-    counts: Mutex<Counts>,
-}
-
-/// Which budget was exhausted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Full {
-    Privileged,
-    Unprivileged,
-    Uid(u32),
-}
-
-impl std::fmt::Display for Full {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Full::Privileged => write!(f, "privileged peers' connections"),
-            Full::Unprivileged => write!(f, "unprivileged peers' connections"),
-            Full::Uid(uid) => write!(f, "connections of uid {uid}"),
-        }
-    }
-}
-
-/// One connection's place in the [`Budget`].
-#[derive(Debug)]
-struct Slot {
-    budget: Arc<Budget>,
-    class: Class,
-}
-
-impl Budget {
-    fn new(limits: Limits) -> Arc<Budget> {
-        Arc::new(Budget { limits, counts: Mutex::new(Counts::default()) })
-    }
-
-    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
-        // The counters stay consistent even if a holder panicked: each update is one step.
-        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn admit(self: &Arc<Self>, class: Class) -> Result<Slot, Full> {
-        let mut c = self.counts();
-        match class {
-            Class::Privileged if c.privileged >= self.limits.privileged => return Err(Full::Privileged),
-            Class::Privileged => c.privileged += 1,
-            Class::Unprivileged(uid) => {
-                let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
-                if mine >= self.limits.per_uid {
-                    return Err(Full::Uid(uid));
-                }
-                if c.unprivileged >= self.limits.unprivileged {
-                    return Err(Full::Unprivileged);
-                }
-                c.unprivileged += 1;
-                c.per_uid.insert(uid, mine + 1);
-            }
-        }
-        Ok(Slot { budget: self.clone(), class })
-    }
-
-    /// (privileged, unprivileged) connections open.
-    #[cfg(test)]
-    fn open(&self) -> (usize, usize) {
-        let c = self.counts();
-        (c.privileged, c.unprivileged)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut c = self.budget.counts();
-        match self.class {
-            Class::Privileged => c.privileged = c.privileged.saturating_sub(1),
-            Class::Unprivileged(uid) => {
-                c.unprivileged = c.unprivileged.saturating_sub(1);
-                // Uids without connections are forgotten, so the map stays as small as the budget.
-                if let Some(n) = c.per_uid.get_mut(&uid) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        c.per_uid.remove(&uid);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Group-database lookups (is this uid in the admin group?) running at once. A peer is looked
 /// up only when its uid alone does not make it privileged, an admin group is configured, and
-/// the unprivileged budget has no room for it; the answer is kept for [`ADMIN_CACHE_TTL`], so a
-/// flood from one uid costs one lookup.
+/// the unprivileged budget has no room for it; the answer is kept for
+/// [`ADMIN_CACHE_TTL`](crate::api::budget::ADMIN_CACHE_TTL), so a flood from one uid costs one
+/// lookup.
 const MAX_LOOKUPS: usize = 4;
-/// How long a group-database answer is trusted.
-const ADMIN_CACHE_TTL: Duration = Duration::from_secs(60);
-/// At most this many uids' answers are kept; older ones are dropped first.
-const ADMIN_CACHE_SIZE: usize = 1024;
 
-/// Whether uids are in the admin group, as the group database said recently.
-#[derive(Default)]
-struct AdminCache(HashMap<u32, (bool, Instant)>);
-
-impl AdminCache {
-    fn get(&self, uid: u32) -> Option<bool> {
-        self.0.get(&uid).filter(|(_, at)| at.elapsed() < ADMIN_CACHE_TTL).map(|(admin, _)| *admin)
-    }
-
-    fn insert(&mut self, uid: u32, admin: bool) {
-        if self.0.len() >= ADMIN_CACHE_SIZE {
-            self.0.retain(|_, (_, at)| at.elapsed() < ADMIN_CACHE_TTL);
-            if self.0.len() >= ADMIN_CACHE_SIZE {
-                self.0.clear();
-            }
+/// Fills in the peer's supplementary groups, off the async workers. `false`: they could not be
+/// looked up (no thread could be started), so the peer counts as unprivileged this time.
+async fn look_up(stream: UnixStream, mut peer: Peer) -> (UnixStream, Peer, bool) {
+    match crate::api::auth::groups_of(peer.uid, peer.gid).await {
+        Ok(groups) => {
+            peer.groups = groups;
+            (stream, peer, true)
         }
-        self.0.insert(uid, (admin, Instant::now()));
+        Err(e) => {
+            log::warn!("varlink: the groups of uid {}: {}", peer.uid, crate::error_chain(&e));
+            (stream, peer, false)
+        }
     }
-}
-
-/// Fills in the peer's supplementary groups, off the async workers.
-async fn look_up(stream: UnixStream, mut peer: Peer) -> (UnixStream, Peer) {
-    let (uid, gid) = (peer.uid, peer.gid);
-    peer.groups = tokio::task::spawn_blocking(move || crate::api::auth::supplementary_groups(uid, gid))
-        .await
-        .unwrap_or_default();
-    (stream, peer)
 }
 
 /// `org.cpupool.Manager.MessageTooLarge`: a call longer than the limit.
@@ -337,7 +215,11 @@ pub async fn serve_with(
     let ctx = Arc::new(Ctx { handle, auth, started: Instant::now(), limits, lists: Default::default() });
     let mut gate = Gate {
         ctx: ctx.clone(),
-        budget: Budget::new(limits),
+        budget: Budget::new(Shares {
+            privileged: limits.privileged,
+            unprivileged: limits.unprivileged,
+            per_uid: limits.per_uid,
+        }),
         lookups: JoinSet::new(),
         admins: AdminCache::default(),
         refusals: Refusals::new("varlink"),
@@ -355,7 +237,7 @@ pub async fn serve_with(
                 None
             }
             Some(done) = gate.lookups.join_next(), if !gate.lookups.is_empty() => {
-                done.ok().and_then(|(stream, peer)| gate.looked_up(stream, peer))
+                done.ok().and_then(|(stream, peer, known)| gate.looked_up(stream, peer, known))
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => gate.accepted(stream),
@@ -385,7 +267,7 @@ struct Gate {
     ctx: Arc<Ctx>,
     budget: Arc<Budget>,
     /// Peers waiting for the group database, with their connections.
-    lookups: JoinSet<(UnixStream, Peer)>,
+    lookups: JoinSet<(UnixStream, Peer, bool)>,
     admins: AdminCache,
     refusals: Refusals,
 }
@@ -423,13 +305,15 @@ impl Gate {
         }
     }
 
-    /// A peer back from the group database.
-    fn looked_up(&mut self, stream: UnixStream, peer: Peer) -> Option<Admitted> {
+    /// A peer back from the group database (`known`: it answered).
+    fn looked_up(&mut self, stream: UnixStream, peer: Peer, known: bool) -> Option<Admitted> {
         let admin = self.ctx.auth.allows(&peer);
-        self.admins.insert(peer.uid, admin);
+        if known {
+            self.admins.insert(peer.uid, admin);
+        }
         let class = if admin { Class::Privileged } else { Class::Unprivileged(peer.uid) };
         match self.budget.admit(class) {
-            Ok(slot) => Some(Admitted { stream, peer: Some(peer), looked_up: true, slot }),
+            Ok(slot) => Some(Admitted { stream, peer: Some(peer), looked_up: known, slot }),
             Err(full) => {
                 self.refuse(stream, full);
                 None
@@ -439,7 +323,7 @@ impl Gate {
 
     /// Answers `Busy` and closes.
     fn refuse(&mut self, stream: UnixStream, full: Full) {
-        self.refusals.note(&format!("{full} at their limit"));
+        self.refusals.note(&format!("the connections of {full} at their limit"));
         // Best effort, never waiting: the peer reads it as the answer to its call.
         let _ = stream.try_write(&error_reply(&methods::busy()).encode());
     }

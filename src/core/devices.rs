@@ -180,11 +180,15 @@ fn lookup(
         let Some(u) = all.get(id) else {
             return Err(refused(
                 field,
-                format!("`{}` is not a device of resource pool `{}`", id.escape_debug(), pool.name),
+                format!(
+                    "`{}` is not a device of resource pool `{}`",
+                    super::echo(id).escape_debug(),
+                    pool.name
+                ),
             ));
         };
         if !seen.insert(id.as_str()) {
-            return Err(refused(field, format!("`{id}` is listed twice")));
+            return Err(refused(field, format!("`{}` is listed twice", super::echo(id))));
         }
         out.push(u.clone());
     }
@@ -239,6 +243,52 @@ pub fn allocation(
         },
         devices: units.into_iter().map(|u| u.id).collect(),
     })
+}
+
+/// Container requests one Allocate or GetPreferredAllocation may carry. The kubelet allocates
+/// each container on its own (one request per call); a pod's containers together stay far
+/// below this.
+pub const MAX_CONTAINER_REQUESTS: usize = 64;
+
+/// Refuses more than [`MAX_CONTAINER_REQUESTS`] container requests.
+pub fn check_container_count(n: usize) -> Result<(), Refused> {
+    if n > MAX_CONTAINER_REQUESTS {
+        return Err(refused(
+            "container_requests",
+            format!("{n} container requests; at most {MAX_CONTAINER_REQUESTS} in one call"),
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes a whole Allocate request, one [`allocation`] per container request, refusing more
+/// than [`MAX_CONTAINER_REQUESTS`] of them and a device listed for two containers: the
+/// kubelet gives each device to one container, and two containers given one device would
+/// share exclusive CPUs.
+pub fn allocations<'a>(
+    pool: &Pool,
+    topo: &Topology,
+    millis_per_device: u64,
+    requests: impl ExactSizeIterator<Item = &'a [String]>,
+) -> Result<Vec<Allocation>, Refused> {
+    check_container_count(requests.len())?;
+    let mut owner: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = Vec::with_capacity(requests.len());
+    for (i, ids) in requests.enumerate() {
+        out.push(allocation(pool, topo, millis_per_device, ids)?);
+        for id in ids {
+            if let Some(first) = owner.insert(id.as_str(), i) {
+                return Err(refused(
+                    "container_requests",
+                    format!(
+                        "device `{}` is listed for container requests {first} and {i}; each device goes to one container",
+                        super::echo(id).escape_debug()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether `existing` is what `alloc` would make (a repeated Allocate).
@@ -348,6 +398,21 @@ mod tests {
         let shared = pool("web", PoolKind::Shared, "0,8", Smt::Threads);
         let s = State::with_pools(vec![cores.clone(), threads.clone(), shared.clone()]);
         (t, s, cores, threads, shared)
+    }
+
+    #[test]
+    fn one_device_for_two_containers_or_too_many_containers_are_refused() {
+        let (t, _, cores, _, _) = host();
+        let reqs = [ids(&["core-1", "core-2"]), ids(&["core-3"]), ids(&["core-5", "core-2"])];
+        let e = allocations(&cores, &t, 100, reqs.iter().map(Vec::as_slice)).unwrap_err();
+        assert_eq!(e.field, "container_requests");
+        assert!(e.reason.contains("`core-2` is listed for container requests 0 and 2"), "{e}");
+        let ok = allocations(&cores, &t, 100, reqs[..2].iter().map(Vec::as_slice)).unwrap();
+        assert_eq!(ok.len(), 2);
+        let many = vec![ids(&["core-1"]); MAX_CONTAINER_REQUESTS + 1];
+        let e = allocations(&cores, &t, 100, many.iter().map(Vec::as_slice)).unwrap_err();
+        assert!(e.reason.contains(&format!("{} container requests", MAX_CONTAINER_REQUESTS + 1)), "{e}");
+        assert!(check_container_count(MAX_CONTAINER_REQUESTS).is_ok());
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub const MAX_POOL_NAME: usize = 32;
 impl PoolName {
     /// Validates a name.
     pub fn new(name: &str) -> Result<Self, PoolError> {
-        let bad = |reason: &'static str| PoolError::InvalidName { name: name.to_owned(), reason };
+        let bad = |reason: &'static str| PoolError::InvalidName { name: crate::core::echo(name), reason };
         if name.is_empty() {
             return Err(bad("it is empty"));
         }
@@ -181,7 +181,7 @@ pub enum PoolError {
     /// A name is not usable.
     #[error("pool name `{name}` is invalid: {reason}")]
     InvalidName {
-        /// The name as given.
+        /// The name as given (cut short: [`crate::core::echo`]).
         name: String,
         /// What is wrong with it.
         reason: &'static str,

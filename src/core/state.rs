@@ -413,7 +413,7 @@ impl State {
         PoolName::new(name)
             .ok()
             .and_then(|n| self.data.pools.get(&n))
-            .ok_or_else(|| Error::NoSuchPool { pool: name.to_owned() })
+            .ok_or_else(|| Error::NoSuchPool { pool: crate::core::echo(name) })
     }
 
     /// Assigns CPUs. Repeating a request with the same id and spec returns the existing
@@ -575,9 +575,9 @@ impl State {
         target: Target,
         container: Option<Container>,
     ) -> Result<Outcome<Assignment>, Error> {
-        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: id.to_owned() })?;
+        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: crate::core::echo(id) })?;
         let Some(current) = self.data.assignments.get(&key) else {
-            return Err(Error::NoSuchAssignment { id: id.to_owned() });
+            return Err(Error::NoSuchAssignment { id: crate::core::echo(id) });
         };
         if current.target == target && current.container == container {
             return Ok(Outcome::Identity(current.clone()));
@@ -592,7 +592,7 @@ impl State {
             });
         }
         let Some(a) = self.data.assignments.get_mut(&key) else {
-            return Err(Error::NoSuchAssignment { id: id.to_owned() });
+            return Err(Error::NoSuchAssignment { id: crate::core::echo(id) });
         };
         let old = a.clone();
         a.target = target;
@@ -606,12 +606,12 @@ impl State {
 
     /// Releases an assignment, returning what it held.
     pub fn release(&mut self, id: &str) -> Result<Assignment, Error> {
-        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: id.to_owned() })?;
+        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: crate::core::echo(id) })?;
         let a = self
             .data
             .assignments
             .remove(&key)
-            .ok_or_else(|| Error::NoSuchAssignment { id: id.to_owned() })?;
+            .ok_or_else(|| Error::NoSuchAssignment { id: crate::core::echo(id) })?;
         self.remove_usage(&a);
         self.changes.assignments.insert(key);
         Ok(a)

@@ -9,6 +9,12 @@
 //! peer reads the end of the stream) and counted in a log line at most every 10 s, never kept
 //! waiting for room. A failed accept (EMFILE after all, from something else) backs off instead
 //! of spinning: tonic would ask again at once.
+//!
+//! Only the kubelet's side may take that room: the sockets are the daemon's uid's alone (mode
+//! 0600, as the kubelet's own are), and a peer of any uid but root's and the daemon's (one that
+//! connected before the mode was set, or where the mode was changed) is closed at accept
+//! ([`kubelet_peer`]). Otherwise idle connections of another user could take every slot and
+//! lock the kubelet out.
 
 use std::io;
 use std::pin::Pin;
@@ -46,6 +52,11 @@ pub(super) fn capped(
     futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
         loop {
             match listener.accept().await {
+                Ok((stream, _)) if !kubelet_peer(&stream) => {
+                    let uid = stream.peer_cred().map_or(u32::MAX, |c| c.uid());
+                    refusals.note(&format!("a peer of uid {uid}: only root and the daemon's uid are served"));
+                    drop(stream);
+                }
                 Ok((stream, _)) => match slots.clone().try_acquire_owned() {
                     Ok(slot) => return Some((Ok(Capped { stream, _slot: slot }), (listener, slots))),
                     Err(_) => {
@@ -60,6 +71,12 @@ pub(super) fn capped(
             }
         }
     })
+}
+
+/// Whether the peer of `stream` may be the kubelet: root, or the daemon's own uid (a sandbox's
+/// owner, whose kubelet-shaped peer runs as that user).
+fn kubelet_peer(stream: &UnixStream) -> bool {
+    stream.peer_cred().is_ok_and(|c| c.uid() == 0 || c.uid() == rustix::process::geteuid().as_raw())
 }
 
 impl tonic::transport::server::Connected for Capped {

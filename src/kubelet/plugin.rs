@@ -167,15 +167,14 @@ impl PoolPlugin {
         let snap = self.shared.handle.snapshot();
         let pool = self.pool_of(&snap)?;
         // Decode every container first: a malformed request changes nothing.
-        let allocations = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| {
-                devices::allocation(&pool, &snap.topology, self.shared.millis_per_device, &r.devices_ids)
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| refused(&e))?;
+        let request = request.into_inner();
+        let allocations = devices::allocations(
+            &pool,
+            &snap.topology,
+            self.shared.millis_per_device,
+            request.container_requests.iter().map(|r| r.devices_ids.as_slice()),
+        )
+        .map_err(|e| refused(&e))?;
         // The kubelet repeats Allocate for the same devices (container restart): the existing
         // assignment answers, wherever it has been retargeted since.
         let existing = |alloc: &Allocation| {
@@ -269,8 +268,10 @@ impl DevicePlugin for PoolPlugin {
     ) -> Result<Response<v1beta1::PreferredAllocationResponse>, Status> {
         let snap = self.shared.handle.snapshot();
         let pool = self.pool_of(&snap)?;
+        let request = request.into_inner();
+        devices::check_container_count(request.container_requests.len()).map_err(|e| refused(&e))?;
         let mut container_responses = Vec::new();
-        for r in request.into_inner().container_requests {
+        for r in request.container_requests {
             let ids = devices::preferred(
                 &pool,
                 &snap.topology,

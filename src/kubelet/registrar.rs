@@ -284,6 +284,12 @@ impl Registrar {
             Err(e) => return Err(e),
         }
         let listener = UnixListener::bind(sock)?;
+        // The kubelet's alone, as its own sockets are; a peer of another uid that connects
+        // before this is closed at accept (incoming::capped).
+        std::fs::set_permissions(
+            sock,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+        )?;
         let ino = inode(sock);
         let (stop, stopped) = watch::channel(false);
         let svc = PoolPlugin { pool: pool.clone(), shared: self.shared.clone(), stopped: stopped.clone() };

@@ -236,30 +236,6 @@ async fn frame_buffers_stay_within_the_limit_and_are_given_back() {
     let _ = writer.await;
 }
 
-#[test]
-fn budgets_keep_room_for_privileged_peers_and_are_given_back() {
-    let limits = Limits { privileged: 2, unprivileged: 3, per_uid: 2, ..Limits::default() };
-    let b = Budget::new(limits);
-    let nobody = Class::Unprivileged(65534);
-    let other = Class::Unprivileged(1000);
-    let n1 = b.admit(nobody).unwrap_or_else(|e| panic!("{e}"));
-    let _n2 = b.admit(nobody).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(b.admit(nobody).err(), Some(Full::Uid(65534)));
-    let _o1 = b.admit(other).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(b.admit(other).err(), Some(Full::Unprivileged));
-    // Unprivileged peers filled their budget; privileged ones have their own.
-    let r1 = b.admit(Class::Privileged).unwrap_or_else(|e| panic!("{e}"));
-    let _r2 = b.admit(Class::Privileged).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(b.admit(Class::Privileged).err(), Some(Full::Privileged));
-    assert_eq!(b.open(), (2, 3));
-    drop(n1);
-    drop(r1);
-    assert_eq!(b.open(), (1, 2));
-    let _o2 = b.admit(other).unwrap_or_else(|e| panic!("{e}"));
-    let _r3 = b.admit(Class::Privileged).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(b.counts().per_uid.len(), 2);
-}
-
 const CONFIG: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,4\"\n\n[pools.web]\nkind = \"shared\"\ncpus = \"1-3,5-7\"\n";
 
 /// A real engine on a sandbox (1x4x2, [`CONFIG`]) in `dir`, on a thread of its own.

@@ -46,7 +46,7 @@ impl AssignmentId {
                 arg: "id",
                 reason: format!(
                     "`{}` must be 1-{MAX_ID} characters of A-Z a-z 0-9 _ . : @ -",
-                    id.escape_debug()
+                    crate::core::echo(id).escape_debug()
                 ),
             })
         }
@@ -88,7 +88,7 @@ impl CgroupPath {
     pub fn new(path: &str) -> Result<Self, Error> {
         let bad = |reason: &str| Error::InvalidArgument {
             arg: "target",
-            reason: format!("cgroup path `{}` {reason}", path.escape_debug()),
+            reason: format!("cgroup path `{}` {reason}", crate::core::echo(path).escape_debug()),
         };
         let p = path.strip_suffix('/').unwrap_or(path);
         if p.is_empty() {
@@ -213,7 +213,10 @@ impl Target {
     pub fn parse(s: &str) -> Result<Self, Error> {
         let bad = |reason: String| Error::InvalidArgument { arg: "target", reason };
         let Some((kind, rest)) = s.split_once(':') else {
-            return Err(bad(format!("`{}` must be unit:NAME, cgroup:PATH or pid:N", s.escape_debug())));
+            return Err(bad(format!(
+                "`{}` must be unit:NAME, cgroup:PATH or pid:N",
+                crate::core::echo(s).escape_debug()
+            )));
         };
         match kind {
             "unit" => {
@@ -229,13 +232,19 @@ impl Target {
                 if ok {
                     Ok(Target::Unit(rest.to_owned()))
                 } else {
-                    Err(bad(format!("`{}` is not a valid systemd unit name", rest.escape_debug())))
+                    Err(bad(format!(
+                        "`{}` is not a valid systemd unit name",
+                        crate::core::echo(rest).escape_debug()
+                    )))
                 }
             }
             "cgroup" => Ok(Target::Cgroup(CgroupPath::new(rest)?)),
             "pid" => match rest.parse::<u32>() {
                 Ok(pid) if pid > 0 && pid <= 4_194_304 => Ok(Target::Pid(pid)),
-                _ => Err(bad(format!("`{}` is not a process id (1-4194304)", rest.escape_debug()))),
+                _ => Err(bad(format!(
+                    "`{}` is not a process id (1-4194304)",
+                    crate::core::echo(rest).escape_debug()
+                ))),
             },
             "kubelet" => {
                 let ok = !rest.is_empty()
@@ -246,13 +255,13 @@ impl Target {
                 } else {
                     Err(bad(format!(
                         "`{}` is not a device id (1-{MAX_DEVICE_ID} characters of A-Z a-z 0-9 _ . -)",
-                        rest.escape_debug()
+                        crate::core::echo(rest).escape_debug()
                     )))
                 }
             }
             other => Err(bad(format!(
                 "unknown target kind `{}` (use unit:, cgroup: or pid:)",
-                other.escape_debug()
+                crate::core::echo(other).escape_debug()
             ))),
         }
     }
