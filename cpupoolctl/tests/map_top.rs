@@ -269,6 +269,14 @@ impl Tmux {
         self.cmd(&["new-session", "-d", "-s", "t", "-x", &w, "-y", &h, "sh", script.to_str().unwrap()]);
     }
 
+    /// The pid of `top`: the child of the pane's shell.
+    fn top_pid(&self) -> i32 {
+        let shell: u32 =
+            text(&self.cmd(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().parse().unwrap();
+        let children = fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap();
+        children.split_whitespace().next().unwrap_or_else(|| panic!("no child of {shell}")).parse().unwrap()
+    }
+
     /// Waits for top to end; asserts its exit status, cooked mode (icanon, echo) and the main
     /// screen (top's picture gone).
     fn assert_restored(&self, status: i32) {
@@ -406,16 +414,7 @@ fn top_puts_the_terminal_back_when_killed() {
         let tmux = Tmux { socket: dir.path().join(format!("tmux-{status}.sock")) };
         tmux.run_top(dir.path(), &d);
         tmux.wait("top to show the pools", |s| pool_row(s, "dp").is_some());
-        let shell: u32 =
-            text(&tmux.cmd(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().parse().unwrap();
-        let children = fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap();
-        let top: i32 = children
-            .split_whitespace()
-            .next()
-            .unwrap_or_else(|| panic!("no child of {shell}"))
-            .parse()
-            .unwrap();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(top), sig).unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(tmux.top_pid()), sig).unwrap();
         tmux.assert_restored(status);
     }
     d.stop();
@@ -434,11 +433,7 @@ fn top_exits_when_its_terminal_goes_away() {
     let tmux = Tmux { socket: dir.path().join("tmux-gone.sock") };
     tmux.run_top(dir.path(), &d);
     tmux.wait("top to show the pools", |s| pool_row(s, "dp").is_some());
-    let shell: u32 =
-        text(&tmux.cmd(&["display", "-p", "-t", "t", "#{pane_pid}"]).stdout).trim().parse().unwrap();
-    let children = fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap();
-    let top: u32 =
-        children.split_whitespace().next().unwrap_or_else(|| panic!("no child of {shell}")).parse().unwrap();
+    let top = tmux.top_pid();
     tmux.cmd(&["kill-server"]);
     test_support::wait::until(Duration::from_secs(30), "top to exit with its terminal gone", || {
         match fs::read_to_string(format!("/proc/{top}/stat")) {
