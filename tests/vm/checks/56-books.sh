@@ -94,7 +94,7 @@ else
   fail "assignments never named system.slice"; cpupoolctl assignments | sed 's/^/    /'
 fi
 check_output "status counts it" 'enforcement: +1 assignment' cpupoolctl status
-check_output "pool show names it" 'degraded: assignment drifter' cpupoolctl pool show dp
+check_output "pool show names it" 'degraded: +assignment drifter' cpupoolctl pool show dp
 check_output "varlink Status counts it" '"degraded_assignments": 1' \
   python3 -m varlink.cli call "$VARLINK/org.cpupool.Manager.Status" '{}'
 check_output "D-Bus GetAssignment says degraded" 'degraded' \
