@@ -204,14 +204,10 @@ fn every_try_it_example_works() {
     drop(guard);
 }
 
-/// Runs a streaming command until its first line of output (at most 30 s), then stops it.
-fn first_line_of_stream(script: &str, line: &str) {
-    let mut child = Command::new("sh")
-        .args(["-c", script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+/// Starts `cmd` with its output piped, waits for its first line (at most 30 s) and stops it:
+/// that line (empty if none came) and what it wrote to stderr.
+fn first_line(cmd: &mut Command) -> (String, String) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -224,6 +220,12 @@ fn first_line_of_stream(script: &str, line: &str) {
     let _ = child.wait();
     let mut err = String::new();
     let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+    (first, err)
+}
+
+/// Runs a streaming command until its first line of output (at most 30 s), then stops it.
+fn first_line_of_stream(script: &str, line: &str) {
+    let (first, err) = first_line(Command::new("sh").args(["-c", script]));
     assert!(!first.trim().is_empty(), "README line printed nothing:\n  {line}\nstderr:\n{err}");
 }
 
@@ -787,25 +789,7 @@ fn run_examples(document: &str, examples: &[Example]) -> Vec<String> {
 
 /// A streaming command: passes once it printed a line (within 30 s).
 fn stream_prints(cmd: &str, path: &str) -> Result<(), String> {
-    let mut child = Command::new("sh")
-        .args(["-c", &format!("exec {cmd}")])
-        .env("PATH", path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut first = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut first);
-        let _ = tx.send(first);
-    });
-    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut err = String::new();
-    let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+    let (first, err) = first_line(Command::new("sh").args(["-c", &format!("exec {cmd}")]).env("PATH", path));
     if first.trim().is_empty() {
         Err(format!("printed nothing; stderr:\n{err}"))
     } else {
