@@ -299,6 +299,9 @@ pub struct Sample {
     /// Each isolated pool's cgroups' `usage_usec` (its slice, its containers' cgroups), by
     /// cgroup, where readable.
     pub pool_usage_usec: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Each isolated pool's existing cgroups' `cpuset.cpus.partition` and
+    /// `cpuset.cpus.effective`, by cgroup.
+    pub pool_cpusets: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// One device IRQ firing on an isolated CPU.
@@ -388,9 +391,14 @@ pub fn rate(r: f64) -> String {
     }
 }
 
-/// The health of a pool on `cpus` between `before` and `after`, `secs` apart; `ticks_per_sec`
-/// is the kernel's USER_HZ (100 on every Linux architecture).
-pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: f64) -> PoolHealth {
+/// The health of a pool on `cpus` between `before` and `after`, `secs` apart; `None` where
+/// its cgroups' partitions or CPUs changed in between (a container's partition made or undone,
+/// a cgroup come or gone): such a window measures the change, tasks leaving the CPUs it takes,
+/// not the isolation, and the next one starts from `after`.
+pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: f64) -> Option<PoolHealth> {
+    if before.pool_cpusets.get(pool) != after.pool_cpusets.get(pool) {
+        return None;
+    }
     let secs = if secs > 0.0 { secs } else { 1.0 };
     let delta = |line: &str, cpu: u32| -> u64 {
         let get = |s: &Sample| s.interrupts.get(line).and_then(|l| l.counts.get(&cpu)).copied();
@@ -433,11 +441,9 @@ pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: 
             timer_per_sec: timer as f64 / secs,
         });
     }
-    // The pool's own time, from its cgroups' counters: a cgroup new since `before` (a container
-    // that started) counts all it used; one gone since (a container that ended) leaves the
-    // interval unknown, since what it used after `before` went with it.
+    // The pool's own time, from its cgroups' counters, where each was read at both ends.
     let own = match (before.pool_usage_usec.get(pool), after.pool_usage_usec.get(pool)) {
-        (Some(a), Some(b)) if a.keys().all(|cg| b.contains_key(cg)) => {
+        (Some(a), Some(b)) if a.keys().eq(b.keys()) => {
             Some(b.iter().map(|(cg, now)| now.saturating_sub(a.get(cg).copied().unwrap_or(0))).sum::<u64>())
         }
         _ => None,
@@ -459,7 +465,7 @@ pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: 
         }
         _ => None,
     };
-    PoolHealth { cpus: health, foreign_percent }
+    Some(PoolHealth { cpus: health, foreign_percent })
 }
 
 #[cfg(test)]
@@ -551,7 +557,7 @@ mod tests {
                 .replace("         10          0   Local", "         30          0   Local")
                 .replace("        246          0   Function", "        738          0   Function"),
         );
-        let h = assess("dp", &set("2-3"), &before, &after, 2.0);
+        let h = assess("dp", &set("2-3"), &before, &after, 2.0).unwrap_or_else(|| panic!("not assessed"));
         assert_eq!(h.cpus[0].device_per_sec, 71.0);
         assert_eq!(h.cpus[0].sources[0].name, "virtio1-requests");
         assert_eq!(h.cpus[0].ipi_per_sec, 246.0);
@@ -559,7 +565,7 @@ mod tests {
         assert_eq!(h.cpus[1].device_per_sec, 0.0);
         assert!(!h.holds());
         assert_eq!(h.summary(), "71 IRQ/s from irq 32 virtio1-requests on CPU 2");
-        let quiet = assess("dp", &set("2-3"), &before, &before, 2.0);
+        let quiet = assess("dp", &set("2-3"), &before, &before, 2.0).unwrap_or_else(|| panic!("not assessed"));
         assert!(quiet.holds());
         assert_eq!(quiet.summary(), "holds");
     }
@@ -575,22 +581,59 @@ mod tests {
         let slice = |usec| BTreeMap::from([("cpupool.slice/cpupool-dp.slice".to_owned(), usec)]);
         before.pool_usage_usec.insert("dp".into(), slice(5_000_000));
         after.pool_usage_usec.insert("dp".into(), slice(6_000_000));
-        let h = assess("dp", &set("2-3"), &before, &after, 2.0);
+        let h = assess("dp", &set("2-3"), &before, &after, 2.0).unwrap_or_else(|| panic!("not assessed"));
         let f = h.foreign_percent.unwrap_or_else(|| panic!("no foreign time"));
-        // A container of the pool that started in between: all its time is the pool's.
+        // A cgroup whose counter was read at one end only leaves the pool's own time unknown.
         let ctr = "kubepods.slice/kubepods-podA.slice/cri-containerd-a.scope".to_owned();
-        let mut started = after.clone();
-        started.pool_usage_usec.entry("dp".into()).or_default().insert(ctr.clone(), 120_000);
-        let g = assess("dp", &set("2-3"), &before, &started, 2.0).foreign_percent;
-        assert!(g.is_some_and(|g| g < f), "{g:?} {f}");
-        // One that ended in between: what it used is gone with it, so the interval is unknown.
         let mut ran = before.clone();
         ran.pool_usage_usec.entry("dp".into()).or_default().insert(ctr, 100_000);
-        assert_eq!(assess("dp", &set("2-3"), &ran, &after, 2.0).foreign_percent, None);
+        let unknown = assess("dp", &set("2-3"), &ran, &after, 2.0).and_then(|h| h.foreign_percent);
+        assert_eq!(unknown, None);
         assert!((f - 3.0).abs() < 1e-9, "{f}");
         assert!(h.summary().contains("3.0% CPU time used by tasks outside the pool"), "{}", h.summary());
         assert_eq!(parse_cpu_stat("usage_usec 42\nuser_usec 40\n"), Some(42));
-        assert_eq!(assess("web", &set("2-3"), &before, &after, 2.0).foreign_percent, None);
+        let web = assess("web", &set("2-3"), &before, &after, 2.0).and_then(|h| h.foreign_percent);
+        assert_eq!(web, None);
+    }
+
+    #[test]
+    fn a_window_over_which_the_pools_partitions_changed_is_not_assessed() {
+        // A container's scope became a partition in between: until then other tasks could run
+        // on the CPU it takes, and did; that is the change, not a leak.
+        let stat0 = "cpu3 10 0 0 900\n";
+        let stat1 = "cpu3 60 0 0 1100\n";
+        let slice = "cpupool.slice/cpupool-iso.slice".to_owned();
+        let ctr = "kubepods.slice/kubepods-podA.slice/cri-containerd-a.scope".to_owned();
+        let cpusets = |entries: &[(&String, &str)]| {
+            let m = entries.iter().map(|(c, v)| ((*c).clone(), (*v).to_owned())).collect::<BTreeMap<_, _>>();
+            BTreeMap::from([("iso".to_owned(), m)])
+        };
+        let usage = |entries: &[(&String, u64)]| {
+            let m = entries.iter().map(|(c, v)| ((*c).clone(), *v)).collect::<BTreeMap<_, _>>();
+            BTreeMap::from([("iso".to_owned(), m)])
+        };
+        let before = Sample {
+            task_ticks: parse_stat(stat0),
+            pool_cpusets: cpusets(&[(&slice, "isolated 3"), (&ctr, "member 3")]),
+            pool_usage_usec: usage(&[(&slice, 0), (&ctr, 1_000)]),
+            ..Default::default()
+        };
+        let mut after = Sample {
+            task_ticks: parse_stat(stat1),
+            pool_cpusets: cpusets(&[(&slice, "isolated "), (&ctr, "isolated 3")]),
+            pool_usage_usec: usage(&[(&slice, 0), (&ctr, 1_000)]),
+            ..Default::default()
+        };
+        assert_eq!(assess("iso", &set("3"), &before, &after, 2.0), None);
+        // The same 0.5 s of other tasks' time with the partitions as they were is a leak.
+        after.pool_cpusets = before.pool_cpusets.clone();
+        let h = assess("iso", &set("3"), &before, &after, 2.0).unwrap_or_else(|| panic!("not assessed"));
+        assert!(!h.holds(), "{}", h.summary());
+        assert!(h.summary().contains("25.0% CPU time used by tasks outside the pool"), "{}", h.summary());
+        // A container that started (its cgroup new) changes them too.
+        let mut started = before.clone();
+        started.pool_cpusets.insert("iso".into(), cpusets(&[(&slice, "isolated 3")])["iso"].clone());
+        assert_eq!(assess("iso", &set("3"), &started, &before, 2.0), None);
     }
 
     #[test]

@@ -519,7 +519,7 @@ impl Engine {
         if let Some((then, before)) = &hk.last {
             let secs = now.duration_since(*then).as_secs_f64();
             for (name, pool) in hk.report.pools.iter_mut() {
-                pool.health = Some(housekeeping::assess(name.as_str(), &pool.cpus, before, &sample, secs));
+                pool.health = housekeeping::assess(name.as_str(), &pool.cpus, before, &sample, secs);
             }
         }
         hk.last = Some((now, sample));

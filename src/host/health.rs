@@ -14,21 +14,27 @@ use crate::core::housekeeping::{parse_cpu_stat, parse_interrupts, parse_stat, Sa
 /// Reads one sample; `slices` are `(pool, cgroup path relative to the cgroup root)`, several
 /// for one pool where its containers have partitions of their own. A cgroup
 /// whose `cpu.stat` cannot be read (no cpu controller) is left out: its foreign time is then
-/// unknown rather than wrong.
+/// unknown rather than wrong. Each existing cgroup's `cpuset.cpus.partition` and
+/// `cpuset.cpus.effective` go with it, so that a window over which they changed is known.
 pub fn read_sample(procfs: &Path, cgroup: &Path, slices: &[(String, String)]) -> Result<Sample, FsError> {
     let proc = Root::new(procfs);
     let interrupts = parse_interrupts(&proc.read_to_string("interrupts")?);
     let task_ticks = parse_stat(&proc.read_to_string("stat")?);
     let cg = Root::new(cgroup);
-    let mut pool_usage_usec: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> =
-        std::collections::BTreeMap::new();
+    let mut sample = Sample { interrupts, task_ticks, ..Default::default() };
     for (pool, slice) in slices {
-        let read = cg.read_to_string(format!("{}/cpu.stat", slice.trim_start_matches('/')));
-        if let Some(usec) = read.ok().as_deref().and_then(parse_cpu_stat) {
-            pool_usage_usec.entry(pool.clone()).or_default().insert(slice.clone(), usec);
+        let dir = slice.trim_start_matches('/');
+        if !cg.exists(dir) {
+            continue;
+        }
+        let read = |file: &str| cg.read_to_string(format!("{dir}/{file}")).unwrap_or_default();
+        let cpuset = format!("{} {}", read("cpuset.cpus.partition").trim(), read("cpuset.cpus.effective").trim());
+        sample.pool_cpusets.entry(pool.clone()).or_default().insert(slice.clone(), cpuset);
+        if let Some(usec) = parse_cpu_stat(&read("cpu.stat")) {
+            sample.pool_usage_usec.entry(pool.clone()).or_default().insert(slice.clone(), usec);
         }
     }
-    Ok(Sample { interrupts, task_ticks, pool_usage_usec })
+    Ok(sample)
 }
 
 #[cfg(test)]
@@ -55,8 +61,15 @@ mod tests {
         assert_eq!(s.interrupts["32"].counts.get(&1), Some(&2));
         assert_eq!(s.task_ticks.get(&1), Some(&18));
         assert!(s.pool_usage_usec.is_empty());
+        assert_eq!(s.pool_cpusets["dp"][slice], " ", "the slice exists, its cpuset files do not");
         std::fs::write(c.join(slice).join("cpu.stat"), "usage_usec 77\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(c.join(slice).join("cpuset.cpus.partition"), "isolated\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(c.join(slice).join("cpuset.cpus.effective"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
         let s = read_sample(&p, &c, &pools).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(s.pool_usage_usec.get("dp").and_then(|d| d.values().next()), Some(&77));
+        assert_eq!(s.pool_cpusets["dp"][slice], "isolated 2-3");
+        std::fs::remove_dir_all(c.join(slice)).unwrap_or_else(|e| panic!("{e}"));
+        let s = read_sample(&p, &c, &pools).unwrap_or_else(|e| panic!("{e}"));
+        assert!(s.pool_cpusets.is_empty() && s.pool_usage_usec.is_empty(), "{s:?}");
     }
 }
