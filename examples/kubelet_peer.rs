@@ -50,8 +50,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cpupoold::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
-use cpupoold::kubelet::unix_channel;
+use cpupoold::host::kubelet::clients::unix_channel;
+use cpupoold::host::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
 use serde_json::{json, Value};
 use test_support::kubelet::{self, PodSource};
 use tonic::Status;
@@ -256,8 +256,8 @@ mod runtime {
     use std::collections::HashMap;
     use std::time::{Duration, Instant};
 
-    use cpupoold::kubelet::proto::cri;
-    use cpupoold::kubelet::unix_channel;
+    use cpupoold::host::kubelet::clients::unix_channel;
+    use cpupoold::host::kubelet::proto::cri;
     use serde_json::{json, Value};
     use zvariant::Value as V;
 

@@ -1,6 +1,7 @@
 //! What a container gets when the runtime creates it (the NRI path): the CPUs and memory nodes
 //! of the assignment its `Allocate` made, or the CPUs every container without one shares; and
-//! where its cgroup will be, from the runtime's notation for it.
+//! where its cgroup will be, from the runtime's notation for it; and what identifies a
+//! container to the PodResources path ([`ContainerRef`], [`ContainerSource`]).
 //!
 //! Pure: the NRI wing asks the kubelet which allocation the container holds, asks [`decide`],
 //! and encodes the answer; the engine does the rest once the cgroup exists.
@@ -99,6 +100,27 @@ pub fn decide(state: &State, topo: &Topology, opts: &LayoutOptions, held: Option
         Some(a) => Decision::Pooled { id: a.id.clone(), mems: topo.nodes_of(&a.cpus), cpus: a.cpus.clone() },
         None => Decision::Rebook(alloc.spec.clone()),
     }
+}
+
+/// What finds a container's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerRef {
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The container id, without the runtime's `containerd://` prefix.
+    pub container_id: String,
+    /// The pod's QoS class (`Guaranteed`, `Burstable`, `BestEffort`), when known: it names the
+    /// pod's cgroup outright.
+    pub qos_class: Option<String>,
+}
+
+/// Where the kubelet wing's reconciler can look a container up before asking the CRI: given
+/// the (namespace, pod, container) the kubelet's PodResources names, the pod UID and container
+/// id that find its cgroup. The cluster integration's pod watch is one (`k8s::pods::PodIndex`,
+/// with the `k8s` feature); without one, the CRI's `ListContainers` alone answers.
+pub trait ContainerSource: Send + Sync + std::fmt::Debug {
+    /// `container` in pod `namespace/pod`, if the source knows it.
+    fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<ContainerRef>;
 }
 
 #[cfg(test)]

@@ -239,9 +239,14 @@ pub fn describe_status(r: &kube::core::ErrorResponse) -> String {
     }
 }
 
-impl crate::kubelet::ContainerSource for pods::PodIndex {
-    fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<crate::kubelet::ContainerRef> {
-        self.lookup(namespace, pod, container).map(|i| crate::kubelet::ContainerRef {
+impl crate::core::container::ContainerSource for pods::PodIndex {
+    fn container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Option<crate::core::container::ContainerRef> {
+        self.lookup(namespace, pod, container).map(|i| crate::core::container::ContainerRef {
             pod_uid: i.pod_uid,
             container_id: i.container_id,
             qos_class: i.qos_class,

@@ -3,7 +3,7 @@
 //! container's cgroup, and by container id for the node report's owners.
 //!
 //! The index is filled from the API server's view, so nothing is guessed from cgroup names;
-//! the device plugin consults it before the CRI ([`crate::kubelet::ContainerSource`]).
+//! the device plugin consults it before the CRI ([`crate::core::container::ContainerSource`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

@@ -13,8 +13,8 @@
 //! ```
 //!
 //! The wing keeps no state of its own: the device model is pure ([`crate::core::devices`]),
-//! the node's files are read by [`crate::host::kubelet`], the gRPC clients are in
-//! [`clients`], and what the device lists depend on (the state, the CPUs online, the devices
+//! the node's files are read and the kubelet's and the runtime's gRPC APIs spoken by
+//! [`crate::host::kubelet`] (the NRI wing asks PodResources through the same clients), and what the device lists depend on (the state, the CPUs online, the devices
 //! the kubelet holds) is in the engine's snapshot. Allocate is one engine call
 //! ([`Handle::assign_all`]): all the containers of a request get their CPUs, or none do.
 //!
@@ -24,11 +24,8 @@
 //! the cgroupfs backend, `AllowedCPUs` on the `.scope` with systemd's).
 #![deny(missing_docs)]
 
-pub mod clients;
-mod containers;
 mod incoming;
 pub mod plugin;
-pub mod proto;
 mod reconcile;
 mod registrar;
 
@@ -39,12 +36,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::Settings;
+use crate::core::container::ContainerSource;
 use crate::engine::Handle;
 use crate::host;
 use plugin::Shared;
-
-pub use clients::unix_channel;
-pub use containers::{ContainerRef, ContainerSource};
 
 /// The API version registered.
 pub const VERSION: &str = "v1beta1";
@@ -110,7 +105,7 @@ impl Options {
 
     /// The kubelet's PodResources socket.
     pub fn pod_resources_socket(&self) -> PathBuf {
-        self.kubelet_dir.join("pod-resources/kubelet.sock")
+        host::kubelet::pod_resources_socket(&self.kubelet_dir)
     }
 }
 

@@ -9,8 +9,6 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::clients;
-use super::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
 use super::reconcile::set_held;
 use crate::api::ops;
 use crate::core::devices::{self, Allocation, Device, Refused};
@@ -18,6 +16,8 @@ use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, AssignmentId, Outcome, Size};
 use crate::engine::{EngineError, Handle, Snapshot};
 use crate::error_chain;
+use crate::host::kubelet::clients;
+use crate::host::kubelet::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
 
 /// What every pool's service needs.
 #[derive(Clone)]

@@ -13,7 +13,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
-use super::clients::{self, Containers, Holder};
 use super::Options;
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
@@ -21,6 +20,7 @@ use crate::core::state::{AssignmentId, CgroupPath, Container, Target};
 use crate::engine::Handle;
 use crate::error_chain;
 use crate::host;
+use crate::host::kubelet::clients::{self, Containers, Holder};
 
 /// The reconciler's memory between rounds.
 pub(super) struct Reconciler {

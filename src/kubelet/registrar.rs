@@ -14,12 +14,13 @@ use tokio_stream::StreamExt;
 
 use super::incoming;
 use super::plugin::{self, PoolPlugin, Shared};
-use super::proto::v1beta1;
-use super::{clients, Options, PluginError, KUBELET_SOCKET, VERSION};
+use super::{Options, PluginError, KUBELET_SOCKET, VERSION};
 use crate::backoff::Backoff;
 use crate::core::devices;
 use crate::core::pool::PoolName;
 use crate::engine::Event;
+use crate::host::kubelet::clients;
+use crate::host::kubelet::proto::v1beta1;
 use crate::host::kubelet::{file_id as inode, FileId};
 
 /// One running pool endpoint.

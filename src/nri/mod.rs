@@ -69,11 +69,10 @@ pub struct Options {
 impl Options {
     /// From the settings.
     pub fn from_settings(s: &crate::config::Settings) -> Options {
-        let kubelet = crate::kubelet::Options::from_settings(s);
         Options {
             socket: s.kubelet.nri_socket.clone(),
             retry_cap: Duration::from_secs(5),
-            pod_resources: kubelet.pod_resources_socket(),
+            pod_resources: crate::host::kubelet::pod_resources_socket(&s.paths.kubelet_dir),
             resource_prefix: s.kubelet.resource_prefix.clone(),
             millis_per_device: s.kubelet.millicpus_per_device,
         }

@@ -31,7 +31,7 @@ use crate::core::devices;
 use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
 use crate::engine::{EngineError, Handle};
 use crate::error_chain;
-use crate::kubelet::clients::{self, Holder};
+use crate::host::kubelet::clients::{self, Holder};
 
 /// The events followed. Every bit is within NRI v0.6.1's mask (0x7FF), which refuses a plugin
 /// that asks for one it does not know.

@@ -1,13 +1,24 @@
-//! What the kubelet wing reads from the node besides the kubelet's APIs, each function given
-//! the file or root it reads: the kubelet's CPU manager checkpoint, the cgroup tree where a
-//! container's cgroup is found, and the identity of the sockets in the device-plugin directory.
+//! The kubelet and its container runtime as the node shows them to cpupoold. Their gRPC APIs
+//! ([`proto`], written from the published .proto files) and our clients of them ([`clients`]:
+//! registration, PodResources, the runtime's CRI); and what the kubelet wing reads from the
+//! node besides, each function given the file or root it reads: the kubelet's CPU manager
+//! checkpoint, the cgroup tree where a container's cgroup is found, and the identity of the
+//! sockets in the device-plugin directory.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+pub mod clients;
+pub mod proto;
+
 use crate::core::cpuset::CpuSet;
 use crate::core::state::CgroupPath;
+
+/// The kubelet's PodResources socket under its root directory (`paths.kubelet_dir`).
+pub fn pod_resources_socket(kubelet_dir: &Path) -> std::path::PathBuf {
+    kubelet_dir.join("pod-resources/kubelet.sock")
+}
 
 /// Why the plugin may not run next to the kubelet's CPU manager.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
