@@ -188,27 +188,81 @@ fn protocol(what: String) -> Error {
     Error::Protocol { address: "the daemon".into(), reason: what }
 }
 
+/// The pools' keys in name order: each its letter, and a colour from the palette (grey for the
+/// reserved pool).
+fn pool_keys(sorted: &[&Pool]) -> Vec<PoolKey> {
+    let names: Vec<&str> = sorted.iter().map(|p| p.name.as_str()).collect();
+    let mut palette = PALETTE.iter().cycle();
+    sorted
+        .iter()
+        .zip(letters(&names))
+        .map(|(p, letter)| PoolKey {
+            name: p.name.clone(),
+            letter,
+            kind: p.kind.clone(),
+            colour: if p.kind == "reserved" { GREY.0 } else { palette.next().map_or(GREY.0, |c| c.0) },
+            cpus: p.cpus.clone(),
+            isolated: p.isolated,
+            partition: p.partition.clone(),
+        })
+        .collect()
+}
+
+/// The assignments of exclusive pools in id order, and which of them holds each CPU.
+fn exclusive_holders<'a>(
+    pools: &[Pool],
+    assignments: &'a [Assignment],
+) -> Result<(Vec<Held>, BTreeMap<u32, &'a str>), Error> {
+    let exclusive: BTreeSet<&str> =
+        pools.iter().filter(|p| p.kind == "exclusive").map(|p| p.name.as_str()).collect();
+    let mut held = Vec::new();
+    let mut holder: BTreeMap<u32, &str> = BTreeMap::new();
+    let mut sorted_assignments: Vec<&Assignment> =
+        assignments.iter().filter(|a| exclusive.contains(a.pool.as_str())).collect();
+    sorted_assignments.sort_by(|a, b| a.id.cmp(&b.id));
+    for a in sorted_assignments {
+        for cpu in
+            cpu_list(&a.cpus).map_err(|e| protocol(format!("assignment `{}` field `cpus`: {e}", a.id)))?
+        {
+            holder.insert(cpu, &a.id);
+        }
+        held.push(Held {
+            id: a.id.clone(),
+            pool: a.pool.clone(),
+            cpus: a.cpus.clone(),
+            target: a.target.clone(),
+        });
+    }
+    Ok((held, holder))
+}
+
+/// package → node → L3 group → core → CPUs, as the topology reply numbers them.
+type Nest = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, Vec<u32>>>>>;
+
+/// The online CPUs nested by where they sit.
+fn nest(topo: &Topology) -> Nest {
+    let mut nest: Nest = BTreeMap::new();
+    for c in &topo.cpus {
+        nest.entry(c.package)
+            .or_default()
+            .entry(c.node)
+            .or_default()
+            .entry(c.l3)
+            .or_default()
+            .entry(c.core)
+            .or_default()
+            .push(c.cpu);
+    }
+    nest
+}
+
 impl HostMap {
     /// Nests the topology and marks each CPU with its pool and holder. A CPU list in a reply
     /// that does not parse is a protocol error naming the field.
     pub fn build(topo: &Topology, pools: &[Pool], assignments: &[Assignment]) -> Result<HostMap, Error> {
         let mut sorted: Vec<&Pool> = pools.iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
-        let names: Vec<&str> = sorted.iter().map(|p| p.name.as_str()).collect();
-        let mut palette = PALETTE.iter().cycle();
-        let keys: Vec<PoolKey> = sorted
-            .iter()
-            .zip(letters(&names))
-            .map(|(p, letter)| PoolKey {
-                name: p.name.clone(),
-                letter,
-                kind: p.kind.clone(),
-                colour: if p.kind == "reserved" { GREY.0 } else { palette.next().map_or(GREY.0, |c| c.0) },
-                cpus: p.cpus.clone(),
-                isolated: p.isolated,
-                partition: p.partition.clone(),
-            })
-            .collect();
+        let keys = pool_keys(&sorted);
 
         let mut pool_of: BTreeMap<u32, &Pool> = BTreeMap::new();
         for p in &sorted {
@@ -218,46 +272,13 @@ impl HostMap {
                 pool_of.insert(cpu, p);
             }
         }
-        let exclusive: BTreeSet<&str> =
-            pools.iter().filter(|p| p.kind == "exclusive").map(|p| p.name.as_str()).collect();
-        let mut held = Vec::new();
-        let mut holder: BTreeMap<u32, &str> = BTreeMap::new();
-        let mut sorted_assignments: Vec<&Assignment> =
-            assignments.iter().filter(|a| exclusive.contains(a.pool.as_str())).collect();
-        sorted_assignments.sort_by(|a, b| a.id.cmp(&b.id));
-        for a in sorted_assignments {
-            for cpu in
-                cpu_list(&a.cpus).map_err(|e| protocol(format!("assignment `{}` field `cpus`: {e}", a.id)))?
-            {
-                holder.insert(cpu, &a.id);
-            }
-            held.push(Held {
-                id: a.id.clone(),
-                pool: a.pool.clone(),
-                cpus: a.cpus.clone(),
-                target: a.target.clone(),
-            });
-        }
+        let (held, holder) = exclusive_holders(pools, assignments)?;
         let list = |field: &str, text: &str| {
             cpu_list(text).map_err(|e| protocol(format!("GetTopology field `{field}`: {e}")))
         };
         let kernel_isolated = list("isolated", &topo.isolated)?;
         let offline = list("offline", &topo.offline)?;
 
-        // package → node → l3 → core → cpus
-        type Nest = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, Vec<u32>>>>>;
-        let mut nest: Nest = BTreeMap::new();
-        for c in &topo.cpus {
-            nest.entry(c.package)
-                .or_default()
-                .entry(c.node)
-                .or_default()
-                .entry(c.l3)
-                .or_default()
-                .entry(c.core)
-                .or_default()
-                .push(c.cpu);
-        }
         let thread = |cpu: u32| {
             let pool = pool_of.get(&cpu);
             Thread {
@@ -268,7 +289,7 @@ impl HostMap {
                 kernel_isolated: kernel_isolated.binary_search(&cpu).is_ok(),
             }
         };
-        let packages = nest
+        let packages = nest(topo)
             .into_iter()
             .map(|(package, nodes)| Package {
                 package,
@@ -415,20 +436,33 @@ pub fn render(map: &HostMap, style: Style) -> String {
         .flat_map(|c| &c.threads)
         .collect();
     let brackets = threads.iter().any(|t| t.isolated_partition || t.kernel_isolated);
+    let mut out = summary(map, threads.len());
+    grids(&mut out, map, &threads, brackets, style);
+    legend(&mut out, map, style);
+    marks(&mut out, map, brackets, style);
+    held(&mut out, map);
+    out
+}
+
+/// The first line: how many CPUs, packages, NUMA nodes, L3 groups and cores.
+fn summary(map: &HostMap, online: usize) -> String {
     let nodes: BTreeSet<u32> = map.packages.iter().flat_map(|p| &p.nodes).map(|n| n.node).collect();
     let l3s = map.packages.iter().flat_map(|p| &p.nodes).flat_map(|n| &n.l3_groups).count();
     let cores =
         map.packages.iter().flat_map(|p| &p.nodes).flat_map(|n| &n.l3_groups).flat_map(|l| &l.cores).count();
-    let mut out = format!(
+    format!(
         "{} online{}: {}, {}, {}, {}\n",
-        plural(threads.len(), "CPU"),
+        plural(online, "CPU"),
         if map.offline.is_empty() { String::new() } else { format!(", {} offline", map.offline.len()) },
         plural(map.packages.len(), "package"),
         plural(nodes.len(), "NUMA node"),
         plural(l3s, "L3 group"),
         plural(cores, "core"),
-    );
+    )
+}
 
+/// One grid per L3 group (a column per core, a row per thread), then the offline CPUs.
+fn grids(out: &mut String, map: &HostMap, threads: &[&Thread], brackets: bool, style: Style) {
     // One column width for the whole host, so grids line up from group to group.
     let offline_cells: Vec<Cell> =
         map.offline.iter().map(|cpu| Cell { text: format!("x{cpu}"), sgr: vec![2] }).collect();
@@ -455,16 +489,19 @@ pub fn render(map: &HostMap, style: Style) -> String {
                     .iter()
                     .map(|c| c.threads.iter().map(|t| thread_cell(map, t, brackets)).collect())
                     .collect();
-                grid(&mut out, &columns, col, style);
+                grid(out, &columns, col, style);
             }
         }
     }
     if !offline_cells.is_empty() {
         out.push_str("\noffline (the kernel gives no place for an offline CPU)\n");
         let columns: Vec<Vec<Cell>> = offline_cells.into_iter().map(|c| vec![c]).collect();
-        grid(&mut out, &columns, col, style);
+        grid(out, &columns, col, style);
     }
+}
 
+/// The pools: letter, name, kind, colour and CPUs, wrapped within the width.
+fn legend(out: &mut String, map: &HostMap, style: Style) {
     out.push_str("\npools\n");
     let name_w = map.pools.iter().map(|k| k.name.chars().count()).max().unwrap_or(0);
     let kinds: Vec<String> = map
@@ -490,6 +527,10 @@ pub fn render(map: &HostMap, style: Style) -> String {
         out.push_str(&lead);
         out.push_str(&wrapped[visible..]);
     }
+}
+
+/// The marks this picture uses, and the CPUs the kernel isolates (`isolcpus=`).
+fn marks(out: &mut String, map: &HostMap, brackets: bool, style: Style) {
     // Only the marks this picture uses.
     let marks = [
         (brackets, "[d4]", vec![4], "isolated: in an isolated partition, or by the kernel (isolcpus=)"),
@@ -507,7 +548,10 @@ pub fn render(map: &HostMap, style: Style) -> String {
         let items: Vec<String> = map.kernel_isolated.iter().map(u32::to_string).collect();
         out.push_str(&wrap("  isolcpus=: ", 12, &items, ",", style.width));
     }
+}
 
+/// The exclusive assignments and the CPUs they hold.
+fn held(out: &mut String, map: &HostMap) {
     out.push('\n');
     if map.held.is_empty() {
         out.push_str("no exclusive CPUs held\n");
@@ -528,7 +572,6 @@ pub fn render(map: &HostMap, style: Style) -> String {
             out.push('\n');
         }
     }
-    out
 }
 
 #[cfg(test)]

@@ -127,17 +127,7 @@ pub fn draw(frame: &mut Frame, view: &View) {
         frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: false }), area);
         return;
     };
-    let s = &snap.status;
-    let header = Line::from(vec![
-        Span::styled(format!("cpupoold {}", s.version), bold()),
-        Span::raw(format!(
-            "  up {}  {}  {}  every {}s  q quits",
-            duration(s.uptime_seconds),
-            plural(s.pools, "pool"),
-            plural(s.assignments, "assignment"),
-            view.interval.as_secs_f64()
-        )),
-    ]);
+    let header = header(&snap.status, view.interval);
     let problem = view.problem.as_ref().map(|p| {
         Line::from(Span::styled(
             format!("stale: {p} (retrying)"),
@@ -190,20 +180,8 @@ pub fn draw(frame: &mut Frame, view: &View) {
         frame.render_widget(pools_table(snap, map.as_ref(), pool_rows), pools_area);
     }
 
-    let mut lines = Vec::new();
-    for chunk in cpu_cells.chunks(per_line).take(cpu_rows) {
-        let spans: Vec<Span> = chunk
-            .iter()
-            .map(|(text, style)| Span::styled(format!("{text:<w$}", w = cell_w), *style))
-            .collect();
-        lines.push(Line::from(spans));
-    }
     if cpu_rows > 0 {
-        frame.render_widget(
-            Paragraph::new(lines)
-                .block(Block::bordered().title(" CPUs: pool letter and number, [ ] isolated, * held ")),
-            cpus_area,
-        );
+        frame.render_widget(cpu_grid(&cpu_cells, per_line, cell_w, cpu_rows), cpus_area);
     }
     if assignment_rows > 0 || (snap.assignments.is_empty() && fit.heights[2] > 0) {
         frame.render_widget(assignments_table(&snap.assignments, assignment_rows), assignments_area);
@@ -211,16 +189,51 @@ pub fn draw(frame: &mut Frame, view: &View) {
     if iso_shown > 0 {
         frame.render_widget(isolation_table(snap, iso_shown), iso_area);
     }
-    let hidden: Vec<String> = [
+    let footer = footer(&[
         (snap.pools.len() - pool_rows, "pool", "pools"),
         (snap.assignments.len() - assignment_rows, "assignment", "assignments"),
         (cpu_lines - cpu_rows, "line of CPUs", "lines of CPUs"),
         (iso_rows - iso_shown, "isolation row", "isolation rows"),
-    ]
-    .iter()
-    .filter(|(n, _, _)| *n > 0)
-    .map(|(n, one, many)| if *n == 1 { format!("1 {one}") } else { format!("{n} {many}") })
-    .collect();
+    ]);
+    frame.render_widget(Paragraph::new(footer), next());
+}
+
+/// The top line: the daemon's version, uptime and counts, and the refresh period.
+fn header(s: &Status, interval: Duration) -> Line<'static> {
+    Line::from(vec![
+        Span::styled(format!("cpupoold {}", s.version), bold()),
+        Span::raw(format!(
+            "  up {}  {}  {}  every {}s  q quits",
+            duration(s.uptime_seconds),
+            plural(s.pools, "pool"),
+            plural(s.assignments, "assignment"),
+            interval.as_secs_f64()
+        )),
+    ])
+}
+
+/// The first `rows` lines of CPU cells, `per_line` cells of `cell_w` columns each, in a box.
+fn cpu_grid(cells: &[(String, Style)], per_line: usize, cell_w: usize, rows: usize) -> Paragraph<'static> {
+    let mut lines = Vec::new();
+    for chunk in cells.chunks(per_line).take(rows) {
+        let spans: Vec<Span> = chunk
+            .iter()
+            .map(|(text, style)| Span::styled(format!("{text:<w$}", w = cell_w), *style))
+            .collect();
+        lines.push(Line::from(spans));
+    }
+    Paragraph::new(lines)
+        .block(Block::bordered().title(" CPUs: pool letter and number, [ ] isolated, * held "))
+}
+
+/// The bottom line: what the terminal was too small to show (`hidden`: how many, the word for
+/// one, the word for several), or else what USE means.
+fn footer(hidden: &[(usize, &str, &str)]) -> Line<'static> {
+    let hidden: Vec<String> = hidden
+        .iter()
+        .filter(|(n, _, _)| *n > 0)
+        .map(|(n, one, many)| if *n == 1 { format!("1 {one}") } else { format!("{n} {many}") })
+        .collect();
     let footer = if hidden.is_empty() {
         Span::styled(
             "USE: capacity the daemon assigned (millicpus granted of the pool's), not measured CPU time",
@@ -232,7 +245,7 @@ pub fn draw(frame: &mut Frame, view: &View) {
             Style::default().fg(Color::Yellow).add_modifier(Modifier::BOLD),
         )
     };
-    frame.render_widget(Paragraph::new(Line::from(footer)), next());
+    Line::from(footer)
 }
 
 /// How the height there is goes to sections, each `(rows, frame)`: rows of content and the

@@ -85,8 +85,7 @@ fn a_small_host_drawn_plain() {
         pool("web", "shared", "1,3,5,7", false),
     ];
     let map =
-        HostMap::build(&t, &pools, &[assignment("app-1", "dp", "2,6"), assignment("w", "web", "1")])
-            .unwrap();
+        HostMap::build(&t, &pools, &[assignment("app-1", "dp", "2,6"), assignment("w", "web", "1")]).unwrap();
     assert_eq!(map.held.len(), 1, "shared assignments hold no CPUs");
     let text = render(&map, Style { colour: false, width: 80 });
     assert_eq!(
@@ -167,9 +166,7 @@ fn a_big_host_wraps_within_the_width() {
         // Every CPU is drawn exactly once.
         for cpu in [0, 511, 1023] {
             let needle = format!("{cpu}");
-            assert!(text
-                .split_whitespace()
-                .any(|w| w.trim_matches(|c: char| !c.is_ascii_digit()) == needle));
+            assert!(text.split_whitespace().any(|w| w.trim_matches(|c: char| !c.is_ascii_digit()) == needle));
         }
     }
     let text = render(&map, Style { colour: false, width: 80 });

@@ -84,8 +84,7 @@ fn screen(view: &View, w: u16, h: u16) -> String {
     let buf = t.backend().buffer().clone();
     (0..h)
         .map(|y| {
-            (0..w).map(|x| buf[(x, y)].symbol().to_owned()).collect::<String>().trim_end().to_owned()
-                + "\n"
+            (0..w).map(|x| buf[(x, y)].symbol().to_owned()).collect::<String>().trim_end().to_owned() + "\n"
         })
         .collect()
 }
@@ -101,8 +100,7 @@ fn the_view_shows_pools_cpus_isolation_and_assignments() {
         assert!(dp.contains(needle), "{needle:?} not in {dp:?}\n{s}");
     }
     assert!(s.contains("r0    [d1]* r2    [d3]*"), "{s}");
-    let cpu1 =
-        s.lines().find(|l| l.contains("32 virtio1-requests 71/s")).unwrap_or_else(|| panic!("{s}"));
+    let cpu1 = s.lines().find(|l| l.contains("32 virtio1-requests 71/s")).unwrap_or_else(|| panic!("{s}"));
     assert!(cpu1.contains("71.0") && cpu1.contains("3.0") && cpu1.contains("0.5"), "{cpu1}");
     assert!(s.contains("app-1") && s.contains("cgroup:app"), "{s}");
     assert!(s.contains("not measured CPU time"), "{s}");
@@ -129,10 +127,7 @@ fn a_failed_refresh_keeps_the_picture_and_says_so() {
         interval: Duration::from_millis(500),
     };
     let s = screen(&view, 100, 30);
-    assert!(
-        s.lines().nth(1).is_some_and(|l| l.starts_with("stale: error: cannot reach cpupoold")),
-        "{s}"
-    );
+    assert!(s.lines().nth(1).is_some_and(|l| l.starts_with("stale: error: cannot reach cpupoold")), "{s}");
     assert!(s.contains(" dp "), "{s}");
     let first =
         View { snapshot: None, problem: Some("error: nope".into()), interval: Duration::from_secs(1) };
