@@ -2,16 +2,16 @@
 //! ([`Host::connect`]), start the engine, tell systemd we are ready, serve until SIGTERM, re-read
 //! the configuration on SIGHUP, keep the watchdog fed while the engine answers, and stop every
 //! task through one cancellation token ([`run`]).
+//!
+//! `run` reads as its steps; the served sockets and adapter tasks it starts are in `tasks`, the
+//! periodic jobs (drift check, isolation health, watchdog) in `periodic`.
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -20,8 +20,10 @@ use crate::api::varlink;
 use crate::config::{ConfigDirs, ConfigError, Settings};
 use crate::engine::{self, ConfigSource, Engine, Handle, StartError};
 use crate::host::cgroupfs::CgroupFs;
-use crate::kubelet as deviceplugin;
 use crate::sandbox::Sandbox;
+
+mod periodic;
+mod tasks;
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -245,138 +247,32 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     let Host { backend, fs, systemd } = host;
-    log::info!("applying pools through the {} backend", backend.name());
-    let started = std::time::Instant::now();
-    // Starting blocks (files, fsync, and the systemd backend's calls, which wait on this
-    // runtime): off the async workers.
-    let (start_settings, restore) = (settings.clone(), opts.restore_previous_state);
-    let roots = engine::housekeeping::Roots {
-        // The kernel's counters: the sandbox simulates them in DIR/proc.
-        procfs: opts.sandbox.as_ref().map_or_else(|| opts.proc_root.clone(), |sb| sb.procfs()),
-        sysfs: settings.paths.sysfs_root.clone(),
-        cgroup: settings.paths.cgroup_root.clone(),
-        state_dir: settings.paths.state_dir.clone(),
-    };
-    let (engine, report) = crate::threads::run_blocking("the engine's start", move || {
-        Engine::start(&start_settings, backend, restore).map(|(e, r)| (e.with_housekeeping(roots), r))
-    })
-    .await
-    .map_err(DaemonError::EngineThread)?
-    .map_err(DaemonError::Start)?;
-    let (handle, thread) =
-        engine.with_config(config_source(&opts)).spawn().map_err(DaemonError::EngineThread)?;
-    let snap = handle.snapshot();
-    log::info!(
-        "started in {:.1} ms: {}{}; {} corrections applied, {} failed",
-        started.elapsed().as_secs_f64() * 1e3,
-        snap.summary(),
-        if report.fresh { " (new state)" } else { "" },
-        report.corrections,
-        report.failed_corrections
-    );
-    if !report.fresh {
-        // What a restart finds different from the saved state drifted while the daemon was
-        // away; a first start's writes are the initial apply, not drift.
-        crate::counters::counters().drift(report.corrections, report.failed_corrections);
-    }
-    for p in snap.state.pools().values() {
-        log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
-    }
+    let (handle, thread, summary) = start_engine(&opts, &settings, backend).await?;
     let stop = CancellationToken::new();
     // An early return (a bus or socket that cannot be served) stops what was started too.
     let _stop_on_return = stop.clone().drop_guard();
     let tasks = TaskTracker::new();
     tasks.spawn(crate::reclaim::run(handle.clone(), fs, systemd, stop.clone().cancelled_owned()));
     let signals = Signals::install()?;
-
     // Sockets passed by the service manager: read once (reading clears the environment), for
     // the varlink socket and the metrics endpoint.
     let mut passed = listenfd::ListenFd::from_env();
-    let (listener, varlink_path) =
-        varlink::listen_from(&settings.paths.runtime_dir, &mut passed).map_err(|source| {
-            DaemonError::Varlink { path: varlink::socket_path(&settings.paths.runtime_dir), source }
-        })?;
-    let auth = varlink::Authorizer {
-        admin_gid: admin_gid(&settings.admin_group),
-        // The sandbox belongs to whoever runs it.
-        owner_uid: opts.sandbox.as_ref().map(|_| nix::unistd::getuid().as_raw()),
-        proc_root: opts.proc_root.clone(),
-    };
+    let (listener, varlink_path) = bind_varlink(&settings, &mut passed)?;
+    let auth = authorizer(&opts, &settings);
     let budgets = crate::fds::Budgets::current();
-    log_budgets(&budgets);
-    let api = tasks.spawn(varlink::serve_with(
-        listener,
-        handle.clone(),
-        auth.clone(),
-        varlink::Limits {
-            privileged: budgets.privileged,
-            unprivileged: budgets.unprivileged,
-            per_uid: budgets.per_uid,
-            ..Default::default()
-        },
-        stop.clone().cancelled_owned(),
-    ));
-    watch_task(&tasks, "the varlink server", api);
-    let metrics_at = serve_metrics(&settings, &handle, &tasks, &stop, &mut passed);
-
+    tasks::log_budgets(&budgets);
+    tasks::serve_varlink(listener, &handle, auth.clone(), &budgets, &tasks, &stop);
+    let metrics_at = tasks::serve_metrics(&settings, &handle, &tasks, &stop, &mut passed);
     // Why the device plugin needs the daemon started anew, if it does.
-    let restart = Arc::new(OnceLock::new());
-    #[cfg(feature = "k8s")]
-    let pod_index = settings.k8s.enabled.then(crate::k8s::pods::PodIndex::new);
-    if settings.kubelet.enabled {
-        let mut plugin_opts = deviceplugin::Options::from_settings(&settings);
-        plugin_opts.max_connections = budgets.device_plugin;
-        #[cfg(feature = "k8s")]
-        if let Some(index) = &pod_index {
-            plugin_opts.containers = Some(Arc::new(index.clone()));
-        }
-        let plugin = spawn_plugin(&tasks, &stop, handle.clone(), plugin_opts, restart.clone());
-        watch_task(&tasks, "the device plugin", plugin);
-        if settings.kubelet.nri {
-            let (h, nri_opts, stopped) =
-                (handle.clone(), crate::nri::Options::from_settings(&settings), stop_flag(&tasks, &stop));
-            let nri = tasks.spawn(crate::nri::run(h, nri_opts, stopped));
-            watch_task(&tasks, "the NRI plugin", nri);
-        }
-    }
-    #[cfg(feature = "k8s")]
-    if let (Some(pods), Some(path)) = (&pod_index, &opts.dirs.cluster) {
-        let source = config_source(&opts);
-        if let Some(cluster) = spawn_cluster(&tasks, &stop, &handle, source, path, &settings, pods) {
-            watch_task(&tasks, "the cluster integration", cluster);
-        }
-    }
-
+    let restart = tasks::spawn_adapters(&opts, &settings, &handle, budgets.device_plugin, &tasks, &stop);
     // The sandbox's own bus lives as long as this function (unless it was already running).
-    let mut _private_bus = None;
-    let bus = match &opts.bus {
-        BusChoice::None => None,
-        BusChoice::Bus(b) => Some(b.clone()),
-        BusChoice::Private => {
-            let sb = opts.sandbox.as_ref().ok_or(DaemonError::PrivateBusWithoutSandbox)?;
-            let pb = sb.private_bus().map_err(DaemonError::PrivateBus)?;
-            let address = pb.address.clone();
-            _private_bus = Some(pb);
-            Some(Bus::Address(address))
-        }
-    };
-    let dbus = match &bus {
-        Some(b) => Some(
-            dbus::serve(b, handle.clone(), auth)
-                .await
-                .map_err(|source| DaemonError::DBus { bus: b.to_string(), source })?,
-        ),
-        None => None,
-    };
-    if let Some(b) = &bus {
-        log::info!("serving {} on {b}", dbus::BUS_NAME);
-    }
+    let (bus, _private_bus) = choose_bus(&opts)?;
+    let dbus = serve_dbus(bus.as_ref(), &handle, auth).await?;
 
-    notify(&[NotifyState::Ready, NotifyState::Status(&snap.summary())]);
+    notify(&[NotifyState::Ready, NotifyState::Status(&summary)]);
     if let Some(sb) = &opts.sandbox {
         print_banner(sb, &handle, &varlink_path, bus.as_ref(), &metrics_at);
     }
-
     serve(&opts, &handle, signals, &tasks, &stop, shutdown).await;
     let restart = restart.get().cloned();
     if let Some(why) = &restart {
@@ -400,6 +296,106 @@ pub async fn run(
     }
 }
 
+/// Starts the engine on `backend` and on a thread of its own; returns its handle, its thread, and
+/// the summary of what it started with (logged, and systemd's first `STATUS=`).
+async fn start_engine(
+    opts: &RunOptions,
+    settings: &Settings,
+    backend: Box<dyn crate::host::Backend>,
+) -> Result<(Handle, std::thread::JoinHandle<()>, String), DaemonError> {
+    log::info!("applying pools through the {} backend", backend.name());
+    let started = std::time::Instant::now();
+    // Starting blocks (files, fsync, and the systemd backend's calls, which wait on this
+    // runtime): off the async workers.
+    let (start_settings, restore) = (settings.clone(), opts.restore_previous_state);
+    let roots = engine::housekeeping::Roots {
+        // The kernel's counters: the sandbox simulates them in DIR/proc.
+        procfs: opts.sandbox.as_ref().map_or_else(|| opts.proc_root.clone(), |sb| sb.procfs()),
+        sysfs: settings.paths.sysfs_root.clone(),
+        cgroup: settings.paths.cgroup_root.clone(),
+        state_dir: settings.paths.state_dir.clone(),
+    };
+    let (engine, report) = crate::threads::run_blocking("the engine's start", move || {
+        Engine::start(&start_settings, backend, restore).map(|(e, r)| (e.with_housekeeping(roots), r))
+    })
+    .await
+    .map_err(DaemonError::EngineThread)?
+    .map_err(DaemonError::Start)?;
+    let (handle, thread) =
+        engine.with_config(config_source(opts)).spawn().map_err(DaemonError::EngineThread)?;
+    let snap = handle.snapshot();
+    log::info!(
+        "started in {:.1} ms: {}{}; {} corrections applied, {} failed",
+        started.elapsed().as_secs_f64() * 1e3,
+        snap.summary(),
+        if report.fresh { " (new state)" } else { "" },
+        report.corrections,
+        report.failed_corrections
+    );
+    if !report.fresh {
+        // What a restart finds different from the saved state drifted while the daemon was
+        // away; a first start's writes are the initial apply, not drift.
+        crate::counters::counters().drift(report.corrections, report.failed_corrections);
+    }
+    for p in snap.state.pools().values() {
+        log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
+    }
+    Ok((handle, thread, snap.summary()))
+}
+
+/// The varlink socket: the one the service manager passed, or one bound under the runtime
+/// directory; and its path.
+#[allow(clippy::result_large_err)] // run()'s own error, made once at start
+fn bind_varlink(
+    settings: &Settings,
+    passed: &mut listenfd::ListenFd,
+) -> Result<(tokio::net::UnixListener, PathBuf), DaemonError> {
+    varlink::listen_from(&settings.paths.runtime_dir, passed).map_err(|source| DaemonError::Varlink {
+        path: varlink::socket_path(&settings.paths.runtime_dir),
+        source,
+    })
+}
+
+/// Who may call the APIs: root, the admin group, and in the sandbox whoever runs it.
+fn authorizer(opts: &RunOptions, settings: &Settings) -> varlink::Authorizer {
+    varlink::Authorizer {
+        admin_gid: admin_gid(&settings.admin_group),
+        // The sandbox belongs to whoever runs it.
+        owner_uid: opts.sandbox.as_ref().map(|_| nix::unistd::getuid().as_raw()),
+        proc_root: opts.proc_root.clone(),
+    }
+}
+
+/// The bus to serve the D-Bus API on, and the sandbox's private bus when `--bus private` started
+/// it (it lives as long as the caller keeps it).
+#[allow(clippy::result_large_err)] // run()'s own error, made once at start
+fn choose_bus(opts: &RunOptions) -> Result<(Option<Bus>, Option<crate::sandbox::PrivateBus>), DaemonError> {
+    Ok(match &opts.bus {
+        BusChoice::None => (None, None),
+        BusChoice::Bus(b) => (Some(b.clone()), None),
+        BusChoice::Private => {
+            let sb = opts.sandbox.as_ref().ok_or(DaemonError::PrivateBusWithoutSandbox)?;
+            let pb = sb.private_bus().map_err(DaemonError::PrivateBus)?;
+            let address = pb.address.clone();
+            (Some(Bus::Address(address)), Some(pb))
+        }
+    })
+}
+
+/// Serves the D-Bus API on `bus`, if there is one.
+async fn serve_dbus(
+    bus: Option<&Bus>,
+    handle: &Handle,
+    auth: varlink::Authorizer,
+) -> Result<Option<dbus::Service>, DaemonError> {
+    let Some(b) = bus else { return Ok(None) };
+    let served = dbus::serve(b, handle.clone(), auth)
+        .await
+        .map_err(|source| DaemonError::DBus { bus: b.to_string(), source })?;
+    log::info!("serving {} on {b}", dbus::BUS_NAME);
+    Ok(Some(served))
+}
+
 /// The signals the daemon answers, installed before it says it is ready.
 struct Signals {
     term: Signal,
@@ -421,7 +417,7 @@ impl Signals {
 
 /// Serves until `shutdown` completes, SIGTERM or SIGINT arrives, or `stop` is cancelled (the device
 /// plugin asking for a start anew): re-reads the configuration on SIGHUP, while the periodic jobs
-/// ([`spawn_periodic`]) look for drift, sample isolation health and feed systemd's watchdog.
+/// ([`periodic`]) look for drift, sample isolation health and feed systemd's watchdog.
 async fn serve(
     opts: &RunOptions,
     handle: &Handle,
@@ -432,12 +428,12 @@ async fn serve(
 ) {
     let mut usec = 0u64;
     let watchdog = sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec / 2));
-    let schedule = Schedule {
+    let schedule = periodic::Schedule {
         drift: Some(opts.check_interval).filter(|d| !d.is_zero()),
         health: Some(opts.health_interval).filter(|d| !d.is_zero()),
         watchdog,
     };
-    spawn_periodic(tasks, stop, schedule, EngineJobs(handle.clone()));
+    periodic::spawn_periodic(tasks, stop, schedule, periodic::EngineJobs(handle.clone()));
     tokio::pin!(shutdown);
     tokio::select! {
         _ = &mut shutdown => {}
@@ -452,228 +448,6 @@ async fn serve(
             // No more SIGHUPs cannot happen while the handler is installed; never a reason to stop.
             std::future::pending::<()>().await
         } => {}
-    }
-}
-
-/// How often each periodic job runs; `None` turns it off.
-#[derive(Debug, Clone, Copy)]
-struct Schedule {
-    /// `--check-interval`: the drift check.
-    drift: Option<Duration>,
-    /// `--health-interval`: the isolation health sample.
-    health: Option<Duration>,
-    /// Half of `WATCHDOG_USEC`, when systemd asks for a watchdog.
-    watchdog: Option<Duration>,
-}
-
-/// The periodic jobs' work, apart from their timing.
-trait Jobs: Clone + Send + 'static {
-    /// Looks for drift.
-    fn drift(&self) -> impl Future<Output = ()> + Send;
-    /// Samples isolation health.
-    fn health(&self) -> impl Future<Output = ()> + Send;
-    /// Feeds the watchdog if the engine is alive.
-    fn watchdog(&self) -> impl Future<Output = ()> + Send;
-}
-
-/// The jobs, done by the engine.
-#[derive(Clone)]
-struct EngineJobs(Handle);
-
-impl Jobs for EngineJobs {
-    async fn drift(&self) {
-        match self.0.check_drift().await {
-            Ok(r) => crate::counters::counters().drift(r.corrected, r.failed),
-            Err(e) => log::warn!("drift check: {}", crate::error_chain(&e)),
-        }
-    }
-
-    async fn health(&self) {
-        let _ = self.0.sample_isolation().await;
-    }
-
-    async fn watchdog(&self) {
-        // Only a live engine keeps the watchdog fed: a stuck one gets us restarted.
-        match engine::ping_within(&self.0, engine::PING_TIMEOUT).await {
-            Some(_) => notify(&[NotifyState::Watchdog]),
-            None => log::error!(
-                "the engine did not answer within {:?}; not feeding the watchdog",
-                engine::PING_TIMEOUT
-            ),
-        }
-    }
-}
-
-/// Starts each scheduled job on a task of its own, until `stop`. A drift check waits for the
-/// engine (seconds, behind a slow systemd); sharing one loop, it kept the watchdog from being fed
-/// until systemd killed a healthy daemon.
-fn spawn_periodic(tasks: &TaskTracker, stop: &CancellationToken, schedule: Schedule, jobs: impl Jobs) {
-    // Start has just reconciled and sampled: drift and health wait one period; the watchdog is
-    // fed at once.
-    if let Some(period) = schedule.drift {
-        let j = jobs.clone();
-        tasks.spawn(every(period, true, stop.clone(), move || {
-            let j = j.clone();
-            async move { j.drift().await }
-        }));
-    }
-    if let Some(period) = schedule.health {
-        let j = jobs.clone();
-        tasks.spawn(every(period, true, stop.clone(), move || {
-            let j = j.clone();
-            async move { j.health().await }
-        }));
-    }
-    if let Some(period) = schedule.watchdog {
-        tasks.spawn(every(period, false, stop.clone(), move || {
-            let j = jobs.clone();
-            async move { j.watchdog().await }
-        }));
-    }
-}
-
-/// Runs `job` every `period` (a late one delays the next, never bunches them) until `stop`.
-async fn every<F, Fut>(period: Duration, skip_first: bool, stop: CancellationToken, mut job: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let mut ticks = tokio::time::interval(period.max(Duration::from_millis(10)));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    if skip_first {
-        ticks.tick().await;
-    }
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = job() => {}
-        }
-    }
-}
-
-/// Says what the descriptor limit allows each served socket (docs/behaviour.md, "Descriptors").
-fn log_budgets(b: &crate::fds::Budgets) {
-    let line = format!(
-        "descriptors: limit {}, {} kept for the daemon; connections: varlink {} privileged, {} \
-         unprivileged ({} per uid), device plugin {}, metrics {}",
-        b.limit,
-        b.reserve,
-        b.privileged,
-        b.unprivileged,
-        b.per_uid,
-        b.device_plugin,
-        crate::fds::Budgets::METRICS
-    );
-    if b.cut {
-        log::warn!(
-            "{line}: below the full budgets (a limit of {} or more gives them; LimitNOFILE= in the unit)",
-            crate::fds::Budgets::FULL_AT
-        );
-    } else {
-        log::info!("{line}");
-    }
-}
-
-/// Serves the metrics endpoint when `[metrics]` enables it; returns where it listens, or why it
-/// does not. A listener that cannot be had (the port taken, an address family the unit does not
-/// allow) is logged and the daemon runs on without metrics: they observe the pools, and losing
-/// them must not cost the pools' management.
-fn serve_metrics(
-    settings: &Settings,
-    handle: &Handle,
-    tasks: &TaskTracker,
-    stop: &CancellationToken,
-    passed: &mut listenfd::ListenFd,
-) -> Result<crate::config::Listen, String> {
-    use crate::api::metrics;
-    if !settings.metrics.enabled {
-        return Err("off (metrics.enabled = false)".into());
-    }
-    let bound = metrics::listen(&settings.metrics.listen, passed).and_then(|l| Ok((l.local()?, l)));
-    let (at, listener) = bound.map_err(|e| {
-        log::error!("metrics: cannot listen on {}: {e}; serving no metrics", settings.metrics.listen);
-        format!("off (cannot listen on {}: {e})", settings.metrics.listen)
-    })?;
-    log::info!("metrics: serving {at}");
-    let exporter = std::sync::Arc::new(metrics::Exporter::new(handle.watch()));
-    let server = tasks.spawn(metrics::serve(listener, exporter, stop.clone().cancelled_owned()));
-    watch_task(tasks, "the metrics endpoint", server);
-    Ok(at)
-}
-
-/// Logs `task`'s end if it panicked (tracked, so the stop waits for it).
-fn watch_task(tasks: &TaskTracker, what: &'static str, task: JoinHandle<()>) {
-    tasks.spawn(async move {
-        if let Err(e) = task.await {
-            log::error!("{what} failed: {e}");
-        }
-    });
-}
-
-/// `stop` as the `true` of a watch channel, for the tasks that take their stop that way (the
-/// device plugin, the cluster integration).
-fn stop_flag(tasks: &TaskTracker, stop: &CancellationToken) -> watch::Receiver<bool> {
-    let (tx, rx) = watch::channel(false);
-    let stop = stop.clone();
-    tasks.spawn(async move {
-        stop.cancelled().await;
-        let _ = tx.send(true);
-    });
-    rx
-}
-
-/// The device plugin: it waits for a kubelet, and refuses (logged) to run beside the kubelet's
-/// static CPU manager owning pool CPUs. When only a start anew can serve it, it records why in
-/// `restart` and stops the daemon.
-fn spawn_plugin(
-    tasks: &TaskTracker,
-    stop: &CancellationToken,
-    handle: Handle,
-    opts: deviceplugin::Options,
-    restart: Arc<OnceLock<String>>,
-) -> JoinHandle<()> {
-    let (stopped, stop) = (stop_flag(tasks, stop), stop.clone());
-    tasks.spawn(async move {
-        match deviceplugin::run(handle, opts, stopped).await {
-            Err(e @ deviceplugin::PluginError::NeedsRestart { .. }) => {
-                let _ = restart.set(crate::error_chain(&e));
-                stop.cancel();
-            }
-            Err(e) => log::error!("{}", crate::error_chain(&e)),
-            Ok(()) => {}
-        }
-    })
-}
-
-/// The cluster integration: configuration from ConfigMaps, the pod watch, the node report.
-#[cfg(feature = "k8s")]
-fn spawn_cluster(
-    tasks: &TaskTracker,
-    stop: &CancellationToken,
-    handle: &Handle,
-    source: ConfigSource,
-    path: &std::path::Path,
-    settings: &Settings,
-    pods: &crate::k8s::pods::PodIndex,
-) -> Option<JoinHandle<()>> {
-    match crate::k8s::Options::from_settings(&settings.k8s) {
-        Ok(k8s_opts) => {
-            let (h, path, pods, stopped) =
-                (handle.clone(), path.to_owned(), pods.clone(), stop_flag(tasks, stop));
-            Some(tasks.spawn(async move {
-                if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, pods, stopped).await {
-                    log::error!("k8s: {}; the local configuration files alone apply", crate::error_chain(&e));
-                }
-            }))
-        }
-        Err(e) => {
-            log::error!("k8s: {}; the local configuration files alone apply", crate::error_chain(&e));
-            None
-        }
     }
 }
 
@@ -745,66 +519,4 @@ fn print_banner(
         Err(why) => out.push_str(&format!("  metrics   {why}\n")),
     }
     println!("{out}READY");
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use super::*;
-
-    /// Jobs whose drift check never ends (one waiting behind a stuck systemd call) and whose
-    /// health and watchdog jobs count their runs.
-    #[derive(Clone, Default)]
-    struct StuckDrift {
-        health: Arc<AtomicUsize>,
-        fed: Arc<AtomicUsize>,
-        notify: Arc<tokio::sync::Notify>,
-    }
-
-    impl Jobs for StuckDrift {
-        async fn drift(&self) {
-            std::future::pending::<()>().await
-        }
-        async fn health(&self) {
-            self.health.fetch_add(1, Ordering::SeqCst);
-            self.notify.notify_waiters();
-        }
-        async fn watchdog(&self) {
-            self.fed.fetch_add(1, Ordering::SeqCst);
-            self.notify.notify_waiters();
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_watchdog_is_fed_while_a_drift_check_hangs() {
-        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
-        let jobs = StuckDrift::default();
-        let ms = Duration::from_millis;
-        let schedule = Schedule { drift: Some(ms(10)), health: Some(ms(10)), watchdog: Some(ms(10)) };
-        spawn_periodic(&tasks, &stop, schedule, jobs.clone());
-        let enough = || jobs.fed.load(Ordering::SeqCst) >= 5 && jobs.health.load(Ordering::SeqCst) >= 5;
-        // A bound for a hang, not a timing assertion: 5 runs take 50 ms.
-        let waited = tokio::time::timeout(Duration::from_secs(30), async {
-            while !enough() {
-                let notified = jobs.notify.notified();
-                if enough() {
-                    break;
-                }
-                let _ = tokio::time::timeout(ms(100), notified).await;
-            }
-        })
-        .await;
-        assert!(
-            waited.is_ok(),
-            "fed {} times, sampled {} times with a drift check hanging",
-            jobs.fed.load(Ordering::SeqCst),
-            jobs.health.load(Ordering::SeqCst)
-        );
-        // The stop ends every job, the hanging one too.
-        stop.cancel();
-        tasks.close();
-        let ended = tokio::time::timeout(Duration::from_secs(30), tasks.wait()).await;
-        assert!(ended.is_ok(), "the periodic jobs did not end at the stop");
-    }
 }

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use clap::CommandFactory;
 use serde_json::{json, Value};
 
-use crate::cli::{Cli, ColorChoice, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK};
+use crate::cli::{
+    AmountArgs, AssignArgs, Cli, ColorChoice, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK,
+};
 use crate::client::Manager;
 use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest};
 use crate::dbus::{self, Bus};
@@ -137,109 +139,19 @@ fn map_style(choice: ColorChoice) -> crate::map::Style {
 pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
     let mut p = Printer { out, json: cli.global.json };
     match &cli.command {
-        Command::Completions { shell } => {
-            let mut buf = Vec::new();
-            clap_complete::generate(*shell, &mut Cli::command(), "cpupoolctl", &mut buf);
-            return p.write(&String::from_utf8_lossy(&buf));
+        Command::Completions { .. } | Command::Manpage { .. } | Command::RunChild { .. } => {
+            without_daemon(&cli.command, &mut p)
         }
-        Command::Manpage { dir: None } => {
-            let mut buf = Vec::new();
-            crate::manpage::render(Cli::command(), true, &mut buf)
-                .map_err(|source| Error::Local { what: "rendering the man page".into(), source })?;
-            return p.write(&String::from_utf8_lossy(&buf));
-        }
-        Command::Manpage { dir: Some(dir) } => {
-            let written = crate::manpage::write_all(Cli::command(), dir)?;
-            return p.print(
-                || written.iter().map(|f| format!("{}\n", f.display())).collect(),
-                || json!({ "written": written }),
-            );
-        }
-        Command::RunChild { fifo, command } => return crate::run::child(fifo, command),
-        _ => {}
+        _ => with_daemon(cli, &mut p),
     }
+}
+
+/// The commands that call the daemon: connect, call, print.
+fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
     let mut m = connect(&cli.global)?;
     match &cli.command {
-        Command::Pool(PoolCommand::List) => {
-            let pools = m.list_pools()?;
-            p.print(|| output::pools(&pools), || output::pools_json(&pools))
-        }
-        Command::Pool(PoolCommand::Show { name }) => {
-            let pool = m.get_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
-            let list = m.list_assignments(Some(name)).unwrap_or_default();
-            // A daemon without GetIsolation (older) shows the pool without it.
-            let iso = if pool.isolated { m.isolation(name).unwrap_or_default() } else { Default::default() };
-            // Nor one without GetClasses.
-            let classes = m.classes(name).unwrap_or_default();
-            p.print(
-                || output::pool_show(&pool, &list, &iso, &classes),
-                || output::pool_classes_json(&pool, &classes),
-            )
-        }
-        Command::Run(r) => {
-            let amount = match (r.amount.cpus, r.amount.millicpus) {
-                (Some(n), _) => Amount::Cpus(n),
-                (None, m) => Amount::Millicpus(m.unwrap_or_default()),
-            };
-            crate::run::parent(m.as_mut(), r, amount, cli.global.sandbox.is_some())
-        }
-        Command::Pool(PoolCommand::Assign(a)) => {
-            let amount = match (a.amount.cpus, a.amount.millicpus) {
-                (Some(n), _) => Amount::Cpus(n),
-                // clap makes exactly one of them present.
-                (None, m) => Amount::Millicpus(m.unwrap_or_default()),
-            };
-            let req = AssignRequest {
-                pool: a.pool.clone(),
-                target: a.target.target(),
-                amount,
-                id: a.id.clone(),
-                reclaim: !a.no_reclaim,
-            };
-            let (requested, unit) = match amount {
-                Amount::Cpus(n) => (json!(n), "cpus"),
-                Amount::Millicpus(m) => (json!(m), "millicpus"),
-            };
-            let made = m.assign(&req).map_err(|e| {
-                e.with_request(&[
-                    ("pool", json!(req.pool)),
-                    ("target", json!(req.target)),
-                    ("id", json!(req.id)),
-                    ("requested", requested),
-                    ("unit", json!(unit)),
-                ])
-            })?;
-            p.print(|| output::assignment(&made), || output::assignment_json(&made))
-        }
-        Command::Pool(PoolCommand::Release { id }) => {
-            let gone = m.release(id).map_err(|e| e.with_request(&[("id", json!(id))]))?;
-            p.print(|| output::released(&gone), || output::assignment_json(&gone))
-        }
-        Command::Pool(PoolCommand::Create(c)) => {
-            let req = CreatePoolRequest {
-                name: c.name.clone(),
-                kind: c.kind.as_str().to_owned(),
-                source: source(&c.source),
-                smt: c.smt.map(|s| s.as_str().to_owned()),
-                isolate: c.isolate.then_some(true),
-                kubelet: c.no_kubelet.then_some(false),
-            };
-            let mut request = vec![("pool", json!(req.name))];
-            request.extend(source_request(&req.source));
-            let pool = m.create_pool(&req).map_err(|e| e.with_request(&request))?;
-            p.print(|| output::pool(&pool), || output::pool_json(&pool))
-        }
-        Command::Pool(PoolCommand::Resize(r)) => {
-            let src = source(&r.source);
-            let mut request = vec![("pool", json!(r.name))];
-            request.extend(source_request(&src));
-            let pool = m.resize_pool(&r.name, &src).map_err(|e| e.with_request(&request))?;
-            p.print(|| output::pool(&pool), || output::pool_json(&pool))
-        }
-        Command::Pool(PoolCommand::Delete { name }) => {
-            m.delete_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
-            p.print(|| output::deleted(name), || json!({}))
-        }
+        Command::Pool(c) => pool(m.as_mut(), c, p),
+        Command::Run(r) => crate::run::parent(m.as_mut(), r, amount(&r.amount), cli.global.sandbox.is_some()),
         Command::Assignments { pool } => {
             let list =
                 m.list_assignments(pool.as_deref()).map_err(|e| e.with_request(&[("pool", json!(pool))]))?;
@@ -254,14 +166,6 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let iso = m.isolation("").unwrap_or_default();
             let classes = m.classes("").unwrap_or_default();
             p.print(|| output::status(&s, &classes, &iso), || output::status_json(&s, &classes))
-        }
-        Command::Pool(PoolCommand::Map(a)) => {
-            let topo = m.topology()?;
-            let pools = m.list_pools()?;
-            let list = m.list_assignments(None)?;
-            let map = crate::map::HostMap::build(&topo, &pools, &list)?;
-            let style = map_style(a.color);
-            p.print(|| crate::map::render(&map, style), || json!(map))
         }
         Command::Top(t) => {
             if cli.global.json {
@@ -283,7 +187,129 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
             let json = cli.global.json;
             m.monitor(&mut |e| p.write(&if json { format!("{}\n", json!(e)) } else { output::event(&e) }))
         }
+        // `run` answers these without a daemon.
         Command::Completions { .. } | Command::Manpage { .. } | Command::RunChild { .. } => Ok(()),
+    }
+}
+
+/// The commands that need no daemon: `completions`, `manpage`, and the child side of `run`.
+fn without_daemon(command: &Command, p: &mut Printer<'_>) -> Result<(), Error> {
+    match command {
+        Command::Completions { shell } => {
+            let mut buf = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "cpupoolctl", &mut buf);
+            p.write(&String::from_utf8_lossy(&buf))
+        }
+        Command::Manpage { dir: None } => {
+            let mut buf = Vec::new();
+            crate::manpage::render(Cli::command(), true, &mut buf)
+                .map_err(|source| Error::Local { what: "rendering the man page".into(), source })?;
+            p.write(&String::from_utf8_lossy(&buf))
+        }
+        Command::Manpage { dir: Some(dir) } => {
+            let written = crate::manpage::write_all(Cli::command(), dir)?;
+            p.print(
+                || written.iter().map(|f| format!("{}\n", f.display())).collect(),
+                || json!({ "written": written }),
+            )
+        }
+        Command::RunChild { fifo, command } => crate::run::child(fifo, command),
+        // `run` sends only the commands above here.
+        _ => Ok(()),
+    }
+}
+
+/// The `pool` commands.
+fn pool(m: &mut dyn Manager, command: &PoolCommand, p: &mut Printer<'_>) -> Result<(), Error> {
+    match command {
+        PoolCommand::List => {
+            let pools = m.list_pools()?;
+            p.print(|| output::pools(&pools), || output::pools_json(&pools))
+        }
+        PoolCommand::Show { name } => {
+            let pool = m.get_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
+            let list = m.list_assignments(Some(name)).unwrap_or_default();
+            // A daemon without GetIsolation (older) shows the pool without it.
+            let iso = if pool.isolated { m.isolation(name).unwrap_or_default() } else { Default::default() };
+            // Nor one without GetClasses.
+            let classes = m.classes(name).unwrap_or_default();
+            p.print(
+                || output::pool_show(&pool, &list, &iso, &classes),
+                || output::pool_classes_json(&pool, &classes),
+            )
+        }
+        PoolCommand::Assign(a) => assign(m, a, p),
+        PoolCommand::Release { id } => {
+            let gone = m.release(id).map_err(|e| e.with_request(&[("id", json!(id))]))?;
+            p.print(|| output::released(&gone), || output::assignment_json(&gone))
+        }
+        PoolCommand::Create(c) => {
+            let req = CreatePoolRequest {
+                name: c.name.clone(),
+                kind: c.kind.as_str().to_owned(),
+                source: source(&c.source),
+                smt: c.smt.map(|s| s.as_str().to_owned()),
+                isolate: c.isolate.then_some(true),
+                kubelet: c.no_kubelet.then_some(false),
+            };
+            let mut request = vec![("pool", json!(req.name))];
+            request.extend(source_request(&req.source));
+            let pool = m.create_pool(&req).map_err(|e| e.with_request(&request))?;
+            p.print(|| output::pool(&pool), || output::pool_json(&pool))
+        }
+        PoolCommand::Resize(r) => {
+            let src = source(&r.source);
+            let mut request = vec![("pool", json!(r.name))];
+            request.extend(source_request(&src));
+            let pool = m.resize_pool(&r.name, &src).map_err(|e| e.with_request(&request))?;
+            p.print(|| output::pool(&pool), || output::pool_json(&pool))
+        }
+        PoolCommand::Delete { name } => {
+            m.delete_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
+            p.print(|| output::deleted(name), || json!({}))
+        }
+        PoolCommand::Map(a) => {
+            let topo = m.topology()?;
+            let pools = m.list_pools()?;
+            let list = m.list_assignments(None)?;
+            let map = crate::map::HostMap::build(&topo, &pools, &list)?;
+            let style = map_style(a.color);
+            p.print(|| crate::map::render(&map, style), || json!(map))
+        }
+    }
+}
+
+/// `pool assign`: the request's arguments fill a D-Bus error's parameters.
+fn assign(m: &mut dyn Manager, a: &AssignArgs, p: &mut Printer<'_>) -> Result<(), Error> {
+    let amount = amount(&a.amount);
+    let req = AssignRequest {
+        pool: a.pool.clone(),
+        target: a.target.target(),
+        amount,
+        id: a.id.clone(),
+        reclaim: !a.no_reclaim,
+    };
+    let (requested, unit) = match amount {
+        Amount::Cpus(n) => (json!(n), "cpus"),
+        Amount::Millicpus(m) => (json!(m), "millicpus"),
+    };
+    let made = m.assign(&req).map_err(|e| {
+        e.with_request(&[
+            ("pool", json!(req.pool)),
+            ("target", json!(req.target)),
+            ("id", json!(req.id)),
+            ("requested", requested),
+            ("unit", json!(unit)),
+        ])
+    })?;
+    p.print(|| output::assignment(&made), || output::assignment_json(&made))
+}
+
+/// The amount asked for: CPUs or millicpus (clap makes exactly one of them present).
+fn amount(a: &AmountArgs) -> Amount {
+    match (a.cpus, a.millicpus) {
+        (Some(n), _) => Amount::Cpus(n),
+        (None, m) => Amount::Millicpus(m.unwrap_or_default()),
     }
 }
 

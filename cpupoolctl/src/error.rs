@@ -170,22 +170,73 @@ impl DaemonError {
 
     /// What happened and what to do about it.
     pub fn message(&self) -> String {
+        let Some((what, hint)) = self.words() else { return self.as_answered() };
+        let what = match what {
+            Some(What::Full(w)) => Some(w),
+            Some(What::Partial(w)) => Some(self.detail.clone().unwrap_or(w)),
+            None => self.detail.clone(),
+        };
+        // A reason that gives the advice already (the daemon's refusals often do) is not
+        // followed by it again; the advice is the hint without its parenthesized example.
+        let advice = hint.split(" (").next().unwrap_or(&hint);
+        match what {
+            Some(what) if advice.is_empty() || what.contains(advice) => what,
+            Some(what) => format!("{what}; {hint}"),
+            None => hint,
+        }
+    }
+
+    /// The two halves of the message for the kinds this client has words for. `what` is built
+    /// from the parameters. A D-Bus error carries only those filled from the request, so a
+    /// sentence that would lack some (`Partial`) gives way to the daemon's own message; without
+    /// either the hint stands alone.
+    fn words(&self) -> Option<Words> {
+        match self.kind() {
+            Some(k) => self.pool_words(k).or_else(|| self.target_words(k)).or_else(|| self.daemon_words(k)),
+            None if matches!(
+                self.kind.as_str(),
+                "org.varlink.service.MethodNotFound"
+                    | "org.varlink.service.InterfaceNotFound"
+                    | "org.freedesktop.DBus.Error.UnknownMethod"
+            ) =>
+            {
+                Some((
+                    Some(What::Full("the daemon does not know this call".into())),
+                    "is it older than cpupoolctl? `cpupoolctl status` shows its version".into(),
+                ))
+            }
+            None => None,
+        }
+    }
+
+    /// An error this client has no words for, shown as it came.
+    fn as_answered(&self) -> String {
+        let what = if self.parameters.is_empty() {
+            format!("the daemon answered {}", self.kind)
+        } else {
+            format!("the daemon answered {} {}", self.kind, Value::Object(self.parameters.clone()))
+        };
+        match &self.detail {
+            Some(d) => format!("{what}: {d}"),
+            None => what,
+        }
+    }
+
+    /// The words for a refusal about a pool or a size asked of it.
+    fn pool_words(&self, kind: ErrorKind) -> Option<Words> {
+        use ErrorKind as K;
         use What::{Full, Partial};
         let p = |k: &str| self.param(k);
-        // `what` is built from the parameters. A D-Bus error carries only those filled from
-        // the request, so a sentence that would lack some (`Partial`) gives way to the
-        // daemon's own message; without either the hint stands alone.
-        use ErrorKind as K;
-        let (what, hint): (Option<What>, String) = match self.kind() {
-            Some(K::NoSuchPool) => (
+        Some(match kind {
+            K::NoSuchPool => (
                 p("pool").map(|x| Full(format!("no pool `{x}`"))),
                 "`cpupoolctl pool list` shows the pools".into(),
             ),
-            Some(K::PoolExists) => (
+            K::PoolExists => (
                 p("pool").map(|x| Full(format!("a pool `{x}` exists already"))),
                 "choose another name; `cpupoolctl pool list` shows the pools".into(),
             ),
-            Some(K::PoolInUse) => {
+            K::PoolInUse => {
                 let pool = p("pool").unwrap_or_else(|| "POOL".into());
                 (
                     p("pool").map(|x| match p("assignments") {
@@ -196,11 +247,11 @@ impl DaemonError {
                     format!("release them first; `cpupoolctl assignments --pool {pool}` lists them"),
                 )
             }
-            Some(K::NoSuchAssignment) => (
+            K::NoSuchAssignment => (
                 p("id").map(|x| Full(format!("no assignment `{x}`"))),
                 "`cpupoolctl assignments` lists the assignments".into(),
             ),
-            Some(K::InsufficientCapacity) => {
+            K::InsufficientCapacity => {
                 let pool = p("pool").unwrap_or_else(|| "POOL".into());
                 let what = match (p("pool"), p("requested"), p("free"), p("unit")) {
                     (Some(x), Some(r), Some(f), Some(u)) => {
@@ -213,13 +264,37 @@ impl DaemonError {
                 };
                 (what, format!("ask for less or release an assignment; `cpupoolctl pool show {pool}` shows what is free"))
             }
-            Some(K::DuplicateId) => (
+            K::DuplicateId => (
                 p("id").map(|x| {
                     Full(format!("id `{x}` belongs to an assignment with another pool, target or size"))
                 }),
                 "choose another --id, or release that assignment first (`cpupoolctl pool release ID`)".into(),
             ),
-            Some(K::TargetBusy) => {
+            K::ReservedPool => (
+                p("pool").map(|x| Full(format!("`{x}` is the reserved pool, which is not assigned from"))),
+                "choose an exclusive or shared pool; `cpupoolctl pool list` shows the pools".into(),
+            ),
+            K::NotWholeCores => (
+                match (p("pool"), p("requested")) {
+                    (Some(x), Some(r)) => Some(Full(format!(
+                        "pool `{x}` hands out whole cores, and {r} CPUs are not whole cores"
+                    ))),
+                    (Some(x), None) => Some(Partial(format!("pool `{x}` hands out whole cores"))),
+                    _ => None,
+                },
+                "ask for a multiple of the threads per core; `cpupoolctl topology` shows the cores".into(),
+            ),
+            _ => return None,
+        })
+    }
+
+    /// The words for a refusal about the target (a unit, cgroup or process).
+    fn target_words(&self, kind: ErrorKind) -> Option<Words> {
+        use ErrorKind as K;
+        use What::{Full, Partial};
+        let p = |k: &str| self.param(k);
+        Some(match kind {
+            K::TargetBusy => {
                 let what = match (p("target"), p("id"), p("pool")) {
                     (Some(t), Some(i), Some(x)) => {
                         Some(Full(format!("target `{t}` already has assignment `{i}` from pool `{x}`")))
@@ -238,7 +313,7 @@ impl DaemonError {
                 };
                 (what, hint)
             }
-            Some(K::TargetNotAllowed) => (
+            K::TargetNotAllowed => (
                 match (p("target"), p("reason")) {
                     (Some(t), Some(r)) => Some(Full(format!("target `{t}` cannot be assigned: {r}"))),
                     (Some(t), None) => Some(Partial(format!("target `{t}` cannot be assigned"))),
@@ -246,42 +321,41 @@ impl DaemonError {
                 },
                 "assign a unit or cgroup inside a pool's slice (`cpupool-POOL.slice`)".into(),
             ),
-            Some(K::TargetOutsidePool) => {
+            K::TargetOutsidePool => {
                 let what = match (p("target"), p("cpus"), p("parent"), p("parent_cpus")) {
                     (Some(t), Some(c), Some(par), Some(pc)) => Some(Full(format!(
-                        "target `{t}` cannot run on CPUs {c}: it sits in `{par}`, whose effective CPUs are {}",
-                        if pc.is_empty() { "none".to_owned() } else { pc }
-                    ))),
-                    (Some(t), ..) => Some(Partial(format!("target `{t}` cannot run on the pool's CPUs where it is"))),
+                    "target `{t}` cannot run on CPUs {c}: it sits in `{par}`, whose effective CPUs are {}",
+                    if pc.is_empty() { "none".to_owned() } else { pc }
+                ))),
+                    (Some(t), ..) => {
+                        Some(Partial(format!("target `{t}` cannot run on the pool's CPUs where it is")))
+                    }
                     _ => None,
                 };
                 let hint = p("hint").unwrap_or_else(|| {
-                    "start it in the pool's slice (`systemd-run --slice=cpupool-POOL.slice`) or use `cpupoolctl run`".into()
-                });
+                "start it in the pool's slice (`systemd-run --slice=cpupool-POOL.slice`) or use `cpupoolctl run`".into()
+            });
                 (what, hint)
             }
-            Some(K::InvalidArgument) => {
+            _ => return None,
+        })
+    }
+
+    /// The words for the rest: a bad argument, the caller's rights, and the daemon's own state
+    /// (a failed apply or save, a rejected configuration, shutting down, too busy).
+    fn daemon_words(&self, kind: ErrorKind) -> Option<Words> {
+        use ErrorKind as K;
+        use What::{Full, Partial};
+        let p = |k: &str| self.param(k);
+        Some(match kind {
+            K::InvalidArgument => {
                 let what = match (p("argument"), p("reason")) {
                     (Some(a), Some(r)) => Some(Full(format!("invalid {a}: {r}"))),
                     _ => None,
                 };
                 (what, "`cpupoolctl --help` describes the arguments".into())
             }
-            Some(K::ReservedPool) => (
-                p("pool").map(|x| Full(format!("`{x}` is the reserved pool, which is not assigned from"))),
-                "choose an exclusive or shared pool; `cpupoolctl pool list` shows the pools".into(),
-            ),
-            Some(K::NotWholeCores) => (
-                match (p("pool"), p("requested")) {
-                    (Some(x), Some(r)) => Some(Full(format!(
-                        "pool `{x}` hands out whole cores, and {r} CPUs are not whole cores"
-                    ))),
-                    (Some(x), None) => Some(Partial(format!("pool `{x}` hands out whole cores"))),
-                    _ => None,
-                },
-                "ask for a multiple of the threads per core; `cpupoolctl topology` shows the cores".into(),
-            ),
-            Some(K::AccessDenied) => (
+            K::AccessDenied => (
                 Some(match p("uid") {
                     Some(uid) => Full(format!("uid {uid} may not change pools or assignments")),
                     None => Partial("you may not change pools or assignments".into()),
@@ -289,24 +363,24 @@ impl DaemonError {
                 "run as root or as a member of the admin group (daemon.admin_group, default `cpupool`)"
                     .into(),
             ),
-            Some(K::ApplyFailed) => (
+            K::ApplyFailed => (
                 // Worded as the daemon's D-Bus message is, so both transports print the same.
                 p("reason").map(|r| Full(format!("applying the change failed and was rolled back: {r}"))),
                 "the daemon's log says more (`journalctl -u cpupoold`)".into(),
             ),
-            Some(K::NotDurable) => (
+            K::NotDurable => (
                 p("reason")
                     .map(|r| Full(format!("the change could not be saved, and it was rolled back: {r}"))),
                 "check the state directory and its disk (`journalctl -u cpupoold`)".into(),
             ),
-            Some(K::ConfigRejected) => (
+            K::ConfigRejected => (
                 p("reason")
                     .map(|r| Full(format!("the new configuration is invalid; the running one stays: {r}"))),
                 "fix what it names, then `cpupoolctl reload`; `cpupoolctl pool list` and \
-                 `cpupoolctl topology` show what there is"
+             `cpupoolctl topology` show what there is"
                     .into(),
             ),
-            Some(K::AssignmentsStranded) => (
+            K::AssignmentsStranded => (
                 p("reason").map(|r| {
                     Full(format!(
                         "the new configuration would strand assignments; the running one stays: {r}"
@@ -314,57 +388,22 @@ impl DaemonError {
                 }),
                 "release them first; `cpupoolctl assignments` lists them".into(),
             ),
-            Some(K::TopologyFailed) => (
+            K::TopologyFailed => (
                 p("reason").map(|r| Full(format!("reading the CPU topology failed: {r}"))),
                 "the daemon's log says more (`journalctl -u cpupoold`)".into(),
             ),
-            Some(K::ShuttingDown) => (
+            K::ShuttingDown => (
                 Some(Full("the daemon is shutting down".into())),
                 "try again when it is back (`systemctl status cpupoold`)".into(),
             ),
-            Some(K::Busy) => {
-                (Some(Full("the daemon has too many connections".into())), "try again later".into())
-            }
-            None if matches!(
-                self.kind.as_str(),
-                "org.varlink.service.MethodNotFound"
-                    | "org.varlink.service.InterfaceNotFound"
-                    | "org.freedesktop.DBus.Error.UnknownMethod"
-            ) =>
-            {
-                (
-                    Some(Full("the daemon does not know this call".into())),
-                    "is it older than cpupoolctl? `cpupoolctl status` shows its version".into(),
-                )
-            }
-            // Errors this client has no words for are shown as they came.
-            Some(K::MessageTooLarge) | None => {
-                let what = if self.parameters.is_empty() {
-                    format!("the daemon answered {}", self.kind)
-                } else {
-                    format!("the daemon answered {} {}", self.kind, Value::Object(self.parameters.clone()))
-                };
-                return match &self.detail {
-                    Some(d) => format!("{what}: {d}"),
-                    None => what,
-                };
-            }
-        };
-        let what = match what {
-            Some(Full(w)) => Some(w),
-            Some(Partial(w)) => Some(self.detail.clone().unwrap_or(w)),
-            None => self.detail.clone(),
-        };
-        // A reason that gives the advice already (the daemon's refusals often do) is not
-        // followed by it again; the advice is the hint without its parenthesized example.
-        let advice = hint.split(" (").next().unwrap_or(&hint);
-        match what {
-            Some(what) if advice.is_empty() || what.contains(advice) => what,
-            Some(what) => format!("{what}; {hint}"),
-            None => hint,
-        }
+            K::Busy => (Some(Full("the daemon has too many connections".into())), "try again later".into()),
+            _ => return None,
+        })
     }
 }
+
+/// The two halves of a message: what happened (if the parameters or the daemon say) and the hint.
+type Words = (Option<What>, String);
 
 /// The first half of a message, and whether it says all the parameters would.
 enum What {

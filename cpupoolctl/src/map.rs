@@ -188,27 +188,81 @@ fn protocol(what: String) -> Error {
     Error::Protocol { address: "the daemon".into(), reason: what }
 }
 
+/// The pools' keys in name order: each its letter, and a colour from the palette (grey for the
+/// reserved pool).
+fn pool_keys(sorted: &[&Pool]) -> Vec<PoolKey> {
+    let names: Vec<&str> = sorted.iter().map(|p| p.name.as_str()).collect();
+    let mut palette = PALETTE.iter().cycle();
+    sorted
+        .iter()
+        .zip(letters(&names))
+        .map(|(p, letter)| PoolKey {
+            name: p.name.clone(),
+            letter,
+            kind: p.kind.clone(),
+            colour: if p.kind == "reserved" { GREY.0 } else { palette.next().map_or(GREY.0, |c| c.0) },
+            cpus: p.cpus.clone(),
+            isolated: p.isolated,
+            partition: p.partition.clone(),
+        })
+        .collect()
+}
+
+/// The assignments of exclusive pools in id order, and which of them holds each CPU.
+fn exclusive_holders<'a>(
+    pools: &[Pool],
+    assignments: &'a [Assignment],
+) -> Result<(Vec<Held>, BTreeMap<u32, &'a str>), Error> {
+    let exclusive: BTreeSet<&str> =
+        pools.iter().filter(|p| p.kind == "exclusive").map(|p| p.name.as_str()).collect();
+    let mut held = Vec::new();
+    let mut holder: BTreeMap<u32, &str> = BTreeMap::new();
+    let mut sorted_assignments: Vec<&Assignment> =
+        assignments.iter().filter(|a| exclusive.contains(a.pool.as_str())).collect();
+    sorted_assignments.sort_by(|a, b| a.id.cmp(&b.id));
+    for a in sorted_assignments {
+        for cpu in
+            cpu_list(&a.cpus).map_err(|e| protocol(format!("assignment `{}` field `cpus`: {e}", a.id)))?
+        {
+            holder.insert(cpu, &a.id);
+        }
+        held.push(Held {
+            id: a.id.clone(),
+            pool: a.pool.clone(),
+            cpus: a.cpus.clone(),
+            target: a.target.clone(),
+        });
+    }
+    Ok((held, holder))
+}
+
+/// package → node → L3 group → core → CPUs, as the topology reply numbers them.
+type Nest = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, Vec<u32>>>>>;
+
+/// The online CPUs nested by where they sit.
+fn nest(topo: &Topology) -> Nest {
+    let mut nest: Nest = BTreeMap::new();
+    for c in &topo.cpus {
+        nest.entry(c.package)
+            .or_default()
+            .entry(c.node)
+            .or_default()
+            .entry(c.l3)
+            .or_default()
+            .entry(c.core)
+            .or_default()
+            .push(c.cpu);
+    }
+    nest
+}
+
 impl HostMap {
     /// Nests the topology and marks each CPU with its pool and holder. A CPU list in a reply
     /// that does not parse is a protocol error naming the field.
     pub fn build(topo: &Topology, pools: &[Pool], assignments: &[Assignment]) -> Result<HostMap, Error> {
         let mut sorted: Vec<&Pool> = pools.iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
-        let names: Vec<&str> = sorted.iter().map(|p| p.name.as_str()).collect();
-        let mut palette = PALETTE.iter().cycle();
-        let keys: Vec<PoolKey> = sorted
-            .iter()
-            .zip(letters(&names))
-            .map(|(p, letter)| PoolKey {
-                name: p.name.clone(),
-                letter,
-                kind: p.kind.clone(),
-                colour: if p.kind == "reserved" { GREY.0 } else { palette.next().map_or(GREY.0, |c| c.0) },
-                cpus: p.cpus.clone(),
-                isolated: p.isolated,
-                partition: p.partition.clone(),
-            })
-            .collect();
+        let keys = pool_keys(&sorted);
 
         let mut pool_of: BTreeMap<u32, &Pool> = BTreeMap::new();
         for p in &sorted {
@@ -218,46 +272,13 @@ impl HostMap {
                 pool_of.insert(cpu, p);
             }
         }
-        let exclusive: BTreeSet<&str> =
-            pools.iter().filter(|p| p.kind == "exclusive").map(|p| p.name.as_str()).collect();
-        let mut held = Vec::new();
-        let mut holder: BTreeMap<u32, &str> = BTreeMap::new();
-        let mut sorted_assignments: Vec<&Assignment> =
-            assignments.iter().filter(|a| exclusive.contains(a.pool.as_str())).collect();
-        sorted_assignments.sort_by(|a, b| a.id.cmp(&b.id));
-        for a in sorted_assignments {
-            for cpu in
-                cpu_list(&a.cpus).map_err(|e| protocol(format!("assignment `{}` field `cpus`: {e}", a.id)))?
-            {
-                holder.insert(cpu, &a.id);
-            }
-            held.push(Held {
-                id: a.id.clone(),
-                pool: a.pool.clone(),
-                cpus: a.cpus.clone(),
-                target: a.target.clone(),
-            });
-        }
+        let (held, holder) = exclusive_holders(pools, assignments)?;
         let list = |field: &str, text: &str| {
             cpu_list(text).map_err(|e| protocol(format!("GetTopology field `{field}`: {e}")))
         };
         let kernel_isolated = list("isolated", &topo.isolated)?;
         let offline = list("offline", &topo.offline)?;
 
-        // package → node → l3 → core → cpus
-        type Nest = BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, BTreeMap<u32, Vec<u32>>>>>;
-        let mut nest: Nest = BTreeMap::new();
-        for c in &topo.cpus {
-            nest.entry(c.package)
-                .or_default()
-                .entry(c.node)
-                .or_default()
-                .entry(c.l3)
-                .or_default()
-                .entry(c.core)
-                .or_default()
-                .push(c.cpu);
-        }
         let thread = |cpu: u32| {
             let pool = pool_of.get(&cpu);
             Thread {
@@ -268,7 +289,7 @@ impl HostMap {
                 kernel_isolated: kernel_isolated.binary_search(&cpu).is_ok(),
             }
         };
-        let packages = nest
+        let packages = nest(topo)
             .into_iter()
             .map(|(package, nodes)| Package {
                 package,
@@ -415,20 +436,33 @@ pub fn render(map: &HostMap, style: Style) -> String {
         .flat_map(|c| &c.threads)
         .collect();
     let brackets = threads.iter().any(|t| t.isolated_partition || t.kernel_isolated);
+    let mut out = summary(map, threads.len());
+    grids(&mut out, map, &threads, brackets, style);
+    legend(&mut out, map, style);
+    marks(&mut out, map, brackets, style);
+    held(&mut out, map);
+    out
+}
+
+/// The first line: how many CPUs, packages, NUMA nodes, L3 groups and cores.
+fn summary(map: &HostMap, online: usize) -> String {
     let nodes: BTreeSet<u32> = map.packages.iter().flat_map(|p| &p.nodes).map(|n| n.node).collect();
     let l3s = map.packages.iter().flat_map(|p| &p.nodes).flat_map(|n| &n.l3_groups).count();
     let cores =
         map.packages.iter().flat_map(|p| &p.nodes).flat_map(|n| &n.l3_groups).flat_map(|l| &l.cores).count();
-    let mut out = format!(
+    format!(
         "{} online{}: {}, {}, {}, {}\n",
-        plural(threads.len(), "CPU"),
+        plural(online, "CPU"),
         if map.offline.is_empty() { String::new() } else { format!(", {} offline", map.offline.len()) },
         plural(map.packages.len(), "package"),
         plural(nodes.len(), "NUMA node"),
         plural(l3s, "L3 group"),
         plural(cores, "core"),
-    );
+    )
+}
 
+/// One grid per L3 group (a column per core, a row per thread), then the offline CPUs.
+fn grids(out: &mut String, map: &HostMap, threads: &[&Thread], brackets: bool, style: Style) {
     // One column width for the whole host, so grids line up from group to group.
     let offline_cells: Vec<Cell> =
         map.offline.iter().map(|cpu| Cell { text: format!("x{cpu}"), sgr: vec![2] }).collect();
@@ -455,16 +489,19 @@ pub fn render(map: &HostMap, style: Style) -> String {
                     .iter()
                     .map(|c| c.threads.iter().map(|t| thread_cell(map, t, brackets)).collect())
                     .collect();
-                grid(&mut out, &columns, col, style);
+                grid(out, &columns, col, style);
             }
         }
     }
     if !offline_cells.is_empty() {
         out.push_str("\noffline (the kernel gives no place for an offline CPU)\n");
         let columns: Vec<Vec<Cell>> = offline_cells.into_iter().map(|c| vec![c]).collect();
-        grid(&mut out, &columns, col, style);
+        grid(out, &columns, col, style);
     }
+}
 
+/// The pools: letter, name, kind, colour and CPUs, wrapped within the width.
+fn legend(out: &mut String, map: &HostMap, style: Style) {
     out.push_str("\npools\n");
     let name_w = map.pools.iter().map(|k| k.name.chars().count()).max().unwrap_or(0);
     let kinds: Vec<String> = map
@@ -490,6 +527,10 @@ pub fn render(map: &HostMap, style: Style) -> String {
         out.push_str(&lead);
         out.push_str(&wrapped[visible..]);
     }
+}
+
+/// The marks this picture uses, and the CPUs the kernel isolates (`isolcpus=`).
+fn marks(out: &mut String, map: &HostMap, brackets: bool, style: Style) {
     // Only the marks this picture uses.
     let marks = [
         (brackets, "[d4]", vec![4], "isolated: in an isolated partition, or by the kernel (isolcpus=)"),
@@ -507,7 +548,10 @@ pub fn render(map: &HostMap, style: Style) -> String {
         let items: Vec<String> = map.kernel_isolated.iter().map(u32::to_string).collect();
         out.push_str(&wrap("  isolcpus=: ", 12, &items, ",", style.width));
     }
+}
 
+/// The exclusive assignments and the CPUs they hold.
+fn held(out: &mut String, map: &HostMap) {
     out.push('\n');
     if map.held.is_empty() {
         out.push_str("no exclusive CPUs held\n");
@@ -528,203 +572,7 @@ pub fn render(map: &HostMap, style: Style) -> String {
             out.push('\n');
         }
     }
-    out
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use cpupool_wire::views::Cpu;
-
-    fn pool(name: &str, kind: &str, cpus: &str, isolated: bool) -> Pool {
-        Pool {
-            name: name.into(),
-            kind: kind.into(),
-            cpus: cpus.into(),
-            free_cpus: cpus.into(),
-            free_millicpus: 0,
-            capacity_millicpus: 0,
-            isolated,
-            assignments: 0,
-            partition: if isolated { "isolated".into() } else { String::new() },
-        }
-    }
-
-    fn assignment(id: &str, pool: &str, cpus: &str) -> Assignment {
-        Assignment {
-            id: id.into(),
-            pool: pool.into(),
-            cpus: cpus.into(),
-            millicpus: 1000,
-            target: format!("cgroup:{id}"),
-            reclaim: true,
-            container: String::new(),
-            state: "applied".into(),
-            reason: String::new(),
-        }
-    }
-
-    /// `sockets` x `cores` x `threads`, Linux numbering (siblings `c` and `c + total cores`),
-    /// one node and one L3 per socket.
-    fn topo(sockets: u32, cores: u32, threads: u32) -> Topology {
-        let total = sockets * cores;
-        let mut cpus = Vec::new();
-        for t in 0..threads {
-            for c in 0..total {
-                let package = c / cores;
-                cpus.push(Cpu {
-                    cpu: t * total + c,
-                    core: c,
-                    package,
-                    die: 0,
-                    node: package,
-                    l3: package * cores,
-                });
-            }
-        }
-        cpus.sort_by_key(|c| c.cpu);
-        let n = sockets * cores * threads;
-        Topology { online: format!("0-{}", n - 1), offline: String::new(), isolated: String::new(), cpus }
-    }
-
-    #[test]
-    fn cpu_lists_parse_and_bad_ones_are_named() {
-        assert_eq!(cpu_list("0-2,5, 7").unwrap(), [0, 1, 2, 5, 7]);
-        assert_eq!(cpu_list("").unwrap(), Vec::<u32>::new());
-        assert_eq!(cpu_list("3-1").unwrap_err(), "range `3-1` in `3-1` runs backwards");
-        assert_eq!(cpu_list("1,x").unwrap_err(), "`x` in `1,x` is not a CPU number");
-        assert!(cpu_list("0-4294967295").is_err());
-        let mut bad = pool("dp", "exclusive", "2-x", false);
-        bad.cpus = "2-x".into();
-        let e = HostMap::build(&topo(1, 2, 1), &[bad], &[]).unwrap_err();
-        assert!(e.to_string().contains("pool `dp` field `cpus`: `x` in `2-x`"), "{e}");
-    }
-
-    #[test]
-    fn letters_are_first_free_characters() {
-        assert_eq!(letters(&["dp", "dpdk", "reserved", "web", "web2"]), ['d', 'p', 'r', 'w', 'e']);
-        assert_eq!(letters(&["a", "a_", "__"]), ['a', 'b', 'c']);
-    }
-
-    #[test]
-    fn a_small_host_drawn_plain() {
-        let mut t = topo(1, 4, 2);
-        t.isolated = "3".into();
-        t.offline = "9".into();
-        let pools = [
-            pool("reserved", "reserved", "0,4", false),
-            pool("dp", "exclusive", "2,6", true),
-            pool("web", "shared", "1,3,5,7", false),
-        ];
-        let map =
-            HostMap::build(&t, &pools, &[assignment("app-1", "dp", "2,6"), assignment("w", "web", "1")])
-                .unwrap();
-        assert_eq!(map.held.len(), 1, "shared assignments hold no CPUs");
-        let text = render(&map, Style { colour: false, width: 80 });
-        assert_eq!(
-            text,
-            "\
-8 CPUs online, 1 offline: 1 package, 1 NUMA node, 1 L3 group, 4 cores
-
-package 0 / node 0 / L3 0: 4 cores, 8 CPUs
-   r0    w1   [d2]* [w3]
-   r4    w5   [d6]*  w7
-
-offline (the kernel gives no place for an offline CPU)
-  x9
-
-pools
-  d  dp        exclusive, isolated  green  2,6
-  r  reserved  reserved             grey   0,4
-  w  web       shared               blue   1,3,5,7
-
-marks
-  [d4]  isolated: in an isolated partition, or by the kernel (isolcpus=)
-  d4*   held by an exclusive assignment (listed below)
-  x15   offline
-  isolcpus=: 3
-
-held exclusive CPUs
-  ID     POOL  CPUS  TARGET
-  app-1  dp    2,6   cgroup:app-1
-"
-        );
-    }
-
-    /// Colour adds escapes and nothing else: without them it is the plain picture.
-    #[test]
-    fn colour_only_adds_escapes() {
-        let t = topo(2, 2, 2);
-        let pools = [pool("reserved", "reserved", "0,4", false), pool("dp", "exclusive", "1-3,5-7", true)];
-        let map = HostMap::build(&t, &pools, &[assignment("a", "dp", "1,5")]).unwrap();
-        let plain = render(&map, Style { colour: false, width: 80 });
-        let coloured = render(&map, Style { colour: true, width: 80 });
-        assert!(coloured.contains("\x1b[32;4;1m[d1]*\x1b[0m"), "{coloured}");
-        assert!(coloured.contains("\x1b[90m r0\x1b[0m"), "{coloured}");
-        assert_eq!(strip_ansi(&coloured), plain);
-    }
-
-    pub(crate) fn strip_ansi(s: &str) -> String {
-        let mut out = String::new();
-        let mut chars = s.chars();
-        while let Some(c) = chars.next() {
-            if c == '\x1b' {
-                for d in chars.by_ref() {
-                    if d == 'm' {
-                        break;
-                    }
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        out
-    }
-
-    /// A 1024-CPU host fits the width (80 columns, or a wider terminal's), wrapping each L3
-    /// group's grid.
-    #[test]
-    fn a_big_host_wraps_within_the_width() {
-        let t = topo(2, 256, 2);
-        let pools = [
-            pool("reserved", "reserved", "0,512", false),
-            pool("dp", "exclusive", "1-255,513-767", true),
-            pool("web", "shared", "256-511,768-1023", false),
-        ];
-        let map = HostMap::build(&t, &pools, &[assignment("big", "dp", "1-100,513-612")]).unwrap();
-        for width in [80, 132] {
-            let text = render(&map, Style { colour: false, width });
-            let too_long: Vec<&str> = text.lines().filter(|l| l.chars().count() > width).collect();
-            assert!(too_long.is_empty(), "width {width}: {too_long:?}");
-            // Every CPU is drawn exactly once.
-            for cpu in [0, 511, 1023] {
-                let needle = format!("{cpu}");
-                assert!(text
-                    .split_whitespace()
-                    .any(|w| w.trim_matches(|c: char| !c.is_ascii_digit()) == needle));
-            }
-        }
-        let text = render(&map, Style { colour: false, width: 80 });
-        assert!(
-            text.starts_with("1024 CPUs online: 2 packages, 2 NUMA nodes, 2 L3 groups, 512 cores\n"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn json_has_the_nesting_and_each_cpu() {
-        let t = topo(1, 2, 2);
-        let pools = [pool("reserved", "reserved", "0,2", false), pool("dp", "exclusive", "1,3", true)];
-        let map = HostMap::build(&t, &pools, &[assignment("a", "dp", "1,3")]).unwrap();
-        let v = serde_json::to_value(&map).unwrap();
-        assert_eq!(
-            v["packages"][0]["nodes"][0]["l3_groups"][0]["cores"][1],
-            serde_json::json!({"core": 1, "threads": [
-                {"cpu": 1, "pool": "dp", "assignment": "a", "isolated_partition": true, "kernel_isolated": false},
-                {"cpu": 3, "pool": "dp", "assignment": "a", "isolated_partition": true, "kernel_isolated": false}
-            ]})
-        );
-        assert_eq!(v["pools"][0]["letter"], "d");
-    }
-}
+mod tests;

@@ -62,59 +62,11 @@ impl Inputs {
         if let Some(power) = idle_cpus.power {
             set.power(&mut self.idle_cpus.power, power, "idle_cpus.power");
         }
-        set.field(&mut self.metrics.enabled, metrics.enabled, "metrics.enabled");
-        set.field(&mut self.metrics.listen, metrics.listen, "metrics.listen");
-        let c = &mut self.k8s;
-        set.field(&mut c.enabled, k8s.enabled, "k8s.enabled");
-        set.field(&mut c.kubeconfig, k8s.kubeconfig, "k8s.kubeconfig");
-        set.field(&mut c.node_name, k8s.node_name, "k8s.node_name");
-        set.field(&mut c.namespace, k8s.namespace, "k8s.namespace");
-        set.field(&mut c.report_interval_ms, k8s.report_interval_ms, "k8s.report_interval_ms");
-        let k = &mut self.kubelet;
-        set.field(&mut k.enabled, kubelet.enabled, "kubelet.enabled");
-        set.field(&mut k.resource_prefix, kubelet.resource_prefix, "kubelet.resource_prefix");
-        set.field(&mut k.millicpus_per_device, kubelet.millicpus_per_device, "kubelet.millicpus_per_device");
-        set.field(&mut k.release_grace_ms, kubelet.release_grace_ms, "kubelet.release_grace_ms");
-        set.field(
-            &mut k.reconcile_interval_ms,
-            kubelet.reconcile_interval_ms,
-            "kubelet.reconcile_interval_ms",
-        );
-        set.field(&mut k.runtime_endpoint, kubelet.runtime_endpoint, "kubelet.runtime_endpoint");
-        set.field(&mut k.confine_unpooled, kubelet.confine_unpooled, "kubelet.confine_unpooled");
-        set.field(&mut k.nri, kubelet.nri, "kubelet.nri");
-        set.field(&mut k.nri_socket, kubelet.nri_socket, "kubelet.nri_socket");
-        set.field(&mut self.paths.sysfs_root, paths.sysfs_root, "paths.sysfs_root");
-        set.field(&mut self.paths.cgroup_root, paths.cgroup_root, "paths.cgroup_root");
-        set.field(&mut self.paths.state_dir, paths.state_dir, "paths.state_dir");
-        set.field(&mut self.paths.runtime_dir, paths.runtime_dir, "paths.runtime_dir");
-        set.field(&mut self.paths.kubelet_dir, paths.kubelet_dir, "paths.kubelet_dir");
-        set.field(&mut self.daemon.host_cgroups, daemon.host_cgroups, "daemon.host_cgroups");
-        set.field(&mut self.daemon.admin_group, daemon.admin_group, "daemon.admin_group");
-        set.field(&mut self.daemon.log_level, daemon.log_level, "daemon.log_level");
-        set.field(&mut self.daemon.lend_idle, daemon.lend_idle, "daemon.lend_idle");
-        set.field(&mut self.daemon.backend, daemon.backend, "daemon.backend");
-        set.field(&mut self.daemon.irq_cpus, daemon.irq_cpus, "daemon.irq_cpus");
-        set.field(
-            &mut self.daemon.irq_restore_on_stop,
-            daemon.irq_restore_on_stop,
-            "daemon.irq_restore_on_stop",
-        );
-        set.field(&mut self.daemon.irqbalance, daemon.irqbalance, "daemon.irqbalance");
-        set.field(
-            &mut self.daemon.power_restore_on_stop,
-            daemon.power_restore_on_stop,
-            "daemon.power_restore_on_stop",
-        );
-        set.field(&mut self.paths.procfs_root, paths.procfs_root, "paths.procfs_root");
-        set.field(&mut self.paths.irqbalance_dir, paths.irqbalance_dir, "paths.irqbalance_dir");
-        set.field(&mut self.paths.resctrl_root, paths.resctrl_root, "paths.resctrl_root");
-        set.field(
-            &mut self.daemon.cache_restore_on_stop,
-            daemon.cache_restore_on_stop,
-            "daemon.cache_restore_on_stop",
-        );
-
+        set.metrics(&mut self.metrics, metrics);
+        set.k8s(&mut self.k8s, k8s);
+        set.kubelet(&mut self.kubelet, kubelet);
+        set.paths(&mut self.paths, paths);
+        set.daemon(&mut self.daemon, daemon);
         for (name, p) in pools {
             // Parsed even when a later file overrides it: a broken file is broken on its own.
             let cpus = match &p.cpus {
@@ -125,39 +77,7 @@ impl Inputs {
                 })?),
                 None => None,
             };
-            let key = |field: &str| pool_key(&name, field);
-            set.origins.set(pool_key(&name, ""), file);
-            let sets_source = p.sets_source();
-            let pool = self.pools.entry(name.clone()).or_default();
-            if sets_source {
-                for field in SOURCE_FIELDS {
-                    set.origins.remove(&key(field));
-                }
-                pool.cpus = None;
-                pool.count = None;
-                pool.numa = None;
-                pool.isolcpus = None;
-                set.field(&mut pool.cpus, cpus, &key("cpus"));
-                set.field(&mut pool.count, p.count, &key("count"));
-                set.field(&mut pool.isolcpus, p.isolcpus, &key("isolcpus"));
-            }
-            set.field(&mut pool.numa, p.numa, &key("numa"));
-            set.field(&mut pool.kind, p.kind, &key("kind"));
-            set.field(&mut pool.smt, p.smt, &key("smt"));
-            set.field(&mut pool.isolate, p.isolate, &key("isolate"));
-            set.field(&mut pool.kubelet, p.kubelet, &key("kubelet"));
-            set.field(&mut pool.enforce_quota, p.enforce_quota, &key("enforce_quota"));
-            set.field(&mut pool.removed, p.removed, &key("removed"));
-            set.field(&mut pool.irq, p.irq, &key("irq"));
-            set.field(&mut pool.irq_claim, p.irq_claim, &key("irq_claim"));
-            if let Some(cache) = p.cache {
-                let merged = pool.cache.get_or_insert_with(Default::default);
-                set.field(&mut merged.l3, cache.l3, &key("cache.l3"));
-                set.field(&mut merged.mb, cache.mb, &key("cache.mb"));
-            }
-            if let Some(power) = p.power {
-                set.power(&mut pool.power, power, &key("power"));
-            }
+            set.pool(self.pools.entry(name.clone()).or_default(), &name, p, cpus);
         }
         Ok(())
     }
@@ -174,6 +94,101 @@ impl Setter<'_> {
         if let Some(value) = value {
             *slot = Some(value);
             self.origins.set(key.to_owned(), self.file);
+        }
+    }
+
+    /// The `[metrics]` keys.
+    fn metrics(&mut self, to: &mut MetricsFragment, from: MetricsFragment) {
+        self.field(&mut to.enabled, from.enabled, "metrics.enabled");
+        self.field(&mut to.listen, from.listen, "metrics.listen");
+    }
+
+    /// The `[k8s]` keys.
+    fn k8s(&mut self, to: &mut K8sFragment, from: K8sFragment) {
+        self.field(&mut to.enabled, from.enabled, "k8s.enabled");
+        self.field(&mut to.kubeconfig, from.kubeconfig, "k8s.kubeconfig");
+        self.field(&mut to.node_name, from.node_name, "k8s.node_name");
+        self.field(&mut to.namespace, from.namespace, "k8s.namespace");
+        self.field(&mut to.report_interval_ms, from.report_interval_ms, "k8s.report_interval_ms");
+    }
+
+    /// The `[kubelet]` keys.
+    fn kubelet(&mut self, to: &mut KubeletFragment, from: KubeletFragment) {
+        self.field(&mut to.enabled, from.enabled, "kubelet.enabled");
+        self.field(&mut to.resource_prefix, from.resource_prefix, "kubelet.resource_prefix");
+        self.field(&mut to.millicpus_per_device, from.millicpus_per_device, "kubelet.millicpus_per_device");
+        self.field(&mut to.release_grace_ms, from.release_grace_ms, "kubelet.release_grace_ms");
+        self.field(
+            &mut to.reconcile_interval_ms,
+            from.reconcile_interval_ms,
+            "kubelet.reconcile_interval_ms",
+        );
+        self.field(&mut to.runtime_endpoint, from.runtime_endpoint, "kubelet.runtime_endpoint");
+        self.field(&mut to.confine_unpooled, from.confine_unpooled, "kubelet.confine_unpooled");
+        self.field(&mut to.nri, from.nri, "kubelet.nri");
+        self.field(&mut to.nri_socket, from.nri_socket, "kubelet.nri_socket");
+    }
+
+    /// The `[paths]` keys.
+    fn paths(&mut self, to: &mut PathsFragment, from: PathsFragment) {
+        self.field(&mut to.sysfs_root, from.sysfs_root, "paths.sysfs_root");
+        self.field(&mut to.cgroup_root, from.cgroup_root, "paths.cgroup_root");
+        self.field(&mut to.state_dir, from.state_dir, "paths.state_dir");
+        self.field(&mut to.runtime_dir, from.runtime_dir, "paths.runtime_dir");
+        self.field(&mut to.kubelet_dir, from.kubelet_dir, "paths.kubelet_dir");
+        self.field(&mut to.procfs_root, from.procfs_root, "paths.procfs_root");
+        self.field(&mut to.irqbalance_dir, from.irqbalance_dir, "paths.irqbalance_dir");
+        self.field(&mut to.resctrl_root, from.resctrl_root, "paths.resctrl_root");
+    }
+
+    /// The `[daemon]` keys.
+    fn daemon(&mut self, to: &mut DaemonFragment, from: DaemonFragment) {
+        self.field(&mut to.host_cgroups, from.host_cgroups, "daemon.host_cgroups");
+        self.field(&mut to.admin_group, from.admin_group, "daemon.admin_group");
+        self.field(&mut to.log_level, from.log_level, "daemon.log_level");
+        self.field(&mut to.lend_idle, from.lend_idle, "daemon.lend_idle");
+        self.field(&mut to.backend, from.backend, "daemon.backend");
+        self.field(&mut to.irq_cpus, from.irq_cpus, "daemon.irq_cpus");
+        self.field(&mut to.irq_restore_on_stop, from.irq_restore_on_stop, "daemon.irq_restore_on_stop");
+        self.field(&mut to.irqbalance, from.irqbalance, "daemon.irqbalance");
+        self.field(&mut to.power_restore_on_stop, from.power_restore_on_stop, "daemon.power_restore_on_stop");
+        self.field(&mut to.cache_restore_on_stop, from.cache_restore_on_stop, "daemon.cache_restore_on_stop");
+    }
+
+    /// One pool's keys; `cpus` parsed already. The CPU source (`cpus`, `count`, `isolcpus`)
+    /// replaces the earlier one whole.
+    fn pool(&mut self, pool: &mut PoolInput, name: &str, p: PoolFragment, cpus: Option<CpuSet>) {
+        let key = |field: &str| pool_key(name, field);
+        self.origins.set(pool_key(name, ""), self.file);
+        let sets_source = p.sets_source();
+        if sets_source {
+            for field in SOURCE_FIELDS {
+                self.origins.remove(&key(field));
+            }
+            pool.cpus = None;
+            pool.count = None;
+            pool.numa = None;
+            pool.isolcpus = None;
+            self.field(&mut pool.cpus, cpus, &key("cpus"));
+            self.field(&mut pool.count, p.count, &key("count"));
+            self.field(&mut pool.isolcpus, p.isolcpus, &key("isolcpus"));
+        }
+        self.field(&mut pool.numa, p.numa, &key("numa"));
+        self.field(&mut pool.kind, p.kind, &key("kind"));
+        self.field(&mut pool.smt, p.smt, &key("smt"));
+        self.field(&mut pool.isolate, p.isolate, &key("isolate"));
+        self.field(&mut pool.kubelet, p.kubelet, &key("kubelet"));
+        self.field(&mut pool.enforce_quota, p.enforce_quota, &key("enforce_quota"));
+        self.field(&mut pool.removed, p.removed, &key("removed"));
+        self.field(&mut pool.irq, p.irq, &key("irq"));
+        self.field(&mut pool.irq_claim, p.irq_claim, &key("irq_claim"));
+        if let Some(cache) = p.cache {
+            let merged = pool.cache.get_or_insert_with(Default::default);
+            self.field(&mut merged.l3, cache.l3, &key("cache.l3"));
+            self.field(&mut merged.mb, cache.mb, &key("cache.mb"));
+        }
+        if let Some(power) = p.power {
+            self.power(&mut pool.power, power, &key("power"));
         }
     }
 

@@ -313,7 +313,34 @@ fn resolve_with(
     topo: &Topology,
     current: &BTreeMap<PoolName, CpuSet>,
 ) -> Result<Vec<Pool>, PoolError> {
-    let online = topo.online();
+    let (seen, reserved) = check_specs(specs)?;
+    // Explicit lists, then isolcpus, then requests (reserved first, then by name).
+    let mut claims = Claims { topo, online: topo.online(), resolved: BTreeMap::new() };
+    claims.fixed(specs)?;
+    let mut requests: Vec<&PoolSpec> =
+        specs.iter().filter(|s| matches!(s.source, CpuSource::Request { .. })).collect();
+    requests.sort_by_key(|s| (s.kind != PoolKind::Reserved, s.name.clone()));
+    // First each request keeps what it has (up to its count), so the others' picks below
+    // cannot take it.
+    for spec in &requests {
+        claims.keep(spec, current)?;
+    }
+    for spec in requests {
+        claims.pick(spec)?;
+    }
+    let leftover = claims.online.difference(&claims.claimed());
+    let mut resolved = claims.resolved;
+    if let Some(r) = resolved.get_mut(&reserved) {
+        *r = r.union(&leftover);
+    } else {
+        resolved.insert(reserved.clone(), leftover);
+    }
+    finish(resolved, &seen, topo)
+}
+
+/// The specs' names are unique, exactly one is reserved, and each option suits its pool's kind.
+/// Returns the specs by name and the reserved pool's name.
+fn check_specs(specs: &[PoolSpec]) -> Result<(BTreeMap<&PoolName, &PoolSpec>, PoolName), PoolError> {
     let mut seen: BTreeMap<&PoolName, &PoolSpec> = BTreeMap::new();
     let mut reserved: Option<&PoolName> = None;
     for spec in specs {
@@ -337,48 +364,64 @@ fn resolve_with(
         }
     }
     let reserved = reserved.ok_or(PoolError::NoReserved)?.clone();
+    Ok((seen, reserved))
+}
 
-    // Explicit lists, then isolcpus, then requests (reserved first, then by name).
-    let mut resolved: BTreeMap<PoolName, CpuSet> = BTreeMap::new();
-    let claim = |name: &PoolName, cpus: CpuSet, resolved: &mut BTreeMap<PoolName, CpuSet>| {
-        for (other, theirs) in resolved.iter() {
+/// The CPUs claimed so far, pool by pool, while the pools are resolved: no CPU is claimed twice.
+struct Claims<'t> {
+    topo: &'t Topology,
+    online: CpuSet,
+    resolved: BTreeMap<PoolName, CpuSet>,
+}
+
+impl Claims<'_> {
+    /// Gives `cpus` to `name`, unless another pool has some of them.
+    fn claim(&mut self, name: &PoolName, cpus: CpuSet) -> Result<(), PoolError> {
+        for (other, theirs) in self.resolved.iter() {
             let both = theirs.intersection(&cpus);
             if !both.is_empty() {
                 return Err(PoolError::Overlap { a: other.clone(), b: name.clone(), cpus: both });
             }
         }
-        resolved.insert(name.clone(), cpus);
+        self.resolved.insert(name.clone(), cpus);
         Ok(())
-    };
-    for spec in specs {
-        if let CpuSource::List(cpus) = &spec.source {
+    }
+
+    /// Every CPU claimed so far.
+    fn claimed(&self) -> CpuSet {
+        self.resolved.values().fold(CpuSet::new(), |acc, c| acc.union(c))
+    }
+
+    /// The pools whose CPUs are fixed: explicit lists, then the kernel's isolated CPUs.
+    fn fixed(&mut self, specs: &[PoolSpec]) -> Result<(), PoolError> {
+        for spec in specs {
+            if let CpuSource::List(cpus) = &spec.source {
+                if cpus.is_empty() {
+                    return Err(PoolError::Empty(spec.name.clone()));
+                }
+                let missing = cpus.difference(&self.online);
+                if !missing.is_empty() {
+                    return Err(PoolError::NotOnline { pool: spec.name.clone(), cpus: missing });
+                }
+                self.claim(&spec.name, cpus.clone())?;
+            }
+        }
+        for spec in specs.iter().filter(|s| s.source == CpuSource::Isolcpus) {
+            let cpus = self.topo.isolated();
             if cpus.is_empty() {
-                return Err(PoolError::Empty(spec.name.clone()));
+                return Err(PoolError::IsolcpusEmpty(spec.name.clone()));
             }
-            let missing = cpus.difference(&online);
-            if !missing.is_empty() {
-                return Err(PoolError::NotOnline { pool: spec.name.clone(), cpus: missing });
-            }
-            claim(&spec.name, cpus.clone(), &mut resolved)?;
+            self.claim(&spec.name, cpus)?;
         }
+        Ok(())
     }
-    for spec in specs.iter().filter(|s| s.source == CpuSource::Isolcpus) {
-        let cpus = topo.isolated();
-        if cpus.is_empty() {
-            return Err(PoolError::IsolcpusEmpty(spec.name.clone()));
-        }
-        claim(&spec.name, cpus, &mut resolved)?;
-    }
-    let mut requests: Vec<&PoolSpec> =
-        specs.iter().filter(|s| matches!(s.source, CpuSource::Request { .. })).collect();
-    requests.sort_by_key(|s| (s.kind != PoolKind::Reserved, s.name.clone()));
-    // First each request keeps what it has (up to its count), so the others' picks below
-    // cannot take it.
-    for spec in &requests {
-        let CpuSource::Request { count, numa } = spec.source else { continue };
-        let Some(now) = current.get(&spec.name) else { continue };
-        let claimed = resolved.values().fold(CpuSet::new(), |acc, c| acc.union(c));
-        let mut keep = now.intersection(&online).difference(&claimed).difference(&topo.isolated());
+
+    /// A request keeps the CPUs it has now (`current`) that are still free, up to its count.
+    fn keep(&mut self, spec: &PoolSpec, current: &BTreeMap<PoolName, CpuSet>) -> Result<(), PoolError> {
+        let CpuSource::Request { count, numa } = spec.source else { return Ok(()) };
+        let Some(now) = current.get(&spec.name) else { return Ok(()) };
+        let (topo, claimed) = (self.topo, self.claimed());
+        let mut keep = now.intersection(&self.online).difference(&claimed).difference(&topo.isolated());
         if let Some(node_cpus) = numa.and_then(|n| topo.nodes().get(&n)) {
             keep = keep.intersection(node_cpus);
         }
@@ -387,7 +430,7 @@ fn resolve_with(
             // The reserved pool holds its count and the CPUs nobody claims. Its own are those a
             // fresh resolution gives it (it picks first): keep those, so the host's slices do
             // not move when another pool takes the unclaimed ones.
-            let free = online.difference(&claimed).difference(&topo.isolated());
+            let free = self.online.difference(&claimed).difference(&topo.isolated());
             let free = match numa.and_then(|n| topo.nodes().get(&n)) {
                 Some(node_cpus) => free.intersection(node_cpus),
                 None => free,
@@ -401,26 +444,29 @@ fn resolve_with(
         if keep.len() > count as usize {
             match alloc::pick(topo, &keep, &CpuSet::new(), count as usize, smt) {
                 Ok(cpus) => keep = cpus,
-                Err(_) => continue,
+                Err(_) => return Ok(()),
             }
         }
         if !keep.is_empty() {
-            claim(&spec.name, keep, &mut resolved)?;
+            self.claim(&spec.name, keep)?;
         }
+        Ok(())
     }
-    for spec in requests {
-        let CpuSource::Request { count, numa } = spec.source else { continue };
+
+    /// A request gets its count: what it kept, grown from the free CPUs (or picked afresh).
+    fn pick(&mut self, spec: &PoolSpec) -> Result<(), PoolError> {
+        let CpuSource::Request { count, numa } = spec.source else { return Ok(()) };
         if count == 0 {
             return Err(PoolError::ZeroCount(spec.name.clone()));
         }
-        let kept = resolved.remove(&spec.name).unwrap_or_default();
+        let kept = self.resolved.remove(&spec.name).unwrap_or_default();
         if kept.len() == count as usize {
-            resolved.insert(spec.name.clone(), kept);
-            continue;
+            self.resolved.insert(spec.name.clone(), kept);
+            return Ok(());
         }
-        let claimed = resolved.values().fold(CpuSet::new(), |acc, c| acc.union(c));
+        let topo = self.topo;
         // Kernel-isolated CPUs are only handed out on purpose, through `isolcpus = true`.
-        let mut free = online.difference(&claimed).difference(&topo.isolated());
+        let mut free = self.online.difference(&self.claimed()).difference(&topo.isolated());
         if let Some(node) = numa {
             let Some(node_cpus) = topo.nodes().get(&node) else {
                 return Err(PoolError::UnknownNode {
@@ -450,18 +496,18 @@ fn resolve_with(
                 })
             }
         };
-        claim(&spec.name, cpus, &mut resolved)?;
+        self.claim(&spec.name, cpus)
     }
+}
 
-    let claimed = resolved.values().fold(CpuSet::new(), |acc, c| acc.union(c));
-    let leftover = online.difference(&claimed);
-    if let Some(r) = resolved.get_mut(&reserved) {
-        *r = r.union(&leftover);
-    } else {
-        resolved.insert(reserved.clone(), leftover);
-    }
-
-    let mut pools = Vec::with_capacity(specs.len());
+/// The pools from their resolved CPUs, checked as a whole: the reserved pool has CPUs and some
+/// for housekeeping, and a full-cores exclusive pool has no partial core.
+fn finish(
+    resolved: BTreeMap<PoolName, CpuSet>,
+    seen: &BTreeMap<&PoolName, &PoolSpec>,
+    topo: &Topology,
+) -> Result<Vec<Pool>, PoolError> {
+    let mut pools = Vec::with_capacity(seen.len());
     for (name, cpus) in resolved {
         let Some(spec) = seen.get(&name) else { continue };
         if spec.kind == PoolKind::Reserved && cpus.is_empty() {

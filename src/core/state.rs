@@ -420,19 +420,8 @@ impl State {
     /// assignment unchanged.
     pub fn assign(&mut self, topo: &Topology, spec: &AssignSpec) -> Result<Outcome<Assignment>, Error> {
         let pool = self.pool(&spec.pool)?.clone();
-        if let Some(id) = &spec.id {
-            if let Some(existing) = self.data.assignments.get(id) {
-                let same_size = match (pool.kind, &spec.size) {
-                    (PoolKind::Exclusive, Size::Cpus(n)) => existing.cpus.len() as u64 == u64::from(*n),
-                    (_, Size::Cpuset(set)) => existing.cpus == *set,
-                    (_, Size::Cpus(n)) => existing.millicpus == u64::from(*n) * 1000,
-                    (_, Size::Millicpus(m)) => existing.millicpus == *m,
-                };
-                if existing.pool == pool.name && existing.target == spec.target && same_size {
-                    return Ok(Outcome::Identity(existing.clone()));
-                }
-                return Err(Error::DuplicateId { id: id.to_string() });
-            }
+        if let Some(existing) = self.repeated(&pool, spec)? {
+            return Ok(Outcome::Identity(existing));
         }
         // A target has one cpuset: it can hold one assignment, from whichever pool.
         if let Some(a) = self.targets.get(&spec.target).and_then(|id| self.data.assignments.get(id)) {
@@ -446,62 +435,15 @@ impl State {
         let (cpus, millicpus) = match pool.kind {
             PoolKind::Reserved => return Err(Error::ReservedPool { pool: pool.name.to_string() }),
             PoolKind::Exclusive => {
-                let cpus = match &spec.size {
-                    Size::Cpuset(want) => self.exact(topo, &pool, want)?,
-                    Size::Cpus(n) => self.pick_whole(topo, &pool, u64::from(*n))?,
-                    Size::Millicpus(m) if m % 1000 == 0 => self.pick_whole(topo, &pool, m / 1000)?,
-                    Size::Millicpus(m) => {
-                        return Err(Error::InvalidArgument {
-                            arg: "millicpus",
-                            reason: format!(
-                                "pool `{}` is exclusive and hands out whole CPUs; {m} is not a multiple of 1000 (use cpus)",
-                                pool.name
-                            ),
-                        })
-                    }
-                };
+                let cpus = self.exclusive_cpus(topo, &pool, &spec.size)?;
                 let n = cpus.len() as u64;
                 (cpus, n * 1000)
             }
-            PoolKind::Shared => {
-                let m = match spec.size {
-                    Size::Cpus(n) => u64::from(n) * 1000,
-                    Size::Millicpus(m) => m,
-                    Size::Cpuset(_) => {
-                        return Err(Error::InvalidArgument {
-                            arg: "cpus",
-                            reason: format!(
-                                "pool `{}` is shared: its assignments take millicpus, not chosen CPUs",
-                                pool.name
-                            ),
-                        })
-                    }
-                };
-                if m == 0 {
-                    let arg = if matches!(spec.size, Size::Cpus(_)) { "cpus" } else { "millicpus" };
-                    return Err(Error::InvalidArgument { arg, reason: "must be at least 1".into() });
-                }
-                let free = self.free_millis(&pool);
-                if m > free {
-                    return Err(Error::InsufficientCapacity {
-                        pool: pool.name.to_string(),
-                        requested: m,
-                        free,
-                        unit: "millicpus",
-                    });
-                }
-                (pool.cpus.clone(), m)
-            }
+            PoolKind::Shared => (pool.cpus.clone(), self.shared_millis(&pool, &spec.size)?),
         };
         let id = match &spec.id {
             Some(id) => id.clone(),
-            None => loop {
-                self.data.next_id += 1;
-                let id = AssignmentId(format!("a{}", self.data.next_id));
-                if !self.data.assignments.contains_key(&id) {
-                    break id;
-                }
-            },
+            None => self.next_id(),
         };
         let a = Assignment {
             id: id.clone(),
@@ -518,6 +460,83 @@ impl State {
         self.changes.assignments.insert(id.clone());
         self.data.assignments.insert(id, a.clone());
         Ok(Outcome::Changed(a))
+    }
+
+    /// The assignment `spec` names by its id, if it exists already with the same pool, target
+    /// and size (asking again is no change); another under that id is [`Error::DuplicateId`].
+    fn repeated(&self, pool: &Pool, spec: &AssignSpec) -> Result<Option<Assignment>, Error> {
+        let Some(id) = &spec.id else { return Ok(None) };
+        let Some(existing) = self.data.assignments.get(id) else { return Ok(None) };
+        let same_size = match (pool.kind, &spec.size) {
+            (PoolKind::Exclusive, Size::Cpus(n)) => existing.cpus.len() as u64 == u64::from(*n),
+            (_, Size::Cpuset(set)) => existing.cpus == *set,
+            (_, Size::Cpus(n)) => existing.millicpus == u64::from(*n) * 1000,
+            (_, Size::Millicpus(m)) => existing.millicpus == *m,
+        };
+        if existing.pool == pool.name && existing.target == spec.target && same_size {
+            return Ok(Some(existing.clone()));
+        }
+        Err(Error::DuplicateId { id: id.to_string() })
+    }
+
+    /// The CPUs of an exclusive pool's new assignment of `size`: whole CPUs, chosen or picked.
+    fn exclusive_cpus(&self, topo: &Topology, pool: &Pool, size: &Size) -> Result<CpuSet, Error> {
+        Ok(match size {
+            Size::Cpuset(want) => self.exact(topo, pool, want)?,
+            Size::Cpus(n) => self.pick_whole(topo, pool, u64::from(*n))?,
+            Size::Millicpus(m) if m % 1000 == 0 => self.pick_whole(topo, pool, m / 1000)?,
+            Size::Millicpus(m) => {
+                return Err(Error::InvalidArgument {
+                    arg: "millicpus",
+                    reason: format!(
+                        "pool `{}` is exclusive and hands out whole CPUs; {m} is not a multiple of 1000 (use cpus)",
+                        pool.name
+                    ),
+                })
+            }
+        })
+    }
+
+    /// The millicpus of a shared pool's new assignment of `size`, if the pool has them free.
+    fn shared_millis(&self, pool: &Pool, size: &Size) -> Result<u64, Error> {
+        let m = match *size {
+            Size::Cpus(n) => u64::from(n) * 1000,
+            Size::Millicpus(m) => m,
+            Size::Cpuset(_) => {
+                return Err(Error::InvalidArgument {
+                    arg: "cpus",
+                    reason: format!(
+                        "pool `{}` is shared: its assignments take millicpus, not chosen CPUs",
+                        pool.name
+                    ),
+                })
+            }
+        };
+        if m == 0 {
+            let arg = if matches!(size, Size::Cpus(_)) { "cpus" } else { "millicpus" };
+            return Err(Error::InvalidArgument { arg, reason: "must be at least 1".into() });
+        }
+        let free = self.free_millis(pool);
+        if m > free {
+            return Err(Error::InsufficientCapacity {
+                pool: pool.name.to_string(),
+                requested: m,
+                free,
+                unit: "millicpus",
+            });
+        }
+        Ok(m)
+    }
+
+    /// A new assignment's id: `a<N>`, the next N not taken.
+    fn next_id(&mut self) -> AssignmentId {
+        loop {
+            self.data.next_id += 1;
+            let id = AssignmentId(format!("a{}", self.data.next_id));
+            if !self.data.assignments.contains_key(&id) {
+                return id;
+            }
+        }
     }
 
     /// Checks that `want` can be owned whole by a new assignment of the exclusive `pool`.

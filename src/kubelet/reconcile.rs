@@ -16,7 +16,7 @@ use std::time::Instant;
 use super::Options;
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::core::state::{AssignmentId, CgroupPath, Container, Target};
+use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container, Target};
 use crate::engine::Handle;
 use crate::error_chain;
 use crate::host;
@@ -76,40 +76,7 @@ impl Reconciler {
     /// One round.
     pub(super) async fn reconcile(&mut self, handle: &Handle) {
         self.check_cpu_manager(handle).await;
-        let list = match clients::pod_resources(&self.opts.pod_resources_socket()).await {
-            Ok(l) => {
-                if self.unreachable {
-                    log::info!("device plugin: the kubelet's PodResources API answers again");
-                }
-                self.unreachable = false;
-                self.absent = false;
-                l
-            }
-            // No kubelet on this host (yet): nothing is wrong, and there is nothing to reconcile.
-            // Said once, and only here when the registrar has not said it already (it waits for
-            // the device-plugin directory, and says so, when that is missing too).
-            Err(_) if !self.opts.pod_resources_socket().exists() => {
-                if !self.absent && self.opts.plugin_dir().is_dir() {
-                    log::info!(
-                        "device plugin: no kubelet yet (`{}` does not exist); its containers are \
-                         reconciled once it is there",
-                        self.opts.pod_resources_socket().display()
-                    );
-                }
-                self.absent = true;
-                self.unreachable = false;
-                return;
-            }
-            Err(e) => {
-                if !self.unreachable {
-                    log::info!(
-                        "device plugin: PodResources not reachable ({e}); nothing is released until it is"
-                    );
-                }
-                self.unreachable = true;
-                return;
-            }
-        };
+        let Some(list) = self.pod_resources().await else { return };
         let holders = clients::holders(list, &format!("{}/", self.opts.resource_prefix));
         let snap = handle.snapshot();
         // While the NRI plugin serves the runtime, containers get their CPUs (and unpooled ones
@@ -125,20 +92,7 @@ impl Reconciler {
         for a in snap.state.assignments().values().filter(|a| devices::is_kubelet(a)) {
             let id = a.id.as_str();
             let Some(h) = holders.get(id) else {
-                let since = *self.missing.entry(id.to_owned()).or_insert(now);
-                if now.duration_since(since) >= self.opts.release_grace {
-                    match handle.release(id).await {
-                        Ok(_) => log::info!(
-                            POOL = a.pool.as_str(), ASSIGNMENT = id;
-                            "device plugin: released {id}: no container holds its devices any more"
-                        ),
-                        Err(e) => log::warn!("device plugin: releasing {id}: {}", error_chain(&e)),
-                    }
-                    self.missing.remove(id);
-                    if snap.kubelet.held.contains_key(&a.id) {
-                        set_held(handle, &a.id, None).await;
-                    }
-                }
+                self.release_unheld(handle, a, snap.kubelet.held.contains_key(&a.id), now).await;
                 continue;
             };
             self.missing.remove(id);
@@ -148,42 +102,8 @@ impl Reconciler {
             {
                 set_held(handle, &a.id, Some(h.devices.clone())).await;
             }
-            if nri {
-                continue;
-            }
-            let extra =
-                self.opts.containers.as_ref().and_then(|s| s.container(&h.namespace, &h.pod, &h.container));
-            if extra.is_none() && containers.is_none() {
-                containers = Some(self.cri_containers().await.unwrap_or_else(|e| {
-                    log::debug!("device plugin: the container runtime's CRI is not reachable: {e}");
-                    Containers::new()
-                }));
-            }
-            let key = (h.namespace.clone(), h.pod.clone(), h.container.clone());
-            let found = match &extra {
-                Some(r) => Some((r.pod_uid.as_str(), r.container_id.as_str(), r.qos_class.as_deref())),
-                None => {
-                    containers.as_ref().and_then(|c| c.get(&key)).map(|(u, c)| (u.as_str(), c.as_str(), None))
-                }
-            };
-            let Some((uid, cid, qos)) = found else { continue };
-            let Some(path) = host::kubelet::find_container(&self.opts.cgroup_root, uid, cid, qos) else {
-                continue;
-            };
-            let target = Target::Cgroup(path);
-            let container =
-                Container { namespace: h.namespace.clone(), pod: h.pod.clone(), name: h.container.clone() };
-            if a.target == target && a.container.as_ref() == Some(&container) {
-                continue;
-            }
-            match handle.retarget(id, target.clone(), Some(container)).await {
-                Ok(_) => log::info!(
-                    POOL = a.pool.as_str(), ASSIGNMENT = id, TARGET = target.to_string().as_str(),
-                    POD = h.pod.as_str(), NAMESPACE = h.namespace.as_str(), CONTAINER = h.container.as_str();
-                    "device plugin: CPUs {} of {id} applied to container {}/{}/{} ({target})",
-                    a.cpus, h.namespace, h.pod, h.container
-                ),
-                Err(e) => log::warn!("device plugin: applying {id} to {target}: {}", error_chain(&e)),
+            if !nri {
+                self.follow_container(handle, a, h, &mut containers).await;
             }
         }
         self.missing.retain(|id, _| snap.state.assignments().keys().any(|k| k.as_str() == id));
@@ -198,6 +118,112 @@ impl Reconciler {
                 }
             };
             self.confine_unpooled(handle, &holders, containers, &sandboxes).await;
+        }
+    }
+
+    /// The kubelet's PodResources `List`, or `None` when there is no kubelet or it does not
+    /// answer (said once per change).
+    async fn pod_resources(&mut self) -> Option<super::proto::podresources::ListPodResourcesResponse> {
+        match clients::pod_resources(&self.opts.pod_resources_socket()).await {
+            Ok(l) => {
+                if self.unreachable {
+                    log::info!("device plugin: the kubelet's PodResources API answers again");
+                }
+                self.unreachable = false;
+                self.absent = false;
+                Some(l)
+            }
+            // No kubelet on this host (yet): nothing is wrong, and there is nothing to reconcile.
+            // Said once, and only here when the registrar has not said it already (it waits for
+            // the device-plugin directory, and says so, when that is missing too).
+            Err(_) if !self.opts.pod_resources_socket().exists() => {
+                if !self.absent && self.opts.plugin_dir().is_dir() {
+                    log::info!(
+                        "device plugin: no kubelet yet (`{}` does not exist); its containers are \
+                         reconciled once it is there",
+                        self.opts.pod_resources_socket().display()
+                    );
+                }
+                self.absent = true;
+                self.unreachable = false;
+                None
+            }
+            Err(e) => {
+                if !self.unreachable {
+                    log::info!(
+                        "device plugin: PodResources not reachable ({e}); nothing is released until it is"
+                    );
+                }
+                self.unreachable = true;
+                None
+            }
+        }
+    }
+
+    /// Releases kubelet assignment `a`, which no container holds, once that has lasted the
+    /// grace period (`held`: the engine records which devices hold it).
+    async fn release_unheld(&mut self, handle: &Handle, a: &Assignment, held: bool, now: Instant) {
+        let id = a.id.as_str();
+        let since = *self.missing.entry(id.to_owned()).or_insert(now);
+        if now.duration_since(since) >= self.opts.release_grace {
+            match handle.release(id).await {
+                Ok(_) => log::info!(
+                    POOL = a.pool.as_str(), ASSIGNMENT = id;
+                    "device plugin: released {id}: no container holds its devices any more"
+                ),
+                Err(e) => log::warn!("device plugin: releasing {id}: {}", error_chain(&e)),
+            }
+            self.missing.remove(id);
+            if held {
+                set_held(handle, &a.id, None).await;
+            }
+        }
+    }
+
+    /// Points kubelet assignment `a` at the cgroup of the container `h` that holds its devices,
+    /// found through the cluster integration or the runtime's CRI (`containers`, asked once a
+    /// round when needed).
+    async fn follow_container(
+        &self,
+        handle: &Handle,
+        a: &Assignment,
+        h: &Holder,
+        containers: &mut Option<Containers>,
+    ) {
+        let id = a.id.as_str();
+        let extra =
+            self.opts.containers.as_ref().and_then(|s| s.container(&h.namespace, &h.pod, &h.container));
+        if extra.is_none() && containers.is_none() {
+            *containers = Some(self.cri_containers().await.unwrap_or_else(|e| {
+                log::debug!("device plugin: the container runtime's CRI is not reachable: {e}");
+                Containers::new()
+            }));
+        }
+        let key = (h.namespace.clone(), h.pod.clone(), h.container.clone());
+        let found = match &extra {
+            Some(r) => Some((r.pod_uid.as_str(), r.container_id.as_str(), r.qos_class.as_deref())),
+            None => {
+                containers.as_ref().and_then(|c| c.get(&key)).map(|(u, c)| (u.as_str(), c.as_str(), None))
+            }
+        };
+        let Some((uid, cid, qos)) = found else { return };
+        let Some(path) = host::kubelet::find_container(&self.opts.cgroup_root, uid, cid, qos) else {
+            return;
+        };
+        let target = Target::Cgroup(path);
+        let container =
+            Container { namespace: h.namespace.clone(), pod: h.pod.clone(), name: h.container.clone() };
+        if a.target == target && a.container.as_ref() == Some(&container) {
+            return;
+        }
+        match handle.retarget(id, target.clone(), Some(container)).await {
+            Ok(_) => log::info!(
+                POOL = a.pool.as_str(), ASSIGNMENT = id, TARGET = target.to_string().as_str(),
+                POD = h.pod.as_str(), NAMESPACE = h.namespace.as_str(), CONTAINER = h.container.as_str();
+                "device plugin: CPUs {} of {id} applied to container {}/{}/{} ({target})",
+                a.cpus, h.namespace, h.pod, h.container
+            ),
+            Err(e) => log::warn!("device plugin: applying {id} to {target}: {}", error_chain(&e)),
         }
     }
 

@@ -223,25 +223,7 @@ impl StateData {
     ///
     /// Whole cores in full-cores pools depend on the topology and are not checked here.
     pub fn validate(&self) -> Result<(), Vec<Violation>> {
-        let mut out = Vec::new();
-        let pools: Vec<&Pool> = self.pools.values().collect();
-        for (key, p) in &self.pools {
-            if *key != p.name {
-                out.push(Violation::MisfiledPool { key: key.clone(), name: p.name.clone() });
-            }
-        }
-        for (i, p) in pools.iter().enumerate() {
-            for q in &pools[i + 1..] {
-                let both = p.cpus.intersection(&q.cpus);
-                if !both.is_empty() {
-                    out.push(Violation::PoolsOverlap {
-                        pool: p.name.clone(),
-                        other: q.name.clone(),
-                        cpus: both,
-                    });
-                }
-            }
-        }
+        let mut out = self.pool_violations();
         let mut owners: Vec<&Assignment> = Vec::new();
         let mut targets: BTreeMap<&Target, &AssignmentId> = BTreeMap::new();
         let mut shared: BTreeMap<&PoolName, (u64, Vec<AssignmentId>)> = BTreeMap::new();
@@ -257,24 +239,7 @@ impl StateData {
                 out.push(Violation::UnknownPool { id: id(), pool: a.pool.clone() });
                 continue;
             };
-            if p.kind != a.kind {
-                out.push(Violation::KindMismatch {
-                    id: id(),
-                    pool: p.name.clone(),
-                    kind: a.kind,
-                    pool_kind: p.kind,
-                });
-            }
-            if p.kind == PoolKind::Reserved || a.kind == PoolKind::Reserved {
-                out.push(Violation::FromReserved { id: id(), pool: p.name.clone() });
-            }
-            let outside = a.cpus.difference(&p.cpus);
-            if !outside.is_empty() {
-                out.push(Violation::OutsidePool { id: id(), pool: p.name.clone(), cpus: outside });
-            }
-            if a.cpus.is_empty() || a.millicpus == 0 {
-                out.push(Violation::Empty { id: id() });
-            }
+            against_pool(a, p, &mut out);
             match a.kind {
                 PoolKind::Exclusive => {
                     let cpus = a.cpus.len() as u64;
@@ -314,11 +279,54 @@ impl StateData {
             Err(out)
         }
     }
+
+    /// Each pool filed under its own name, and no CPU in two pools.
+    fn pool_violations(&self) -> Vec<Violation> {
+        let mut out = Vec::new();
+        let pools: Vec<&Pool> = self.pools.values().collect();
+        for (key, p) in &self.pools {
+            if *key != p.name {
+                out.push(Violation::MisfiledPool { key: key.clone(), name: p.name.clone() });
+            }
+        }
+        for (i, p) in pools.iter().enumerate() {
+            for q in &pools[i + 1..] {
+                let both = p.cpus.intersection(&q.cpus);
+                if !both.is_empty() {
+                    out.push(Violation::PoolsOverlap {
+                        pool: p.name.clone(),
+                        other: q.name.clone(),
+                        cpus: both,
+                    });
+                }
+            }
+        }
+        out
+    }
 }
 
 impl State {
     /// [`StateData::validate`] on this state.
     pub fn check(&self) -> Result<(), Vec<Violation>> {
         self.data.validate()
+    }
+}
+
+/// What assignment `a` must be to its pool `p`: of its kind, not the reserved pool, within its
+/// CPUs, and not empty.
+fn against_pool(a: &Assignment, p: &Pool, out: &mut Vec<Violation>) {
+    let id = || a.id.clone();
+    if p.kind != a.kind {
+        out.push(Violation::KindMismatch { id: id(), pool: p.name.clone(), kind: a.kind, pool_kind: p.kind });
+    }
+    if p.kind == PoolKind::Reserved || a.kind == PoolKind::Reserved {
+        out.push(Violation::FromReserved { id: id(), pool: p.name.clone() });
+    }
+    let outside = a.cpus.difference(&p.cpus);
+    if !outside.is_empty() {
+        out.push(Violation::OutsidePool { id: id(), pool: p.name.clone(), cpus: outside });
+    }
+    if a.cpus.is_empty() || a.millicpus == 0 {
+        out.push(Violation::Empty { id: id() });
     }
 }
