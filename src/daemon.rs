@@ -443,7 +443,7 @@ async fn serve(
         _ = async {
             while signals.hup.recv().await.is_some() {
                 // The outcome is logged and shown in STATUS=; `cpupoolctl reload` reports it too.
-                let _ = crate::api::ops::reload(handle).await;
+                let _ = crate::api::handlers::reload(handle).await;
             }
             // No more SIGHUPs cannot happen while the handler is installed; never a reason to stop.
             std::future::pending::<()>().await

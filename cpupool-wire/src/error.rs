@@ -131,6 +131,40 @@ impl PartialEq<&str> for ErrorKind {
     }
 }
 
+/// A refused or failed call as both interfaces send it: varlink as the error
+/// `org.cpupool.Manager.<kind>` with `params`, D-Bus as `org.cpupool.Manager1.Error.<kind>`
+/// with `message`. The daemon maps each of its errors to one ([`ErrorKind`] says which).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// The error's kind: `NoSuchPool`, `InvalidArgument`, ...
+    pub kind: ErrorKind,
+    /// Its fields (varlink error parameters, as the IDL declares them).
+    pub params: serde_json::Value,
+    /// A sentence for people, naming the argument at fault (the D-Bus error message).
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error of `kind`.
+    pub fn new(kind: ErrorKind, params: serde_json::Value, message: impl Into<String>) -> ApiError {
+        ApiError { kind, params, message: message.into() }
+    }
+
+    /// `InvalidArgument` naming `argument`.
+    pub fn invalid_argument(argument: &str, reason: &str) -> ApiError {
+        ApiError::new(
+            ErrorKind::InvalidArgument,
+            serde_json::json!({ "argument": argument, "reason": reason }),
+            format!("invalid {argument}: {reason}"),
+        )
+    }
+
+    /// `ShuttingDown`.
+    pub fn shutting_down() -> ApiError {
+        ApiError::new(ErrorKind::ShuttingDown, serde_json::json!({}), "the daemon is shutting down")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;

@@ -4,7 +4,8 @@
 //! - [`names`]: the D-Bus name, object and interface, the varlink interface and socket, the
 //!   environment variables given to containers;
 //! - [`ErrorKind`]: every error the management interfaces return, with its varlink and D-Bus
-//!   error names;
+//!   error names, and [`ApiError`], one such error with its parameters and message;
+//! - [`methods`]: the table of methods: names, who may call them, parameter and reply types;
 //! - [`views`]: the types replies carry (pools, assignments, topology, status, isolation,
 //!   events), serialized with the IDL's field names;
 //! - [`varlink`]: the framing (NUL-terminated JSON), the call and reply envelopes, the message
@@ -17,8 +18,9 @@
 
 pub mod dbus;
 pub mod error;
+pub mod methods;
 pub mod names;
 pub mod varlink;
 pub mod views;
 
-pub use error::ErrorKind;
+pub use error::{ApiError, ErrorKind};

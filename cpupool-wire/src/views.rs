@@ -230,6 +230,54 @@ pub struct Classes {
     pub classes: Vec<ClassSetting>,
 }
 
+/// `ListPools`' reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Pools {
+    /// Every pool, in name order.
+    pub pools: Vec<Pool>,
+}
+
+/// The reply of `GetPool`, `CreatePool` and `ResizePool`: the pool (left out when an edit's
+/// pool is already gone again).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PoolReply {
+    /// The pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Pool>,
+}
+
+/// `ListAssignments`' reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Assignments {
+    /// The assignments.
+    pub assignments: Vec<Assignment>,
+}
+
+/// The reply of `GetAssignment`, `Assign`, `Run` and `Release`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssignmentReply {
+    /// The assignment.
+    pub assignment: Assignment,
+}
+
+/// `Reload`'s reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Reloaded {
+    /// Whether the files said anything the daemon did not run already.
+    pub changed: bool,
+}
+
+/// The reply of a method that returns nothing (`DeletePool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Nothing {}
+
+/// One reply of `Monitor`'s stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventReply {
+    /// The change.
+    pub event: Event,
+}
+
 fn unknown_percent() -> f64 {
     -1.0
 }

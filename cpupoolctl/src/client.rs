@@ -6,10 +6,11 @@
 //! exit codes do not depend on the transport.
 
 use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use cpupool_wire::methods::{self as m, Method};
 use cpupool_wire::varlink::params;
-use cpupool_wire::views::{Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
+use cpupool_wire::views::{self, Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
 
 use crate::error::Error;
 use crate::varlink;
@@ -140,10 +141,10 @@ fn to_value(p: &impl serde::Serialize) -> Value {
     serde_json::to_value(p).unwrap_or_default()
 }
 
-/// `Assign`'s parameters; absent optionals are left out.
-pub fn assign_params(req: &AssignRequest) -> Value {
+/// `Assign`'s parameters.
+pub fn assign_params(req: &AssignRequest) -> params::Assign {
     let (cpus, millicpus) = amount_params(req.amount);
-    to_value(&params::Assign {
+    params::Assign {
         pool: req.pool.clone(),
         target: req.target.clone(),
         cpus,
@@ -151,25 +152,19 @@ pub fn assign_params(req: &AssignRequest) -> Value {
         id: req.id.clone(),
         // The daemon's default is true: sent only when it differs.
         reclaim: (!req.reclaim).then_some(false),
-    })
+    }
 }
 
-/// `Run`'s parameters; absent optionals are left out.
-pub fn run_params(req: &RunRequest) -> Value {
+/// `Run`'s parameters.
+pub fn run_params(req: &RunRequest) -> params::Run {
     let (cpus, millicpus) = amount_params(req.amount);
-    to_value(&params::Run {
-        pool: req.pool.clone(),
-        pid: i64::from(req.pid),
-        cpus,
-        millicpus,
-        id: req.id.clone(),
-    })
+    params::Run { pool: req.pool.clone(), pid: i64::from(req.pid), cpus, millicpus, id: req.id.clone() }
 }
 
-/// `CreatePool`'s parameters; absent optionals are left out.
-pub fn create_params(req: &CreatePoolRequest) -> Value {
+/// `CreatePool`'s parameters.
+pub fn create_params(req: &CreatePoolRequest) -> params::CreatePool {
     let (cpus, count, numa) = source_params(&req.source);
-    to_value(&params::CreatePool {
+    params::CreatePool {
         name: req.name.clone(),
         kind: req.kind.clone(),
         cpus,
@@ -178,13 +173,13 @@ pub fn create_params(req: &CreatePoolRequest) -> Value {
         smt: req.smt.clone(),
         isolate: req.isolate,
         kubelet: req.kubelet,
-    })
+    }
 }
 
 /// `ResizePool`'s parameters.
-pub fn resize_params(name: &str, source: &CpuSource) -> Value {
+pub fn resize_params(name: &str, source: &CpuSource) -> params::ResizePool {
     let (cpus, count, numa) = source_params(source);
-    to_value(&params::ResizePool { name: name.to_owned(), cpus, count, numa })
+    params::ResizePool { name: name.to_owned(), cpus, count, numa }
 }
 
 impl varlink::Client {
@@ -195,94 +190,90 @@ impl varlink::Client {
         })
     }
 
-    /// Calls `method` and decodes the reply's field `key`.
-    fn call_field<T: DeserializeOwned>(
-        &mut self,
-        method: &str,
-        params: Value,
-        key: &str,
-    ) -> Result<T, Error> {
-        let mut reply = self.call(method, params)?;
-        let value = reply.remove(key).unwrap_or(Value::Null);
-        self.decode(value, &format!("{method} reply field `{key}`"))
+    /// Calls the table's method `M` with `params` (absent optionals left out) and decodes its
+    /// reply.
+    fn call_method<M: Method>(&mut self, params: &M::Params) -> Result<M::Reply, Error> {
+        let reply = self.call(M::NAME, to_value(params))?;
+        self.decode(Value::Object(reply), &format!("{} reply", M::NAME))
+    }
+
+    /// The pool of a reply that must have one.
+    fn pool_of(&self, reply: views::PoolReply, method: &str) -> Result<Pool, Error> {
+        reply.pool.ok_or_else(|| Error::Protocol {
+            address: self.address().to_string(),
+            reason: format!("{method} reply: no pool"),
+        })
     }
 }
 
 impl Manager for varlink::Client {
     fn list_pools(&mut self) -> Result<Vec<Pool>, Error> {
-        self.call_field("ListPools", json!({}), "pools")
+        Ok(self.call_method::<m::ListPools>(&params::NoParameters {})?.pools)
     }
 
     fn get_pool(&mut self, name: &str) -> Result<Pool, Error> {
-        self.call_field("GetPool", to_value(&params::GetPool { name: name.to_owned() }), "pool")
+        let reply = self.call_method::<m::GetPool>(&params::GetPool { name: name.to_owned() })?;
+        self.pool_of(reply, m::GetPool::NAME)
     }
 
     fn topology(&mut self) -> Result<Topology, Error> {
-        let reply = self.call("GetTopology", json!({}))?;
-        self.decode(Value::Object(reply), "GetTopology reply")
+        self.call_method::<m::GetTopology>(&params::NoParameters {})
     }
 
     fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error> {
         let params = params::ListAssignments { pool: pool.map(str::to_owned) };
-        self.call_field("ListAssignments", to_value(&params), "assignments")
+        Ok(self.call_method::<m::ListAssignments>(&params)?.assignments)
     }
 
     fn status(&mut self) -> Result<Status, Error> {
-        let reply = self.call("Status", json!({}))?;
-        self.decode(Value::Object(reply), "Status reply")
+        self.call_method::<m::Status>(&params::NoParameters {})
     }
 
     fn isolation(&mut self, pool: &str) -> Result<Isolation, Error> {
-        let reply =
-            self.call("GetIsolation", to_value(&params::GetIsolation { pool: Some(pool.to_owned()) }))?;
-        self.decode(Value::Object(reply), "GetIsolation reply")
+        self.call_method::<m::GetIsolation>(&params::GetIsolation { pool: Some(pool.to_owned()) })
     }
 
     fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error> {
-        self.call_field(
-            "GetClasses",
-            to_value(&params::GetClasses { pool: Some(pool.to_owned()) }),
-            "classes",
-        )
+        Ok(self.call_method::<m::GetClasses>(&params::GetClasses { pool: Some(pool.to_owned()) })?.classes)
     }
 
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error> {
-        self.call_field("Assign", assign_params(req), "assignment")
+        Ok(self.call_method::<m::Assign>(&assign_params(req))?.assignment)
     }
 
     fn run(&mut self, req: &RunRequest) -> Result<Assignment, Error> {
-        self.call_field("Run", run_params(req), "assignment")
+        Ok(self.call_method::<m::Run>(&run_params(req))?.assignment)
     }
 
     fn release(&mut self, id: &str) -> Result<Assignment, Error> {
-        self.call_field("Release", to_value(&params::Release { id: id.to_owned() }), "assignment")
+        Ok(self.call_method::<m::Release>(&params::Release { id: id.to_owned() })?.assignment)
     }
 
     fn create_pool(&mut self, req: &CreatePoolRequest) -> Result<Pool, Error> {
-        self.call_field("CreatePool", create_params(req), "pool")
+        let reply = self.call_method::<m::CreatePool>(&create_params(req))?;
+        self.pool_of(reply, m::CreatePool::NAME)
     }
 
     fn resize_pool(&mut self, name: &str, source: &CpuSource) -> Result<Pool, Error> {
-        self.call_field("ResizePool", resize_params(name, source), "pool")
+        let reply = self.call_method::<m::ResizePool>(&resize_params(name, source))?;
+        self.pool_of(reply, m::ResizePool::NAME)
     }
 
     fn delete_pool(&mut self, name: &str) -> Result<(), Error> {
-        self.call("DeletePool", to_value(&params::DeletePool { name: name.to_owned() })).map(|_| ())
+        self.call_method::<m::DeletePool>(&params::DeletePool { name: name.to_owned() }).map(|_| ())
     }
 
     fn reload(&mut self) -> Result<bool, Error> {
-        self.call_field("Reload", json!({}), "changed")
+        Ok(self.call_method::<m::Reload>(&params::NoParameters {})?.changed)
     }
 
     fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {
         let address = self.address().to_string();
-        let ended = self.call_more("Monitor", json!({}), &mut |mut reply| {
-            let value = reply.remove("event").unwrap_or(Value::Null);
-            let event: Event = serde_json::from_value(value).map_err(|e| Error::Protocol {
-                address: address.clone(),
-                reason: format!("Monitor event: {e}"),
+        let ended = self.call_more(m::Monitor::NAME, to_value(&params::NoParameters {}), &mut |reply| {
+            let reply: views::EventReply = serde_json::from_value(Value::Object(reply)).map_err(|e| {
+                Error::Protocol { address: address.clone(), reason: format!("Monitor event: {e}") }
             })?;
-            each(event)
+            each(reply.event)
         });
         ended
     }
@@ -290,6 +281,8 @@ impl Manager for varlink::Client {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -301,10 +294,10 @@ mod tests {
             id: None,
             reclaim: true,
         };
-        assert_eq!(assign_params(&req), json!({"pool": "dp", "target": "cgroup:a/b", "cpus": 2}));
+        assert_eq!(to_value(&assign_params(&req)), json!({"pool": "dp", "target": "cgroup:a/b", "cpus": 2}));
         let req = AssignRequest { amount: Amount::Millicpus(1500), id: Some("x".into()), ..req };
         assert_eq!(
-            assign_params(&req),
+            to_value(&assign_params(&req)),
             json!({"pool": "dp", "target": "cgroup:a/b", "millicpus": 1500, "id": "x"})
         );
         let create = CreatePoolRequest {
@@ -316,15 +309,15 @@ mod tests {
             kubelet: Some(false),
         };
         assert_eq!(
-            create_params(&create),
+            to_value(&create_params(&create)),
             json!({"name": "batch", "kind": "shared", "cpus": "4-5", "kubelet": false})
         );
         assert_eq!(
-            resize_params("dp", &CpuSource::Count { count: 4, numa: None }),
+            to_value(&resize_params("dp", &CpuSource::Count { count: 4, numa: None })),
             json!({"name": "dp", "count": 4})
         );
         assert_eq!(
-            resize_params("dp", &CpuSource::Count { count: 4, numa: Some(0) }),
+            to_value(&resize_params("dp", &CpuSource::Count { count: 4, numa: Some(0) })),
             json!({"name": "dp", "count": 4, "numa": 0})
         );
     }

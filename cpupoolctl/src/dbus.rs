@@ -5,9 +5,10 @@
 //! each call, bounded by the timeout. Replies arrive as the D-Bus structures of
 //! `dbus/org.cpupool.Manager1.xml` (tuples here) and are converted to the [`cpupool_wire::views`]
 //! types, turning D-Bus's "no optionals" encodings back into options (`""` and `0` mean
-//! absent). Error replies `org.cpupool.Manager1.Error.<Kind>` become the same
-//! [`crate::error::DaemonError`] kinds the varlink client produces; a daemon that is not on
-//! the bus, a bus that cannot be reached and a call without a reply are "unreachable".
+//! absent); the method names are the table's ([`cpupool_wire::methods`]). Error replies
+//! `org.cpupool.Manager1.Error.<Kind>` become the same [`crate::error::DaemonError`] kinds the
+//! varlink client produces; a daemon that is not on the bus, a bus that cannot be reached and a
+//! call without a reply are "unreachable".
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,6 +22,7 @@ use zbus::zvariant::Value as Variant;
 use zbus::DBusError as _;
 
 use cpupool_wire::dbus::{AssignmentStruct, ClassStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
+use cpupool_wire::methods::{self as m, Method as _};
 use cpupool_wire::views::{Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
 
 use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest, RunRequest};
@@ -242,7 +244,7 @@ impl Client {
             None => return Err(self.no_reply()),
             Some(r) => r.map_err(|e| self.map_error(e))?,
         };
-        let pools: Vec<PoolStruct> = self.call_async("ListPools", &()).await?;
+        let pools: Vec<PoolStruct> = self.call_async(m::ListPools::NAME, &()).await?;
         for p in pools {
             each(Event::pool(&p.0, "current"))?;
         }
@@ -302,22 +304,22 @@ async fn next<S: Stream + Unpin>(s: &mut S) -> Option<S::Item> {
 
 impl crate::client::Manager for Client {
     fn list_pools(&mut self) -> Result<Vec<Pool>, Error> {
-        let pools: Vec<PoolStruct> = self.call("ListPools", &())?;
+        let pools: Vec<PoolStruct> = self.call(m::ListPools::NAME, &())?;
         Ok(pools.into_iter().map(pool).collect())
     }
 
     fn get_pool(&mut self, name: &str) -> Result<Pool, Error> {
-        self.call("GetPool", &(name,)).map(pool)
+        self.call(m::GetPool::NAME, &(name,)).map(pool)
     }
 
     fn topology(&mut self) -> Result<Topology, Error> {
         let (online, offline, isolated, cpus): (String, String, String, Vec<CpuStruct>) =
-            self.call("GetTopology", &())?;
+            self.call(m::GetTopology::NAME, &())?;
         Ok(Topology { online, offline, isolated, cpus: cpus.into_iter().map(Into::into).collect() })
     }
 
     fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error> {
-        let list: Vec<AssignmentStruct> = self.call("ListAssignments", &(pool.unwrap_or(""),))?;
+        let list: Vec<AssignmentStruct> = self.call(m::ListAssignments::NAME, &(pool.unwrap_or(""),))?;
         Ok(list.into_iter().map(assignment).collect())
     }
 
@@ -328,13 +330,13 @@ impl crate::client::Manager for Client {
             String,
             String,
             Vec<PoolIsolationStruct>,
-        ) = self.call("GetIsolation", &(pool,))?;
+        ) = self.call(m::GetIsolation::NAME, &(pool,))?;
         let pools = pools.into_iter().map(Into::into).collect();
         Ok(Isolation { isolcpus, nohz_full, housekeeping, workqueue, pools })
     }
 
     fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error> {
-        let rows: Vec<ClassStruct> = self.call("GetClasses", &(pool,))?;
+        let rows: Vec<ClassStruct> = self.call(m::GetClasses::NAME, &(pool,))?;
         Ok(rows.into_iter().map(Into::into).collect())
     }
 
@@ -347,7 +349,7 @@ impl crate::client::Manager for Client {
             String,
             String,
             u32,
-        ) = self.call("Status", &())?;
+        ) = self.call(m::Status::NAME, &())?;
         Ok(Status {
             version,
             uptime_seconds,
@@ -363,7 +365,7 @@ impl crate::client::Manager for Client {
 
     fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error> {
         if req.reclaim {
-            self.call("Assign", &assign_args(req)).map(assignment)
+            self.call(m::Assign::NAME, &assign_args(req)).map(assignment)
         } else {
             let (pool, target, cpus, millicpus, id) = assign_args(req);
             self.call("AssignEx", &(pool, target, cpus, millicpus, id, false)).map(assignment)
@@ -376,29 +378,29 @@ impl crate::client::Manager for Client {
             Amount::Millicpus(m) => (0, m),
         };
         let args = (req.pool.as_str(), req.pid, cpus, millicpus, req.id.clone().unwrap_or_default());
-        self.call("Run", &args).map(assignment)
+        self.call(m::Run::NAME, &args).map(assignment)
     }
 
     fn release(&mut self, id: &str) -> Result<Assignment, Error> {
-        self.call("Release", &(id,)).map(assignment)
+        self.call(m::Release::NAME, &(id,)).map(assignment)
     }
 
     fn create_pool(&mut self, req: &CreatePoolRequest) -> Result<Pool, Error> {
-        self.call("CreatePool", &(req.name.as_str(), req.kind.as_str(), create_options(req))).map(pool)
+        self.call(m::CreatePool::NAME, &(req.name.as_str(), req.kind.as_str(), create_options(req))).map(pool)
     }
 
     fn resize_pool(&mut self, name: &str, source: &CpuSource) -> Result<Pool, Error> {
         let mut options = HashMap::new();
         source_options(source, &mut options);
-        self.call("ResizePool", &(name, options)).map(pool)
+        self.call(m::ResizePool::NAME, &(name, options)).map(pool)
     }
 
     fn delete_pool(&mut self, name: &str) -> Result<(), Error> {
-        self.call("DeletePool", &(name,))
+        self.call(m::DeletePool::NAME, &(name,))
     }
 
     fn reload(&mut self) -> Result<bool, Error> {
-        self.call("Reload", &())
+        self.call(m::Reload::NAME, &())
     }
 
     /// Subscribes to PoolChanged and AssignmentChanged, then replays every pool with change

@@ -4,7 +4,7 @@
 //! which took the same record from the kernel when the client connected. Either way the
 //! decision is the same: uid 0, the sandbox's owner, or a member of the admin group.
 
-use crate::api::ops::{self, ApiError};
+use crate::api::error::{access_denied, access_denied_because, ApiError};
 use crate::threads::ThreadError;
 
 /// Who may call the mutating methods (`Assign`, `Release`, `CreatePool`, `ResizePool`,
@@ -54,7 +54,7 @@ impl Authorizer {
     pub async fn check(&self, peer: &mut Option<Peer>, looked_up: &mut bool) -> Result<(), ApiError> {
         let Some(p) = peer.as_mut() else {
             // No credentials: cannot decide, so refuse.
-            return Err(ops::access_denied(u32::MAX));
+            return Err(access_denied(u32::MAX));
         };
         if self.allows_by_ids(p) {
             return Ok(());
@@ -66,7 +66,7 @@ impl Authorizer {
         if self.allows(p) {
             Ok(())
         } else {
-            Err(ops::access_denied(p.uid))
+            Err(access_denied(p.uid))
         }
     }
 }
@@ -74,7 +74,7 @@ impl Authorizer {
 /// `AccessDenied` for `uid` because its groups could not be looked up: it may be allowed, but
 /// that cannot be told now.
 fn lookup_failed(uid: u32, e: &ThreadError) -> ApiError {
-    ops::access_denied_because(uid, &format!("its groups could not be looked up: {}", crate::error_chain(e)))
+    access_denied_because(uid, &format!("its groups could not be looked up: {}", crate::error_chain(e)))
 }
 
 /// [`supplementary_groups`] on a thread of its own ([`crate::threads::run_blocking`]): the group
@@ -106,7 +106,7 @@ impl Authorizer {
         // Root needs no answer from procfs; anyone else is decided by the process's owner.
         let owner =
             if uid == 0 { None } else { crate::host::procfs::process_owner(&self.proc_root, pid).ok() };
-        ops::check_process_owner(owner, pid, uid)
+        crate::api::args::check_process_owner(owner, pid, uid)
     }
 
     /// Whether a caller known only by uid (the D-Bus case) may mutate: root and the owner may;
@@ -132,7 +132,7 @@ impl Authorizer {
     pub async fn check_uid(&self, uid: u32) -> Result<(), ApiError> {
         match self.allows_uid(uid).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(ops::access_denied(uid)),
+            Ok(false) => Err(access_denied(uid)),
             Err(e) => Err(lookup_failed(uid, &e)),
         }
     }

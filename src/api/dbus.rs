@@ -1,14 +1,16 @@
 //! The D-Bus API: `org.cpupool.Manager1` at `/org/cpupool/Manager1`, served with zbus.
 //!
-//! Each method decodes its arguments with the shared [`ops`] decoders, answers reads from the
-//! engine's latest [`Snapshot`](crate::engine::Snapshot) and sends mutations to the engine
-//! through the [`Handle`]. A task forwards the engine's events as the `PoolChanged` and
-//! `AssignmentChanged` signals and `PropertiesChanged` for `Pools`.
+//! Each method puts its arguments into the parameters of its method in the table
+//! ([`cpupool_wire::methods`]; [`args`] converts D-Bus's "no optionals" and decodes option
+//! dicts with serde), runs the method's handler ([`crate::api::handlers`], the same varlink
+//! runs) through [`Manager::call`], and turns the reply view into the XML's structures. A task
+//! forwards the engine's events as the `PoolChanged` and `AssignmentChanged` signals and
+//! `PropertiesChanged` for `Pools`.
 //!
 //! Every call asks who the caller is: the bus's answer to `GetConnectionUnixUser` (it took the
 //! uid from the kernel when the client connected), kept per unique name for the connection's
 //! life ([`Callers`]). The uid decides which budget of calls in flight the call draws on
-//! ([`CallLimits`], the same rule as varlink's connections): an unprivileged uid's calls beyond
+//! ([`CallLimits`], the same rule as varlink's connections, kept in [`callers`]): an unprivileged uid's calls beyond
 //! its share are answered `Busy` at once, so a flood cannot take root's room. Mutations apply
 //! the same [`Authorizer`] rules as varlink. Errors are `org.cpupool.Manager1.Error.<kind>`, one name per kind, with a message naming the
 //! argument at fault.
@@ -24,7 +26,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cpupool_wire::dbus::{AssignmentStruct, ClassStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
-
+use cpupool_wire::methods::{self as m, Auth, Method};
+use cpupool_wire::varlink::params;
+use cpupool_wire::views;
+use serde_json::json;
 use tokio::sync::broadcast;
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
@@ -33,10 +38,17 @@ use zbus::{Connection, DBusError};
 use zvariant::OwnedValue;
 
 use crate::api::auth::Authorizer;
-use crate::api::budget::{AdminCache, Budget, Class, Shares, Slot};
-use crate::api::ops::{self, ApiError, AssignmentView, CpuView, PerSnapshot, PoolOptions, PoolView};
-use crate::core::edit::PoolEdit;
+use crate::api::error::ApiError;
+use crate::api::handlers::{Ctx, Handler};
+use crate::api::per_snapshot::PerSnapshot;
+use crate::api::views::{AssignmentView, PoolView};
 use crate::engine::{EngineError, Event, Handle};
+
+pub mod args;
+mod callers;
+
+pub use callers::CallLimits;
+use callers::{Caller, Callers};
 
 /// The well-known name.
 pub const BUS_NAME: &str = cpupool_wire::names::DBUS_NAME;
@@ -67,7 +79,7 @@ impl From<ApiError> for Error {
 
 impl From<EngineError> for Error {
     fn from(e: EngineError) -> Error {
-        ops::engine_error(&e).into()
+        e.to_api().into()
     }
 }
 
@@ -106,92 +118,6 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
-
-/// How many calls may await their answer at once, per class of caller (see
-/// [`crate::api::budget`]); a call beyond is answered `Busy`.
-pub struct CallLimits;
-
-impl CallLimits {
-    /// Root, the admin group and the sandbox's owner, together: far more than `cpupoolctl` and
-    /// monitors need.
-    pub const PRIVILEGED: usize = 256;
-    /// All unprivileged uids together.
-    pub const UNPRIVILEGED: usize = 64;
-    /// One unprivileged uid.
-    pub const PER_UID: usize = 16;
-    /// The shares of [`Budget`].
-    pub const SHARES: Shares = Shares {
-        privileged: CallLimits::PRIVILEGED,
-        unprivileged: CallLimits::UNPRIVILEGED,
-        per_uid: CallLimits::PER_UID,
-    };
-}
-
-/// Callers' uids by unique name: a name is never given to another connection during the bus's
-/// life, so an answer stays true. At most this many are kept; the oldest go first.
-const SENDERS_KEPT: usize = 4096;
-
-/// Unique names to uids (each asked of the bus once), and the names in the order they came.
-type Senders = (HashMap<String, Arc<tokio::sync::OnceCell<u32>>>, std::collections::VecDeque<String>);
-
-/// Who calls, and what their calls in flight hold.
-struct Callers {
-    budget: Arc<Budget>,
-    /// Unique name to uid (asked of the bus once, however many calls of the connection arrive
-    /// at once), and the names in the order they came.
-    senders: std::sync::Mutex<Senders>,
-    /// Whether uids are privileged; held while the user database is asked, so that a flood of
-    /// one uid's calls asks once.
-    admins: tokio::sync::Mutex<AdminCache>,
-}
-
-/// An admitted call: its caller and its place in the budget, held until it is answered.
-struct Caller {
-    uid: u32,
-    /// `Err`: whether it is privileged could not be told (the reason).
-    privileged: Result<bool, String>,
-    _slot: Slot,
-}
-
-impl Callers {
-    fn new() -> Callers {
-        Callers {
-            budget: Budget::new(CallLimits::SHARES),
-            senders: std::sync::Mutex::new(Default::default()),
-            admins: tokio::sync::Mutex::new(AdminCache::default()),
-        }
-    }
-
-    /// A call of `uid` (`privileged`: whether it may mutate), within its budget, or `Busy`.
-    fn admit(&self, uid: u32, privileged: Result<bool, String>) -> Result<Caller, Error> {
-        let class = if privileged == Ok(true) { Class::Privileged } else { Class::Unprivileged(uid) };
-        match self.budget.admit(class) {
-            Ok(slot) => Ok(Caller { uid, privileged, _slot: slot }),
-            Err(full) => {
-                CALL_REFUSALS.note(&format!("the calls in flight of {full} at their limit"));
-                Err(ops::busy_calls(&full.to_string()).into())
-            }
-        }
-    }
-
-    /// Where the uid of `sender` is, or will be once asked.
-    fn sender(&self, sender: &str) -> Arc<tokio::sync::OnceCell<u32>> {
-        let mut guard = self.senders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (map, order) = &mut *guard;
-        if let Some(cell) = map.get(sender) {
-            return cell.clone();
-        }
-        let cell = Arc::new(tokio::sync::OnceCell::new());
-        map.insert(sender.to_owned(), cell.clone());
-        order.push_back(sender.to_owned());
-        while order.len() > SENDERS_KEPT {
-            if let Some(old) = order.pop_front() {
-                map.remove(&old);
-            }
-        }
-        cell
-    }
-}
 
 /// The object served at [`OBJECT_PATH`].
 pub struct Manager {
@@ -266,7 +192,7 @@ impl Manager {
     }
 
     /// Runs one call of `method` within the caller's budget, metered.
-    async fn call<T, F>(
+    async fn admitted<T, F>(
         &self,
         hdr: &Header<'_>,
         method: &str,
@@ -281,53 +207,36 @@ impl Manager {
         })
         .await
     }
-}
 
-/// Calls refused `Busy`, in a log line at most every 10 s.
-static CALL_REFUSALS: crate::fds::Refusals = crate::fds::Refusals::calls("D-Bus");
-
-impl Caller {
-    /// Checks that the caller may mutate; its uid.
-    fn authorize(&self) -> Result<u32, Error> {
-        match &self.privileged {
-            Ok(true) => Ok(self.uid),
-            Ok(false) => Err(ops::access_denied(self.uid).into()),
-            Err(why) => Err(ops::access_denied_because(
-                self.uid,
-                &format!("whether it is in the admin group could not be told: {why}"),
-            )
-            .into()),
-        }
-    }
-}
-
-impl Manager {
-    #[allow(clippy::too_many_arguments)]
-    async fn assign_with(
+    /// Runs `M`'s handler for a caller admitted within its budget, authorized when the table
+    /// says `M` needs it, with `params` (or the error converting the arguments gave), metered
+    /// under `M`'s name.
+    async fn call<M: Handler>(
         &self,
-        caller: Caller,
-        pool: String,
-        target: &str,
-        cpus: u32,
-        millicpus: u64,
-        id: &str,
-        reclaim: bool,
-    ) -> Result<AssignmentStruct, Error> {
-        caller.authorize()?;
-        let id = Some(id).filter(|s| !s.is_empty());
-        let mut spec =
-            ops::assign_spec(pool, target, nonzero("cpus", cpus)?, nonzero("millicpus", millicpus)?, id)?;
-        spec.reclaim = reclaim;
-        let a = self.handle.assign(spec).await?.into_inner();
-        Ok(AssignmentView::from(&a).into())
+        hdr: &Header<'_>,
+        params: Result<M::Params, ApiError>,
+    ) -> Result<M::Reply, Error> {
+        self.call_as::<M>(hdr, M::NAME, params).await
     }
 
-    async fn pool_reply(&self, edit: PoolEdit) -> Result<PoolStruct, Error> {
-        let pool = self.handle.edit_pool(edit).await?;
-        let snap = self.handle.snapshot();
-        // Create and Resize return the pool; it is there unless a later edit already removed it.
-        let name = pool.map(|p| p.name.to_string()).unwrap_or_default();
-        Ok(PoolView::find(&snap, &name)?.into())
+    /// [`Manager::call`] metered as `member` (`AssignEx` runs `Assign`).
+    async fn call_as<M: Handler>(
+        &self,
+        hdr: &Header<'_>,
+        member: &str,
+        params: Result<M::Params, ApiError>,
+    ) -> Result<M::Reply, Error> {
+        self.admitted(hdr, member, |caller| async move {
+            let uid = match M::ID.auth() {
+                Auth::Admin => caller.authorize()?,
+                Auth::Anyone => caller.uid,
+            };
+            let params = params?;
+            let hand_over = |pid| self.auth.check_process(pid, uid);
+            let cx = Ctx { handle: &self.handle, started: self.started, may_hand_over: &hand_over };
+            Ok(M::handle(&cx, params).await?)
+        })
+        .await
     }
 }
 
@@ -340,99 +249,47 @@ async fn metered<T>(
         .await
 }
 
-fn options(map: &HashMap<String, OwnedValue>, allowed: &[&str]) -> Result<Options, Error> {
-    let mut o = Options::default();
-    for (key, value) in map {
-        let bad =
-            |want: &str| ops::invalid_argument(&format!("options.{key}"), &format!("must be of type {want}"));
-        let int = || -> Result<i64, ApiError> {
-            match &**value {
-                zvariant::Value::U8(n) => Ok(i64::from(*n)),
-                zvariant::Value::U16(n) => Ok(i64::from(*n)),
-                zvariant::Value::I16(n) => Ok(i64::from(*n)),
-                zvariant::Value::U32(n) => Ok(i64::from(*n)),
-                zvariant::Value::I32(n) => Ok(i64::from(*n)),
-                zvariant::Value::I64(n) => Ok(*n),
-                zvariant::Value::U64(n) => i64::try_from(*n).map_err(|_| bad("u")),
-                _ => Err(bad("u")),
-            }
-        };
-        let string = || match &**value {
-            zvariant::Value::Str(s) => Ok(s.to_string()),
-            _ => Err(bad("s")),
-        };
-        let boolean = || match &**value {
-            zvariant::Value::Bool(b) => Ok(*b),
-            _ => Err(bad("b")),
-        };
-        if !allowed.contains(&key.as_str()) {
-            return Err(ops::invalid_argument(
-                &format!("options.{key}"),
-                &format!("unknown option; the options are {}", allowed.join(", ")),
-            )
-            .into());
-        }
-        match key.as_str() {
-            "cpus" => o.cpus = Some(string()?),
-            "count" => o.count = Some(int()?),
-            "numa" => o.numa = Some(int()?),
-            "smt" => o.smt = Some(string()?),
-            "isolate" => o.isolate = Some(boolean()?),
-            _ => o.kubelet = Some(boolean()?),
-        }
-    }
-    Ok(o)
+/// A pool reply as D-Bus carries it: an edit whose pool is gone already is `NoSuchPool`.
+fn pool_struct(r: views::PoolReply) -> Result<PoolStruct, Error> {
+    let gone = || crate::core::state::Error::NoSuchPool { pool: String::new() }.to_api();
+    Ok(r.pool.ok_or_else(gone)?.into())
 }
 
-#[derive(Default)]
-struct Options {
-    cpus: Option<String>,
-    count: Option<i64>,
-    numa: Option<i64>,
-    smt: Option<String>,
-    isolate: Option<bool>,
-    kubelet: Option<bool>,
+/// D-Bus's counts are `u`.
+fn count(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-impl Options {
-    fn borrowed(&self) -> PoolOptions<'_> {
-        PoolOptions {
-            cpus: self.cpus.as_deref(),
-            count: self.count,
-            numa: self.numa,
-            smt: self.smt.as_deref(),
-            isolate: self.isolate,
-            kubelet: self.kubelet,
-        }
-    }
-}
-
-/// `argument`'s value, `None` for 0 (absent); one beyond what the API takes (2^63-1) is refused
-/// naming the argument, the value and the maximum.
-fn nonzero<T: Default + PartialEq + Into<i128>>(argument: &str, v: T) -> Result<Option<i64>, ApiError> {
-    if v == T::default() {
-        return Ok(None);
-    }
-    let v = v.into();
-    i64::try_from(v)
-        .map(Some)
-        .map_err(|_| ops::invalid_argument(argument, &format!("{v} is more than the maximum, {}", i64::MAX)))
+/// `Assign`'s and `AssignEx`'s arguments.
+fn assign_params(
+    pool: String,
+    target: &str,
+    cpus: u32,
+    millicpus: u64,
+    id: &str,
+    reclaim: bool,
+) -> Result<params::Assign, ApiError> {
+    Ok(params::Assign {
+        pool,
+        target: target.to_owned(),
+        cpus: args::nonzero("cpus", cpus)?,
+        millicpus: args::nonzero("millicpus", millicpus)?,
+        id: args::id(id),
+        reclaim: Some(reclaim),
+    })
 }
 
 #[zbus::interface(name = "org.cpupool.Manager1")]
 impl Manager {
     #[zbus(out_args("pools"))]
     async fn list_pools(&self, #[zbus(header)] hdr: Header<'_>) -> Result<Vec<PoolStruct>, Error> {
-        self.call(&hdr, "ListPools", |_| async {
-            Ok(PoolView::all(&self.handle.snapshot()).into_iter().map(Into::into).collect())
-        })
-        .await
+        let r = self.call::<m::ListPools>(&hdr, Ok(params::NoParameters {})).await?;
+        Ok(r.pools.into_iter().map(Into::into).collect())
     }
 
     #[zbus(out_args("pool"))]
     async fn get_pool(&self, #[zbus(header)] hdr: Header<'_>, name: &str) -> Result<PoolStruct, Error> {
-        self.call(&hdr, "GetPool", |_| async { Ok(PoolView::find(&self.handle.snapshot(), name)?.into()) })
-            .await
+        pool_struct(self.call::<m::GetPool>(&hdr, Ok(params::GetPool { name: name.into() })).await?)
     }
 
     #[zbus(out_args("online", "offline", "isolated", "cpus"))]
@@ -440,25 +297,19 @@ impl Manager {
         &self,
         #[zbus(header)] hdr: Header<'_>,
     ) -> Result<(String, String, String, Vec<CpuStruct>), Error> {
-        self.call(&hdr, "GetTopology", |_| async {
-            let topo = self.handle.snapshot().topology;
-            Ok((
-                topo.online().to_string(),
-                topo.offline().to_string(),
-                topo.isolated().to_string(),
-                CpuView::all(&topo).into_iter().map(Into::into).collect(),
-            ))
-        })
-        .await
+        let t = self.call::<m::GetTopology>(&hdr, Ok(params::NoParameters {})).await?;
+        Ok((t.online, t.offline, t.isolated, t.cpus.into_iter().map(Into::into).collect()))
     }
 
+    /// Not through the handler: the list is built once per snapshot and shared by every
+    /// caller of it.
     #[zbus(out_args("assignments"))]
     async fn list_assignments(
         &self,
         #[zbus(header)] hdr: Header<'_>,
         pool: &str,
     ) -> Result<SharedAssignments, Error> {
-        self.call(&hdr, "ListAssignments", |_| async {
+        self.admitted(&hdr, m::ListAssignments::NAME, |_| async {
             let snap = self.handle.snapshot();
             let filter = Some(pool).filter(|p| !p.is_empty());
             let list = self
@@ -478,10 +329,8 @@ impl Manager {
         #[zbus(header)] hdr: Header<'_>,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        self.call(&hdr, "GetAssignment", |_| async {
-            Ok(AssignmentView::find(&self.handle.snapshot(), id)?.into())
-        })
-        .await
+        let p = params::GetAssignment { id: id.into() };
+        Ok(self.call::<m::GetAssignment>(&hdr, Ok(p)).await?.assignment.into())
     }
 
     #[zbus(out_args(
@@ -497,20 +346,16 @@ impl Manager {
         &self,
         #[zbus(header)] hdr: Header<'_>,
     ) -> Result<(String, u64, u32, u32, String, String, u32), Error> {
-        self.call(&hdr, "Status", |_| async {
-            let snap = self.handle.snapshot();
-            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-            Ok((
-                env!("CARGO_PKG_VERSION").to_owned(),
-                self.started.elapsed().as_secs(),
-                count(snap.state.pools().len()),
-                count(snap.state.assignments().len()),
-                snap.state_path.display().to_string(),
-                snap.config_error.clone().unwrap_or_default(),
-                count(snap.assignment_health.len()),
-            ))
-        })
-        .await
+        let s = self.call::<m::Status>(&hdr, Ok(params::NoParameters {})).await?;
+        Ok((
+            s.version,
+            s.uptime_seconds,
+            count(s.pools),
+            count(s.assignments),
+            s.state_file,
+            s.config_error.unwrap_or_default(),
+            count(s.degraded_assignments),
+        ))
     }
 
     #[zbus(out_args("isolcpus", "nohz_full", "housekeeping", "workqueue", "pools"))]
@@ -519,12 +364,15 @@ impl Manager {
         #[zbus(header)] hdr: Header<'_>,
         pool: &str,
     ) -> Result<(String, String, String, String, Vec<PoolIsolationStruct>), Error> {
-        self.call(&hdr, "GetIsolation", |_| async {
-            let r = crate::api::ops::IsolationReply::new(&self.handle.snapshot(), pool)?;
-            let pools = r.pools.into_iter().map(Into::into).collect();
-            Ok((r.isolcpus, r.nohz_full, r.housekeeping, r.workqueue, pools))
-        })
-        .await
+        let p = params::GetIsolation { pool: Some(pool.into()) };
+        let r = self.call::<m::GetIsolation>(&hdr, Ok(p)).await?;
+        Ok((
+            r.isolcpus,
+            r.nohz_full,
+            r.housekeeping,
+            r.workqueue,
+            r.pools.into_iter().map(Into::into).collect(),
+        ))
     }
 
     #[zbus(out_args("classes"))]
@@ -533,11 +381,8 @@ impl Manager {
         #[zbus(header)] hdr: Header<'_>,
         pool: &str,
     ) -> Result<Vec<ClassStruct>, Error> {
-        self.call(&hdr, "GetClasses", |_| async {
-            let r = crate::api::ops::ClassesReply::new(&self.handle.snapshot(), pool)?;
-            Ok(r.classes.into_iter().map(Into::into).collect())
-        })
-        .await
+        let p = params::GetClasses { pool: Some(pool.into()) };
+        Ok(self.call::<m::GetClasses>(&hdr, Ok(p)).await?.classes.into_iter().map(Into::into).collect())
     }
 
     #[zbus(out_args("assignment"))]
@@ -550,7 +395,8 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        self.call(&hdr, "Assign", |c| self.assign_with(c, pool, target, cpus, millicpus, id, true)).await
+        let p = assign_params(pool, target, cpus, millicpus, id, true);
+        Ok(self.call::<m::Assign>(&hdr, p).await?.assignment.into())
     }
 
     /// Assign with options: `reclaim` false keeps the assignment when the target goes away.
@@ -566,7 +412,8 @@ impl Manager {
         id: &str,
         reclaim: bool,
     ) -> Result<AssignmentStruct, Error> {
-        self.call(&hdr, "AssignEx", |c| self.assign_with(c, pool, target, cpus, millicpus, id, reclaim)).await
+        let p = assign_params(pool, target, cpus, millicpus, id, reclaim);
+        Ok(self.call_as::<m::Assign>(&hdr, "AssignEx", p).await?.assignment.into())
     }
 
     /// Assigns CPUs to process `pid` (the caller's own; root: any) and confines it: in a new
@@ -581,31 +428,22 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        self.call(&hdr, "Run", |c| async move {
-            let uid = c.authorize()?;
-            let id = Some(id).filter(|s| !s.is_empty());
-            let spec = ops::run_spec(
+        let p = (|| {
+            Ok(params::Run {
                 pool,
-                i64::from(pid),
-                nonzero("cpus", cpus)?,
-                nonzero("millicpus", millicpus)?,
-                id,
-            )?;
-            self.auth.check_process(pid, uid)?;
-            let a = self.handle.run(spec).await?.into_inner();
-            Ok(AssignmentView::from(&a).into())
-        })
-        .await
+                pid: i64::from(pid),
+                cpus: args::nonzero("cpus", cpus)?,
+                millicpus: args::nonzero("millicpus", millicpus)?,
+                id: args::id(id),
+            })
+        })();
+        Ok(self.call::<m::Run>(&hdr, p).await?.assignment.into())
     }
 
     #[zbus(out_args("assignment"))]
     async fn release(&self, #[zbus(header)] hdr: Header<'_>, id: &str) -> Result<AssignmentStruct, Error> {
-        self.call(&hdr, "Release", |c| async move {
-            c.authorize()?;
-            let a = self.handle.release(id).await?;
-            Ok(AssignmentView::from(&a).into())
-        })
-        .await
+        let p = params::Release { id: id.into() };
+        Ok(self.call::<m::Release>(&hdr, Ok(p)).await?.assignment.into())
     }
 
     #[zbus(out_args("pool"))]
@@ -616,13 +454,9 @@ impl Manager {
         kind: &str,
         options: HashMap<String, OwnedValue>,
     ) -> Result<PoolStruct, Error> {
-        self.call(&hdr, "CreatePool", |c| async move {
-            c.authorize()?;
-            let o = self::options(&options, &["cpus", "count", "numa", "smt", "isolate", "kubelet"])?;
-            let edit = ops::create_pool(name, kind, &o.borrowed())?;
-            self.pool_reply(edit).await
-        })
-        .await
+        let fixed = json!({ "name": name, "kind": kind }).as_object().cloned().unwrap_or_default();
+        let p = args::with_options(fixed, &options, args::CREATE_OPTIONS);
+        pool_struct(self.call::<m::CreatePool>(&hdr, p).await?)
     }
 
     #[zbus(out_args("pool"))]
@@ -632,34 +466,21 @@ impl Manager {
         name: &str,
         options: HashMap<String, OwnedValue>,
     ) -> Result<PoolStruct, Error> {
-        self.call(&hdr, "ResizePool", |c| async move {
-            c.authorize()?;
-            let o = self::options(&options, &["cpus", "count", "numa"])?;
-            let edit = ops::resize_pool(name, &o.borrowed())?;
-            self.pool_reply(edit).await
-        })
-        .await
+        let fixed = json!({ "name": name }).as_object().cloned().unwrap_or_default();
+        let p = args::with_options(fixed, &options, args::RESIZE_OPTIONS);
+        pool_struct(self.call::<m::ResizePool>(&hdr, p).await?)
     }
 
     async fn delete_pool(&self, #[zbus(header)] hdr: Header<'_>, name: &str) -> Result<(), Error> {
-        self.call(&hdr, "DeletePool", |c| async move {
-            c.authorize()?;
-            let edit = ops::delete_pool(name)?;
-            self.handle.edit_pool(edit).await?;
-            Ok(())
-        })
-        .await
+        let p = params::DeletePool { name: name.into() };
+        self.call::<m::DeletePool>(&hdr, Ok(p)).await.map(|_| ())
     }
 
     /// `changed` is false when the files say what already runs; a rejected configuration is
     /// an error (ConfigRejected, AssignmentsStranded) and the running one stays.
     #[zbus(out_args("changed"))]
     async fn reload(&self, #[zbus(header)] hdr: Header<'_>) -> Result<bool, Error> {
-        self.call(&hdr, "Reload", |c| async move {
-            c.authorize()?;
-            Ok(ops::reload(&self.handle).await?)
-        })
-        .await
+        Ok(self.call::<m::Reload>(&hdr, Ok(params::NoParameters {})).await?.changed)
     }
 
     /// How the kubelet's containers get their CPUs (`cpupoolctl status`'s `containers:`);
@@ -803,64 +624,11 @@ mod tests {
 
     #[test]
     fn error_names_follow_the_prefix_and_are_documented() {
-        for kind in ops::ErrorKind::ALL.iter().copied().filter(|k| k.on_dbus()) {
+        for kind in cpupool_wire::ErrorKind::ALL.iter().copied().filter(|k| k.on_dbus()) {
             let e = Error::from(ApiError { kind, params: serde_json::json!({}), message: "m".into() });
             assert_eq!(e.name(), format!("{ERROR_PREFIX}.{kind}"));
             assert!(ErrorName::try_from(e.name()).is_ok(), "{}", e.name());
             assert!(INTROSPECTION_XML.contains(&format!(".{kind}")), "{kind} is not in the XML file");
         }
-    }
-
-    #[test]
-    fn calls_beyond_an_unprivileged_share_are_busy_and_root_keeps_its_room() {
-        let callers = Callers::new();
-        let nobody: Vec<Caller> = (0..CallLimits::PER_UID)
-            .map(|_| callers.admit(65534, Ok(false)).unwrap_or_else(|e| panic!("{e}")))
-            .collect();
-        let e = callers.admit(65534, Ok(false)).err().unwrap_or_else(|| panic!("admitted beyond the share"));
-        assert_eq!(e.name(), format!("{ERROR_PREFIX}.Busy"));
-        assert!(e.message.contains("uid 65534"), "{e}");
-        // Other uids fill the unprivileged budget; root and a caller whose privilege could not
-        // be told are apart: root has its room, the other counts as unprivileged.
-        let others: Vec<Caller> = (0..CallLimits::UNPRIVILEGED - CallLimits::PER_UID)
-            .map(|i| callers.admit(1000 + (i % 4) as u32, Ok(false)).unwrap_or_else(|e| panic!("{e}")))
-            .collect();
-        assert!(callers.admit(2000, Err("no thread".into())).is_err());
-        let root: Vec<Caller> = (0..CallLimits::PRIVILEGED)
-            .map(|_| callers.admit(0, Ok(true)).unwrap_or_else(|e| panic!("root refused: {e}")))
-            .collect();
-        assert!(root[0].authorize().is_ok());
-        assert_eq!(
-            nobody[0].authorize().err().map(|e| e.name().to_owned()),
-            Some(format!("{ERROR_PREFIX}.AccessDenied"))
-        );
-        // Answered calls give their room back.
-        drop(nobody);
-        assert!(callers.admit(65534, Ok(false)).is_ok());
-        drop((others, root));
-        assert_eq!(callers.budget.held(), (0, 0));
-    }
-
-    #[test]
-    fn a_caller_whose_privilege_cannot_be_told_is_denied_with_the_reason() {
-        let callers = Callers::new();
-        let c =
-            callers.admit(1000, Err("starting a thread: EAGAIN".into())).unwrap_or_else(|e| panic!("{e}"));
-        let e = c.authorize().err().unwrap_or_else(|| panic!("allowed"));
-        assert_eq!(e.name(), format!("{ERROR_PREFIX}.AccessDenied"));
-        assert!(e.message.contains("EAGAIN"), "{e}");
-    }
-
-    #[test]
-    fn zero_means_absent() {
-        assert_eq!(nonzero("cpus", 0u32), Ok(None));
-        assert_eq!(nonzero("cpus", 3u32), Ok(Some(3)));
-        assert_eq!(nonzero("millicpus", i64::MAX as u64), Ok(Some(i64::MAX)));
-        // What the caller sent, not 2^63-1.
-        let e = nonzero("millicpus", u64::MAX).err().map(|e| e.message).unwrap_or_default();
-        assert_eq!(
-            e,
-            "invalid millicpus: 18446744073709551615 is more than the maximum, 9223372036854775807"
-        );
     }
 }

@@ -39,7 +39,11 @@ use crate::fds::Refusals;
 pub mod methods;
 pub mod wire;
 
+use cpupool_wire::methods::MethodId;
+use cpupool_wire::varlink::params;
 use methods::{Method, MethodError};
+
+use crate::api::handlers;
 use wire::{Call, FrameError, FrameReader, Reply};
 
 /// The socket's file name, and the interface name.
@@ -423,26 +427,35 @@ async fn answer(
             ctx.auth.check(peer, looked_up).await.map_err(methods::api)?;
         }
         let params = call.parameters.as_ref();
-        if method == Method::Monitor {
-            // Refused like any call's unknown parameters, before its streaming is considered.
-            methods::decode::<cpupool_wire::varlink::params::NoParameters>(params)?;
-        }
         match method {
-            Method::Monitor if !call.more => Err(methods::expected_more()),
-            Method::Monitor => Ok(None),
-            m if m.mutates() => {
-                let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
-                methods::mutate(m, params, &ctx.handle, &|pid| ctx.auth.check_process(pid, uid))
-                    .await
-                    .map(|v| Some(Answer::Parameters(v)))
+            Method::GetInfo => {
+                methods::decode::<params::NoParameters>(params)?;
+                Ok(Some(Answer::Parameters(methods::info())))
             }
-            m @ (Method::ListPools | Method::ListAssignments) => {
+            Method::GetInterfaceDescription => {
+                methods::describe(methods::decode(params)?).map(|v| Some(Answer::Parameters(v)))
+            }
+            Method::Ours(m) if m.streams() => {
+                // Refused like any call's unknown parameters, before its streaming is considered.
+                methods::decode::<params::NoParameters>(params)?;
+                if call.more {
+                    Ok(None)
+                } else {
+                    Err(methods::expected_more())
+                }
+            }
+            Method::Ours(m @ (MethodId::ListPools | MethodId::ListAssignments)) => {
                 methods::list(m, params, &ctx.handle.snapshot(), &ctx.lists)
                     .await
                     .map(|m| Some(Answer::Encoded(m)))
             }
-            m => methods::read(m, params, &ctx.handle.snapshot(), ctx.started.elapsed().as_secs())
-                .map(|v| Some(Answer::Parameters(v))),
+            Method::Ours(m) => {
+                let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
+                let hand_over = |pid| ctx.auth.check_process(pid, uid);
+                let cx =
+                    handlers::Ctx { handle: &ctx.handle, started: ctx.started, may_hand_over: &hand_over };
+                methods::call(m, params, &cx).await.map(|v| Some(Answer::Parameters(v)))
+            }
         }
     }
     .await;

@@ -562,16 +562,16 @@ mod pool_edits {
                     .await
                     .err()
                     .unwrap_or_else(|| panic!("{edit:?} succeeded"));
-                assert_eq!(crate::api::ops::engine_error(&err).kind, kind, "{edit:?}: {}", error_chain(&err));
+                assert_eq!(err.to_api().kind, kind, "{edit:?}: {}", error_chain(&err));
                 assert_eq!(f.state_file(), state_before, "{edit:?}");
                 assert_eq!(handle.snapshot().state.pools(), &pools_before, "{edit:?}");
                 assert_eq!(dropin(&f), None, "{edit:?}");
             }
             let invalid = handle.edit_pool(create("big", PoolKind::Shared, "9")).await.err();
-            let api = invalid.as_ref().map(crate::api::ops::engine_error);
+            let api = invalid.as_ref().map(EngineError::to_api);
             assert_eq!(api.map(|a| a.params["argument"].clone()), Some(serde_json::json!("cpus")));
             let taken = handle.edit_pool(create("two", PoolKind::Shared, "3")).await.err();
-            let reason = taken.as_ref().map(|e| crate::api::ops::engine_error(e).params["reason"].clone());
+            let reason = taken.as_ref().map(|e| e.to_api().params["reason"].clone());
             let reason = reason.and_then(|r| r.as_str().map(str::to_owned)).unwrap_or_default();
             assert!(
                 reason.starts_with("with CPUs 3 for pool `two`, the other pools no longer fit: "),
@@ -582,7 +582,7 @@ mod pool_edits {
             f.config(&format!("{CONFIG}\n[pools.extra]\nkind = \"shared\"\ncpus = \"3\"\n"));
             let err =
                 handle.edit_pool(resize("dp", "1-2,5-6")).await.err().unwrap_or_else(|| panic!("accepted"));
-            assert_eq!(crate::api::ops::engine_error(&err).kind, "ConfigRejected", "{}", error_chain(&err));
+            assert_eq!(err.to_api().kind, "ConfigRejected", "{}", error_chain(&err));
             assert!(error_chain(&err).contains("config.toml"), "{}", error_chain(&err));
             assert_eq!(f.state_file(), state_before);
             assert_eq!(dropin(&f), None);

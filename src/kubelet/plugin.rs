@@ -10,7 +10,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::reconcile::set_held;
-use crate::api::ops;
 use crate::core::devices::{self, Allocation, Device, Refused};
 use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, AssignmentId, Outcome, Size};
@@ -50,7 +49,7 @@ fn refused(r: &Refused) -> Status {
 /// argument.
 fn engine_status(e: &EngineError) -> Status {
     use state::Error as S;
-    let api = ops::engine_error(e);
+    let api = e.to_api();
     let msg = format!("{}: {}", api.kind, api.message);
     match e {
         EngineError::State(S::InvalidArgument { .. } | S::NotWholeCores { .. }) => {

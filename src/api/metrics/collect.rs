@@ -76,176 +76,10 @@ impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // A clone of the Arcs: the watch's lock is held for no longer than that.
         let snap = self.snapshots.borrow().clone();
-        let state = &snap.state;
-        let pool = |name: &str| -> Labels { vec![("pool", name.to_owned())] };
-        let mut cpus = Vec::new();
-        let (mut capacity, mut free, mut assigned, mut partition, mut degraded) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for p in state.pools().values() {
-            let name = p.name.as_str();
-            cpus.push((vec![("pool", name.to_owned()), ("kind", p.kind.to_string())], p.cpus.len() as f64));
-            capacity.push((pool(name), p.capacity_millis() as f64));
-            free.push((pool(name), state.free_millis(p) as f64));
-            assigned.push((pool(name), state.usage(&p.name).count as f64));
-            if let Some(text) = snap.partitions.get(&p.name) {
-                let labels = vec![("pool", name.to_owned()), ("state", partition_state(text).to_owned())];
-                partition.push((labels, 1.0));
-            }
-            degraded.push((pool(name), b(snap.degraded.iter().any(|d| d == name))));
-        }
-        gauges(&mut enc, "pool_cpus", "CPUs of the pool, by pool and kind", None, &cpus)?;
-        gauges(
-            &mut enc,
-            "pool_capacity_millicpus",
-            "What the pool can give out, in thousandths of a CPU",
-            None,
-            &capacity,
-        )?;
-        gauges(&mut enc, "pool_free_millicpus", "What the pool has not given out yet", None, &free)?;
-        gauges(&mut enc, "pool_assignments", "Assignments in the pool", None, &assigned)?;
-        gauges(
-            &mut enc,
-            "pool_partition",
-            "The kernel's partition state of the pool's slice (1 for the current state)",
-            None,
-            &partition,
-        )?;
-        gauges(
-            &mut enc,
-            "pool_degraded",
-            "1 when the pool's cgroups could not all be applied at the last reconcile",
-            None,
-            &degraded,
-        )?;
-
-        let mut by_kind: std::collections::BTreeMap<(&str, &'static str), f64> = Default::default();
-        for a in state.assignments().values() {
-            *by_kind.entry((a.pool.as_str(), target_kind(&a.target))).or_default() += 1.0;
-        }
-        let by_kind: Vec<(Labels, f64)> = by_kind
-            .into_iter()
-            .map(|((p, k), n)| (vec![("pool", p.to_owned()), ("target_kind", k.to_owned())], n))
-            .collect();
-        gauges(&mut enc, "assignments", "Assignments, by pool and kind of target", None, &by_kind)?;
-        let none: Labels = Vec::new();
-        gauges(
-            &mut enc,
-            "assignments_degraded",
-            "Assignments whose target the kernel does not confine to their CPUs",
-            None,
-            &[(none.clone(), snap.assignment_health.len() as f64)],
-        )?;
-        gauges(
-            &mut enc,
-            "config_rejected",
-            "1 when the configuration on disk was rejected and the last good one runs",
-            None,
-            &[(none.clone(), b(snap.config_error.is_some()))],
-        )?;
-
-        let iso = &snap.isolation;
-        let (mut valid, mut holds, mut foreign) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut device, mut ipi, mut timer, mut irqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (name, p) in &iso.pools {
-            let name = name.as_str();
-            valid.push((pool(name), b(p.invalid.is_none())));
-            let Some(h) = &p.health else { continue };
-            holds.push((pool(name), b(h.holds())));
-            if let Some(f) = h.foreign_percent {
-                foreign.push((pool(name), f / 100.0));
-            }
-            for c in &h.cpus {
-                let cpu = || vec![("pool", name.to_owned()), ("cpu", c.cpu.to_string())];
-                device.push((cpu(), c.device_per_sec));
-                ipi.push((cpu(), c.ipi_per_sec));
-                timer.push((cpu(), c.timer_per_sec));
-                for s in c.sources.iter().take(MAX_IRQ_SOURCES) {
-                    let mut l = cpu();
-                    l.push(("irq", s.irq.clone()));
-                    irqs.push((l, s.per_sec));
-                }
-            }
-        }
-        gauges(
-            &mut enc,
-            "isolation_partition_valid",
-            "1 when the isolated pool's partition is valid (0: the kernel made it invalid)",
-            None,
-            &valid,
-        )?;
-        gauges(
-            &mut enc,
-            "isolation_holds",
-            "1 when the last health interval saw no device interrupt and no foreign task time to speak of",
-            None,
-            &holds,
-        )?;
-        gauges(
-            &mut enc,
-            "isolation_foreign_task",
-            "CPU time of tasks outside the pool on its CPUs, as a fraction of the CPUs' time (last interval)",
-            Some(&Unit::Other("ratio".into())),
-            &foreign,
-        )?;
-        gauges(
-            &mut enc,
-            "isolation_device_interrupts_per_second",
-            "Device interrupts per second on an isolated CPU (last interval)",
-            None,
-            &device,
-        )?;
-        gauges(
-            &mut enc,
-            "isolation_irq_interrupts_per_second",
-            "Interrupts per second of the busiest device IRQs on an isolated CPU (at most 3 per CPU)",
-            None,
-            &irqs,
-        )?;
-        gauges(
-            &mut enc,
-            "isolation_ipis_per_second",
-            "Inter-processor interrupts per second on an isolated CPU (last interval)",
-            None,
-            &ipi,
-        )?;
-        gauges(
-            &mut enc,
-            "isolation_timer_interrupts_per_second",
-            "Local timer interrupts per second on an isolated CPU (last interval)",
-            None,
-            &timer,
-        )?;
-        gauges(
-            &mut enc,
-            "irqs_moved",
-            "IRQs whose affinity the daemon moved off isolated CPUs",
-            None,
-            &[(none.clone(), snap.irq.moved.len() as f64)],
-        )?;
-        // One family per row state, every row in each (1 in its own state's): a rule can watch
-        // `class_setting_degraded == 1` without matching on a state label.
-        for (state, help) in [
-            ("applied", "A configured power or cache key read back as wanted (1) or not (0)"),
-            (
-                "degraded",
-                "A configured power or cache key written but not read back as wanted (1) or not (0)",
-            ),
-            ("unsupported", "A configured power or cache key the host lacks support for (1) or not (0)"),
-        ] {
-            let rows: Vec<(Labels, f64)> = snap
-                .classes
-                .iter()
-                .map(|r| {
-                    let labels = vec![
-                        ("pool", r.pool.clone()),
-                        ("class", r.class.as_str().to_owned()),
-                        ("key", r.key.clone()),
-                    ];
-                    (labels, if r.state.as_str() == state { 1.0 } else { 0.0 })
-                })
-                .collect();
-            gauges(&mut enc, &format!("class_setting_{state}"), help, None, &rows)?;
-        }
+        pools(&mut enc, &snap)?;
+        assignments(&mut enc, &snap)?;
+        isolation(&mut enc, &snap)?;
+        classes(&mut enc, &snap)?;
         gauges(
             &mut enc,
             "build_info",
@@ -255,9 +89,205 @@ impl Collector for SnapshotCollector {
                 vec![("version", env!("CARGO_PKG_VERSION").to_owned()), ("backend", snap.backend.to_owned())],
                 1.0,
             )],
-        )?;
-        Ok(())
+        )
     }
+}
+
+fn pool(name: &str) -> Labels {
+    vec![("pool", name.to_owned())]
+}
+
+/// Each pool's size, capacity, use, partition state and health.
+fn pools(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
+    let state = &snap.state;
+    let mut cpus = Vec::new();
+    let (mut capacity, mut free, mut assigned, mut partition, mut degraded) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for p in state.pools().values() {
+        let name = p.name.as_str();
+        cpus.push((vec![("pool", name.to_owned()), ("kind", p.kind.to_string())], p.cpus.len() as f64));
+        capacity.push((pool(name), p.capacity_millis() as f64));
+        free.push((pool(name), state.free_millis(p) as f64));
+        assigned.push((pool(name), state.usage(&p.name).count as f64));
+        if let Some(text) = snap.partitions.get(&p.name) {
+            let labels = vec![("pool", name.to_owned()), ("state", partition_state(text).to_owned())];
+            partition.push((labels, 1.0));
+        }
+        degraded.push((pool(name), b(snap.degraded.iter().any(|d| d == name))));
+    }
+    gauges(enc, "pool_cpus", "CPUs of the pool, by pool and kind", None, &cpus)?;
+    gauges(
+        enc,
+        "pool_capacity_millicpus",
+        "What the pool can give out, in thousandths of a CPU",
+        None,
+        &capacity,
+    )?;
+    gauges(enc, "pool_free_millicpus", "What the pool has not given out yet", None, &free)?;
+    gauges(enc, "pool_assignments", "Assignments in the pool", None, &assigned)?;
+    gauges(
+        enc,
+        "pool_partition",
+        "The kernel's partition state of the pool's slice (1 for the current state)",
+        None,
+        &partition,
+    )?;
+    gauges(
+        enc,
+        "pool_degraded",
+        "1 when the pool's cgroups could not all be applied at the last reconcile",
+        None,
+        &degraded,
+    )?;
+
+    Ok(())
+}
+
+/// Assignments by pool and kind of target, the degraded ones, and whether the configuration
+/// on disk was rejected.
+fn assignments(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
+    let state = &snap.state;
+    let mut by_kind: std::collections::BTreeMap<(&str, &'static str), f64> = Default::default();
+    for a in state.assignments().values() {
+        *by_kind.entry((a.pool.as_str(), target_kind(&a.target))).or_default() += 1.0;
+    }
+    let by_kind: Vec<(Labels, f64)> = by_kind
+        .into_iter()
+        .map(|((p, k), n)| (vec![("pool", p.to_owned()), ("target_kind", k.to_owned())], n))
+        .collect();
+    gauges(enc, "assignments", "Assignments, by pool and kind of target", None, &by_kind)?;
+    let none: Labels = Vec::new();
+    gauges(
+        enc,
+        "assignments_degraded",
+        "Assignments whose target the kernel does not confine to their CPUs",
+        None,
+        &[(none.clone(), snap.assignment_health.len() as f64)],
+    )?;
+    gauges(
+        enc,
+        "config_rejected",
+        "1 when the configuration on disk was rejected and the last good one runs",
+        None,
+        &[(none.clone(), b(snap.config_error.is_some()))],
+    )?;
+
+    Ok(())
+}
+
+/// Isolation health of the isolated pools: the partition, whether isolation holds, foreign
+/// task time; then each isolated CPU's ([`isolated_cpus`]) and the IRQs moved off them.
+fn isolation(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
+    let (mut valid, mut holds, mut foreign) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, p) in &snap.isolation.pools {
+        let name = name.as_str();
+        valid.push((pool(name), b(p.invalid.is_none())));
+        let Some(h) = &p.health else { continue };
+        holds.push((pool(name), b(h.holds())));
+        if let Some(f) = h.foreign_percent {
+            foreign.push((pool(name), f / 100.0));
+        }
+    }
+    gauges(
+        enc,
+        "isolation_partition_valid",
+        "1 when the isolated pool's partition is valid (0: the kernel made it invalid)",
+        None,
+        &valid,
+    )?;
+    gauges(
+        enc,
+        "isolation_holds",
+        "1 when the last health interval saw no device interrupt and no foreign task time to speak of",
+        None,
+        &holds,
+    )?;
+    gauges(
+        enc,
+        "isolation_foreign_task",
+        "CPU time of tasks outside the pool on its CPUs, as a fraction of the CPUs' time (last interval)",
+        Some(&Unit::Other("ratio".into())),
+        &foreign,
+    )?;
+    isolated_cpus(enc, snap)?;
+    gauges(
+        enc,
+        "irqs_moved",
+        "IRQs whose affinity the daemon moved off isolated CPUs",
+        None,
+        &[(Labels::new(), snap.irq.moved.len() as f64)],
+    )
+}
+
+/// The interrupt rates of each isolated CPU, and its busiest device IRQs.
+fn isolated_cpus(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
+    let (mut device, mut ipi, mut timer, mut irqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (name, p) in &snap.isolation.pools {
+        for c in p.health.iter().flat_map(|h| &h.cpus) {
+            let cpu = || vec![("pool", name.to_string()), ("cpu", c.cpu.to_string())];
+            device.push((cpu(), c.device_per_sec));
+            ipi.push((cpu(), c.ipi_per_sec));
+            timer.push((cpu(), c.timer_per_sec));
+            for s in c.sources.iter().take(MAX_IRQ_SOURCES) {
+                let mut l = cpu();
+                l.push(("irq", s.irq.clone()));
+                irqs.push((l, s.per_sec));
+            }
+        }
+    }
+    gauges(
+        enc,
+        "isolation_device_interrupts_per_second",
+        "Device interrupts per second on an isolated CPU (last interval)",
+        None,
+        &device,
+    )?;
+    gauges(
+        enc,
+        "isolation_irq_interrupts_per_second",
+        "Interrupts per second of the busiest device IRQs on an isolated CPU (at most 3 per CPU)",
+        None,
+        &irqs,
+    )?;
+    gauges(
+        enc,
+        "isolation_ipis_per_second",
+        "Inter-processor interrupts per second on an isolated CPU (last interval)",
+        None,
+        &ipi,
+    )?;
+    gauges(
+        enc,
+        "isolation_timer_interrupts_per_second",
+        "Local timer interrupts per second on an isolated CPU (last interval)",
+        None,
+        &timer,
+    )
+}
+
+/// One family per row state of the power and cache classes, every row in each (1 in its own
+/// state's): a rule can watch `class_setting_degraded == 1` without matching on a state label.
+fn classes(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
+    for (state, help) in [
+        ("applied", "A configured power or cache key read back as wanted (1) or not (0)"),
+        ("degraded", "A configured power or cache key written but not read back as wanted (1) or not (0)"),
+        ("unsupported", "A configured power or cache key the host lacks support for (1) or not (0)"),
+    ] {
+        let rows: Vec<(Labels, f64)> = snap
+            .classes
+            .iter()
+            .map(|r| {
+                let labels = vec![
+                    ("pool", r.pool.clone()),
+                    ("class", r.class.as_str().to_owned()),
+                    ("key", r.key.clone()),
+                ];
+                (labels, if r.state.as_str() == state { 1.0 } else { 0.0 })
+            })
+            .collect();
+        gauges(enc, &format!("class_setting_{state}"), help, None, &rows)?;
+    }
+    Ok(())
 }
 
 /// The usual `process_*` families, read from `/proc/self` at scrape (prometheus-client has no

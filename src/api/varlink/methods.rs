@@ -1,25 +1,24 @@
-//! Decoding arguments, calling the engine, encoding replies, and the error mapping.
-//!
-//! Each method's parameters are decoded into its struct of [`cpupool_wire::varlink::params`]
-//! (unknown names refused), with the parameter at fault named in `InvalidParameter`. No CPU
-//! arithmetic lives here: every number comes from the snapshot or the engine's reply.
+//! The varlink side of the table of methods: a call's name resolved to its method, its
+//! parameters decoded into the method's struct of [`cpupool_wire::varlink::params`] (unknown
+//! names refused, the parameter at fault named in `InvalidParameter`), its handler
+//! ([`crate::api::handlers`]) run, and the reply or error encoded. Besides: the standard
+//! `org.varlink.service` methods, and the list replies encoded once per snapshot.
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use cpupool_wire::methods::{self as m, Auth, MethodId};
 use cpupool_wire::varlink::params;
 use cpupool_wire::views;
+use cpupool_wire::ApiError;
 use serde::de::DeserializeOwned;
 use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
-use crate::api::ops::{
-    self, ApiError, AssignmentView, CpuView, ErrorKind, PerSnapshot, PoolOptions, PoolView,
-};
-use crate::core::edit::PoolEdit;
-use crate::core::pool::Pool;
-use crate::core::state::{self, AssignSpec, Assignment};
-use crate::engine::{EngineError, Event, Handle, Snapshot};
+use crate::api::handlers::{Ctx, Handler};
+use crate::api::per_snapshot::PerSnapshot;
+use crate::api::views::{AssignmentView, PoolView};
+use crate::engine::{Event, Snapshot};
 
 /// The interface this service implements.
 pub const INTERFACE: &str = cpupool_wire::names::VARLINK_INTERFACE;
@@ -37,7 +36,7 @@ pub struct MethodError {
     pub parameters: Value,
 }
 
-fn ours(kind: ErrorKind, parameters: Value) -> MethodError {
+fn ours(kind: cpupool_wire::ErrorKind, parameters: Value) -> MethodError {
     MethodError { name: kind.varlink_name(), parameters }
 }
 
@@ -65,70 +64,25 @@ pub fn api(e: ApiError) -> MethodError {
     ours(e.kind, e.params)
 }
 
-/// `AccessDenied`.
-pub fn access_denied(uid: u32) -> MethodError {
-    api(ops::access_denied(uid))
-}
-
 /// `ShuttingDown`.
 pub fn shutting_down() -> MethodError {
-    api(ops::shutting_down())
+    api(ApiError::shutting_down())
 }
 
 /// `Busy`.
 pub fn busy() -> MethodError {
-    api(ops::busy())
+    api(crate::api::error::busy())
 }
 
-/// Each state error to its own varlink error.
-pub fn state_error(e: &state::Error) -> MethodError {
-    api(ops::state_error(e))
-}
-
-/// Each engine error to its own varlink error; the reason is the whole cause chain.
-pub fn engine_error(e: &EngineError) -> MethodError {
-    api(ops::engine_error(e))
-}
-
-/// The methods this service answers.
+/// What a call's name resolves to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     /// `org.varlink.service.GetInfo`.
     GetInfo,
     /// `org.varlink.service.GetInterfaceDescription`.
     GetInterfaceDescription,
-    /// `ListPools`.
-    ListPools,
-    /// `GetPool`.
-    GetPool,
-    /// `GetTopology`.
-    GetTopology,
-    /// `ListAssignments`.
-    ListAssignments,
-    /// `GetAssignment`.
-    GetAssignment,
-    /// `Status`.
-    Status,
-    /// `GetIsolation`.
-    GetIsolation,
-    /// `GetClasses`.
-    GetClasses,
-    /// `Assign` (mutating).
-    Assign,
-    /// `Run` (mutating).
-    Run,
-    /// `Release` (mutating).
-    Release,
-    /// `CreatePool` (mutating).
-    CreatePool,
-    /// `ResizePool` (mutating).
-    ResizePool,
-    /// `DeletePool` (mutating).
-    DeletePool,
-    /// `Reload` (mutating).
-    Reload,
-    /// `Monitor` (streaming).
-    Monitor,
+    /// A method of `org.cpupool.Manager`: one of the table.
+    Ours(MethodId),
 }
 
 impl Method {
@@ -137,43 +91,20 @@ impl Method {
         let Some((iface, name)) = full.rsplit_once('.') else {
             return Err(service("InterfaceNotFound", json!({ "interface": full })));
         };
-        let m = match (iface, name) {
-            (SERVICE, "GetInfo") => Method::GetInfo,
-            (SERVICE, "GetInterfaceDescription") => Method::GetInterfaceDescription,
-            (INTERFACE, "ListPools") => Method::ListPools,
-            (INTERFACE, "GetPool") => Method::GetPool,
-            (INTERFACE, "GetTopology") => Method::GetTopology,
-            (INTERFACE, "ListAssignments") => Method::ListAssignments,
-            (INTERFACE, "GetAssignment") => Method::GetAssignment,
-            (INTERFACE, "Status") => Method::Status,
-            (INTERFACE, "GetIsolation") => Method::GetIsolation,
-            (INTERFACE, "GetClasses") => Method::GetClasses,
-            (INTERFACE, "Assign") => Method::Assign,
-            (INTERFACE, "Run") => Method::Run,
-            (INTERFACE, "Release") => Method::Release,
-            (INTERFACE, "CreatePool") => Method::CreatePool,
-            (INTERFACE, "ResizePool") => Method::ResizePool,
-            (INTERFACE, "DeletePool") => Method::DeletePool,
-            (INTERFACE, "Reload") => Method::Reload,
-            (INTERFACE, "Monitor") => Method::Monitor,
-            (SERVICE | INTERFACE, _) => return Err(service("MethodNotFound", json!({ "method": full }))),
-            _ => return Err(service("InterfaceNotFound", json!({ "interface": iface }))),
-        };
-        Ok(m)
+        match (iface, name) {
+            (SERVICE, "GetInfo") => Ok(Method::GetInfo),
+            (SERVICE, "GetInterfaceDescription") => Ok(Method::GetInterfaceDescription),
+            (INTERFACE, _) => MethodId::from_name(name)
+                .map(Method::Ours)
+                .ok_or_else(|| service("MethodNotFound", json!({ "method": full }))),
+            (SERVICE, _) => Err(service("MethodNotFound", json!({ "method": full }))),
+            _ => Err(service("InterfaceNotFound", json!({ "interface": iface }))),
+        }
     }
 
     /// Whether the method changes anything (and so needs authorization).
     pub fn mutates(self) -> bool {
-        matches!(
-            self,
-            Method::Assign
-                | Method::Run
-                | Method::Release
-                | Method::CreatePool
-                | Method::ResizePool
-                | Method::DeletePool
-                | Method::Reload
-        )
+        matches!(self, Method::Ours(m) if m.auth() == Auth::Admin)
     }
 }
 
@@ -221,16 +152,6 @@ pub fn describe(params: params::GetInterfaceDescription) -> Result<Value, Method
     }
 }
 
-/// A pool as the API shows it.
-pub fn pool_json(snap: &Snapshot, p: &Pool) -> Value {
-    to_json(&PoolView::new(snap, p))
-}
-
-/// An assignment as the API shows it.
-pub fn assignment_json(a: &Assignment) -> Value {
-    to_json(&AssignmentView::from(a))
-}
-
 fn to_json<T: serde::Serialize>(v: &T) -> Value {
     // Plain structs of strings and numbers always serialize.
     serde_json::to_value(v).unwrap_or_default()
@@ -249,82 +170,30 @@ pub fn current_events(snap: &Snapshot) -> Vec<Value> {
     snap.state.pools().keys().map(|name| to_json(&views::Event::pool(name.as_str(), "current"))).collect()
 }
 
-/// Answers a read-only method from the current snapshot.
-pub fn read(
-    method: Method,
-    params: Option<&Map<String, Value>>,
-    snap: &Snapshot,
-    uptime: u64,
-) -> Result<Value, MethodError> {
-    let state = &snap.state;
-    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-    match method {
-        Method::ListPools => {
-            decode::<params::NoParameters>(params)?;
-            Ok(json!({ "pools": to_json(&PoolView::all(snap)) }))
-        }
-        Method::GetPool => {
-            let p: params::GetPool = decode(params)?;
-            Ok(json!({ "pool": to_json(&PoolView::find(snap, &p.name).map_err(api)?) }))
-        }
-        Method::GetTopology => {
-            decode::<params::NoParameters>(params)?;
-            let topo = &snap.topology;
-            Ok(to_json(&views::Topology {
-                online: topo.online().to_string(),
-                offline: topo.offline().to_string(),
-                isolated: topo.isolated().to_string(),
-                cpus: CpuView::all(topo),
-            }))
-        }
-        Method::ListAssignments => {
-            let p: params::ListAssignments = decode(params)?;
-            Ok(
-                json!({ "assignments": to_json(&AssignmentView::list(snap, p.pool.as_deref()).map_err(api)?) }),
-            )
-        }
-        Method::GetAssignment => {
-            let p: params::GetAssignment = decode(params)?;
-            Ok(json!({ "assignment": to_json(&AssignmentView::find(snap, &p.id).map_err(api)?) }))
-        }
-        Method::Status => {
-            decode::<params::NoParameters>(params)?;
-            Ok(to_json(&views::Status {
-                version: env!("CARGO_PKG_VERSION").to_owned(),
-                uptime_seconds: uptime,
-                pools: count(state.pools().len()),
-                assignments: count(state.assignments().len()),
-                state_file: snap.state_path.display().to_string(),
-                config_error: snap.config_error.clone(),
-                degraded_assignments: count(snap.assignment_health.len()),
-                containers: snap.kubelet.container_path(),
-            }))
-        }
-        Method::GetIsolation => {
-            let p: params::GetIsolation = decode(params)?;
-            let name = p.pool.unwrap_or_default();
-            Ok(to_json(&crate::api::ops::IsolationReply::new(snap, &name).map_err(api)?))
-        }
-        Method::GetClasses => {
-            let p: params::GetClasses = decode(params)?;
-            let name = p.pool.unwrap_or_default();
-            Ok(to_json(&crate::api::ops::ClassesReply::new(snap, &name).map_err(api)?))
-        }
-        Method::GetInfo => {
-            decode::<params::NoParameters>(params)?;
-            Ok(info())
-        }
-        Method::GetInterfaceDescription => describe(decode(params)?),
-        m @ (Method::Assign
-        | Method::Run
-        | Method::Release
-        | Method::CreatePool
-        | Method::ResizePool
-        | Method::DeletePool
-        | Method::Reload
-        | Method::Monitor) => Err(not_implemented(&format!("{INTERFACE}.{m:?}"))),
-    }
+/// Runs `M`'s handler on a call's parameters; the reply's parameters.
+async fn run<M: Handler>(params: Option<&Map<String, Value>>, cx: &Ctx<'_>) -> Result<Value, MethodError> {
+    let p: M::Params = decode(params)?;
+    Ok(to_json(&M::handle(cx, p).await.map_err(api)?))
 }
+
+macro_rules! dispatch {
+    ($($name:ident),*) => {
+        /// Answers a call of `id` with its handler. A stream (`Monitor`) is the server's: it
+        /// has no single reply.
+        pub async fn call(
+            id: MethodId,
+            params: Option<&Map<String, Value>>,
+            cx: &Ctx<'_>,
+        ) -> Result<Value, MethodError> {
+            match id {
+                $(MethodId::$name => run::<m::$name>(params, cx).await,)*
+                other => Err(not_implemented(&format!("{INTERFACE}.{}", other.name()))),
+            }
+        }
+    };
+}
+
+cpupool_wire::for_each_call!(dispatch);
 
 /// Whole reply messages (NUL included) shared by every caller of one snapshot.
 pub type Lists = PerSnapshot<Vec<u8>>;
@@ -333,13 +202,13 @@ pub type Lists = PerSnapshot<Vec<u8>>;
 /// once per snapshot (and pool) into `lists`, straight from the views to bytes, and written to
 /// every caller from the same buffer (see [`PerSnapshot`]).
 pub async fn list(
-    method: Method,
+    method: MethodId,
     params: Option<&Map<String, Value>>,
     snap: &Snapshot,
     lists: &Lists,
 ) -> Result<Arc<Vec<u8>>, MethodError> {
     match method {
-        Method::ListPools => {
+        MethodId::ListPools => {
             decode::<params::NoParameters>(params)?;
             lists
                 .get_or_build(snap, "pools", || {
@@ -347,7 +216,7 @@ pub async fn list(
                 })
                 .await
         }
-        Method::ListAssignments => {
+        MethodId::ListAssignments => {
             let p: params::ListAssignments = decode(params)?;
             let pool = p.pool.as_deref();
             // Assignment ids and pool names cannot contain a space, so the keys are distinct.
@@ -359,7 +228,7 @@ pub async fn list(
                 })
                 .await
         }
-        other => Err(not_implemented(&format!("{INTERFACE}.{other:?}"))),
+        other => Err(not_implemented(&format!("{INTERFACE}.{}", other.name()))),
     }
 }
 
@@ -404,82 +273,4 @@ where
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(self.0.borrow_mut().take().into_iter().flatten())
     }
-}
-
-/// Decodes `Assign`'s arguments.
-pub fn assign_spec(p: params::Assign) -> Result<AssignSpec, MethodError> {
-    ops::assign_spec(p.pool, &p.target, p.cpus, p.millicpus, p.id.as_deref())
-        .map_err(api)
-        .map(|spec| AssignSpec { reclaim: p.reclaim.unwrap_or(true), ..spec })
-}
-
-/// Decodes the arguments of `CreatePool`, `ResizePool` or `DeletePool`.
-pub fn pool_edit(method: Method, params: Option<&Map<String, Value>>) -> Result<PoolEdit, MethodError> {
-    match method {
-        Method::CreatePool => {
-            let p: params::CreatePool = decode(params)?;
-            let options = PoolOptions {
-                cpus: p.cpus.as_deref(),
-                count: p.count,
-                numa: p.numa,
-                smt: p.smt.as_deref(),
-                isolate: p.isolate,
-                kubelet: p.kubelet,
-            };
-            ops::create_pool(&p.name, &p.kind, &options)
-        }
-        Method::ResizePool => {
-            let p: params::ResizePool = decode(params)?;
-            let options =
-                PoolOptions { cpus: p.cpus.as_deref(), count: p.count, numa: p.numa, ..Default::default() };
-            ops::resize_pool(&p.name, &options)
-        }
-        Method::DeletePool => ops::delete_pool(&decode::<params::DeletePool>(params)?.name),
-        other => return Err(not_implemented(&format!("{INTERFACE}.{other:?}"))),
-    }
-    .map_err(api)
-}
-
-/// Runs a mutating method on the engine.
-/// `may_hand_over` checks that the caller may hand a process to `Run`.
-pub async fn mutate(
-    method: Method,
-    params: Option<&Map<String, Value>>,
-    handle: &Handle,
-    may_hand_over: &(dyn Fn(u32) -> Result<(), ops::ApiError> + Sync),
-) -> Result<Value, MethodError> {
-    let engine = |e: EngineError| engine_error(&e);
-    let a = match method {
-        Method::Run => {
-            let p: params::Run = decode(params)?;
-            let spec = ops::run_spec(p.pool, p.pid, p.cpus, p.millicpus, p.id.as_deref()).map_err(api)?;
-            if let state::Target::Pid(pid) = spec.target {
-                may_hand_over(pid).map_err(api)?;
-            }
-            handle.run(spec).await.map_err(engine)?.into_inner()
-        }
-        Method::Assign => {
-            let spec = assign_spec(decode(params)?)?;
-            handle.assign(spec).await.map_err(engine)?.into_inner()
-        }
-        Method::Release => {
-            let p: params::Release = decode(params)?;
-            handle.release(&p.id).await.map_err(engine)?
-        }
-        Method::Reload => {
-            decode::<params::NoParameters>(params)?;
-            let changed = ops::reload(handle).await.map_err(engine)?;
-            return Ok(json!({ "changed": changed }));
-        }
-        Method::CreatePool | Method::ResizePool | Method::DeletePool => {
-            let pool = handle.edit_pool(pool_edit(method, params)?).await.map_err(engine)?;
-            let snap = handle.snapshot();
-            return Ok(match pool {
-                Some(p) => json!({ "pool": pool_json(&snap, &p) }),
-                None => json!({}),
-            });
-        }
-        other => return Err(not_implemented(&format!("{INTERFACE}.{other:?}"))),
-    };
-    Ok(json!({ "assignment": assignment_json(&a) }))
 }

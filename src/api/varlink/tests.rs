@@ -16,6 +16,7 @@ use super::wire::{FrameError, FrameReader, MAX_MESSAGE};
 use super::*;
 use crate::core::state;
 use crate::engine::{Engine, EngineError};
+use cpupool_wire::methods::MethodId;
 
 fn idl_errors() -> BTreeSet<String> {
     IDL.lines()
@@ -52,9 +53,9 @@ fn every_error() -> Vec<MethodError> {
         EngineError::Topology(crate::host::sysfs::SysfsError::Read { path: "/sys".into(), source: io_err() }),
         EngineError::Stopped,
     ];
-    let mut out: Vec<MethodError> = states.iter().map(methods::state_error).collect();
-    out.extend(engines.iter().map(methods::engine_error));
-    out.push(methods::access_denied(1000));
+    let mut out: Vec<MethodError> = states.iter().map(|e| methods::api(e.to_api())).collect();
+    out.extend(engines.iter().map(|e| methods::api(e.to_api())));
+    out.push(methods::api(crate::api::error::access_denied(1000)));
     out.push(methods::busy());
     out.push(message_too_large(MAX_MESSAGE));
     out
@@ -98,7 +99,7 @@ fn engine_failures_carry_the_cause_chain() {
         data: "2-3".into(),
         source: io::Error::from_raw_os_error(16),
     });
-    let m = methods::engine_error(&e);
+    let m = methods::api(e.to_api());
     let reason = m.parameters["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("writing `2-3` to `/x/cpuset.cpus`") && reason.contains("busy"), "{reason}");
 }
@@ -118,7 +119,9 @@ fn unknown_methods_and_interfaces() {
     assert_eq!(name(Method::parse("org.varlink.service.Nope")), "org.varlink.service.MethodNotFound");
     assert_eq!(name(Method::parse("org.example.X.Y")), "org.varlink.service.InterfaceNotFound");
     assert_eq!(name(Method::parse("nodot")), "org.varlink.service.InterfaceNotFound");
-    assert!(Method::Assign.mutates() && Method::Release.mutates() && !Method::ListPools.mutates());
+    let ours = |m: &str| Method::parse(&format!("{INTERFACE}.{m}")).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(ours("Assign").mutates() && ours("Release").mutates() && !ours("ListPools").mutates());
+    assert_eq!(ours("Monitor"), Method::Ours(MethodId::Monitor));
 }
 
 #[test]
@@ -136,7 +139,12 @@ fn arguments_are_checked() {
     let e = methods::decode::<params::Run>(json!({ "pool": "dp", "pid": "1" }).as_object()).err();
     assert_eq!(e.map(|e| e.parameters), Some(json!({ "parameter": "pid" })));
 
-    let spec = |v: Value| methods::decode(v.as_object()).and_then(methods::assign_spec);
+    let spec = |v: Value| {
+        methods::decode::<params::Assign>(v.as_object()).and_then(|p| {
+            crate::api::args::assign_spec(p.pool, &p.target, p.cpus, p.millicpus, p.id.as_deref())
+                .map_err(methods::api)
+        })
+    };
     let err = |v: Value| spec(v).err().map(|e| (e.name, e.parameters["argument"].clone()));
     let ok = spec(json!({ "pool": "dp", "target": "cgroup:a/b", "cpus": 2, "id": "x" }))
         .unwrap_or_else(|e| panic!("{e:?}"));
@@ -560,7 +568,7 @@ async fn list_replies_are_encoded_once_per_snapshot_and_follow_changes() {
     };
     handle.assign(assign("a1")).await.unwrap_or_else(|e| panic!("{e}"));
     let lists = Arc::new(methods::Lists::default());
-    let list = |method: Method, params: Value| {
+    let list = |method: MethodId, params: Value| {
         let (handle, lists) = (handle.clone(), lists.clone());
         async move {
             methods::list(method, params.as_object(), &handle.snapshot(), &lists)
@@ -568,11 +576,20 @@ async fn list_replies_are_encoded_once_per_snapshot_and_follow_changes() {
                 .unwrap_or_else(|e| panic!("{e:?}"))
         }
     };
-    // What the reply was before it was cached: the parameters `read` builds, framed by `Reply`.
-    let fresh = |method: Method, params: Value| {
-        let snap = handle.snapshot();
-        let built = methods::read(method, params.as_object(), &snap, 0).unwrap_or_else(|e| panic!("{e:?}"));
-        super::reply(built, false).encode()
+    // What the reply is uncached: the parameters the method's handler builds, framed by `Reply`.
+    let fresh = |method: MethodId, params: Value| {
+        let handle = handle.clone();
+        async move {
+            let anyone = |_| Ok(());
+            let cx = crate::api::handlers::Ctx {
+                handle: &handle,
+                started: std::time::Instant::now(),
+                may_hand_over: &anyone,
+            };
+            let built =
+                methods::call(method, params.as_object(), &cx).await.unwrap_or_else(|e| panic!("{e:?}"));
+            super::reply(built, false).encode()
+        }
     };
     let parsed = |bytes: &[u8]| -> Value {
         let (json, nul) = bytes.split_at(bytes.len().saturating_sub(1));
@@ -585,26 +602,26 @@ async fn list_replies_are_encoded_once_per_snapshot_and_follow_changes() {
         list.iter().map(|a| a["id"].as_str().unwrap_or_default().to_owned()).collect()
     };
 
-    let callers: Vec<_> = (0..64).map(|_| tokio::spawn(list(Method::ListAssignments, json!({})))).collect();
+    let callers: Vec<_> = (0..64).map(|_| tokio::spawn(list(MethodId::ListAssignments, json!({})))).collect();
     let mut replies = Vec::new();
     for c in callers {
         replies.push(c.await.unwrap_or_else(|e| panic!("{e}")));
     }
     let first = replies[0].clone();
     assert!(replies.iter().all(|r| Arc::ptr_eq(r, &first)), "every caller of one snapshot shares one reply");
-    assert_eq!(parsed(&first), parsed(&fresh(Method::ListAssignments, json!({}))));
+    assert_eq!(parsed(&first), parsed(&fresh(MethodId::ListAssignments, json!({})).await));
     assert_eq!(ids(&first), ["a1"]);
-    let pools = list(Method::ListPools, json!({})).await;
-    assert!(Arc::ptr_eq(&pools, &list(Method::ListPools, json!({})).await));
-    assert_eq!(parsed(&pools), parsed(&fresh(Method::ListPools, json!({}))));
+    let pools = list(MethodId::ListPools, json!({})).await;
+    assert!(Arc::ptr_eq(&pools, &list(MethodId::ListPools, json!({})).await));
+    assert_eq!(parsed(&pools), parsed(&fresh(MethodId::ListPools, json!({})).await));
     // One pool's list is a reply of its own, cached beside the whole one.
-    let web = list(Method::ListAssignments, json!({ "pool": "web" })).await;
+    let web = list(MethodId::ListAssignments, json!({ "pool": "web" })).await;
     assert_eq!(ids(&web), ["a1"]);
-    assert!(Arc::ptr_eq(&web, &list(Method::ListAssignments, json!({ "pool": "web" })).await));
-    assert_eq!(ids(&list(Method::ListAssignments, json!({ "pool": "sys" })).await), Vec::<String>::new());
+    assert!(Arc::ptr_eq(&web, &list(MethodId::ListAssignments, json!({ "pool": "web" })).await));
+    assert_eq!(ids(&list(MethodId::ListAssignments, json!({ "pool": "sys" })).await), Vec::<String>::new());
     // Refusals are answered as before and leave nothing behind.
     let nope = methods::list(
-        Method::ListAssignments,
+        MethodId::ListAssignments,
         json!({ "pool": "nope" }).as_object(),
         &handle.snapshot(),
         &lists,
@@ -612,26 +629,26 @@ async fn list_replies_are_encoded_once_per_snapshot_and_follow_changes() {
     .await;
     assert_eq!(nope.err().map(|e| e.name), Some("org.cpupool.Manager.NoSuchPool".to_owned()));
     let bad =
-        methods::list(Method::ListPools, json!({ "x": 1 }).as_object(), &handle.snapshot(), &lists).await;
+        methods::list(MethodId::ListPools, json!({ "x": 1 }).as_object(), &handle.snapshot(), &lists).await;
     assert_eq!(bad.err().map(|e| e.parameters), Some(json!({ "parameter": "x" })));
 
     // A snapshot published with nothing changed (a drift check that found nothing) keeps them.
     handle.check_drift().await.unwrap_or_else(|e| panic!("{e}"));
-    assert!(Arc::ptr_eq(&first, &list(Method::ListAssignments, json!({})).await));
+    assert!(Arc::ptr_eq(&first, &list(MethodId::ListAssignments, json!({})).await));
 
     // The reply right after the Assign returns has it, and so does every list of its pool.
     handle.assign(assign("a2")).await.unwrap_or_else(|e| panic!("{e}"));
-    let after = list(Method::ListAssignments, json!({})).await;
+    let after = list(MethodId::ListAssignments, json!({})).await;
     assert_eq!(ids(&after), ["a1", "a2"]);
-    assert_eq!(ids(&list(Method::ListAssignments, json!({ "pool": "web" })).await), ["a1", "a2"]);
-    assert_eq!(parsed(&after), parsed(&fresh(Method::ListAssignments, json!({}))));
+    assert_eq!(ids(&list(MethodId::ListAssignments, json!({ "pool": "web" })).await), ["a1", "a2"]);
+    assert_eq!(parsed(&after), parsed(&fresh(MethodId::ListAssignments, json!({})).await));
     assert_ne!(
-        parsed(&list(Method::ListPools, json!({})).await),
+        parsed(&list(MethodId::ListPools, json!({})).await),
         parsed(&pools),
         "web's free capacity changed"
     );
     handle.release("a1").await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(ids(&list(Method::ListAssignments, json!({})).await), ["a2"]);
+    assert_eq!(ids(&list(MethodId::ListAssignments, json!({})).await), ["a2"]);
     // The old snapshot's replies are dropped with it: only the callers still hold them.
     assert_eq!(Arc::strong_count(&first), replies.len() + 1);
 

@@ -109,6 +109,45 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The error as both management interfaces send it: each variant its own kind, with the
+    /// IDL's parameters. Here, below every adapter, so that varlink, D-Bus and the kubelet's
+    /// device plugin name a refusal alike.
+    pub fn to_api(&self) -> cpupool_wire::ApiError {
+        use cpupool_wire::{ApiError, ErrorKind};
+        use serde_json::json;
+        let (kind, params) = match self {
+            Error::NoSuchPool { pool } => (ErrorKind::NoSuchPool, json!({ "pool": pool })),
+            Error::PoolExists { pool } => (ErrorKind::PoolExists, json!({ "pool": pool })),
+            Error::PoolInUse { pool, assignments } => {
+                (ErrorKind::PoolInUse, json!({ "pool": pool, "assignments": assignments }))
+            }
+            Error::NoSuchAssignment { id } => (ErrorKind::NoSuchAssignment, json!({ "id": id })),
+            Error::InsufficientCapacity { pool, requested, free, unit } => (
+                ErrorKind::InsufficientCapacity,
+                json!({ "pool": pool, "requested": requested, "free": free, "unit": unit }),
+            ),
+            Error::DuplicateId { id } => (ErrorKind::DuplicateId, json!({ "id": id })),
+            Error::TargetBusy { target, id, pool } => {
+                (ErrorKind::TargetBusy, json!({ "target": target, "id": id, "pool": pool }))
+            }
+            Error::TargetNotAllowed { target, reason } => {
+                (ErrorKind::TargetNotAllowed, json!({ "target": target, "reason": reason }))
+            }
+            Error::TargetOutsidePool { target, cpus, parent, parent_cpus, hint } => (
+                ErrorKind::TargetOutsidePool,
+                json!({ "target": target, "cpus": cpus, "parent": parent, "parent_cpus": parent_cpus, "hint": hint }),
+            ),
+            Error::InvalidArgument { arg, reason } => return ApiError::invalid_argument(arg, reason),
+            Error::ReservedPool { pool } => (ErrorKind::ReservedPool, json!({ "pool": pool })),
+            Error::NotWholeCores { pool, requested } => {
+                (ErrorKind::NotWholeCores, json!({ "pool": pool, "requested": requested }))
+            }
+        };
+        ApiError::new(kind, params, self.to_string())
+    }
+}
+
 /// One value of every [`Error`] variant: the API tests check that each maps to its own
 /// documented error, so a new variant goes here once.
 #[cfg(test)]

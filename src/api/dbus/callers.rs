@@ -1,0 +1,162 @@
+//! Who calls the D-Bus interface, and what their calls in flight hold: the caller's uid (the
+//! bus's answer to `GetConnectionUnixUser`, kept per unique name), whether it is privileged,
+//! and its place in the budget of calls in flight ([`CallLimits`], the same rule as varlink's
+//! connections, see [`crate::api::budget`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::Error;
+use crate::api::budget::{AdminCache, Budget, Class, Shares, Slot};
+use crate::api::error::{access_denied, access_denied_because, busy_calls};
+
+/// How many calls may await their answer at once, per class of caller (see
+/// [`crate::api::budget`]); a call beyond is answered `Busy`.
+pub struct CallLimits;
+
+impl CallLimits {
+    /// Root, the admin group and the sandbox's owner, together: far more than `cpupoolctl` and
+    /// monitors need.
+    pub const PRIVILEGED: usize = 256;
+    /// All unprivileged uids together.
+    pub const UNPRIVILEGED: usize = 64;
+    /// One unprivileged uid.
+    pub const PER_UID: usize = 16;
+    /// The shares of [`Budget`].
+    pub const SHARES: Shares = Shares {
+        privileged: CallLimits::PRIVILEGED,
+        unprivileged: CallLimits::UNPRIVILEGED,
+        per_uid: CallLimits::PER_UID,
+    };
+}
+
+/// Callers' uids by unique name: a name is never given to another connection during the bus's
+/// life, so an answer stays true. At most this many are kept; the oldest go first.
+const SENDERS_KEPT: usize = 4096;
+
+/// Unique names to uids (each asked of the bus once), and the names in the order they came.
+type Senders = (HashMap<String, Arc<tokio::sync::OnceCell<u32>>>, std::collections::VecDeque<String>);
+
+/// Who calls, and what their calls in flight hold.
+pub(super) struct Callers {
+    pub(super) budget: Arc<Budget>,
+    /// Unique name to uid (asked of the bus once, however many calls of the connection arrive
+    /// at once), and the names in the order they came.
+    senders: std::sync::Mutex<Senders>,
+    /// Whether uids are privileged; held while the user database is asked, so that a flood of
+    /// one uid's calls asks once.
+    pub(super) admins: tokio::sync::Mutex<AdminCache>,
+}
+
+/// An admitted call: its caller and its place in the budget, held until it is answered.
+pub(super) struct Caller {
+    pub(super) uid: u32,
+    /// `Err`: whether it is privileged could not be told (the reason).
+    privileged: Result<bool, String>,
+    _slot: Slot,
+}
+
+impl Callers {
+    pub(super) fn new() -> Callers {
+        Callers {
+            budget: Budget::new(CallLimits::SHARES),
+            senders: std::sync::Mutex::new(Default::default()),
+            admins: tokio::sync::Mutex::new(AdminCache::default()),
+        }
+    }
+
+    /// A call of `uid` (`privileged`: whether it may mutate), within its budget, or `Busy`.
+    pub(super) fn admit(&self, uid: u32, privileged: Result<bool, String>) -> Result<Caller, Error> {
+        let class = if privileged == Ok(true) { Class::Privileged } else { Class::Unprivileged(uid) };
+        match self.budget.admit(class) {
+            Ok(slot) => Ok(Caller { uid, privileged, _slot: slot }),
+            Err(full) => {
+                CALL_REFUSALS.note(&format!("the calls in flight of {full} at their limit"));
+                Err(busy_calls(&full.to_string()).into())
+            }
+        }
+    }
+
+    /// Where the uid of `sender` is, or will be once asked.
+    pub(super) fn sender(&self, sender: &str) -> Arc<tokio::sync::OnceCell<u32>> {
+        let mut guard = self.senders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (map, order) = &mut *guard;
+        if let Some(cell) = map.get(sender) {
+            return cell.clone();
+        }
+        let cell = Arc::new(tokio::sync::OnceCell::new());
+        map.insert(sender.to_owned(), cell.clone());
+        order.push_back(sender.to_owned());
+        while order.len() > SENDERS_KEPT {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+        cell
+    }
+}
+
+/// Calls refused `Busy`, in a log line at most every 10 s.
+static CALL_REFUSALS: crate::fds::Refusals = crate::fds::Refusals::calls("D-Bus");
+
+impl Caller {
+    /// Checks that the caller may mutate; its uid.
+    pub(super) fn authorize(&self) -> Result<u32, Error> {
+        match &self.privileged {
+            Ok(true) => Ok(self.uid),
+            Ok(false) => Err(access_denied(self.uid).into()),
+            Err(why) => Err(access_denied_because(
+                self.uid,
+                &format!("whether it is in the admin group could not be told: {why}"),
+            )
+            .into()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::api::dbus::ERROR_PREFIX;
+
+    #[test]
+    fn calls_beyond_an_unprivileged_share_are_busy_and_root_keeps_its_room() {
+        let callers = Callers::new();
+        let nobody: Vec<Caller> = (0..CallLimits::PER_UID)
+            .map(|_| callers.admit(65534, Ok(false)).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let e = callers.admit(65534, Ok(false)).err().unwrap_or_else(|| panic!("admitted beyond the share"));
+        assert_eq!(e.name(), format!("{ERROR_PREFIX}.Busy"));
+        assert!(e.message.contains("uid 65534"), "{e}");
+        // Other uids fill the unprivileged budget; root and a caller whose privilege could not
+        // be told are apart: root has its room, the other counts as unprivileged.
+        let others: Vec<Caller> = (0..CallLimits::UNPRIVILEGED - CallLimits::PER_UID)
+            .map(|i| callers.admit(1000 + (i % 4) as u32, Ok(false)).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert!(callers.admit(2000, Err("no thread".into())).is_err());
+        let root: Vec<Caller> = (0..CallLimits::PRIVILEGED)
+            .map(|_| callers.admit(0, Ok(true)).unwrap_or_else(|e| panic!("root refused: {e}")))
+            .collect();
+        assert!(root[0].authorize().is_ok());
+        assert_eq!(
+            nobody[0].authorize().err().map(|e| e.name().to_owned()),
+            Some(format!("{ERROR_PREFIX}.AccessDenied"))
+        );
+        // Answered calls give their room back.
+        drop(nobody);
+        assert!(callers.admit(65534, Ok(false)).is_ok());
+        drop((others, root));
+        assert_eq!(callers.budget.held(), (0, 0));
+    }
+
+    #[test]
+    fn a_caller_whose_privilege_cannot_be_told_is_denied_with_the_reason() {
+        let callers = Callers::new();
+        let c =
+            callers.admit(1000, Err("starting a thread: EAGAIN".into())).unwrap_or_else(|e| panic!("{e}"));
+        let e = c.authorize().err().unwrap_or_else(|| panic!("allowed"));
+        assert_eq!(e.name(), format!("{ERROR_PREFIX}.AccessDenied"));
+        assert!(e.message.contains("EAGAIN"), "{e}");
+    }
+}
