@@ -28,7 +28,8 @@ pub fn read_sample(procfs: &Path, cgroup: &Path, slices: &[(String, String)]) ->
             continue;
         }
         let read = |file: &str| cg.read_to_string(format!("{dir}/{file}")).unwrap_or_default();
-        let cpuset = format!("{} {}", read("cpuset.cpus.partition").trim(), read("cpuset.cpus.effective").trim());
+        let cpuset =
+            format!("{} {}", read("cpuset.cpus.partition").trim(), read("cpuset.cpus.effective").trim());
         sample.pool_cpusets.entry(pool.clone()).or_default().insert(slice.clone(), cpuset);
         if let Some(usec) = parse_cpu_stat(&read("cpu.stat")) {
             sample.pool_usage_usec.entry(pool.clone()).or_default().insert(slice.clone(), usec);
@@ -63,8 +64,10 @@ mod tests {
         assert!(s.pool_usage_usec.is_empty());
         assert_eq!(s.pool_cpusets["dp"][slice], " ", "the slice exists, its cpuset files do not");
         std::fs::write(c.join(slice).join("cpu.stat"), "usage_usec 77\n").unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(c.join(slice).join("cpuset.cpus.partition"), "isolated\n").unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(c.join(slice).join("cpuset.cpus.effective"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(c.join(slice).join("cpuset.cpus.partition"), "isolated\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(c.join(slice).join("cpuset.cpus.effective"), "2-3\n")
+            .unwrap_or_else(|e| panic!("{e}"));
         let s = read_sample(&p, &c, &pools).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(s.pool_usage_usec.get("dp").and_then(|d| d.values().next()), Some(&77));
         assert_eq!(s.pool_cpusets["dp"][slice], "isolated 2-3");

@@ -14,10 +14,11 @@
 //! multi-queue devices, the timer on x86) with `EIO`: that is [`IrqError::KernelPlaced`],
 //! reported, never a failure.
 //!
-//! On a tree of plain files (the sandbox, tests) the kernel's part is played by
-//! [`super::simirq`]: it refuses writes to the IRQs it marks as managed and updates
-//! `smp_affinity` and `effective_affinity_list` after a write. The daemon's own path (reads, the
-//! write through [`Root`], the read-back) is the same on both.
+//! The kernel's part in a write to an affinity is an [`IrqKernel`]: the host's ([`HostIrqs`])
+//! writes the file and procfs answers; a simulated kernel (the sandbox's, `crate::sim::irq`)
+//! plays procfs on a tree of plain files. It is chosen once at start
+//! ([`super::kernel::Kernel`]); the daemon's own path (reads, the write, the read-back) is the
+//! same on both.
 #![deny(missing_docs)]
 
 use std::collections::BTreeMap;
@@ -72,8 +73,29 @@ pub struct IrqFs {
     root: PathBuf,
     /// procfs's `irq/`, or where it is bound writable (see [`irq_dir`]).
     irq_dir: PathBuf,
-    /// Whether `irq_dir` is a real procfs; otherwise [`super::simirq`] plays the kernel.
-    kernel: bool,
+    /// The kernel's part in a write.
+    kernel: &'static dyn IrqKernel,
+}
+
+/// The kernel's part in a write to an IRQ's affinity: it takes the list, or refuses it with the
+/// kernel's error (`EIO`, `EPERM`: it places the IRQ itself; `EINVAL`: no online CPU).
+pub trait IrqKernel: Send + Sync + std::fmt::Debug {
+    /// Writes `cpus` to IRQ `irq`'s `smp_affinity_list` in `irq_dir`; the kernel's
+    /// `interrupts` is below `procfs_root`.
+    fn write_affinity(&self, procfs_root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> io::Result<()>;
+}
+
+/// The host's kernel: the list is written (through [`Root`], which follows no link) and procfs
+/// answers.
+#[derive(Debug, Clone, Copy)]
+pub struct HostIrqs;
+
+impl IrqKernel for HostIrqs {
+    fn write_affinity(&self, _procfs_root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> io::Result<()> {
+        Root::new(irq_dir)
+            .write(format!("{irq}/smp_affinity_list"), format!("{cpus}\n").as_bytes())
+            .map_err(|e| e.source)
+    }
 }
 
 /// Where the IRQ affinities are written: `<runtime_dir>/irq` when the service manager bound
@@ -90,14 +112,15 @@ pub fn irq_dir(procfs_root: &Path, runtime_dir: &Path) -> PathBuf {
 }
 
 impl IrqFs {
-    /// The IRQ files: `interrupts` below `procfs_root` (normally `/proc`), affinities in
-    /// `irq_dir` (normally `/proc/irq`).
+    /// The IRQ files of the host's kernel: `interrupts` below `procfs_root` (normally
+    /// `/proc`), affinities in `irq_dir` (normally `/proc/irq`).
     pub fn new(procfs_root: impl Into<PathBuf>, irq_dir: impl Into<PathBuf>) -> IrqFs {
-        let (root, irq_dir) = (procfs_root.into(), irq_dir.into());
-        let kernel = nix::sys::statfs::statfs(&irq_dir)
-            .map(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
-            .unwrap_or(false);
-        IrqFs { root, irq_dir, kernel }
+        IrqFs { root: procfs_root.into(), irq_dir: irq_dir.into(), kernel: &HostIrqs }
+    }
+
+    /// The same files, answered by `kernel` (chosen once at start).
+    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> IrqFs {
+        IrqFs { kernel: kernel.irqs, ..self }
     }
 
     /// The affinity directory.
@@ -180,12 +203,7 @@ impl IrqFs {
     pub fn set_affinity(&self, irq: u32, cpus: &CpuSet) -> Result<(), IrqError> {
         let rel = format!("{irq}/smp_affinity_list");
         let data = cpus.to_string();
-        let written = if self.kernel {
-            self.fs().write(&rel, format!("{data}\n").as_bytes()).map_err(|e| e.source)
-        } else {
-            super::simirq::write_affinity(&self.root, &self.irq_dir, irq, cpus)
-        };
-        match written {
+        match self.kernel.write_affinity(&self.root, &self.irq_dir, irq, cpus) {
             Ok(()) => Ok(()),
             // EIO: the kernel lets no one place it (managed, or not movable at all); EPERM: the
             // interrupt chip refused this IRQ's move (seen in the guest for the timer, the cascade
@@ -347,42 +365,5 @@ mod tests {
             let c = cpus(s);
             assert_eq!(parse_mask(&format_mask(&c, 0)), Some(c));
         }
-    }
-}
-
-#[cfg(test)]
-mod fake_procfs_tests {
-    use super::*;
-    use crate::host::simirq;
-
-    /// The sandbox's model of the kernel (host::simirq) behind the same calls as on a host.
-    #[test]
-    fn fake_procfs_managed_irq_refuses_and_a_mask_without_online_cpus_fails() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let online = CpuSet::range(0, 3);
-        simirq::write_procfs(dir.path(), &online, &simirq::default_irqs(&online))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let fs = IrqFs::new(dir.path(), irq_dir(dir.path(), &dir.path().join("run")));
-        assert_eq!(fs.dir(), dir.path().join("irq"));
-        let cpus = CpuSet::range(0, 1);
-        assert!(matches!(fs.set_affinity(41, &cpus), Err(IrqError::KernelPlaced { irq: 41 })));
-        fs.set_affinity(32, &cpus).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()));
-        assert_eq!(fs.effective(32).ok().flatten(), Some(CpuSet::range(0, 0)));
-        let offline = CpuSet::range(8, 9);
-        match fs.set_affinity(32, &offline) {
-            Err(e @ IrqError::Write { .. }) => assert!(e.to_string().contains("writing `8-9`"), "{e}"),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()), "a refused write changes nothing");
-        fs.set_default_affinity(&cpus).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(fs.default_affinity().ok(), Some(cpus));
-        assert_eq!(fs.names().unwrap_or_default()[&32], ["virtio1-requests"]);
-        assert_eq!(fs.irqs().unwrap_or_default(), [0, 1, 8, 9, 24, 25, 26, 32, 40, 41, 42]);
-        // A service's writable binding of irq/ is preferred where it exists.
-        std::fs::create_dir_all(dir.path().join("run/irq")).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(dir.path().join("run/irq/default_smp_affinity"), "f\n")
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(irq_dir(dir.path(), &dir.path().join("run")), dir.path().join("run/irq"));
     }
 }

@@ -4,6 +4,11 @@
 //! file itself (hosts without systemd, the sandbox); [`systemd::Systemd`] sets slices and units
 //! through systemd's D-Bus API and writes directly only what systemd does not manage
 //! (partitions, cgroups that are not units). Both execute the same planned effects.
+//!
+//! Where the kernel decides the outcome of a write, the surface's module defines a small trait
+//! for the kernel's part and implements it for the host's kernel; [`kernel::Kernel`] bundles
+//! them, and a simulated kernel (`crate::sim`) implements the same traits. Nothing here names
+//! the simulation.
 pub mod bus;
 pub mod cgroupfs;
 pub mod dirwatch;
@@ -12,15 +17,12 @@ pub mod health;
 pub mod housekeeping;
 pub mod irq;
 pub mod irqbalance;
+pub mod kernel;
 pub mod kubelet;
 pub mod pidwatch;
 pub mod power;
 pub mod procfs;
 pub mod resctrl;
-pub mod simhost;
-pub mod simirq;
-pub mod simpower;
-pub mod simresctrl;
 pub mod socket;
 pub mod store;
 pub mod sysfs;

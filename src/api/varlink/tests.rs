@@ -255,7 +255,7 @@ fn sandboxed_engine(dir: &std::path::Path) -> Sandboxed {
     let sb = crate::sandbox::Sandbox::prepare(dir, Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
     let mut settings = crate::config::load(&sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
     sb.confine(&mut settings);
-    let backend = crate::host::cgroupfs::CgroupFs::new(sb.cgroupfs(), "/proc");
+    let backend = crate::sim::cgroupfs(sb.cgroupfs(), "/proc");
     let (engine, _) = Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
     let (handle, engine) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     Sandboxed { handle, engine, sandbox: SandboxPaths { settings, cgroupfs: sb.cgroupfs() } }
