@@ -12,6 +12,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::IoError;
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{Effect, Key};
 use crate::core::state::CgroupPath;
@@ -29,26 +30,9 @@ pub use procs::HostProcesses;
 /// A host operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
-    /// Writing a file failed.
-    #[error("writing `{data}` to `{}`", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// What was written.
-        data: String,
-        /// Why it failed.
-        #[source]
-        source: io::Error,
-    },
-    /// Reading a file failed.
-    #[error("reading `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why it failed.
-        #[source]
-        source: io::Error,
-    },
+    /// Reading or writing a file failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A file held something unexpected.
     #[error("`{}` holds `{text}`, not a CPU list", path.display())]
     Parse {
@@ -213,7 +197,7 @@ impl CgroupFs {
         let current = match fs::read_to_string(&file) {
             Ok(s) => s,
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-            Err(source) => return Err(HostError::Read { path: file, source }),
+            Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
         };
         if current.split_whitespace().any(|c| c == "cpuset") {
             return Ok(());
@@ -254,7 +238,7 @@ impl CgroupFs {
         let text = match super::read_small(&file) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CpuSet::new()),
-            Err(source) => return Err(HostError::Read { path: file, source }),
+            Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
         };
         CpuSet::parse(&text).map_err(|_| HostError::Parse { path: file, text })
     }
@@ -296,13 +280,13 @@ impl CgroupFs {
         let file = self.dir(path).join("cpuset.cpus");
         self.ensure_cpuset_file(path, &file)?;
         match self.write_file(&file, &cpus.to_string()) {
-            Err(HostError::Write { source, .. })
+            Err(HostError::Io(IoError::Write { source, .. }))
                 if cpus.is_empty() && source.raw_os_error() == Some(libc::ENOSPC) =>
             {
                 let parent = self.dir(path).parent().map(|d| d.join("cpuset.cpus.effective"));
                 let Some(parent) = parent else { return Ok(()) };
                 let text = fs::read_to_string(&parent)
-                    .map_err(|source| HostError::Read { path: parent.clone(), source })?;
+                    .map_err(|source| HostError::Io(IoError::Read { path: parent.clone(), source }))?;
                 self.write_file(&file, text.trim())
             }
             r => r,
@@ -398,7 +382,7 @@ impl CgroupFs {
                     Ok(text) => CpuSet::parse(&text).map_err(|_| HostError::Parse { path: file, text })?,
                     Err(e) if e.kind() == io::ErrorKind::NotFound && !self.exists(path) => return Ok(None),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => CpuSet::new(),
-                    Err(source) => return Err(HostError::Read { path: file, source }),
+                    Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
                 };
                 let mems = self.list_file(path, "cpuset.mems")?;
                 let partition = self.partition_of(path, || Ok(cpus.clone()))?;
@@ -471,7 +455,8 @@ impl CgroupFs {
     /// real cgroupfs a missing file is an error; a simulated one (the sandbox, tests) is plain
     /// files that the first write creates ([`CgroupKernel::write`]).
     fn write_file(&self, path: &Path, data: &str) -> Result<(), HostError> {
-        let err = |source| HostError::Write { path: path.to_owned(), data: data.to_owned(), source };
+        let err =
+            |source| HostError::Io(IoError::Write { path: path.to_owned(), data: data.to_owned(), source });
         let rel =
             path.strip_prefix(&self.root).map_err(|_| err(io::Error::from(io::ErrorKind::InvalidInput)))?;
         let bytes = if data.is_empty() { b"\n".as_slice() } else { data.as_bytes() };

@@ -26,20 +26,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::fsutil::Root;
+use super::IoError;
 use crate::core::cpuset::CpuSet;
 
 /// Why an IRQ file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum IrqError {
-    /// Reading failed.
-    #[error("reading `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    /// Reading or writing failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A file held something that is not in the kernel's format.
     #[error("`{}` holds `{text}`, not a CPU list or mask", path.display())]
     Format {
@@ -47,17 +42,6 @@ pub enum IrqError {
         path: PathBuf,
         /// What it held.
         text: String,
-    },
-    /// Writing failed.
-    #[error("writing `{data}` to `{}`", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// What was written.
-        data: String,
-        /// Why.
-        #[source]
-        source: io::Error,
     },
     /// The kernel places this IRQ itself (a managed interrupt): it refused the write with EIO.
     #[error("IRQ {irq} is placed by the kernel (managed): writing its affinity was refused")]
@@ -140,7 +124,7 @@ impl IrqFs {
     /// The IRQ numbers with an affinity file, in order.
     pub fn irqs(&self) -> Result<Vec<u32>, IrqError> {
         let dir = self.irq_dir.clone();
-        let read = |source| IrqError::Read { path: dir.clone(), source };
+        let read = |source| IrqError::Io(IoError::Read { path: dir.clone(), source });
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(read)? {
             let entry = entry.map_err(read)?;
@@ -158,7 +142,7 @@ impl IrqFs {
         let path = self.root.join("interrupts");
         let text = Root::new(&self.root)
             .read_to_string("interrupts")
-            .map_err(|e| IrqError::Read { path, source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path, source: e.source }))?;
         Ok(parse_interrupt_names(&text))
     }
 
@@ -167,7 +151,7 @@ impl IrqFs {
         let path = self.root.join("interrupts");
         let text = Root::new(&self.root)
             .read_to_string("interrupts")
-            .map_err(|e| IrqError::Read { path, source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path, source: e.source }))?;
         Ok(crate::core::housekeeping::parse_interrupts(&text)
             .into_iter()
             .filter_map(|(label, line)| Some((label.parse().ok()?, line.counts)))
@@ -179,7 +163,7 @@ impl IrqFs {
         let text = self
             .fs()
             .read_to_string(rel)
-            .map_err(|e| IrqError::Read { path: path.clone(), source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path: path.clone(), source: e.source }))?;
         CpuSet::parse(text.trim()).map_err(|_| IrqError::Format { path, text: text.trim().to_owned() })
     }
 
@@ -194,7 +178,9 @@ impl IrqFs {
         let rel = format!("{irq}/effective_affinity_list");
         match self.read_list(&rel) {
             Ok(c) => Ok(Some(c)),
-            Err(IrqError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(IrqError::Io(IoError::Read { source, .. })) if source.kind() == io::ErrorKind::NotFound => {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
@@ -212,7 +198,7 @@ impl IrqFs {
             Err(e) if matches!(e.raw_os_error(), Some(nix::libc::EIO | nix::libc::EPERM)) => {
                 Err(IrqError::KernelPlaced { irq })
             }
-            Err(source) => Err(IrqError::Write { path: self.irq_dir.join(rel), data, source }),
+            Err(source) => Err(IrqError::Io(IoError::Write { path: self.irq_dir.join(rel), data, source })),
         }
     }
 
@@ -223,7 +209,7 @@ impl IrqFs {
         let text = self
             .fs()
             .read_to_string(rel)
-            .map_err(|e| IrqError::Read { path: path.clone(), source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path: path.clone(), source: e.source }))?;
         parse_mask(text.trim()).ok_or_else(|| IrqError::Format { path, text: text.trim().to_owned() })
     }
 
@@ -235,13 +221,11 @@ impl IrqFs {
         let now = self
             .fs()
             .read_to_string(rel)
-            .map_err(|e| IrqError::Read { path: path.clone(), source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path: path.clone(), source: e.source }))?;
         let data = format_mask(cpus, now.trim().chars().filter(char::is_ascii_hexdigit).count());
-        self.fs().write(rel, format!("{data}\n").as_bytes()).map_err(|e| IrqError::Write {
-            path,
-            data,
-            source: e.source,
-        })
+        self.fs()
+            .write(rel, format!("{data}\n").as_bytes())
+            .map_err(|e| IrqError::Io(IoError::Write { path, data, source: e.source }))
     }
 }
 

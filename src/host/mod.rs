@@ -33,6 +33,33 @@ use crate::core::plan::{Effect, Key, Partition};
 use crate::core::state::CgroupPath;
 pub use cgroupfs::HostError;
 
+/// Reading or writing a host file failed: the file, what was written, and the kernel's answer
+/// in `#[source]`. The one I/O error of the host side: each surface's error wraps it
+/// (`Io`), or is it ([`power::PowerError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    /// Reading failed.
+    #[error("reading `{}`", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing failed.
+    #[error("writing `{data}` to `{}`", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What was written.
+        data: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// What the host holds now for one placement.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Observed {

@@ -25,6 +25,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::fsutil::Root;
+use super::IoError;
 use crate::core::cache::{L3Info, MbInfo, ResctrlInfo};
 use crate::core::cpuset::CpuSet;
 
@@ -38,14 +39,8 @@ pub const GROUP_PREFIX: &str = "cpupool-";
 #[derive(Debug, thiserror::Error)]
 pub enum ResctrlError {
     /// Reading failed.
-    #[error("reading `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A file held something that is not in the kernel's format.
     #[error("`{}` holds `{text}`, not {what}", path.display())]
     Format {
@@ -56,7 +51,8 @@ pub enum ResctrlError {
         /// What was expected.
         what: &'static str,
     },
-    /// Writing failed; `status` is the kernel's `info/last_cmd_status` after it.
+    /// Writing failed; `status` is the kernel's `info/last_cmd_status` after it (the host's
+    /// [`IoError::Write`], with the kernel's reason).
     #[error("writing `{}` to `{}`{}", data.trim_end().replace('\n', "\\n"), path.display(),
         if status.is_empty() { String::new() } else { format!(" (last_cmd_status: {status})") })]
     Write {
@@ -175,7 +171,7 @@ impl Resctrl {
     fn read(&self, rel: &str) -> Result<String, ResctrlError> {
         self.fs()
             .read_to_string(rel)
-            .map_err(|e| ResctrlError::Read { path: self.root.join(rel), source: e.source })
+            .map_err(|e| ResctrlError::Io(IoError::Read { path: self.root.join(rel), source: e.source }))
     }
 
     fn number(&self, rel: &str, radix: u32) -> Result<u64, ResctrlError> {
@@ -232,10 +228,11 @@ impl Resctrl {
     /// `mon_data`).
     pub fn groups(&self) -> Result<Vec<String>, ResctrlError> {
         let entries = std::fs::read_dir(&self.root)
-            .map_err(|source| ResctrlError::Read { path: self.root.clone(), source })?;
+            .map_err(|source| ResctrlError::Io(IoError::Read { path: self.root.clone(), source }))?;
         let mut out = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|source| ResctrlError::Read { path: self.root.clone(), source })?;
+            let entry = entry
+                .map_err(|source| ResctrlError::Io(IoError::Read { path: self.root.clone(), source }))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if matches!(name.as_str(), "info" | "mon_groups" | "mon_data") {
                 continue;

@@ -23,7 +23,7 @@ use crate::core::cpuset::CpuSet;
 use crate::core::state::CgroupPath;
 use crate::host::cgroupfs::{CgroupFs, CgroupKernel, Partitions, ProcessKernel};
 use crate::host::fsutil::{FsError, Root};
-use crate::host::HostError;
+use crate::host::{HostError, IoError};
 
 /// The simulated kernel's part in a cgroup tree of plain files (module docs).
 #[derive(Debug, Clone, Copy)]
@@ -119,7 +119,10 @@ impl ProcessKernel for SimProcesses {
             if optional {
                 return Ok(());
             }
-            return Err(HostError::Read { path: proc_dir, source: io::Error::from(io::ErrorKind::NotFound) });
+            return Err(HostError::Io(IoError::Read {
+                path: proc_dir,
+                source: io::Error::from(io::ErrorKind::NotFound),
+            }));
         }
         let all = all_cpus(fs);
         let cpus = if cpus.is_empty() { &all } else { cpus };
@@ -127,8 +130,9 @@ impl ProcessKernel for SimProcesses {
         let root = Root::new(&self.dir);
         let data = format!("Cpus_allowed_list:\t{cpus}\n");
         let status = self.dir.join(pid.to_string()).join("status");
-        let err =
-            |e: FsError| HostError::Write { path: status.clone(), data: data.clone(), source: e.source };
+        let err = |e: FsError| {
+            HostError::Io(IoError::Write { path: status.clone(), data: data.clone(), source: e.source })
+        };
         root.create_dir_all(pid.to_string(), 0o755).map_err(err)?;
         root.write_or_create(format!("{pid}/status"), data.as_bytes(), 0o644).map_err(err)
     }

@@ -147,6 +147,7 @@ pub fn write_affinity(root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> i
 mod fake_procfs_tests {
     use super::*;
     use crate::host::irq::{irq_dir, IrqError, IrqFs};
+    use crate::host::IoError;
 
     /// The sandbox's model of the kernel (sim::irq) behind the same calls as on a host.
     #[test]
@@ -164,7 +165,9 @@ mod fake_procfs_tests {
         assert_eq!(fs.effective(32).ok().flatten(), Some(CpuSet::range(0, 0)));
         let offline = CpuSet::range(8, 9);
         match fs.set_affinity(32, &offline) {
-            Err(e @ IrqError::Write { .. }) => assert!(e.to_string().contains("writing `8-9`"), "{e}"),
+            Err(e @ IrqError::Io(IoError::Write { .. })) => {
+                assert!(e.to_string().contains("writing `8-9`"), "{e}")
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()), "a refused write changes nothing");

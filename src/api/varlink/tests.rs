@@ -34,11 +34,11 @@ fn io_err() -> io::Error {
 fn every_error() -> Vec<MethodError> {
     let states = state::every_error();
     let engines = [
-        EngineError::Apply(crate::host::cgroupfs::HostError::Write {
+        EngineError::Apply(crate::host::cgroupfs::HostError::Io(crate::host::IoError::Write {
             path: "/x/cpuset.cpus".into(),
             data: "1".into(),
             source: io_err(),
-        }),
+        })),
         EngineError::Store(crate::host::store::StoreError::Io {
             op: "fsyncing",
             path: "/s".into(),
@@ -93,11 +93,11 @@ fn error_parameters_match_the_idl_fields() {
 
 #[test]
 fn engine_failures_carry_the_cause_chain() {
-    let e = EngineError::Apply(crate::host::cgroupfs::HostError::Write {
+    let e = EngineError::Apply(crate::host::cgroupfs::HostError::Io(crate::host::IoError::Write {
         path: "/x/cpuset.cpus".into(),
         data: "2-3".into(),
         source: io::Error::from_raw_os_error(16),
-    });
+    }));
     let m = methods::engine_error(&e);
     let reason = m.parameters["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("writing `2-3` to `/x/cpuset.cpus`") && reason.contains("busy"), "{reason}");

@@ -10,7 +10,7 @@ use super::{CgroupFs, HostError, Partitions};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::Key;
 use crate::core::state::CgroupPath;
-use crate::host::Confinement;
+use crate::host::{Confinement, IoError};
 
 impl CgroupFs {
     /// The CPUs the kernel lets cgroup `path` use (`cpuset.cpus.effective`; a cgroup without
@@ -44,7 +44,7 @@ impl CgroupFs {
                         .map_err(|_| HostError::Parse { path: file, text })
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(HostError::Read { path: file, source }),
+                Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
             }
         }
         Ok(None)

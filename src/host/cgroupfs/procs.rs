@@ -7,6 +7,7 @@ use std::io;
 
 use super::{CgroupFs, HostError, ProcessKernel};
 use crate::core::cpuset::CpuSet;
+use crate::host::IoError;
 
 impl CgroupFs {
     /// When process `pid` started: field 22 of `/proc/PID/stat`, in clock ticks since boot.
@@ -51,7 +52,7 @@ impl ProcessKernel for HostProcesses {
                 entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound && optional => return Ok(()),
-            Err(source) => return Err(HostError::Read { path: task_dir, source }),
+            Err(source) => return Err(HostError::Io(IoError::Read { path: task_dir, source })),
         };
         for tid in tids {
             let tid_i = i32::try_from(tid).unwrap_or(i32::MAX);
