@@ -23,7 +23,7 @@ use cpupoold::core::cache::{self, CacheClass, L3Share};
 use cpupoold::core::cpuset::CpuSet;
 use cpupoold::core::pool::PoolName;
 use cpupoold::host::resctrl::Resctrl;
-use cpupoold::host::simresctrl::{self, SimResctrl};
+use cpupoold::sim::resctrl::{self as simresctrl, SimResctrl};
 use timing::ns_per_op;
 
 fn main() {
@@ -33,7 +33,7 @@ fn main() {
     let root = dir.path().join("resctrl");
     let online = CpuSet::range(0, 1023);
     simresctrl::write_root(&root, &SimResctrl::new(&online, 8)).unwrap();
-    let fs = Resctrl::new(&root);
+    let fs = Resctrl::new(&root).with_kernel(cpupoold::sim::KERNEL);
     let pool = PoolName::new("dp").unwrap();
     let classes =
         BTreeMap::from([(pool.clone(), CacheClass { l3: Some(L3Share::Percent(50)), mb: Some(50) })]);

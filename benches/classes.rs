@@ -1,6 +1,6 @@
 //! The cost of a power class on 1,024 simulated CPUs.
 //!
-//! `cargo bench --bench classes` writes the sandbox's simulated sysfs (`host::simpower`) for
+//! `cargo bench --bench classes` writes the sandbox's simulated sysfs (`sim::power`) for
 //! a 1024-CPU host (8 sockets × 64 cores × 2 threads, 8 NUMA nodes, one uncore die per
 //! socket) into a temporary directory, puts every CPU in one pool whose class sets all seven
 //! keys (governor, min_freq, max_freq, epp, resume_latency_us, uncore_min_freq,
@@ -28,7 +28,7 @@ use cpupoold::core::cpuset::CpuSet;
 use cpupoold::core::topology::Topology;
 use cpupoold::engine::power::PowerManager;
 use cpupoold::host::power::PowerFs;
-use cpupoold::host::{simhost, simpower};
+use cpupoold::sim::{machine as simhost, power as simpower};
 
 const FAST: &str =
     "governor = \"performance\"\nmin_freq = \"max\"\nmax_freq = \"max\"\nepp = \"performance\"\n\

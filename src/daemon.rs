@@ -205,10 +205,11 @@ impl Host {
     /// (or `auto` finds systemd running the host), the cgroupfs backend otherwise.
     pub async fn connect(settings: &Settings, opts: &RunOptions) -> Result<Host, DaemonError> {
         use crate::config::Backend as Choice;
-        let mut fs = CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root);
+        let mut fs =
+            CgroupFs::new(&settings.paths.cgroup_root, &opts.proc_root).with_kernel(settings.paths.kernel);
         if let Some(sb) = &opts.sandbox {
             // The sandbox never changes a real process: affinities are recorded in DIR/proc.
-            fs = fs.simulated_processes(sb.procfs());
+            fs = fs.with_processes(sb.processes());
         }
         let systemd = match settings.backend {
             Choice::Cgroupfs => false,
@@ -314,6 +315,7 @@ async fn start_engine(
         sysfs: settings.paths.sysfs_root.clone(),
         cgroup: settings.paths.cgroup_root.clone(),
         state_dir: settings.paths.state_dir.clone(),
+        kernel: settings.paths.kernel,
     };
     let (engine, report) = crate::threads::run_blocking("the engine's start", move || {
         Engine::start(&start_settings, backend, restore).map(|(e, r)| (e.with_housekeeping(roots), r))

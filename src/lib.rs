@@ -21,6 +21,7 @@ pub mod logging;
 pub mod nri;
 pub mod reclaim;
 pub mod sandbox;
+pub mod sim;
 pub mod threads;
 
 /// An error and its causes on one line: "a: b: c". On the ground floor: every room logs and

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! DIR/sys/                   simulated sysfs (the topology; cpufreq, PM QoS, cpuidle and
-//!                            intel_uncore_frequency as host::simpower writes them)
+//!                            intel_uncore_frequency as sim::power writes them)
 //! DIR/cgroup/                a cgroup2-like tree of plain files
 //! DIR/etc/cpupoold/          config.toml (a sample is written once) and config.d/
 //! DIR/usr/lib/cpupoold/      vendor config.d/
@@ -16,13 +16,13 @@
 //!                            `Run` would set, as PID/status (Cpus_allowed_list); processes
 //!                            themselves are only read, never changed
 //! DIR/proc/irq/, interrupts  simulated interrupts (paths.procfs_root points here; see
-//!                            host::simirq for the model, managed IRQs included)
+//!                            sim::irq for the model, managed IRQs included)
 //! DIR/proc/2/ ... 100+N/    simulated kernel threads (stat, status), as a 6.1 kernel leaves
 //!                            them: kthreadd, kswapd, khugepaged, jbd2 ... may be moved; per-CPU
 //!                            ksoftirqd/N and the unbound kworker are bound (PF_NO_SETAFFINITY)
 //! DIR/run/irqbalance/        where an irqbalance socket would be (paths.irqbalance_dir)
 //! DIR/resctrl/               simulated resctrl: info/L3, info/MB, the default group
-//!                            (paths.resctrl_root points here; see host::simresctrl); never
+//!                            (paths.resctrl_root points here; see sim::resctrl); never
 //!                            mounted
 //! DIR/kubelet/               kubelet dir: device-plugins/ holds the plugin's sockets; a
 //!                            kubelet-shaped peer puts kubelet.sock there and
@@ -30,6 +30,10 @@
 //! DIR/run/containerd.sock    where the plugin asks the container runtime (CRI)
 //! DIR/topology               the shape the sandbox was made with
 //! ```
+//!
+//! The kernel's part in the daemon's writes to these trees is the simulated kernel's
+//! (`crate::sim`), chosen here once: [`Sandbox::confine`] puts it in `paths.kernel` beside the
+//! roots, and [`Sandbox::processes`] gives the backend the record of processes' affinities.
 //!
 //! An existing sandbox is reused as it is, so the daemon can be restarted on it.
 
@@ -39,7 +43,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{ConfigDirs, Settings};
 use crate::core::cpuset::CpuSet;
-use crate::host::simhost::{self, ShapeError, TopologyShape};
+use crate::sim::machine::{self, ShapeError, TopologyShape};
 
 /// The shape used when none is given: 2 sockets × 8 cores × 2 threads, 2 NUMA nodes.
 pub const DEFAULT_SHAPE: &str = "2x8x2:2";
@@ -74,6 +78,12 @@ pub enum SandboxError {
     },
 }
 
+/// The error of preparing the sandbox at `path`.
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SandboxError {
+    let path = path.to_owned();
+    move |source| SandboxError::Io { path, source }
+}
+
 /// A prepared sandbox.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
@@ -85,10 +95,6 @@ impl Sandbox {
     /// Creates the simulated host under `dir` (or reuses it) with `shape` (default
     /// [`DEFAULT_SHAPE`]).
     pub fn prepare(dir: &Path, shape: Option<&str>) -> Result<Sandbox, SandboxError> {
-        let io_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| SandboxError::Io { path, source }
-        };
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let root = fs::canonicalize(dir).map_err(io_err(dir))?;
         let shape_file = root.join("topology");
@@ -114,21 +120,37 @@ impl Sandbox {
         };
         let sb = Sandbox { root, shape };
         if existing.is_none() {
-            let topo = sb.shape.topology();
-            simhost::write_sysfs(&sb.sysfs(), &topo).map_err(io_err(&sb.sysfs()))?;
-            simhost::write_cgroupfs(&sb.cgroupfs(), &topo).map_err(io_err(&sb.cgroupfs()))?;
-            for d in
-                [sb.etc().join("config.d"), sb.vendor().join("config.d"), sb.state(), sb.run(), sb.kubelet()]
-            {
-                fs::create_dir_all(&d).map_err(io_err(&d))?;
-            }
-            let config = sb.etc().join("config.toml");
-            if !config.exists() {
-                fs::write(&config, sample_config(&sb.shape)).map_err(io_err(&config))?;
-            }
-            // Written last: its presence means the sandbox is complete.
-            fs::write(&shape_file, format!("{}\n", sb.shape)).map_err(io_err(&shape_file))?;
+            sb.write_new(&shape_file)?;
         }
+        sb.write_missing()?;
+        Ok(sb)
+    }
+
+    /// Writes a new sandbox: sysfs, cgroupfs, the directories and the sample configuration, and
+    /// last `shape_file`, whose presence means the sandbox is complete.
+    fn write_new(&self, shape_file: &Path) -> Result<(), SandboxError> {
+        let topo = self.shape.topology();
+        machine::write_sysfs(&self.sysfs(), &topo).map_err(io_err(&self.sysfs()))?;
+        machine::write_cgroupfs(&self.cgroupfs(), &topo).map_err(io_err(&self.cgroupfs()))?;
+        for d in [
+            self.etc().join("config.d"),
+            self.vendor().join("config.d"),
+            self.state(),
+            self.run(),
+            self.kubelet(),
+        ] {
+            fs::create_dir_all(&d).map_err(io_err(&d))?;
+        }
+        let config = self.etc().join("config.toml");
+        if !config.exists() {
+            fs::write(&config, sample_config(&self.shape)).map_err(io_err(&config))?;
+        }
+        fs::write(shape_file, format!("{}\n", self.shape)).map_err(io_err(shape_file))
+    }
+
+    /// Writes what a sandbox made by an older version lacks, and the kernel's counters.
+    fn write_missing(&self) -> Result<(), SandboxError> {
+        let sb = self;
         // The device plugin serves its sockets here, and the simulated process attributes go
         // here (older sandboxes lack them).
         for d in [sb.kubelet().join("device-plugins"), sb.procfs()] {
@@ -141,21 +163,17 @@ impl Sandbox {
                 topo.data().cpus.values().map(|c| c.package).collect::<std::collections::BTreeSet<_>>().len(),
             )
             .unwrap_or(1);
-            crate::host::simresctrl::write_root(
+            crate::sim::resctrl::write_root(
                 &sb.resctrl(),
-                &crate::host::simresctrl::SimResctrl::new(&topo.online(), packages),
+                &crate::sim::resctrl::SimResctrl::new(&topo.online(), packages),
             )
             .map_err(io_err(&sb.resctrl()))?;
         }
         // The simulated interrupts (older sandboxes lack them).
         if !sb.procfs().join("interrupts").exists() {
             let online = sb.shape.topology().online();
-            crate::host::simirq::write_procfs(
-                &sb.procfs(),
-                &online,
-                &crate::host::simirq::default_irqs(&online),
-            )
-            .map_err(io_err(&sb.procfs()))?;
+            crate::sim::irq::write_procfs(&sb.procfs(), &online, &crate::sim::irq::default_irqs(&online))
+                .map_err(io_err(&sb.procfs()))?;
         }
         // The simulated kernel threads (older sandboxes lack them).
         if !sb.procfs().join("2/stat").exists() {
@@ -163,12 +181,11 @@ impl Sandbox {
         }
         // The simulated power trees: cpufreq, PM QoS, cpuidle, uncore (older sandboxes lack them).
         if !sb.sysfs().join("devices/system/cpu/cpufreq").exists() {
-            let all = crate::host::simpower::SimPower::ALL;
-            crate::host::simpower::write_power(&sb.sysfs(), &sb.shape.topology(), all)
+            let all = crate::sim::power::SimPower::ALL;
+            crate::sim::power::write_power(&sb.sysfs(), &sb.shape.topology(), all)
                 .map_err(io_err(&sb.sysfs()))?;
         }
-        simhost::write_procfs(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))?;
-        Ok(sb)
+        machine::write_procfs(&sb.procfs(), &sb.shape.topology()).map_err(io_err(&sb.procfs()))
     }
 
     /// The sandbox directory.
@@ -211,6 +228,11 @@ impl Sandbox {
     pub fn procfs(&self) -> PathBuf {
         self.root.join("proc")
     }
+    /// The record of processes' affinities the backend keeps instead of setting them, under
+    /// [`Sandbox::procfs`]: the sandbox never changes a real process.
+    pub fn processes(&self) -> std::sync::Arc<dyn crate::host::cgroupfs::ProcessKernel> {
+        std::sync::Arc::new(crate::sim::cgroup::SimProcesses::new(self.procfs()))
+    }
     /// Kubelet dir.
     pub fn kubelet(&self) -> PathBuf {
         self.root.join("kubelet")
@@ -235,33 +257,11 @@ impl Sandbox {
     pub fn private_bus(&self) -> Result<PrivateBus, SandboxError> {
         let sock = self.bus_socket();
         let address = format!("unix:path={}", sock.display());
-        let io_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| SandboxError::Io { path, source }
-        };
         let uid = nix::unistd::geteuid().as_raw();
         let conf = self.run().join("bus.conf");
         let config = sandbox_bus_config(&sock, uid);
-        if let Ok(running) = std::os::unix::net::UnixStream::connect(&sock) {
-            let owner = nix::sys::socket::getsockopt(&running, nix::sys::socket::sockopt::PeerCredentials)
-                .map(|c| c.uid());
-            let same_config = fs::read_to_string(&conf).is_ok_and(|c| c == config);
-            match owner {
-                Ok(owner) if owner == uid && same_config => return Ok(PrivateBus { address, child: None }),
-                Ok(owner) if owner != uid => log::warn!(
-                    "sandbox: the bus on `{}` is run by uid {owner}, not by us (uid {uid}): starting our own",
-                    sock.display()
-                ),
-                Ok(_) => log::warn!(
-                    "sandbox: the bus on `{}` runs with another policy than ours: starting a new one \
-                     (the old dbus-daemon keeps running until stopped)",
-                    sock.display()
-                ),
-                Err(e) => log::warn!(
-                    "sandbox: who runs the bus on `{}` cannot be told ({e}): starting our own",
-                    sock.display()
-                ),
-            }
+        if self.running_bus_is_ours(&sock, &conf, &config, uid) {
+            return Ok(PrivateBus { address, child: None });
         }
         match fs::remove_file(&sock) {
             Ok(()) => {}
@@ -270,54 +270,34 @@ impl Sandbox {
         }
         fs::create_dir_all(self.run()).map_err(io_err(&self.run()))?;
         fs::write(&conf, &config).map_err(io_err(&conf))?;
-        let log = self.run().join("bus.log");
-        let mut child = std::process::Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", conf.display()))
-            .args(["--nofork", "--print-address"])
-            // Our service manager's variables are ours: dbus-daemon would send READY=1 for us.
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .env_remove("LISTEN_FDS")
-            .env_remove("LISTEN_PID")
-            // Nothing of ours stays open in it but the pipes: it may outlive us (it is reused
-            // then, and what it says after goes nowhere).
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(SandboxError::Bus)?;
-        // The address line is printed once the socket listens.
-        let mut line = String::new();
-        let ready = child
-            .stdout
-            .take()
-            .map(|out| io::BufRead::read_line(&mut io::BufReader::new(out), &mut line))
-            .transpose()
-            .map_err(SandboxError::Bus)?;
-        if ready.unwrap_or(0) == 0 {
-            let _ = child.kill();
-            let _ = child.wait();
-            // It has exited: what it said is all there, and short.
-            let mut said = String::new();
-            if let Some(err) = child.stderr.take() {
-                let _ = io::Read::read_to_string(&mut io::Read::take(err, 4096), &mut said);
-            }
-            return Err(SandboxError::Bus(io::Error::other(format!(
-                "dbus-daemon exited before it printed its address: {}",
-                said.trim()
-            ))));
-        }
-        if let Some(err) = child.stderr.take() {
-            let copy = std::thread::Builder::new()
-                .name("cpupoold-buslog".into())
-                .spawn(move || copy_capped(err, &log, BUS_LOG_MAX));
-            if let Err(e) = copy {
-                // The pipe is closed with the thread's closure: the bus's words are lost.
-                log::warn!("sandbox: no thread to keep the bus's log ({e}); it is not kept");
-            }
-        }
+        let child = start_bus(&conf, &self.run().join("bus.log"))?;
         Ok(PrivateBus { address, child: Some(child) })
+    }
+
+    /// Whether a bus listens on `sock` that we may use again: run by `uid` with `config` in
+    /// `conf`. Any other is said why, and left alone.
+    fn running_bus_is_ours(&self, sock: &Path, conf: &Path, config: &str, uid: u32) -> bool {
+        let Ok(running) = std::os::unix::net::UnixStream::connect(sock) else { return false };
+        let owner = nix::sys::socket::getsockopt(&running, nix::sys::socket::sockopt::PeerCredentials)
+            .map(|c| c.uid());
+        let same_config = fs::read_to_string(conf).is_ok_and(|c| c == config);
+        match owner {
+            Ok(owner) if owner == uid && same_config => return true,
+            Ok(owner) if owner != uid => log::warn!(
+                "sandbox: the bus on `{}` is run by uid {owner}, not by us (uid {uid}): starting our own",
+                sock.display()
+            ),
+            Ok(_) => log::warn!(
+                "sandbox: the bus on `{}` runs with another policy than ours: starting a new one \
+                 (the old dbus-daemon keeps running until stopped)",
+                sock.display()
+            ),
+            Err(e) => log::warn!(
+                "sandbox: who runs the bus on `{}` cannot be told ({e}): starting our own",
+                sock.display()
+            ),
+        }
+        false
     }
 
     /// Where the sandbox's configuration is read from.
@@ -326,8 +306,9 @@ impl Sandbox {
     }
 
     /// Points every root of `settings` into the sandbox, whatever the configuration says, so
-    /// that nothing is written outside it.
+    /// that nothing is written outside it, with the simulated kernel behind them.
     pub fn confine(&self, settings: &mut Settings) {
+        settings.paths.kernel = crate::sim::KERNEL;
         settings.paths.sysfs_root = self.sysfs();
         settings.paths.cgroup_root = self.cgroupfs();
         settings.paths.state_dir = self.state();
@@ -349,37 +330,84 @@ impl Sandbox {
     }
 }
 
-/// The kernel threads of the sandbox's simulated host (see host::housekeeping::Kthreads for
-/// how the simulated kernel answers): those a 6.1 kernel leaves on every CPU (kthreadd, RCU,
+/// The kernel threads of the sandbox's simulated host (see sim::kthreads for how the simulated
+/// kernel answers): those a 6.1 kernel leaves on every CPU (kthreadd, RCU,
 /// kswapd and kcompactd per node, khugepaged, jbd2, oom_reaper), and threads it binds itself:
 /// an unbound kworker (its CPUs follow the workqueue mask) and ksoftirqd/N per CPU.
 fn write_kthreads(procfs: &Path, topo: &crate::core::topology::Topology) -> io::Result<()> {
     use crate::core::housekeeping::{PF_KTHREAD, PF_NO_SETAFFINITY};
-    use crate::host::housekeeping::write_sim_kthread;
+    use crate::sim::kthreads::write_kthread;
     // PF_NOFREEZE | PF_FORKNOEXEC, as most kernel threads show.
     let movable = PF_KTHREAD | 0x8040;
     let bound = movable | PF_NO_SETAFFINITY;
     let all = topo.online();
     for (pid, comm) in [(2, "kthreadd"), (14, "rcu_preempt"), (30, "oom_reaper"), (31, "khugepaged")] {
-        write_sim_kthread(procfs, pid, comm, movable, &all)?;
+        write_kthread(procfs, pid, comm, movable, &all)?;
     }
-    write_sim_kthread(procfs, 32, "jbd2/vda1-8", movable, &all)?;
-    write_sim_kthread(
-        procfs,
-        33,
-        "kworker/u64:0-events_unbound",
-        bound | 0x20, /* PF_WQ_WORKER */
-        &all,
-    )?;
+    write_kthread(procfs, 32, "jbd2/vda1-8", movable, &all)?;
+    write_kthread(procfs, 33, "kworker/u64:0-events_unbound", bound | 0x20 /* PF_WQ_WORKER */, &all)?;
     for (i, (node, cpus)) in topo.nodes().iter().enumerate() {
         let i = u32::try_from(i).unwrap_or(0);
-        write_sim_kthread(procfs, 34 + 2 * i, &format!("kswapd{node}"), movable, cpus)?;
-        write_sim_kthread(procfs, 35 + 2 * i, &format!("kcompactd{node}"), movable, cpus)?;
+        write_kthread(procfs, 34 + 2 * i, &format!("kswapd{node}"), movable, cpus)?;
+        write_kthread(procfs, 35 + 2 * i, &format!("kcompactd{node}"), movable, cpus)?;
     }
     for cpu in all.iter() {
-        write_sim_kthread(procfs, 100 + cpu, &format!("ksoftirqd/{cpu}"), bound, &CpuSet::range(cpu, cpu))?;
+        write_kthread(procfs, 100 + cpu, &format!("ksoftirqd/{cpu}"), bound, &CpuSet::range(cpu, cpu))?;
     }
     Ok(())
+}
+
+/// Starts `dbus-daemon` with the configuration `conf`, once it listens; what it says goes to
+/// `log` (see [`copy_capped`]).
+fn start_bus(conf: &Path, log: &Path) -> Result<std::process::Child, SandboxError> {
+    let mut child = std::process::Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", conf.display()))
+        .args(["--nofork", "--print-address"])
+        // Our service manager's variables are ours: dbus-daemon would send READY=1 for us.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_PID")
+        // Nothing of ours stays open in it but the pipes: it may outlive us (it is reused
+        // then, and what it says after goes nowhere).
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(SandboxError::Bus)?;
+    // The address line is printed once the socket listens.
+    let mut line = String::new();
+    let ready = child
+        .stdout
+        .take()
+        .map(|out| io::BufRead::read_line(&mut io::BufReader::new(out), &mut line))
+        .transpose()
+        .map_err(SandboxError::Bus)?;
+    if ready.unwrap_or(0) == 0 {
+        let _ = child.kill();
+        let _ = child.wait();
+        // It has exited: what it said is all there, and short.
+        let mut said = String::new();
+        if let Some(err) = child.stderr.take() {
+            let _ = io::Read::read_to_string(&mut io::Read::take(err, 4096), &mut said);
+        }
+        return Err(SandboxError::Bus(io::Error::other(format!(
+            "dbus-daemon exited before it printed its address: {}",
+            said.trim()
+        ))));
+    }
+    if let Some(err) = child.stderr.take() {
+        let log = log.to_owned();
+        let copy = std::thread::Builder::new()
+            .name("cpupoold-buslog".into())
+            .spawn(move || copy_capped(err, &log, BUS_LOG_MAX));
+        if let Err(e) = copy {
+            // The pipe is closed with the thread's closure: the bus's words are lost.
+            log::warn!("sandbox: no thread to keep the bus's log ({e}); it is not kept");
+        }
+    }
+    Ok(child)
 }
 
 /// The sandbox's bus; dropping it stops the `dbus-daemon` it started.

@@ -2,7 +2,7 @@
 //! enforces, read back, over both interfaces; and the sandbox never changes a real process.
 //!
 //! The sandbox's cgroupfs is a tree of plain files whose effective CPUs the daemon computes as
-//! the kernel documents them (a simulated kernel: `host::simhost::effective_cpus`); the guest
+//! the kernel documents them (a simulated kernel: `sim::cgroup::effective_cpus`); the guest
 //! suite (`tests/vm/checks/56-books.sh`) checks the same refusals on real cgroup v2 and systemd.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

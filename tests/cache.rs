@@ -1,5 +1,5 @@
 //! Cache classes (`[pools.NAME.cache]`) on the sandbox's simulated resctrl (`DIR/resctrl`, see
-//! `host::simresctrl`): the tests are named `fake_resctrl_*` because the kernel's part (files
+//! `sim::resctrl`): the tests are named `fake_resctrl_*` because the kernel's part (files
 //! appearing on mkdir, schemata checked and merged, CPUs moving between groups) is the
 //! sandbox's model of it. The guest has no resctrl; tests/vm/checks/63-cache.sh proves the
 //! not-supported path there.

@@ -1,5 +1,5 @@
 //! Interrupt affinity on the sandbox's simulated procfs (`DIR/proc/irq`, `DIR/proc/interrupts`,
-//! see `host::simirq`): the tests are named `fake_procfs_*` because the kernel's part (refusing
+//! see `sim::irq`): the tests are named `fake_procfs_*` because the kernel's part (refusing
 //! a managed IRQ's write, effective affinity following a write) is the sandbox's model of it.
 //! The real thing is proven in the guest (tests/vm/checks/58-irq.sh).
 //!
@@ -273,7 +273,7 @@ fn fake_procfs_a_pool_claims_irqs_by_name() {
     assert!(all_movable_on(&sb, "0-7"), "restored on stop");
 }
 
-/// The sandbox's simulated kernel threads (src/sandbox.rs, host::housekeeping::Kthreads): on
+/// The sandbox's simulated kernel threads (src/sandbox.rs, sim::kthreads): on
 /// 1x4x2:1 every movable one starts on `0-7`, the per-CPU ones on their CPU.
 fn allowed(sb: &Path, pid: u32) -> String {
     let status = fs::read_to_string(sb.join(format!("proc/{pid}/status")))
@@ -329,7 +329,7 @@ fn fake_procfs_kernel_threads_leave_isolated_cpus_and_come_back() {
 
     // A new kernel thread (a filesystem mounted) is moved at the next check; one someone put
     // back on an isolated CPU too.
-    cpupoold::host::housekeeping::write_sim_kthread(
+    cpupoold::sim::kthreads::write_kthread(
         &sb.join("proc"),
         60,
         "xfsaild/vdb",
@@ -350,7 +350,7 @@ fn fake_procfs_kernel_threads_leave_isolated_cpus_and_come_back() {
     assert_eq!(saved_kthreads(&sb), remembered, "the originals, not the daemon's own writes");
     // A remembered thread that exited and whose pid came back as another is not "restored".
     fs::remove_dir_all(sb.join("proc/30")).unwrap_or_else(|e| panic!("{e}"));
-    cpupoold::host::housekeeping::write_sim_kthread(
+    cpupoold::sim::kthreads::write_kthread(
         &sb.join("proc"),
         30,
         "kworker/R-new",

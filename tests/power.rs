@@ -1,5 +1,5 @@
 //! Power classes on the sandbox's simulated sysfs (cpufreq, PM QoS, cpuidle and
-//! intel_uncore_frequency as `host::simpower` writes them, modelled on the kernel's
+//! intel_uncore_frequency as `sim::power` writes them, modelled on the kernel's
 //! documentation): the tests are named `fake_sysfs_*` because the files are plain files, not a
 //! kernel. The real thing (PM QoS; the guest has no cpufreq) is proven in the guest
 //! (tests/vm/checks/62-power.sh).

@@ -13,7 +13,6 @@ use cpupoold::core::cpuset::CpuSet;
 use cpupoold::core::plan::{Effect, Key};
 use cpupoold::core::state::CgroupPath;
 use cpupoold::engine::error_chain;
-use cpupoold::host::cgroupfs::CgroupFs;
 
 fn cg(s: &str) -> CgroupPath {
     CgroupPath::new(s).unwrap_or_else(|e| panic!("{e}"))
@@ -55,7 +54,7 @@ fn cgroupfs_refuses_links_in_a_crafted_tree() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let root = dir.path().join("cgroup");
     let outside = plant(dir.path(), &root);
-    let fs_ = CgroupFs::new(&root, "/proc");
+    let fs_ = cpupoold::sim::cgroupfs(&root, "/proc");
     let set = |path: &str| Effect::SetCpus {
         key: Key::Cgroup(cg(path)),
         cpus: CpuSet::range(2, 3),

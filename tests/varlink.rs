@@ -452,7 +452,7 @@ fn too_many_connections_get_busy_and_the_daemon_recovers() {
 /// Makes the sandbox's IRQ 32 fire `n` more times on CPU 1 (`DIR/proc/interrupts`).
 fn fire_irq_32_on_cpu_1(sb: &Path, total: u64) {
     let counts = std::collections::BTreeMap::from([(("32", 1u32), total)]);
-    let text = cpupoold::host::simhost::interrupts_text(&(0..8).collect::<Vec<u32>>(), &counts);
+    let text = cpupoold::sim::machine::interrupts_text(&(0..8).collect::<Vec<u32>>(), &counts);
     fs::write(sb.join("proc/interrupts"), text).unwrap_or_else(|e| panic!("{e}"));
 }
 

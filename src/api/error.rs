@@ -66,11 +66,11 @@ mod tests {
             "the new configuration is invalid; the running one stays: \
              `/etc/cpupoold/config.toml`: pools.dp.count: must be at least 1"
         );
-        let apply = EngineError::Apply(crate::host::cgroupfs::HostError::Write {
+        let apply = EngineError::Apply(crate::host::cgroupfs::HostError::Io(crate::host::IoError::Write {
             path: "/sys/fs/cgroup/a/cpuset.cpus".into(),
             data: "2".into(),
             source: std::io::Error::from_raw_os_error(16),
-        });
+        }));
         let e = apply.to_api();
         assert_eq!(e.kind, "ApplyFailed");
         let reason = e.params["reason"].as_str().unwrap_or_default().to_owned();

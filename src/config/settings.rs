@@ -35,6 +35,9 @@ pub struct Paths {
     /// resctrl mount point (`/sys/fs/resctrl`): cache classes are applied below it. Only the
     /// default is ever mounted by the daemon.
     pub resctrl_root: PathBuf,
+    /// The kernel behind these roots: the host's, unless the sandbox put its simulation here.
+    /// Not configurable.
+    pub kernel: crate::host::kernel::Kernel,
 }
 
 impl Default for Paths {
@@ -48,6 +51,7 @@ impl Default for Paths {
             procfs_root: "/proc".into(),
             irqbalance_dir: crate::host::irqbalance::SOCKET_DIR.into(),
             resctrl_root: crate::host::resctrl::DEFAULT_ROOT.into(),
+            kernel: crate::host::kernel::Kernel::HOST,
         }
     }
 }
@@ -287,6 +291,7 @@ fn paths_settings(paths: PathsFragment, origins: &Origins) -> Result<Paths, Conf
         procfs_root: absolute(paths.procfs_root, defaults.procfs_root, "paths.procfs_root")?,
         irqbalance_dir: absolute(paths.irqbalance_dir, defaults.irqbalance_dir, "paths.irqbalance_dir")?,
         resctrl_root: absolute(paths.resctrl_root, defaults.resctrl_root, "paths.resctrl_root")?,
+        kernel: defaults.kernel,
     })
 }
 

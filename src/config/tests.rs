@@ -175,6 +175,7 @@ fn every_key_is_read() {
             procfs_root: "/proc".into(),
             irqbalance_dir: "/run/irqbalance".into(),
             resctrl_root: "/sys/fs/resctrl".into(),
+            kernel: crate::host::kernel::Kernel::HOST,
         }
     );
     let cgroups: Vec<&str> = s.host_cgroups.iter().map(|c| c.as_str()).collect();

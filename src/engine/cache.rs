@@ -41,7 +41,7 @@ pub(crate) struct Prepared {
 /// Checks the cache classes of `settings` against the host's resctrl, mounting it at its
 /// default place when it is absent. An error names the key and what is missing or wrong.
 pub(crate) fn check(settings: &Settings) -> Result<Prepared, ConfigError> {
-    let mut fs = Resctrl::new(&settings.paths.resctrl_root);
+    let mut fs = Resctrl::new(&settings.paths.resctrl_root).with_kernel(settings.paths.kernel);
     let config = settings.cache.clone();
     let Some((first_pool, first)) = config.pools.iter().next() else {
         return Ok(Prepared { fs, config, info: None, wanted: BTreeMap::new() });
@@ -103,7 +103,7 @@ impl CacheManager {
             Err(e) => {
                 log::error!("cache: {}", error_chain(&e));
                 self.prepared = Prepared {
-                    fs: Resctrl::new(&settings.paths.resctrl_root),
+                    fs: Resctrl::new(&settings.paths.resctrl_root).with_kernel(settings.paths.kernel),
                     config: settings.cache.clone(),
                     info: None,
                     wanted: BTreeMap::new(),

@@ -395,7 +395,7 @@ mod tests {
             entered: entered_tx,
             release: Mutex::new(release_rx),
         });
-        let inner = CgroupFs::new(f.sb.cgroupfs(), "/proc").simulated_processes(f.sb.procfs());
+        let inner = crate::sim::cgroupfs(f.sb.cgroupfs(), "/proc").with_processes(f.sb.processes());
         let gate = Gate { inner, ctl: ctl.clone() };
         let (engine, _) = Engine::start(&f.settings(), Box::new(gate), false)
             .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
@@ -476,7 +476,7 @@ mod tests {
     #[test]
     fn reading_many_placements_at_once_reads_what_reading_them_one_by_one_does() {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let fs = CgroupFs::new(tmp.path(), "/proc");
+        let fs = crate::sim::cgroupfs(tmp.path(), "/proc");
         let mut layout = Layout::new();
         for i in 0..1500u32 {
             let path = CgroupPath::new(&format!("k/c{i}")).unwrap_or_else(|e| panic!("{e}"));

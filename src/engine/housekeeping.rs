@@ -39,6 +39,8 @@ pub struct Roots {
     pub cgroup: PathBuf,
     /// The state directory (the saved masks).
     pub state_dir: PathBuf,
+    /// The kernel behind them (`paths.kernel`).
+    pub kernel: crate::host::kernel::Kernel,
 }
 
 /// One mask file as last fitted.
@@ -302,7 +304,7 @@ impl Housekeeping {
             // each drift check of a host without isolated pools.
             return report;
         }
-        let fs = Kthreads::new(&self.roots.procfs);
+        let fs = Kthreads::new(&self.roots.procfs).with_kernel(self.roots.kernel);
         let threads = match fs.movable() {
             Ok(t) => t,
             Err(e) => {

@@ -612,6 +612,7 @@ fn coordinate(dir: &Path, want: Option<&CpuSet>, told: &mut bool) -> Option<Stri
 fn irq_fs(settings: &Settings) -> IrqFs {
     let p = &settings.paths;
     IrqFs::new(&p.procfs_root, crate::host::irq::irq_dir(&p.procfs_root, &p.runtime_dir))
+        .with_kernel(p.kernel)
 }
 
 impl Engine {

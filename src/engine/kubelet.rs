@@ -149,6 +149,7 @@ mod tests {
             sysfs: f.sb.sysfs(),
             cgroup: f.sb.cgroupfs(),
             state_dir: f.sb.state(),
+            kernel: crate::sim::KERNEL,
         };
         let (handle, thread) = engine.with_housekeeping(roots).spawn().unwrap_or_else(|e| panic!("{e}"));
         let dp = crate::core::pool::PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"));

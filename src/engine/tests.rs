@@ -35,8 +35,7 @@ impl Fixture {
 
     pub(super) fn start(&self) -> (Engine, StartReport) {
         // The sandbox's CPUs are not this machine's: processes get simulated affinities.
-        let backend = crate::host::cgroupfs::CgroupFs::new(self.sb.cgroupfs(), "/proc")
-            .simulated_processes(self.sb.procfs());
+        let backend = crate::sim::cgroupfs(self.sb.cgroupfs(), "/proc").with_processes(self.sb.processes());
         Engine::start(&self.settings(), Box::new(backend), false)
             .unwrap_or_else(|e| panic!("{}", error_chain(&e)))
     }
@@ -368,7 +367,7 @@ fn start_refuses_an_inconsistent_state_file_until_told_to_restore() {
         data
     };
     let start = |restore: bool| {
-        let backend = crate::host::cgroupfs::CgroupFs::new(f.sb.cgroupfs(), "/proc");
+        let backend = crate::sim::cgroupfs(f.sb.cgroupfs(), "/proc");
         Engine::start(&f.settings(), Box::new(backend), restore)
     };
     let state_path = f.sb.state().join("state.json");
@@ -812,6 +811,7 @@ mod housekeeping_tests {
                 sysfs: self.sb.sysfs(),
                 cgroup: self.sb.cgroupfs(),
                 state_dir: self.sb.state(),
+                kernel: crate::sim::KERNEL,
             }
         }
 
@@ -927,7 +927,7 @@ mod housekeeping_tests {
             let mut counts = std::collections::BTreeMap::new();
             counts.insert(("32", 2), 500);
             counts.insert(("LOC", 2), 100);
-            let text = crate::host::simhost::interrupts_text(&online, &counts);
+            let text = crate::sim::machine::interrupts_text(&online, &counts);
             fs::write(f.sb.procfs().join("interrupts"), text).unwrap_or_else(|e| panic!("{e}"));
             handle.sample_isolation().await.unwrap_or_else(|e| panic!("{e}"));
         });

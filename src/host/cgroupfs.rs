@@ -2,7 +2,8 @@
 //! process affinity through `sched_setaffinity` (tasks listed under a procfs root).
 //!
 //! This file creates, removes and writes cgroups and executes effects; `partition` makes and
-//! reads partitions, `effective` reads back what the kernel enforces, `procs` handles processes.
+//! reads partitions, `effective` reads back what the kernel enforces, `procs` handles processes,
+//! `kernel` defines the kernel's part ([`CgroupKernel`], [`ProcessKernel`]) and the host's.
 //!
 //! It decides nothing: the planner chose the order, this only writes. Every error carries the
 //! path and the data written, e.g. "writing `2-3` to `/sys/fs/cgroup/x/cpuset.cpus`".
@@ -11,38 +12,27 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::IoError;
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{Effect, Key};
 use crate::core::state::CgroupPath;
 
 mod cache;
 mod effective;
+mod kernel;
 mod partition;
 mod procs;
+
+pub use cache::Partitions;
+pub use kernel::{CgroupKernel, HostCgroups, ProcessKernel};
+pub use procs::HostProcesses;
 
 /// A host operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
-    /// Writing a file failed.
-    #[error("writing `{data}` to `{}`", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// What was written.
-        data: String,
-        /// Why it failed.
-        #[source]
-        source: io::Error,
-    },
-    /// Reading a file failed.
-    #[error("reading `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why it failed.
-        #[source]
-        source: io::Error,
-    },
+    /// Reading or writing a file failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A file held something unexpected.
     #[error("`{}` holds `{text}`, not a CPU list", path.display())]
     Parse {
@@ -126,32 +116,39 @@ pub enum HostError {
 pub struct CgroupFs {
     root: PathBuf,
     proc_root: PathBuf,
-    /// Whether `root` is a real cgroup2 mount. Otherwise it is a tree of plain files (the
-    /// sandbox, tests), whose effective CPUs are computed by [`simhost::effective_cpus`] and
-    /// whose files are created on first write.
-    kernel: bool,
-    /// The sandbox's simulated process attributes: affinities are recorded in
-    /// `DIR/PID/status` (`Cpus_allowed_list:`) instead of being set on the real process.
-    sim_procs: Option<PathBuf>,
+    /// The kernel's part in the tree: the host's cgroup2, or a simulated one (the sandbox's, a
+    /// tree of plain files whose effective CPUs are computed and whose files the first write
+    /// creates).
+    kernel: &'static dyn CgroupKernel,
+    /// The kernel's part in processes' affinities: `sched_setaffinity`, or the sandbox's record
+    /// of what would have been set.
+    procs: std::sync::Arc<dyn ProcessKernel>,
     /// Reads kept between writes (see `cache`); clones share it, as they share the tree.
     cache: std::sync::Arc<cache::ReadCache>,
 }
 
 impl CgroupFs {
     /// A backend writing under `root` (normally `/sys/fs/cgroup`) and finding threads under
-    /// `proc_root` (normally `/proc`).
+    /// `proc_root` (normally `/proc`), on the host's kernel.
     pub fn new(root: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
-        let root = root.into();
-        let kernel = is_cgroupfs(&root);
-        CgroupFs { root, proc_root: proc_root.into(), kernel, sim_procs: None, cache: Default::default() }
+        CgroupFs {
+            root: root.into(),
+            proc_root: proc_root.into(),
+            kernel: &HostCgroups,
+            procs: std::sync::Arc::new(HostProcesses),
+            cache: Default::default(),
+        }
     }
 
-    /// Never changes a real process: affinities are recorded under `dir` (the sandbox's
-    /// `proc/`) as `DIR/PID/status`, in the kernel's `Cpus_allowed_list:` format, and read
-    /// back from there. Processes are still looked up (read-only) under the procfs root.
-    pub fn simulated_processes(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.sim_procs = Some(dir.into());
-        self
+    /// The same tree, answered by `kernel` (chosen once at start).
+    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> Self {
+        CgroupFs { kernel: kernel.cgroups, ..self }
+    }
+
+    /// The same tree, with processes' affinities set (and read back) by `procs`: the sandbox
+    /// records them instead of changing a real process.
+    pub fn with_processes(self, procs: std::sync::Arc<dyn ProcessKernel>) -> Self {
+        CgroupFs { procs, ..self }
     }
 
     /// The cgroup root.
@@ -159,7 +156,13 @@ impl CgroupFs {
         &self.root
     }
 
-    fn dir(&self, path: &CgroupPath) -> PathBuf {
+    /// The procfs root processes are looked up under.
+    pub fn proc_root(&self) -> &Path {
+        &self.proc_root
+    }
+
+    /// The directory of cgroup `path`.
+    pub fn dir(&self, path: &CgroupPath) -> PathBuf {
         // CgroupPath has no `..`, no leading `/` and no empty component: this stays under root.
         self.root.join(path.as_str())
     }
@@ -194,7 +197,7 @@ impl CgroupFs {
         let current = match fs::read_to_string(&file) {
             Ok(s) => s,
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-            Err(source) => return Err(HostError::Read { path: file, source }),
+            Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
         };
         if current.split_whitespace().any(|c| c == "cpuset") {
             return Ok(());
@@ -205,18 +208,10 @@ impl CgroupFs {
     /// Removes a cgroup the daemon created (it must hold no process).
     pub fn remove(&self, path: &CgroupPath) -> Result<(), HostError> {
         self.cache.clear();
-        let dir = self.dir(path);
-        let failed =
-            |e: super::fsutil::FsError| HostError::Dir { op: "removing", path: e.path, source: e.source };
-        match self.fs().remove_dir(path.as_str()) {
+        match self.kernel.remove(&self.fs(), path.as_str()) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            // A simulated cgroupfs (the sandbox) holds plain files that the kernel would not
-            // let anyone create: remove them too.
-            Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty && !is_cgroupfs(&dir) => {
-                self.fs().remove_dir_all(path.as_str()).map_err(failed)
-            }
-            Err(e) => Err(failed(e)),
+            Err(e) => Err(HostError::Dir { op: "removing", path: e.path, source: e.source }),
         }
     }
 
@@ -243,7 +238,7 @@ impl CgroupFs {
         let text = match super::read_small(&file) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CpuSet::new()),
-            Err(source) => return Err(HostError::Read { path: file, source }),
+            Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
         };
         CpuSet::parse(&text).map_err(|_| HostError::Parse { path: file, text })
     }
@@ -285,13 +280,13 @@ impl CgroupFs {
         let file = self.dir(path).join("cpuset.cpus");
         self.ensure_cpuset_file(path, &file)?;
         match self.write_file(&file, &cpus.to_string()) {
-            Err(HostError::Write { source, .. })
+            Err(HostError::Io(IoError::Write { source, .. }))
                 if cpus.is_empty() && source.raw_os_error() == Some(libc::ENOSPC) =>
             {
                 let parent = self.dir(path).parent().map(|d| d.join("cpuset.cpus.effective"));
                 let Some(parent) = parent else { return Ok(()) };
                 let text = fs::read_to_string(&parent)
-                    .map_err(|source| HostError::Read { path: parent.clone(), source })?;
+                    .map_err(|source| HostError::Io(IoError::Read { path: parent.clone(), source }))?;
                 self.write_file(&file, text.trim())
             }
             r => r,
@@ -313,12 +308,7 @@ impl CgroupFs {
             return Err(HostError::NoSuchCgroup { path: dir });
         }
         let parent = dir.parent().map(Path::to_owned).unwrap_or_else(|| self.root.clone());
-        let enabled = |p: &Path| match fs::read_to_string(p.join("cgroup.subtree_control")) {
-            Ok(t) => t.split_whitespace().any(|c| c.trim_start_matches('+') == "cpuset"),
-            // A plain directory of a simulated tree: nothing says the controller is off.
-            Err(_) => !self.kernel,
-        };
-        if !enabled(&parent) {
+        if !self.kernel.cpuset_enabled(&parent) {
             let top = self.root.join(crate::core::plan::TOP_SLICE);
             if !parent.starts_with(&top) {
                 return Err(HostError::CpusetNotEnabled { path: dir, parent });
@@ -331,7 +321,7 @@ impl CgroupFs {
                 self.enable_cpuset(&d)?;
             }
         }
-        if self.kernel && !file.exists() {
+        if !self.kernel.cpuset_file_ready(file) {
             return Err(HostError::CpusetNotEnabled { path: dir, parent });
         }
         Ok(())
@@ -348,7 +338,7 @@ impl CgroupFs {
     /// confine, so a write to it is skipped rather than failed and retried. The simulated tree
     /// has no one else to remove cgroups, and makes them on the first write.
     pub fn vanished(&self, path: &CgroupPath) -> bool {
-        self.kernel && path.outside_pools() && !self.exists(path)
+        self.kernel.vanished(self, path)
     }
 
     /// Executes one planned effect.
@@ -392,7 +382,7 @@ impl CgroupFs {
                     Ok(text) => CpuSet::parse(&text).map_err(|_| HostError::Parse { path: file, text })?,
                     Err(e) if e.kind() == io::ErrorKind::NotFound && !self.exists(path) => return Ok(None),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => CpuSet::new(),
-                    Err(source) => return Err(HostError::Read { path: file, source }),
+                    Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
                 };
                 let mems = self.list_file(path, "cpuset.mems")?;
                 let partition = self.partition_of(path, || Ok(cpus.clone()))?;
@@ -452,12 +442,6 @@ impl super::Backend for CgroupFs {
     }
 }
 
-fn is_cgroupfs(dir: &Path) -> bool {
-    nix::sys::statfs::statfs(dir)
-        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
-        .unwrap_or(false)
-}
-
 impl CgroupFs {
     /// The cgroup root as the one way to write below it: a symbolic link anywhere below the
     /// root (planted by whoever may create cgroups) is refused, never followed.
@@ -469,17 +453,14 @@ impl CgroupFs {
     /// empty value is written as a newline: a write of nothing never reaches the kernel, which
     /// would leave a cgroup file as it was. The kernel makes every cgroup file itself, so on a
     /// real cgroupfs a missing file is an error; a simulated one (the sandbox, tests) is plain
-    /// files that the first write creates.
+    /// files that the first write creates ([`CgroupKernel::write`]).
     fn write_file(&self, path: &Path, data: &str) -> Result<(), HostError> {
-        let err = |source| HostError::Write { path: path.to_owned(), data: data.to_owned(), source };
+        let err =
+            |source| HostError::Io(IoError::Write { path: path.to_owned(), data: data.to_owned(), source });
         let rel =
             path.strip_prefix(&self.root).map_err(|_| err(io::Error::from(io::ErrorKind::InvalidInput)))?;
         let bytes = if data.is_empty() { b"\n".as_slice() } else { data.as_bytes() };
-        let written = if self.kernel {
-            self.fs().write(rel, bytes)
-        } else {
-            self.fs().write_or_create(rel, bytes, 0o644)
-        };
+        let written = self.kernel.write(&self.fs(), rel, bytes);
         self.wrote(path);
         written.map_err(|e| err(e.source))
     }

@@ -200,26 +200,58 @@ pub struct Kthread {
 
 /// Kernel threads under a procfs root, and their affinities.
 ///
-/// On a real procfs the affinity is set with `sched_setaffinity` and read back from
-/// `PID/status`. Any other tree (the sandbox's `DIR/proc`) is a simulated kernel: the thread's
-/// `status` file is rewritten instead, and never a real process is changed. It plays the
-/// kernel's part as the real one does: a thread flagged `PF_NO_SETAFFINITY` refuses with
-/// `EINVAL`, a mask without an allowed CPU refuses with `EINVAL`, and a thread whose directory
-/// holds `sim_kernel_keeps` takes the write but keeps its affinity (as a kernel that resets
-/// a thread's CPUs itself does); the daemon learns that only from the read-back.
+/// On the host's kernel ([`HostKthreads`]) the affinity is set with `sched_setaffinity` and read
+/// back from `PID/status`. A simulated kernel (the sandbox's, `crate::sim::kthreads`) plays the
+/// kernel's part on a tree of plain files instead, never changing a real process; the daemon
+/// learns what the kernel made of a write only from the read-back, either way.
 #[derive(Debug, Clone)]
 pub struct Kthreads {
     procfs: PathBuf,
-    kernel: bool,
+    kernel: &'static dyn KthreadKernel,
+}
+
+/// The kernel's part in setting a kernel thread's affinity: it takes the CPUs, or refuses
+/// (`EINVAL`: it binds the thread itself, or no CPU is allowed; `ESRCH`: the thread is gone).
+pub trait KthreadKernel: Send + Sync + std::fmt::Debug {
+    /// Sets `t`'s affinity (a thread of `fs`) to `cpus`.
+    fn set_affinity(&self, fs: &Kthreads, t: &Kthread, cpus: &CpuSet) -> Result<(), HousekeepingError>;
+}
+
+/// The host's kernel: `sched_setaffinity`.
+#[derive(Debug, Clone, Copy)]
+pub struct HostKthreads;
+
+impl KthreadKernel for HostKthreads {
+    fn set_affinity(&self, _fs: &Kthreads, t: &Kthread, cpus: &CpuSet) -> Result<(), HousekeepingError> {
+        let err = |source| affinity_error(t, cpus, source);
+        let mut set = nix::sched::CpuSet::new();
+        for cpu in cpus.iter() {
+            set.set(cpu as usize).map_err(|e| err(e.into()))?;
+        }
+        let pid = i32::try_from(t.pid).map_err(|_| err(nix::Error::ESRCH.into()))?;
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set).map_err(|e| err(e.into()))
+    }
+}
+
+/// The error of setting `t`'s affinity to `cpus`.
+pub fn affinity_error(t: &Kthread, cpus: &CpuSet, source: std::io::Error) -> HousekeepingError {
+    HousekeepingError::Affinity { pid: t.pid, comm: t.stat.comm.clone(), cpus: cpus.clone(), source }
 }
 
 impl Kthreads {
-    /// Kernel threads under `procfs`.
+    /// Kernel threads under `procfs`, on the host's kernel.
     pub fn new(procfs: &Path) -> Kthreads {
-        let kernel = nix::sys::statfs::statfs(procfs)
-            .map(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
-            .unwrap_or(false);
-        Kthreads { procfs: procfs.to_owned(), kernel }
+        Kthreads { procfs: procfs.to_owned(), kernel: &HostKthreads }
+    }
+
+    /// The same threads, answered by `kernel` (chosen once at start).
+    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> Kthreads {
+        Kthreads { kernel: kernel.kthreads, ..self }
+    }
+
+    /// The procfs root.
+    pub fn procfs(&self) -> &Path {
+        &self.procfs
     }
 
     /// The kernel threads userspace may move (see [`TaskStat::movable_kthread`]). Tasks that
@@ -249,46 +281,7 @@ impl Kthreads {
 
     /// Sets `t`'s affinity to `cpus`.
     pub fn set_affinity(&self, t: &Kthread, cpus: &CpuSet) -> Result<(), HousekeepingError> {
-        let err = |source| HousekeepingError::Affinity {
-            pid: t.pid,
-            comm: t.stat.comm.clone(),
-            cpus: cpus.clone(),
-            source,
-        };
-        if self.kernel {
-            let mut set = nix::sched::CpuSet::new();
-            for cpu in cpus.iter() {
-                set.set(cpu as usize).map_err(|e| err(e.into()))?;
-            }
-            let pid = i32::try_from(t.pid).map_err(|_| err(nix::Error::ESRCH.into()))?;
-            return nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set)
-                .map_err(|e| err(e.into()));
-        }
-        let now = self.read(t.pid).ok_or_else(|| err(nix::Error::ESRCH.into()))?;
-        if now.stat.start != t.stat.start {
-            return Err(err(nix::Error::ESRCH.into()));
-        }
-        if !now.stat.movable_kthread() || cpus.is_empty() {
-            return Err(err(nix::Error::EINVAL.into()));
-        }
-        let root = Root::new(&self.procfs);
-        if root.exists(format!("{}/sim_kernel_keeps", t.pid)) {
-            return Ok(());
-        }
-        let rel = format!("{}/status", t.pid);
-        let text = root.read_to_string(&rel)?;
-        let text: String = text
-            .lines()
-            .map(|l| {
-                if l.starts_with("Cpus_allowed_list:") {
-                    format!("Cpus_allowed_list:\t{cpus}\n")
-                } else {
-                    format!("{l}\n")
-                }
-            })
-            .collect();
-        root.write(&rel, text.as_bytes())?;
-        Ok(())
+        self.kernel.set_affinity(self, t, cpus)
     }
 }
 
@@ -297,29 +290,6 @@ impl Kthreads {
 pub fn refused_or_gone(e: &HousekeepingError) -> bool {
     matches!(e, HousekeepingError::Affinity { source, .. }
         if matches!(source.raw_os_error(), Some(libc::EINVAL) | Some(libc::ESRCH)))
-}
-
-/// Writes a simulated kernel thread under `procfs` (the sandbox's `DIR/proc`): `PID/stat` in
-/// the kernel's format with `flags`, and `PID/status` with its name and `allowed` CPUs.
-pub fn write_sim_kthread(
-    procfs: &Path,
-    pid: u32,
-    comm: &str,
-    flags: u32,
-    allowed: &CpuSet,
-) -> std::io::Result<()> {
-    let dir = procfs.join(pid.to_string());
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(
-        dir.join("stat"),
-        format!("{pid} ({comm}) S 2 0 0 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 {} 0 0 18446744073709551615 0 0 0\n", 10 + pid),
-    )?;
-    std::fs::write(
-        dir.join("status"),
-        format!(
-            "Name:\t{comm}\nState:\tS (sleeping)\nPid:\t{pid}\nPPid:\t2\nCpus_allowed_list:\t{allowed}\n"
-        ),
-    )
 }
 
 #[cfg(test)]
@@ -376,56 +346,6 @@ mod tests {
         assert_eq!(k.partitions, None);
         std::fs::write(c.join("cpuset.cpus.isolated"), "2-3\n").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(read_kernel(&p, &s, &c).partitions, Some(set("2-3")));
-    }
-
-    #[test]
-    fn fake_procfs_kthreads_move_refuse_and_keep_as_the_kernel_would() {
-        use crate::core::housekeeping::{PF_KTHREAD, PF_NO_SETAFFINITY};
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let p = dir.path();
-        let all = set("0-3");
-        write_sim_kthread(p, 2, "kthreadd", PF_KTHREAD, &all).unwrap_or_else(|e| panic!("{e}"));
-        write_sim_kthread(p, 20, "migration/2", PF_KTHREAD | PF_NO_SETAFFINITY, &set("2"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        write_sim_kthread(p, 31, "khugepaged", PF_KTHREAD, &all).unwrap_or_else(|e| panic!("{e}"));
-        // A user process and a pid recorded by the sandbox's process affinities (no stat).
-        write_sim_kthread(p, 500, "sleep", 0x0040_0000, &all).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::create_dir_all(p.join("600")).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(p.join("600/status"), "Cpus_allowed_list:\t1\n").unwrap_or_else(|e| panic!("{e}"));
-        std::fs::create_dir_all(p.join("irq")).unwrap_or_else(|e| panic!("{e}"));
-
-        let k = Kthreads::new(p);
-        assert!(!k.kernel, "a temp dir is not procfs");
-        let list = k.movable().unwrap_or_else(|e| panic!("{e}"));
-        let pids: Vec<u32> = list.iter().map(|t| t.pid).collect();
-        assert_eq!(pids, [2, 31]);
-        assert_eq!(list[0].allowed, all);
-        assert_eq!(list[0].stat.comm, "kthreadd");
-
-        // Written to status, the other lines kept.
-        k.set_affinity(&list[0], &set("0-1")).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(k.read(2).map(|t| t.allowed), Some(set("0-1")));
-        let status = std::fs::read_to_string(p.join("2/status")).unwrap_or_default();
-        assert!(status.starts_with("Name:\tkthreadd\n"), "{status}");
-
-        // The kernel binds it: EINVAL, nothing written.
-        let bound = k.read(20).unwrap_or_else(|| panic!("migration/2"));
-        let e = k.set_affinity(&bound, &set("0")).err().unwrap_or_else(|| panic!("accepted"));
-        assert!(refused_or_gone(&e), "{e}");
-        assert!(e.to_string().contains("migration/2 (20)"), "{e}");
-        assert_eq!(k.read(20).map(|t| t.allowed), Some(set("2")));
-
-        // A kernel that puts it back: the write succeeds, the read-back tells.
-        std::fs::write(p.join("31/sim_kernel_keeps"), "").unwrap_or_else(|e| panic!("{e}"));
-        k.set_affinity(&list[1], &set("0-1")).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(k.read(31).map(|t| t.allowed), Some(all.clone()));
-
-        // Gone, or the pid now another thread's: ESRCH, not ours to fix.
-        let mut old = list[0].clone();
-        old.stat.start += 1;
-        assert!(k.set_affinity(&old, &set("0")).err().is_some_and(|e| refused_or_gone(&e)));
-        std::fs::remove_dir_all(p.join("2")).unwrap_or_else(|e| panic!("{e}"));
-        assert!(k.set_affinity(&list[0], &set("0")).err().is_some_and(|e| refused_or_gone(&e)));
     }
 
     #[test]

@@ -14,10 +14,11 @@
 //! multi-queue devices, the timer on x86) with `EIO`: that is [`IrqError::KernelPlaced`],
 //! reported, never a failure.
 //!
-//! On a tree of plain files (the sandbox, tests) the kernel's part is played by
-//! [`super::simirq`]: it refuses writes to the IRQs it marks as managed and updates
-//! `smp_affinity` and `effective_affinity_list` after a write. The daemon's own path (reads, the
-//! write through [`Root`], the read-back) is the same on both.
+//! The kernel's part in a write to an affinity is an [`IrqKernel`]: the host's ([`HostIrqs`])
+//! writes the file and procfs answers; a simulated kernel (the sandbox's, `crate::sim::irq`)
+//! plays procfs on a tree of plain files. It is chosen once at start
+//! ([`super::kernel::Kernel`]); the daemon's own path (reads, the write, the read-back) is the
+//! same on both.
 #![deny(missing_docs)]
 
 use std::collections::BTreeMap;
@@ -25,20 +26,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::fsutil::Root;
+use super::IoError;
 use crate::core::cpuset::CpuSet;
 
 /// Why an IRQ file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum IrqError {
-    /// Reading failed.
-    #[error("reading `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    /// Reading or writing failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A file held something that is not in the kernel's format.
     #[error("`{}` holds `{text}`, not a CPU list or mask", path.display())]
     Format {
@@ -46,17 +42,6 @@ pub enum IrqError {
         path: PathBuf,
         /// What it held.
         text: String,
-    },
-    /// Writing failed.
-    #[error("writing `{data}` to `{}`", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// What was written.
-        data: String,
-        /// Why.
-        #[source]
-        source: io::Error,
     },
     /// The kernel places this IRQ itself (a managed interrupt): it refused the write with EIO.
     #[error("IRQ {irq} is placed by the kernel (managed): writing its affinity was refused")]
@@ -72,8 +57,29 @@ pub struct IrqFs {
     root: PathBuf,
     /// procfs's `irq/`, or where it is bound writable (see [`irq_dir`]).
     irq_dir: PathBuf,
-    /// Whether `irq_dir` is a real procfs; otherwise [`super::simirq`] plays the kernel.
-    kernel: bool,
+    /// The kernel's part in a write.
+    kernel: &'static dyn IrqKernel,
+}
+
+/// The kernel's part in a write to an IRQ's affinity: it takes the list, or refuses it with the
+/// kernel's error (`EIO`, `EPERM`: it places the IRQ itself; `EINVAL`: no online CPU).
+pub trait IrqKernel: Send + Sync + std::fmt::Debug {
+    /// Writes `cpus` to IRQ `irq`'s `smp_affinity_list` in `irq_dir`; the kernel's
+    /// `interrupts` is below `procfs_root`.
+    fn write_affinity(&self, procfs_root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> io::Result<()>;
+}
+
+/// The host's kernel: the list is written (through [`Root`], which follows no link) and procfs
+/// answers.
+#[derive(Debug, Clone, Copy)]
+pub struct HostIrqs;
+
+impl IrqKernel for HostIrqs {
+    fn write_affinity(&self, _procfs_root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> io::Result<()> {
+        Root::new(irq_dir)
+            .write(format!("{irq}/smp_affinity_list"), format!("{cpus}\n").as_bytes())
+            .map_err(|e| e.source)
+    }
 }
 
 /// Where the IRQ affinities are written: `<runtime_dir>/irq` when the service manager bound
@@ -90,14 +96,15 @@ pub fn irq_dir(procfs_root: &Path, runtime_dir: &Path) -> PathBuf {
 }
 
 impl IrqFs {
-    /// The IRQ files: `interrupts` below `procfs_root` (normally `/proc`), affinities in
-    /// `irq_dir` (normally `/proc/irq`).
+    /// The IRQ files of the host's kernel: `interrupts` below `procfs_root` (normally
+    /// `/proc`), affinities in `irq_dir` (normally `/proc/irq`).
     pub fn new(procfs_root: impl Into<PathBuf>, irq_dir: impl Into<PathBuf>) -> IrqFs {
-        let (root, irq_dir) = (procfs_root.into(), irq_dir.into());
-        let kernel = nix::sys::statfs::statfs(&irq_dir)
-            .map(|s| s.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC)
-            .unwrap_or(false);
-        IrqFs { root, irq_dir, kernel }
+        IrqFs { root: procfs_root.into(), irq_dir: irq_dir.into(), kernel: &HostIrqs }
+    }
+
+    /// The same files, answered by `kernel` (chosen once at start).
+    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> IrqFs {
+        IrqFs { kernel: kernel.irqs, ..self }
     }
 
     /// The affinity directory.
@@ -117,7 +124,7 @@ impl IrqFs {
     /// The IRQ numbers with an affinity file, in order.
     pub fn irqs(&self) -> Result<Vec<u32>, IrqError> {
         let dir = self.irq_dir.clone();
-        let read = |source| IrqError::Read { path: dir.clone(), source };
+        let read = |source| IrqError::Io(IoError::Read { path: dir.clone(), source });
         let mut out = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(read)? {
             let entry = entry.map_err(read)?;
@@ -135,7 +142,7 @@ impl IrqFs {
         let path = self.root.join("interrupts");
         let text = Root::new(&self.root)
             .read_to_string("interrupts")
-            .map_err(|e| IrqError::Read { path, source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path, source: e.source }))?;
         Ok(parse_interrupt_names(&text))
     }
 
@@ -144,7 +151,7 @@ impl IrqFs {
         let path = self.root.join("interrupts");
         let text = Root::new(&self.root)
             .read_to_string("interrupts")
-            .map_err(|e| IrqError::Read { path, source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path, source: e.source }))?;
         Ok(crate::core::housekeeping::parse_interrupts(&text)
             .into_iter()
             .filter_map(|(label, line)| Some((label.parse().ok()?, line.counts)))
@@ -156,7 +163,7 @@ impl IrqFs {
         let text = self
             .fs()
             .read_to_string(rel)
-            .map_err(|e| IrqError::Read { path: path.clone(), source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path: path.clone(), source: e.source }))?;
         CpuSet::parse(text.trim()).map_err(|_| IrqError::Format { path, text: text.trim().to_owned() })
     }
 
@@ -171,7 +178,9 @@ impl IrqFs {
         let rel = format!("{irq}/effective_affinity_list");
         match self.read_list(&rel) {
             Ok(c) => Ok(Some(c)),
-            Err(IrqError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(IrqError::Io(IoError::Read { source, .. })) if source.kind() == io::ErrorKind::NotFound => {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
@@ -180,12 +189,7 @@ impl IrqFs {
     pub fn set_affinity(&self, irq: u32, cpus: &CpuSet) -> Result<(), IrqError> {
         let rel = format!("{irq}/smp_affinity_list");
         let data = cpus.to_string();
-        let written = if self.kernel {
-            self.fs().write(&rel, format!("{data}\n").as_bytes()).map_err(|e| e.source)
-        } else {
-            super::simirq::write_affinity(&self.root, &self.irq_dir, irq, cpus)
-        };
-        match written {
+        match self.kernel.write_affinity(&self.root, &self.irq_dir, irq, cpus) {
             Ok(()) => Ok(()),
             // EIO: the kernel lets no one place it (managed, or not movable at all); EPERM: the
             // interrupt chip refused this IRQ's move (seen in the guest for the timer, the cascade
@@ -194,7 +198,7 @@ impl IrqFs {
             Err(e) if matches!(e.raw_os_error(), Some(nix::libc::EIO | nix::libc::EPERM)) => {
                 Err(IrqError::KernelPlaced { irq })
             }
-            Err(source) => Err(IrqError::Write { path: self.irq_dir.join(rel), data, source }),
+            Err(source) => Err(IrqError::Io(IoError::Write { path: self.irq_dir.join(rel), data, source })),
         }
     }
 
@@ -205,7 +209,7 @@ impl IrqFs {
         let text = self
             .fs()
             .read_to_string(rel)
-            .map_err(|e| IrqError::Read { path: path.clone(), source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path: path.clone(), source: e.source }))?;
         parse_mask(text.trim()).ok_or_else(|| IrqError::Format { path, text: text.trim().to_owned() })
     }
 
@@ -217,13 +221,11 @@ impl IrqFs {
         let now = self
             .fs()
             .read_to_string(rel)
-            .map_err(|e| IrqError::Read { path: path.clone(), source: e.source })?;
+            .map_err(|e| IrqError::Io(IoError::Read { path: path.clone(), source: e.source }))?;
         let data = format_mask(cpus, now.trim().chars().filter(char::is_ascii_hexdigit).count());
-        self.fs().write(rel, format!("{data}\n").as_bytes()).map_err(|e| IrqError::Write {
-            path,
-            data,
-            source: e.source,
-        })
+        self.fs()
+            .write(rel, format!("{data}\n").as_bytes())
+            .map_err(|e| IrqError::Io(IoError::Write { path, data, source: e.source }))
     }
 }
 
@@ -347,42 +349,5 @@ mod tests {
             let c = cpus(s);
             assert_eq!(parse_mask(&format_mask(&c, 0)), Some(c));
         }
-    }
-}
-
-#[cfg(test)]
-mod fake_procfs_tests {
-    use super::*;
-    use crate::host::simirq;
-
-    /// The sandbox's model of the kernel (host::simirq) behind the same calls as on a host.
-    #[test]
-    fn fake_procfs_managed_irq_refuses_and_a_mask_without_online_cpus_fails() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let online = CpuSet::range(0, 3);
-        simirq::write_procfs(dir.path(), &online, &simirq::default_irqs(&online))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let fs = IrqFs::new(dir.path(), irq_dir(dir.path(), &dir.path().join("run")));
-        assert_eq!(fs.dir(), dir.path().join("irq"));
-        let cpus = CpuSet::range(0, 1);
-        assert!(matches!(fs.set_affinity(41, &cpus), Err(IrqError::KernelPlaced { irq: 41 })));
-        fs.set_affinity(32, &cpus).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()));
-        assert_eq!(fs.effective(32).ok().flatten(), Some(CpuSet::range(0, 0)));
-        let offline = CpuSet::range(8, 9);
-        match fs.set_affinity(32, &offline) {
-            Err(e @ IrqError::Write { .. }) => assert!(e.to_string().contains("writing `8-9`"), "{e}"),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()), "a refused write changes nothing");
-        fs.set_default_affinity(&cpus).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(fs.default_affinity().ok(), Some(cpus));
-        assert_eq!(fs.names().unwrap_or_default()[&32], ["virtio1-requests"]);
-        assert_eq!(fs.irqs().unwrap_or_default(), [0, 1, 8, 9, 24, 25, 26, 32, 40, 41, 42]);
-        // A service's writable binding of irq/ is preferred where it exists.
-        std::fs::create_dir_all(dir.path().join("run/irq")).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(dir.path().join("run/irq/default_smp_affinity"), "f\n")
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(irq_dir(dir.path(), &dir.path().join("run")), dir.path().join("run/irq"));
     }
 }

@@ -4,6 +4,11 @@
 //! file itself (hosts without systemd, the sandbox); [`systemd::Systemd`] sets slices and units
 //! through systemd's D-Bus API and writes directly only what systemd does not manage
 //! (partitions, cgroups that are not units). Both execute the same planned effects.
+//!
+//! Where the kernel decides the outcome of a write, the surface's module defines a small trait
+//! for the kernel's part and implements it for the host's kernel; [`kernel::Kernel`] bundles
+//! them, and a simulated kernel (`crate::sim`) implements the same traits. Nothing here names
+//! the simulation.
 pub mod bus;
 pub mod cgroupfs;
 pub mod dirwatch;
@@ -12,15 +17,12 @@ pub mod health;
 pub mod housekeeping;
 pub mod irq;
 pub mod irqbalance;
+pub mod kernel;
 pub mod kubelet;
 pub mod pidwatch;
 pub mod power;
 pub mod procfs;
 pub mod resctrl;
-pub mod simhost;
-pub mod simirq;
-pub mod simpower;
-pub mod simresctrl;
 pub mod socket;
 pub mod store;
 pub mod sysfs;
@@ -30,6 +32,33 @@ use crate::core::cpuset::CpuSet;
 use crate::core::plan::{Effect, Key, Partition};
 use crate::core::state::CgroupPath;
 pub use cgroupfs::HostError;
+
+/// Reading or writing a host file failed: the file, what was written, and the kernel's answer
+/// in `#[source]`. The one I/O error of the host side: each surface's error wraps it
+/// (`Io`), or is it ([`power::PowerError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    /// Reading failed.
+    #[error("reading `{}`", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing failed.
+    #[error("writing `{data}` to `{}`", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What was written.
+        data: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// What the host holds now for one placement.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

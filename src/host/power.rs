@@ -26,30 +26,8 @@ use std::path::{Path, PathBuf};
 
 use super::fsutil::Root;
 
-/// Why a power file could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum PowerError {
-    /// Reading failed.
-    #[error("reading `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// Writing failed.
-    #[error("writing `{data}` to `{}`", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// What was written.
-        data: String,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-}
+/// Why a power file could not be read or written: the host's one I/O error.
+pub type PowerError = super::IoError;
 
 /// The sysfs directory of the CPUs, relative to the sysfs root.
 pub const CPU_DIR: &str = "devices/system/cpu";

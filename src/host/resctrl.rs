@@ -14,15 +14,18 @@
 //!   space-padded, and takes a write of some lines only (the others are kept). A write must end
 //!   with a newline.
 //!
-//! On a tree of plain files (the sandbox, tests) the kernel's part (files appearing on `mkdir`,
-//! schemata checked and merged, `rmdir` of a non-empty directory) is played by
-//! [`super::simresctrl`]; the daemon's own path (reads, writes, read-back) is the same.
+//! The kernel's part (files appearing on `mkdir`, schemata checked and merged, CPUs moving
+//! between groups) is a [`ResctrlKernel`]: the host's ([`HostResctrl`]) makes the call and the
+//! file system answers; a simulated kernel (the sandbox's, `crate::sim::resctrl`) plays it on a
+//! tree of plain files. It is chosen once at start ([`super::kernel::Kernel`]); the daemon's own
+//! path (reads, writes, read-back) is the same.
 #![deny(missing_docs)]
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 use super::fsutil::Root;
+use super::IoError;
 use crate::core::cache::{L3Info, MbInfo, ResctrlInfo};
 use crate::core::cpuset::CpuSet;
 
@@ -32,22 +35,12 @@ pub const DEFAULT_ROOT: &str = "/sys/fs/resctrl";
 /// The prefix of the daemon's control groups: `cpupool-<pool>`.
 pub const GROUP_PREFIX: &str = "cpupool-";
 
-/// resctrl's `f_type` (RDTGROUP_SUPER_MAGIC in include/uapi/linux/magic.h); the literal takes
-/// whatever width the C library gives `f_type`.
-const RDTGROUP_SUPER_MAGIC: nix::sys::statfs::FsType = nix::sys::statfs::FsType(0x0765_5821);
-
 /// Why a resctrl file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ResctrlError {
     /// Reading failed.
-    #[error("reading `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A file held something that is not in the kernel's format.
     #[error("`{}` holds `{text}`, not {what}", path.display())]
     Format {
@@ -58,7 +51,8 @@ pub enum ResctrlError {
         /// What was expected.
         what: &'static str,
     },
-    /// Writing failed; `status` is the kernel's `info/last_cmd_status` after it.
+    /// Writing failed; `status` is the kernel's `info/last_cmd_status` after it (the host's
+    /// [`IoError::Write`], with the kernel's reason).
     #[error("writing `{}` to `{}`{}", data.trim_end().replace('\n', "\\n"), path.display(),
         if status.is_empty() { String::new() } else { format!(" (last_cmd_status: {status})") })]
     Write {
@@ -98,16 +92,54 @@ pub enum ResctrlError {
 #[derive(Debug, Clone)]
 pub struct Resctrl {
     root: PathBuf,
-    /// Whether `root` is a mounted resctrl; otherwise [`super::simresctrl`] plays the kernel.
-    kernel: bool,
+    /// The kernel's part in the calls.
+    kernel: &'static dyn ResctrlKernel,
+}
+
+/// The kernel's part in what the daemon does to a resctrl tree below `root`; an error is the
+/// kernel's answer (`EINVAL` for a refused write, its reason in `info/last_cmd_status`).
+pub trait ResctrlKernel: Send + Sync + std::fmt::Debug {
+    /// `mkdir` of the control group `group`.
+    fn create_group(&self, root: &Path, group: &str) -> io::Result<()>;
+    /// `rmdir` of the control group `group`.
+    fn remove_group(&self, root: &Path, group: &str) -> io::Result<()>;
+    /// Writes `cpus` to `group`'s `cpus_list`.
+    fn write_cpus(&self, root: &Path, group: &str, cpus: &CpuSet) -> io::Result<()>;
+    /// Writes `lines` to `group`'s `schemata`.
+    fn write_schemata(&self, root: &Path, group: &str, lines: &str) -> io::Result<()>;
+}
+
+/// The host's kernel: each call goes to the mounted resctrl (through [`Root`], which follows no
+/// link), which answers.
+#[derive(Debug, Clone, Copy)]
+pub struct HostResctrl;
+
+impl ResctrlKernel for HostResctrl {
+    fn create_group(&self, root: &Path, group: &str) -> io::Result<()> {
+        Root::new(root).create_dir(group, 0o755).map_err(|e| e.source)
+    }
+    fn remove_group(&self, root: &Path, group: &str) -> io::Result<()> {
+        Root::new(root).remove_dir(group).map_err(|e| e.source)
+    }
+    fn write_cpus(&self, root: &Path, group: &str, cpus: &CpuSet) -> io::Result<()> {
+        Root::new(root)
+            .write(format!("{group}/cpus_list"), format!("{cpus}\n").as_bytes())
+            .map_err(|e| e.source)
+    }
+    fn write_schemata(&self, root: &Path, group: &str, lines: &str) -> io::Result<()> {
+        Root::new(root).write(format!("{group}/schemata"), lines.as_bytes()).map_err(|e| e.source)
+    }
 }
 
 impl Resctrl {
-    /// The tree below `root`.
+    /// The tree below `root`, as the host's kernel answers it.
     pub fn new(root: impl Into<PathBuf>) -> Resctrl {
-        let root = root.into();
-        let kernel = is_resctrl(&root);
-        Resctrl { root, kernel }
+        Resctrl { root: root.into(), kernel: &HostResctrl }
+    }
+
+    /// The same tree, answered by `kernel` (chosen once at start).
+    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> Resctrl {
+        Resctrl { kernel: kernel.resctrl, ..self }
     }
 
     /// The root.
@@ -129,9 +161,7 @@ impl Resctrl {
             nix::mount::MsFlags::empty(),
             None::<&str>,
         )
-        .map_err(|e| ResctrlError::Mount { path: self.root.clone(), source: e.into() })?;
-        self.kernel = is_resctrl(&self.root);
-        Ok(())
+        .map_err(|e| ResctrlError::Mount { path: self.root.clone(), source: e.into() })
     }
 
     fn fs(&self) -> Root {
@@ -141,7 +171,7 @@ impl Resctrl {
     fn read(&self, rel: &str) -> Result<String, ResctrlError> {
         self.fs()
             .read_to_string(rel)
-            .map_err(|e| ResctrlError::Read { path: self.root.join(rel), source: e.source })
+            .map_err(|e| ResctrlError::Io(IoError::Read { path: self.root.join(rel), source: e.source }))
     }
 
     fn number(&self, rel: &str, radix: u32) -> Result<u64, ResctrlError> {
@@ -198,10 +228,11 @@ impl Resctrl {
     /// `mon_data`).
     pub fn groups(&self) -> Result<Vec<String>, ResctrlError> {
         let entries = std::fs::read_dir(&self.root)
-            .map_err(|source| ResctrlError::Read { path: self.root.clone(), source })?;
+            .map_err(|source| ResctrlError::Io(IoError::Read { path: self.root.clone(), source }))?;
         let mut out = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|source| ResctrlError::Read { path: self.root.clone(), source })?;
+            let entry = entry
+                .map_err(|source| ResctrlError::Io(IoError::Read { path: self.root.clone(), source }))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if matches!(name.as_str(), "info" | "mon_groups" | "mon_data") {
                 continue;
@@ -221,22 +252,20 @@ impl Resctrl {
 
     /// Makes the control group `group` (its files are the kernel's).
     pub fn create_group(&self, group: &str) -> Result<(), ResctrlError> {
-        let made = if self.kernel {
-            self.fs().create_dir(group, 0o755).map_err(|e| e.source)
-        } else {
-            super::simresctrl::mkdir_group(&self.root, group)
-        };
-        made.map_err(|source| ResctrlError::Group { op: "creating", path: self.root.join(group), source })
+        self.kernel.create_group(&self.root, group).map_err(|source| ResctrlError::Group {
+            op: "creating",
+            path: self.root.join(group),
+            source,
+        })
     }
 
     /// Removes the control group `group`: its CPUs and tasks go back to the default group.
     pub fn remove_group(&self, group: &str) -> Result<(), ResctrlError> {
-        let removed = if self.kernel {
-            self.fs().remove_dir(group).map_err(|e| e.source)
-        } else {
-            super::simresctrl::rmdir_group(&self.root, group)
-        };
-        removed.map_err(|source| ResctrlError::Group { op: "removing", path: self.root.join(group), source })
+        self.kernel.remove_group(&self.root, group).map_err(|source| ResctrlError::Group {
+            op: "removing",
+            path: self.root.join(group),
+            source,
+        })
     }
 
     /// The CPUs of `group` (`cpus_list`).
@@ -254,12 +283,7 @@ impl Resctrl {
     pub fn set_cpus(&self, group: &str, cpus: &CpuSet) -> Result<(), ResctrlError> {
         let rel = format!("{group}/cpus_list");
         let data = format!("{cpus}\n");
-        let written = if self.kernel {
-            self.fs().write(&rel, data.as_bytes()).map_err(|e| e.source)
-        } else {
-            super::simresctrl::write_cpus(&self.root, group, cpus)
-        };
-        written.map_err(|source| self.write_error(&rel, data, source))
+        self.kernel.write_cpus(&self.root, group, cpus).map_err(|source| self.write_error(&rel, data, source))
     }
 
     /// `group`'s `schemata` as the kernel shows it.
@@ -270,12 +294,9 @@ impl Resctrl {
     /// Writes `lines` (each ending with a newline) to `group`'s `schemata`.
     pub fn set_schemata(&self, group: &str, lines: &str) -> Result<(), ResctrlError> {
         let rel = format!("{group}/schemata");
-        let written = if self.kernel {
-            self.fs().write(&rel, lines.as_bytes()).map_err(|e| e.source)
-        } else {
-            super::simresctrl::write_schemata(&self.root, group, lines)
-        };
-        written.map_err(|source| self.write_error(&rel, lines.to_owned(), source))
+        self.kernel
+            .write_schemata(&self.root, group, lines)
+            .map_err(|source| self.write_error(&rel, lines.to_owned(), source))
     }
 
     fn write_error(&self, rel: &str, data: String, source: io::Error) -> ResctrlError {
@@ -285,55 +306,7 @@ impl Resctrl {
     }
 }
 
-fn is_resctrl(root: &Path) -> bool {
-    nix::sys::statfs::statfs(root).is_ok_and(|s| s.filesystem_type() == RDTGROUP_SUPER_MAGIC)
-}
-
 /// The control group of `pool`.
 pub fn group_name(pool: &str) -> String {
     format!("{GROUP_PREFIX}{pool}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_sandbox_model_behind_the_same_calls_as_on_a_host() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let root = dir.path().join("resctrl");
-        let online = CpuSet::parse("0-7").unwrap_or_else(|e| panic!("{e}"));
-        super::super::simresctrl::write_root(&root, &super::super::simresctrl::SimResctrl::new(&online, 2))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let rc = Resctrl::new(&root);
-        assert!(rc.mounted());
-        let info = rc.info().unwrap_or_else(|e| panic!("{e}"));
-        let l3 = info.l3.as_ref().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            (l3.cbm_mask, l3.min_cbm_bits, l3.num_closids, l3.domains.clone()),
-            (0xfff, 1, 16, vec![0, 1])
-        );
-        let mb = info.mb.as_ref().unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((mb.bandwidth_gran, mb.min_bandwidth, mb.num_closids), (10, 10, 8));
-        rc.create_group("cpupool-dp").unwrap_or_else(|e| panic!("{e}"));
-        let cpus = CpuSet::parse("2-3").unwrap_or_else(|e| panic!("{e}"));
-        rc.set_cpus("cpupool-dp", &cpus).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(rc.cpus("cpupool-dp").unwrap_or_else(|e| panic!("{e}")), cpus);
-        assert_eq!(std::fs::read_to_string(root.join("cpus_list")).unwrap_or_default(), "0-1,4-7\n");
-        rc.set_schemata("cpupool-dp", "L3:0=ff0;1=ff0\n").unwrap_or_else(|e| panic!("{e}"));
-        let shown = rc.schemata("cpupool-dp").unwrap_or_else(|e| panic!("{e}"));
-        assert!(shown.contains("L3:0=ff0;1=ff0"), "{shown}");
-        assert!(shown.contains("MB:0=100;1=100"), "the MB line is kept: {shown}");
-        // The kernel's refusal, with its reason.
-        match rc.set_schemata("cpupool-dp", "L3:0=f0f\n") {
-            Err(e @ ResctrlError::Write { .. }) => {
-                assert!(e.to_string().contains("last_cmd_status: Mask not contiguous"), "{e}")
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(rc.groups().unwrap_or_else(|e| panic!("{e}")), vec!["cpupool-dp".to_owned()]);
-        rc.remove_group("cpupool-dp").unwrap_or_else(|e| panic!("{e}"));
-        assert!(!rc.has_group("cpupool-dp"));
-        assert_eq!(std::fs::read_to_string(root.join("cpus_list")).unwrap_or_default(), "0-7\n");
-    }
 }

@@ -1,7 +1,7 @@
 //! Reads the host's CPU topology from a sysfs tree.
 //!
 //! Data flow: [`read_topology`] is given the sysfs root (`/sys` on a real host, a directory
-//! written by [`super::simhost::write_sysfs`] in the sandbox and in tests). It reads
+//! written by `crate::sim::machine::write_sysfs` in the sandbox and in tests). It reads
 //!
 //! 1. `devices/system/cpu/{online,offline,isolated}`: which CPUs exist and which the kernel
 //!    isolated at boot;
@@ -263,7 +263,7 @@ fn parse_number(path: &Path, text: &str) -> Result<u32, SysfsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::simhost::{write_sysfs, TopologyShape};
+    use crate::sim::machine::{write_sysfs, TopologyShape};
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))

@@ -374,52 +374,15 @@ impl Systemd {
                 None => self.fs.create(path),
             },
             Effect::RemoveCgroup(path) => match unit_of(path) {
-                Some(unit) => {
-                    // Stopping a slice stops what runs in it: refuse, as rmdir would.
-                    if self.fs.populated(path) {
-                        return Err(HostError::Populated { path: self.fs.root().join(path.as_str()) });
-                    }
-                    if !self.loaded(unit)? {
-                        return Ok(());
-                    }
-                    self.job(
-                        format!("stopping {unit}"),
-                        |m| async move { m.stop_unit(unit, "replace").await },
-                    )
-                }
+                Some(unit) => self.stop_unit_cgroup(unit, path),
                 None => self.fs.remove(path),
             },
             Effect::SetCpus { key: Key::Cgroup(path), cpus, optional } => match unit_of(path) {
-                Some(unit) => {
-                    // A container's scope that is gone has nothing left to confine: asking
-                    // systemd would only fail (NoSuchUnit) at every check until it is released.
-                    if (*optional && !self.fs.exists(path)) || self.fs.vanished(path) {
-                        return Ok(());
-                    }
-                    self.set_cpus(unit, cpus)?;
-                    if cpus.is_empty() && self.fs.populated(path) {
-                        // systemd's write of "" fails on a populated cgroup (ENOSPC): the
-                        // cgroup is let go directly, to what its parent has.
-                        return self.fs.set_cpus(path, cpus);
-                    }
-                    self.wait_realized(path, cpus);
-                    Ok(())
-                }
+                Some(unit) => self.set_unit_cgroup_cpus(unit, path, cpus, *optional),
                 None => self.fs.apply(effect),
             },
             Effect::SetCpus { key: Key::Unit(unit), cpus, optional } => {
-                if *optional && !self.loaded(unit)? {
-                    return Ok(());
-                }
-                self.set_cpus(unit, cpus)?;
-                // A running unit's cgroup is written from systemd's event loop: wait for it, so
-                // what is read back next is what systemd made of this call.
-                if let Some((_, cg)) = self.unit_place(unit)? {
-                    if let Some(path) = relative(&cg) {
-                        self.wait_realized(&path, cpus);
-                    }
-                }
-                Ok(())
+                self.set_unit_cpus(unit, cpus, *optional)
             }
             Effect::SetCpus { key: Key::Pid(_), .. } => self.fs.apply(effect),
             Effect::SetMems { path, mems, optional } => match unit_of(path) {
@@ -432,28 +395,84 @@ impl Systemd {
                 }
                 None => self.fs.apply(effect),
             },
-            Effect::SetQuota { key, millis } => {
-                let unit = match key {
-                    Key::Unit(u) => u.as_str(),
-                    Key::Cgroup(path) => match unit_of(path) {
-                        Some(u) => u,
-                        None => return self.fs.apply(effect),
-                    },
-                    Key::Pid(_) => return Ok(()),
-                };
-                if !self.loaded(unit)? {
-                    return Ok(());
-                }
-                let usec = quota_usec(*millis);
-                let what = match millis {
-                    Some(m) => format!("setting CPUQuota={}% on {unit}", m / 10),
-                    None => format!("lifting CPUQuota= of {unit}"),
-                };
-                self.set_properties(unit, &[("CPUQuotaPerSecUSec", Value::from(usec))], what)
-            }
+            Effect::SetQuota { key, millis } => self.set_quota(effect, key, *millis),
             // Partitions are not systemd's: written directly.
             Effect::SetPartition { .. } => self.fs.apply(effect),
         }
+    }
+
+    /// Stops the unit `unit` whose cgroup is `path`, if it is loaded.
+    fn stop_unit_cgroup(&self, unit: &str, path: &CgroupPath) -> Result<(), HostError> {
+        // Stopping a slice stops what runs in it: refuse, as rmdir would.
+        if self.fs.populated(path) {
+            return Err(HostError::Populated { path: self.fs.root().join(path.as_str()) });
+        }
+        if !self.loaded(unit)? {
+            return Ok(());
+        }
+        self.job(format!("stopping {unit}"), |m| async move { m.stop_unit(unit, "replace").await })
+    }
+
+    /// Sets `AllowedCPUs` of the unit `unit` whose cgroup is `path`, and waits until systemd
+    /// wrote the cgroup.
+    fn set_unit_cgroup_cpus(
+        &self,
+        unit: &str,
+        path: &CgroupPath,
+        cpus: &CpuSet,
+        optional: bool,
+    ) -> Result<(), HostError> {
+        // A container's scope that is gone has nothing left to confine: asking systemd would
+        // only fail (NoSuchUnit) at every check until it is released.
+        if (optional && !self.fs.exists(path)) || self.fs.vanished(path) {
+            return Ok(());
+        }
+        self.set_cpus(unit, cpus)?;
+        if cpus.is_empty() && self.fs.populated(path) {
+            // systemd's write of "" fails on a populated cgroup (ENOSPC): the cgroup is let
+            // go directly, to what its parent has.
+            return self.fs.set_cpus(path, cpus);
+        }
+        self.wait_realized(path, cpus);
+        Ok(())
+    }
+
+    /// Sets `AllowedCPUs` of the unit `unit` (wherever its cgroup is).
+    fn set_unit_cpus(&self, unit: &str, cpus: &CpuSet, optional: bool) -> Result<(), HostError> {
+        if optional && !self.loaded(unit)? {
+            return Ok(());
+        }
+        self.set_cpus(unit, cpus)?;
+        // A running unit's cgroup is written from systemd's event loop: wait for it, so what
+        // is read back next is what systemd made of this call.
+        if let Some((_, cg)) = self.unit_place(unit)? {
+            if let Some(path) = relative(&cg) {
+                self.wait_realized(&path, cpus);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets (or lifts) the CPU time limit of `key` (`effect`); a cgroup that is not a unit is
+    /// written directly, a process has none of its own.
+    fn set_quota(&self, effect: &Effect, key: &Key, millis: Option<u64>) -> Result<(), HostError> {
+        let unit = match key {
+            Key::Unit(u) => u.as_str(),
+            Key::Cgroup(path) => match unit_of(path) {
+                Some(u) => u,
+                None => return self.fs.apply(effect),
+            },
+            Key::Pid(_) => return Ok(()),
+        };
+        if !self.loaded(unit)? {
+            return Ok(());
+        }
+        let usec = quota_usec(millis);
+        let what = match millis {
+            Some(m) => format!("setting CPUQuota={}% on {unit}", m / 10),
+            None => format!("lifting CPUQuota= of {unit}"),
+        };
+        self.set_properties(unit, &[("CPUQuotaPerSecUSec", Value::from(usec))], what)
     }
 }
 

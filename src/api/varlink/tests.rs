@@ -35,11 +35,11 @@ fn io_err() -> io::Error {
 fn every_error() -> Vec<MethodError> {
     let states = state::every_error();
     let engines = [
-        EngineError::Apply(crate::host::cgroupfs::HostError::Write {
+        EngineError::Apply(crate::host::cgroupfs::HostError::Io(crate::host::IoError::Write {
             path: "/x/cpuset.cpus".into(),
             data: "1".into(),
             source: io_err(),
-        }),
+        })),
         EngineError::Store(crate::host::store::StoreError::Io {
             op: "fsyncing",
             path: "/s".into(),
@@ -94,11 +94,11 @@ fn error_parameters_match_the_idl_fields() {
 
 #[test]
 fn engine_failures_carry_the_cause_chain() {
-    let e = EngineError::Apply(crate::host::cgroupfs::HostError::Write {
+    let e = EngineError::Apply(crate::host::cgroupfs::HostError::Io(crate::host::IoError::Write {
         path: "/x/cpuset.cpus".into(),
         data: "2-3".into(),
         source: io::Error::from_raw_os_error(16),
-    });
+    }));
     let m = methods::api(e.to_api());
     let reason = m.parameters["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("writing `2-3` to `/x/cpuset.cpus`") && reason.contains("busy"), "{reason}");
@@ -263,7 +263,7 @@ fn sandboxed_engine(dir: &std::path::Path) -> Sandboxed {
     let sb = crate::sandbox::Sandbox::prepare(dir, Some("1x4x2:1")).unwrap_or_else(|e| panic!("{e}"));
     let mut settings = crate::config::load(&sb.config_dirs()).unwrap_or_else(|e| panic!("{e}"));
     sb.confine(&mut settings);
-    let backend = crate::host::cgroupfs::CgroupFs::new(sb.cgroupfs(), "/proc");
+    let backend = crate::sim::cgroupfs(sb.cgroupfs(), "/proc");
     let (engine, _) = Engine::start(&settings, Box::new(backend), false).unwrap_or_else(|e| panic!("{e}"));
     let (handle, engine) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     Sandboxed { handle, engine, sandbox: SandboxPaths { settings, cgroupfs: sb.cgroupfs() } }

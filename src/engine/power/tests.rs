@@ -1,4 +1,4 @@
-//! The power manager on the simulated sysfs (`host::simpower`): named `fake_sysfs_*`.
+//! The power manager on the simulated sysfs (`sim::power`): named `fake_sysfs_*`.
 //! Host 1x4x2 (CPU c and c+4 are siblings, one package, one die).
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -6,8 +6,8 @@ use std::path::Path;
 use super::*;
 use crate::config::ConfigError;
 use crate::core::classes::ClassState;
-use crate::host::simhost::{self, TopologyShape};
-use crate::host::simpower::{self, SimPower};
+use crate::sim::machine::{self, TopologyShape};
+use crate::sim::power::{self as simpower, SimPower};
 
 /// Reserved 0,4, exclusive dp 1-2,5-6 and shared web 3,7; the same file serves
 /// tests/power.rs.
@@ -27,7 +27,7 @@ fn host(what: SimPower) -> Host {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let topo = "1x4x2:1".parse::<TopologyShape>().unwrap_or_else(|e| panic!("{e}")).topology();
     let sys = dir.path().join("sys");
-    simhost::write_sysfs(&sys, &topo).unwrap_or_else(|e| panic!("{e}"));
+    machine::write_sysfs(&sys, &topo).unwrap_or_else(|e| panic!("{e}"));
     simpower::write_power(&sys, &topo, what).unwrap_or_else(|e| panic!("{e}"));
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap_or_else(|e| panic!("{e}"));

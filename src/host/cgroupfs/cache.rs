@@ -13,10 +13,24 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::core::cpuset::CpuSet;
 use crate::core::plan::TOP_SLICE;
 use crate::core::state::CgroupPath;
-use crate::host::simhost::Partitions;
 use crate::host::Confinement;
+
+/// The valid partitions of a tree, by path relative to its root, with the CPUs granted to each:
+/// what a simulated kernel computes effective CPUs from ([`super::CgroupFs::kept_partitions`]).
+/// They change only when a partition file, a `cpuset.cpus.exclusive` or the `cpuset.cpus` of a
+/// partition is written, or a cgroup in the first two levels comes or goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Partitions(pub Vec<(String, CpuSet)>);
+
+impl Partitions {
+    /// Whether `path` is one of them.
+    pub fn contains(&self, path: &CgroupPath) -> bool {
+        self.0.iter().any(|(p, _)| p == path.as_str())
+    }
+}
 
 /// The remembered reads, shared by clones of one backend (they write the same tree).
 #[derive(Debug, Default)]

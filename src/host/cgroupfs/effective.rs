@@ -1,65 +1,40 @@
 //! Reading back what the kernel enforces: a cgroup's `cpuset.cpus.effective` (or its nearest
 //! ancestor's), and where a cgroup or process sits and the CPUs it may use there.
 
-use std::fs;
 use std::io;
 use std::path::Path;
 
-use super::{CgroupFs, HostError};
+use std::sync::Arc;
+
+use super::{CgroupFs, HostError, Partitions};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::Key;
 use crate::core::state::CgroupPath;
-use crate::host::{simhost, Confinement};
+use crate::host::{Confinement, IoError};
 
 impl CgroupFs {
     /// The CPUs the kernel lets cgroup `path` use (`cpuset.cpus.effective`; a cgroup without
     /// the file uses its parent's). `None` if the cgroup does not exist, or the cpuset
     /// controller is not on this hierarchy at all.
     pub fn effective(&self, path: &CgroupPath) -> Result<Option<CpuSet>, HostError> {
-        if !self.kernel {
-            return Ok(self.sim_effective(path));
-        }
-        let dir = self.dir(path);
-        if !dir.is_dir() {
-            return Ok(None);
-        }
-        self.effective_at(&dir)
+        self.kernel.effective(self, path)
     }
 
-    /// [`simhost::effective_cpus`], from the kept partitions and parent: a cgroup that is not a
-    /// partition has its own `cpuset.cpus` within its parent's effective CPUs, so only its own
-    /// file is read (its parent's were read when it was admitted, and are kept until a write).
-    fn sim_effective(&self, path: &CgroupPath) -> Option<CpuSet> {
-        if !self.exists(path) {
-            return None;
-        }
-        let partitions = self.sim_partitions();
-        if partitions.contains(path) {
-            return Some(simhost::effective_in(&self.root, Some(path), &partitions));
-        }
-        let parent = match self.nearest(path.ancestors().last()) {
-            Ok(Some(c)) => c.cpus,
-            _ => return Some(simhost::effective_in(&self.root, Some(path), &partitions)),
-        };
-        let own = crate::host::read_small(&self.dir(path).join("cpuset.cpus"))
-            .ok()
-            .and_then(|t| CpuSet::parse(t.trim()).ok())
-            .unwrap_or_default();
-        Some(simhost::below(&parent, &own))
-    }
-
-    /// A simulated tree's partitions, kept until a write can change them.
-    fn sim_partitions(&self) -> std::sync::Arc<simhost::Partitions> {
+    /// A tree's partitions as its kernel computes them (`read`), kept until a write can change
+    /// them: for a simulated kernel, which has no `cpuset.cpus.effective` files to read.
+    pub fn kept_partitions(&self, read: impl FnOnce() -> Partitions) -> Arc<Partitions> {
         if let Some(kept) = self.cache.partitions() {
             return kept;
         }
         let at = self.cache.stamp();
-        let read = std::sync::Arc::new(simhost::partitions(&self.root));
+        let read = Arc::new(read());
         self.cache.keep_partitions(at, read.clone());
         read
     }
 
-    fn effective_at(&self, dir: &Path) -> Result<Option<CpuSet>, HostError> {
+    /// The effective CPUs the host's kernel shows at `dir` or its nearest ancestor below the
+    /// root that has the file.
+    pub(super) fn effective_at(&self, dir: &Path) -> Result<Option<CpuSet>, HostError> {
         for d in dir.ancestors().take_while(|d| d.starts_with(&self.root)) {
             let file = d.join("cpuset.cpus.effective");
             match crate::host::read_small(&file) {
@@ -69,7 +44,7 @@ impl CgroupFs {
                         .map_err(|_| HostError::Parse { path: file, text })
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(HostError::Read { path: file, source }),
+                Err(source) => return Err(HostError::Io(IoError::Read { path: file, source })),
             }
         }
         Ok(None)
@@ -81,21 +56,16 @@ impl CgroupFs {
     pub fn confinement(&self, key: &Key) -> Result<Option<Confinement>, HostError> {
         match key {
             Key::Cgroup(path) => self.nearest(path.ancestors().last()),
-            Key::Pid(pid) if self.sim_procs.is_none() => {
-                let file = self.proc_root.join(pid.to_string()).join("cgroup");
-                let Ok(text) = fs::read_to_string(&file) else { return Ok(None) };
-                // cgroup v2: the one line "0::/path".
-                let Some(rel) = text.lines().find_map(|l| l.strip_prefix("0::")) else { return Ok(None) };
-                let rel = rel.trim().trim_start_matches('/');
-                let cpus = match CgroupPath::new(rel) {
+            Key::Pid(pid) => {
+                let Some(rel) = self.procs.cgroup(self, *pid) else { return Ok(None) };
+                let cpus = match CgroupPath::new(&rel) {
                     Ok(p) => self.effective(&p)?,
-                    Err(_) if self.kernel => self.effective_at(&self.root)?,
-                    Err(_) => None,
+                    Err(_) => self.kernel.root_effective(self)?,
                 };
-                let name = if rel.is_empty() { "/".to_owned() } else { rel.to_owned() };
+                let name = if rel.is_empty() { "/".to_owned() } else { rel };
                 Ok(cpus.map(|cpus| Confinement { parent: name, cpus }))
             }
-            _ => Ok(None),
+            Key::Unit(_) => Ok(None),
         }
     }
 
@@ -127,8 +97,7 @@ impl CgroupFs {
         let found = chain.into_iter().rev().find(|a| self.exists(a));
         let cpus = match &found {
             Some(p) => self.effective(p)?,
-            None if self.kernel => self.effective_at(&self.root)?,
-            None => Some(simhost::effective_in(&self.root, None, &self.sim_partitions())),
+            None => self.kernel.root_effective(self)?,
         };
         let name = found.map_or_else(|| "/".to_owned(), |p| p.to_string());
         Ok(cpus.map(|cpus| Confinement { parent: name, cpus }))

@@ -1,13 +1,13 @@
-//! Processes: their start time and the CPU affinity of their threads (`sched_setaffinity`, or
-//! the sandbox's record of it under its simulated `proc/`).
+//! Processes: their start time and the CPU affinity of their threads, through the
+//! [`ProcessKernel`] chosen at start: `sched_setaffinity` on the host's ([`HostProcesses`]), or
+//! the sandbox's record of it.
 
 use std::fs;
 use std::io;
-use std::path::Path;
 
-use super::{CgroupFs, HostError};
+use super::{CgroupFs, HostError, ProcessKernel};
 use crate::core::cpuset::CpuSet;
-use crate::host::fsutil::{FsError, Root};
+use crate::host::IoError;
 
 impl CgroupFs {
     /// When process `pid` started: field 22 of `/proc/PID/stat`, in clock ticks since boot.
@@ -23,9 +23,22 @@ impl CgroupFs {
     /// still confines the threads to their cpuset). A process that is gone is not an error
     /// when `optional`.
     pub fn set_affinity(&self, pid: u32, cpus: &CpuSet, optional: bool) -> Result<(), HostError> {
-        if let Some(dir) = &self.sim_procs {
-            return self.set_sim_affinity(dir, pid, cpus, optional);
-        }
+        self.procs.set_affinity(self, pid, cpus, optional)
+    }
+
+    /// The affinity of `pid`'s main thread, `None` if it is gone.
+    pub fn affinity(&self, pid: u32) -> Option<CpuSet> {
+        self.procs.affinity(self, pid)
+    }
+}
+
+/// The host's kernel: `sched_setaffinity` and `sched_getaffinity` on the real processes, found
+/// under the procfs root.
+#[derive(Debug, Clone, Copy)]
+pub struct HostProcesses;
+
+impl ProcessKernel for HostProcesses {
+    fn set_affinity(&self, fs: &CgroupFs, pid: u32, cpus: &CpuSet, optional: bool) -> Result<(), HostError> {
         let mut set = nix::sched::CpuSet::new();
         let all = CpuSet::range(0, (nix::sched::CpuSet::count() as u32).saturating_sub(1));
         let cpus = if cpus.is_empty() { &all } else { cpus };
@@ -33,13 +46,13 @@ impl CgroupFs {
             // Beyond what the kernel's mask holds there is nothing to set.
             let _ = set.set(cpu as usize);
         }
-        let task_dir = self.proc_root.join(pid.to_string()).join("task");
+        let task_dir = fs.proc_root.join(pid.to_string()).join("task");
         let tids: Vec<u32> = match fs::read_dir(&task_dir) {
             Ok(entries) => {
                 entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound && optional => return Ok(()),
-            Err(source) => return Err(HostError::Read { path: task_dir, source }),
+            Err(source) => return Err(HostError::Io(IoError::Read { path: task_dir, source })),
         };
         for tid in tids {
             let tid_i = i32::try_from(tid).unwrap_or(i32::MAX);
@@ -53,47 +66,7 @@ impl CgroupFs {
         Ok(())
     }
 
-    /// The sandbox's `sched_setaffinity`: records `cpus` (empty: every simulated CPU) as the
-    /// process's `Cpus_allowed_list` under `dir`, after checking that the process exists.
-    fn set_sim_affinity(&self, dir: &Path, pid: u32, cpus: &CpuSet, optional: bool) -> Result<(), HostError> {
-        let proc_dir = self.proc_root.join(pid.to_string());
-        if !proc_dir.is_dir() {
-            if optional {
-                return Ok(());
-            }
-            return Err(HostError::Read { path: proc_dir, source: io::Error::from(io::ErrorKind::NotFound) });
-        }
-        let all = self.effective_at_root();
-        let cpus = if cpus.is_empty() { &all } else { cpus };
-        // Inside the sandbox only, and never through a link planted there.
-        let root = Root::new(dir);
-        let data = format!("Cpus_allowed_list:\t{cpus}\n");
-        let status = dir.join(pid.to_string()).join("status");
-        let err =
-            |e: FsError| HostError::Write { path: status.clone(), data: data.clone(), source: e.source };
-        root.create_dir_all(pid.to_string(), 0o755).map_err(err)?;
-        root.write_or_create(format!("{pid}/status"), data.as_bytes(), 0o644).map_err(err)
-    }
-
-    fn effective_at_root(&self) -> CpuSet {
-        fs::read_to_string(self.root.join("cpuset.cpus.effective"))
-            .ok()
-            .and_then(|t| CpuSet::parse(t.trim()).ok())
-            .unwrap_or_default()
-    }
-
-    /// The affinity of `pid`'s main thread, `None` if it is gone.
-    pub fn affinity(&self, pid: u32) -> Option<CpuSet> {
-        if let Some(dir) = &self.sim_procs {
-            if !self.proc_root.join(pid.to_string()).is_dir() {
-                return None;
-            }
-            let text = fs::read_to_string(dir.join(pid.to_string()).join("status")).unwrap_or_default();
-            let listed = text.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"));
-            return Some(
-                listed.and_then(|l| CpuSet::parse(l.trim()).ok()).unwrap_or_else(|| self.effective_at_root()),
-            );
-        }
+    fn affinity(&self, _fs: &CgroupFs, pid: u32) -> Option<CpuSet> {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).ok()?);
         let set = nix::sched::sched_getaffinity(pid).ok()?;
         Some(
@@ -102,5 +75,12 @@ impl CgroupFs {
                 .map(|c| c as u32)
                 .collect(),
         )
+    }
+
+    fn cgroup(&self, fs: &CgroupFs, pid: u32) -> Option<String> {
+        let text = fs::read_to_string(fs.proc_root.join(pid.to_string()).join("cgroup")).ok()?;
+        // cgroup v2: the one line "0::/path".
+        let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+        Some(rel.trim().trim_start_matches('/').to_owned())
     }
 }

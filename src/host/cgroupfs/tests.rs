@@ -1,4 +1,5 @@
-//! The cgroupfs backend against a temporary directory standing in for the cgroup root.
+//! The cgroupfs backend against a temporary directory standing in for the cgroup root, answered
+//! by the simulated kernel (`crate::sim`) as the sandbox is.
 
 use super::*;
 use crate::core::plan::Partition;
@@ -10,7 +11,7 @@ fn cg(s: &str) -> CgroupPath {
 #[test]
 fn creates_with_cpuset_enabled_along_the_path_and_writes_files() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let fs_ = CgroupFs::new(dir.path(), "/proc");
+    let fs_ = crate::sim::cgroupfs(dir.path(), "/proc");
     let p = cg("cpupool.slice/cpupool-dp.slice");
     fs_.apply(&Effect::CreateCgroup(p.clone())).unwrap_or_else(|e| panic!("{e}"));
     for sub in ["", "cpupool.slice"] {
@@ -53,7 +54,7 @@ fn creates_with_cpuset_enabled_along_the_path_and_writes_files() {
 #[test]
 fn a_missing_cpuset_file_names_the_cgroup_or_the_parent_without_the_controller() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let fs_ = CgroupFs::new(dir.path(), "/proc");
+    let fs_ = crate::sim::cgroupfs(dir.path(), "/proc");
     let two = CpuSet::range(2, 2);
     let err = fs_.set_cpus(&cg("nope/x"), &two).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.starts_with("no cgroup `") && err.ends_with("nope/x`"), "{err}");
@@ -82,7 +83,7 @@ fn a_missing_cpuset_file_names_the_cgroup_or_the_parent_without_the_controller()
 #[test]
 fn partitions_on_kernels_with_and_without_cpuset_cpus_exclusive() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let fs_ = CgroupFs::new(dir.path(), "/proc");
+    let fs_ = crate::sim::cgroupfs(dir.path(), "/proc");
     let top = cg("cpupool.slice");
     let dp = cg("cpupool.slice/cpupool-dp.slice");
     fs_.create(&dp).unwrap_or_else(|e| panic!("{e}"));
@@ -128,7 +129,7 @@ fn partitions_on_kernels_with_and_without_cpuset_cpus_exclusive() {
 #[test]
 fn a_containers_partition_is_granted_down_the_kubelets_slices_and_taken_back() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let fs_ = CgroupFs::new(dir.path(), "/proc");
+    let fs_ = crate::sim::cgroupfs(dir.path(), "/proc");
     let pods = cg("kubepods.slice");
     let pod = cg("kubepods.slice/kubepods-podA.slice");
     let (a, b) = (
@@ -198,7 +199,7 @@ fn affinity_of_a_child_process() {
 fn sim_tree() -> (tempfile::TempDir, CgroupFs, CgroupPath, CgroupPath) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     fs::write(dir.path().join("cpuset.cpus.effective"), "0-7\n").unwrap_or_else(|e| panic!("{e}"));
-    let fs_ = CgroupFs::new(dir.path(), "/proc");
+    let fs_ = crate::sim::cgroupfs(dir.path(), "/proc");
     let web = cg("cpupool.slice/cpupool-web.slice");
     let app = cg("cpupool.slice/cpupool-web.slice/app");
     fs_.create(&app).unwrap_or_else(|e| panic!("{e}"));

@@ -1,5 +1,5 @@
 //! The sandbox's power trees: cpufreq, PM QoS, cpuidle and intel_uncore_frequency as plain
-//! files below a simulated sysfs, laid out as [`super::power`] describes (from the kernel's
+//! files below a simulated sysfs, laid out as [`crate::host::power`] describes (from the kernel's
 //! documentation), so the sandbox and the tests exercise every power knob.
 //!
 //! The simulated host looks like an intel_pstate machine: one cpufreq policy per CPU
@@ -15,8 +15,8 @@ use std::collections::BTreeSet;
 use std::io;
 use std::path::Path;
 
-use super::power::CPU_DIR;
 use crate::core::topology::Topology;
+use crate::host::power::CPU_DIR;
 
 /// `cpuinfo_min_freq` of the simulated CPUs (kHz).
 pub const CPU_MIN_KHZ: u64 = 800_000;

@@ -14,8 +14,8 @@
 //! ```
 //!
 //! Plain files cannot refuse a write, and a real kernel decides the effective affinity itself.
-//! This module plays the kernel for the writes [`super::irq::IrqFs`] makes on a tree that is not
-//! a real procfs: a write to an IRQ marked `sim_managed` fails with `EIO`, as the kernel's
+//! [`SimIrqs`], the twin of [`crate::host::irq::HostIrqs`], plays the kernel for the writes
+//! [`IrqFs`] makes: a write to an IRQ marked `sim_managed` fails with `EIO`, as the kernel's
 //! refusal of a managed interrupt does; a mask without an online CPU fails with `EINVAL`;
 //! otherwise the list is written (through [`Root`], as on a host) and `smp_affinity` and
 //! `effective_affinity_list` follow it. The daemon never reads `sim_managed`: it learns that
@@ -27,9 +27,21 @@
 use std::io;
 use std::path::Path;
 
-use super::fsutil::Root;
-use super::irq::format_mask;
 use crate::core::cpuset::CpuSet;
+use crate::host::fsutil::Root;
+#[cfg(doc)]
+use crate::host::irq::IrqFs;
+use crate::host::irq::{format_mask, IrqKernel};
+
+/// The simulated kernel's part in a write to an IRQ's affinity (module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct SimIrqs;
+
+impl IrqKernel for SimIrqs {
+    fn write_affinity(&self, procfs_root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> io::Result<()> {
+        write_affinity(procfs_root, irq_dir, irq, cpus)
+    }
+}
 
 /// One simulated interrupt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,4 +141,44 @@ pub fn write_affinity(root: &Path, irq_dir: &Path, irq: u32, cpus: &CpuSet) -> i
     // The kernel moves the vector at the next interrupt; the sandbox has no interrupts, so
     // the move is taken as done at once.
     put(format!("{dir}/effective_affinity_list"), format!("{target}\n"))
+}
+
+#[cfg(test)]
+mod fake_procfs_tests {
+    use super::*;
+    use crate::host::irq::{irq_dir, IrqError, IrqFs};
+    use crate::host::IoError;
+
+    /// The sandbox's model of the kernel (sim::irq) behind the same calls as on a host.
+    #[test]
+    fn fake_procfs_managed_irq_refuses_and_a_mask_without_online_cpus_fails() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let online = CpuSet::range(0, 3);
+        write_procfs(dir.path(), &online, &default_irqs(&online)).unwrap_or_else(|e| panic!("{e}"));
+        let fs = IrqFs::new(dir.path(), irq_dir(dir.path(), &dir.path().join("run")))
+            .with_kernel(super::super::KERNEL);
+        assert_eq!(fs.dir(), dir.path().join("irq"));
+        let cpus = CpuSet::range(0, 1);
+        assert!(matches!(fs.set_affinity(41, &cpus), Err(IrqError::KernelPlaced { irq: 41 })));
+        fs.set_affinity(32, &cpus).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()));
+        assert_eq!(fs.effective(32).ok().flatten(), Some(CpuSet::range(0, 0)));
+        let offline = CpuSet::range(8, 9);
+        match fs.set_affinity(32, &offline) {
+            Err(e @ IrqError::Io(IoError::Write { .. })) => {
+                assert!(e.to_string().contains("writing `8-9`"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(fs.affinity(32).ok(), Some(cpus.clone()), "a refused write changes nothing");
+        fs.set_default_affinity(&cpus).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fs.default_affinity().ok(), Some(cpus));
+        assert_eq!(fs.names().unwrap_or_default()[&32], ["virtio1-requests"]);
+        assert_eq!(fs.irqs().unwrap_or_default(), [0, 1, 8, 9, 24, 25, 26, 32, 40, 41, 42]);
+        // A service's writable binding of irq/ is preferred where it exists.
+        std::fs::create_dir_all(dir.path().join("run/irq")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join("run/irq/default_smp_affinity"), "f\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(irq_dir(dir.path(), &dir.path().join("run")), dir.path().join("run/irq"));
+    }
 }

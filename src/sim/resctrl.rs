@@ -10,8 +10,8 @@
 //! ```
 //!
 //! Plain files do not appear on `mkdir`, cannot refuse a write and do not move CPUs between
-//! groups. For the calls [`super::resctrl::Resctrl`] makes on a tree that is not a mounted
-//! resctrl, this module does what the kernel does: `mkdir` fills the group with the default
+//! groups. For the calls [`crate::host::resctrl::Resctrl`] makes, [`SimResctrlKernel`] (the twin
+//! of [`crate::host::resctrl::HostResctrl`]) does what the kernel does: `mkdir` fills the group with the default
 //! group's schemata; a `schemata` write is checked line by line as the kernel checks it (mask
 //! within `cbm_mask`, contiguous, at least `min_cbm_bits`; bandwidth at least `min_bandwidth`,
 //! rounded up to `bandwidth_gran`), refused with `EINVAL` and the reason in
@@ -27,6 +27,26 @@ use std::path::Path;
 
 use crate::core::cache::parse_schemata;
 use crate::core::cpuset::CpuSet;
+use crate::host::resctrl::ResctrlKernel;
+
+/// The simulated kernel's part in the resctrl calls (module docs).
+#[derive(Debug, Clone, Copy)]
+pub struct SimResctrlKernel;
+
+impl ResctrlKernel for SimResctrlKernel {
+    fn create_group(&self, root: &Path, group: &str) -> io::Result<()> {
+        mkdir_group(root, group)
+    }
+    fn remove_group(&self, root: &Path, group: &str) -> io::Result<()> {
+        rmdir_group(root, group)
+    }
+    fn write_cpus(&self, root: &Path, group: &str, cpus: &CpuSet) -> io::Result<()> {
+        write_cpus(root, group, cpus)
+    }
+    fn write_schemata(&self, root: &Path, group: &str, lines: &str) -> io::Result<()> {
+        write_schemata(root, group, lines)
+    }
+}
 
 /// The simulated host's resctrl.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,4 +240,48 @@ fn format_schemata(lines: &BTreeMap<String, BTreeMap<u32, String>>) -> String {
             format!("{res:>6}:{}\n", doms.join(";"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::resctrl::{Resctrl, ResctrlError};
+
+    #[test]
+    fn the_sandbox_model_behind_the_same_calls_as_on_a_host() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let root = dir.path().join("resctrl");
+        let online = CpuSet::parse("0-7").unwrap_or_else(|e| panic!("{e}"));
+        write_root(&root, &SimResctrl::new(&online, 2)).unwrap_or_else(|e| panic!("{e}"));
+        let rc = Resctrl::new(&root).with_kernel(super::super::KERNEL);
+        assert!(rc.mounted());
+        let info = rc.info().unwrap_or_else(|e| panic!("{e}"));
+        let l3 = info.l3.as_ref().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (l3.cbm_mask, l3.min_cbm_bits, l3.num_closids, l3.domains.clone()),
+            (0xfff, 1, 16, vec![0, 1])
+        );
+        let mb = info.mb.as_ref().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((mb.bandwidth_gran, mb.min_bandwidth, mb.num_closids), (10, 10, 8));
+        rc.create_group("cpupool-dp").unwrap_or_else(|e| panic!("{e}"));
+        let cpus = CpuSet::parse("2-3").unwrap_or_else(|e| panic!("{e}"));
+        rc.set_cpus("cpupool-dp", &cpus).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rc.cpus("cpupool-dp").unwrap_or_else(|e| panic!("{e}")), cpus);
+        assert_eq!(std::fs::read_to_string(root.join("cpus_list")).unwrap_or_default(), "0-1,4-7\n");
+        rc.set_schemata("cpupool-dp", "L3:0=ff0;1=ff0\n").unwrap_or_else(|e| panic!("{e}"));
+        let shown = rc.schemata("cpupool-dp").unwrap_or_else(|e| panic!("{e}"));
+        assert!(shown.contains("L3:0=ff0;1=ff0"), "{shown}");
+        assert!(shown.contains("MB:0=100;1=100"), "the MB line is kept: {shown}");
+        // The kernel's refusal, with its reason.
+        match rc.set_schemata("cpupool-dp", "L3:0=f0f\n") {
+            Err(e @ ResctrlError::Write { .. }) => {
+                assert!(e.to_string().contains("last_cmd_status: Mask not contiguous"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(rc.groups().unwrap_or_else(|e| panic!("{e}")), vec!["cpupool-dp".to_owned()]);
+        rc.remove_group("cpupool-dp").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!rc.has_group("cpupool-dp"));
+        assert_eq!(std::fs::read_to_string(root.join("cpus_list")).unwrap_or_default(), "0-7\n");
+    }
 }

@@ -6,8 +6,9 @@
 //! isolated CPUs). [`write_sysfs`] lays that topology out as the kernel would under a sysfs root,
 //! and [`write_cgroupfs`] creates a cgroup2-like root of plain files. From then on the daemon
 //! reads and writes those roots with exactly the code it uses on a real host
-//! ([`super::sysfs::read_topology`] and the cgroupfs backend), so the sandbox exercises the real
-//! paths; only the roots differ.
+//! ([`crate::host::sysfs::read_topology`] and the cgroupfs backend), so the sandbox exercises
+//! the real paths; only the roots differ, and the kernel's part in the writes (see
+//! [`super::cgroup`]).
 //!
 //! Files are written in the kernel's formats: lists in the kernel list syntax with a trailing
 //! newline (`"0-3\n"`, the empty set as `"\n"`), numbers followed by a newline. Only online CPUs
@@ -24,13 +25,12 @@ use std::path::Path;
 use std::str::FromStr;
 
 use crate::core::cpuset::{CpuSet, MAX_CPU};
-use crate::core::state::CgroupPath;
 use crate::core::topology::Topology;
 
 /// The most CPUs a [`TopologyShape`] may have: CPU numbers `0..=MAX_CPU`.
 pub const MAX_SHAPE_CPUS: u64 = MAX_CPU as u64 + 1;
 
-/// Writes a sysfs tree under `root` that [`super::sysfs::read_topology`] reads back as `topo`.
+/// Writes a sysfs tree under `root` that [`crate::host::sysfs::read_topology`] reads back as `topo`.
 ///
 /// Written: `devices/system/cpu/{online,offline,isolated,possible,present}`; for each CPU
 /// `cpuN/online`, and for each online CPU `cpuN/topology/{core_cpus_list,thread_siblings_list,
@@ -180,131 +180,6 @@ pub fn write_cgroupfs(root: &Path, topo: &Topology) -> io::Result<()> {
         put(&dir.join("cgroup.procs"), "")?;
     }
     Ok(())
-}
-
-/// The effective CPUs of cgroup `path` in a simulated cgroupfs under `root`, as the kernel
-/// would compute them (Documentation/admin-guide/cgroup-v2.rst, "Cpuset"): the root has the
-/// online CPUs of its `cpuset.cpus.effective` less those granted to valid partitions below it;
-/// a partition has the CPUs it was granted (`cpuset.cpus.exclusive`, else `cpuset.cpus`) less
-/// those of partitions below it; any other cgroup has its `cpuset.cpus` within its parent's
-/// effective CPUs, or all of its parent's when that is empty or shares none of them.
-///
-/// Partitions are looked for in the first level, and in the second below a cgroup that is a
-/// partition or grants `cpuset.cpus.exclusive` (the kernel allows no other), which is where
-/// cpupoold makes them (`cpupool.slice` and the pool slices). `None` when the cgroup does not
-/// exist.
-pub fn effective_cpus(root: &Path, path: &CgroupPath) -> Option<CpuSet> {
-    if !root.join(path.as_str()).is_dir() {
-        return None;
-    }
-    Some(effective_in(root, Some(path), &partitions(root)))
-}
-
-/// The simulated root cgroup's effective CPUs (see [`effective_cpus`]).
-pub fn root_effective(root: &Path) -> CpuSet {
-    effective_in(root, None, &partitions(root))
-}
-
-/// The valid partitions of a simulated cgroupfs, by relative path, with the CPUs granted to
-/// each: what [`effective_cpus`] reads besides the `cpuset.cpus` on the way down. They change
-/// only when a partition file, a `cpuset.cpus.exclusive` or the `cpuset.cpus` of a partition
-/// is written, or a cgroup in the first two levels comes or goes; a caller that knows none of
-/// that happened may keep them ([`effective_in`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Partitions(Vec<(String, CpuSet)>);
-
-impl Partitions {
-    /// Whether `path` is one of them.
-    pub fn contains(&self, path: &CgroupPath) -> bool {
-        self.0.iter().any(|(p, _)| p == path.as_str())
-    }
-}
-
-fn read_list(p: &Path, file: &str) -> CpuSet {
-    fs::read_to_string(p.join(file)).ok().and_then(|t| CpuSet::parse(t.trim()).ok()).unwrap_or_default()
-}
-
-/// Reads the [`Partitions`] of the simulated cgroupfs under `root`.
-pub fn partitions(root: &Path) -> Partitions {
-    let read = read_list;
-    let partition_cpus = |p: &Path| -> Option<CpuSet> {
-        let status = fs::read_to_string(p.join("cpuset.cpus.partition")).ok()?;
-        let word = status.split_whitespace().next()?;
-        if !matches!(word, "root" | "isolated") || status.contains("invalid") {
-            return None;
-        }
-        let exclusive = read(p, "cpuset.cpus.exclusive");
-        Some(if exclusive.is_empty() { read(p, "cpuset.cpus") } else { exclusive })
-    };
-    // Valid partitions in the first two levels, by relative path.
-    let mut partitions: Vec<(String, CpuSet)> = Vec::new();
-    let subdirs = |p: &Path| -> Vec<(String, std::path::PathBuf)> {
-        fs::read_dir(p)
-            .map(|es| {
-                es.filter_map(Result::ok)
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .filter_map(|e| Some((e.file_name().to_str()?.to_owned(), e.path())))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    for (name, d) in subdirs(root) {
-        let partition = partition_cpus(&d);
-        // A partition's parent is a partition itself, or grants it CPUs through
-        // cpuset.cpus.exclusive (a remote partition): other cgroups hold none below them.
-        let grants = partition.is_some() || !read(&d, "cpuset.cpus.exclusive").is_empty();
-        if let Some(c) = partition {
-            partitions.push((name.clone(), c));
-        }
-        if !grants {
-            continue;
-        }
-        for (child, cd) in subdirs(&d) {
-            if let Some(c) = partition_cpus(&cd) {
-                partitions.push((format!("{name}/{child}"), c));
-            }
-        }
-    }
-    Partitions(partitions)
-}
-
-/// The effective CPUs of `path` (the root for `None`) given the [`Partitions`]: reads the root's
-/// `cpuset.cpus.effective` and the `cpuset.cpus` of each cgroup on the way down.
-pub fn effective_in(root: &Path, path: Option<&CgroupPath>, partitions: &Partitions) -> CpuSet {
-    let partitions = &partitions.0;
-    // CPUs granted to partitions strictly below `at` ("" for the root) and not below another
-    // partition below it.
-    let granted_below = |at: &str| -> CpuSet {
-        let below = |p: &str| if at.is_empty() { true } else { p.starts_with(&format!("{at}/")) };
-        partitions
-            .iter()
-            .filter(|(p, _)| below(p))
-            .filter(|(p, _)| !partitions.iter().any(|(q, _)| below(q) && p.starts_with(&format!("{q}/"))))
-            .fold(CpuSet::new(), |acc, (_, c)| acc.union(c))
-    };
-    let mut effective = read_list(root, "cpuset.cpus.effective").difference(&granted_below(""));
-    let mut at = String::new();
-    for comp in path.map(CgroupPath::as_str).unwrap_or_default().split('/').filter(|c| !c.is_empty()) {
-        at = if at.is_empty() { comp.to_owned() } else { format!("{at}/{comp}") };
-        if let Some((_, granted)) = partitions.iter().find(|(p, _)| *p == at) {
-            effective = granted.difference(&granted_below(&at));
-            continue;
-        }
-        effective = below(&effective, &read_list(&root.join(&at), "cpuset.cpus"));
-    }
-    effective
-}
-
-/// The effective CPUs of a cgroup that is not a partition, whose parent has `parent` and
-/// which asks for `own` (its `cpuset.cpus`): those within its parent's, or all of its parent's
-/// when it asks for none of them.
-pub fn below(parent: &CpuSet, own: &CpuSet) -> CpuSet {
-    let own = own.intersection(parent);
-    if own.is_empty() {
-        parent.clone()
-    } else {
-        own
-    }
 }
 
 /// A set as sysfs prints it: the list syntax and a newline.
@@ -570,50 +445,5 @@ mod tests {
             .err()
             .unwrap_or_else(|| panic!("wrote through a file"));
         assert!(err.to_string().contains(&dir.path().join("devices").display().to_string()), "{err}");
-    }
-
-    /// The simulated kernel's effective CPUs, on both partition flavours (cgroup-v2.rst).
-    #[test]
-    fn effective_cpus_follow_the_kernels_rules() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let root = dir.path();
-        write_cgroupfs(root, &shape("1x4x2").topology()).unwrap_or_else(|e| panic!("{e}"));
-        let p = |s: &str| CgroupPath::new(s).unwrap_or_else(|e| panic!("{e}"));
-        let eff = |s: &str| effective_cpus(root, &p(s)).map(|c| c.to_string());
-        let put_ = |rel: &str, text: &str| put(&root.join(rel), text).unwrap_or_else(|e| panic!("{e}"));
-        // No restriction anywhere: the online CPUs; a list within the parent's; one outside it
-        // falls back to all of the parent's.
-        put_("work/app/cpuset.cpus", "2-3\n");
-        assert_eq!(eff("work").as_deref(), Some("0-7"));
-        assert_eq!(eff("work/app").as_deref(), Some("2-3"));
-        put_("work/cpuset.cpus", "0-1\n");
-        assert_eq!(eff("work/app").as_deref(), Some("0-1"));
-        assert_eq!(effective_cpus(root, &p("missing")), None);
-        // Linux 6.1: cpupool.slice a root partition of 1-3,5-7, its dp child isolated on 1-2,5-6.
-        put_("cpupool.slice/cpuset.cpus", "1-3,5-7\n");
-        put_("cpupool.slice/cpuset.cpus.partition", "root\n");
-        put_("cpupool.slice/dp/cpuset.cpus", "1-2,5-6\n");
-        put_("cpupool.slice/dp/cpuset.cpus.partition", "isolated\n");
-        put_("cpupool.slice/web/cpuset.cpus", "3,7\n");
-        assert_eq!(root_effective(root).to_string(), "0,4");
-        // work asked for 0-1: what remains of it.
-        assert_eq!(eff("work").as_deref(), Some("0"));
-        assert_eq!(eff("cpupool.slice").as_deref(), Some("3,7"));
-        assert_eq!(eff("cpupool.slice/dp").as_deref(), Some("1-2,5-6"));
-        assert_eq!(eff("cpupool.slice/web").as_deref(), Some("3,7"));
-        // An invalid partition grants nothing.
-        put_(
-            "cpupool.slice/dp/cpuset.cpus.partition",
-            "isolated invalid (Cpu list in cpuset.cpus not exclusive)\n",
-        );
-        assert_eq!(eff("cpupool.slice").as_deref(), Some("1-3,5-7"));
-        // Linux 6.7+: cpupool.slice a member granting cpuset.cpus.exclusive (a remote partition).
-        put_("cpupool.slice/cpuset.cpus.partition", "member\n");
-        put_("cpupool.slice/cpuset.cpus.exclusive", "1-2,5-6\n");
-        put_("cpupool.slice/dp/cpuset.cpus.exclusive", "1-2,5-6\n");
-        put_("cpupool.slice/dp/cpuset.cpus.partition", "isolated\n");
-        assert_eq!(root_effective(root).to_string(), "0,3-4,7");
-        assert_eq!(eff("cpupool.slice").as_deref(), Some("3,7"));
-        assert_eq!(eff("cpupool.slice/dp").as_deref(), Some("1-2,5-6"));
     }
 }
