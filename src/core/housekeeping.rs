@@ -565,7 +565,8 @@ mod tests {
         assert_eq!(h.cpus[1].device_per_sec, 0.0);
         assert!(!h.holds());
         assert_eq!(h.summary(), "71 IRQ/s from irq 32 virtio1-requests on CPU 2");
-        let quiet = assess("dp", &set("2-3"), &before, &before, 2.0).unwrap_or_else(|| panic!("not assessed"));
+        let quiet =
+            assess("dp", &set("2-3"), &before, &before, 2.0).unwrap_or_else(|| panic!("not assessed"));
         assert!(quiet.holds());
         assert_eq!(quiet.summary(), "holds");
     }
