@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::commit::{Mutation, MAX_GROUP};
-use super::{drift, housekeeping, irq, ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
+use super::{drift, housekeeping, ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
 use crate::config::ConfigError;
 use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
@@ -185,9 +185,7 @@ impl Engine {
     ) -> Result<(Engine, StartReport), StartError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
-        housekeeping::check_housekeeping(settings, &pools).map_err(StartError::Config)?;
-        let cache = super::cache::check(settings).map_err(|e| StartError::Config(Box::new(e)))?;
-        super::power::check_power(settings, &topo, &pools).map_err(StartError::Config)?;
+        let checked = super::keeper::check(settings, &topo, &pools).map_err(StartError::Config)?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         // Before reading anything: a second daemon must not compact under a running one.
         store.lock_dir().map_err(StartError::Store)?;
@@ -269,9 +267,7 @@ impl Engine {
             snapshots,
             config: None,
             hk: None,
-            irq: irq::IrqManager::new(settings),
-            cache: super::cache::CacheManager::new(cache),
-            power: super::power::PowerManager::new(settings),
+            keepers: super::keeper::Keepers::new(settings, checked),
             kubelet: Arc::default(),
             slices: std::cell::RefCell::default(),
         };
@@ -300,11 +296,9 @@ impl Engine {
             );
             engine.store.mark_stale();
         }
-        engine.apply_irqs();
-        engine.apply_cache();
-        engine.apply_power();
+        engine.keep_host();
         // Nothing is served yet: irqbalance is told before the daemon says it is ready.
-        engine.irq.settle();
+        engine.settle_keepers();
         engine.publish(Vec::new());
         Ok((engine, report))
     }
@@ -436,9 +430,7 @@ impl Engine {
             }
             self.mutate(group);
         }
-        self.stop_irqs();
-        self.stop_cache();
-        self.stop_power();
+        self.stop_keepers();
     }
 
     pub(super) fn handle(&mut self, req: Request) {
@@ -542,7 +534,7 @@ impl Engine {
             same if **same == self.opts => same.clone(),
             _ => Arc::new(self.opts.clone()),
         };
-        let snap = Snapshot {
+        let mut snap = Snapshot {
             state: self.state.clone(),
             topology: self.topo.clone(),
             state_path: self.store.path().to_owned(),
@@ -560,10 +552,11 @@ impl Engine {
                     .collect(),
             ),
             isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
-            irq: Arc::new(self.irq.report().clone()),
+            irq: Arc::default(),
             kubelet: self.kubelet.clone(),
-            classes: Arc::new(self.class_rows()),
+            classes: Arc::default(),
         };
+        self.publish_keepers(&mut snap);
         self.snapshots.send_replace(snap);
         for e in events {
             // Nobody listening is fine.

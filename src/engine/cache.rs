@@ -4,7 +4,7 @@
 //!
 //! New settings are checked against the host where the engine takes them ([`check`], at start
 //! and before a reload or pool edit is installed): a key the host cannot honour refuses the
-//! whole configuration, naming the key, and nothing changes. Each pass ([`Engine::apply_cache`],
+//! whole configuration, naming the key, and nothing changes. Each pass ([`Keeper::keep`],
 //! after start's reconcile, every installed configuration and every drift check) reads each
 //! group back, writes what differs, and reads it back again; what the kernel shows is reported
 //! as one [`ClassRow`] per configured key.
@@ -18,8 +18,11 @@
 //! removing the others. With `daemon.cache_restore_on_stop` (the default) the daemon removes
 //! its groups when it stops, which gives their CPUs back to the default group.
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::{error_chain, Engine};
+use super::error_chain;
+use super::handle::Snapshot;
+use super::keeper::{Keeper, Scene};
 use crate::config::{pool_key, Cache, ConfigError, Settings};
 use crate::core::cache::{self, CacheError, ResctrlInfo, Wanted};
 use crate::core::classes::{ClassKind, ClassRow, ClassState};
@@ -93,31 +96,6 @@ impl CacheManager {
     /// Set up from settings already [`check`]ed.
     pub(crate) fn new(prepared: Prepared) -> CacheManager {
         CacheManager { prepared, rows: Vec::new() }
-    }
-
-    /// Takes new settings (a reload): checked again, since the host may have changed since
-    /// [`check`] passed; if they no longer pass, every key is reported degraded with why.
-    pub(crate) fn configure(&mut self, settings: &Settings) {
-        match check(settings) {
-            Ok(p) => self.prepared = p,
-            Err(e) => {
-                log::error!("cache: {}", error_chain(&e));
-                self.prepared = Prepared {
-                    fs: Resctrl::new(&settings.paths.resctrl_root).with_kernel(settings.paths.kernel),
-                    config: settings.cache.clone(),
-                    info: None,
-                    wanted: BTreeMap::new(),
-                };
-                self.rows = rows_for(&self.prepared.config, |_, _| {
-                    ("".into(), ClassState::Degraded(error_chain(&e)))
-                });
-            }
-        }
-    }
-
-    /// The rows of the last pass.
-    pub(crate) fn report(&self) -> Vec<ClassRow> {
-        self.rows.clone()
     }
 
     /// One pass over the pools' groups (module docs); `pools` the running pools' CPUs.
@@ -284,22 +262,41 @@ fn rows_for(config: &Cache, mut f: impl FnMut(&PoolName, &str) -> (String, Class
     rows
 }
 
-impl Engine {
-    /// One cache pass over the running pools (see [`CacheManager`]).
-    pub(crate) fn apply_cache(&mut self) {
-        let pools = self.state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect();
-        self.cache.apply(&pools);
-    }
-
-    /// Removes the daemon's resctrl groups, if so configured (the daemon stops).
-    pub(crate) fn stop_cache(&mut self) {
-        if self.cache.prepared.config.restore_on_stop {
-            self.cache.remove_all();
+impl Keeper for CacheManager {
+    /// Takes new settings (a reload): checked again, since the host may have changed since
+    /// [`check`] passed; if they no longer pass, every key is reported degraded with why.
+    fn configure(&mut self, settings: &Settings) {
+        match check(settings) {
+            Ok(p) => self.prepared = p,
+            Err(e) => {
+                log::error!("cache: {}", error_chain(&e));
+                self.prepared = Prepared {
+                    fs: Resctrl::new(&settings.paths.resctrl_root).with_kernel(settings.paths.kernel),
+                    config: settings.cache.clone(),
+                    info: None,
+                    wanted: BTreeMap::new(),
+                };
+                self.rows = rows_for(&self.prepared.config, |_, _| {
+                    ("".into(), ClassState::Degraded(error_chain(&e)))
+                });
+            }
         }
     }
 
-    /// The cache rows of the last pass.
-    pub(crate) fn cache_rows(&self) -> Vec<ClassRow> {
-        self.cache.report()
+    /// One cache pass over the running pools (see [`CacheManager`]).
+    fn keep(&mut self, scene: &Scene<'_>) {
+        let pools = scene.state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect();
+        self.apply(&pools);
+    }
+
+    fn publish(&self, snap: &mut Snapshot) {
+        Arc::make_mut(&mut snap.classes).extend(self.rows.iter().cloned());
+    }
+
+    /// Removes the daemon's resctrl groups, if so configured (the daemon stops).
+    fn stop(&mut self) {
+        if self.prepared.config.restore_on_stop {
+            self.remove_all();
+        }
     }
 }

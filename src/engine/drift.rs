@@ -202,9 +202,7 @@ impl Engine {
     /// with the reason; changes of that are published as `degraded` / `restored` events.
     pub(super) fn correct_drift(&mut self, found: Found) -> DriftReport {
         let (corrected, failed) = self.correct(&found);
-        self.apply_irqs();
-        self.apply_cache();
-        self.apply_power();
+        self.keep_host();
         let mut health = BTreeMap::new();
         let mut suspects = BTreeSet::new();
         for id in &found.unenforced {

@@ -4,8 +4,7 @@
 //!
 //! Each pass reads every IRQ the kernel lists, asks [`crate::core::isolation`] what it should
 //! hold, and writes the difference through [`IrqFs`]. Before the first write to an IRQ its
-//! affinity as found is remembered durably (`irq.json` in the state directory, written with
-//! [`Root::replace`]), so that the daemon can put it back when isolation ends, its pool goes,
+//! affinity as found is remembered durably (`irq.json` in the state directory, written as a [`Remembered`] value, with a previous copy), so that the daemon can put it back when isolation ends, its pool goes,
 //! or the daemon stops, also after a crash. IRQs the kernel places itself refuse the write and
 //! are reported as kernel-placed. Re-application after someone (irqbalance, an administrator)
 //! rewrites an affinity, and of IRQs that appear later (new ones also start on
@@ -18,33 +17,21 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{error_chain, Engine};
+use super::error_chain;
+use super::handle::Snapshot;
+use super::keeper::{Keeper, Scene};
 use crate::config::{Irq, Settings};
 use crate::core::cpuset::CpuSet;
 use crate::core::isolation::{self, IrqPool, IrqWant};
 use crate::core::pool::PoolKind;
-use crate::host::fsutil::Root;
+use crate::core::state::State;
 use crate::host::irq::{IrqError, IrqFs};
 use crate::host::irqbalance;
+use crate::host::store::{MemoryFile, Remembered};
 
-/// The file in the state directory that remembers affinities from before the daemon's writes.
-pub const MEMORY_FILE: &str = "irq.json";
-/// The memory before the last save: what start uses when [`MEMORY_FILE`] cannot be read.
-pub const MEMORY_PREV_FILE: &str = "irq.json.prev";
-/// Where the link to the outgoing memory is made before it replaces [`MEMORY_PREV_FILE`].
-const MEMORY_PREV_TMP_FILE: &str = ".irq.json.prev.tmp";
-
-/// The memory in `name` of the state directory `root`: `Ok(None)` when there is none, `Err`
-/// (saying why) when it cannot be used.
-fn read_memory(root: &Root, name: &str) -> Result<Option<Memory>, String> {
-    match root.read_own(name, crate::host::fsutil::MAX_REMEMBERED_BYTES) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("`{}` is not readable ({e})", root.path().join(name).display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(error_chain(&e)),
-    }
-}
+/// The file in the state directory that remembers affinities from before the daemon's writes
+/// (its previous copy, `irq.json.prev`, is what start uses when it cannot be read).
+pub const MEMORY: MemoryFile = MemoryFile { name: "irq.json", keeper: "irq", holds: "the affinities" };
 
 /// What the last pass found and did, for the snapshot and logs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,8 +106,7 @@ pub(crate) struct IrqManager {
     fs: IrqFs,
     config: Irq,
     irqbalance_dir: PathBuf,
-    state_dir: PathBuf,
-    memory: Memory,
+    memory: Remembered<Memory>,
     report: IrqReport,
     /// Whether the one-CPU reserved pool warning was given for the current pools.
     warned_one_cpu: bool,
@@ -130,46 +116,12 @@ pub(crate) struct IrqManager {
     /// `smp_affinity` does not), with their count on those CPUs then: the kernel moves an
     /// interrupt at its next occurrence, so one that has not fired since is not delivered there.
     stale: BTreeMap<u32, u64>,
-    /// Whether the next save keeps the file it replaces as [`MEMORY_PREV_FILE`]: not when
-    /// start found it damaged.
-    keep_prev: std::cell::Cell<bool>,
 }
 
 impl IrqManager {
     /// Set up from `settings`, reading the memory a previous run left.
     pub(crate) fn new(settings: &Settings) -> IrqManager {
-        let state_dir = settings.paths.state_dir.clone();
-        // A damaged memory (a disk that lies, an editor) falls back to the one before the last
-        // save, as the state does; the damaged file is not kept as the next previous copy.
-        let root = Root::new(&state_dir);
-        let (memory, keep_prev) = match read_memory(&root, MEMORY_FILE) {
-            Ok(memory) => (memory.unwrap_or_default(), true),
-            Err(why) => match read_memory(&root, MEMORY_PREV_FILE) {
-                Ok(Some(prev)) => {
-                    log::error!(
-                        "irq: {why}; using the previous copy `{}`: the affinities remembered since its last \
-                         save are lost",
-                        state_dir.join(MEMORY_PREV_FILE).display()
-                    );
-                    (prev, false)
-                }
-                Ok(None) => {
-                    log::error!(
-                        "irq: {why}, and there is no previous copy `{}`; the affinities it remembered cannot \
-                         be restored",
-                        state_dir.join(MEMORY_PREV_FILE).display()
-                    );
-                    (Memory::default(), false)
-                }
-                Err(prev_why) => {
-                    log::error!(
-                        "irq: {why}, and the previous copy cannot be used either: {prev_why}; the affinities \
-                         they remembered cannot be restored"
-                    );
-                    (Memory::default(), false)
-                }
-            },
-        };
+        let memory: Remembered<Memory> = Remembered::load(&settings.paths.state_dir, MEMORY);
         if !memory.irqs.is_empty() {
             log::info!("irq: {} affinities remembered from an earlier run", memory.irqs.len());
         }
@@ -178,46 +130,18 @@ impl IrqManager {
             fs: irq_fs(settings),
             config: settings.irq.clone(),
             irqbalance_dir: settings.paths.irqbalance_dir.clone(),
-            state_dir,
             memory,
             report: IrqReport::default(),
             warned_one_cpu: false,
             notifier: Notifier::new(memory_told),
             stale: BTreeMap::new(),
-            keep_prev: std::cell::Cell::new(keep_prev),
         }
     }
 
-    /// Takes new settings (a reload).
-    pub(crate) fn configure(&mut self, settings: &Settings) {
-        self.config = settings.irq.clone();
-        self.fs = irq_fs(settings);
-        self.irqbalance_dir = settings.paths.irqbalance_dir.clone();
-    }
-
-    /// The last pass's report.
-    pub(crate) fn report(&self) -> &IrqReport {
-        &self.report
-    }
-
-    /// Writes the memory durably, keeping the one it replaces as [`MEMORY_PREV_FILE`] (unless
-    /// that is the damaged file start could not read).
-    fn save(&self) -> bool {
-        let data = serde_json::to_vec_pretty(&self.memory).unwrap_or_default();
-        let root = Root::new(&self.state_dir);
-        let tmp = format!(".{MEMORY_FILE}.tmp");
-        let keep = || {
-            if self.keep_prev.get() {
-                root.link_prev(MEMORY_FILE, MEMORY_PREV_TMP_FILE, MEMORY_PREV_FILE)
-            } else {
-                Ok(())
-            }
-        };
-        match root.replace_with(Path::new(MEMORY_FILE), &tmp, &data, 0o600, keep) {
-            Ok(()) => {
-                self.keep_prev.set(true);
-                true
-            }
+    /// Writes the memory durably ([`Remembered::save`]); whether it was.
+    fn save(&mut self) -> bool {
+        match self.memory.save() {
+            Ok(()) => true,
             Err(e) => {
                 log::error!("irq: saving the remembered affinities failed: {}", error_chain(&e));
                 false
@@ -290,7 +214,7 @@ impl IrqManager {
         if let (IrqWant::Set(_), Some(c), None) = (&default_want, &default_now, &self.memory.default) {
             self.memory.default = Some(c.to_string());
         }
-        let saved_before = self.memory.clone();
+        let saved_before = (*self.memory).clone();
         let needs_save =
             wants.iter().any(|(_, w)| matches!(w, IrqWant::Set(_))) || default_want != IrqWant::Keep;
         if needs_save && !self.save() {
@@ -403,22 +327,10 @@ impl IrqManager {
             report.irqbalance = self.notifier.said();
         }
         self.memory.irqbalance = self.notifier.told();
-        if self.memory != saved_before {
+        if *self.memory != saved_before {
             self.save();
         }
         self.finish(report);
-    }
-
-    /// Waits (at most [`SETTLE`]) until irqbalance has been told what the last pass wants, and
-    /// reports what it said: start does, so that irqbalance knows the isolated CPUs by the time
-    /// the daemon is ready.
-    pub(crate) fn settle(&mut self) {
-        if !self.notifier.settle(SETTLE) {
-            log::warn!("irq: irqbalance has not answered yet; it is told in the background");
-        }
-        if self.config.irqbalance {
-            self.report.irqbalance = self.notifier.said();
-        }
     }
 
     /// Writes every remembered affinity back and forgets it (the daemon stops).
@@ -615,46 +527,68 @@ fn irq_fs(settings: &Settings) -> IrqFs {
         .with_kernel(p.kernel)
 }
 
-impl Engine {
+impl Keeper for IrqManager {
+    fn configure(&mut self, settings: &Settings) {
+        self.config = settings.irq.clone();
+        self.fs = irq_fs(settings);
+        self.irqbalance_dir = settings.paths.irqbalance_dir.clone();
+    }
+
     /// One interrupt pass over the current pools (see [`IrqManager`]).
-    pub(crate) fn apply_irqs(&mut self) {
-        let (pools, base_sink, reserved) = self.irq_pools();
+    fn keep(&mut self, scene: &Scene<'_>) {
+        let (pools, base_sink, reserved) = self.irq_pools(scene.state);
         // systemd judges irqbalance.service's ConditionCPUs=>1 on the CPUs init.scope may use,
         // which are the reserved pool's: with one, a restart of irqbalance is skipped and it
         // stops without a word.
-        let one_cpu = reserved.len() == 1 && self.irq.config.irqbalance;
-        if one_cpu && !self.irq.warned_one_cpu {
+        let one_cpu = reserved.len() == 1 && self.config.irqbalance;
+        if one_cpu && !self.warned_one_cpu {
             log::warn!(
                 "irq: the reserved pool has one CPU ({reserved}): systemd skips starting irqbalance \
                  (ConditionCPUs=>1 is judged on init.scope's CPUs), so `systemctl restart irqbalance` \
                  stops it; give the reserved pool two CPUs to keep irqbalance"
             );
         }
-        self.irq.warned_one_cpu = one_cpu;
-        let online = self.topo.online();
-        let boot = self.topo.data().isolated.clone();
-        self.irq.apply(&pools, &base_sink, &online, &boot);
+        self.warned_one_cpu = one_cpu;
+        let online = scene.topo.online();
+        self.apply(&pools, &base_sink, &online, &scene.topo.data().isolated);
     }
 
-    /// Puts every interrupt back, if so configured (the daemon stops).
-    pub(crate) fn stop_irqs(&mut self) {
-        if self.irq.config.restore_on_stop {
-            self.irq.restore_all();
+    /// Waits (at most [`SETTLE`]) until irqbalance has been told what the last pass wants, and
+    /// reports what it said: start does, so that irqbalance knows the isolated CPUs by the time
+    /// the daemon is ready.
+    fn settle(&mut self) {
+        if !self.notifier.settle(SETTLE) {
+            log::warn!("irq: irqbalance has not answered yet; it is told in the background");
+        }
+        if self.config.irqbalance {
+            self.report.irqbalance = self.notifier.said();
         }
     }
 
+    fn publish(&self, snap: &mut Snapshot) {
+        snap.irq = Arc::new(self.report.clone());
+    }
+
+    /// Puts every interrupt back, if so configured (the daemon stops).
+    fn stop(&mut self) {
+        if self.config.restore_on_stop {
+            self.restore_all();
+        }
+    }
+}
+
+impl IrqManager {
     /// The pools as the interrupt plan sees them, the daemon's sink and the reserved CPUs.
-    fn irq_pools(&self) -> (Vec<IrqPool>, CpuSet, CpuSet) {
+    fn irq_pools(&self, state: &State) -> (Vec<IrqPool>, CpuSet, CpuSet) {
         let mut reserved = CpuSet::new();
-        let pools = self
-            .state
+        let pools = state
             .pools()
             .values()
             .map(|p| {
                 if p.kind == PoolKind::Reserved {
                     reserved = p.cpus.clone();
                 }
-                let cfg = self.irq.config.pools.get(&p.name);
+                let cfg = self.config.pools.get(&p.name);
                 let default_mode =
                     if p.isolate { isolation::IrqMode::Isolate } else { isolation::IrqMode::None };
                 IrqPool {
@@ -665,7 +599,7 @@ impl Engine {
                 }
             })
             .collect();
-        (pools, self.irq.config.cpus.clone().unwrap_or_else(|| reserved.clone()), reserved)
+        (pools, self.config.cpus.clone().unwrap_or_else(|| reserved.clone()), reserved)
     }
 }
 
@@ -702,13 +636,15 @@ mod tests {
         // IRQ 1 (i8042) went to the reserved CPUs at start; it has not fired since, so the
         // kernel still shows it on isolated CPU 1.
         fs::write(proc.join("irq/1/effective_affinity_list"), "1\n").unwrap_or_else(|e| panic!("{e}"));
-        let said = |e: &super::super::Engine| {
-            e.irq.report().problems.iter().filter(|p| p.starts_with("IRQ 1 ")).cloned().collect::<Vec<_>>()
+        // One pass of the keepers, then what the snapshot says of IRQ 1.
+        let said = |e: &mut super::super::Engine| {
+            e.keep_host();
+            e.publish(Vec::new());
+            let snap = e.snapshots.borrow();
+            snap.irq.problems.iter().filter(|p| p.starts_with("IRQ 1 ")).cloned().collect::<Vec<_>>()
         };
-        engine.apply_irqs();
-        assert_eq!(said(&engine), Vec::<String>::new(), "first seen: judged at the next pass");
-        engine.apply_irqs();
-        assert_eq!(said(&engine), Vec::<String>::new(), "it has not fired on CPU 1 since");
+        assert_eq!(said(&mut engine), Vec::<String>::new(), "first seen: judged at the next pass");
+        assert_eq!(said(&mut engine), Vec::<String>::new(), "it has not fired on CPU 1 since");
         // It fires on CPU 1: the kernel delivered it there.
         let table = fs::read_to_string(proc.join("interrupts")).unwrap_or_else(|e| panic!("{e}"));
         let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
@@ -726,8 +662,7 @@ mod tests {
             })
             .collect();
         fs::write(proc.join("interrupts"), bumped.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
-        engine.apply_irqs();
-        assert_eq!(said(&engine), ["IRQ 1 (i8042) is still delivered to isolated CPUs 1"]);
+        assert_eq!(said(&mut engine), ["IRQ 1 (i8042) is still delivered to isolated CPUs 1"]);
     }
 
     #[test]

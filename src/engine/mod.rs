@@ -18,9 +18,12 @@
 //! - `reload`: new settings and pool edits;
 //! - `drift`: the periodic comparison of the host with the state, and its corrections;
 //! - `kubelet`: what the kubelet wing reports (pods, containers) folded into the state;
-//! - the keepers of host settings beside the cpusets: `irq` (device interrupts off isolated
-//!   CPUs), [`housekeeping`] (the unbound workqueue mask, kernel threads), [`power`] (the sysfs
-//!   files of the power classes) and `cache` (the resctrl groups of the cache classes).
+//! - `keeper`: the contract of the keepers of host settings beside the cpusets, their registry,
+//!   and the one place the engine drives them from (start, reload, drift check, stop);
+//! - the keepers: `irq` (device interrupts off isolated CPUs), [`power`] (the sysfs files of the
+//!   power classes) and `cache` (the resctrl groups of the cache classes);
+//! - [`housekeeping`] (the unbound workqueue mask, kernel threads, partition validity and
+//!   isolation health), which runs after every reconcile.
 
 mod actor;
 mod batch;
@@ -30,6 +33,7 @@ mod drift;
 pub mod handle;
 pub mod housekeeping;
 mod irq;
+mod keeper;
 mod kubelet;
 pub mod power;
 mod reload;
@@ -126,25 +130,12 @@ pub struct Engine {
     /// Workqueue masks, partition validity, isolation health; `None` until
     /// [`Engine::with_housekeeping`].
     hk: Option<housekeeping::Housekeeping>,
-    irq: irq::IrqManager,
-    /// resctrl groups for the pools' cache classes.
-    cache: cache::CacheManager,
-    /// Power classes (`[pools.NAME.power]`, `[idle_cpus.power]`).
-    power: power::PowerManager,
+    /// Interrupts, power classes, cache classes ([`keeper`]).
+    keepers: keeper::Keepers,
     kubelet: Arc<KubeletView>,
     /// Each pool's slice path, as [`Engine::publish`] last built them (pools change seldom;
     /// every mutation publishes).
     slices: std::cell::RefCell<Vec<(crate::core::pool::PoolName, crate::core::state::CgroupPath)>>,
-}
-
-impl Engine {
-    /// Every power and cache setting's row, for the snapshot: each manager reports one row per
-    /// configured key of each pool.
-    pub(crate) fn class_rows(&self) -> Vec<crate::core::classes::ClassRow> {
-        let mut rows = self.power_rows();
-        rows.extend(self.cache_rows());
-        rows
-    }
 }
 
 pub use crate::error_chain;

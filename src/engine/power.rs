@@ -5,7 +5,7 @@
 //! Each pass turns every configured class (`[pools.NAME.power]`, `[idle_cpus.power]`) into the
 //! sysfs files it sets on the pool's CPUs now ([`plan_class`]: words such as `max` resolved
 //! against what each CPU reports), remembers what each file held before the daemon's first
-//! write to it durably (`power.json` in the state directory, written with [`Root::replace`]
+//! write to it durably (`power.json` in the state directory, a [`Remembered`] value, saved
 //! before any write, as `irq.json` is), writes what differs, and reads every file back. A file
 //! no class wants any more (its CPU left the pool, the key or the pool went, the daemon was
 //! stopped without restoring, or crashed) gets the remembered value back and is forgotten.
@@ -16,22 +16,26 @@
 //! key, and nothing is written. A value that cannot be applied later (a write refused, a file
 //! gone) is reported as degraded on its row, as interrupts report what does not hold.
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{error_chain, Engine};
+use std::sync::Arc;
+
+use super::error_chain;
+use super::handle::Snapshot;
+use super::keeper::{Keeper, Scene};
 use crate::config::{power_key, ConfigError, Power, Settings};
 use crate::core::classes::{ClassKind, ClassRow, ClassState, IDLE_CPUS};
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::Pool;
 use crate::core::power::{resume_latency_text, Freq, PowerClass};
 use crate::core::topology::Topology;
-use crate::host::fsutil::Root;
 use crate::host::power::{PowerFs, CPU_DIR};
+use crate::host::store::{MemoryFile, Remembered};
 
-/// The file in the state directory that remembers the values found before the daemon's writes.
-pub const MEMORY_FILE: &str = "power.json";
+/// The file in the state directory that remembers the values found before the daemon's writes
+/// (with its previous copy, `power.json.prev`, as `irq.json` has).
+pub const MEMORY: MemoryFile = MemoryFile { name: "power.json", keeper: "power", holds: "the values" };
 
 /// The durable memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -445,8 +449,7 @@ fn refuse_remembered(fs: &PowerFs, online: Option<&CpuSet>, file: &str, value: &
 pub struct PowerManager {
     fs: PowerFs,
     config: Power,
-    state_dir: PathBuf,
-    memory: Memory,
+    memory: Remembered<Memory>,
     /// Whether the memory read at start was checked against the host's CPUs
     /// ([`PowerManager::check_memory`]).
     checked: bool,
@@ -456,29 +459,13 @@ pub struct PowerManager {
 impl PowerManager {
     /// Set up from `settings`, reading the memory a previous run left.
     pub fn new(settings: &Settings) -> PowerManager {
-        let state_dir = settings.paths.state_dir.clone();
-        let memory =
-            match Root::new(&state_dir).read_own(MEMORY_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES) {
-                Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                    log::error!(
-                        "power: `{}` is not readable ({e}); the values it remembered cannot be restored",
-                        state_dir.join(MEMORY_FILE).display()
-                    );
-                    Memory::default()
-                }),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Memory::default(),
-                Err(e) => {
-                    log::error!("power: {}", error_chain(&e));
-                    Memory::default()
-                }
-            };
+        let memory: Remembered<Memory> = Remembered::load(&settings.paths.state_dir, MEMORY);
         if !memory.files.is_empty() {
             log::info!("power: {} values remembered from an earlier run", memory.files.len());
         }
         let mut m = PowerManager {
             fs: PowerFs::new(&settings.paths.sysfs_root),
             config: settings.power.clone(),
-            state_dir,
             memory,
             checked: false,
             rows: Vec::new(),
@@ -492,7 +479,7 @@ impl PowerManager {
     /// file, and saves the memory without them: a value put there by hand or by another program
     /// is never written to the kernel.
     fn check_memory(&mut self, online: Option<&CpuSet>) {
-        let path = self.state_dir.join(MEMORY_FILE);
+        let path = self.memory.path();
         let mut refused = false;
         let fs = &self.fs;
         self.memory.files.retain(|file, value| match refuse_remembered(fs, online, file, value) {
@@ -514,7 +501,7 @@ impl PowerManager {
         self.checked |= online.is_some();
     }
 
-    /// Takes new settings (a reload).
+    /// Takes new settings (a reload; public for benches/classes.rs).
     pub fn configure(&mut self, settings: &Settings) {
         self.config = settings.power.clone();
         self.fs = PowerFs::new(&settings.paths.sysfs_root);
@@ -525,9 +512,8 @@ impl PowerManager {
         self.rows.clone()
     }
 
-    fn save(&self) -> bool {
-        let data = serde_json::to_vec_pretty(&self.memory).unwrap_or_default();
-        match Root::new(&self.state_dir).replace(MEMORY_FILE, &data, 0o600) {
+    fn save(&mut self) -> bool {
+        match self.memory.save() {
             Ok(()) => true,
             Err(e) => {
                 log::error!("power: saving the remembered values failed: {}", error_chain(&e));
@@ -597,7 +583,7 @@ impl PowerManager {
             }
         }
         // Remember before writing: a crash after any write finds the value it replaced on disk.
-        let before = self.memory.clone();
+        let before = (*self.memory).clone();
         for file in desired.keys() {
             if !self.memory.files.contains_key(file) {
                 if let Ok(now) = self.fs.read(file) {
@@ -605,8 +591,8 @@ impl PowerManager {
                 }
             }
         }
-        if self.memory != before && !self.save() {
-            self.memory = before;
+        if *self.memory != before && !self.save() {
+            *self.memory = before;
             let why = "the values found could not be saved, so nothing was written".to_owned();
             self.rows =
                 plans.iter().map(|p| row(p, String::new(), ClassState::Degraded(why.clone()))).collect();
@@ -737,24 +723,27 @@ fn row(p: &KeyPlan, in_force: String, state: ClassState) -> ClassRow {
     }
 }
 
-impl Engine {
+impl Keeper for PowerManager {
+    fn configure(&mut self, settings: &Settings) {
+        PowerManager::configure(self, settings);
+    }
+
     /// One power pass over the current pools (see [`PowerManager`]).
-    pub(crate) fn apply_power(&mut self) {
+    fn keep(&mut self, scene: &Scene<'_>) {
         let pools: BTreeMap<String, CpuSet> =
-            self.state.pools().values().map(|p| (p.name.to_string(), p.cpus.clone())).collect();
-        self.power.apply(&self.topo, &pools);
+            scene.state.pools().values().map(|p| (p.name.to_string(), p.cpus.clone())).collect();
+        self.apply(scene.topo, &pools);
+    }
+
+    fn publish(&self, snap: &mut Snapshot) {
+        Arc::make_mut(&mut snap.classes).extend(self.report());
     }
 
     /// Puts every power value back, if so configured (the daemon stops).
-    pub(crate) fn stop_power(&mut self) {
-        if self.power.config.restore_on_stop {
-            self.power.restore_all();
+    fn stop(&mut self) {
+        if self.config.restore_on_stop {
+            self.restore_all();
         }
-    }
-
-    /// The power classes' rows, as the last pass left them.
-    pub fn power_rows(&self) -> Vec<ClassRow> {
-        self.power.report()
     }
 }
 

@@ -40,9 +40,7 @@ impl Engine {
         let pools = settings
             .resolve_pools_keeping(&topo, &current_cpus(&self.state))
             .map_err(|e| EngineError::Config(Box::new(e)))?;
-        super::housekeeping::check_housekeeping(settings, &pools).map_err(EngineError::Config)?;
-        super::cache::check(settings).map_err(|e| EngineError::Config(Box::new(e)))?;
-        super::power::check_power(settings, &topo, &pools).map_err(EngineError::Config)?;
+        super::keeper::check(settings, &topo, &pools).map_err(EngineError::Config)?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
@@ -65,12 +63,7 @@ impl Engine {
         let after = self.layout(&next);
         if before == after && next == *self.state {
             // Interrupt, power or cache settings alone may have changed.
-            self.irq.configure(settings);
-            self.apply_irqs();
-            self.cache.configure(settings);
-            self.apply_cache();
-            self.power.configure(settings);
-            self.apply_power();
+            self.reconfigure_keepers(settings);
             self.publish(Vec::new());
             return Ok(false);
         }
@@ -89,12 +82,7 @@ impl Engine {
         }
         next.take_changes();
         self.state = Arc::new(next);
-        self.irq.configure(settings);
-        self.apply_irqs();
-        self.cache.configure(settings);
-        self.apply_cache();
-        self.power.configure(settings);
-        self.apply_power();
+        self.reconfigure_keepers(settings);
         for p in self.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }

@@ -14,8 +14,8 @@
 //! The store is generic over the state and change types, so it knows nothing of pools or CPUs.
 //!
 //! The snapshot's format and checks live in `format`, the journal's in `journal`, the errors in
-//! `error`, and what `--restore-previous-state` does in `recovery`; this file holds the write and
-//! load sequences.
+//! `error`, what `--restore-previous-state` does in `recovery`, and the keepers' memory of host
+//! values ([`Remembered`]) in `remembered`; this file holds the write and load sequences.
 //!
 //! # Snapshot format
 //!
@@ -146,11 +146,13 @@ mod error;
 mod format;
 mod journal;
 mod recovery;
+pub mod remembered;
 #[cfg(test)]
 mod tests;
 
 pub use error::{PrevCopy, StoreError};
 use format::{decode, frame, len_u64};
+pub use remembered::{MemoryFile, Remembered, RememberedError};
 
 /// The snapshot format version written by this build; it reads this one and version 1.
 pub const FORMAT_VERSION: u32 = 2;

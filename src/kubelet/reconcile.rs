@@ -123,7 +123,9 @@ impl Reconciler {
 
     /// The kubelet's PodResources `List`, or `None` when there is no kubelet or it does not
     /// answer (said once per change).
-    async fn pod_resources(&mut self) -> Option<super::proto::podresources::ListPodResourcesResponse> {
+    async fn pod_resources(
+        &mut self,
+    ) -> Option<crate::host::kubelet::proto::podresources::ListPodResourcesResponse> {
         match clients::pod_resources(&self.opts.pod_resources_socket()).await {
             Ok(l) => {
                 if self.unreachable {

@@ -114,7 +114,7 @@ fn fake_sysfs_class_is_applied_read_back_and_remembered_then_restored_on_stop() 
 
     // Remembered durably before the writes: what each file held.
     let memory: serde_json::Value =
-        serde_json::from_str(&read(&h.state.join(MEMORY_FILE))).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_str(&read(&h.state.join(MEMORY.name))).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(memory["files"][gov(1)], "powersave");
     assert_eq!(memory["files"][qos(5)], "0");
     assert_eq!(memory["files"][format!("{UNCORE}/min_freq_khz")], "800000");
@@ -128,7 +128,7 @@ fn fake_sysfs_class_is_applied_read_back_and_remembered_then_restored_on_stop() 
         assert_eq!(h.file(&format!("{policy}/energy_performance_preference")), "balance_performance");
     }
     assert_eq!(h.file(&format!("{UNCORE}/min_freq_khz")), "800000");
-    assert!(read(&h.state.join(MEMORY_FILE)).contains("\"files\": {}"));
+    assert!(read(&h.state.join(MEMORY.name)).contains("\"files\": {}"));
 }
 
 #[test]
@@ -271,7 +271,12 @@ fn fake_sysfs_missing_drivers_are_not_supported_naming_the_key_and_what_is_missi
     );
 }
 
-/// The engine's hooks: applied at start, reported by `power_rows`, a reload the host cannot
+/// The power rows of the engine's last snapshot.
+fn power_rows(engine: &crate::engine::Engine) -> Vec<ClassRow> {
+    engine.snapshots.borrow().classes.iter().filter(|r| r.class == ClassKind::Power).cloned().collect()
+}
+
+/// The engine's hooks: applied at start, reported in the snapshot, a reload the host cannot
 /// apply refused with nothing changed, a resize applied, and the stop restoring.
 #[test]
 fn fake_sysfs_engine_applies_at_start_refuses_on_reload_and_restores_on_stop() {
@@ -286,7 +291,7 @@ fn fake_sysfs_engine_applies_at_start_refuses_on_reload_and_restores_on_stop() {
     let governor = |cpu: u32| read(&f.sb.sysfs().join(gov(cpu)));
     config("[pools.dp.power]\ngovernor = \"performance\"\n");
     let (mut engine, _) = f.start();
-    let rows = engine.power_rows();
+    let rows = power_rows(&engine);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(
         (rows[0].key.as_str(), rows[0].in_force.as_str(), &rows[0].state),
@@ -300,15 +305,15 @@ fn fake_sysfs_engine_applies_at_start_refuses_on_reload_and_restores_on_stop() {
     let bad = config("[pools.dp.power]\ngovernor = \"ondemand\"\n");
     let e = engine.reload(Ok(Box::new(bad))).err().unwrap_or_else(|| panic!("accepted"));
     assert!(error_chain(&e).contains("pools.dp.power.governor"), "{}", error_chain(&e));
-    assert_eq!(engine.power_rows(), rows, "nothing changed");
+    assert_eq!(power_rows(&engine), rows, "nothing changed");
 
     let good = config("[pools.dp.power]\ngovernor = \"performance\"\nresume_latency_us = 5\n");
     engine.reload(Ok(Box::new(good))).unwrap_or_else(|e| panic!("{}", error_chain(&e)));
-    assert_eq!(engine.power_rows().len(), 2);
+    assert_eq!(power_rows(&engine).len(), 2);
     let first = CpuSet::parse(&dp).unwrap_or_else(|e| panic!("{e}")).first().unwrap_or_default();
     assert_eq!(read(&f.sb.sysfs().join(qos(first))), "5");
 
-    engine.stop_power();
+    engine.stop_keepers();
     assert_eq!(governor(first), "powersave");
     assert_eq!(read(&f.sb.sysfs().join(qos(first))), "0");
 }
