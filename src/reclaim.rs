@@ -85,21 +85,7 @@ pub async fn run(
     systemd: Option<zbus::Connection>,
     stop: impl Future<Output = ()>,
 ) {
-    let dirs = DirWatch::new()
-        .map_err(|e| {
-            log::warn!("cannot watch cgroup targets with inotify ({e}); checking them twice a second")
-        })
-        .ok();
-    let mut r = Reclaimer {
-        handle,
-        fs,
-        systemd,
-        watches: HashMap::new(),
-        gone: mpsc::unbounded_channel(),
-        dirs,
-        by_wd: HashMap::new(),
-        warned_unwatched: false,
-    };
+    let mut r = Reclaimer::new(handle, fs, systemd);
     let mut events = r.handle.subscribe();
     // zbus reads the connection in order and waits when a signal stream is full. This loop
     // calls systemd (and the engine, which calls systemd) on the same connection, so if it read
@@ -114,7 +100,7 @@ pub async fn run(
     sweep_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut unit_tick = tokio::time::interval(UNIT_SWEEP);
     // The first retry comes at once, the next after two sweeps, doubling from there.
-    let (mut retry, mut retry_at) = (Backoff::new(UNIT_SWEEP * 2, MAX_RETRY), std::time::Instant::now());
+    let mut retry = Retry { backoff: Backoff::new(UNIT_SWEEP * 2, MAX_RETRY), at: std::time::Instant::now() };
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -134,34 +120,9 @@ pub async fn run(
             _ = sweep_tick.tick() => r.sweep_cgroups().await,
             _ = unit_tick.tick() => {
                 r.sweep_units().await;
-                // What systemd could not be told (it was away, e.g. re-executing) is tried again,
-                // backing off from 5 s to 5 min while it keeps failing (a unit that no longer
-                // exists fails every time until its assignment is released).
-                if r.systemd.is_some() && !r.handle.snapshot().degraded.is_empty() {
-                    if std::time::Instant::now() >= retry_at {
-                        match r.handle.reapply().await {
-                            Ok(n) => log::info!("re-applied what failed before: {n} corrections"),
-                            Err(e) => log::error!("re-applying: {}", error_chain(&e)),
-                        }
-                        retry_at = std::time::Instant::now() + retry.fail();
-                    }
-                } else {
-                    retry.reset();
-                    retry_at = std::time::Instant::now();
-                }
+                r.retry_failed(&mut retry).await;
             }
-            Some(sig) = signals.recv() => match sig {
-                Signal::UnitChanged { path, active_state } => r.unit_changed(&path, active_state).await,
-                Signal::UnitRemoved(unit) => r.unit_gone(&unit).await,
-                Signal::Reloaded => match r.handle.reapply().await {
-                    Ok(n) => {
-                        // systemd's reload rewrote what it realizes: drift, corrected.
-                        crate::counters::counters().drift(n, 0);
-                        log::info!("systemd reloaded: state re-applied ({n} corrections)")
-                    }
-                    Err(e) => log::error!("re-applying after systemd reloaded: {}", error_chain(&e)),
-                },
-            },
+            Some(sig) = signals.recv() => r.signal(sig).await,
         }
     }
     for task in forwarder {
@@ -207,7 +168,68 @@ async fn next_seen(dirs: &mut Option<DirWatch>) -> Seen {
     }
 }
 
+/// When what failed to apply is tried again.
+struct Retry {
+    backoff: Backoff,
+    /// Not before this.
+    at: std::time::Instant,
+}
+
 impl Reclaimer {
+    /// The reclaimer of `handle`'s assignments, watching cgroup targets with inotify where it
+    /// can.
+    fn new(handle: Handle, fs: CgroupFs, systemd: Option<zbus::Connection>) -> Reclaimer {
+        let dirs = DirWatch::new()
+            .map_err(|e| {
+                log::warn!("cannot watch cgroup targets with inotify ({e}); checking them twice a second")
+            })
+            .ok();
+        Reclaimer {
+            handle,
+            fs,
+            systemd,
+            watches: HashMap::new(),
+            gone: mpsc::unbounded_channel(),
+            dirs,
+            by_wd: HashMap::new(),
+            warned_unwatched: false,
+        }
+    }
+
+    /// What systemd could not be told (it was away, e.g. re-executing) is tried again, backing
+    /// off from 5 s to 5 min while it keeps failing (a unit that no longer exists fails every
+    /// time until its assignment is released).
+    async fn retry_failed(&self, retry: &mut Retry) {
+        if self.systemd.is_some() && !self.handle.snapshot().degraded.is_empty() {
+            if std::time::Instant::now() >= retry.at {
+                match self.handle.reapply().await {
+                    Ok(n) => log::info!("re-applied what failed before: {n} corrections"),
+                    Err(e) => log::error!("re-applying: {}", error_chain(&e)),
+                }
+                retry.at = std::time::Instant::now() + retry.backoff.fail();
+            }
+        } else {
+            retry.backoff.reset();
+            retry.at = std::time::Instant::now();
+        }
+    }
+
+    /// A signal from systemd: a unit changed or went away, or systemd reloaded.
+    async fn signal(&mut self, sig: Signal) {
+        match sig {
+            Signal::UnitChanged { path, active_state } => self.unit_changed(&path, active_state).await,
+            Signal::UnitRemoved(unit) => self.unit_gone(&unit).await,
+            Signal::Reloaded => match self.handle.reapply().await {
+                Ok(n) => {
+                    // systemd's reload rewrote what it realizes: drift, corrected.
+                    crate::counters::counters().drift(n, 0);
+                    log::info!("systemd reloaded: state re-applied ({n} corrections)")
+                }
+                Err(e) => log::error!("re-applying after systemd reloaded: {}", error_chain(&e)),
+            },
+        }
+    }
+
     /// Starts the tasks that drain systemd's signal streams into `tx`.
     async fn forward_signals(&self, tx: mpsc::UnboundedSender<Signal>) -> Vec<tokio::task::JoinHandle<()>> {
         let mut tasks = Vec::new();

@@ -204,62 +204,8 @@ pub async fn run(
     stop: watch::Receiver<bool>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node_config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let node_tx = tx.clone();
-    let mut node_stop = stop.clone();
-    let node_task = tokio::spawn(async move {
-        let mut found: Option<String> = None;
-        let label = |n: &Node| n.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned();
-        super::watch::follow(
-            "the node",
-            nodes,
-            node_config,
-            |event| match event {
-                watcher::Event::Init => found = None,
-                watcher::Event::InitApply(n) => found = label(&n),
-                watcher::Event::InitDone => {
-                    let _ = node_tx.send(Msg::Group(found.clone()));
-                }
-                watcher::Event::Apply(n) => {
-                    let _ = node_tx.send(Msg::Group(label(&n)));
-                }
-                watcher::Event::Delete(_) => {
-                    let _ = node_tx.send(Msg::Group(None));
-                }
-            },
-            &mut node_stop,
-        )
-        .await;
-    });
-    let maps: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let mut map_stop = stop.clone();
-    let map_task = tokio::spawn(async move {
-        let mut listing = Vec::new();
-        let ours = |cm: &ConfigMap| cm.metadata.name.as_deref().is_some_and(|n| n.starts_with(PREFIX));
-        super::watch::follow(
-            "ConfigMaps",
-            maps,
-            watcher::Config::default(),
-            |event| match event {
-                watcher::Event::Init => listing.clear(),
-                watcher::Event::InitApply(cm) if ours(&cm) => listing.push(cm),
-                watcher::Event::InitApply(_) => {}
-                watcher::Event::InitDone => {
-                    let _ = tx.send(Msg::Listed(std::mem::take(&mut listing)));
-                }
-                watcher::Event::Apply(cm) if ours(&cm) => {
-                    let _ = tx.send(Msg::Applied(cm));
-                }
-                watcher::Event::Delete(cm) if ours(&cm) => {
-                    let _ = tx.send(Msg::Deleted(cm));
-                }
-                watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
-            },
-            &mut map_stop,
-        )
-        .await;
-    });
+    let node_task = tokio::spawn(watch_node(client.clone(), node.clone(), tx.clone(), stop.clone()));
+    let map_task = tokio::spawn(watch_configmaps(client, namespace, tx, stop.clone()));
 
     // Nothing is decided before both the node and the ConfigMaps were listed once.
     let mut group: Option<Option<String>> = None;
@@ -298,6 +244,73 @@ pub async fn run(
     }
     let _ = node_task.await;
     let _ = map_task.await;
+}
+
+/// Follows this node's group label: [`Msg::Group`] after the first listing and on every change.
+async fn watch_node(
+    client: Client,
+    node: String,
+    tx: mpsc::UnboundedSender<Msg>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let node_config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let mut found: Option<String> = None;
+    let label = |n: &Node| n.metadata.labels.as_ref().and_then(|l| l.get(GROUP_LABEL)).cloned();
+    super::watch::follow(
+        "the node",
+        nodes,
+        node_config,
+        |event| match event {
+            watcher::Event::Init => found = None,
+            watcher::Event::InitApply(n) => found = label(&n),
+            watcher::Event::InitDone => {
+                let _ = tx.send(Msg::Group(found.clone()));
+            }
+            watcher::Event::Apply(n) => {
+                let _ = tx.send(Msg::Group(label(&n)));
+            }
+            watcher::Event::Delete(_) => {
+                let _ = tx.send(Msg::Group(None));
+            }
+        },
+        &mut stop,
+    )
+    .await;
+}
+
+/// Follows our ConfigMaps in `namespace`: the whole listing ([`Msg::Listed`]), then each change.
+async fn watch_configmaps(
+    client: Client,
+    namespace: String,
+    tx: mpsc::UnboundedSender<Msg>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let maps: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let mut listing = Vec::new();
+    let ours = |cm: &ConfigMap| cm.metadata.name.as_deref().is_some_and(|n| n.starts_with(PREFIX));
+    super::watch::follow(
+        "ConfigMaps",
+        maps,
+        watcher::Config::default(),
+        |event| match event {
+            watcher::Event::Init => listing.clear(),
+            watcher::Event::InitApply(cm) if ours(&cm) => listing.push(cm),
+            watcher::Event::InitApply(_) => {}
+            watcher::Event::InitDone => {
+                let _ = tx.send(Msg::Listed(std::mem::take(&mut listing)));
+            }
+            watcher::Event::Apply(cm) if ours(&cm) => {
+                let _ = tx.send(Msg::Applied(cm));
+            }
+            watcher::Event::Delete(cm) if ours(&cm) => {
+                let _ = tx.send(Msg::Deleted(cm));
+            }
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
+        },
+        &mut stop,
+    )
+    .await;
 }
 
 #[cfg(test)]

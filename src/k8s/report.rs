@@ -26,7 +26,7 @@ use super::crd::{
 use super::pods::PodIndex;
 use super::ClusterStatus;
 use crate::core::pool::PoolKind;
-use crate::core::state::Target;
+use crate::core::state::{State, Target};
 use crate::engine::{Handle, Snapshot};
 
 /// The field manager of every write.
@@ -49,44 +49,8 @@ pub fn build_status(
         numa_nodes: topo.nodes().len() as u32,
         isolated: topo.isolated().to_string(),
     };
-    let state = &snap.state;
-    let pools = state
-        .pools()
-        .values()
-        .map(|p| {
-            let shared = p.kind == PoolKind::Shared;
-            PoolStatus {
-                name: p.name.to_string(),
-                kind: p.kind.to_string(),
-                cpus: p.cpus.to_string(),
-                free: state.free_cpus(p).to_string(),
-                free_millicpus: shared.then(|| state.free_millis(p)),
-                partition: snap.partitions.get(&p.name).cloned(),
-            }
-        })
-        .collect();
-    let assignments = state
-        .assignments()
-        .values()
-        .map(|a| {
-            let mut owner = Owner { target: a.target.to_string(), ..Owner::default() };
-            if let Target::Cgroup(path) = &a.target {
-                if let Some(((ns, pod, container), info)) = pods.find_by_id_in(path.as_str()) {
-                    owner.namespace = Some(ns);
-                    owner.pod = Some(pod);
-                    owner.container = Some(container);
-                    owner.pod_uid = Some(info.pod_uid);
-                }
-            }
-            AssignmentStatus {
-                id: a.id.as_str().to_owned(),
-                pool: a.pool.to_string(),
-                cpus: a.cpus.to_string(),
-                millicpus: (a.kind == PoolKind::Shared).then_some(a.millicpus),
-                owner,
-            }
-        })
-        .collect();
+    let pools = pool_statuses(snap);
+    let assignments = assignment_statuses(&snap.state, pods);
 
     let ready = if snap.degraded.is_empty() {
         ("True", "PoolsApplied", format!("{}; {} backend", snap.summary(), snap.backend))
@@ -118,6 +82,52 @@ pub fn build_status(
         config_generation: cluster.generation.clone(),
         conditions: vec![condition("Ready", ready), condition("ConfigInvalid", invalid)],
     }
+}
+
+/// Each pool: its kind, CPUs, what is free, and its partition as the kernel reports it.
+fn pool_statuses(snap: &Snapshot) -> Vec<PoolStatus> {
+    let state = &snap.state;
+    state
+        .pools()
+        .values()
+        .map(|p| {
+            let shared = p.kind == PoolKind::Shared;
+            PoolStatus {
+                name: p.name.to_string(),
+                kind: p.kind.to_string(),
+                cpus: p.cpus.to_string(),
+                free: state.free_cpus(p).to_string(),
+                free_millicpus: shared.then(|| state.free_millis(p)),
+                partition: snap.partitions.get(&p.name).cloned(),
+            }
+        })
+        .collect()
+}
+
+/// Each assignment, with the pod and container that hold it when the pod watch knows them.
+fn assignment_statuses(state: &State, pods: &PodIndex) -> Vec<AssignmentStatus> {
+    state
+        .assignments()
+        .values()
+        .map(|a| {
+            let mut owner = Owner { target: a.target.to_string(), ..Owner::default() };
+            if let Target::Cgroup(path) = &a.target {
+                if let Some(((ns, pod, container), info)) = pods.find_by_id_in(path.as_str()) {
+                    owner.namespace = Some(ns);
+                    owner.pod = Some(pod);
+                    owner.container = Some(container);
+                    owner.pod_uid = Some(info.pod_uid);
+                }
+            }
+            AssignmentStatus {
+                id: a.id.as_str().to_owned(),
+                pool: a.pool.to_string(),
+                cpus: a.cpus.to_string(),
+                millicpus: (a.kind == PoolKind::Shared).then_some(a.millicpus),
+                owner,
+            }
+        })
+        .collect()
 }
 
 /// Keeps the node's report current until `stop` is set.
