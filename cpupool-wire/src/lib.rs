@@ -9,7 +9,7 @@
 //! - [`views`]: the types replies carry (pools, assignments, topology, status, isolation,
 //!   events), serialized with the IDL's field names;
 //! - [`varlink`]: the framing (NUL-terminated JSON), the call and reply envelopes, the message
-//!   size limit, the IDL, and one parameter struct per method;
+//!   size limit, the IDL, and (from [`methods`]) one parameter struct per method;
 //! - [`dbus`]: the introspection XML the daemon serves and packaging installs.
 //!
 //! It depends on serde alone, so the CLI can use it without linking daemon internals.

@@ -14,7 +14,7 @@ use std::io;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub mod params;
+pub use crate::methods::params;
 
 /// The interface description of `org.cpupool.Manager`, served verbatim by
 /// `GetInterfaceDescription` and installed to `/usr/share/varlink/`.

@@ -279,6 +279,17 @@ fn assign_params(
     })
 }
 
+/// `Run`'s arguments.
+fn run_params(pool: String, pid: u32, cpus: u32, millicpus: u64, id: &str) -> Result<params::Run, ApiError> {
+    Ok(params::Run {
+        pool,
+        pid: i64::from(pid),
+        cpus: args::nonzero("cpus", cpus)?,
+        millicpus: args::nonzero("millicpus", millicpus)?,
+        id: args::id(id),
+    })
+}
+
 #[zbus::interface(name = "org.cpupool.Manager1")]
 impl Manager {
     #[zbus(out_args("pools"))]
@@ -428,15 +439,7 @@ impl Manager {
         millicpus: u64,
         id: &str,
     ) -> Result<AssignmentStruct, Error> {
-        let p = (|| {
-            Ok(params::Run {
-                pool,
-                pid: i64::from(pid),
-                cpus: args::nonzero("cpus", cpus)?,
-                millicpus: args::nonzero("millicpus", millicpus)?,
-                id: args::id(id),
-            })
-        })();
+        let p = run_params(pool, pid, cpus, millicpus, id);
         Ok(self.call::<m::Run>(&hdr, p).await?.assignment.into())
     }
 
