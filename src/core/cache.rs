@@ -286,7 +286,7 @@ fn check_mb(mb: u32, info: &MbInfo) -> Result<(), String> {
     if mb < info.min_bandwidth {
         return Err(format!("{mb}% is below min_bandwidth ({}%)", info.min_bandwidth));
     }
-    if info.bandwidth_gran > 0 && mb % info.bandwidth_gran != 0 {
+    if info.bandwidth_gran > 0 && !mb.is_multiple_of(info.bandwidth_gran) {
         return Err(format!(
             "{mb}% is not a multiple of bandwidth_gran ({}%): the kernel would round it up",
             info.bandwidth_gran
