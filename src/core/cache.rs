@@ -175,52 +175,11 @@ pub fn plan(
                 key: "l3",
                 missing: missing.clone(),
             })?;
-            let invalid = |reason: String| CacheError::Invalid { pool: pool.clone(), key: "l3", reason };
-            let mask = match share {
-                L3Share::Percent(p) => {
-                    let ways = l3.cbm_mask.count_ones();
-                    let n = ((ways * p + 50) / 100).max(1);
-                    if n < l3.min_cbm_bits {
-                        return Err(invalid(format!(
-                            "{p}% of the {ways} ways is {n}, fewer than min_cbm_bits ({})",
-                            l3.min_cbm_bits
-                        )));
-                    }
-                    let low = l3.cbm_mask.trailing_zeros();
-                    if top < low + n {
-                        return Err(invalid(format!(
-                            "{p}% ({n} ways) does not fit: the shares of the pools before it in name order \
-                             leave {} of the {ways} ways",
-                            top.saturating_sub(low)
-                        )));
-                    }
-                    top -= n;
-                    ((1u64 << n) - 1) << top
-                }
-                L3Share::Mask(m) => {
-                    if m & !l3.cbm_mask != 0 {
-                        return Err(invalid(format!(
-                            "0x{m:x} has bits outside cbm_mask 0x{:x}",
-                            l3.cbm_mask
-                        )));
-                    }
-                    let shifted = m >> m.trailing_zeros();
-                    let contiguous = shifted & shifted.wrapping_add(1) == 0;
-                    if !contiguous && !l3.sparse_masks {
-                        return Err(invalid(format!(
-                            "0x{m:x} is not contiguous, and this host's L3 takes contiguous masks only"
-                        )));
-                    }
-                    if m.count_ones() < l3.min_cbm_bits {
-                        return Err(invalid(format!(
-                            "0x{m:x} has {} bits set, fewer than min_cbm_bits ({})",
-                            m.count_ones(),
-                            l3.min_cbm_bits
-                        )));
-                    }
-                    m
-                }
-            };
+            let mask = l3_mask(share, l3, &mut top).map_err(|reason| CacheError::Invalid {
+                pool: pool.clone(),
+                key: "l3",
+                reason,
+            })?;
             want.l3 = Some(mask);
         }
         if let Some(mb) = class.mb {
@@ -229,20 +188,25 @@ pub fn plan(
                 key: "mb",
                 missing: missing.clone(),
             })?;
-            let invalid = |reason: String| CacheError::Invalid { pool: pool.clone(), key: "mb", reason };
-            if mb < info_mb.min_bandwidth {
-                return Err(invalid(format!("{mb}% is below min_bandwidth ({}%)", info_mb.min_bandwidth)));
-            }
-            if info_mb.bandwidth_gran > 0 && mb % info_mb.bandwidth_gran != 0 {
-                return Err(invalid(format!(
-                    "{mb}% is not a multiple of bandwidth_gran ({}%): the kernel would round it up",
-                    info_mb.bandwidth_gran
-                )));
-            }
+            check_mb(mb, info_mb).map_err(|reason| CacheError::Invalid {
+                pool: pool.clone(),
+                key: "mb",
+                reason,
+            })?;
             want.mb = Some(mb);
         }
         out.insert(pool.clone(), want);
     }
+    check_closids(classes, info, &out)?;
+    Ok(out)
+}
+
+/// Refuses more groups than resctrl has CLOSIDs for.
+fn check_closids(
+    classes: &BTreeMap<PoolName, CacheClass>,
+    info: &ResctrlInfo,
+    out: &BTreeMap<PoolName, Wanted>,
+) -> Result<(), CacheError> {
     // Every group holds a CLOSID; the default group holds one, other groups theirs.
     let closids = [info.l3.as_ref().ok().map(|l| l.num_closids), info.mb.as_ref().ok().map(|m| m.num_closids)]
         .into_iter()
@@ -267,7 +231,68 @@ pub fn plan(
             ),
         });
     }
-    Ok(out)
+    Ok(())
+}
+
+/// The ways `share` takes of `l3`: a percentage takes a run of ways below `top` (and lowers
+/// it), a mask is checked against what the host takes; why not, when it cannot.
+fn l3_mask(share: L3Share, l3: &L3Info, top: &mut u32) -> Result<u64, String> {
+    match share {
+        L3Share::Percent(p) => {
+            let ways = l3.cbm_mask.count_ones();
+            let n = ((ways * p + 50) / 100).max(1);
+            if n < l3.min_cbm_bits {
+                return Err(format!(
+                    "{p}% of the {ways} ways is {n}, fewer than min_cbm_bits ({})",
+                    l3.min_cbm_bits
+                ));
+            }
+            let low = l3.cbm_mask.trailing_zeros();
+            if *top < low + n {
+                return Err(format!(
+                    "{p}% ({n} ways) does not fit: the shares of the pools before it in name order \
+                     leave {} of the {ways} ways",
+                    top.saturating_sub(low)
+                ));
+            }
+            *top -= n;
+            Ok(((1u64 << n) - 1) << *top)
+        }
+        L3Share::Mask(m) => {
+            if m & !l3.cbm_mask != 0 {
+                return Err(format!("0x{m:x} has bits outside cbm_mask 0x{:x}", l3.cbm_mask));
+            }
+            let shifted = m >> m.trailing_zeros();
+            let contiguous = shifted & shifted.wrapping_add(1) == 0;
+            if !contiguous && !l3.sparse_masks {
+                return Err(format!(
+                    "0x{m:x} is not contiguous, and this host's L3 takes contiguous masks only"
+                ));
+            }
+            if m.count_ones() < l3.min_cbm_bits {
+                return Err(format!(
+                    "0x{m:x} has {} bits set, fewer than min_cbm_bits ({})",
+                    m.count_ones(),
+                    l3.min_cbm_bits
+                ));
+            }
+            Ok(m)
+        }
+    }
+}
+
+/// Why `mb` percent is not a bandwidth the host takes, if it is not.
+fn check_mb(mb: u32, info: &MbInfo) -> Result<(), String> {
+    if mb < info.min_bandwidth {
+        return Err(format!("{mb}% is below min_bandwidth ({}%)", info.min_bandwidth));
+    }
+    if info.bandwidth_gran > 0 && !mb.is_multiple_of(info.bandwidth_gran) {
+        return Err(format!(
+            "{mb}% is not a multiple of bandwidth_gran ({}%): the kernel would round it up",
+            info.bandwidth_gran
+        ));
+    }
+    Ok(())
 }
 
 /// The `schemata` text that sets `want` on every domain; ends with a newline (the kernel

@@ -21,6 +21,8 @@
 
 use std::fmt;
 
+pub mod plan;
+
 /// The largest resume latency the kernel takes (it reads the file as a signed 32-bit number;
 /// its own "no constraint" sits at the top of that range).
 pub const MAX_RESUME_LATENCY_US: u32 = i32::MAX as u32 - 1;

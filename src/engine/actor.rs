@@ -12,8 +12,9 @@ use crate::config::ConfigError;
 use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Key, Layout, LayoutOptions, Partitions};
-use crate::core::pool::{PoolKind, PoolName};
+use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, CgroupPath, Delta, State, StateData};
+use crate::core::topology::Topology;
 use crate::host::store::{Loaded, PrevCopy, RecordAt, Store, StoreError};
 use crate::host::sysfs::{self, SysfsError};
 use crate::host::Backend;
@@ -190,66 +191,13 @@ impl Engine {
         // Before reading anything: a second daemon must not compact under a running one.
         store.lock_dir().map_err(StartError::Store)?;
         let mut report = StartReport::default();
-        let mut config_error = None;
-        // A file that is damaged or breaks the state's rules is evidence: it is left alone unless
-        // the operator asked for the previous copy.
-        let (loaded, origins) = match load(&store) {
-            Ok((Loaded::State(data), origins)) => match data.validate() {
-                Ok(()) => (Loaded::State(data), origins),
-                Err(_) if restore_previous => (restore_previous_state(&store)?, Origins::new()),
-                Err(violations) => return Err(inconsistent(&store, violations)),
-            },
-            Err(_) if restore_previous => (restore_previous_state(&store)?, Origins::new()),
-            other => other.map_err(StartError::Store)?,
-        };
-        let state = match loaded {
-            Loaded::Fresh => {
-                report.fresh = true;
-                State::with_pools(pools)
-            }
-            Loaded::State(data) => {
-                let mut state = State::from(data);
-                // Count pools keep the CPUs saved for them (a pool created at run time took
-                // CPUs others did not hold, which a fresh resolution would not give it again).
-                let pools = settings
-                    .resolve_pools_keeping(&topo, &current_cpus(&state))
-                    .map_err(|e| StartError::Config(Box::new(e)))?;
-                if let Err(misfits) = state.set_pools(pools) {
-                    for m in &misfits {
-                        log::error!(
-                            POOL = m.pool.as_str(), ASSIGNMENT = m.id.as_str();
-                            "configuration rejected: {m}"
-                        );
-                    }
-                    let reasons: Vec<String> = misfits.iter().map(ToString::to_string).collect();
-                    config_error = Some(format!(
-                        "the configuration would strand assignments ({}); running the pools from the state file",
-                        reasons.join("; ")
-                    ));
-                }
-                state
-            }
-        };
+        let (state, origins, config_error) =
+            load_state(settings, &topo, pools, &store, restore_previous, &mut report)?;
         // Everything is applied from scratch at start: no change is pending.
         let mut state = state;
         state.take_changes();
         let (events, _) = broadcast::channel(1024);
-        let snapshot = Snapshot {
-            state: Arc::new(state.clone()),
-            topology: Arc::new(topo.clone()),
-            state_path: store.path().to_owned(),
-            config_error: config_error.clone(),
-            degraded: Vec::new(),
-            state_warnings: Arc::default(),
-            partitions: Arc::default(),
-            backend: backend.name(),
-            layout: Arc::default(),
-            assignment_health: Arc::default(),
-            isolation: Arc::default(),
-            irq: Arc::default(),
-            kubelet: Arc::default(),
-            classes: Arc::default(),
-        };
+        let snapshot = first_snapshot(&state, &topo, &store, config_error.clone(), backend.name());
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
             state: Arc::new(state),
@@ -562,6 +510,87 @@ impl Engine {
             // Nobody listening is fine.
             let _ = self.events.send(e);
         }
+    }
+}
+
+/// The state `store` holds (or, with `restore_previous`, its previous copy, or a fresh one with
+/// `pools`), with the configuration's pools set on it; the files' origins; and why the
+/// configuration was not taken, when it would strand saved assignments.
+fn load_state(
+    settings: &Settings,
+    topo: &Topology,
+    pools: Vec<Pool>,
+    store: &Store,
+    restore_previous: bool,
+    report: &mut StartReport,
+) -> Result<(State, Origins, Option<String>), StartError> {
+    let mut config_error = None;
+    // A file that is damaged or breaks the state's rules is evidence: it is left alone unless
+    // the operator asked for the previous copy.
+    let (loaded, origins) = match load(store) {
+        Ok((Loaded::State(data), origins)) => match data.validate() {
+            Ok(()) => (Loaded::State(data), origins),
+            Err(_) if restore_previous => (restore_previous_state(store)?, Origins::new()),
+            Err(violations) => return Err(inconsistent(store, violations)),
+        },
+        Err(_) if restore_previous => (restore_previous_state(store)?, Origins::new()),
+        other => other.map_err(StartError::Store)?,
+    };
+    let state = match loaded {
+        Loaded::Fresh => {
+            report.fresh = true;
+            State::with_pools(pools)
+        }
+        Loaded::State(data) => {
+            let mut state = State::from(data);
+            // Count pools keep the CPUs saved for them (a pool created at run time took
+            // CPUs others did not hold, which a fresh resolution would not give it again).
+            let pools = settings
+                .resolve_pools_keeping(topo, &current_cpus(&state))
+                .map_err(|e| StartError::Config(Box::new(e)))?;
+            if let Err(misfits) = state.set_pools(pools) {
+                for m in &misfits {
+                    log::error!(
+                        POOL = m.pool.as_str(), ASSIGNMENT = m.id.as_str();
+                        "configuration rejected: {m}"
+                    );
+                }
+                let reasons: Vec<String> = misfits.iter().map(ToString::to_string).collect();
+                config_error = Some(format!(
+                    "the configuration would strand assignments ({}); running the pools from the state file",
+                    reasons.join("; ")
+                ));
+            }
+            state
+        }
+    };
+    Ok((state, origins, config_error))
+}
+
+/// The snapshot published until start has applied the state: the state as loaded, nothing
+/// read back yet.
+fn first_snapshot(
+    state: &State,
+    topo: &Topology,
+    store: &Store,
+    config_error: Option<String>,
+    backend: &'static str,
+) -> Snapshot {
+    Snapshot {
+        state: Arc::new(state.clone()),
+        topology: Arc::new(topo.clone()),
+        state_path: store.path().to_owned(),
+        config_error,
+        degraded: Vec::new(),
+        state_warnings: Arc::default(),
+        partitions: Arc::default(),
+        backend,
+        layout: Arc::default(),
+        assignment_health: Arc::default(),
+        isolation: Arc::default(),
+        irq: Arc::default(),
+        kubelet: Arc::default(),
+        classes: Arc::default(),
     }
 }
 

@@ -131,35 +131,7 @@ impl Engine {
                     return;
                 }
             };
-            // Read back: assignments the kernel does not enforce are taken back out, together.
-            let refused: Vec<(usize, state::Error)> = decided
-                .iter()
-                .enumerate()
-                .filter_map(|(i, d)| match d {
-                    Decided::Assign(Ok(Outcome::Changed(a))) => self.verify(a).err().map(|e| (i, e)),
-                    _ => None,
-                })
-                .collect();
-            if !refused.is_empty() {
-                let mut fixed = (*self.state).clone();
-                for (i, _) in &refused {
-                    if let Decided::Assign(Ok(Outcome::Changed(a))) = &decided[*i] {
-                        let _ = fixed.release(a.id.as_str());
-                    }
-                }
-                if let Err(e) = self.commit(fixed) {
-                    log::error!(
-                        "taking back assignments the kernel does not enforce failed: {}",
-                        error_chain(&e)
-                    );
-                    let mut before = (*before).clone();
-                    before.mark(&changes);
-                    let _ = self.commit(before);
-                }
-                for (i, e) in refused {
-                    decided[i] = Decided::Assign(Err(e));
-                }
-            }
+            self.take_back_unenforced(&mut decided, &before, &changes);
         }
         let mut events = Vec::new();
         for d in &decided {
@@ -183,6 +155,38 @@ impl Engine {
                 // `decided` was made from `group` in order.
                 _ => {}
             }
+        }
+    }
+
+    /// Reads back the assignments a grouped commit made: those the kernel does not enforce are
+    /// taken back out, together, and their callers told why; if even that fails, the state
+    /// `before` the group is committed again.
+    fn take_back_unenforced(&mut self, decided: &mut [Decided], before: &State, changes: &Changes) {
+        let refused: Vec<(usize, state::Error)> = decided
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| match d {
+                Decided::Assign(Ok(Outcome::Changed(a))) => self.verify(a).err().map(|e| (i, e)),
+                _ => None,
+            })
+            .collect();
+        if refused.is_empty() {
+            return;
+        }
+        let mut fixed = (*self.state).clone();
+        for (i, _) in &refused {
+            if let Decided::Assign(Ok(Outcome::Changed(a))) = &decided[*i] {
+                let _ = fixed.release(a.id.as_str());
+            }
+        }
+        if let Err(e) = self.commit(fixed) {
+            log::error!("taking back assignments the kernel does not enforce failed: {}", error_chain(&e));
+            let mut before = before.clone();
+            before.mark(changes);
+            let _ = self.commit(before);
+        }
+        for (i, e) in refused {
+            decided[i] = Decided::Assign(Err(e));
         }
     }
 

@@ -343,6 +343,19 @@ impl Housekeeping {
             report.problem = Some("not moved: their affinities could not be recorded".into());
             return report;
         }
+        self.write_kthreads(&fs, wants, isolated, &mut report);
+        report
+    }
+
+    /// Writes each kernel thread's wanted CPUs and reads them back: narrowed threads the
+    /// kernel keeps on `isolated` CPUs are reported, given-back ones forgotten.
+    fn write_kthreads(
+        &mut self,
+        fs: &Kthreads,
+        wants: Vec<(hk::Kthread, CpuSet)>,
+        isolated: &CpuSet,
+        report: &mut KthreadReport,
+    ) {
         let (mut restored, mut forgotten) = (0, false);
         for (t, want) in wants {
             if let Err(e) = fs.set_affinity(&t, &want) {
@@ -384,7 +397,6 @@ impl Housekeeping {
             let kept = report.kept.len();
             report.moved = self.saved.kthreads.len().saturating_sub(kept);
         }
-        report
     }
 
     fn store(&self) -> bool {

@@ -22,7 +22,7 @@ use super::handle::Snapshot;
 use super::keeper::{Keeper, Scene};
 use crate::config::{Irq, Settings};
 use crate::core::cpuset::CpuSet;
-use crate::core::isolation::{self, IrqPool, IrqWant};
+use crate::core::isolation::{self, IrqLayout, IrqPool, IrqWant};
 use crate::core::pool::PoolKind;
 use crate::core::state::State;
 use crate::host::irq::{IrqError, IrqFs};
@@ -153,61 +153,13 @@ impl IrqManager {
     /// `irq_cpus` or the reserved pool's CPUs.
     fn apply(&mut self, pools: &[IrqPool], base_sink: &CpuSet, online: &CpuSet, boot_isolated: &CpuSet) {
         let mut report = IrqReport::default();
-        if !self.fs.available() {
-            if !self.memory.irqs.is_empty() || pools.iter().any(|p| p.mode == isolation::IrqMode::Isolate) {
-                report.problems.push(format!(
-                    "`{}` does not exist: interrupts cannot be moved",
-                    self.fs.dir().display()
-                ));
-            }
+        let Some(Survey { layout, names, irqs }) = self.survey(pools, base_sink, online, &mut report) else {
             self.finish(report);
             return;
-        }
-        let layout = match isolation::layout(pools, base_sink, online) {
-            Ok(l) => l,
-            Err(e) => {
-                report.problems.push(e.to_string());
-                self.finish(report);
-                return;
-            }
-        };
-        report.isolated = layout.isolated.clone();
-        report.sink = layout.sink.clone();
-        let names = self.fs.names().unwrap_or_else(|e| {
-            log::warn!("irq: {}", error_chain(&e));
-            BTreeMap::new()
-        });
-        let irqs = match self.fs.irqs() {
-            Ok(i) => i,
-            Err(e) => {
-                report.problems.push(error_chain(&e));
-                self.finish(report);
-                return;
-            }
         };
         // Decide everything first, remember what is about to change, save, then write: a crash
         // after any write finds its previous value on disk.
-        let mut wants = Vec::new();
-        for &irq in &irqs {
-            let empty = Vec::new();
-            let n = names.get(&irq).unwrap_or(&empty);
-            let current = self.fs.affinity(irq).ok();
-            let want = isolation::plan_irq(&layout, n, current.as_ref(), self.memory.irqs.contains_key(&irq));
-            if want == IrqWant::Keep && !layout.isolated.is_empty() {
-                let ours = self.memory.written.get(&irq);
-                if ours.is_some()
-                    && ours.map(String::as_str) != current.as_ref().map(ToString::to_string).as_deref()
-                {
-                    log::info!("irq: IRQ {irq} was moved by someone else to CPUs that are not isolated: theirs again");
-                    self.memory.irqs.remove(&irq);
-                    self.memory.written.remove(&irq);
-                }
-            }
-            if let (IrqWant::Set(_), Some(c)) = (&want, &current) {
-                self.memory.irqs.entry(irq).or_insert_with(|| c.to_string());
-            }
-            wants.push((irq, want));
-        }
+        let wants = self.decide(&layout, &names, &irqs);
         let default_now = self.fs.default_affinity().ok();
         let default_want =
             isolation::plan_default(&layout, default_now.as_ref(), self.memory.default.is_some());
@@ -222,10 +174,90 @@ impl IrqManager {
             self.finish(report);
             return;
         }
-        let label = |irq: u32| match names.get(&irq) {
-            Some(n) if !n.is_empty() => format!("{irq} ({})", n.join(", ")),
-            _ => irq.to_string(),
-        };
+        let written = self.write(wants, &names, &mut report);
+        self.write_default(default_want, &mut report);
+        self.judge_delivery(&irqs, &written, &layout, &names, &mut report);
+        report.moved = self.memory.irqs.keys().copied().collect();
+        if self.config.irqbalance {
+            // Told on the notifier's thread: the report shows what the last finished exchange
+            // said (this pass's, once start has waited for it; the previous one's later).
+            let want = (!layout.isolated.is_empty()).then(|| layout.isolated.union(boot_isolated));
+            self.notifier.ask(&self.irqbalance_dir, want);
+            report.irqbalance = self.notifier.said();
+        }
+        self.memory.irqbalance = self.notifier.told();
+        if *self.memory != saved_before {
+            self.save();
+        }
+        self.finish(report);
+    }
+
+    /// The layout, the IRQs' names and the IRQs the kernel lists; `None` (with the problem in
+    /// `report`) when interrupts cannot be moved now.
+    fn survey(
+        &self,
+        pools: &[IrqPool],
+        base_sink: &CpuSet,
+        online: &CpuSet,
+        report: &mut IrqReport,
+    ) -> Option<Survey> {
+        if !self.fs.available() {
+            if !self.memory.irqs.is_empty() || pools.iter().any(|p| p.mode == isolation::IrqMode::Isolate) {
+                report.problems.push(format!(
+                    "`{}` does not exist: interrupts cannot be moved",
+                    self.fs.dir().display()
+                ));
+            }
+            return None;
+        }
+        let layout = isolation::layout(pools, base_sink, online)
+            .map_err(|e| report.problems.push(e.to_string()))
+            .ok()?;
+        report.isolated = layout.isolated.clone();
+        report.sink = layout.sink.clone();
+        let names = self.fs.names().unwrap_or_else(|e| {
+            log::warn!("irq: {}", error_chain(&e));
+            BTreeMap::new()
+        });
+        let irqs = self.fs.irqs().map_err(|e| report.problems.push(error_chain(&e))).ok()?;
+        Some(Survey { layout, names, irqs })
+    }
+
+    /// What each IRQ should hold ([`isolation::plan_irq`]), remembering (in memory, not yet
+    /// saved) the affinity of each about to be set, and forgetting those someone else moved
+    /// since the daemon wrote them.
+    fn decide(&mut self, layout: &IrqLayout, names: &Names, irqs: &[u32]) -> Vec<(u32, IrqWant)> {
+        let mut wants = Vec::new();
+        for &irq in irqs {
+            let empty = Vec::new();
+            let n = names.get(&irq).unwrap_or(&empty);
+            let current = self.fs.affinity(irq).ok();
+            let want = isolation::plan_irq(layout, n, current.as_ref(), self.memory.irqs.contains_key(&irq));
+            if want == IrqWant::Keep && !layout.isolated.is_empty() {
+                let ours = self.memory.written.get(&irq);
+                if ours.is_some()
+                    && ours.map(String::as_str) != current.as_ref().map(ToString::to_string).as_deref()
+                {
+                    log::info!("irq: IRQ {irq} was moved by someone else to CPUs that are not isolated: theirs again");
+                    self.forget(irq);
+                }
+            }
+            if let (IrqWant::Set(_), Some(c)) = (&want, &current) {
+                self.memory.irqs.entry(irq).or_insert_with(|| c.to_string());
+            }
+            wants.push((irq, want));
+        }
+        wants
+    }
+
+    /// Forgets what the memory holds of `irq`.
+    fn forget(&mut self, irq: u32) {
+        self.memory.irqs.remove(&irq);
+        self.memory.written.remove(&irq);
+    }
+
+    /// Writes each IRQ's wanted affinity and reads it back; the IRQs written.
+    fn write(&mut self, wants: Vec<(u32, IrqWant)>, names: &Names, report: &mut IrqReport) -> BTreeSet<u32> {
         let mut written = BTreeSet::new();
         for (irq, want) in wants {
             let restoring = matches!(want, IrqWant::Restore);
@@ -235,8 +267,7 @@ impl IrqManager {
                 IrqWant::Restore => match self.memory.irqs.get(&irq).map(|s| CpuSet::parse(s)) {
                     Some(Ok(c)) => c,
                     _ => {
-                        self.memory.irqs.remove(&irq);
-                        self.memory.written.remove(&irq);
+                        self.forget(irq);
                         continue;
                     }
                 },
@@ -245,22 +276,21 @@ impl IrqManager {
             match self.fs.set_affinity(irq, &target) {
                 Ok(()) => match self.fs.affinity(irq) {
                     Ok(now) if now == target => {
-                        log::info!("irq: IRQ {} now on CPUs {target}", label(irq));
+                        log::info!("irq: IRQ {} now on CPUs {target}", label(names, irq));
                         if restoring {
-                            self.memory.irqs.remove(&irq);
-                            self.memory.written.remove(&irq);
+                            self.forget(irq);
                         } else {
                             self.memory.written.insert(irq, target.to_string());
                         }
                     }
-                    Ok(now) => report
-                        .problems
-                        .push(format!("IRQ {}: wrote CPUs {target}, the kernel holds {now}", label(irq))),
-                    Err(e) => report.problems.push(format!("IRQ {}: {}", label(irq), error_chain(&e))),
+                    Ok(now) => report.problems.push(format!(
+                        "IRQ {}: wrote CPUs {target}, the kernel holds {now}",
+                        label(names, irq)
+                    )),
+                    Err(e) => report.problems.push(format!("IRQ {}: {}", label(names, irq), error_chain(&e))),
                 },
                 Err(IrqError::KernelPlaced { .. }) => {
-                    self.memory.irqs.remove(&irq);
-                    self.memory.written.remove(&irq);
+                    self.forget(irq);
                     report
                         .kernel_placed
                         .insert(irq, names.get(&irq).map(|n| n.join(", ")).unwrap_or_default());
@@ -271,7 +301,12 @@ impl IrqManager {
                 }
             }
         }
-        match default_want {
+        written
+    }
+
+    /// Writes `default_smp_affinity` as planned.
+    fn write_default(&mut self, want: IrqWant, report: &mut IrqReport) {
+        match want {
             IrqWant::Keep => {}
             IrqWant::Set(c) => {
                 if let Err(e) = self.fs.set_default_affinity(&c) {
@@ -290,13 +325,23 @@ impl IrqManager {
                 }
             }
         }
-        // Read back where every interrupt is delivered. The kernel moves an interrupt at its
-        // next occurrence, so an effective affinity that still names isolated CPUs is judged by
-        // the counts: delivered there only if it fired there since the last pass. Those written
-        // just now, or first seen so, are judged at the next pass.
+    }
+
+    /// Reads back where every interrupt is delivered. The kernel moves an interrupt at its next
+    /// occurrence, so an effective affinity that still names isolated CPUs is judged by the
+    /// counts: delivered there only if it fired there since the last pass. Those `written` just
+    /// now, or first seen so, are judged at the next pass.
+    fn judge_delivery(
+        &mut self,
+        irqs: &[u32],
+        written: &BTreeSet<u32>,
+        layout: &IrqLayout,
+        names: &Names,
+        report: &mut IrqReport,
+    ) {
         let counts = self.fs.counts().ok();
         let mut stale = BTreeMap::new();
-        for &irq in &irqs {
+        for &irq in irqs {
             if written.contains(&irq) || report.kernel_placed.contains_key(&irq) {
                 continue;
             }
@@ -306,31 +351,19 @@ impl IrqManager {
             if on.is_empty() || claimed {
                 continue;
             }
+            let still = || format!("IRQ {} is still delivered to isolated CPUs {on}", label(names, irq));
             let Some(counts) = &counts else {
                 // No counts to judge by: what the kernel shows is all there is.
-                report.problems.push(format!("IRQ {} is still delivered to isolated CPUs {on}", label(irq)));
+                report.problems.push(still());
                 continue;
             };
             let there: u64 = counts.get(&irq).map_or(0, |c| on.iter().filter_map(|cpu| c.get(&cpu)).sum());
             if self.stale.get(&irq).is_some_and(|&before| there > before) {
-                report.problems.push(format!("IRQ {} is still delivered to isolated CPUs {on}", label(irq)));
+                report.problems.push(still());
             }
             stale.insert(irq, there);
         }
         self.stale = stale;
-        report.moved = self.memory.irqs.keys().copied().collect();
-        if self.config.irqbalance {
-            // Told on the notifier's thread: the report shows what the last finished exchange
-            // said (this pass's, once start has waited for it; the previous one's later).
-            let want = (!layout.isolated.is_empty()).then(|| layout.isolated.union(boot_isolated));
-            self.notifier.ask(&self.irqbalance_dir, want);
-            report.irqbalance = self.notifier.said();
-        }
-        self.memory.irqbalance = self.notifier.told();
-        if *self.memory != saved_before {
-            self.save();
-        }
-        self.finish(report);
     }
 
     /// Writes every remembered affinity back and forgets it (the daemon stops).
@@ -368,6 +401,24 @@ impl IrqManager {
             log::info!("irq: placed by the kernel (managed), left where it puts them: {}", list.join(", "));
         }
         self.report = report;
+    }
+}
+
+/// Each IRQ's action names, as `/proc/interrupts` lists them.
+type Names = BTreeMap<u32, Vec<String>>;
+
+/// What a pass starts from.
+struct Survey {
+    layout: IrqLayout,
+    names: Names,
+    irqs: Vec<u32>,
+}
+
+/// `24 (eth0-rx-0)` or `24`.
+fn label(names: &Names, irq: u32) -> String {
+    match names.get(&irq) {
+        Some(n) if !n.is_empty() => format!("{irq} ({})", n.join(", ")),
+        _ => irq.to_string(),
     }
 }
 

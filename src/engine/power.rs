@@ -3,7 +3,7 @@
 //! `daemon.power_restore_on_stop`) once more on the way out to put everything back.
 //!
 //! Each pass turns every configured class (`[pools.NAME.power]`, `[idle_cpus.power]`) into the
-//! sysfs files it sets on the pool's CPUs now ([`plan_class`]: words such as `max` resolved
+//! sysfs files it sets on the pool's CPUs now ([`plan_class`], pure, in `core::power::plan`: words such as `max` resolved
 //! against what each CPU reports), remembers what each file held before the daemon's first
 //! write to it durably (`power.json` in the state directory, a [`Remembered`] value, saved
 //! before any write, as `irq.json` is), writes what differs, and reads every file back. A file
@@ -28,7 +28,8 @@ use crate::config::{power_key, ConfigError, Power, Settings};
 use crate::core::classes::{ClassKind, ClassRow, ClassState, IDLE_CPUS};
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::Pool;
-use crate::core::power::{resume_latency_text, Freq, PowerClass};
+use crate::core::power::plan::{plan_class, KeyPlan, PowerFacts, Refusal};
+use crate::core::power::PowerClass;
 use crate::core::topology::Topology;
 use crate::host::power::{PowerFs, CPU_DIR};
 use crate::host::store::{MemoryFile, Remembered};
@@ -42,42 +43,6 @@ pub const MEMORY: MemoryFile = MemoryFile { name: "power.json", keeper: "power",
 struct Memory {
     /// sysfs file (relative to the sysfs root) → what it held before the daemon first wrote it.
     files: BTreeMap<String, String>,
-}
-
-/// Why a key cannot be planned on this host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// The host lacks the driver or file: what is missing.
-    Unsupported(String),
-    /// The host does not offer the value: why.
-    Invalid(String),
-}
-
-/// One configured key of one class, turned into the files it sets.
-#[derive(Debug, Clone)]
-pub(crate) struct KeyPlan {
-    pub pool: String,
-    pub key: &'static str,
-    pub wanted: String,
-    pub cpus: CpuSet,
-    /// (file, value) pairs, each file once.
-    pub writes: Result<Vec<(String, String)>, Refusal>,
-}
-
-/// A frequency word resolved against a CPU's or die's limits; `base` is `None` where there is
-/// none. Out of range is refused.
-fn resolve_freq(f: Freq, lo: u64, base: Option<u64>, hi: u64, what: &str) -> Result<u64, Refusal> {
-    match f {
-        Freq::Min => Ok(lo),
-        Freq::Max => Ok(hi),
-        Freq::Base => base.ok_or_else(|| Refusal::Invalid(format!("{what} has no base frequency"))),
-        Freq::Khz(k) if (lo..=hi).contains(&k) => Ok(k),
-        Freq::Khz(k) => Err(Refusal::Invalid(format!("{k} kHz is outside {what}'s limits ({lo}-{hi} kHz)"))),
-    }
-}
-
-fn read_err(e: String) -> Refusal {
-    Refusal::Unsupported(e)
 }
 
 /// What a pass reads to plan: the host's limits, lists and drivers, and where the files are.
@@ -94,6 +59,12 @@ impl<'a> Facts<'a> {
         Facts { fs, files: Default::default(), places: Default::default() }
     }
 
+    fn place(&self, key: String, find: impl FnOnce() -> Result<String, String>) -> Result<String, String> {
+        self.places.borrow_mut().entry(key).or_insert_with(find).clone()
+    }
+}
+
+impl PowerFacts for Facts<'_> {
     fn root(&self) -> &std::path::Path {
         self.fs.root()
     }
@@ -106,21 +77,6 @@ impl<'a> Facts<'a> {
             .clone()
     }
 
-    fn read_number(&self, rel: &str) -> Result<u64, String> {
-        let text = self.read(rel)?;
-        text.parse().map_err(|_| {
-            format!("`{}` holds `{}`, not a number", self.root().join(rel).display(), text.escape_debug())
-        })
-    }
-
-    fn exists(&self, rel: &str) -> bool {
-        self.read(rel).is_ok()
-    }
-
-    fn place(&self, key: String, find: impl FnOnce() -> Result<String, String>) -> Result<String, String> {
-        self.places.borrow_mut().entry(key).or_insert_with(find).clone()
-    }
-
     fn cpufreq_dir(&self, cpu: u32) -> Result<String, String> {
         self.place(format!("cpufreq{cpu}"), || self.fs.cpufreq_dir(cpu))
     }
@@ -131,155 +87,6 @@ impl<'a> Facts<'a> {
 
     fn uncore_dir(&self, package: u32, die: u32) -> Result<String, String> {
         self.place(format!("uncore{package}/{die}"), || self.fs.uncore_dir(package, die))
-    }
-}
-
-/// One cpufreq key on one CPU: the file and the value.
-fn cpufreq_write(
-    fs: &Facts<'_>,
-    class: &PowerClass,
-    key: &str,
-    cpu: u32,
-) -> Result<(String, String), Refusal> {
-    let dir = fs.cpufreq_dir(cpu).map_err(Refusal::Unsupported)?;
-    let f = |name: &str| format!("{dir}/{name}");
-    match key {
-        "governor" => {
-            let want = class.governor.clone().unwrap_or_default();
-            let offered = fs.read(&f("scaling_available_governors")).map_err(read_err)?;
-            if !offered.split_whitespace().any(|g| g == want) {
-                return Err(Refusal::Invalid(format!(
-                    "`{want}` is not a governor CPU {cpu} offers (scaling_available_governors: {offered})"
-                )));
-            }
-            Ok((f("scaling_governor"), want))
-        }
-        "min_freq" | "max_freq" => {
-            let lo = fs.read_number(&f("cpuinfo_min_freq")).map_err(read_err)?;
-            let hi = fs.read_number(&f("cpuinfo_max_freq")).map_err(read_err)?;
-            let base_file = f("base_frequency");
-            let base = if fs.exists(&base_file) {
-                Some(fs.read_number(&base_file).map_err(read_err)?)
-            } else {
-                None
-            };
-            let what = format!("CPU {cpu}");
-            let resolve = |fr: Freq| {
-                if fr == Freq::Base && base.is_none() {
-                    let path = fs.root().join(&base_file);
-                    return Err(Refusal::Unsupported(format!(
-                        "no base frequency (`{}` is missing; intel_pstate reports one)",
-                        path.display()
-                    )));
-                }
-                resolve_freq(fr, lo, base, hi, &what)
-            };
-            // Each key's own value decides its error; the other one only matters for the
-            // order check, which the minimum reports.
-            let own = if key == "min_freq" { class.min_freq } else { class.max_freq };
-            let value = own.map(resolve).transpose()?.unwrap_or_default();
-            if key == "min_freq" {
-                if let Some(Ok(max)) = class.max_freq.map(resolve) {
-                    if value > max {
-                        return Err(Refusal::Invalid(format!(
-                            "min_freq is {value} kHz on CPU {cpu}, above max_freq ({max} kHz)"
-                        )));
-                    }
-                }
-                Ok((f("scaling_min_freq"), value.to_string()))
-            } else {
-                Ok((f("scaling_max_freq"), value.to_string()))
-            }
-        }
-        "epp" => {
-            let want = class.epp.clone().unwrap_or_default();
-            let file = f("energy_performance_preference");
-            if !fs.exists(&file) {
-                let driver = fs.read(&f("scaling_driver")).unwrap_or_else(|_| "?".into());
-                return Err(Refusal::Unsupported(format!(
-                    "no energy_performance_preference (the cpufreq driver `{driver}` has none: `{}` is missing)",
-                    fs.root().join(&file).display()
-                )));
-            }
-            let offered = fs.read(&f("energy_performance_available_preferences")).map_err(read_err)?;
-            let driver = fs.read(&f("scaling_driver")).unwrap_or_default();
-            // intel_pstate also takes the raw 0-255 value (intel_pstate.rst).
-            let raw = driver == "intel_pstate" && want.parse::<u8>().is_ok();
-            if !raw && !offered.split_whitespace().any(|w| w == want) {
-                return Err(Refusal::Invalid(format!(
-                    "`{want}` is not a preference CPU {cpu} offers (energy_performance_available_preferences: {offered})"
-                )));
-            }
-            Ok((file, want))
-        }
-        _ => Err(Refusal::Invalid(format!("`{key}` is not a cpufreq key"))),
-    }
-}
-
-/// The files and values `class` sets on `cpus` (see the module docs).
-pub(crate) fn plan_class(
-    fs: &Facts<'_>,
-    topo: &Topology,
-    pool: &str,
-    class: &PowerClass,
-    cpus: &CpuSet,
-) -> Vec<KeyPlan> {
-    class
-        .keys()
-        .map(|(key, wanted)| {
-            let writes = plan_key(fs, topo, class, key, cpus).map(|w| {
-                let mut seen = BTreeSet::new();
-                w.into_iter().filter(|(f, _)| seen.insert(f.clone())).collect()
-            });
-            KeyPlan { pool: pool.to_owned(), key, wanted, cpus: cpus.clone(), writes }
-        })
-        .collect()
-}
-
-fn plan_key(
-    fs: &Facts<'_>,
-    topo: &Topology,
-    class: &PowerClass,
-    key: &str,
-    cpus: &CpuSet,
-) -> Result<Vec<(String, String)>, Refusal> {
-    match key {
-        "resume_latency_us" => {
-            let text = resume_latency_text(class.resume_latency_us.unwrap_or_default());
-            cpus.iter()
-                .map(|cpu| Ok((fs.resume_latency_file(cpu).map_err(Refusal::Unsupported)?, text.clone())))
-                .collect()
-        }
-        "uncore_min_freq" | "uncore_max_freq" => {
-            let dies: BTreeSet<(u32, u32)> =
-                cpus.iter().filter_map(|c| topo.place(c)).map(|p| (p.package, p.die)).collect();
-            let mut out = Vec::new();
-            for (package, die) in dies {
-                let dir = fs.uncore_dir(package, die).map_err(Refusal::Unsupported)?;
-                let lo = fs.read_number(&format!("{dir}/initial_min_freq_khz")).map_err(read_err)?;
-                let hi = fs.read_number(&format!("{dir}/initial_max_freq_khz")).map_err(read_err)?;
-                let what = format!("the uncore of package {package} die {die}");
-                let resolve = |f: Freq| resolve_freq(f, lo, None, hi, &what);
-                let own =
-                    if key == "uncore_min_freq" { class.uncore_min_freq } else { class.uncore_max_freq };
-                let value = own.map(resolve).transpose()?.unwrap_or_default();
-                if key == "uncore_min_freq" {
-                    if let Some(Ok(max)) = class.uncore_max_freq.map(resolve) {
-                        if value > max {
-                            return Err(Refusal::Invalid(format!(
-                                "uncore_min_freq is {value} kHz on package {package} die {die}, above \
-                                 uncore_max_freq ({max} kHz)"
-                            )));
-                        }
-                    }
-                    out.push((format!("{dir}/min_freq_khz"), value.to_string()));
-                } else {
-                    out.push((format!("{dir}/max_freq_khz"), value.to_string()));
-                }
-            }
-            Ok(out)
-        }
-        _ => cpus.iter().map(|cpu| cpufreq_write(fs, class, key, cpu)).collect(),
     }
 }
 
@@ -364,12 +171,12 @@ struct Written {
     failed: BTreeMap<String, String>,
 }
 
-/// The cpufreq files a class writes ([`cpufreq_write`]).
+/// The cpufreq files a class writes (see [`crate::core::power::plan`]).
 const CPUFREQ_FILES: [&str; 4] =
     ["scaling_governor", "scaling_min_freq", "scaling_max_freq", "energy_performance_preference"];
 
 /// Why the remembered `value` of `file` is not one this daemon could have recorded, or `None`
-/// when it is: `file` must be one a class writes ([`plan_key`]: PM QoS resume latency of a CPU,
+/// when it is: `file` must be one a class writes ([`plan_class`]: PM QoS resume latency of a CPU,
 /// a cpufreq policy's governor, frequency limits or EPP, an uncore die's frequency limits), of
 /// a CPU of the host (`online`, when known), and `value` what such a file holds (a frequency
 /// within the limits the CPU or die reports, a governor or preference it offers). The files
