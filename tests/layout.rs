@@ -1,6 +1,8 @@
 //! The guides to the code stay true to the tree: docs/development.md's layout names every
 //! directory of `src/` and only paths that exist, and each module map in a `mod.rs` (the
-//! engine's, the host's, ...) names every module the file declares.
+//! engine's, the host's, ...) names every module the file declares. And the code keeps a
+//! shape a reader can take in: no production file over 700 lines of code, no function over 80
+//! lines unless a `// Long: <reason>` above it says why.
 
 use std::path::Path;
 
@@ -70,4 +72,111 @@ fn the_engine_module_map_names_every_engine_module() {
             "src/engine/mod.rs declares `{m}` but its module map does not name it"
         );
     }
+}
+
+/// The production sources: the daemon's, the CLI's and the wire contract's `.rs` files,
+/// without test modules (`tests.rs`, `*_tests.rs`, `tests/` directories).
+fn production_sources() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            let p = e.path();
+            if p.is_dir() && e.file_name() != "tests" {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for dir in ["src", "cpupoolctl/src", "cpupool-wire/src"] {
+        walk(&root().join(dir), &mut files);
+    }
+    files.sort();
+    files
+        .into_iter()
+        .filter(|p| {
+            p.file_name().is_some_and(|n| n != "tests.rs" && !n.to_string_lossy().ends_with("_tests.rs"))
+        })
+        .map(|p| {
+            let rel = p.strip_prefix(root()).unwrap_or(&p).display().to_string();
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));
+            // The file's code: up to its `#[cfg(test)] mod ...`, if any.
+            let lines: Vec<&str> = text.lines().collect();
+            let end = (0..lines.len().saturating_sub(1))
+                .find(|&i| lines[i].starts_with("#[cfg(test)]") && lines[i + 1].starts_with("mod "))
+                .unwrap_or(lines.len());
+            (rel, lines[..end].join("\n"))
+        })
+        .collect()
+}
+
+/// The functions of `code` longer than `max` lines that no `// Long: <reason>` comment
+/// introduces (above the function, among its doc comments and attributes).
+fn long_functions(code: &str, max: usize) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        let indent = &line[..line.len() - t.len()];
+        let rest =
+            ["pub ", "pub(crate) ", "pub(super) "].iter().fold(t, |r, p| r.strip_prefix(p).unwrap_or(r));
+        let rest = ["async ", "const ", "unsafe "].iter().fold(rest, |r, p| r.strip_prefix(p).unwrap_or(r));
+        let Some(sig) = rest.strip_prefix("fn ") else { continue };
+        // A declaration (a trait's, a proxy's) ends its signature with `;`, a body opens `{`.
+        let opens = lines[i..].iter().map(|l| l.trim_end()).find(|l| l.ends_with('{') || l.ends_with(';'));
+        if !opens.is_some_and(|l| l.ends_with('{')) {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        let Some(len) = lines[i..].iter().position(|l| l.trim_end() == close).map(|j| j + 1) else {
+            continue;
+        };
+        let said = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| {
+                let l = l.trim_start();
+                l.starts_with("///") || l.starts_with("#[") || l.starts_with("//")
+            })
+            .any(|l| l.trim_start().starts_with("// Long: "));
+        if len > max && !said {
+            let name: String = sig.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            out.push((name, len));
+        }
+    }
+    out
+}
+
+#[test]
+fn production_files_stay_under_700_lines_and_functions_under_80_unless_they_say_why() {
+    let mut problems = Vec::new();
+    for (rel, code) in production_sources() {
+        let n = code.lines().count();
+        if n > 700 {
+            problems.push(format!("{rel}: {n} lines of code (at most 700: split it along a seam)"));
+        }
+        for (name, len) in long_functions(&code, 80) {
+            problems.push(format!(
+                "{rel}: fn {name} is {len} lines (at most 80, or a `// Long: <reason>` above it)"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_long_function_check_sees_what_it_should() {
+    let body = "    x;\n".repeat(85);
+    let long = format!("/// Doc.\npub(crate) async fn big() {{\n{body}}}\nfn small() {{\n}}\n");
+    assert_eq!(long_functions(&long, 80), vec![("big".to_owned(), 87)]);
+    let said =
+        format!("// Long: one flat table of messages.\n/// Doc.\n#[allow(x)]\nfn big() {{\n{body}}}\n");
+    assert!(long_functions(&said, 80).is_empty());
+    let method = format!("impl A {{\n    fn m(&self) {{\n{body}    }}\n    fn decl(&self);\n}}\n");
+    assert_eq!(long_functions(&method, 80), vec![("m".to_owned(), 87)]);
+    let proxy = format!(
+        "trait P {{\n    fn call(\n        &self,\n    ) -> u8;\n{}}}\n",
+        "    fn x(&self);\n".repeat(90)
+    );
+    assert!(long_functions(&proxy, 80).is_empty());
 }
