@@ -257,6 +257,12 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A daemon killed so leaves its sandbox's private bus running, for a next start to use
+        // again; the test's directory goes now, and the bus with it.
+        for pid in test_support::daemon::bus_daemons(&self.sb) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        }
     }
 }
 
