@@ -138,17 +138,6 @@ impl IrqManager {
         }
     }
 
-    /// Writes the memory durably ([`Remembered::save`]); whether it was.
-    fn save(&mut self) -> bool {
-        match self.memory.save() {
-            Ok(()) => true,
-            Err(e) => {
-                log::error!("irq: saving the remembered affinities failed: {}", error_chain(&e));
-                false
-            }
-        }
-    }
-
     /// One pass (module docs). `pools` as the plan sees them, `base_sink` the daemon's
     /// `irq_cpus` or the reserved pool's CPUs.
     fn apply(&mut self, pools: &[IrqPool], base_sink: &CpuSet, online: &CpuSet, boot_isolated: &CpuSet) {
@@ -169,7 +158,7 @@ impl IrqManager {
         let saved_before = (*self.memory).clone();
         let needs_save =
             wants.iter().any(|(_, w)| matches!(w, IrqWant::Set(_))) || default_want != IrqWant::Keep;
-        if needs_save && !self.save() {
+        if needs_save && !self.memory.save_or_log() {
             report.problems.push("the remembered affinities could not be saved: nothing was moved".into());
             self.finish(report);
             return;
@@ -187,7 +176,7 @@ impl IrqManager {
         }
         self.memory.irqbalance = self.notifier.told();
         if *self.memory != saved_before {
-            self.save();
+            self.memory.save_or_log();
         }
         self.finish(report);
     }
@@ -387,7 +376,7 @@ impl IrqManager {
             self.notifier.settle(SETTLE);
             self.memory.irqbalance = self.notifier.told();
         }
-        self.save();
+        self.memory.save_or_log();
     }
 
     fn finish(&mut self, report: IrqReport) {

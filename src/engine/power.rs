@@ -303,7 +303,7 @@ impl PowerManager {
             }
         });
         if refused {
-            self.save();
+            self.memory.save_or_log();
         }
         self.checked |= online.is_some();
     }
@@ -317,16 +317,6 @@ impl PowerManager {
     /// One row per configured key and class, as the last pass left them.
     pub fn report(&self) -> Vec<ClassRow> {
         self.rows.clone()
-    }
-
-    fn save(&mut self) -> bool {
-        match self.memory.save() {
-            Ok(()) => true,
-            Err(e) => {
-                log::error!("power: saving the remembered values failed: {}", error_chain(&e));
-                false
-            }
-        }
     }
 
     /// Writes `value` to `file` unless it holds it; then, for files whose read-back differs,
@@ -398,7 +388,7 @@ impl PowerManager {
                 }
             }
         }
-        if *self.memory != before && !self.save() {
+        if *self.memory != before && !self.memory.save_or_log() {
             *self.memory = before;
             let why = "the values found could not be saved, so nothing was written".to_owned();
             self.rows =
@@ -474,7 +464,7 @@ impl PowerManager {
                 Some(why) => log::warn!("power: restoring: {why}"),
             }
         }
-        self.save();
+        self.memory.save_or_log();
     }
 
     /// Writes every remembered value back (the daemon stops).

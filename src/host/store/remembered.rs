@@ -130,6 +130,22 @@ impl<T: Serialize + DeserializeOwned + Default> Remembered<T> {
         Ok(())
     }
 
+    /// [`Remembered::save`], a failure logged as an error naming the keeper; whether it saved.
+    pub fn save_or_log(&mut self) -> bool {
+        match self.save() {
+            Ok(()) => true,
+            Err(e) => {
+                log::error!(
+                    "{}: saving {} remembered failed: {}",
+                    self.file.keeper,
+                    self.file.holds,
+                    crate::error_chain(&e)
+                );
+                false
+            }
+        }
+    }
+
     /// The file's path, for messages.
     pub fn path(&self) -> PathBuf {
         self.dir.join(self.file.name)
