@@ -172,6 +172,7 @@ pub(crate) struct PoolFragment<C = String> {
     pub isolate: Option<bool>,
     pub kubelet: Option<bool>,
     pub enforce_quota: Option<bool>,
+    pub dra: Option<bool>,
     pub removed: Option<bool>,
     pub irq: Option<String>,
     pub irq_claim: Option<Vec<String>>,

@@ -179,6 +179,7 @@ impl Setter<'_> {
         self.field(&mut pool.isolate, p.isolate, &key("isolate"));
         self.field(&mut pool.kubelet, p.kubelet, &key("kubelet"));
         self.field(&mut pool.enforce_quota, p.enforce_quota, &key("enforce_quota"));
+        self.field(&mut pool.dra, p.dra, &key("dra"));
         self.field(&mut pool.removed, p.removed, &key("removed"));
         self.field(&mut pool.irq, p.irq, &key("irq"));
         self.field(&mut pool.irq_claim, p.irq_claim, &key("irq_claim"));

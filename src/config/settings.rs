@@ -449,7 +449,8 @@ impl Settings {
             return Ok(());
         }
         let per_device = self.kubelet.millicpus_per_device.max(1);
-        for p in pools.iter().filter(|p| p.kubelet && p.kind == crate::core::pool::PoolKind::Shared) {
+        for p in pools.iter().filter(|p| p.kubelet && !p.dra && p.kind == crate::core::pool::PoolKind::Shared)
+        {
             let devices = p.capacity_millis() / per_device;
             if devices > MAX_SHARED_DEVICES {
                 let key = "kubelet.millicpus_per_device";
@@ -496,6 +497,7 @@ impl Settings {
             },
             PoolError::IsolateNotExclusive(name) => pool_key(name.as_str(), "isolate"),
             PoolError::QuotaNotShared(name) => pool_key(name.as_str(), "enforce_quota"),
+            PoolError::DraNotOffered(name) => pool_key(name.as_str(), "dra"),
             PoolError::IsolcpusNotExclusive(name) | PoolError::IsolcpusEmpty(name) => {
                 pool_key(name.as_str(), "isolcpus")
             }
@@ -650,6 +652,7 @@ fn pool_spec(name: &str, input: PoolInput, origins: &Origins) -> Result<PoolSpec
     spec.isolate = input.isolate.unwrap_or(spec.isolate);
     spec.kubelet = input.kubelet.unwrap_or(spec.kubelet);
     spec.enforce_quota = input.enforce_quota.unwrap_or(spec.enforce_quota);
+    spec.dra = input.dra.unwrap_or(spec.dra);
     Ok(spec)
 }
 

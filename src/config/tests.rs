@@ -423,7 +423,7 @@ fn unknown_fields_are_rejected_by_key() {
     assert_eq!(
         chain(&e),
         "`t.toml`:3:1: pools.dp.cont: unknown field `cont`, expected one of `kind`, `cpus`, `count`, \
-         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `removed`, `irq`, `irq_claim`, \
+         `numa`, `isolcpus`, `smt`, `isolate`, `kubelet`, `enforce_quota`, `dra`, `removed`, `irq`, `irq_claim`, \
          `cache`, `power`"
     );
 }
@@ -885,4 +885,12 @@ fn a_fifo_a_device_or_a_huge_file_is_refused_by_name() {
     assert!(chain(&e).contains("larger than 1048576 bytes"), "{}", chain(&e));
     fs::remove_file(t.etc_path("config.d/50-huge.toml")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(t.load().pools.len(), 1);
+}
+
+#[test]
+fn dra_is_a_pool_key() {
+    let s = ok("[pools.sys]\nkind = \"reserved\"\ncpus = \"0\"\n[pools.dp]\nkind = \"exclusive\"\ncount = 2\ndra = true\n");
+    assert!(pool(&s, "dp").dra && pool(&s, "dp").kubelet);
+    assert!(!pool(&s, "sys").dra);
+    assert_eq!(s.origins.get("pools.dp.dra"), Some(Path::new("t.toml")));
 }

@@ -167,6 +167,7 @@ mod tests {
             isolate: false,
             kubelet: true,
             enforce_quota: false,
+            dra: false,
         };
         let dp = pool("dp", PoolKind::Exclusive, "1-2,5-6");
         let mut s = State::with_pools(vec![

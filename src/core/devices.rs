@@ -383,6 +383,7 @@ mod tests {
             isolate: false,
             kubelet: true,
             enforce_quota: false,
+            dra: false,
         }
     }
 

@@ -125,6 +125,9 @@ pub struct PoolSpec {
     pub kubelet: bool,
     /// Limit each assignment's CPU time to its millicpus (shared pools only).
     pub enforce_quota: bool,
+    /// Offer the pool to the kubelet through Dynamic Resource Allocation (ResourceSlices and
+    /// the kubelet's DRA plugin API) instead of the device plugin: one owner per pool.
+    pub dra: bool,
 }
 
 impl PoolSpec {
@@ -139,6 +142,7 @@ impl PoolSpec {
             isolate: false,
             kubelet: kind != PoolKind::Reserved,
             enforce_quota: false,
+            dra: false,
         }
     }
 }
@@ -161,12 +165,27 @@ pub struct Pool {
     /// Whether each assignment's CPU time is limited to its millicpus.
     #[serde(default)]
     pub enforce_quota: bool,
+    /// Whether the kubelet is offered it through DRA rather than the device plugin.
+    #[serde(default)]
+    pub dra: bool,
 }
 
 impl Pool {
-    /// Whether the kubelet is offered it (`kubelet = true`, never the reserved pool).
+    /// Whether the kubelet is offered it at all (`kubelet = true`, never the reserved pool),
+    /// by the device plugin or by DRA: its containers run on the pool's CPUs.
     pub fn offered_to_kubelet(&self) -> bool {
         self.kubelet && self.kind != PoolKind::Reserved
+    }
+
+    /// Whether the device plugin serves it (offered to the kubelet, and not through DRA).
+    pub fn served_by_device_plugin(&self) -> bool {
+        self.offered_to_kubelet() && !self.dra
+    }
+
+    /// Whether DRA serves it (`dra = true`): published in this node's ResourceSlice and
+    /// prepared by the DRA plugin, never by the device plugin. One owner per pool.
+    pub fn served_by_dra(&self) -> bool {
+        self.offered_to_kubelet() && self.dra
     }
 
     /// Millicpus the pool can hand out (1000 per CPU).
@@ -227,6 +246,9 @@ pub enum PoolError {
     /// `enforce_quota` on a pool that is not shared.
     #[error("pool `{0}`: enforce_quota = true is only allowed on shared pools")]
     QuotaNotShared(PoolName),
+    /// `dra` on a pool the kubelet is not offered (`kubelet = false`, or the reserved pool).
+    #[error("pool `{0}`: dra = true needs a pool the kubelet is offered (not kubelet = false, not the reserved pool)")]
+    DraNotOffered(PoolName),
     /// `isolate` on a pool that is not exclusive.
     #[error("pool `{0}`: isolate = true is only allowed on exclusive pools")]
     IsolateNotExclusive(PoolName),
@@ -358,6 +380,9 @@ fn check_specs(specs: &[PoolSpec]) -> Result<(BTreeMap<&PoolName, &PoolSpec>, Po
         }
         if spec.enforce_quota && spec.kind != PoolKind::Shared {
             return Err(PoolError::QuotaNotShared(spec.name.clone()));
+        }
+        if spec.dra && (!spec.kubelet || spec.kind == PoolKind::Reserved) {
+            return Err(PoolError::DraNotOffered(spec.name.clone()));
         }
         if spec.source == CpuSource::Isolcpus && spec.kind != PoolKind::Exclusive {
             return Err(PoolError::IsolcpusNotExclusive(spec.name.clone()));
@@ -533,6 +558,7 @@ fn finish(
             isolate: spec.isolate,
             kubelet: spec.kubelet,
             enforce_quota: spec.enforce_quota,
+            dra: spec.dra,
         });
     }
     Ok(pools)

@@ -137,7 +137,7 @@ pub async fn run(handle: Handle, opts: Options, shutdown: watch::Receiver<bool>)
         .state
         .pools()
         .values()
-        .filter(|p| p.offered_to_kubelet())
+        .filter(|p| p.served_by_device_plugin())
         .map(|p| (p.name.to_string(), p.cpus.clone()))
         .collect();
     host::kubelet::check_cpu_manager(&opts.kubelet_dir.join("cpu_manager_state"), &pools)

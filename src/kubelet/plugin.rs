@@ -136,14 +136,14 @@ impl PoolPlugin {
     }
 
     fn pool_of(&self, snap: &Snapshot) -> Result<Pool, Status> {
-        snap.state.pools().get(&self.pool).filter(|p| p.offered_to_kubelet()).cloned().ok_or_else(|| {
+        snap.state.pools().get(&self.pool).filter(|p| p.served_by_device_plugin()).cloned().ok_or_else(|| {
             Status::not_found(format!("pool `{}` is no longer offered to the kubelet", self.pool))
         })
     }
 
     fn list(&self, snap: &Snapshot) -> Vec<v1beta1::Device> {
         match snap.state.pools().get(&self.pool) {
-            Some(p) if p.kubelet => devices::list(
+            Some(p) if p.served_by_device_plugin() => devices::list(
                 &snap.state,
                 &snap.topology,
                 p,
@@ -327,6 +327,7 @@ mod tests {
             isolate: false,
             kubelet: true,
             enforce_quota: false,
+            dra: false,
         }
     }
 

@@ -327,7 +327,7 @@ impl Reconciler {
 
 /// The pools offered to the kubelet.
 fn offered(state: &crate::core::state::State) -> Vec<&crate::core::pool::Pool> {
-    state.pools().values().filter(|p| p.offered_to_kubelet()).collect()
+    state.pools().values().filter(|p| p.served_by_device_plugin()).collect()
 }
 
 /// The names of those of `pools` with a CPU in `cpus`, for a log line.

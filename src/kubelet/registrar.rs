@@ -338,7 +338,7 @@ impl Registrar {
 
 /// The names of the pools `state` offers to the kubelet, in name order.
 fn offered(state: &crate::core::state::State) -> impl Iterator<Item = &PoolName> {
-    state.pools().iter().filter(|(_, p)| p.offered_to_kubelet()).map(|(name, _)| name)
+    state.pools().iter().filter(|(_, p)| p.served_by_device_plugin()).map(|(name, _)| name)
 }
 
 /// An inotify watch on the device-plugin directory: creations (kubelet.sock) and removals

@@ -130,6 +130,7 @@ fn containers_of_isolated_pools_are_partitions_of_their_own() {
         isolate,
         kubelet: true,
         enforce_quota: false,
+        dra: false,
     };
     let mut s = State::with_pools(vec![
         pool("sys", PoolKind::Reserved, "0-1", false),
@@ -210,6 +211,7 @@ fn layout_from_state() {
             isolate: false,
             kubelet: false,
             enforce_quota: false,
+            dra: false,
         },
         Pool {
             name: n("dp"),
@@ -219,6 +221,7 @@ fn layout_from_state() {
             isolate: true,
             kubelet: true,
             enforce_quota: false,
+            dra: false,
         },
         Pool {
             name: n("web"),
@@ -228,6 +231,7 @@ fn layout_from_state() {
             isolate: false,
             kubelet: true,
             enforce_quota: false,
+            dra: false,
         },
     ]);
     let target = Target::parse("cgroup:k/ctr").unwrap_or_else(|e| panic!("{e}"));
@@ -510,6 +514,7 @@ fn pools(isolate: bool, quota: bool) -> Vec<Pool> {
         isolate,
         kubelet: false,
         enforce_quota,
+        dra: false,
     };
     vec![
         pool("sys", PoolKind::Reserved, "0,8", false, false),

@@ -124,6 +124,12 @@ fn every_validation_error() {
     let mut shared_isolated = list("a", PoolKind::Shared, "1");
     shared_isolated.isolate = true;
     assert_eq!(r(&[sys(), shared_isolated]), Some(PoolError::IsolateNotExclusive(name("a"))));
+    let mut reserved_dra = sys();
+    reserved_dra.dra = true;
+    assert_eq!(r(&[reserved_dra]), Some(PoolError::DraNotOffered(name("sys"))));
+    let mut hidden_dra = list("a", PoolKind::Shared, "1");
+    (hidden_dra.kubelet, hidden_dra.dra) = (false, true);
+    assert_eq!(r(&[sys(), hidden_dra]), Some(PoolError::DraNotOffered(name("a"))));
     assert_eq!(
         r(&[sys(), PoolSpec::new(name("a"), PoolKind::Shared, CpuSource::Isolcpus)]),
         Some(PoolError::IsolcpusNotExclusive(name("a")))

@@ -16,6 +16,7 @@ fn pool(name: &str, kind: PoolKind, cpus: &str, smt: Smt) -> Pool {
         isolate: false,
         kubelet: true,
         enforce_quota: false,
+        dra: false,
     }
 }
 
