@@ -8,6 +8,7 @@ pub mod classes;
 pub mod container;
 pub mod cpuset;
 pub mod devices;
+pub mod dra;
 pub mod edit;
 pub mod housekeeping;
 pub mod isolation;
