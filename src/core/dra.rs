@@ -129,6 +129,12 @@ pub struct DraDevice {
     pub step: Millis,
 }
 
+/// The driver's name for `resource_prefix` (`kubelet.resource_prefix`): `dra.cpupool.io`. It
+/// names the ResourceSlices, the DeviceClasses' selectors, the kubelet plugin and the CDI kind.
+pub fn driver_name(resource_prefix: &str) -> String {
+    format!("dra.{resource_prefix}")
+}
+
 /// The device name of `pool` (and NUMA node, for exclusive pools).
 pub fn device_name(pool: &PoolName, numa: Option<u32>) -> String {
     let base = pool.as_str().replace('_', "-");
@@ -138,7 +144,8 @@ pub fn device_name(pool: &PoolName, numa: Option<u32>) -> String {
     }
 }
 
-/// The DeviceClass name of `pool` under the driver: `dp.dra.cpupool.io`.
+/// The DeviceClass name of `pool` under the driver: `dp.dra.cpupool.io`. (This node's
+/// ResourceSlice pool is the node's name: a device is `<node>/<device>` cluster-wide.)
 pub fn class_name(pool: &PoolName, driver: &str) -> String {
     format!("{}.{driver}", pool.as_str().replace('_', "-"))
 }
