@@ -33,7 +33,8 @@
 //! kubelet_peer cri-create RUNTIME_SOCKET SANDBOX_ID POD CONTAINER IMAGE ENVS -- COMMAND...
 //!     CreateContainer with the kubelet's labels, the QoS class's linux resources, the log at
 //!     /var/log/pods/NAMESPACE_NAME_UID/CONTAINER/0.log and ENVS: a JSON object of variables, or
-//!     the output of `allocate` (its "envs" are taken). Prints the container id.
+//!     the output of `allocate` (its "envs" are taken); its "cdi_devices", a list of fully
+//!     qualified CDI device names, go in the CRI's CDI_devices. Prints the container id.
 //! kubelet_peer cri-start RUNTIME_SOCKET CONTAINER_ID
 //! kubelet_peer cri-stop RUNTIME_SOCKET CONTAINER_ID [TIMEOUT_SECONDS]   (default 10)
 //! kubelet_peer cri-remove RUNTIME_SOCKET CONTAINER_ID
@@ -490,12 +491,29 @@ mod runtime {
         Ok(r.into_inner().pod_sandbox_id)
     }
 
+    /// The CDI devices in ENVS (`{"cdi_devices": ["vendor/class=name", ...], ...}`, as
+    /// `dra-prepare` prints them), for the CRI's `CDI_devices`.
+    fn cdi_devices(text: &str) -> Result<Vec<cri::CdiDevice>, Failure> {
+        let v: Value = serde_json::from_str(text)?;
+        let Some(list) = v.get("cdi_devices") else { return Ok(Vec::new()) };
+        let names = list.as_array().ok_or("cdi_devices is not a JSON array")?;
+        names
+            .iter()
+            .map(|n| {
+                n.as_str()
+                    .map(|name| cri::CdiDevice { name: name.to_owned() })
+                    .ok_or_else(|| Failure::from("a cdi_devices entry is not a string"))
+            })
+            .collect()
+    }
+
     /// ENVS: `{"NAME": "value", ...}`, or `allocate`'s `{"devices": [...], "envs": {...}}`.
     fn envs(text: &str) -> Result<Vec<cri::KeyValue>, Failure> {
         let v: Value = serde_json::from_str(text)?;
         let map = v.get("envs").unwrap_or(&v).as_object().ok_or("ENVS is not a JSON object")?;
         let mut out: Vec<cri::KeyValue> = map
             .iter()
+            .filter(|(k, _)| *k != "cdi_devices")
             .map(|(k, v)| cri::KeyValue {
                 key: k.clone(),
                 value: v.as_str().map_or_else(|| v.to_string(), str::to_owned),
@@ -527,6 +545,7 @@ mod runtime {
             }),
             command: command.iter().map(|s| (*s).to_owned()).collect(),
             envs: envs(envs_json)?,
+            cdi_devices: cdi_devices(envs_json)?,
             labels,
             annotations: HashMap::from([
                 ("io.kubernetes.container.restartCount".to_owned(), "0".to_owned()),
