@@ -24,6 +24,7 @@ use std::sync::Arc;
 use super::error_chain;
 use super::handle::Snapshot;
 use super::keeper::{Keeper, Scene};
+use super::Event;
 use crate::config::{power_key, ConfigError, Power, Settings};
 use crate::core::classes::{ClassKind, ClassRow, ClassState, IDLE_CPUS};
 use crate::core::cpuset::CpuSet;
@@ -525,11 +526,12 @@ impl Keeper for PowerManager {
         PowerManager::configure(self, settings);
     }
 
-    /// One power pass over the current pools (see [`PowerManager`]).
-    fn keep(&mut self, scene: &Scene<'_>) {
+    /// One power pass over the current pools (see [`PowerManager`]); no pool events.
+    fn keep(&mut self, scene: &Scene<'_>) -> Vec<Event> {
         let pools: BTreeMap<String, CpuSet> =
             scene.state.pools().values().map(|p| (p.name.to_string(), p.cpus.clone())).collect();
         self.apply(scene.topo, &pools);
+        Vec::new()
     }
 
     fn publish(&self, snap: &mut Snapshot) {
