@@ -136,10 +136,14 @@ pub(crate) fn check_power(
             let writes = match plan.writes {
                 Ok(w) => w,
                 Err(Refusal::Unsupported(missing)) => {
-                    return Err(Box::new(ConfigError::Unsupported { file, key, missing }))
+                    return Err(Box::new(ConfigError::Unsupported {
+                        file,
+                        key,
+                        missing: missing.to_string(),
+                    }))
                 }
-                Err(Refusal::Invalid(reason)) => {
-                    return Err(Box::new(ConfigError::Invalid { file, key, reason }))
+                Err(Refusal::Invalid(unfit)) => {
+                    return Err(Box::new(ConfigError::Invalid { file, key, reason: unfit.to_string() }))
                 }
             };
             if !plan.key.starts_with("uncore_") {
@@ -480,8 +484,8 @@ impl PowerManager {
 fn row_for(p: &KeyPlan, written: &Written) -> ClassRow {
     let writes = match &p.writes {
         Ok(w) => w,
-        Err(Refusal::Unsupported(m)) => return row(p, String::new(), ClassState::Unsupported(m.clone())),
-        Err(Refusal::Invalid(r)) => return row(p, String::new(), ClassState::Degraded(r.clone())),
+        Err(Refusal::Unsupported(m)) => return row(p, String::new(), ClassState::Unsupported(m.to_string())),
+        Err(Refusal::Invalid(r)) => return row(p, String::new(), ClassState::Degraded(r.to_string())),
     };
     let mut seen = BTreeSet::new();
     let mut in_force = Vec::new();
