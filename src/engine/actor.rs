@@ -7,7 +7,8 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::commit::{Mutation, MAX_GROUP};
-use super::{drift, housekeeping, ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
+use super::keeper::Pass;
+use super::{drift, ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
 use crate::config::ConfigError;
 use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
@@ -161,18 +162,6 @@ impl Engine {
         self
     }
 
-    /// Lets the engine keep kernel housekeeping off the isolated pools and measure them; fits
-    /// the workqueue masks to the pools now.
-    pub fn with_housekeeping(mut self, roots: housekeeping::Roots) -> Engine {
-        let mut hk = housekeeping::Housekeeping::new(roots);
-        hk.check_saved(&self.topo.online().union(self.topo.offline()));
-        self.hk = Some(hk);
-        let events = self.sync_housekeeping();
-        self.sample_isolation();
-        self.publish(events);
-        self
-    }
-
     /// Reads the topology, resolves the pools, loads the state (or starts fresh), re-applies
     /// the state to the host and saves it.
     ///
@@ -214,7 +203,6 @@ impl Engine {
             events,
             snapshots,
             config: None,
-            hk: None,
             keepers: super::keeper::Keepers::new(settings, checked),
             kubelet: Arc::default(),
             slices: std::cell::RefCell::default(),
@@ -244,10 +232,10 @@ impl Engine {
             );
             engine.store.mark_stale();
         }
-        engine.keep_host();
+        let events = engine.keep_host(Pass::Pools);
         // Nothing is served yet: irqbalance is told before the daemon says it is ready.
         engine.settle_keepers();
-        engine.publish(Vec::new());
+        engine.publish(events);
         Ok((engine, report))
     }
 
@@ -411,7 +399,7 @@ impl Engine {
             }
             Request::Reapply(reply) => {
                 let (done, failed) = self.reconcile();
-                let events = self.sync_housekeeping();
+                let events = self.keep_host(Pass::Layout);
                 self.publish(events);
                 if done > 0 || failed > 0 {
                     log::info!(
@@ -499,7 +487,7 @@ impl Engine {
                     .map(|(id, why)| (id.clone(), why.clone()))
                     .collect(),
             ),
-            isolation: self.hk.as_ref().map(housekeeping::Housekeeping::report).unwrap_or_default(),
+            isolation: Arc::default(),
             irq: Arc::default(),
             kubelet: self.kubelet.clone(),
             classes: Arc::default(),

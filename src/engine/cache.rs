@@ -23,6 +23,7 @@ use std::sync::Arc;
 use super::error_chain;
 use super::handle::Snapshot;
 use super::keeper::{Keeper, Scene};
+use super::Event;
 use crate::config::{pool_key, Cache, ConfigError, Settings};
 use crate::core::cache::{self, CacheError, ResctrlInfo, Wanted};
 use crate::core::classes::{ClassKind, ClassRow, ClassState};
@@ -283,10 +284,11 @@ impl Keeper for CacheManager {
         }
     }
 
-    /// One cache pass over the running pools (see [`CacheManager`]).
-    fn keep(&mut self, scene: &Scene<'_>) {
+    /// One cache pass over the running pools (see [`CacheManager`]); no pool events.
+    fn keep(&mut self, scene: &Scene<'_>) -> Vec<Event> {
         let pools = scene.state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect();
         self.apply(&pools);
+        Vec::new()
     }
 
     fn publish(&self, snap: &mut Snapshot) {

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::commit::verify_on;
+use super::keeper::Pass;
 use super::{describe, error_chain, Change, DriftReport, Engine, Event, Snapshot};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Key, Layout, Placement, Role};
@@ -202,7 +203,8 @@ impl Engine {
     /// with the reason; changes of that are published as `degraded` / `restored` events.
     pub(super) fn correct_drift(&mut self, found: Found) -> DriftReport {
         let (corrected, failed) = self.correct(&found);
-        self.keep_host();
+        // Published after the assignments' events, as they came when housekeeping passed last.
+        let kept = self.keep_host(Pass::Pools);
         let mut health = BTreeMap::new();
         let mut suspects = BTreeSet::new();
         for id in &found.unenforced {
@@ -237,7 +239,7 @@ impl Engine {
         }
         let report = DriftReport { corrected, failed, degraded: health.len() };
         self.health = health;
-        events.extend(self.sync_housekeeping());
+        events.extend(kept);
         if corrected > 0 || failed > 0 || !events.is_empty() {
             log::info!("drift check: {corrected} corrections, {failed} failed, {} degraded", report.degraded);
         }

@@ -1,16 +1,27 @@
-//! Kernel housekeeping and isolation health, owned by the engine.
+//! Kernel housekeeping and isolation health: the fourth keeper ([`super::keeper`]).
 //!
-//! After every change of the pools (start, reload, pool edit, drift check) the engine calls
-//! [`Engine::sync_housekeeping`]: it reads each isolated pool's partition back (an `isolated
-//! invalid (reason)` partition makes the pool degraded, with the kernel's reason), then fits the
-//! unbound workqueue and writeback cpumasks to the isolated CPUs *after* the partitions exist,
-//! so a kernel that already keeps them off (Linux 6.12 does for isolated partitions) is seen to
-//! and left alone. Every write is read back; a difference is reported, never taken as done.
-//! The masks found before the first write are recorded durably and written back when isolation
-//! ends, also when it ended while the daemon was down. Kernel threads that may run on isolated
-//! CPUs and that the kernel lets userspace move (not per-CPU) are narrowed to the housekeeping
-//! CPUs the same way, on every kernel that leaves them there (none are found on one that moves
-//! them itself), remembered with their start time and given back when isolation ends.
+//! Each pass ([`Keeper::keep`]) reads each isolated pool's partition back through the backend
+//! (an `isolated invalid (reason)` partition makes the pool degraded, with the kernel's reason;
+//! a change of that is returned as the pool's event), then fits the unbound workqueue and
+//! writeback cpumasks to the isolated CPUs *after* the partitions exist, so a kernel that
+//! already keeps them off (Linux 6.12 does for isolated partitions) is seen to and left alone.
+//! Every write is read back; a difference is reported, never taken as done. Kernel threads that
+//! may run on isolated CPUs and that the kernel lets userspace move (not per-CPU) are narrowed to
+//! the housekeeping CPUs the same way, on every kernel that leaves them there (none are found on
+//! one that moves them itself).
+//!
+//! The masks and thread affinities found before the first write are remembered in
+//! `housekeeping.json` ([`Saved::load`]: a [`crate::host::store::Remembered`] value, with a
+//! previous copy, deleted once nothing is remembered) and written back when isolation ends, also
+//! when it ended while the daemon was down; at start, a record this daemon could not have
+//! written is refused ([`Housekeeping::new`]). Nothing is put back when the daemon stops: the
+//! pools stay isolated over a restart.
+//!
+//! Its timing is the one way it differs from the other keepers: it reads back what the kernel
+//! made of the cpuset layout, so it passes after every reconcile, also one that changed no
+//! setting (a reapply, partitions moved for the kubelet's pod cgroup), and not after settings
+//! that left the layout alone ([`Keeper::reads_layout`]). It joins the engine after start
+//! ([`Engine::with_housekeeping`]).
 //!
 //! [`Engine::sample_isolation`] runs on the daemon's health tick: it reads the counters
 //! ([`crate::host::health`]) and turns the last two samples into rates per isolated CPU.
@@ -19,14 +30,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::handle::Snapshot;
+use super::keeper::{Keeper, Scene};
 use super::{error_chain, Engine, Event};
 use crate::config::{ConfigError, Settings};
 use crate::core::cpuset::CpuSet;
 use crate::core::housekeeping::{self, PoolHealth, Sample};
-use crate::core::plan;
+use crate::core::plan::{self, Partitions};
 use crate::core::pool::{Pool, PoolError, PoolKind, PoolName};
+use crate::core::state::{CgroupPath, State, Target};
 use crate::host::health;
 use crate::host::housekeeping::{self as hk, KernelIsolation, Kthreads, Saved, SavedThread};
+use crate::host::store::Remembered;
 
 /// Where housekeeping reads and writes.
 #[derive(Debug, Clone)]
@@ -164,22 +179,22 @@ fn check_housekeeping_against(
     Ok(())
 }
 
-/// The engine's housekeeping part.
+/// The housekeeping keeper (module docs).
 pub struct Housekeeping {
     roots: Roots,
-    saved: Saved,
+    saved: Remembered<Saved>,
     last: Option<(Instant, Sample)>,
     report: IsolationReport,
 }
 
 impl Housekeeping {
-    /// Housekeeping below `roots`, with the masks a previous run recorded.
-    pub fn new(roots: Roots) -> Housekeeping {
-        let saved = Saved::load(&roots.state_dir).unwrap_or_else(|e| {
-            log::error!("{}; the masks found before isolation cannot be restored", error_chain(&e));
-            Saved::default()
-        });
-        Housekeeping { roots, saved, last: None, report: IsolationReport::default() }
+    /// Housekeeping below `roots`, with the masks and affinities a previous run recorded that
+    /// pass [`Housekeeping::check_saved`] against the `host`'s CPUs.
+    pub fn new(roots: Roots, host: &CpuSet) -> Housekeeping {
+        let saved = Saved::load(&roots.state_dir);
+        let mut hk = Housekeeping { roots, saved, last: None, report: IsolationReport::default() };
+        hk.check_saved(host);
+        hk
     }
 
     /// Forgets remembered masks and affinities this daemon could not have recorded, with an
@@ -187,8 +202,8 @@ impl Housekeeping {
     /// narrows the one it remembers, so what is in force lies within it) and no CPU that is
     /// neither the host's (`host`) nor in force; a kernel thread's CPUs must be the host's.
     /// Restoring anything else would write to the kernel what someone else put in the file.
-    pub(super) fn check_saved(&mut self, host: &CpuSet) {
-        let path = self.roots.state_dir.join(hk::SAVED_FILE);
+    fn check_saved(&mut self, host: &CpuSet) {
+        let path = self.saved.path();
         let mut refused = false;
         for file in [hk::WORKQUEUE_MASK, hk::WRITEBACK_MASK] {
             let Some(text) = self.saved.slot(file).clone() else { continue };
@@ -236,13 +251,8 @@ impl Housekeeping {
             false
         });
         if refused {
-            self.store();
+            self.saved.save_or_log();
         }
-    }
-
-    /// The report for the snapshot.
-    pub fn report(&self) -> Arc<IsolationReport> {
-        Arc::new(self.report.clone())
     }
 
     /// Fits one mask file to `isolated`; returns the report, and an error text when the kernel
@@ -261,7 +271,7 @@ impl Housekeeping {
         let want = if narrowed.is_empty() { base.clone() } else { narrowed };
         if want == current {
             if isolated.is_empty() && self.saved.slot(file).take().is_some() {
-                self.store();
+                self.saved.save_or_log();
             }
             let by = if self.saved.slot(file).is_some() { "cpupoold" } else { "kernel" };
             return report(current, by.to_owned());
@@ -269,7 +279,7 @@ impl Housekeeping {
         // Recorded before the first write, so a crash right after it still restores.
         if self.saved.slot(file).is_none() {
             *self.saved.slot(file) = Some(housekeeping::format_mask(&current, bits));
-            if !self.store() {
+            if !self.saved.save_or_log() {
                 *self.saved.slot(file) = None;
                 return report(current, "not narrowed: the previous mask could not be recorded".into());
             }
@@ -286,7 +296,7 @@ impl Housekeeping {
         if isolated.is_empty() {
             log::info!("restored `{file}` to CPUs {want}");
             *self.saved.slot(file) = None;
-            self.store();
+            self.saved.save_or_log();
             return report(back, "kernel".into());
         }
         log::info!("unbound work off the isolated CPUs: `{file}` now CPUs {want}");
@@ -339,7 +349,7 @@ impl Housekeeping {
                 dirty = true;
             }
         }
-        if dirty && !self.store() {
+        if dirty && !self.saved.save_or_log() {
             report.problem = Some("not moved: their affinities could not be recorded".into());
             return report;
         }
@@ -391,36 +401,28 @@ impl Housekeeping {
             log::info!("isolation ended: {restored} kernel thread(s) have their CPUs back");
         }
         if restored > 0 || forgotten {
-            self.store();
+            self.saved.save_or_log();
         }
         if !isolated.is_empty() {
             let kept = report.kept.len();
             report.moved = self.saved.kthreads.len().saturating_sub(kept);
         }
     }
-
-    fn store(&self) -> bool {
-        match self.saved.store(&self.roots.state_dir) {
-            Ok(()) => true,
-            Err(e) => {
-                log::error!("recording the workqueue masks: {}", error_chain(&e));
-                false
-            }
-        }
-    }
 }
 
-impl Engine {
-    /// Reads back partitions and fits the workqueue masks to the isolated pools; returns the
-    /// pools whose partition validity changed, to publish.
-    pub(super) fn sync_housekeeping(&mut self) -> Vec<Event> {
-        let Some(mut hk) = self.hk.take() else { return Vec::new() };
+impl Keeper for Housekeeping {
+    /// Nothing to take: its roots are the daemon's, given when it joins, and it has no setting.
+    fn configure(&mut self, _: &Settings) {}
+
+    /// Reads back partitions and fits the workqueue masks and kernel threads to the isolated
+    /// pools; returns the events of the pools whose partition validity changed.
+    fn keep(&mut self, scene: &Scene<'_>) -> Vec<Event> {
         let mut events = Vec::new();
         let mut pools = BTreeMap::new();
         let mut isolated = CpuSet::new();
-        for p in self.state.pools().values().filter(|p| p.isolate) {
-            let invalid = self.partition_problem(p);
-            let before = hk.report.pools.get(&p.name);
+        for p in scene.state.pools().values().filter(|p| p.isolate) {
+            let invalid = partition_problem(scene, p);
+            let before = self.report.pools.get(&p.name);
             if before.map(|b| &b.invalid) != Some(&invalid) {
                 match &invalid {
                     Some(why) => {
@@ -439,89 +441,104 @@ impl Engine {
             let health = before.filter(|b| b.cpus == p.cpus).and_then(|b| b.health.clone());
             pools.insert(p.name.clone(), PoolIsolation { cpus: p.cpus.clone(), invalid, health });
         }
-        let bits = self.topo.online().union(self.topo.offline()).last().map_or(1, |l| l + 1);
+        let bits = scene.topo.online().union(scene.topo.offline()).last().map_or(1, |l| l + 1);
         let masks = [hk::WORKQUEUE_MASK, hk::WRITEBACK_MASK]
             .into_iter()
-            .filter_map(|f| hk.fit(f, &isolated, bits))
+            .filter_map(|f| self.fit(f, &isolated, bits))
             .collect();
-        let kernel = hk::read_kernel(&hk.roots.procfs, &hk.roots.sysfs, &hk.roots.cgroup);
-        let reserved = self
+        let kernel = hk::read_kernel(&self.roots.procfs, &self.roots.sysfs, &self.roots.cgroup);
+        let reserved = scene
             .state
             .pools()
             .values()
             .filter(|p| p.kind == PoolKind::Reserved)
             .fold(CpuSet::new(), |a, p| a.union(&p.cpus));
         let housekeeping = reserved.difference(&kernel.not_housekeeping());
-        let kthreads = hk.fit_kthreads(&isolated, &housekeeping);
-        let news = kthreads.moved != hk.report.kthreads.moved || kthreads.kept != hk.report.kthreads.kept;
+        let kthreads = self.fit_kthreads(&isolated, &housekeeping);
+        let news = kthreads.moved != self.report.kthreads.moved || kthreads.kept != self.report.kthreads.kept;
         if news && kthreads.moved > 0 {
             log::info!("kernel threads: {}", kthreads.summary());
         }
-        hk.report = IsolationReport { kernel, housekeeping, masks, kthreads, pools };
-        self.hk = Some(hk);
+        self.report = IsolationReport { kernel, housekeeping, masks, kthreads, pools };
         events
     }
 
-    /// What keeps an isolated pool's CPUs from being the partitions the layout plans: none at
-    /// all ([`plan::Partitions::Off`]), or the kernel's word on its slice's partition, or on
-    /// a container's that holds some of its CPUs.
-    fn partition_problem(&self, pool: &crate::core::pool::Pool) -> Option<String> {
-        if self.opts.partitions == plan::Partitions::Off {
-            return Some(super::actor::no_partitions_reason(&self.state));
-        }
-        let slice = plan::pool_slice(&pool.name);
-        let status = self.backend.partition_status(&slice).unwrap_or_default();
-        if status.contains("invalid") {
-            return Some(format!("the kernel made the partition {status}"));
-        }
-        for (path, _) in self.container_partitions(pool) {
-            let status = self.backend.partition_status(&path).unwrap_or_default();
-            if status != "isolated" {
-                return Some(format!("the kernel made the partition of container cgroup {path} `{status}`"));
-            }
-        }
-        None
+    fn reads_layout(&self) -> bool {
+        true
     }
 
-    /// The cgroups of containers holding CPUs of `pool` as partitions of their own, with the
-    /// assignment's CPUs.
-    fn container_partitions(
-        &self,
-        pool: &crate::core::pool::Pool,
-    ) -> Vec<(crate::core::state::CgroupPath, CpuSet)> {
-        if self.opts.partitions != plan::Partitions::Containers
-            || self.state.usage(&pool.name).containers.is_empty()
-        {
-            return Vec::new();
+    fn publish(&self, snap: &mut Snapshot) {
+        snap.isolation = Arc::new(self.report.clone());
+    }
+
+    /// Nothing: the pools stay isolated over a restart (module docs).
+    fn stop(&mut self) {}
+}
+
+/// What keeps an isolated pool's CPUs from being the partitions the layout plans: none at
+/// all ([`plan::Partitions::Off`]), or the kernel's word on its slice's partition, or on
+/// a container's that holds some of its CPUs.
+fn partition_problem(scene: &Scene<'_>, pool: &Pool) -> Option<String> {
+    if scene.partitions == Partitions::Off {
+        return Some(super::actor::no_partitions_reason(scene.state));
+    }
+    let slice = plan::pool_slice(&pool.name);
+    let status = scene.backend.partition_status(&slice).unwrap_or_default();
+    if status.contains("invalid") {
+        return Some(format!("the kernel made the partition {status}"));
+    }
+    for (path, _) in container_partitions(scene.state, scene.partitions, pool) {
+        let status = scene.backend.partition_status(&path).unwrap_or_default();
+        if status != "isolated" {
+            return Some(format!("the kernel made the partition of container cgroup {path} `{status}`"));
         }
-        self.state
-            .assignments()
-            .values()
-            .filter(|a| a.pool == pool.name && a.target.outside_pools())
-            .filter_map(|a| match &a.target {
-                crate::core::state::Target::Cgroup(p) => Some((p.clone(), a.cpus.clone())),
-                _ => None,
-            })
-            .collect()
+    }
+    None
+}
+
+/// The cgroups of containers holding CPUs of `pool` as partitions of their own, with the
+/// assignment's CPUs.
+fn container_partitions(state: &State, partitions: Partitions, pool: &Pool) -> Vec<(CgroupPath, CpuSet)> {
+    if partitions != Partitions::Containers || state.usage(&pool.name).containers.is_empty() {
+        return Vec::new();
+    }
+    state
+        .assignments()
+        .values()
+        .filter(|a| a.pool == pool.name && a.target.outside_pools())
+        .filter_map(|a| match &a.target {
+            Target::Cgroup(p) => Some((p.clone(), a.cpus.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Engine {
+    /// Lets the engine keep kernel housekeeping off the isolated pools and measure them: the
+    /// housekeeping keeper joins the others and passes now.
+    pub fn with_housekeeping(mut self, roots: Roots) -> Engine {
+        let hk = Housekeeping::new(roots, &self.topo.online().union(self.topo.offline()));
+        self.keepers.join_housekeeping(hk);
+        let events = self.keep_host(super::keeper::Pass::Layout);
+        self.sample_isolation();
+        self.publish(events);
+        self
     }
 
     /// Takes a sample of the counters and measures each isolated pool since the last one.
     pub(super) fn sample_isolation(&mut self) {
-        let Some(names) = self.hk.as_ref().map(|hk| hk.report.pools.keys().cloned().collect::<Vec<_>>())
-        else {
-            return;
-        };
+        let (state, partitions) = (&self.state, self.opts.partitions);
+        let Some(hk) = self.keepers.housekeeping() else { return };
         // A pool's own time: its slice's, and its containers' where they are partitions.
         let mut slices: Vec<(String, String)> = Vec::new();
-        for n in &names {
+        for n in hk.report.pools.keys() {
             slices.push((n.to_string(), plan::pool_slice(n).as_str().to_owned()));
-            if let Some(p) = self.state.pools().get(n) {
-                for (path, _) in self.container_partitions(p) {
+            if let Some(p) = state.pools().get(n) {
+                for (path, _) in container_partitions(state, partitions, p) {
                     slices.push((n.to_string(), path.as_str().to_owned()));
                 }
             }
         }
-        let Some(hk) = self.hk.as_mut() else { return };
         let now = Instant::now();
         let sample = match health::read_sample(&hk.roots.procfs, &hk.roots.cgroup, &slices) {
             Ok(s) => s,

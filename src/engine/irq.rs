@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::error_chain;
 use super::handle::Snapshot;
 use super::keeper::{Keeper, Scene};
+use super::Event;
 use crate::config::{Irq, Settings};
 use crate::core::cpuset::CpuSet;
 use crate::core::isolation::{self, IrqLayout, IrqPool, IrqWant};
@@ -574,8 +575,8 @@ impl Keeper for IrqManager {
         self.irqbalance_dir = settings.paths.irqbalance_dir.clone();
     }
 
-    /// One interrupt pass over the current pools (see [`IrqManager`]).
-    fn keep(&mut self, scene: &Scene<'_>) {
+    /// One interrupt pass over the current pools (see [`IrqManager`]); no pool events.
+    fn keep(&mut self, scene: &Scene<'_>) -> Vec<Event> {
         let (pools, base_sink, reserved) = self.irq_pools(scene.state);
         // systemd judges irqbalance.service's ConditionCPUs=>1 on the CPUs init.scope may use,
         // which are the reserved pool's: with one, a restart of irqbalance is skipped and it
@@ -591,6 +592,7 @@ impl Keeper for IrqManager {
         self.warned_one_cpu = one_cpu;
         let online = scene.topo.online();
         self.apply(&pools, &base_sink, &online, &scene.topo.data().isolated);
+        Vec::new()
     }
 
     /// Waits (at most [`SETTLE`]) until irqbalance has been told what the last pass wants, and
@@ -678,8 +680,8 @@ mod tests {
         fs::write(proc.join("irq/1/effective_affinity_list"), "1\n").unwrap_or_else(|e| panic!("{e}"));
         // One pass of the keepers, then what the snapshot says of IRQ 1.
         let said = |e: &mut super::super::Engine| {
-            e.keep_host();
-            e.publish(Vec::new());
+            let events = e.keep_host(crate::engine::keeper::Pass::Pools);
+            e.publish(events);
             let snap = e.snapshots.borrow();
             snap.irq.problems.iter().filter(|p| p.starts_with("IRQ 1 ")).cloned().collect::<Vec<_>>()
         };

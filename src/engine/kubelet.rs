@@ -125,7 +125,7 @@ impl Engine {
             log::error!("changing where isolated partitions are: {}", crate::engine::error_chain(&e));
         }
         // The isolated pools' reports say what became of their partitions.
-        self.sync_housekeeping()
+        self.keep_host(super::keeper::Pass::Layout)
     }
 }
 

@@ -19,11 +19,11 @@
 //! - `drift`: the periodic comparison of the host with the state, and its corrections;
 //! - `kubelet`: what the kubelet wing reports (pods, containers) folded into the state;
 //! - `keeper`: the contract of the keepers of host settings beside the cpusets, their registry,
-//!   and the one place the engine drives them from (start, reload, drift check, stop);
+//!   and the one place the engine drives them from (start, reload, drift check, reapply, stop);
 //! - the keepers: `irq` (device interrupts off isolated CPUs), [`power`] (the sysfs files of the
-//!   power classes) and `cache` (the resctrl groups of the cache classes);
-//! - [`housekeeping`] (the unbound workqueue mask, kernel threads, partition validity and
-//!   isolation health), which runs after every reconcile.
+//!   power classes), `cache` (the resctrl groups of the cache classes) and [`housekeeping`] (the
+//!   unbound workqueue masks, kernel threads, partition validity and isolation health), which
+//!   passes after every reconcile.
 
 mod actor;
 mod batch;
@@ -127,10 +127,8 @@ pub struct Engine {
     events: broadcast::Sender<Event>,
     snapshots: watch::Sender<Snapshot>,
     config: Option<ConfigSource>,
-    /// Workqueue masks, partition validity, isolation health; `None` until
-    /// [`Engine::with_housekeeping`].
-    hk: Option<housekeeping::Housekeeping>,
-    /// Interrupts, power classes, cache classes ([`keeper`]).
+    /// Interrupts, power classes, cache classes, and housekeeping once it has joined
+    /// ([`Engine::with_housekeeping`]) ([`keeper`]).
     keepers: keeper::Keepers,
     kubelet: Arc<KubeletView>,
     /// Each pool's slice path, as [`Engine::publish`] last built them (pools change seldom;

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use super::error_chain;
 use super::handle::Snapshot;
 use super::keeper::{Keeper, Scene};
+use super::Event;
 use crate::config::{power_key, ConfigError, Power, Settings};
 use crate::core::classes::{ClassKind, ClassRow, ClassState, IDLE_CPUS};
 use crate::core::cpuset::CpuSet;
@@ -135,10 +136,14 @@ pub(crate) fn check_power(
             let writes = match plan.writes {
                 Ok(w) => w,
                 Err(Refusal::Unsupported(missing)) => {
-                    return Err(Box::new(ConfigError::Unsupported { file, key, missing }))
+                    return Err(Box::new(ConfigError::Unsupported {
+                        file,
+                        key,
+                        missing: missing.to_string(),
+                    }))
                 }
-                Err(Refusal::Invalid(reason)) => {
-                    return Err(Box::new(ConfigError::Invalid { file, key, reason }))
+                Err(Refusal::Invalid(unfit)) => {
+                    return Err(Box::new(ConfigError::Invalid { file, key, reason: unfit.to_string() }))
                 }
             };
             if !plan.key.starts_with("uncore_") {
@@ -479,8 +484,8 @@ impl PowerManager {
 fn row_for(p: &KeyPlan, written: &Written) -> ClassRow {
     let writes = match &p.writes {
         Ok(w) => w,
-        Err(Refusal::Unsupported(m)) => return row(p, String::new(), ClassState::Unsupported(m.clone())),
-        Err(Refusal::Invalid(r)) => return row(p, String::new(), ClassState::Degraded(r.clone())),
+        Err(Refusal::Unsupported(m)) => return row(p, String::new(), ClassState::Unsupported(m.to_string())),
+        Err(Refusal::Invalid(r)) => return row(p, String::new(), ClassState::Degraded(r.to_string())),
     };
     let mut seen = BTreeSet::new();
     let mut in_force = Vec::new();
@@ -525,11 +530,12 @@ impl Keeper for PowerManager {
         PowerManager::configure(self, settings);
     }
 
-    /// One power pass over the current pools (see [`PowerManager`]).
-    fn keep(&mut self, scene: &Scene<'_>) {
+    /// One power pass over the current pools (see [`PowerManager`]); no pool events.
+    fn keep(&mut self, scene: &Scene<'_>) -> Vec<Event> {
         let pools: BTreeMap<String, CpuSet> =
             scene.state.pools().values().map(|p| (p.name.to_string(), p.cpus.clone())).collect();
         self.apply(scene.topo, &pools);
+        Vec::new()
     }
 
     fn publish(&self, snap: &mut Snapshot) {

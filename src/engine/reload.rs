@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::actor::current_cpus;
+use super::keeper::Pass;
 use super::{error_chain, Engine, EngineError, Event};
 use crate::config::edit::{self, EditError, PreparedEdit};
 use crate::config::runtime::PoolEdit;
@@ -63,8 +64,8 @@ impl Engine {
         let after = self.layout(&next);
         if before == after && next == *self.state {
             // Interrupt, power or cache settings alone may have changed.
-            self.reconfigure_keepers(settings);
-            self.publish(Vec::new());
+            let events = self.reconfigure_keepers(settings, Pass::Settings);
+            self.publish(events);
             return Ok(false);
         }
         let names: std::collections::BTreeSet<&PoolName> =
@@ -82,12 +83,12 @@ impl Engine {
         }
         next.take_changes();
         self.state = Arc::new(next);
-        self.reconfigure_keepers(settings);
+        let kept = self.reconfigure_keepers(settings, Pass::Pools);
         for p in self.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }
         let mut changed = changed;
-        changed.extend(self.sync_housekeeping());
+        changed.extend(kept);
         self.publish(changed);
         Ok(true)
     }

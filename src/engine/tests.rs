@@ -800,6 +800,7 @@ fn pid_targets_record_the_start_time_and_need_a_live_process() {
 
 mod housekeeping_tests {
     use super::*;
+    use crate::engine::keeper::Pass;
 
     const WQ: &str = "devices/virtual/workqueue/cpumask";
     const WB: &str = "devices/virtual/workqueue/writeback/cpumask";
@@ -855,6 +856,29 @@ mod housekeeping_tests {
         let _ = thread.join();
     }
 
+    /// `housekeeping.json` damaged (a disk that lies, an editor): start falls back to the
+    /// previous copy, so the mask found before isolation still goes back when it ends; once
+    /// nothing is remembered, the file and its previous copy both go.
+    #[test]
+    fn a_damaged_record_falls_back_to_its_previous_copy() {
+        let f = Fixture::new();
+        f.config(&isolated_dp());
+        let (engine, _) = f.start();
+        drop(engine.with_housekeeping(f.roots()));
+        assert_eq!(f.sys(WQ), "99\n");
+        let (file, prev) =
+            (f.sb.state().join("housekeeping.json"), f.sb.state().join("housekeeping.json.prev"));
+        // The workqueue mask was recorded first, the writeback mask at the next save.
+        let kept = fs::read_to_string(&prev).unwrap_or_else(|e| panic!("{e}"));
+        assert!(kept.contains("\"workqueue\": \"ff\""), "{kept}");
+        fs::write(&file, "{\"workqueue\": ").unwrap_or_else(|e| panic!("{e}"));
+        f.config(CONFIG);
+        let (engine, _) = f.start();
+        drop(engine.with_housekeeping(f.roots()));
+        assert_eq!(f.sys(WQ), "ff\n", "restored from the previous copy");
+        assert!(!file.exists() && !prev.exists());
+    }
+
     #[test]
     fn isolation_ended_while_down_is_restored_at_start() {
         let f = Fixture::new();
@@ -899,7 +923,7 @@ mod housekeeping_tests {
             "cpupool.slice/cpupool-dp.slice/cpuset.cpus.partition",
             "isolated invalid (Cpu list in cpuset.cpus not exclusive)\n",
         );
-        let events = engine.sync_housekeeping();
+        let events = engine.keep_host(Pass::Layout);
         assert!(
             events.iter().any(|e| matches!(e, Event::PoolChanged(p) if p.as_str() == "dp")),
             "{events:?}"
@@ -910,7 +934,7 @@ mod housekeeping_tests {
         assert_eq!(p.state(), "degraded");
         assert!(p.summary().contains("Cpu list in cpuset.cpus not exclusive"), "{}", p.summary());
         // Once is enough: the same reason again is no new event.
-        assert!(engine.sync_housekeeping().is_empty());
+        assert!(engine.keep_host(Pass::Layout).is_empty());
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! Data flow: the engine reads the masks after the partitions exist, asks
 //! [`crate::core::housekeeping::trimmed_mask`] what they should be, writes them here and reads
 //! them back. Before its first write it records the masks it found in
-//! `<state_dir>/housekeeping.json` ([`Saved`]), durably (kernel threads' affinities too), so that ending isolation, stopping, or
-//! starting after a crash puts back what the host had. Each function takes its root.
+//! `<state_dir>/housekeeping.json` ([`Saved`], kernel threads' affinities too), durably and with
+//! a previous copy ([`Remembered`]), so that ending isolation or starting after a crash puts back
+//! what the host had; the file goes once nothing is recorded. Each function takes its root.
 #![deny(missing_docs)]
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::fsutil::{FsError, Root};
+use super::store::{MemoryFile, Remembered};
 use crate::core::cpuset::CpuSet;
 use crate::core::housekeeping::{self, BootIsolation, MaskError, TaskStat};
 
@@ -24,8 +26,13 @@ pub const WORKQUEUE_MASK: &str = "devices/virtual/workqueue/cpumask";
 /// The writeback workqueue's cpumask, relative to the sysfs root. `/sys/bus/workqueue/devices/
 /// writeback` is a symlink to this directory, and writes never follow symlinks.
 pub const WRITEBACK_MASK: &str = "devices/virtual/workqueue/writeback/cpumask";
-/// Where the masks found before our first write are kept, in the state directory.
-pub const SAVED_FILE: &str = "housekeeping.json";
+/// Where the masks and affinities found before our first write are kept, in the state
+/// directory ([`Saved::load`]).
+pub const MEMORY: MemoryFile = MemoryFile {
+    name: "housekeeping.json",
+    keeper: "housekeeping",
+    holds: "the workqueue masks and kernel thread affinities",
+};
 
 /// A housekeeping file that could not be read, parsed or written.
 #[derive(Debug, thiserror::Error)]
@@ -54,15 +61,6 @@ pub enum HousekeepingError {
         /// The kernel's answer (`EINVAL`: it binds the thread itself).
         #[source]
         source: std::io::Error,
-    },
-    /// The saved masks could not be encoded or decoded.
-    #[error("`{}` is not a saved housekeeping record", path.display())]
-    Saved {
-        /// The file.
-        path: PathBuf,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
     },
 }
 
@@ -159,31 +157,10 @@ impl Saved {
         }
     }
 
-    /// Reads the record from `state_dir`; none is an empty record.
-    pub fn load(state_dir: &Path) -> Result<Saved, HousekeepingError> {
-        let root = Root::new(state_dir);
-        if !root.exists(SAVED_FILE) {
-            return Ok(Saved::default());
-        }
-        let bytes = root.read_own(SAVED_FILE, crate::host::fsutil::MAX_REMEMBERED_BYTES)?;
-        serde_json::from_slice(&bytes)
-            .map_err(|source| HousekeepingError::Saved { path: state_dir.join(SAVED_FILE), source })
-    }
-
-    /// Writes the record durably, or removes it when it is empty.
-    pub fn store(&self, state_dir: &Path) -> Result<(), HousekeepingError> {
-        let root = Root::new(state_dir);
-        if self.is_empty() {
-            if root.exists(SAVED_FILE) {
-                root.remove_file(SAVED_FILE)?;
-                root.sync_dir("")?;
-            }
-            return Ok(());
-        }
-        let bytes = serde_json::to_vec_pretty(self)
-            .map_err(|source| HousekeepingError::Saved { path: state_dir.join(SAVED_FILE), source })?;
-        root.replace(SAVED_FILE, &bytes, 0o600)?;
-        Ok(())
+    /// The record left in `state_dir` by an earlier run (its previous copy when it is damaged,
+    /// none an empty record), as a memory whose saves delete the file once it is empty.
+    pub fn load(state_dir: &Path) -> Remembered<Saved> {
+        Remembered::<Saved>::load(state_dir, MEMORY).deleted_when_empty(Saved::is_empty)
     }
 }
 
@@ -318,13 +295,34 @@ mod tests {
     #[test]
     fn saved_masks_survive_and_go() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let mut s = Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        let mut s = Saved::load(dir.path());
         assert!(s.is_empty());
         *s.slot(WRITEBACK_MASK) = Some("f".into());
-        s.store(dir.path()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}")), s);
-        Saved::default().store(dir.path()).unwrap_or_else(|e| panic!("{e}"));
-        assert!(!dir.path().join(SAVED_FILE).exists());
+        s.save().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*Saved::load(dir.path()), *s);
+        *s = Saved::default();
+        s.save().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!dir.path().join(MEMORY.name).exists());
+    }
+
+    #[test]
+    fn a_damaged_record_falls_back_to_its_previous_copy_and_an_empty_one_takes_both_along() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (file, prev) = (dir.path().join(MEMORY.name), dir.path().join(MEMORY.prev()));
+        assert_eq!(prev, dir.path().join("housekeeping.json.prev"));
+        let mut s = Saved::load(dir.path());
+        *s.slot(WORKQUEUE_MASK) = Some("ff".into());
+        s.save().unwrap_or_else(|e| panic!("{e}"));
+        s.kthreads.insert(2, SavedThread { comm: "kthreadd".into(), start: 12, cpus: "0-3".into() });
+        s.save().unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&file, "{\"workqueue\": ").unwrap_or_else(|e| panic!("{e}"));
+        let mut back = Saved::load(dir.path());
+        assert_eq!(back.workqueue.as_deref(), Some("ff"), "the copy before the last save");
+        assert!(back.kthreads.is_empty());
+        // Nothing remembered any more: the file and its previous copy both go.
+        *back.slot(WORKQUEUE_MASK) = None;
+        back.save().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!file.exists() && !prev.exists());
     }
 
     #[test]
@@ -354,11 +352,14 @@ mod tests {
         let mut s = Saved::default();
         s.kthreads.insert(2, SavedThread { comm: "kthreadd".into(), start: 12, cpus: "0-3".into() });
         assert!(!s.is_empty());
-        s.store(dir.path()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}")), s);
+        let mut kept = Saved::load(dir.path());
+        *kept = s.clone();
+        kept.save().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*Saved::load(dir.path()), s);
         // A record from before kernel threads were remembered still loads.
-        std::fs::write(dir.path().join(SAVED_FILE), r#"{"workqueue":"f"}"#).unwrap_or_else(|e| panic!("{e}"));
-        let old = Saved::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.path().join(MEMORY.name), r#"{"workqueue":"f"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let old = Saved::load(dir.path());
         assert!(old.kthreads.is_empty());
         assert_eq!(old.workqueue.as_deref(), Some("f"));
     }

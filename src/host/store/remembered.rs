@@ -1,6 +1,7 @@
 //! Remembered host values: what a keeper found in a kernel file before its first write there,
-//! kept durably in one JSON file of the state directory (`irq.json`, `power.json`), so that the
-//! daemon can put it back when the setting is no longer wanted, when it stops, and after a crash.
+//! kept durably in one JSON file of the state directory (`irq.json`, `power.json`,
+//! `housekeeping.json`), so that the daemon can put it back when the setting is no longer
+//! wanted, when it stops, and after a crash.
 //!
 //! Data flow: a keeper [`Remembered::load`]s its file once at start, changes the value in memory
 //! as it decides (through `Deref`/`DerefMut`), and calls [`Remembered::save`] *before* it writes
@@ -9,7 +10,8 @@
 //! that first links the outgoing file to `NAME.prev`, as the state store keeps its previous
 //! snapshot. A file that cannot be read at start (a disk that lies, an editor) falls back to
 //! that previous copy, with an error naming both; the damaged file is not kept as the next
-//! previous copy.
+//! previous copy. A memory made [`Remembered::deleted_when_empty`] leaves no file behind once it
+//! holds nothing: its save [`Remembered::delete`]s the file and the previous copy instead.
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 
@@ -71,6 +73,8 @@ pub struct Remembered<T> {
     /// Whether the next save keeps the file it replaces as the previous copy: not when start
     /// found it damaged.
     keep_prev: bool,
+    /// Whether the value holds nothing, for a memory whose save then deletes its files.
+    empty: Option<fn(&T) -> bool>,
 }
 
 impl<T: Serialize + DeserializeOwned + Default> Remembered<T> {
@@ -113,12 +117,23 @@ impl<T: Serialize + DeserializeOwned + Default> Remembered<T> {
                 (value, false)
             }
         };
-        Remembered { dir: state_dir.to_owned(), file, value, keep_prev }
+        Remembered { dir: state_dir.to_owned(), file, value, keep_prev, empty: None }
+    }
+
+    /// This memory, whose [`save`](Remembered::save) deletes the file and its previous copy
+    /// when `empty` says the value holds nothing, rather than writing an empty memory.
+    pub fn deleted_when_empty(mut self, empty: fn(&T) -> bool) -> Remembered<T> {
+        self.empty = Some(empty);
+        self
     }
 
     /// Writes the memory durably, keeping the file it replaces as the previous copy (unless
-    /// that is the damaged file start could not read).
+    /// that is the damaged file start could not read); or [`delete`](Remembered::delete)s it,
+    /// for a memory [`deleted_when_empty`](Remembered::deleted_when_empty) that holds nothing.
     pub fn save(&mut self) -> Result<(), RememberedError> {
+        if self.empty.is_some_and(|empty| empty(&self.value)) {
+            return self.delete();
+        }
         let name = self.file.name;
         let data = serde_json::to_vec_pretty(&self.value)
             .map_err(|source| RememberedError::Encode { path: self.dir.join(name), source })?;
@@ -126,6 +141,28 @@ impl<T: Serialize + DeserializeOwned + Default> Remembered<T> {
         let (prev, prev_tmp) = (self.file.prev(), format!(".{name}.prev.tmp"));
         let keep = || if self.keep_prev { root.link_prev(name, &prev_tmp, &prev) } else { Ok(()) };
         root.replace_with(Path::new(name), &format!(".{name}.tmp"), &data, 0o600, keep)?;
+        self.keep_prev = true;
+        Ok(())
+    }
+
+    /// Deletes the file and its previous copy, durably (the directory is synced): nothing is
+    /// remembered any more. The value in memory is left as it is; files already gone are fine.
+    pub fn delete(&mut self) -> Result<(), RememberedError> {
+        let root = Root::new(&self.dir);
+        let (prev, mut removed) = (self.file.prev(), false);
+        // The file first: a crash before the previous copy goes leaves no memory to read, which
+        // is what the deletion says; the previous copy is only read when the file is damaged.
+        for name in [self.file.name, prev.as_str()] {
+            match root.remove_file(name) {
+                Ok(()) => removed = true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if removed {
+            root.sync_dir("")?;
+        }
+        // Nothing damaged is left to keep out of the previous copy.
         self.keep_prev = true;
         Ok(())
     }
@@ -202,5 +239,34 @@ mod tests {
         back.save().unwrap_or_else(|e| panic!("{e}"));
         let prev = std::fs::read_to_string(dir.path().join("m.json.prev")).unwrap_or_else(|e| panic!("{e}"));
         assert!(prev.contains("\"a\""), "{prev}");
+    }
+
+    #[test]
+    fn a_memory_deleted_when_empty_leaves_no_file_and_no_previous_copy() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let load = || {
+            Remembered::<BTreeMap<String, String>>::load(dir.path(), FILE)
+                .deleted_when_empty(BTreeMap::is_empty)
+        };
+        let mut m = load();
+        m.save().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!dir.path().join("m.json").exists(), "nothing remembered: no file written");
+        m.insert("a".into(), "1".into());
+        m.save().unwrap_or_else(|e| panic!("{e}"));
+        m.insert("b".into(), "2".into());
+        m.save().unwrap_or_else(|e| panic!("{e}"));
+        assert!(dir.path().join("m.json.prev").exists());
+        assert_eq!(load().len(), 2);
+        m.clear();
+        m.save().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!dir.path().join("m.json").exists());
+        assert!(!dir.path().join("m.json.prev").exists(), "the previous copy goes with it");
+        assert!(load().is_empty());
+        // Deleting what is already gone is fine.
+        m.delete().unwrap_or_else(|e| panic!("{e}"));
+        // A memory not made so writes an empty one.
+        let mut plain: Remembered<BTreeMap<String, String>> = Remembered::load(dir.path(), FILE);
+        plain.save().unwrap_or_else(|e| panic!("{e}"));
+        assert!(dir.path().join("m.json").exists());
     }
 }
