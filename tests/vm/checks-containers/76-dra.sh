@@ -1,0 +1,118 @@
+# The DRA driver against the real containerd 1.7 with CDI on (enable_cdi), runc, systemd and the
+# kernel. The API server is the project's fake (examples/fake_apiserver.rs: there is none in any
+# registry); the kubelet's part is examples/kubelet_peer.rs speaking the kubelet's real protobuf:
+# the plugin watcher's registration, NodePrepareResources, then CreateContainer over the real CRI
+# with the CDI device the driver answered. Checked: the pools are published as this node's
+# ResourceSlice; a claim for 2 CPUs of dp is prepared in one transaction; the container's first
+# process runs on those CPUs only, with the CDI spec's environment; a cpupoold restart between
+# prepare and the container's start keeps the claim; a pod the claim is not reserved for gets no
+# pool's CPUs; unprepare releases and removes the CDI spec. 4 CPUs: reserved 0, shared web 1,
+# exclusive dp 2-3 (dra = true).
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/containers.sh"
+
+KD=/var/lib/kubelet
+FAKE=/run/fake_apiserver
+[ -x $FAKE ] || cp "$SHARE/bin/fake_apiserver" $FAKE
+NODE=vmtest-node
+DRIVER=dra.cpupool.io
+
+# containerd reads CDI specs only with enable_cdi (its default dirs: /etc/cdi, /var/run/cdi).
+cp /etc/containerd/config.toml /run/containerd-config.toml.orig
+sed -i 's|^    sandbox_image = .*|&\n    enable_cdi = true\n    cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]|' \
+  /etc/containerd/config.toml
+check "containerd restarts with CDI on" systemctl restart containerd
+
+# The fake API server: commands on a FIFO, answers in a file, one line each.
+rm -f /run/fake.in /run/fake.out && mkfifo /run/fake.in
+$FAKE /run/fake-kubeconfig </run/fake.in >/run/fake.out 2>/run/fake.err &
+fake=$!
+exec 7>/run/fake.in
+check "the fake API server serves" wait_for 10 grep -q '^serving ' /run/fake.out
+# fake_cmd CMD: sends one command and prints its answer.
+fake_cmd() {
+  local n
+  n=$(wc -l </run/fake.out)
+  printf '%s\n' "$1" >&7
+  wait_for 10 sh -c "[ \$(wc -l </run/fake.out) -gt $n ]" || return 1
+  tail -n 1 /run/fake.out
+}
+# claim NAME UID CPUS POD_UID: a claim of dp-numa0 allocated by the scheduler, as the API holds it.
+claim() {
+  printf 'put-claim {"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"namespace":"default","name":"%s","uid":"%s"},"spec":{"devices":{"requests":[{"name":"cpus","exactly":{"deviceClassName":"dp.%s"}}]}},"status":{"allocation":{"devices":{"results":[{"driver":"%s","pool":"%s","device":"dp-numa0","request":"cpus","consumedCapacity":{"cpu":"%s"},"shareID":"a1b2c"}]}},"reservedFor":[{"resource":"pods","name":"%s","uid":"%s"}]}}' \
+    "$1" "$2" $DRIVER $DRIVER $NODE "$3" "$1-pod" "$4"
+}
+
+vm_pools "dra = true
+[kubelet]
+release_grace_ms = 600000
+[k8s]
+enabled = true
+kubeconfig = \"/run/fake-kubeconfig\"
+node_name = \"$NODE\""
+rm -rf $KD /var/run/cdi/cpupoold-*
+mkdir -p $KD/plugins_registry $KD/plugins
+check "restart cpupoold with dp served by DRA" systemctl restart cpupoold
+check "the driver's registration socket appears" wait_for 30 test -S $KD/plugins_registry/$DRIVER-reg.sock
+check "no device plugin serves dp" sh -c "! ls $KD/device-plugins/ 2>/dev/null | grep -q cpupoold-dp"
+check_output "the node's ResourceSlice lists dp-numa0 with 2 CPUs" '"name":"dp-numa0"' \
+  fake_cmd "list resourceslices"
+[ -e /usr/local/share/cpupool-vm/images.tar ] && images_import >/dev/null 2>&1
+
+# The scheduler allocated 2 CPUs of dp-numa0 to the claim `two` of the pod dra-0.
+uid=0a1b2c3d-0000-4000-8000-0000000000d1
+cuid=c1a1c1a1-0000-4000-8000-0000000000d1
+check_output "the fake API server holds the claim" '^ok$' fake_cmd "$(claim two $cuid 2 $uid)"
+prep=$("$PEER" dra-prepare $KD default/two/$cuid 2>/run/peer-dra.err)
+check_output "NodePrepareResources answers the claim's CDI device" "\"cdi_devices\":\[\"$DRIVER/cpu=$cuid\"\]" echo "$prep"
+check_output "the claim holds CPUs 2-3 of dp, applied as one assignment" "dra-$cuid-0 +dp +2-3 " cpupoolctl assignments
+check_output "its CDI spec is written where containerd reads" "CPUPOOL_CPUS=2-3" cat /var/run/cdi/cpupoold-$cuid.json
+
+# cpupoold restarts between prepare and the container's start: the claim stays.
+check "restart cpupoold" systemctl restart cpupoold
+check_output "the claim's CPUs are still held" "dra-$cuid-0 +dp +2-3 " cpupoolctl assignments
+check_output "prepare again answers the same" "\"cdi_devices\":\[\"$DRIVER/cpu=$cuid\"\]" \
+  "$PEER" dra-prepare $KD default/two/$cuid
+
+pod=$(pod_start default/two-pod/$uid/besteffort)
+[ -n "$pod" ] || { fail "RunPodSandbox"; exit 1; }
+slice=$(pod_slice)
+id=$(ctr_start app "$prep")
+[ -n "$id" ] || { fail "CreateContainer with the CDI device: $prep $(cat /run/peer-dra.err)"; exit 1; }
+check_output "the container's first process ran on CPUs 2-3 only" '^2-3$' ctr_cpus app
+check_output "it has the CDI spec's CPUPOOL_CPUS" '^2-3$' ctr_env app CPUPOOL_CPUS
+check_output "and CPUPOOL_CLAIM" "^$cuid\$" ctr_env app CPUPOOL_CLAIM
+check_output "its scope holds CPUs 2-3" '^2-3$' cat "$slice/cri-containerd-$id.scope/cpuset.cpus.effective"
+second=$(ctr_start second "$prep")
+check_output "a second container of the pod shares them" '^2-3$' ctr_cpus second
+
+# Another pod's container naming the claim (its author wrote the CDI device into its spec).
+check "StopContainer second" ctr_stop second 2
+check "RemoveContainer second" ctr_remove second
+check "StopContainer app" ctr_stop app 2
+check_output "a stop releases nothing: the claim holds until unprepare" "dra-$cuid-0 +dp +2-3 " cpupoolctl assignments
+check "RemoveContainer app" ctr_remove app
+check "the pod goes" pod_remove
+other=0a1b2c3d-0000-4000-8000-0000000000d2
+pod=$(pod_start default/other/$other/besteffort)
+id=$(ctr_start thief "$prep")
+check_output "a pod the claim is not reserved for runs off the pools' exclusive CPUs" '^0-1$' ctr_cpus thief
+check_output "and the log says why" "CPUPOOL_CLAIM.*$cuid|claim $cuid" sh -c \
+  "journalctl -u cpupoold --no-pager -o cat | grep -E 'NRI: .*(claim|CPUPOOL_CLAIM)'"
+check "StopContainer thief" ctr_stop thief 2
+check "RemoveContainer thief" ctr_remove thief
+check "the other pod goes" pod_remove
+
+check "NodeUnprepareResources" "$PEER" dra-unprepare $KD default/two/$cuid
+check "the claim's CPUs are released" sh -c "! cpupoolctl assignments | grep -q 'dra-$cuid'"
+check "its CDI spec is gone" test ! -e /var/run/cdi/cpupoold-$cuid.json
+check "unprepare again is done already" "$PEER" dra-unprepare $KD default/two/$cuid
+
+exec 7>&-
+wait $fake 2>/dev/null
+cp /run/containerd-config.toml.orig /etc/containerd/config.toml
+check "containerd restarts with its own configuration" systemctl restart containerd
+rm -f /etc/cpupoold/config.d/50-vmtest.toml /run/fake.in /run/fake.out /run/fake-kubeconfig
+systemctl stop cpupoold
+rm -rf $KD
+check "restart with the packaged configuration" systemctl restart cpupoold
