@@ -2,14 +2,16 @@
 //! `/usr/share/dbus-1/interfaces/` by the packages, and served by the daemon; a test keeps
 //! the two equal).
 //!
-//! Clients read each method's arguments from it ([`member`]): a call's arguments are the
-//! fields of the table's parameter struct of the same names, a reply's arguments the fields of
-//! its reply view, and a D-Bus structure is a view's fields in order. The tuple types below
-//! are the daemon's encoding of those views.
+//! The daemon and its clients read each method's arguments from it ([`member`]): a call's
+//! arguments are the fields of the same names of the table's parameter struct, a reply's
+//! arguments those of its reply view, and a D-Bus structure is a view's fields in order; only
+//! `ClassSetting`'s differs (its state carries the reason after `: `). The two tuple types
+//! below are what the daemon keeps ready: the `Pools` property, the shared `ListAssignments`
+//! lists.
 
 use serde::Deserialize;
 
-use crate::views::{Assignment, ClassSetting, Cpu, CpuHealth, Pool, PoolIsolation};
+use crate::views::{Assignment, ClassSetting, Pool};
 
 /// The introspection XML of `org.cpupool.Manager1`.
 pub const INTROSPECTION_XML: &str = include_str!("../../dbus/org.cpupool.Manager1.xml");
@@ -62,18 +64,6 @@ pub fn member(name: &str) -> Option<Member> {
     Some(Member { name, ins, outs })
 }
 
-/// A [`ClassSetting`] as D-Bus carries it, `(sssssss)`: pool, class, key, wanted, in_force,
-/// scope, state, where state is `applied`, `degraded: <why>` or `unsupported: <what is
-/// missing>` (the state word never holds a colon).
-pub type ClassStruct = (String, String, String, String, String, String, String);
-
-impl From<ClassSetting> for ClassStruct {
-    fn from(c: ClassSetting) -> ClassStruct {
-        let state = if c.reason.is_empty() { c.state } else { format!("{}: {}", c.state, c.reason) };
-        (c.pool, c.class, c.key, c.wanted, c.in_force, c.scope, state)
-    }
-}
-
 /// A [`ClassSetting`] as either transport sends it, decoded: varlink's object of eight
 /// fields, or D-Bus's `(sssssss)` whose `state` carries the reason after `: `.
 #[derive(Deserialize)]
@@ -106,15 +96,6 @@ pub type PoolStruct = (String, String, String, String, u64, u64, bool, u32, Stri
 /// An [`Assignment`] as D-Bus carries it, `(ssstsbsss)`: id, pool, cpus, millicpus, target,
 /// reclaim, container, state, reason.
 pub type AssignmentStruct = (String, String, String, u64, String, bool, String, String, String);
-/// A [`Cpu`] as D-Bus carries it, `(uuuuuu)`: cpu, core, package, die, node, l3.
-pub type CpuStruct = (u32, u32, u32, u32, u32, u32);
-/// A [`CpuHealth`] as D-Bus carries it, `(uddds)`.
-pub type CpuHealthStruct = (u32, f64, f64, f64, String);
-/// A [`PoolIsolation`] as D-Bus carries it, `(sssssda(uddds)ss)`: pool, cpus, state, summary,
-/// reason, foreign_percent, per_cpu, irqs, kthreads.
-pub type PoolIsolationStruct =
-    (String, String, String, String, String, f64, Vec<CpuHealthStruct>, String, String);
-
 impl From<Pool> for PoolStruct {
     fn from(p: Pool) -> PoolStruct {
         let Pool {
@@ -136,25 +117,6 @@ impl From<Assignment> for AssignmentStruct {
     fn from(a: Assignment) -> AssignmentStruct {
         let Assignment { id, pool, cpus, millicpus, target, reclaim, container, state, reason } = a;
         (id, pool, cpus, millicpus, target, reclaim, container, state, reason)
-    }
-}
-
-impl From<Cpu> for CpuStruct {
-    fn from(c: Cpu) -> CpuStruct {
-        (c.cpu, c.core, c.package, c.die, c.node, c.l3)
-    }
-}
-
-impl From<CpuHealth> for CpuHealthStruct {
-    fn from(c: CpuHealth) -> CpuHealthStruct {
-        (c.cpu, c.device_irqs_per_sec, c.ipis_per_sec, c.timer_per_sec, c.sources)
-    }
-}
-
-impl From<PoolIsolation> for PoolIsolationStruct {
-    fn from(p: PoolIsolation) -> PoolIsolationStruct {
-        let per_cpu = p.per_cpu.into_iter().map(Into::into).collect();
-        (p.pool, p.cpus, p.state, p.summary, p.reason, p.foreign_percent, per_cpu, p.irqs, p.kthreads)
     }
 }
 
@@ -185,7 +147,6 @@ mod tests {
         let c: ClassSetting =
             serde_json::from_value(serde_json::json!(row)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((c.state.as_str(), c.reason.as_str()), ("degraded", "EBUSY"));
-        assert_eq!(ClassStruct::from(c.clone()).6, "degraded: EBUSY");
         let json = serde_json::to_value(&c).unwrap_or_default();
         assert_eq!(serde_json::from_value::<ClassSetting>(json).ok(), Some(c));
     }

@@ -205,8 +205,8 @@ pub struct PoolIsolation {
 }
 
 /// One configured key of a pool's power or cache class: varlink `ClassSetting`, D-Bus
-/// `(sssssss)` (where `state` and `reason` travel as one string, see
-/// [`crate::dbus::ClassStruct`]; either form decodes).
+/// `(sssssss)` where `state` and `reason` travel as one string, `degraded: WHY` (either form
+/// decodes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "crate::dbus::ClassRow")]
 pub struct ClassSetting {
