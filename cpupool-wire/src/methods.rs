@@ -33,7 +33,9 @@ pub trait Method {
     /// Its name, as both interfaces spell it (`GetPool`).
     const NAME: &'static str;
     /// What a call carries (varlink's parameters; D-Bus's arguments are converted into it).
-    type Params: Serialize + DeserializeOwned + Send;
+    /// Its `Default` gives every required field and no optional one (D-Bus, which has no
+    /// optionals, tells them apart by it).
+    type Params: Serialize + DeserializeOwned + Send + Default;
     /// What a successful call returns (varlink's reply parameters; D-Bus's out arguments are
     /// converted from it).
     type Reply: Serialize + DeserializeOwned + Send;

@@ -60,6 +60,11 @@ pub struct Assignment {
     pub reason: String,
 }
 
+/// An optional string where `""` is absent (the D-Bus form of an absent reason).
+fn empty_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.filter(|s| !s.is_empty()))
+}
+
 fn applied() -> String {
     "applied".into()
 }
@@ -112,8 +117,9 @@ pub struct Status {
     /// Where the state is kept.
     pub state_file: String,
     /// Why the configuration on disk is not the one running, if it is not: always present in
-    /// the JSON (`null` when the configuration runs).
-    #[serde(default)]
+    /// the JSON (`null` when the configuration runs; D-Bus, which has no optionals, says `""`,
+    /// which decodes as `None` too).
+    #[serde(default, deserialize_with = "empty_is_none")]
     pub config_error: Option<String>,
     /// Assignments the kernel does not enforce as assigned.
     #[serde(default)]
@@ -199,9 +205,10 @@ pub struct PoolIsolation {
 }
 
 /// One configured key of a pool's power or cache class: varlink `ClassSetting`, D-Bus
-/// `(sssssss)` (where `state` and `reason` travel as one string, see
-/// [`crate::dbus::ClassStruct`]).
+/// `(sssssss)` where `state` and `reason` travel as one string, `degraded: WHY` (either form
+/// decodes).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "crate::dbus::ClassRow")]
 pub struct ClassSetting {
     /// The pool, or `(idle)` for the CPUs in no pool.
     pub pool: String,

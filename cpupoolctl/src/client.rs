@@ -1,54 +1,65 @@
-//! The operations of the manager, behind one trait that both transports implement.
+//! One client over either transport, calling the table's methods by type.
 //!
-//! The command layer (`commands`) calls a `dyn Manager` and never knows which transport is
-//! underneath: [`crate::varlink::Client`] (implemented here, from the JSON replies) or
-//! [`crate::dbus::Client`]. Both return the [`cpupool_wire::views`] types and [`Error`], so output and
-//! exit codes do not depend on the transport.
+//! The command layer (`commands`) calls [`Client::call`] with a method of the table
+//! ([`cpupool_wire::methods`]) and its parameter struct, and gets the method's reply view;
+//! it never knows which transport is underneath: [`crate::varlink::Client`] sends the
+//! parameters as JSON and decodes the reply (here), [`crate::dbus::Client`] puts them into the
+//! arguments the introspection XML names and reads the reply's back. Both return the
+//! [`cpupool_wire::views`] types and [`Error`], so output and exit codes do not depend on the
+//! transport, and a new method needs no client code. The request types below are the
+//! commands' arguments, turned into the table's parameter structs.
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use cpupool_wire::methods::{self as m, Method};
 use cpupool_wire::varlink::params;
-use cpupool_wire::views::{self, Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
+use cpupool_wire::views::{self, Event, Pool};
 
 use crate::error::Error;
-use crate::varlink;
+use crate::{dbus, varlink};
 
-/// What cpupoold offers.
-pub trait Manager {
-    /// Every pool.
-    fn list_pools(&mut self) -> Result<Vec<Pool>, Error>;
-    /// One pool.
-    fn get_pool(&mut self, name: &str) -> Result<Pool, Error>;
-    /// The host's CPUs.
-    fn topology(&mut self) -> Result<Topology, Error>;
-    /// Every assignment, or those of one pool.
-    fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error>;
-    /// The daemon in brief.
-    fn status(&mut self) -> Result<Status, Error>;
-    /// Isolation health of one pool, or of every isolated pool (`""`).
-    fn isolation(&mut self, pool: &str) -> Result<Isolation, Error>;
-    /// The power and cache settings of one pool, or of every pool (`""`).
-    fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error>;
-    /// Assigns CPUs to a target.
-    fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error>;
-    /// Releases an assignment, returning what it held.
-    fn release(&mut self, id: &str) -> Result<Assignment, Error>;
-    /// Assigns CPUs to a process of the caller's and confines it.
-    fn run(&mut self, req: &RunRequest) -> Result<Assignment, Error>;
-    /// Adds a pool.
-    fn create_pool(&mut self, req: &CreatePoolRequest) -> Result<Pool, Error>;
-    /// Gives a pool a new CPU source.
-    fn resize_pool(&mut self, name: &str, source: &CpuSource) -> Result<Pool, Error>;
-    /// Removes a pool without assignments.
-    fn delete_pool(&mut self, name: &str) -> Result<(), Error>;
-    /// Has the daemon read its configuration files again and apply them; whether anything
-    /// changed. A rejected configuration is an error with the reason.
-    fn reload(&mut self) -> Result<bool, Error>;
+/// A connection to cpupoold.
+pub enum Client {
+    /// Over varlink.
+    Varlink(varlink::Client),
+    /// Over D-Bus.
+    Dbus(dbus::Client),
+}
+
+impl Client {
+    /// Calls the table's method `M` with `params` and returns its reply.
+    pub fn call<M: Method>(&mut self, params: &M::Params) -> Result<M::Reply, Error> {
+        match self {
+            Client::Varlink(c) => c.call_method::<M>(params),
+            Client::Dbus(c) => c.call_method::<M>(params),
+        }
+    }
+
+    /// Calls `M`, whose reply must carry a pool (`GetPool`, `CreatePool`, `ResizePool`).
+    pub fn pool<M: Method<Reply = views::PoolReply>>(&mut self, params: &M::Params) -> Result<Pool, Error> {
+        self.call::<M>(params)?.pool.ok_or_else(|| Error::Protocol {
+            address: self.address(),
+            reason: format!("{} reply: no pool", M::NAME),
+        })
+    }
+
     /// Hands every change to `each`, starting with a replay of the pools (change `current`),
     /// until the daemon goes away or `each` fails.
-    fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error>;
+    pub fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {
+        match self {
+            Client::Varlink(c) => c.monitor(each),
+            Client::Dbus(c) => c.monitor(each),
+        }
+    }
+
+    /// Where the daemon was reached, for messages.
+    fn address(&self) -> String {
+        match self {
+            Client::Varlink(c) => c.address().to_string(),
+            Client::Dbus(c) => c.bus().to_string(),
+        }
+    }
 }
 
 /// How much an assignment asks for: exactly one of whole CPUs and millicpus.
@@ -192,81 +203,12 @@ impl varlink::Client {
 
     /// Calls the table's method `M` with `params` (absent optionals left out) and decodes its
     /// reply.
-    fn call_method<M: Method>(&mut self, params: &M::Params) -> Result<M::Reply, Error> {
+    pub fn call_method<M: Method>(&mut self, params: &M::Params) -> Result<M::Reply, Error> {
         let reply = self.call(M::NAME, to_value(params))?;
         self.decode(Value::Object(reply), &format!("{} reply", M::NAME))
     }
 
-    /// The pool of a reply that must have one.
-    fn pool_of(&self, reply: views::PoolReply, method: &str) -> Result<Pool, Error> {
-        reply.pool.ok_or_else(|| Error::Protocol {
-            address: self.address().to_string(),
-            reason: format!("{method} reply: no pool"),
-        })
-    }
-}
-
-impl Manager for varlink::Client {
-    fn list_pools(&mut self) -> Result<Vec<Pool>, Error> {
-        Ok(self.call_method::<m::ListPools>(&params::NoParameters {})?.pools)
-    }
-
-    fn get_pool(&mut self, name: &str) -> Result<Pool, Error> {
-        let reply = self.call_method::<m::GetPool>(&params::GetPool { name: name.to_owned() })?;
-        self.pool_of(reply, m::GetPool::NAME)
-    }
-
-    fn topology(&mut self) -> Result<Topology, Error> {
-        self.call_method::<m::GetTopology>(&params::NoParameters {})
-    }
-
-    fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error> {
-        let params = params::ListAssignments { pool: pool.map(str::to_owned) };
-        Ok(self.call_method::<m::ListAssignments>(&params)?.assignments)
-    }
-
-    fn status(&mut self) -> Result<Status, Error> {
-        self.call_method::<m::Status>(&params::NoParameters {})
-    }
-
-    fn isolation(&mut self, pool: &str) -> Result<Isolation, Error> {
-        self.call_method::<m::GetIsolation>(&params::GetIsolation { pool: Some(pool.to_owned()) })
-    }
-
-    fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error> {
-        Ok(self.call_method::<m::GetClasses>(&params::GetClasses { pool: Some(pool.to_owned()) })?.classes)
-    }
-
-    fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error> {
-        Ok(self.call_method::<m::Assign>(&assign_params(req))?.assignment)
-    }
-
-    fn run(&mut self, req: &RunRequest) -> Result<Assignment, Error> {
-        Ok(self.call_method::<m::Run>(&run_params(req))?.assignment)
-    }
-
-    fn release(&mut self, id: &str) -> Result<Assignment, Error> {
-        Ok(self.call_method::<m::Release>(&params::Release { id: id.to_owned() })?.assignment)
-    }
-
-    fn create_pool(&mut self, req: &CreatePoolRequest) -> Result<Pool, Error> {
-        let reply = self.call_method::<m::CreatePool>(&create_params(req))?;
-        self.pool_of(reply, m::CreatePool::NAME)
-    }
-
-    fn resize_pool(&mut self, name: &str, source: &CpuSource) -> Result<Pool, Error> {
-        let reply = self.call_method::<m::ResizePool>(&resize_params(name, source))?;
-        self.pool_of(reply, m::ResizePool::NAME)
-    }
-
-    fn delete_pool(&mut self, name: &str) -> Result<(), Error> {
-        self.call_method::<m::DeletePool>(&params::DeletePool { name: name.to_owned() }).map(|_| ())
-    }
-
-    fn reload(&mut self) -> Result<bool, Error> {
-        Ok(self.call_method::<m::Reload>(&params::NoParameters {})?.changed)
-    }
-
+    /// See [`Client::monitor`].
     fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {
         let address = self.address().to_string();
         let ended = self.call_more(m::Monitor::NAME, to_value(&params::NoParameters {}), &mut |reply| {

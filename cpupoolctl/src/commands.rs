@@ -1,7 +1,7 @@
 //! From parsed arguments to output: pick the transport, call the daemon, print the result.
 //!
 //! `run` connects only for commands that talk to the daemon (`completions` and `manpage` work
-//! without one), calls one [`Manager`] method, fills the request's arguments into a D-Bus
+//! without one), calls methods of the table through [`Client::call`], fills the request's arguments into a D-Bus
 //! error's parameters (so both transports report alike), and writes either the human text or
 //! the JSON document to `out`.
 
@@ -14,8 +14,10 @@ use serde_json::{json, Value};
 use crate::cli::{
     AmountArgs, AssignArgs, Cli, ColorChoice, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK,
 };
-use crate::client::Manager;
-use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest};
+use cpupool_wire::methods as api;
+use cpupool_wire::varlink::params;
+
+use crate::client::{self, Amount, AssignRequest, Client, CpuSource, CreatePoolRequest};
 use crate::dbus::{self, Bus};
 use crate::error::Error;
 use crate::output;
@@ -74,12 +76,26 @@ pub fn target(g: &Global) -> (Target, String) {
     (target, hint)
 }
 
-fn connect(g: &Global) -> Result<Box<dyn Manager>, Error> {
+fn connect(g: &Global) -> Result<Client, Error> {
     let (target, hint) = target(g);
     Ok(match target {
-        Target::Varlink(a) => Box::new(varlink::Client::connect(&a, g.timeout.0, &hint)?),
-        Target::Dbus(b) => Box::new(dbus::Client::connect(&b, g.timeout.0, &hint)?),
+        Target::Varlink(a) => Client::Varlink(varlink::Client::connect(&a, g.timeout.0, &hint)?),
+        Target::Dbus(b) => Client::Dbus(dbus::Client::connect(&b, g.timeout.0, &hint)?),
     })
+}
+
+/// `ListAssignments`: every assignment, or those of `pool`.
+pub fn assignments(
+    m: &mut Client,
+    pool: Option<&str>,
+) -> Result<Vec<cpupool_wire::views::Assignment>, Error> {
+    Ok(m.call::<api::ListAssignments>(&params::ListAssignments { pool: pool.map(str::to_owned) })?
+        .assignments)
+}
+
+/// `GetIsolation` of `pool`, or of every isolated pool (`""`).
+pub fn isolation(m: &mut Client, pool: &str) -> Result<cpupool_wire::views::Isolation, Error> {
+    m.call::<api::GetIsolation>(&params::GetIsolation { pool: Some(pool.to_owned()) })
 }
 
 fn source(s: &SourceArgs) -> CpuSource {
@@ -150,21 +166,21 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
 fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
     let mut m = connect(&cli.global)?;
     match &cli.command {
-        Command::Pool(c) => pool(m.as_mut(), c, p),
-        Command::Run(r) => crate::run::parent(m.as_mut(), r, amount(&r.amount), cli.global.sandbox.is_some()),
+        Command::Pool(c) => pool(&mut m, c, p),
+        Command::Run(r) => crate::run::parent(&mut m, r, amount(&r.amount), cli.global.sandbox.is_some()),
         Command::Assignments { pool } => {
             let list =
-                m.list_assignments(pool.as_deref()).map_err(|e| e.with_request(&[("pool", json!(pool))]))?;
+                assignments(&mut m, pool.as_deref()).map_err(|e| e.with_request(&[("pool", json!(pool))]))?;
             p.print(|| output::assignments(&list, pool.as_deref()), || output::assignments_json(&list))
         }
         Command::Topology => {
-            let t = m.topology()?;
+            let t = m.call::<api::GetTopology>(&params::NoParameters {})?;
             p.print(|| output::topology(&t), || json!(t))
         }
         Command::Status => {
-            let s = m.status()?;
-            let iso = m.isolation("").unwrap_or_default();
-            let classes = m.classes("").unwrap_or_default();
+            let s = m.call::<api::Status>(&params::NoParameters {})?;
+            let iso = isolation(&mut m, "").unwrap_or_default();
+            let classes = classes(&mut m, "").unwrap_or_default();
             p.print(|| output::status(&s, &classes, &iso), || output::status_json(&s, &classes))
         }
         Command::Top(t) => {
@@ -180,7 +196,7 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
             crate::top::run(m, &move || connect(&global), t.interval)
         }
         Command::Reload => {
-            let changed = m.reload()?;
+            let changed = m.call::<api::Reload>(&params::NoParameters {})?.changed;
             p.print(|| output::reloaded(changed), || json!({ "changed": changed }))
         }
         Command::Monitor => {
@@ -219,20 +235,27 @@ fn without_daemon(command: &Command, p: &mut Printer<'_>) -> Result<(), Error> {
     }
 }
 
+/// `GetClasses` of `pool`, or of every pool (`""`).
+fn classes(m: &mut Client, pool: &str) -> Result<Vec<cpupool_wire::views::ClassSetting>, Error> {
+    Ok(m.call::<api::GetClasses>(&params::GetClasses { pool: Some(pool.to_owned()) })?.classes)
+}
+
 /// The `pool` commands.
-fn pool(m: &mut dyn Manager, command: &PoolCommand, p: &mut Printer<'_>) -> Result<(), Error> {
+fn pool(m: &mut Client, command: &PoolCommand, p: &mut Printer<'_>) -> Result<(), Error> {
     match command {
         PoolCommand::List => {
-            let pools = m.list_pools()?;
+            let pools = m.call::<api::ListPools>(&params::NoParameters {})?.pools;
             p.print(|| output::pools(&pools), || output::pools_json(&pools))
         }
         PoolCommand::Show { name } => {
-            let pool = m.get_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
-            let list = m.list_assignments(Some(name)).unwrap_or_default();
+            let pool = m
+                .pool::<api::GetPool>(&params::GetPool { name: name.clone() })
+                .map_err(|e| e.with_request(&[("pool", json!(name))]))?;
+            let list = assignments(m, Some(name)).unwrap_or_default();
             // A daemon without GetIsolation (older) shows the pool without it.
-            let iso = if pool.isolated { m.isolation(name).unwrap_or_default() } else { Default::default() };
+            let iso = if pool.isolated { isolation(m, name).unwrap_or_default() } else { Default::default() };
             // Nor one without GetClasses.
-            let classes = m.classes(name).unwrap_or_default();
+            let classes = classes(m, name).unwrap_or_default();
             p.print(
                 || output::pool_show(&pool, &list, &iso, &classes),
                 || output::pool_classes_json(&pool, &classes),
@@ -240,7 +263,10 @@ fn pool(m: &mut dyn Manager, command: &PoolCommand, p: &mut Printer<'_>) -> Resu
         }
         PoolCommand::Assign(a) => assign(m, a, p),
         PoolCommand::Release { id } => {
-            let gone = m.release(id).map_err(|e| e.with_request(&[("id", json!(id))]))?;
+            let gone = m
+                .call::<api::Release>(&params::Release { id: id.clone() })
+                .map(|r| r.assignment)
+                .map_err(|e| e.with_request(&[("id", json!(id))]))?;
             p.print(|| output::released(&gone), || output::assignment_json(&gone))
         }
         PoolCommand::Create(c) => {
@@ -254,24 +280,29 @@ fn pool(m: &mut dyn Manager, command: &PoolCommand, p: &mut Printer<'_>) -> Resu
             };
             let mut request = vec![("pool", json!(req.name))];
             request.extend(source_request(&req.source));
-            let pool = m.create_pool(&req).map_err(|e| e.with_request(&request))?;
+            let pool = m
+                .pool::<api::CreatePool>(&client::create_params(&req))
+                .map_err(|e| e.with_request(&request))?;
             p.print(|| output::pool(&pool), || output::pool_json(&pool))
         }
         PoolCommand::Resize(r) => {
             let src = source(&r.source);
             let mut request = vec![("pool", json!(r.name))];
             request.extend(source_request(&src));
-            let pool = m.resize_pool(&r.name, &src).map_err(|e| e.with_request(&request))?;
+            let pool = m
+                .pool::<api::ResizePool>(&client::resize_params(&r.name, &src))
+                .map_err(|e| e.with_request(&request))?;
             p.print(|| output::pool(&pool), || output::pool_json(&pool))
         }
         PoolCommand::Delete { name } => {
-            m.delete_pool(name).map_err(|e| e.with_request(&[("pool", json!(name))]))?;
+            m.call::<api::DeletePool>(&params::DeletePool { name: name.clone() })
+                .map_err(|e| e.with_request(&[("pool", json!(name))]))?;
             p.print(|| output::deleted(name), || json!({}))
         }
         PoolCommand::Map(a) => {
-            let topo = m.topology()?;
-            let pools = m.list_pools()?;
-            let list = m.list_assignments(None)?;
+            let topo = m.call::<api::GetTopology>(&params::NoParameters {})?;
+            let pools = m.call::<api::ListPools>(&params::NoParameters {})?.pools;
+            let list = assignments(m, None)?;
             let map = crate::map::HostMap::build(&topo, &pools, &list)?;
             let style = map_style(a.color);
             p.print(|| crate::map::render(&map, style), || json!(map))
@@ -280,7 +311,7 @@ fn pool(m: &mut dyn Manager, command: &PoolCommand, p: &mut Printer<'_>) -> Resu
 }
 
 /// `pool assign`: the request's arguments fill a D-Bus error's parameters.
-fn assign(m: &mut dyn Manager, a: &AssignArgs, p: &mut Printer<'_>) -> Result<(), Error> {
+fn assign(m: &mut Client, a: &AssignArgs, p: &mut Printer<'_>) -> Result<(), Error> {
     let amount = amount(&a.amount);
     let req = AssignRequest {
         pool: a.pool.clone(),
@@ -293,7 +324,7 @@ fn assign(m: &mut dyn Manager, a: &AssignArgs, p: &mut Printer<'_>) -> Result<()
         Amount::Cpus(n) => (json!(n), "cpus"),
         Amount::Millicpus(m) => (json!(m), "millicpus"),
     };
-    let made = m.assign(&req).map_err(|e| {
+    let made = m.call::<api::Assign>(&client::assign_params(&req)).map(|r| r.assignment).map_err(|e| {
         e.with_request(&[
             ("pool", json!(req.pool)),
             ("target", json!(req.target)),

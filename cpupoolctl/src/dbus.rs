@@ -2,13 +2,17 @@
 //! the session bus or a given address (the sandbox's private bus).
 //!
 //! zbus is async; the CLI is not. The client owns a tokio current-thread runtime and blocks on
-//! each call, bounded by the timeout. Replies arrive as the D-Bus structures of
-//! `dbus/org.cpupool.Manager1.xml` (tuples here) and are converted to the [`cpupool_wire::views`]
-//! types, turning D-Bus's "no optionals" encodings back into options (`""` and `0` mean
-//! absent); the method names are the table's ([`cpupool_wire::methods`]). Error replies
-//! `org.cpupool.Manager1.Error.<Kind>` become the same [`crate::error::DaemonError`] kinds the
-//! varlink client produces; a daemon that is not on the bus, a bus that cannot be reached and a
-//! call without a reply are "unreachable".
+//! each call, bounded by the timeout. A call of a method of the table
+//! ([`cpupool_wire::methods`]) is written from the introspection XML, not per method
+//! ([`cpupool_wire::dbus::member`]): the parameter struct's fields (absent optionals left out)
+//! go into the arguments of the same names of the first of the method's D-Bus members that
+//! takes them all (`Assign`, or `AssignEx` when `reclaim` is given); an absent one is its
+//! type's zero (`""`, `0`: D-Bus has no optionals), and an `a{sv}` argument takes the fields no
+//! other argument names. The reply's arguments become the fields of the same names of the
+//! reply view, a D-Bus structure the view's fields in order (through JSON, which serde reads
+//! the same way). Error replies `org.cpupool.Manager1.Error.<Kind>` become the same
+//! [`crate::error::DaemonError`] kinds the varlink client produces; a daemon that is not on the
+//! bus, a bus that cannot be reached and a call without a reply are "unreachable".
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,15 +21,15 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_core::Stream;
-use serde_json::Map;
-use zbus::zvariant::Value as Variant;
+use serde_json::{Map, Value};
+use zbus::zvariant::{Structure, StructureBuilder, Value as Variant};
 use zbus::DBusError as _;
 
-use cpupool_wire::dbus::{AssignmentStruct, ClassStruct, CpuStruct, PoolIsolationStruct, PoolStruct};
-use cpupool_wire::methods::{self as m, Method as _};
-use cpupool_wire::views::{Assignment, ClassSetting, Event, Isolation, Pool, Status, Topology};
+use cpupool_wire::dbus::{member, Arg, Member};
+use cpupool_wire::methods::{self as m, Method};
+use cpupool_wire::varlink::params;
+use cpupool_wire::views::Event;
 
-use crate::client::{Amount, AssignRequest, CpuSource, CreatePoolRequest, RunRequest};
 use crate::error::{DaemonError, Error};
 
 /// Its interface.
@@ -73,53 +77,6 @@ impl fmt::Display for Bus {
     }
 }
 
-fn pool(t: PoolStruct) -> Pool {
-    t.into()
-}
-
-fn assignment(t: AssignmentStruct) -> Assignment {
-    t.into()
-}
-
-/// The `a{sv}` options of CreatePool and ResizePool, with the config file's keys.
-fn source_options(source: &CpuSource, options: &mut HashMap<&'static str, Variant<'static>>) {
-    match source {
-        CpuSource::List(cpus) => {
-            options.insert("cpus", Variant::from(cpus.clone()));
-        }
-        CpuSource::Count { count, numa } => {
-            options.insert("count", Variant::from(*count));
-            if let Some(n) = numa {
-                options.insert("numa", Variant::from(*n));
-            }
-        }
-    }
-}
-
-fn create_options(req: &CreatePoolRequest) -> HashMap<&'static str, Variant<'static>> {
-    let mut options = HashMap::new();
-    source_options(&req.source, &mut options);
-    if let Some(smt) = &req.smt {
-        options.insert("smt", Variant::from(smt.clone()));
-    }
-    if let Some(isolate) = req.isolate {
-        options.insert("isolate", Variant::from(isolate));
-    }
-    if let Some(kubelet) = req.kubelet {
-        options.insert("kubelet", Variant::from(kubelet));
-    }
-    options
-}
-
-/// Assign's arguments: D-Bus has no optionals, so an absent size is 0 and an absent id "".
-fn assign_args(req: &AssignRequest) -> (String, String, u32, u64, String) {
-    let (cpus, millicpus) = match req.amount {
-        Amount::Cpus(n) => (n, 0),
-        Amount::Millicpus(m) => (0, m),
-    };
-    (req.pool.clone(), req.target.clone(), cpus, millicpus, req.id.clone().unwrap_or_default())
-}
-
 /// A connection to the daemon over D-Bus.
 pub struct Client {
     // Dropped before the runtime it runs on (fields drop in order).
@@ -163,6 +120,15 @@ impl Client {
         Ok(Client { proxy, runtime, bus: bus.clone(), timeout, hint: hint.to_owned() })
     }
 
+    /// The bus, for messages.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    fn protocol(&self, reason: String) -> Error {
+        Error::Protocol { address: self.bus.to_string(), reason }
+    }
+
     fn map_error(&self, e: zbus::Error) -> Error {
         let unreachable = |reason: String| Error::Unreachable {
             address: self.bus.to_string(),
@@ -194,25 +160,41 @@ impl Client {
         }
     }
 
-    /// Calls `method` with `body` and decodes the reply as `R`.
-    fn call<B, R>(&self, method: &'static str, body: &B) -> Result<R, Error>
-    where
-        B: serde::Serialize + zbus::zvariant::DynamicType,
-        R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
-    {
-        self.runtime.block_on(self.call_async(method, body))
+    /// Calls the table's method `M` with `params` and returns its reply.
+    pub fn call_method<M: Method>(&self, params: &M::Params) -> Result<M::Reply, Error> {
+        self.runtime.block_on(self.call_async::<M>(params))
     }
 
-    /// [`Client::call`] for code already running on the runtime.
-    async fn call_async<B, R>(&self, method: &'static str, body: &B) -> Result<R, Error>
-    where
-        B: serde::Serialize + zbus::zvariant::DynamicType,
-        R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
-    {
-        match with_timeout(self.timeout, self.proxy.call::<_, B, R>(method, body)).await {
-            None => Err(self.no_reply()),
-            Some(r) => r.map_err(|e| self.map_error(e)),
-        }
+    /// [`Client::call_method`] for code already running on the runtime.
+    async fn call_async<M: Method>(&self, params: &M::Params) -> Result<M::Reply, Error> {
+        let given = match serde_json::to_value(params) {
+            Ok(Value::Object(fields)) => fields,
+            _ => Map::new(),
+        };
+        let (member, args) = call_args(M::ID.dbus(), &given).map_err(|r| self.protocol(r))?;
+        let call = async {
+            if args.is_empty() {
+                return self.proxy.call_method(member.name, &()).await;
+            }
+            let body =
+                args.into_iter().fold(StructureBuilder::new(), StructureBuilder::append_field).build()?;
+            self.proxy.call_method(member.name, &body).await
+        };
+        let reply = match with_timeout(self.timeout, call).await {
+            None => return Err(self.no_reply()),
+            Some(r) => r.map_err(|e| self.map_error(e))?,
+        };
+        let body = reply.body();
+        let outs = match member.outs.as_slice() {
+            [] => Vec::new(),
+            // One structure: the body's signature is the structure's own, so it is the body.
+            [one] if one.signature.starts_with('(') => {
+                vec![Variant::from(body.deserialize::<Structure<'_>>().map_err(|e| self.map_error(e))?)]
+            }
+            _ => body.deserialize::<Structure<'_>>().map_err(|e| self.map_error(e))?.into_fields(),
+        };
+        let fields = reply_fields(&member, &outs).map_err(|r| self.protocol(r))?;
+        serde_json::from_value(fields).map_err(|e| self.protocol(format!("{} reply: {e}", member.name)))
     }
 
     fn no_reply(&self) -> Error {
@@ -223,7 +205,14 @@ impl Client {
         }
     }
 
-    /// The monitor loop; see [`crate::client::Manager::monitor`]. zbus removes a
+    /// Subscribes to PoolChanged and AssignmentChanged, then replays every pool with change
+    /// `current` (as varlink's Monitor does, so the output is the same), then forwards signals
+    /// until the daemon leaves the bus.
+    pub fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {
+        self.runtime.block_on(self.monitor_async(each))
+    }
+
+    /// The monitor loop; see [`Client::monitor`]. zbus removes a
     /// subscription's match rules on drop by spawning a task, which needs the runtime's
     /// context: so the loop runs entirely on the runtime, and subscribes through a proxy of
     /// its own that is dropped here too.
@@ -244,9 +233,8 @@ impl Client {
             None => return Err(self.no_reply()),
             Some(r) => r.map_err(|e| self.map_error(e))?,
         };
-        let pools: Vec<PoolStruct> = self.call_async(m::ListPools::NAME, &()).await?;
-        for p in pools {
-            each(Event::pool(&p.0, "current"))?;
+        for p in self.call_async::<m::ListPools>(&params::NoParameters {}).await?.pools {
+            each(Event::pool(&p.name, "current"))?;
         }
         loop {
             let got = tokio::select! {
@@ -302,112 +290,95 @@ async fn next<S: Stream + Unpin>(s: &mut S) -> Option<S::Item> {
     std::future::poll_fn(|cx| Pin::new(&mut *s).poll_next(cx)).await
 }
 
-impl crate::client::Manager for Client {
-    fn list_pools(&mut self) -> Result<Vec<Pool>, Error> {
-        let pools: Vec<PoolStruct> = self.call(m::ListPools::NAME, &())?;
-        Ok(pools.into_iter().map(pool).collect())
-    }
-
-    fn get_pool(&mut self, name: &str) -> Result<Pool, Error> {
-        self.call(m::GetPool::NAME, &(name,)).map(pool)
-    }
-
-    fn topology(&mut self) -> Result<Topology, Error> {
-        let (online, offline, isolated, cpus): (String, String, String, Vec<CpuStruct>) =
-            self.call(m::GetTopology::NAME, &())?;
-        Ok(Topology { online, offline, isolated, cpus: cpus.into_iter().map(Into::into).collect() })
-    }
-
-    fn list_assignments(&mut self, pool: Option<&str>) -> Result<Vec<Assignment>, Error> {
-        let list: Vec<AssignmentStruct> = self.call(m::ListAssignments::NAME, &(pool.unwrap_or(""),))?;
-        Ok(list.into_iter().map(assignment).collect())
-    }
-
-    fn isolation(&mut self, pool: &str) -> Result<Isolation, Error> {
-        let (isolcpus, nohz_full, housekeeping, workqueue, pools): (
-            String,
-            String,
-            String,
-            String,
-            Vec<PoolIsolationStruct>,
-        ) = self.call(m::GetIsolation::NAME, &(pool,))?;
-        let pools = pools.into_iter().map(Into::into).collect();
-        Ok(Isolation { isolcpus, nohz_full, housekeeping, workqueue, pools })
-    }
-
-    fn classes(&mut self, pool: &str) -> Result<Vec<ClassSetting>, Error> {
-        let rows: Vec<ClassStruct> = self.call(m::GetClasses::NAME, &(pool,))?;
-        Ok(rows.into_iter().map(Into::into).collect())
-    }
-
-    fn status(&mut self) -> Result<Status, Error> {
-        let (version, uptime_seconds, pools, assignments, state_file, config_error, degraded): (
-            String,
-            u64,
-            u32,
-            u32,
-            String,
-            String,
-            u32,
-        ) = self.call(m::Status::NAME, &())?;
-        Ok(Status {
-            version,
-            uptime_seconds,
-            pools: pools.into(),
-            assignments: assignments.into(),
-            state_file,
-            config_error: Some(config_error).filter(|e| !e.is_empty()),
-            degraded_assignments: degraded.into(),
-            // Not in D-Bus Status's signature (kept as clients know it); varlink has it.
-            containers: None,
-        })
-    }
-
-    fn assign(&mut self, req: &AssignRequest) -> Result<Assignment, Error> {
-        if req.reclaim {
-            self.call(m::Assign::NAME, &assign_args(req)).map(assignment)
-        } else {
-            let (pool, target, cpus, millicpus, id) = assign_args(req);
-            self.call("AssignEx", &(pool, target, cpus, millicpus, id, false)).map(assignment)
+/// The first of `members` (D-Bus methods) that takes every field of `given` (a parameter
+/// struct's), with `given` as its arguments.
+fn call_args(
+    members: &[&str],
+    given: &Map<String, Value>,
+) -> Result<(Member, Vec<Variant<'static>>), String> {
+    for m in members.iter().filter_map(|name| member(name)) {
+        let named = |key: &str| m.ins.iter().any(|a| a.name == key);
+        let options = m.ins.iter().any(|a| a.signature == "a{sv}");
+        if !options && !given.keys().all(|k| named(k)) {
+            continue;
         }
+        let args = m.ins.iter().map(|a| match a.signature {
+            "a{sv}" => {
+                let rest = given.iter().filter(|(k, _)| !named(k));
+                let options: HashMap<String, Variant<'static>> =
+                    rest.map(|(k, v)| Ok((k.clone(), option(k, v)?))).collect::<Result<_, String>>()?;
+                Ok(Variant::Dict(options.into()))
+            }
+            _ => argument(a, given.get(a.name)),
+        });
+        let args = args.collect::<Result<Vec<_>, String>>()?;
+        return Ok((m, args));
     }
+    Err(format!("no D-Bus method of {members:?} takes {:?}", given.keys().collect::<Vec<_>>()))
+}
 
-    fn run(&mut self, req: &RunRequest) -> Result<Assignment, Error> {
-        let (cpus, millicpus) = match req.amount {
-            Amount::Cpus(n) => (n, 0),
-            Amount::Millicpus(m) => (0, m),
-        };
-        let args = (req.pool.as_str(), req.pid, cpus, millicpus, req.id.clone().unwrap_or_default());
-        self.call(m::Run::NAME, &args).map(assignment)
+/// An argument of signature `a.signature` from a parameter's value; absent is the type's zero.
+fn argument(a: &Arg, value: Option<&Value>) -> Result<Variant<'static>, String> {
+    let value = value.filter(|v| !v.is_null());
+    let wrong = || format!("argument {} ({}): {value:?} does not fit", a.name, a.signature);
+    let number = || value.map_or(Some(0), Value::as_u64).ok_or_else(wrong);
+    Ok(match a.signature {
+        "s" => Variant::from(value.map_or(Some(""), Value::as_str).ok_or_else(wrong)?.to_owned()),
+        "u" => Variant::from(u32::try_from(number()?).map_err(|_| wrong())?),
+        "t" => Variant::from(number()?),
+        "b" => Variant::from(value.map_or(Some(false), Value::as_bool).ok_or_else(wrong)?),
+        _ => return Err(wrong()),
+    })
+}
+
+/// An `a{sv}` option from a parameter's value: a string `s`, a bool `b`, a number `u`.
+fn option(key: &str, value: &Value) -> Result<Variant<'static>, String> {
+    let wrong = || format!("option {key}: {value} does not fit");
+    Ok(match value {
+        Value::String(s) => Variant::from(s.clone()),
+        Value::Bool(b) => Variant::from(*b),
+        Value::Number(n) => Variant::from(n.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(wrong)?),
+        _ => return Err(wrong()),
+    })
+}
+
+/// A reply's arguments `outs` as the JSON object of `m`'s out arguments by name.
+fn reply_fields(m: &Member, outs: &[Variant<'_>]) -> Result<Value, String> {
+    if outs.len() != m.outs.len() {
+        return Err(format!("{} reply: {} arguments, not {}", m.name, outs.len(), m.outs.len()));
     }
+    Ok(Value::Object(m.outs.iter().zip(outs).map(|(a, v)| (a.name.to_owned(), json(v))).collect()))
+}
 
-    fn release(&mut self, id: &str) -> Result<Assignment, Error> {
-        self.call(m::Release::NAME, &(id,)).map(assignment)
-    }
-
-    fn create_pool(&mut self, req: &CreatePoolRequest) -> Result<Pool, Error> {
-        self.call(m::CreatePool::NAME, &(req.name.as_str(), req.kind.as_str(), create_options(req))).map(pool)
-    }
-
-    fn resize_pool(&mut self, name: &str, source: &CpuSource) -> Result<Pool, Error> {
-        let mut options = HashMap::new();
-        source_options(source, &mut options);
-        self.call(m::ResizePool::NAME, &(name, options)).map(pool)
-    }
-
-    fn delete_pool(&mut self, name: &str) -> Result<(), Error> {
-        self.call(m::DeletePool::NAME, &(name,))
-    }
-
-    fn reload(&mut self) -> Result<bool, Error> {
-        self.call(m::Reload::NAME, &())
-    }
-
-    /// Subscribes to PoolChanged and AssignmentChanged, then replays every pool with change
-    /// `current` (as varlink's Monitor does, so the output is the same), then forwards signals
-    /// until the daemon leaves the bus.
-    fn monitor(&mut self, each: &mut dyn FnMut(Event) -> Result<(), Error>) -> Result<(), Error> {
-        self.runtime.block_on(self.monitor_async(each))
+/// A D-Bus value as JSON: a structure as the array of its fields.
+fn json(v: &Variant<'_>) -> Value {
+    match v {
+        Variant::U8(n) => Value::from(*n),
+        Variant::Bool(b) => Value::from(*b),
+        Variant::I16(n) => Value::from(*n),
+        Variant::U16(n) => Value::from(*n),
+        Variant::I32(n) => Value::from(*n),
+        Variant::U32(n) => Value::from(*n),
+        Variant::I64(n) => Value::from(*n),
+        Variant::U64(n) => Value::from(*n),
+        Variant::F64(n) => Value::from(*n),
+        Variant::Str(s) => Value::from(s.as_str()),
+        Variant::ObjectPath(p) => Value::from(p.as_str()),
+        Variant::Signature(s) => Value::from(s.to_string()),
+        Variant::Value(inner) => json(inner),
+        Variant::Array(a) => a.inner().iter().map(json).collect(),
+        Variant::Structure(s) => s.fields().iter().map(json).collect(),
+        Variant::Dict(d) => Value::Object(
+            d.iter()
+                .map(|(k, v)| {
+                    (
+                        k.downcast_ref::<&str>().map(str::to_owned).unwrap_or_else(|_| json(k).to_string()),
+                        json(v),
+                    )
+                })
+                .collect(),
+        ),
+        _ => Value::Null,
     }
 }
 
@@ -415,7 +386,9 @@ impl crate::client::Manager for Client {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::client::Manager;
+    use crate::client::{
+        assign_params, create_params, resize_params, Amount, AssignRequest, CpuSource, CreatePoolRequest,
+    };
 
     #[test]
     fn buses() {
@@ -424,6 +397,13 @@ mod tests {
         assert_eq!("unix:path=/x".parse::<Bus>(), Ok(Bus::Address("unix:path=/x".into())));
         assert!("systen".parse::<Bus>().is_err());
         assert_eq!(Bus::Address("unix:path=/x".into()).to_string(), "unix:path=/x");
+    }
+
+    /// The arguments a call of `M` with `params` sends, and to which member.
+    fn sent<M: Method>(params: &M::Params) -> (&'static str, Vec<Variant<'static>>) {
+        let Ok(Value::Object(given)) = serde_json::to_value(params) else { panic!("not an object") };
+        let (m, args) = call_args(M::ID.dbus(), &given).unwrap();
+        (m.name, args)
     }
 
     #[test]
@@ -435,9 +415,16 @@ mod tests {
             id: None,
             reclaim: true,
         };
-        assert_eq!(assign_args(&req), ("web".into(), "unit:a.service".into(), 0, 250, String::new()));
+        let s = |v: &str| Variant::from(v.to_owned());
+        let (member, args) = sent::<m::Assign>(&assign_params(&req));
+        assert_eq!(member, "Assign");
+        assert_eq!(args, [s("web"), s("unit:a.service"), Variant::U32(0), Variant::U64(250), s("")]);
         let req = AssignRequest { amount: Amount::Cpus(2), id: Some("x".into()), ..req };
-        assert_eq!(assign_args(&req), ("web".into(), "unit:a.service".into(), 2, 0, "x".into()));
+        let (_, args) = sent::<m::Assign>(&assign_params(&req));
+        assert_eq!(args, [s("web"), s("unit:a.service"), Variant::U32(2), Variant::U64(0), s("x")]);
+        // Keeping the assignment takes AssignEx, the member with `reclaim`.
+        let (member, args) = sent::<m::Assign>(&assign_params(&AssignRequest { reclaim: false, ..req }));
+        assert_eq!((member, args.last()), ("AssignEx", Some(&Variant::Bool(false))));
 
         let create = CreatePoolRequest {
             name: "p".into(),
@@ -447,50 +434,94 @@ mod tests {
             isolate: Some(true),
             kubelet: None,
         };
-        let o = create_options(&create);
-        let mut keys: Vec<_> = o.keys().copied().collect();
+        let (_, args) = sent::<m::CreatePool>(&create_params(&create));
+        assert_eq!(args[..2], [s("p"), s("exclusive")]);
+        let o: HashMap<String, Variant<'_>> = args[2].try_clone().unwrap().try_into().unwrap();
+        let mut keys: Vec<_> = o.keys().map(String::as_str).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["count", "isolate", "numa", "smt"]);
         assert_eq!(o["count"], Variant::U32(4));
         assert_eq!(o["numa"], Variant::U32(1));
         assert_eq!(o["isolate"], Variant::Bool(true));
         assert_eq!(o["smt"], Variant::from("threads"));
-        let mut o = HashMap::new();
-        source_options(&CpuSource::List("8-15".into()), &mut o);
+        let (_, args) = sent::<m::ResizePool>(&resize_params("p", &CpuSource::List("8-15".into())));
+        let o: HashMap<String, Variant<'_>> = args[1].try_clone().unwrap().try_into().unwrap();
         assert_eq!(o.len(), 1);
         assert_eq!(o["cpus"], Variant::from("8-15"));
     }
 
+    /// `outs` as the reply of `M`'s first D-Bus member.
+    fn received<M: Method>(outs: &[Variant<'_>]) -> M::Reply {
+        let member = member(M::ID.dbus()[0]).unwrap();
+        serde_json::from_value(reply_fields(&member, outs).unwrap()).unwrap()
+    }
+
     #[test]
     fn structures_convert() {
-        let p = pool((
-            "dp".into(),
-            "exclusive".into(),
-            "2-3".into(),
-            "3".into(),
-            1000,
-            2000,
-            true,
-            1,
-            "isolated".into(),
-        ));
+        let p = ("dp", "exclusive", "2-3", "3", 1000u64, 2000u64, true, 1u32, "isolated");
+        let p = received::<m::GetPool>(&[Variant::from(
+            StructureBuilder::new()
+                .add_field(p.0)
+                .add_field(p.1)
+                .add_field(p.2)
+                .add_field(p.3)
+                .add_field(p.4)
+                .add_field(p.5)
+                .add_field(p.6)
+                .add_field(p.7)
+                .add_field(p.8)
+                .build()
+                .unwrap(),
+        )])
+        .pool
+        .unwrap();
         assert_eq!(
             (p.assignments, p.free_cpus.as_str(), p.isolated, p.partition.as_str()),
             (1, "3", true, "isolated")
         );
-        let a = assignment((
-            "a".into(),
-            "dp".into(),
-            "2".into(),
-            1000,
-            "pid:1".into(),
-            false,
-            String::new(),
-            "applied".into(),
-            String::new(),
-        ));
+        let a = ("a", "dp", "2", 1000u64, "pid:1", false, "", "applied", "");
+        let a = Variant::from(
+            StructureBuilder::new()
+                .add_field(a.0)
+                .add_field(a.1)
+                .add_field(a.2)
+                .add_field(a.3)
+                .add_field(a.4)
+                .add_field(a.5)
+                .add_field(a.6)
+                .add_field(a.7)
+                .add_field(a.8)
+                .build()
+                .unwrap(),
+        );
+        let a = received::<m::Release>(&[a]).assignment;
         assert_eq!((a.id.as_str(), a.millicpus, a.target.as_str(), a.reclaim), ("a", 1000, "pid:1", false));
-        assert_eq!(cpupool_wire::views::Cpu::from((1, 2, 3, 4, 5, 6)).l3, 6);
+        let cpu = StructureBuilder::new()
+            .add_field(1u32)
+            .add_field(2u32)
+            .add_field(3u32)
+            .add_field(4u32)
+            .add_field(5u32)
+            .add_field(6u32)
+            .build()
+            .unwrap();
+        let cpus = Variant::Array(vec![Variant::from(cpu)].try_into().unwrap());
+        let t =
+            received::<m::GetTopology>(&[Variant::from("0-1"), Variant::from(""), Variant::from(""), cpus]);
+        assert_eq!((t.online.as_str(), t.cpus[0].l3), ("0-1", 6));
+        // D-Bus's "" is no configuration error; its counts are `u`.
+        let status = [
+            Variant::from("1"),
+            Variant::U64(5),
+            Variant::U32(2),
+            Variant::U32(3),
+            Variant::from("/s"),
+            Variant::from(""),
+            Variant::U32(0),
+        ];
+        let st = received::<m::Status>(&status);
+        assert_eq!((st.pools, st.assignments, st.config_error, st.containers), (2, 3, None, None));
+        assert!(reply_fields(&member("Status").unwrap(), &status[1..]).is_err());
     }
 
     #[test]
@@ -500,9 +531,5 @@ mod tests {
         let e = Client::connect(&bus, Some(Duration::from_secs(5)), "start it").err().unwrap();
         assert_eq!(e.exit_code(), 3, "{e}");
         assert!(e.to_string().contains("bus.sock"), "{e}");
-        // The trait is implemented (compile-time check that both transports fit it).
-        fn _is_manager(c: Client) -> Box<dyn Manager> {
-            Box::new(c)
-        }
     }
 }

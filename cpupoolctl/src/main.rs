@@ -3,8 +3,8 @@
 //! Data flow: clap parses the arguments ([`cli`]; usage errors exit 2 there) → [`commands`]
 //! picks a transport from the global options and connects: [`varlink`] (a small synchronous
 //! client over the daemon's unix socket, the default) or [`dbus`] (zbus on a current-thread
-//! tokio runtime) → one call through the [`client::Manager`] trait, which both transports
-//! implement with the [`cpupool_wire`] view types → [`output`] prints a table or a JSON document. Errors
+//! tokio runtime) → calls of the table's methods through [`client::Client::call`], typed by
+//! the [`cpupool_wire`] parameter and view types whichever transport answers → [`output`] prints a table or a JSON document. Errors
 //! from either transport become one [`error::Error`], printed with what to do and mapped to
 //! the exit code (1 daemon error, 3 daemon unreachable).
 //!

@@ -21,7 +21,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
-use crate::client::Manager;
+use cpupool_wire::methods as api;
+use cpupool_wire::varlink::params;
+
+use crate::client::Client;
 use crate::client::{Amount, RunRequest};
 use crate::error::Error;
 
@@ -70,9 +73,9 @@ impl Drop for FifoDir {
 /// (`sandbox`), the CPUs are the simulated host's: the daemon records them in its own
 /// directory and never touches this process, so COMMAND runs unconfined, which is said on
 /// stderr and in `CPUPOOL_SIMULATED=1`.
-pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount, sandbox: bool) -> Result<(), Error> {
+pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> Result<(), Error> {
     // Fails early (and clearly) on a pool that does not exist, before anything is started.
-    let pool = m.get_pool(&args.pool)?;
+    let pool = m.pool::<api::GetPool>(&params::GetPool { name: args.pool.clone() })?;
     let dir = FifoDir::new()?;
     let exe = std::env::current_exe().map_err(local("finding cpupoolctl's own executable"))?;
     let mut child = std::process::Command::new(exe)
@@ -83,8 +86,8 @@ pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount, sandbox: bool
         .spawn()
         .map_err(local("starting the child process"))?;
     let req = RunRequest { pool: args.pool.clone(), pid: child.id(), amount, id: args.id.clone() };
-    let a = match m.run(&req) {
-        Ok(a) => a,
+    let a = match m.call::<api::Run>(&crate::client::run_params(&req)) {
+        Ok(r) => r.assignment,
         Err(e) => {
             // It is still waiting on the FIFO: it never ran COMMAND.
             let _ = child.kill();
@@ -116,7 +119,7 @@ pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount, sandbox: bool
     if let Err(e) = written {
         let _ = child.kill();
         let _ = child.wait();
-        let _ = m.release(&a.id);
+        let _ = m.call::<api::Release>(&params::Release { id: a.id.clone() });
         return Err(Error::Local { what: "handing the CPUs to the child".into(), source: e });
     }
     drop(dir);
@@ -126,7 +129,7 @@ pub fn parent(m: &mut dyn Manager, args: &RunArgs, amount: Amount, sandbox: bool
     // the daemon's books: so this waits (reading) until the CPUs are free, and asks only a
     // daemon that has not released them within RECLAIM_WAIT.
     if !reclaimed(m, &a.pool, &a.id) {
-        match m.release(&a.id) {
+        match m.call::<api::Release>(&params::Release { id: a.id.clone() }) {
             Ok(_) => {}
             // It did, just now.
             Err(Error::Daemon(e)) if e.kind == "NoSuchAssignment" => {}
@@ -143,11 +146,11 @@ const RECLAIM_WAIT: Duration = Duration::from_secs(5);
 
 /// Whether the daemon released assignment `id` of `pool` within [`RECLAIM_WAIT`] (looked at
 /// with `ListAssignments`, which changes nothing); `false` also when it cannot be asked.
-fn reclaimed(m: &mut dyn Manager, pool: &str, id: &str) -> bool {
+fn reclaimed(m: &mut Client, pool: &str, id: &str) -> bool {
     let deadline = Instant::now() + RECLAIM_WAIT;
     let mut pause = Duration::from_millis(5);
     loop {
-        match m.list_assignments(Some(pool)) {
+        match crate::commands::assignments(m, Some(pool)) {
             Ok(list) if !list.iter().any(|a| a.id == id) => return true,
             Ok(_) => {}
             Err(_) => return false,

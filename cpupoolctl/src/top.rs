@@ -30,7 +30,10 @@ use ratatui::Frame;
 
 use cpupool_wire::views::{Assignment, Isolation, Pool, Status, Topology};
 
-use crate::client::Manager;
+use cpupool_wire::methods as api;
+use cpupool_wire::varlink::params;
+
+use crate::client::Client;
 use crate::error::Error;
 use crate::map::HostMap;
 use crate::output::{duration, millicpus};
@@ -51,14 +54,14 @@ pub struct Snapshot {
 }
 
 /// Reads one snapshot.
-pub fn fetch(m: &mut dyn Manager) -> Result<Snapshot, Error> {
+pub fn fetch(m: &mut Client) -> Result<Snapshot, Error> {
     Ok(Snapshot {
-        status: m.status()?,
-        pools: m.list_pools()?,
-        assignments: m.list_assignments(None)?,
-        topology: m.topology()?,
+        status: m.call::<api::Status>(&params::NoParameters {})?,
+        pools: m.call::<api::ListPools>(&params::NoParameters {})?.pools,
+        assignments: crate::commands::assignments(m, None)?,
+        topology: m.call::<api::GetTopology>(&params::NoParameters {})?,
         // An older daemon without GetIsolation: the view goes without it, as `status` does.
-        isolation: m.isolation("").unwrap_or_default(),
+        isolation: crate::commands::isolation(m, "").unwrap_or_default(),
     })
 }
 
@@ -500,11 +503,7 @@ fn local(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 /// terminal is put back and the signal's default action (death by it) follows, as a shell
 /// expects of a killed program. `m` is the connection made before (so a daemon that is not
 /// there fails before the screen is taken); `connect` makes a new one after an error.
-pub fn run(
-    m: Box<dyn Manager>,
-    connect: &dyn Fn() -> Result<Box<dyn Manager>, Error>,
-    interval: Duration,
-) -> Result<(), Error> {
+pub fn run(m: Client, connect: &dyn Fn() -> Result<Client, Error>, interval: Duration) -> Result<(), Error> {
     if !std::io::stdout().is_terminal() {
         return Err(Error::Local {
             what: "cpupoolctl top draws on a terminal".into(),
@@ -550,8 +549,8 @@ enum Ended {
 
 /// Draws and refreshes the view until a quitting key or a caught signal.
 fn show(
-    m: Box<dyn Manager>,
-    connect: &dyn Fn() -> Result<Box<dyn Manager>, Error>,
+    m: Client,
+    connect: &dyn Fn() -> Result<Client, Error>,
     interval: Duration,
     caught: &AtomicUsize,
 ) -> Result<Ended, Error> {
@@ -566,7 +565,7 @@ fn show(
                 Some(c) => Ok(c),
                 None => connect(),
             };
-            match conn.and_then(|mut c| fetch(c.as_mut()).map(|s| (c, s))) {
+            match conn.and_then(|mut c| fetch(&mut c).map(|s| (c, s))) {
                 Ok((c, snap)) => {
                     m = Some(c);
                     view.snapshot = Some(snap);

@@ -1,7 +1,6 @@
-//! D-Bus's arguments put into the table's parameter structs, so that the handlers decode
-//! them as they decode varlink's: D-Bus has no optionals, so a size of 0 and an id of "" are
-//! absent; and `CreatePool`'s and `ResizePool`'s `a{sv}` options join the fixed arguments and
-//! are decoded by serde into the same struct varlink's parameters are.
+//! The `a{sv}` options of `CreatePool` and `ResizePool`: they join the fixed arguments and are
+//! decoded by serde into the same struct varlink's parameters are, each checked against the
+//! D-Bus type its key takes.
 
 use std::collections::HashMap;
 
@@ -16,21 +15,13 @@ pub const CREATE_OPTIONS: &[(&str, &str)] =
 /// The options `ResizePool` takes: the CPU source.
 pub const RESIZE_OPTIONS: &[(&str, &str)] = &[("cpus", "s"), ("count", "u"), ("numa", "u")];
 
-/// `argument`'s value, `None` for 0 (absent); one beyond what the API takes (2^63-1) is refused
-/// naming the argument, the value and the maximum.
-pub fn nonzero<T: Default + PartialEq + Into<i128>>(argument: &str, v: T) -> Result<Option<i64>, ApiError> {
-    if v == T::default() {
-        return Ok(None);
+/// The options D-Bus member `member` takes (none for a member without `a{sv}`).
+pub fn options_of(member: &str) -> &'static [(&'static str, &'static str)] {
+    match member {
+        "CreatePool" => CREATE_OPTIONS,
+        "ResizePool" => RESIZE_OPTIONS,
+        _ => &[],
     }
-    let v = v.into();
-    i64::try_from(v).map(Some).map_err(|_| {
-        ApiError::invalid_argument(argument, &format!("{v} is more than the maximum, {}", i64::MAX))
-    })
-}
-
-/// `id`, `None` when empty.
-pub fn id(id: &str) -> Option<String> {
-    Some(id).filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
 /// One option's value as JSON, if it has the D-Bus type `ty` (`u`: any integer type that fits
@@ -84,19 +75,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn zero_means_absent() {
-        assert_eq!(nonzero("cpus", 0u32), Ok(None));
-        assert_eq!(nonzero("cpus", 3u32), Ok(Some(3)));
-        assert_eq!(nonzero("millicpus", i64::MAX as u64), Ok(Some(i64::MAX)));
-        // What the caller sent, not 2^63-1.
-        let e = nonzero("millicpus", u64::MAX).err().map(|e| e.message).unwrap_or_default();
-        assert_eq!(
-            e,
-            "invalid millicpus: 18446744073709551615 is more than the maximum, 9223372036854775807"
-        );
-    }
 
     #[test]
     fn options_decode_into_the_parameters_and_are_refused_by_name() {
