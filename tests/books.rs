@@ -63,10 +63,10 @@ fn allowed(pid: u32) -> String {
     status.lines().find(|l| l.starts_with("Cpus_allowed_list")).unwrap().to_owned()
 }
 
-/// Waits up to 20 s for `cond`, checking every 50 ms (the daemon's drift check runs every
+/// Waits (up to `PATIENCE`) for `cond`, checking every 50 ms (the daemon's drift check runs every
 /// second here); panics with `what` when it never holds.
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + test_support::wait::PATIENCE;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));

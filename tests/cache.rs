@@ -41,7 +41,7 @@ fn rc(sb: &Path, rel: &str) -> Option<String> {
 
 /// Waits (up to 30 s, for the daemon's next check or reload) until `cond` holds.
 fn until(d: &Daemon, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + test_support::wait::PATIENCE;
     while !cond() {
         assert!(Instant::now() < deadline, "{what} did not happen:\n{}", d.logs());
         std::thread::sleep(Duration::from_millis(50));

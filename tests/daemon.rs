@@ -18,7 +18,7 @@ impl Daemon {
         let sock = sandbox.with_extension("notify");
         let _ = fs::remove_file(&sock);
         let notify = UnixDatagram::bind(&sock).unwrap_or_else(|e| panic!("{e}"));
-        notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap_or_else(|e| panic!("{e}"));
+        notify.set_read_timeout(Some(test_support::wait::PATIENCE)).unwrap_or_else(|e| panic!("{e}"));
         let child = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
             .arg("--sandbox")
             .arg(sandbox)
@@ -56,7 +56,7 @@ impl Daemon {
     }
 
     fn wait_exit(mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + test_support::wait::PATIENCE;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return status;
@@ -284,14 +284,14 @@ fn ctrl_c_on_the_sandbox_stops_without_blaming_the_bus() {
     let bus = test_support::daemon::bus_daemons(&sb);
     assert_eq!(bus.len(), 1, "{bus:?}");
     kill(Pid::from_raw(bus[0]), Signal::SIGKILL).unwrap_or_else(|e| panic!("{e}"));
-    test_support::wait::until(Duration::from_secs(30), "the bus to be gone", || {
+    test_support::wait::until(test_support::wait::PATIENCE, "the bus to be gone", || {
         match std::os::unix::net::UnixStream::connect(sb.join("run/bus.sock")) {
             Ok(_) => Err("the bus still accepts".to_owned()),
             Err(_) => Ok(()),
         }
     });
     kill(group, Signal::SIGINT).unwrap_or_else(|e| panic!("{e}"));
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + test_support::wait::PATIENCE;
     let status = loop {
         if let Ok(Some(status)) = child.try_wait() {
             break status;

@@ -599,7 +599,7 @@ fn changes_are_signalled_on_the_bus() {
             zbus::MessageStream::for_match_rule(rule.as_str(), &client.conn, None).await.unwrap();
         v.call("Assign", json!({ "pool": "web", "target": "cgroup:k/a", "millicpus": 500, "id": "sig" }))
             .unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        tokio::time::timeout(test_support::wait::PATIENCE, async {
             while !(added && pool && pools_value.is_some()) {
                 let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx)).await;
                 let msg = next.expect("the signal stream ended").unwrap();

@@ -23,7 +23,7 @@ use std::time::Duration;
 use common::{Daemon, Varlink};
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(30);
+const WAIT: Duration = test_support::wait::PATIENCE;
 
 /// Room for the test's own connections: the soft limit raised to the hard one.
 fn raise_own_limit(need: u64) {

@@ -44,7 +44,7 @@ release_grace_ms = 500
 reconcile_interval_ms = 50
 "#;
 
-const WAIT: Duration = Duration::from_secs(30);
+const WAIT: Duration = test_support::wait::PATIENCE;
 
 /// The kubelet's registration socket, each Register sent to `tx`.
 struct Kubelet;
@@ -651,7 +651,7 @@ fn no_kubelet_is_said_once_at_info() {
     let dir = tempfile::tempdir().unwrap();
     let config = format!("{}\n[kubelet]\nreconcile_interval_ms = 10\n", common::CONFIG);
     let d = Daemon::start_shaped(dir.path(), "1x4x2:1", Some(&config), &["--bus", "none"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + test_support::wait::PATIENCE;
     while !d.logs().contains("no kubelet yet") {
         assert!(Instant::now() < deadline, "no word of the missing kubelet:\n{}", d.logs());
         std::thread::sleep(Duration::from_millis(10));

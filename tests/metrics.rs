@@ -72,7 +72,7 @@ impl Daemon {
 /// One HTTP/1.1 request: (status, headers, body).
 fn http(addr: &str, request: &str) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap_or_else(|e| panic!("{e}"));
+    s.set_read_timeout(Some(test_support::wait::PATIENCE)).unwrap_or_else(|e| panic!("{e}"));
     s.write_all(request.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("reading the reply: {e}"));
@@ -234,7 +234,7 @@ fn only_get_metrics_is_answered() {
         "a".repeat(64 * 1024)
     );
     let mut s = TcpStream::connect(&d.addr).unwrap_or_else(|e| panic!("{e}"));
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap_or_else(|e| panic!("{e}"));
+    s.set_read_timeout(Some(test_support::wait::PATIENCE)).unwrap_or_else(|e| panic!("{e}"));
     // The server may close while the head is still being written.
     let _ = s.write_all(big.as_bytes());
     let mut reply = Vec::new();

@@ -42,7 +42,7 @@ release_grace_ms = 600000
 reconcile_interval_ms = 100
 "#;
 
-const WAIT: Duration = Duration::from_secs(30);
+const WAIT: Duration = test_support::wait::PATIENCE;
 
 fn start(tmp: &Path) -> Daemon {
     Daemon::start_shaped(tmp, "2x4x2:2", Some(CONFIG), &["--bus", "none"])

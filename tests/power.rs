@@ -85,7 +85,7 @@ fn fake_sysfs_power_class_is_applied_before_ready_and_restored_on_stop() {
     // Someone rewrites a value: the drift check puts it back.
     let gov1 = sb.join("sys/devices/system/cpu/cpufreq/policy1/scaling_governor");
     fs::write(&gov1, "powersave\n").unwrap_or_else(|e| panic!("{e}"));
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + test_support::wait::PATIENCE;
     while policy(&sb, 1, "scaling_governor") != "performance" {
         assert!(Instant::now() < deadline, "not put back:\n{}", d.logs());
         std::thread::sleep(Duration::from_millis(50));

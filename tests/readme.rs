@@ -215,7 +215,7 @@ fn first_line(cmd: &mut Command) -> (String, String) {
         let _ = BufReader::new(stdout).read_line(&mut first);
         let _ = tx.send(first);
     });
-    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+    let first = rx.recv_timeout(test_support::wait::PATIENCE).unwrap_or_default();
     let _ = child.kill();
     let _ = child.wait();
     let mut err = String::new();
@@ -814,7 +814,7 @@ fn top_runs_and_quits(cmd: &str, path: &str, dir: &Path) -> Result<(), String> {
         return Err(format!("tmux: {}", String::from_utf8_lossy(&started.stderr)));
     }
     let screen = || String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
     let result = loop {
         let s = screen();
         if s.contains(" pools ") && s.contains("q quits") {

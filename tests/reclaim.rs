@@ -5,7 +5,6 @@
 
 use std::fs;
 use std::process::Command;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -50,7 +49,7 @@ fn targets_that_go_away_are_reclaimed_and_a_release_by_the_owner_is_forgotten() 
     fs::rename(&m, m.with_file_name("m-old")).unwrap_or_else(|e| panic!("{}: {e}", m.display()));
     let _ = child.kill();
     let _ = child.wait();
-    let left = test_support::wait::until(Duration::from_secs(30), "a, m and p to be reclaimed", || {
+    let left = test_support::wait::until(test_support::wait::PATIENCE, "a, m and p to be reclaimed", || {
         let left = ids(&mut v);
         if left.iter().any(|i| i == "a" || i == "p" || i == "m") {
             Err(format!("still assigned: {left:?}"))

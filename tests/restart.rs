@@ -26,7 +26,7 @@ impl Daemon {
 
     /// Waits until the log holds `what` (or the daemon exits, or 30 s pass).
     fn wait_log(&mut self, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + test_support::wait::PATIENCE;
         while !self.logs().contains(what) {
             let exited = self.child.try_wait().unwrap_or_else(|e| panic!("{e}"));
             assert!(exited.is_none(), "exited with {exited:?} before logging {what:?}:\n{}", self.logs());
@@ -36,7 +36,7 @@ impl Daemon {
     }
 
     fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + test_support::wait::PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
                 return status;

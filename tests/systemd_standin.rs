@@ -314,7 +314,7 @@ fn calls(shared: &Arc<Mutex<Shared>>, method: &str, unit: &str) -> Vec<Vec<Strin
 }
 
 fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + test_support::wait::PATIENCE;
     while !ok() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));

@@ -311,7 +311,7 @@ fn monitor_streams_changes() {
         }
     });
     let next = |what: &str| {
-        rx.recv_timeout(Duration::from_secs(30))
+        rx.recv_timeout(test_support::wait::PATIENCE)
             .unwrap_or_else(|e| panic!("waiting for {what}: {e}\n{}", d.logs()))
     };
     // The replay of the current pools says the subscription is live.
@@ -499,7 +499,7 @@ fn get_isolation_through_the_third_party_client() {
 
     // IRQ 32 fires on CPU 1 (someone pinned it there): the next samples name it.
     let mut total = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
     let dp = loop {
         total += 500;
         fire_irq_32_on_cpu_1(&d.sb, total);

@@ -277,7 +277,7 @@ fn monitor_streams_changes(dbus: bool) {
     });
     let next = |what: &str| -> Value {
         let line = rx
-            .recv_timeout(Duration::from_secs(30))
+            .recv_timeout(test_support::wait::PATIENCE)
             .unwrap_or_else(|e| panic!("waiting for {what}: {e}\n{}", d.logs()));
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{what}: {e}: {line}"))
     };
@@ -308,7 +308,7 @@ fn monitor_streams_changes(dbus: bool) {
     // When the daemon stops, the monitor ends by itself: exit 3 (varlink: the connection
     // closes; D-Bus: the name leaves the bus) or 1 (ShuttingDown), never hanging.
     d.stop();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + test_support::wait::PATIENCE;
     let status = loop {
         if let Some(s) = mon.try_wait().unwrap() {
             break s;

@@ -16,7 +16,6 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
 
 use serde_json::Value;
 
@@ -227,7 +226,7 @@ impl Tmux {
 
     /// Polls the screen until `ok` holds (deadline 30 s); the screen then.
     fn wait(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
-        test_support::wait::until(Duration::from_secs(30), what, || {
+        test_support::wait::until(test_support::wait::PATIENCE, what, || {
             let s = self.screen(false);
             if ok(&s) {
                 Ok(s)
@@ -435,7 +434,7 @@ fn top_exits_when_its_terminal_goes_away() {
     tmux.wait("top to show the pools", |s| pool_row(s, "dp").is_some());
     let top = tmux.top_pid();
     tmux.cmd(&["kill-server"]);
-    test_support::wait::until(Duration::from_secs(30), "top to exit with its terminal gone", || {
+    test_support::wait::until(test_support::wait::PATIENCE, "top to exit with its terminal gone", || {
         match fs::read_to_string(format!("/proc/{top}/stat")) {
             // Gone, or a zombie nobody reaps (its shell died with the terminal).
             Err(_) => Ok(()),

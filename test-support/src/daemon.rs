@@ -92,7 +92,7 @@ pub fn stop(child: &mut Child, logs: impl Fn() -> String) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
         .unwrap_or_else(|e| panic!("SIGTERM to the daemon: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + crate::wait::PATIENCE;
     let status = loop {
         if let Ok(Some(status)) = child.try_wait() {
             break status;

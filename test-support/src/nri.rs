@@ -383,7 +383,7 @@ impl Node {
     pub async fn allocate(&mut self, pool: &str, devices: &[&str], who: &str) -> Vec<(String, String)> {
         let want = format!("cpupool.io/{pool}");
         while !self.seen.contains(&want) {
-            let r = tokio::time::timeout(Duration::from_secs(30), self.registered.recv())
+            let r = tokio::time::timeout(crate::wait::PATIENCE, self.registered.recv())
                 .await
                 .unwrap_or_else(|_| panic!("{want} was not registered"))
                 .unwrap_or_else(|| panic!("the registration server ended"));

@@ -2,6 +2,12 @@
 
 use std::time::{Duration, Instant};
 
+/// How long a test waits for something that is going to happen (a daemon's readiness, a
+/// registration, a drift check's repair): a guard against a hang, never a measurement. A busy
+/// 2-core CI machine runs a debug daemon ten times slower than an idle one; a wait that is
+/// only long enough on an idle machine makes a test fail by timing alone.
+pub const PATIENCE: Duration = Duration::from_secs(180);
+
 /// How often a condition is looked at again.
 const POLL: Duration = Duration::from_millis(20);
 

@@ -84,7 +84,7 @@ impl Daemon {
             .unwrap_or_else(|| panic!("no metrics line in the banner:\n{}", self.banner));
         let addr = url.strip_prefix("http://").and_then(|u| u.split('/').next()).unwrap_or(url);
         let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{url}: {e}"));
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.set_read_timeout(Some(test_support::wait::PATIENCE)).unwrap();
         write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
         let mut reply = String::new();
         s.read_to_string(&mut reply).unwrap_or_else(|e| panic!("{url}: {e}"));
