@@ -24,7 +24,7 @@
 //! the cgroupfs backend, `AllowedCPUs` on the `.scope` with systemd's).
 #![deny(missing_docs)]
 
-mod incoming;
+pub(crate) mod incoming;
 pub mod plugin;
 mod reconcile;
 mod registrar;
