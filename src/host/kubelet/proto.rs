@@ -136,7 +136,7 @@ mod tests {
                 dra::NodeUnprepareResourceResponse { error: "e".into() },
             )]),
         };
-        assert_eq!(u.encode_to_vec(), vec![0x0a, 6, 0x0a, 1, b'u', 0x12, 3, 0x0a, 1, b'e']);
+        assert_eq!(u.encode_to_vec(), vec![0x0a, 8, 0x0a, 1, b'u', 0x12, 3, 0x0a, 1, b'e']);
         let i = pluginregistration::PluginInfo {
             r#type: "DRAPlugin".into(),
             name: "n".into(),
