@@ -98,6 +98,9 @@ impl Fake {
                         _ = &mut stopped => break,
                         accepted = listener.accept() => {
                             let Ok((sock, _)) = accepted else { continue };
+                            // Head and body go out as two writes: without this, Nagle's
+                            // algorithm holds the body for the client's delayed ACK (40 ms).
+                            let _ = sock.set_nodelay(true);
                             let (st, ev, ct) = (st.clone(), ev.clone(), ct.clone());
                             tokio::spawn(async move { let _ = serve(sock, st, ev, ct).await; });
                         }
