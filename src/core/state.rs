@@ -562,10 +562,7 @@ impl State {
         if n == 0 {
             return Err(Error::InvalidArgument { arg: "cpus", reason: "must be at least 1".into() });
         }
-        let free = match within {
-            Some(w) => self.free_cpus(pool).intersection(w),
-            None => self.free_cpus(pool),
-        };
+        let free = within.map_or_else(|| self.free_cpus(pool), |w| self.free_cpus(pool).intersection(w));
         alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt).map_err(|e| match e {
             PickError::Insufficient { available, .. } => Error::InsufficientCapacity {
                 pool: pool.name.to_string(),
