@@ -233,3 +233,58 @@ async fn sixty_four_claims_at_once_never_share_a_cpu() {
     assert!(dra_assignments(&d).is_empty());
     d.stop();
 }
+
+/// The cpuset of a CreateContainer answer's adjustment.
+fn adjusted(r: &cpupoold::nri::proto::CreateContainerResponse) -> CpuSet {
+    let cpu = r
+        .adjust
+        .as_ref()
+        .and_then(|a| a.linux.as_ref())
+        .and_then(|l| l.resources.as_ref())
+        .and_then(|r| r.cpu.as_ref());
+    CpuSet::parse(&cpu.expect("an adjustment with CPUs").cpus).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
+    use test_support::nri as fake;
+    let dir = tempfile::tempdir().unwrap();
+    let fake_api = Fake::start();
+    let node = fake::Node::serve(&dir.path().join("sb"));
+    let d = start(dir.path(), &fake_api);
+    let k = register(&d).await;
+    let c = put(&fake_api, "shared", &[dp("dp-numa0", "2")]);
+    assert_eq!(prepare_one(&k, &c).await.error, "", "{}", d.logs());
+    let cpus = cpus_of(&d, &c.uid);
+    // The environment the runtime gives the container from the claim's CDI spec.
+    let spec = cdi(&d, &c.uid).unwrap();
+    let env: Vec<(String, String)> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    tokio::task::block_in_place(|| {
+        let mut rt = node.runtime.accept(std::time::Duration::from_secs(30)).unwrap();
+        rt.configure().unwrap();
+        rt.synchronize(Vec::new(), Vec::new()).unwrap();
+        // Two containers of the pod the claim is reserved for: both on its CPUs.
+        let pod = fake::pod("s1", "pod-uid-1", "pod-1");
+        let (a, b) = (fake::container(&pod, "a", "app", &env), fake::container(&pod, "b", "side", &env));
+        for ctr in [&a, &b] {
+            let r = rt.create(&pod, ctr).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+            assert_eq!(adjusted(&r), cpus);
+        }
+        // A container of another pod naming the claim: none of its CPUs.
+        let other = fake::pod("s2", "pod-uid-2", "pod-2");
+        let x = fake::container(&other, "x", "app", &env);
+        let r = rt.create(&other, &x).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        assert!(adjusted(&r).is_disjoint(&cpus), "{} shares {cpus}", adjusted(&r));
+        // A container's stop releases nothing: the claim holds until it is unprepared.
+        rt.stop(&pod, &a).unwrap().unwrap();
+    });
+    assert_eq!(dra_assignments(&d).len(), 1);
+    assert!(d.logs().contains("is not reserved for its pod pod-uid-2"), "{}", d.logs());
+    d.stop();
+}
