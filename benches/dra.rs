@@ -22,28 +22,16 @@
 mod common;
 #[path = "../tests/fake_apiserver/mod.rs"]
 mod fake_apiserver;
+#[path = "support/timing.rs"]
+mod timing;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::Daemon;
 use fake_apiserver::claims::{claim, Result as Res};
 use fake_apiserver::Fake;
 use test_support::dra as peer;
-
-fn stats(mut t: Vec<Duration>) -> (Duration, Duration) {
-    t.sort();
-    (t[t.len() / 2], t[(t.len() * 99 / 100).min(t.len() - 1)])
-}
-
-fn row(name: &str, (p50, p99): (Duration, Duration), (f50, f99): (Duration, Duration)) {
-    println!(
-        "{name:<48} p50 {:>8.1} µs (×{:>5.1})  p99 {:>8.1} µs (×{:>5.1})",
-        p50.as_secs_f64() * 1e6,
-        p50.as_secs_f64() / f50.as_secs_f64(),
-        p99.as_secs_f64() * 1e6,
-        p99.as_secs_f64() / f99.as_secs_f64()
-    );
-}
+use timing::{percentiles, ratio_row};
 
 fn main() {
     let n = if std::env::args().any(|a| a == "--bench") { 200 } else { 5 };
@@ -107,15 +95,15 @@ fn main() {
             unprepare.push(u);
         }
     }
-    let (floor, synced) = (stats(floor), stats(synced));
+    let (floor, synced) = (percentiles(floor), percentiles(synced));
     println!(
         "DRA plugin calls, {n} each, over the plugin's unix socket (ratios: against a floor's p50 / p99)"
     );
-    row("floor: NodeUnprepareResources, unknown claim", floor, floor);
-    row("fdatasync of a 200-byte record (durable floor)", synced, floor);
-    row("NodePrepareResources, prepared claim (record)", stats(again), floor);
+    ratio_row("floor: NodeUnprepareResources, unknown claim", floor, floor);
+    ratio_row("fdatasync of a 200-byte record (durable floor)", synced, floor);
+    ratio_row("NodePrepareResources, prepared claim (record)", percentiles(again), floor);
     println!("saved calls, against the durable floor:");
-    row("NodePrepareResources, 1 CPU (GET, book, save, CDI)", stats(fresh), synced);
-    row("NodeUnprepareResources (release, save, remove)", stats(unprepare), synced);
+    ratio_row("NodePrepareResources, 1 CPU (GET, book, save, CDI)", percentiles(fresh), synced);
+    ratio_row("NodeUnprepareResources (release, save, remove)", percentiles(unprepare), synced);
     d.stop();
 }

@@ -31,7 +31,6 @@ use tokio::sync::watch;
 
 use crate::config::Settings;
 use crate::engine::Handle;
-use crate::host;
 
 /// The plugin watcher's type for DRA drivers.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
@@ -85,15 +84,8 @@ impl Options {
 /// sockets while some pool is served by DRA. Refuses (logged) to serve beside the kubelet's
 /// static CPU manager owning CPUs of those pools, as the device plugin does.
 pub async fn run(handle: Handle, k8s: crate::k8s::Options, opts: Options, mut stop: watch::Receiver<bool>) {
-    let snap = handle.snapshot();
-    let pools: Vec<(String, crate::core::cpuset::CpuSet)> = snap
-        .state
-        .pools()
-        .values()
-        .filter(|p| p.served_by_dra())
-        .map(|p| (p.name.to_string(), p.cpus.clone()))
-        .collect();
-    if let Err(e) = host::kubelet::check_cpu_manager(&opts.kubelet_dir.join("cpu_manager_state"), &pools) {
+    let served = crate::core::pool::Pool::served_by_dra;
+    if let Err(e) = crate::kubelet::check_static_policy(&handle, &opts.kubelet_dir, served) {
         log::error!("DRA: the kubelet plugin is not started: {e}");
         return;
     }
