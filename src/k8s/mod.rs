@@ -5,8 +5,10 @@
 //! API server ◄────┤     → <runtime_dir>/cluster.toml → handle.reload_from_disk() (like SIGHUP)
 //! (kube client,   ├─ pods.rs: pods with spec.nodeName=N → PodIndex → the device plugin's
 //!  rustls)        │     container identity (pod UID, QoS class, container id)
-//!                 └─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
-//!                       field manager cpupoold, at most one write per report_interval)
+//!                 ├─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
+//!                 │     field manager cpupoold, at most one write per report_interval)
+//!                 └─ dra/: the DRA driver's kubelet plugin: ResourceClaims read at
+//!                       NodePrepareResources, booked as one engine transaction, CDI specs
 //! ```
 //!
 //! Every task keeps going when the API server is away (watches retry with backoff, the report
