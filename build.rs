@@ -1,15 +1,21 @@
-//! Generates the kubelet gRPC APIs (device plugin v1beta1, PodResources v1, the CRI subset) and
+//! Generates the kubelet gRPC APIs (device plugin v1beta1, PodResources v1, the DRA plugin v1 and
+//! the plugin watcher's registration, the CRI subset) and
 //! NRI's messages into `OUT_DIR`
 //! from the `.proto` files in `proto/`. protox parses them in-process, so no `protoc` is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let kubelet = ["proto/deviceplugin/v1beta1/api.proto", "proto/podresources/v1/api.proto"];
+    let kubelet = [
+        "proto/deviceplugin/v1beta1/api.proto",
+        "proto/podresources/v1/api.proto",
+        "proto/dra/v1/api.proto",
+        "proto/pluginregistration/v1/api.proto",
+    ];
     let cri = ["proto/cri/v1/api.proto"];
     for p in kubelet.iter().chain(&cri) {
         println!("cargo:rerun-if-changed={p}");
     }
     // The kubelet's APIs: every server method must be written (the daemon serves the device
-    // plugin whole).
+    // plugin, the DRA plugin and its registration whole).
     let fds = protox::compile(kubelet, ["proto"])?;
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
     // The CRI: cpupoold calls ListContainers, the test peer the pod and container lifecycle; a

@@ -21,27 +21,15 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/timing.rs"]
+mod timing;
 
 use std::time::{Duration, Instant};
 
 use common::Daemon;
 use cpupoold::nri::proto as api;
 use test_support::nri::{self as fake, Node};
-
-fn stats(mut t: Vec<Duration>) -> (Duration, Duration) {
-    t.sort();
-    (t[t.len() / 2], t[(t.len() * 99 / 100).min(t.len() - 1)])
-}
-
-fn row(name: &str, (p50, p99): (Duration, Duration), (f50, f99): (Duration, Duration)) {
-    println!(
-        "{name:<44} p50 {:>8.1} µs (×{:>5.1})  p99 {:>8.1} µs (×{:>5.1})",
-        p50.as_secs_f64() * 1e6,
-        p50.as_secs_f64() / f50.as_secs_f64(),
-        p99.as_secs_f64() * 1e6,
-        p99.as_secs_f64() / f99.as_secs_f64()
-    );
-}
+use timing::{percentiles, ratio_row};
 
 fn main() {
     let n = if std::env::args().any(|a| a == "--bench") { 500 } else { 10 };
@@ -123,18 +111,18 @@ fn main() {
             stop.push(t_stop);
         }
     }
-    let floor = stats(floor);
+    let floor = percentiles(floor);
     println!(
         "NRI requests, {n} each, through the fake runtime's socket (ratios: against the floor's p50 / p99)"
     );
-    row("floor: Shutdown (no engine)", floor, floor);
-    row("PodResources List (asked at every creation)", stats(asked), floor);
-    let synced = stats(synced);
-    row("fdatasync of a 200-byte record (durable floor)", synced, floor);
-    row("CreateContainer, no pool", stats(unpooled), floor);
+    ratio_row("floor: Shutdown (no engine)", floor, floor);
+    ratio_row("PodResources List (asked at every creation)", percentiles(asked), floor);
+    let synced = percentiles(synced);
+    ratio_row("fdatasync of a 200-byte record (durable floor)", synced, floor);
+    ratio_row("CreateContainer, no pool", percentiles(unpooled), floor);
     println!("saved requests, against the durable floor:");
-    row("CreateContainer, pooled (held again, saved)", stats(create), synced);
-    row("StartContainer (bound, read back, saved)", stats(start), synced);
-    row("StopContainer (released, saved)", stats(stop), synced);
+    ratio_row("CreateContainer, pooled (held again, saved)", percentiles(create), synced);
+    ratio_row("StartContainer (bound, read back, saved)", percentiles(start), synced);
+    ratio_row("StopContainer (released, saved)", percentiles(stop), synced);
     d.stop();
 }

@@ -314,6 +314,7 @@ impl Sandbox {
         settings.paths.state_dir = self.state();
         settings.paths.runtime_dir = self.run();
         settings.paths.kubelet_dir = self.kubelet();
+        settings.paths.cdi_dir = self.run().join("cdi");
         settings.paths.procfs_root = self.procfs();
         settings.paths.irqbalance_dir = self.run().join("irqbalance");
         settings.paths.resctrl_root = self.resctrl();

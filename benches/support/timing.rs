@@ -40,3 +40,20 @@ pub fn ns_per_op(budget_ms: u64, min: usize, warm: usize, mut f: impl FnMut(usiz
     }
     start.elapsed().as_nanos() as f64 / n as f64
 }
+
+/// The median and the 99th percentile of `t`, times taken one by one in a loop of several calls.
+pub fn percentiles(mut t: Vec<Duration>) -> (Duration, Duration) {
+    t.sort();
+    (t[t.len() / 2], t[(t.len() * 99 / 100).min(t.len() - 1)])
+}
+
+/// Prints `name`'s p50 and p99 in µs, each with its ratio to the floor's.
+pub fn ratio_row(name: &str, (p50, p99): (Duration, Duration), (f50, f99): (Duration, Duration)) {
+    println!(
+        "{name:<50} p50 {:>8.1} µs (×{:>5.1})  p99 {:>8.1} µs (×{:>5.1})",
+        p50.as_secs_f64() * 1e6,
+        p50.as_secs_f64() / f50.as_secs_f64(),
+        p99.as_secs_f64() * 1e6,
+        p99.as_secs_f64() / f99.as_secs_f64()
+    );
+}

@@ -31,6 +31,8 @@ pub const ENV_SHARED_CPUS: &str = "SHARED_CPUS";
 /// The assignment's id: set by `cpupoolctl run`, and by `Allocate` (for the workload to read;
 /// the NRI plugin takes the kubelet's word on what a container holds, not its environment).
 pub const ENV_ASSIGNMENT: &str = "CPUPOOL_ASSIGNMENT";
+/// The DRA claim whose CPUs a container runs on (its uid), set by the claim's CDI spec.
+pub const ENV_CLAIM: &str = "CPUPOOL_CLAIM";
 /// A shared pool's assignment size in millicpus (set by `Allocate`).
 pub const ENV_MILLICPUS: &str = "CPUPOOL_MILLICPUS";
 

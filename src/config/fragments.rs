@@ -131,6 +131,7 @@ pub(crate) struct PathsFragment {
     pub state_dir: Option<PathBuf>,
     pub runtime_dir: Option<PathBuf>,
     pub kubelet_dir: Option<PathBuf>,
+    pub cdi_dir: Option<PathBuf>,
     pub procfs_root: Option<PathBuf>,
     pub irqbalance_dir: Option<PathBuf>,
     pub resctrl_root: Option<PathBuf>,

@@ -136,6 +136,7 @@ impl Setter<'_> {
         self.field(&mut to.state_dir, from.state_dir, "paths.state_dir");
         self.field(&mut to.runtime_dir, from.runtime_dir, "paths.runtime_dir");
         self.field(&mut to.kubelet_dir, from.kubelet_dir, "paths.kubelet_dir");
+        self.field(&mut to.cdi_dir, from.cdi_dir, "paths.cdi_dir");
         self.field(&mut to.procfs_root, from.procfs_root, "paths.procfs_root");
         self.field(&mut to.irqbalance_dir, from.irqbalance_dir, "paths.irqbalance_dir");
         self.field(&mut to.resctrl_root, from.resctrl_root, "paths.resctrl_root");

@@ -27,6 +27,9 @@ pub struct Paths {
     pub runtime_dir: PathBuf,
     /// The kubelet's root directory (`/var/lib/kubelet`); device-plugin sockets go below it.
     pub kubelet_dir: PathBuf,
+    /// Where the DRA driver writes its CDI specs (`/var/run/cdi`), one per prepared claim; the
+    /// container runtime reads them (containerd's `cdi_spec_dirs`).
+    pub cdi_dir: PathBuf,
     /// procfs mount point (`/proc`): interrupt affinities are read and written below it
     /// (`irq/`, `interrupts`). Processes are always looked up in the real `/proc`.
     pub procfs_root: PathBuf,
@@ -48,6 +51,7 @@ impl Default for Paths {
             state_dir: "/var/lib/cpupoold".into(),
             runtime_dir: "/run/cpupoold".into(),
             kubelet_dir: "/var/lib/kubelet".into(),
+            cdi_dir: "/var/run/cdi".into(),
             procfs_root: "/proc".into(),
             irqbalance_dir: crate::host::irqbalance::SOCKET_DIR.into(),
             resctrl_root: crate::host::resctrl::DEFAULT_ROOT.into(),
@@ -288,6 +292,7 @@ fn paths_settings(paths: PathsFragment, origins: &Origins) -> Result<Paths, Conf
         state_dir: absolute(paths.state_dir, defaults.state_dir, "paths.state_dir")?,
         runtime_dir: absolute(paths.runtime_dir, defaults.runtime_dir, "paths.runtime_dir")?,
         kubelet_dir: absolute(paths.kubelet_dir, defaults.kubelet_dir, "paths.kubelet_dir")?,
+        cdi_dir: absolute(paths.cdi_dir, defaults.cdi_dir, "paths.cdi_dir")?,
         procfs_root: absolute(paths.procfs_root, defaults.procfs_root, "paths.procfs_root")?,
         irqbalance_dir: absolute(paths.irqbalance_dir, defaults.irqbalance_dir, "paths.irqbalance_dir")?,
         resctrl_root: absolute(paths.resctrl_root, defaults.resctrl_root, "paths.resctrl_root")?,

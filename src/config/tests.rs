@@ -172,6 +172,7 @@ fn every_key_is_read() {
             state_dir: "/st".into(),
             runtime_dir: "/r".into(),
             kubelet_dir: "/k".into(),
+            cdi_dir: "/var/run/cdi".into(),
             procfs_root: "/proc".into(),
             irqbalance_dir: "/run/irqbalance".into(),
             resctrl_root: "/sys/fs/resctrl".into(),

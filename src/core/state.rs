@@ -53,12 +53,16 @@ pub struct AssignSpec {
     pub reclaim: bool,
     /// Pid targets: when the process started (the engine fills it in from the host).
     pub process_start: Option<u64>,
+    /// Exclusive pools: the CPUs a picked assignment must come from (a DRA device's NUMA
+    /// node); `None`: anywhere in the pool. Absent from journals written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<CpuSet>,
 }
 
 impl AssignSpec {
     /// A spec with the defaults: reclaimed when the target goes away.
     pub fn new(pool: impl Into<String>, target: Target, size: Size, id: Option<AssignmentId>) -> AssignSpec {
-        AssignSpec { pool: pool.into(), target, size, id, reclaim: true, process_start: None }
+        AssignSpec { pool: pool.into(), target, size, id, reclaim: true, process_start: None, within: None }
     }
 }
 
@@ -435,7 +439,7 @@ impl State {
         let (cpus, millicpus) = match pool.kind {
             PoolKind::Reserved => return Err(Error::ReservedPool { pool: pool.name.to_string() }),
             PoolKind::Exclusive => {
-                let cpus = self.exclusive_cpus(topo, &pool, &spec.size)?;
+                let cpus = self.exclusive_cpus(topo, &pool, &spec.size, spec.within.as_ref())?;
                 let n = cpus.len() as u64;
                 (cpus, n * 1000)
             }
@@ -479,12 +483,19 @@ impl State {
         Err(Error::DuplicateId { id: id.to_string() })
     }
 
-    /// The CPUs of an exclusive pool's new assignment of `size`: whole CPUs, chosen or picked.
-    fn exclusive_cpus(&self, topo: &Topology, pool: &Pool, size: &Size) -> Result<CpuSet, Error> {
+    /// The CPUs of an exclusive pool's new assignment of `size`: whole CPUs, chosen or picked
+    /// (from `within`, when given).
+    fn exclusive_cpus(
+        &self,
+        topo: &Topology,
+        pool: &Pool,
+        size: &Size,
+        within: Option<&CpuSet>,
+    ) -> Result<CpuSet, Error> {
         Ok(match size {
             Size::Cpuset(want) => self.exact(topo, pool, want)?,
-            Size::Cpus(n) => self.pick_whole(topo, pool, u64::from(*n))?,
-            Size::Millicpus(m) if m % 1000 == 0 => self.pick_whole(topo, pool, m / 1000)?,
+            Size::Cpus(n) => self.pick_whole(topo, pool, u64::from(*n), within)?,
+            Size::Millicpus(m) if m % 1000 == 0 => self.pick_whole(topo, pool, m / 1000, within)?,
             Size::Millicpus(m) => {
                 return Err(Error::InvalidArgument {
                     arg: "millicpus",
@@ -540,12 +551,18 @@ impl State {
     }
 
     /// Checks that `want` can be owned whole by a new assignment of the exclusive `pool`.
-    /// `n` free CPUs of exclusive `pool`, chosen by the allocator.
-    fn pick_whole(&self, topo: &Topology, pool: &Pool, n: u64) -> Result<CpuSet, Error> {
+    /// `n` free CPUs of exclusive `pool` (among `within`, when given), chosen by the allocator.
+    fn pick_whole(
+        &self,
+        topo: &Topology,
+        pool: &Pool,
+        n: u64,
+        within: Option<&CpuSet>,
+    ) -> Result<CpuSet, Error> {
         if n == 0 {
             return Err(Error::InvalidArgument { arg: "cpus", reason: "must be at least 1".into() });
         }
-        let free = self.free_cpus(pool);
+        let free = within.map_or_else(|| self.free_cpus(pool), |w| self.free_cpus(pool).intersection(w));
         alloc::pick(topo, &free, &CpuSet::new(), n as usize, pool.smt).map_err(|e| match e {
             PickError::Insufficient { available, .. } => Error::InsufficientCapacity {
                 pool: pool.name.to_string(),

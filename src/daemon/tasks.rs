@@ -80,6 +80,9 @@ pub(super) fn spawn_adapters(
         if let Some(cluster) = spawn_cluster(tasks, stop, handle, source, path, settings, pods) {
             watch_task(tasks, "the cluster integration", cluster);
         }
+        if settings.kubelet.enabled {
+            spawn_dra(tasks, stop, handle, settings);
+        }
     }
     #[cfg(not(feature = "k8s"))]
     let _ = opts;
@@ -206,4 +209,15 @@ fn spawn_cluster(
             None
         }
     }
+}
+
+/// The DRA driver's kubelet plugin (k8s and the kubelet wing enabled): it serves while some
+/// pool is served by DRA.
+#[cfg(feature = "k8s")]
+fn spawn_dra(tasks: &TaskTracker, stop: &CancellationToken, handle: &Handle, settings: &Settings) {
+    // spawn_cluster logged why the options cannot be had.
+    let Ok(k8s_opts) = crate::k8s::Options::from_settings(&settings.k8s) else { return };
+    let opts = crate::k8s::dra::Options::from_settings(settings, &k8s_opts.node);
+    let task = tasks.spawn(crate::k8s::dra::run(handle.clone(), k8s_opts, opts, stop_flag(tasks, stop)));
+    watch_task(tasks, "the DRA plugin", task);
 }

@@ -95,7 +95,9 @@ fn the_daemonset_is_privileged_without_host_pid_and_mounts_the_host() {
     let c = &pod.containers[0];
     assert_eq!(c.security_context.as_ref().and_then(|s| s.privileged), Some(true));
     let mounts: Vec<&str> = c.volume_mounts.iter().flatten().map(|m| m.mount_path.as_str()).collect();
-    for needed in ["/sys/fs/cgroup", "/var/lib/kubelet", "/run/dbus", "/run/systemd", "/run/cpupoold"] {
+    for needed in
+        ["/sys/fs/cgroup", "/var/lib/kubelet", "/var/run/cdi", "/run/dbus", "/run/systemd", "/run/cpupoold"]
+    {
         assert!(mounts.contains(&needed), "{needed} not mounted: {mounts:?}");
     }
     let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();

@@ -5,8 +5,10 @@
 //! API server ◄────┤     → <runtime_dir>/cluster.toml → handle.reload_from_disk() (like SIGHUP)
 //! (kube client,   ├─ pods.rs: pods with spec.nodeName=N → PodIndex → the device plugin's
 //!  rustls)        │     container identity (pod UID, QoS class, container id)
-//!                 └─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
-//!                       field manager cpupoold, at most one write per report_interval)
+//!                 ├─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
+//!                 │     field manager cpupoold, at most one write per report_interval)
+//!                 └─ dra/: the DRA driver's kubelet plugin: ResourceClaims read at
+//!                       NodePrepareResources, booked as one engine transaction, CDI specs
 //! ```
 //!
 //! Every task keeps going when the API server is away (watches retry with backoff, the report
@@ -16,6 +18,7 @@
 
 pub mod config;
 pub mod crd;
+pub mod dra;
 pub mod pods;
 pub mod report;
 pub mod watch;
@@ -135,7 +138,10 @@ pub struct ClusterStatus {
 /// A client, once one can be made: a kubeconfig that is not there yet (the host-package route
 /// writes it when the node joins) or not valid is tried again, 1 s doubling to 60 s, while the
 /// local configuration files apply. `None` when `stop` is set first.
-async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiver<bool>) -> Option<Client> {
+pub(crate) async fn client_when_ready(
+    opts: &Options,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<Client> {
     let mut backoff =
         crate::backoff::Backoff::new(std::time::Duration::from_secs(1), std::time::Duration::from_secs(60));
     let mut pause = backoff.fail();

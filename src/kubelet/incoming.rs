@@ -35,6 +35,23 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Refused device-plugin connections, for every pool's socket.
 pub(super) static REFUSALS: Refusals = Refusals::new("device plugin");
 
+/// Binds `sock` anew (a file left there is removed) for the kubelet alone, as its own sockets
+/// are (mode 0600); a peer of another uid that connects before the mode is set is closed at
+/// accept ([`capped`]).
+pub(crate) fn bind_private(sock: &std::path::Path) -> io::Result<UnixListener> {
+    match std::fs::remove_file(sock) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(sock)?;
+    std::fs::set_permissions(
+        sock,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
+    )?;
+    Ok(listener)
+}
+
 /// An accepted connection holding its place in the budget until it is closed.
 #[derive(Debug)]
 pub struct Capped {
@@ -44,7 +61,7 @@ pub struct Capped {
 
 /// The connections of `listener`, each holding one of `slots` (shared by every pool's socket);
 /// one that finds none left is closed at once. Never ends and never yields an error.
-pub(super) fn capped(
+pub(crate) fn capped(
     listener: UnixListener,
     slots: Arc<Semaphore>,
     refusals: &'static Refusals,

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
@@ -279,18 +278,7 @@ impl Registrar {
                 ));
             }
         }
-        match std::fs::remove_file(sock) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let listener = UnixListener::bind(sock)?;
-        // The kubelet's alone, as its own sockets are; a peer of another uid that connects
-        // before this is closed at accept (incoming::capped).
-        std::fs::set_permissions(
-            sock,
-            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
-        )?;
+        let listener = incoming::bind_private(sock)?;
         let ino = inode(sock);
         let (stop, stopped) = watch::channel(false);
         let svc = PoolPlugin { pool: pool.clone(), shared: self.shared.clone(), stopped: stopped.clone() };

@@ -13,6 +13,8 @@
 //!                  made for the devices the kubelet says the container holds (its
 //!                  PodResources; never the container's own environment, which a pod's author
 //!                  writes), or the CPUs no exclusive pool holds for a container without one
+//!                  (or, for a container whose DRA claim's CDI spec set CPUPOOL_CLAIM, the
+//!                  claim's CPUs when its pod is one the claim is reserved for: claim.rs)
 //! StartContainer → the assignment's target becomes the container's cgroup, read back before
 //!                  the container's first instruction (a difference fails the start)
 //! Stop/Remove    → released at once
@@ -25,6 +27,7 @@
 //! (it still releases allocations no container ever used).
 #![deny(missing_docs)]
 
+mod claim;
 pub mod mux;
 mod plugin;
 pub mod proto;
@@ -64,6 +67,8 @@ pub struct Options {
     pub resource_prefix: String,
     /// `kubelet.millicpus_per_device`.
     pub millis_per_device: u64,
+    /// `paths.state_dir`: the DRA driver's prepared claims are recorded below it.
+    pub state_dir: PathBuf,
 }
 
 impl Options {
@@ -75,6 +80,7 @@ impl Options {
             pod_resources: crate::host::kubelet::pod_resources_socket(&s.paths.kubelet_dir),
             resource_prefix: s.kubelet.resource_prefix.clone(),
             millis_per_device: s.kubelet.millicpus_per_device,
+            state_dir: s.paths.state_dir.clone(),
         }
     }
 }

@@ -57,6 +57,8 @@ struct Seen {
     assignment: Option<AssignmentId>,
     /// Whether it was started.
     started: bool,
+    /// The CPUs of the DRA claim it runs on (held until the claim is unprepared).
+    claim: Option<CpuSet>,
 }
 
 /// The plugin's record of the runtime, rebuilt at every Synchronize.
@@ -107,7 +109,7 @@ fn empty() -> Vec<u8> {
 }
 
 /// The value of `key` in the container's environment (the last entry wins, as in the process).
-fn env_of<'a>(c: &'a api::Container, key: &str) -> Option<&'a str> {
+pub(super) fn env_of<'a>(c: &'a api::Container, key: &str) -> Option<&'a str> {
     c.env.iter().rev().filter_map(|e| e.split_once('=')).find(|(k, _)| *k == key).map(|(_, v)| v)
 }
 
@@ -346,6 +348,9 @@ async fn seen_for(
 ) -> Result<Seen, Status> {
     let snap = call.handle.snapshot();
     let who = name_of(pod, c);
+    if let Some(cpus) = super::claim::cpus_for(call.opts, &snap, pod, c, &who)? {
+        return Ok(Seen { cgroup: cgroup_of(c), assignment: None, started: false, claim: Some(cpus) });
+    }
     let claimed = env_of(c, cpupool_wire::names::ENV_ASSIGNMENT);
     let holder = match word {
         Word::Holders(h) => h.get(&(pod.namespace.clone(), pod.name.clone(), c.name.clone())),
@@ -395,7 +400,7 @@ async fn seen_for(
         Decision::Rebook(spec) => Some(rebook(call, &who, spec).await?),
         Decision::Unpooled { .. } => None,
     };
-    Ok(Seen { cgroup: cgroup_of(c), assignment, started: false })
+    Ok(Seen { cgroup: cgroup_of(c), assignment, started: false, claim: None })
 }
 
 /// Holds again the allocation of a container whose assignment was released when its previous
@@ -444,8 +449,9 @@ async fn create(
     let seen = seen_for(call, &Word::ask(call).await, pod, c).await?;
     let snap = call.handle.snapshot();
     let before = pinned(c.linux.as_ref().and_then(|l| l.resources.as_ref())).to_owned();
-    let (cpus, mems) = match &seen.assignment {
-        Some(id) => {
+    let (cpus, mems) = match (&seen.assignment, &seen.claim) {
+        (_, Some(cpus)) => (cpus.clone(), snap.topology.nodes_of(cpus)),
+        (Some(id), None) => {
             let Some(a) = snap.state.assignments().get(id) else {
                 return Err(Status::new(
                     code::FAILED_PRECONDITION,
@@ -462,7 +468,7 @@ async fn create(
             }
             (a.cpus.clone(), snap.topology.nodes_of(&a.cpus))
         }
-        None => {
+        (None, None) => {
             if !before.is_empty() {
                 // Someone else decided (the kubelet's static CPU manager gives Guaranteed pods
                 // their own CPUs): theirs stands; said when it reaches the exclusive pools.
@@ -647,7 +653,7 @@ async fn confine(live: &mut Live, call: &Call<'_>) {
         .chain(
             live.containers
                 .values()
-                .filter(|s| s.started && s.assignment.is_none())
+                .filter(|s| s.started && s.assignment.is_none() && s.claim.is_none())
                 .filter_map(|s| s.cgroup.clone()),
         )
         .collect();

@@ -10,6 +10,8 @@
 //!   line, a file the daemon writes);
 //! - `kubelet` (feature `kubelet`): a kubelet-shaped peer speaking the real protobuf: the
 //!   `v1beta1.Registration` socket, `v1.PodResourcesLister` and the CRI `RuntimeService`;
+//! - `dra` (feature `kubelet`): the kubelet's plugin watcher and DRA client: registration
+//!   through `plugins_registry/`, then `v1.DRAPlugin` calls on the endpoint it names;
 //! - `nri` (feature `kubelet`): a fake container runtime's end of NRI (its multiplexer and
 //!   ttRPC written here, apart from the daemon's), for what the guest's real containerd does not
 //!   make easy to provoke.
@@ -17,6 +19,8 @@
 #![deny(missing_docs)]
 
 pub mod daemon;
+#[cfg(feature = "kubelet")]
+pub mod dra;
 pub mod files;
 #[cfg(feature = "kubelet")]
 pub mod kubelet;

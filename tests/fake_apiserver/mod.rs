@@ -13,8 +13,12 @@
 //! - [`Fake::fail_next`] answers the next matching requests with a `Status` error (401, 409...),
 //!   [`Fake::fail_next_watches`] only the watch requests (410 on the watch request itself).
 //!
+//! - `GET` of a ResourceClaim by namespace and name ([`claims`]).
+//!
 //! Every request is recorded for the tests to count.
 #![allow(dead_code)]
+
+pub mod claims;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -94,6 +98,9 @@ impl Fake {
                         _ = &mut stopped => break,
                         accepted = listener.accept() => {
                             let Ok((sock, _)) = accepted else { continue };
+                            // Head and body go out as two writes: without this, Nagle's
+                            // algorithm holds the body for the client's delayed ACK (40 ms).
+                            let _ = sock.set_nodelay(true);
                             let (st, ev, ct) = (st.clone(), ev.clone(), ct.clone());
                             tokio::spawn(async move { let _ = serve(sock, st, ev, ct).await; });
                         }
@@ -373,6 +380,11 @@ async fn serve(
             continue;
         }
 
+        let claim = claims::get(&req, &state.lock().unwrap());
+        if let Some((code, body)) = claim {
+            respond(sock, code, &body).await?;
+            continue;
+        }
         if req.method == "GET" {
             let Some((coll, kind)) = collection(&req.path) else {
                 respond(sock, 404, &status_body(404, "no such collection")).await?;

@@ -57,6 +57,24 @@ fn exclusive_assign_takes_whole_cores_and_release_restores() {
 }
 
 #[test]
+fn within_keeps_a_picked_assignment_among_the_cpus_given() {
+    // dp is 1-2,5-6 in whole cores (1+5, 2+6): within 2,6 there is one core.
+    let (t, mut s) = fixture();
+    let within = |cpus: &str, id: &str, n: u32| AssignSpec {
+        within: Some(set(cpus)),
+        ..spec("dp", &format!("cgroup:{id}"), Size::Cpus(n), Some(id))
+    };
+    let a = s.assign(&t, &within("2,6", "a", 2)).unwrap_or_else(|e| panic!("{e}")).into_inner();
+    assert_eq!(a.cpus, set("2,6"));
+    // Nothing free is left within 2,6, though the pool has 1,5.
+    assert!(matches!(s.assign(&t, &within("2,6", "b", 2)), Err(Error::InsufficientCapacity { .. })));
+    // Journals written before `within` load without it.
+    let old = r#"{"pool":"dp","target":"cgroup:a","size":{"cpus":2},"id":null,"reclaim":true,"process_start":null}"#;
+    let spec: AssignSpec = serde_json::from_str(old).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec.within, None);
+}
+
+#[test]
 fn idempotent_repeat_and_conflicts() {
     let (t, mut s) = fixture();
     let first = s.assign(&t, &spec("dp", "cgroup:a", Size::Cpus(2), Some("x")));

@@ -9,6 +9,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+pub mod claims;
 pub mod clients;
 pub mod proto;
 

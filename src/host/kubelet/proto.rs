@@ -11,6 +11,16 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
+/// `k8s.io.kubelet.pkg.apis.dra.v1`: the kubelet's DRA plugin API (`v1.DRAPlugin`).
+pub mod dra {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
+/// `pluginregistration`: the kubelet plugin watcher's registration (`Registration`).
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+}
+
 /// `runtime.v1`: the container runtime's CRI (only ListContainers).
 pub mod cri {
     tonic::include_proto!("runtime.v1");
@@ -24,7 +34,7 @@ mod tests {
 
     use prost::Message;
 
-    use super::{cri, podresources, v1beta1};
+    use super::{cri, dra, pluginregistration, podresources, v1beta1};
 
     #[test]
     fn register_request_bytes() {
@@ -104,5 +114,40 @@ mod tests {
         };
         // state = 6 (varint), labels = 8 (a map entry: key 1, value 2).
         assert_eq!(k.encode_to_vec(), vec![0x0a, 1, b'c', 0x30, 1, 0x42, 6, 0x0a, 1, b'k', 0x12, 1, b'v']);
+    }
+
+    #[test]
+    fn dra_and_registration_bytes() {
+        let c = dra::Claim { namespace: "n".into(), uid: "u".into(), name: "c".into() };
+        assert_eq!(c.encode_to_vec(), vec![0x0a, 1, b'n', 0x12, 1, b'u', 0x1a, 1, b'c']);
+        let d = dra::Device {
+            request_names: vec!["r".into()],
+            pool_name: "p".into(),
+            device_name: "d".into(),
+            cdi_device_ids: vec!["x".into()],
+        };
+        assert_eq!(d.encode_to_vec(), vec![0x0a, 1, b'r', 0x12, 1, b'p', 0x1a, 1, b'd', 0x22, 1, b'x']);
+        let r = dra::NodePrepareResourceResponse { devices: vec![], error: "e".into() };
+        assert_eq!(r.encode_to_vec(), vec![0x12, 1, b'e']);
+        // claims = 1 is a map: entries of key 1 and value 2.
+        let u = dra::NodeUnprepareResourcesResponse {
+            claims: HashMap::from([(
+                "u".to_owned(),
+                dra::NodeUnprepareResourceResponse { error: "e".into() },
+            )]),
+        };
+        assert_eq!(u.encode_to_vec(), vec![0x0a, 8, 0x0a, 1, b'u', 0x12, 3, 0x0a, 1, b'e']);
+        let i = pluginregistration::PluginInfo {
+            r#type: "DRAPlugin".into(),
+            name: "n".into(),
+            endpoint: "e".into(),
+            supported_versions: vec!["v".into()],
+        };
+        let mut want = vec![0x0a, 9];
+        want.extend_from_slice(b"DRAPlugin");
+        want.extend_from_slice(&[0x12, 1, b'n', 0x1a, 1, b'e', 0x22, 1, b'v']);
+        assert_eq!(i.encode_to_vec(), want);
+        let s = pluginregistration::RegistrationStatus { plugin_registered: true, error: "x".into() };
+        assert_eq!(s.encode_to_vec(), vec![0x08, 1, 0x12, 1, b'x']);
     }
 }

@@ -1,0 +1,168 @@
+//! The DRA driver's prepared claims on disk: one JSON file per claim, `<uid>.json`, in
+//! `<state_dir>/dra/`, each written durably ([`Root::replace`]) before NodePrepareResources
+//! answers and removed at NodeUnprepareResources.
+//!
+//! ```text
+//! k8s::dra (prepare) ──save──► <state_dir>/dra/<uid>.json ◄──load── nri (CreateContainer:
+//!                                                                   CPUPOOL_CLAIM=<uid>)
+//! ```
+//!
+//! The CPUs themselves are the engine's (the record names the assignments, `dra-<uid>-<n>`);
+//! a record adds what the engine does not keep: the pods the claim is reserved for (whose
+//! containers may use it), the devices answered to the kubelet and their CDI ids. Both
+//! survive a restart of cpupoold and of the kubelet: the kubelet asks to prepare again, and the
+//! record answers the same.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::state::AssignmentId;
+use crate::host::fsutil::{FsError, Root};
+
+/// The records' directory below the state directory.
+pub const DIR: &str = "dra";
+/// The largest record read (a claim has at most 32 results).
+const CAP: u64 = 256 * 1024;
+/// The longest claim uid taken: Kubernetes' are UUIDs (36), and `dra-<uid>-<n>` must stay a
+/// device id (63).
+pub const MAX_UID: usize = 56;
+
+/// One device answered for a claim (the kubelet's `Device`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    /// The claim's requests it serves.
+    pub request_names: Vec<String>,
+    /// The ResourceSlice pool (the node's name).
+    pub pool_name: String,
+    /// The device (`dp-numa0`).
+    pub device_name: String,
+    /// Its CDI device ids.
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// A prepared claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedClaim {
+    /// The claim's uid.
+    pub uid: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The engine's assignments that hold its CPUs.
+    pub assignments: Vec<AssignmentId>,
+    /// The uids of the pods in its `status.reservedFor`: only their containers get its CPUs.
+    pub pods: Vec<String>,
+    /// What the kubelet was answered.
+    pub devices: Vec<PreparedDevice>,
+}
+
+/// Whether `uid` may name a record (and an assignment): 1 to [`MAX_UID`] of `A-Za-z0-9-`.
+pub fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty() && uid.len() <= MAX_UID && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// Why a record could not be read, written or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimsError {
+    /// The file system refused.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The file is no record.
+    #[error("`{file}` is not a prepared claim's record")]
+    Corrupt {
+        /// The file.
+        file: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The uid cannot name a file.
+    #[error("the claim uid `{0}` is not 1-{MAX_UID} characters of A-Z a-z 0-9 -")]
+    Uid(String),
+}
+
+/// The records' directory.
+#[derive(Debug, Clone)]
+pub struct Claims {
+    root: Root,
+}
+
+impl Claims {
+    /// The records below `state_dir`.
+    pub fn new(state_dir: &Path) -> Claims {
+        Claims { root: Root::new(state_dir.join(DIR)) }
+    }
+
+    fn file(uid: &str) -> Result<String, ClaimsError> {
+        if valid_uid(uid) {
+            Ok(format!("{uid}.json"))
+        } else {
+            Err(ClaimsError::Uid(crate::core::echo(uid)))
+        }
+    }
+
+    /// The record of `uid`, if the claim is prepared.
+    pub fn load(&self, uid: &str) -> Result<Option<PreparedClaim>, ClaimsError> {
+        let file = Self::file(uid)?;
+        if !self.root.path().is_dir() {
+            return Ok(None);
+        }
+        let bytes = match self.root.read_regular(&file, CAP) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|source| ClaimsError::Corrupt {
+            file: self.root.path().join(&file).display().to_string(),
+            source,
+        })
+    }
+
+    /// Writes `claim`'s record durably.
+    pub fn save(&self, claim: &PreparedClaim) -> Result<(), ClaimsError> {
+        let file = Self::file(&claim.uid)?;
+        let root = Root::create(self.root.path(), 0o700)?;
+        let data = serde_json::to_vec_pretty(claim).unwrap_or_default();
+        root.replace(&file, &data, 0o600)?;
+        Ok(())
+    }
+
+    /// Removes `uid`'s record, durably; none is no error.
+    pub fn remove(&self, uid: &str) -> Result<(), ClaimsError> {
+        let file = Self::file(uid)?;
+        match self.root.remove_file(&file) {
+            Ok(()) => Ok(self.root.sync_dir("")?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_refuse_path_uids() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let claims = Claims::new(dir.path());
+        assert!(matches!(claims.load("u1"), Ok(None)));
+        let c = PreparedClaim {
+            uid: "u1".into(),
+            namespace: "n".into(),
+            name: "c".into(),
+            assignments: vec![AssignmentId::new("dra-u1-0").unwrap_or_else(|e| panic!("{e}"))],
+            pods: vec!["p1".into()],
+            devices: vec![],
+        };
+        claims.save(&c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(claims.load("u1").unwrap_or_else(|e| panic!("{e}")), Some(c));
+        claims.remove("u1").unwrap_or_else(|e| panic!("{e}"));
+        claims.remove("u1").unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(claims.load("u1"), Ok(None)));
+        assert!(matches!(claims.load("../x"), Err(ClaimsError::Uid(_))));
+        assert!(!valid_uid(&"a".repeat(MAX_UID + 1)));
+    }
+}
