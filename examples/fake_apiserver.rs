@@ -9,6 +9,8 @@
 //!     `serving PORT`, then reads commands from stdin, one per line, answering each with one
 //!     line on stdout:
 //!       put COLLECTION JSON       create or replace an object (as a controller would)  -> ok
+//!       put-claim JSON            create or replace a ResourceClaim (with its status, as the
+//!                                 scheduler leaves it allocated and reserved)          -> ok
 //!       delete COLLECTION NAME                                                         -> ok
 //!       get COLLECTION NAME       the object as stored, or null
 //!       count METHOD PATH-PART    how many requests so far had METHOD and a path containing PATH-PART
@@ -48,6 +50,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Ok(_) => "error: the object has no metadata.name".to_owned(),
                 Err(e) => format!("error: {e}"),
             },
+            (Some("put-claim"), Some(first), rest) => {
+                let json = rest.map_or_else(|| first.to_owned(), |r| format!("{first} {r}"));
+                match serde_json::from_str::<Value>(&json) {
+                    Ok(obj) if obj["metadata"]["namespace"].is_string() && obj["metadata"]["name"].is_string() => {
+                        fake.put_claim(obj);
+                        "ok".to_owned()
+                    }
+                    Ok(_) => "error: the claim has no metadata.namespace and name".to_owned(),
+                    Err(e) => format!("error: {e}"),
+                }
+            }
             (Some("delete"), Some(collection), Some(name)) => {
                 fake.delete(collection, name);
                 "ok".to_owned()

@@ -17,6 +17,13 @@
 //!     as the kubelet's PodResources would from then on, the container holds the devices in
 //!     PODS_JSON (added to its pod, which is added if new). Prints
 //!     {"devices": [...], "envs": {...}}.
+//! kubelet_peer dra-prepare KUBELET_DIR NAMESPACE/NAME/UID
+//!     What the kubelet does for a pod's ResourceClaim: its plugin watcher registers the driver
+//!     whose socket is in KUBELET_DIR/plugins_registry/ (GetInfo, NotifyRegistrationStatus),
+//!     then NodePrepareResources. Prints {"cdi_devices": [...]}, which `cri-create` takes as
+//!     ENVS. A claim the driver refuses fails with its error.
+//! kubelet_peer dra-unprepare KUBELET_DIR NAMESPACE/NAME/UID
+//!     NodeUnprepareResources of the claim.
 //! ```
 //!
 //! The client side of the CRI, against a real runtime (containerd with the systemd cgroup
@@ -54,6 +61,7 @@ use std::time::Instant;
 use cpupoold::host::kubelet::clients::unix_channel;
 use cpupoold::host::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
 use serde_json::{json, Value};
+use test_support::dra;
 use test_support::kubelet::{self, PodSource};
 use tonic::Status;
 
@@ -208,6 +216,39 @@ async fn allocate(
     Ok(json!({ "devices": devices, "envs": envs }))
 }
 
+/// What the kubelet does for a pod's ResourceClaim `NAMESPACE/NAME/UID` at its start
+/// (`prepare`) or end: its plugin watcher registers the driver whose socket is in
+/// `plugins_registry/`, then it calls NodePrepareResources or NodeUnprepareResources. Prints
+/// `{"cdi_devices": [...]}` (what the kubelet hands the runtime), or `{}`; a claim's error fails.
+async fn dra_call(kubelet_dir: &Path, claim: &str, prepare: bool) -> Result<Value, Failure> {
+    let [namespace, name, uid] = claim.splitn(3, '/').collect::<Vec<_>>()[..] else {
+        return Err(format!("`{claim}` is not NAMESPACE/NAME/UID").into());
+    };
+    let registry = kubelet_dir.join("plugins_registry");
+    let socket = std::fs::read_dir(&registry)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with("-reg.sock"))
+        .ok_or_else(|| format!("no registration socket in {}", registry.display()))?;
+    let driver = dra::register(&socket).await?;
+    let claims = vec![dra::claim(namespace, name, uid)];
+    if !prepare {
+        let r = driver.unprepare(claims).await?;
+        return match r.claims.get(uid) {
+            Some(c) if !c.error.is_empty() => Err(c.error.clone().into()),
+            _ => Ok(json!({})),
+        };
+    }
+    let r = driver.prepare(claims).await?;
+    let c = r.claims.get(uid).ok_or_else(|| format!("NodePrepareResources did not answer claim {uid}"))?;
+    if !c.error.is_empty() {
+        return Err(c.error.clone().into());
+    }
+    let mut ids: Vec<&str> = c.devices.iter().flat_map(|d| d.cdi_device_ids.iter().map(String::as_str)).collect();
+    ids.dedup();
+    Ok(json!({ "cdi_devices": ids }))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -215,6 +256,14 @@ async fn main() -> Result<(), Failure> {
         ["serve", dir, runtime, pods] => serve(Path::new(dir), Path::new(runtime), pods.into()).await,
         ["allocate", dir, pool, count, pods, who] => {
             println!("{}", allocate(Path::new(dir), pool, count.parse()?, Path::new(pods), who).await?);
+            Ok(())
+        }
+        ["dra-prepare", dir, claim] => {
+            println!("{}", dra_call(Path::new(dir), claim, true).await?);
+            Ok(())
+        }
+        ["dra-unprepare", dir, claim] => {
+            println!("{}", dra_call(Path::new(dir), claim, false).await?);
             Ok(())
         }
         ["cri-run-pod", sock, pod] => {
@@ -241,6 +290,7 @@ async fn main() -> Result<(), Failure> {
         }
         _ => Err("usage: kubelet_peer serve KUBELET_DIR RUNTIME_SOCKET PODS_JSON | \
                   kubelet_peer allocate KUBELET_DIR POOL COUNT PODS_JSON NAMESPACE/POD/UID/CONTAINER/ID | \
+                  kubelet_peer dra-prepare|dra-unprepare KUBELET_DIR NAMESPACE/NAME/UID | \
                   kubelet_peer cri-run-pod RUNTIME_SOCKET POD | \
                   kubelet_peer cri-create RUNTIME_SOCKET SANDBOX_ID POD CONTAINER IMAGE ENVS -- COMMAND... | \
                   kubelet_peer cri-start|cri-remove|cri-status RUNTIME_SOCKET CONTAINER_ID | \
