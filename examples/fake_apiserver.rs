@@ -53,7 +53,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (Some("put-claim"), Some(first), rest) => {
                 let json = rest.map_or_else(|| first.to_owned(), |r| format!("{first} {r}"));
                 match serde_json::from_str::<Value>(&json) {
-                    Ok(obj) if obj["metadata"]["namespace"].is_string() && obj["metadata"]["name"].is_string() => {
+                    Ok(obj)
+                        if obj["metadata"]["namespace"].is_string()
+                            && obj["metadata"]["name"].is_string() =>
+                    {
                         fake.put_claim(obj);
                         "ok".to_owned()
                     }

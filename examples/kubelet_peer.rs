@@ -244,7 +244,8 @@ async fn dra_call(kubelet_dir: &Path, claim: &str, prepare: bool) -> Result<Valu
     if !c.error.is_empty() {
         return Err(c.error.clone().into());
     }
-    let mut ids: Vec<&str> = c.devices.iter().flat_map(|d| d.cdi_device_ids.iter().map(String::as_str)).collect();
+    let mut ids: Vec<&str> =
+        c.devices.iter().flat_map(|d| d.cdi_device_ids.iter().map(String::as_str)).collect();
     ids.dedup();
     Ok(json!({ "cdi_devices": ids }))
 }

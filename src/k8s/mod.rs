@@ -123,7 +123,18 @@ pub async fn client(opts: &Options) -> Result<Client, K8sError> {
                 .map_err(K8sError::NoConfig)?,
         },
     };
-    Client::try_from(config).map_err(K8sError::Client)
+    Client::try_from(without_tls_roots_for_http(config)).map_err(K8sError::Client)
+}
+
+/// An `http://` API server (a local `kubectl proxy`, a test's fake) is spoken to without TLS,
+/// yet the client still builds its TLS settings, and with no CA in the kubeconfig they come
+/// from the host's CA bundle: a node without one (no `ca-certificates` package) could not
+/// reach the server at all. Such a server gets an empty set of roots, which nothing uses.
+fn without_tls_roots_for_http(mut config: kube::Config) -> kube::Config {
+    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
+        config.root_cert = Some(Vec::new());
+    }
+    config
 }
 
 /// The cluster configuration's state, for the node report.
@@ -262,3 +273,20 @@ impl crate::core::container::ContainerSource for pods::PodIndex {
 
 #[cfg(test)]
 mod deploy_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::without_tls_roots_for_http;
+
+    #[test]
+    fn an_http_server_needs_no_ca_bundle_and_https_keeps_its_roots() {
+        let url = |u: &str| u.parse().unwrap_or_else(|e| panic!("{u}: {e}"));
+        let http = without_tls_roots_for_http(kube::Config::new(url("http://127.0.0.1:8001")));
+        assert_eq!(http.root_cert, Some(Vec::new()));
+        let https = without_tls_roots_for_http(kube::Config::new(url("https://10.0.0.1:6443")));
+        assert_eq!(https.root_cert, None, "the host's CA bundle still checks an https server");
+        let mut given = kube::Config::new(url("http://127.0.0.1:8001"));
+        given.root_cert = Some(vec![vec![1, 2, 3]]);
+        assert_eq!(without_tls_roots_for_http(given).root_cert, Some(vec![vec![1, 2, 3]]));
+    }
+}
