@@ -191,7 +191,7 @@ fn spawn_cluster(
     settings: &Settings,
     pods: &crate::k8s::pods::PodIndex,
 ) -> Option<JoinHandle<()>> {
-    match crate::k8s::Options::from_settings(&settings.k8s) {
+    match crate::k8s::Options::from_settings(&settings.k8s, &settings.kubelet) {
         Ok(k8s_opts) => {
             let (h, path, pods, stopped) =
                 (handle.clone(), path.to_owned(), pods.clone(), stop_flag(tasks, stop));

@@ -5,19 +5,24 @@
 //! API server ◄────┤     → <runtime_dir>/cluster.toml → handle.reload_from_disk() (like SIGHUP)
 //! (kube client,   ├─ pods.rs: pods with spec.nodeName=N → PodIndex → the device plugin's
 //!  rustls)        │     container identity (pod UID, QoS class, container id)
-//!                 └─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
-//!                       field manager cpupoold, at most one write per report_interval)
+//!                 ├─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
+//!                 │     field manager cpupoold, at most one write per report_interval)
+//!                 └─ slices.rs: engine snapshots → this node's ResourceSlices (the pools
+//!                       served by DRA; server-side apply, written only when they change)
 //! ```
 //!
 //! Every task keeps going when the API server is away (watches retry with backoff, the report
 //! is written again when it answers); the local files stay the configuration meanwhile. The
-//! CRD is generated from [`crd`] and shipped as `deploy/crd.yaml`.
+//! CRD is generated from [`crd`] and shipped as `deploy/crd.yaml`, the DRA pools' DeviceClasses
+//! from [`classes`] as `deploy/deviceclasses.yaml`.
 #![deny(missing_docs)]
 
+pub mod classes;
 pub mod config;
 pub mod crd;
 pub mod pods;
 pub mod report;
+pub mod slices;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
@@ -48,11 +53,19 @@ pub struct Options {
     pub namespace: String,
     /// `k8s.report_interval_ms`.
     pub report_interval: Duration,
+    /// The DRA driver's name (`dra.<kubelet.resource_prefix>`).
+    pub driver: String,
+    /// `kubelet.millicpus_per_device`: a shared pool's step, as a device or a DRA request.
+    pub millis_per_device: u64,
 }
 
 impl Options {
-    /// The options for `k8s`, reading the environment and the host name for what it leaves out.
-    pub fn from_settings(k8s: &crate::config::K8s) -> Result<Options, K8sError> {
+    /// The options for `k8s` (and the names `kubelet` gives the pools), reading the environment
+    /// and the host name for what it leaves out.
+    pub fn from_settings(
+        k8s: &crate::config::K8s,
+        kubelet: &crate::config::Kubelet,
+    ) -> Result<Options, K8sError> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let node = match k8s.node_name.clone().or_else(|| env("NODE_NAME")) {
             Some(n) => n,
@@ -70,6 +83,8 @@ impl Options {
             node,
             namespace,
             report_interval: k8s.report_interval,
+            driver: crate::core::dra::driver_name(&kubelet.resource_prefix),
+            millis_per_device: kubelet.millicpus_per_device,
         })
     }
 }
@@ -165,7 +180,7 @@ async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiv
     }
 }
 
-/// Runs the three tasks (configuration, pods, report) until `stop` is set. `source` must read
+/// Runs the four tasks (configuration, pods, report, ResourceSlices) until `stop` is set. `source` must read
 /// [`cluster_file`] as its cluster fragment.
 pub async fn run(
     handle: Handle,
@@ -193,6 +208,12 @@ pub async fn run(
         stop.clone(),
     ));
     let pods_task = tokio::spawn(pods::run(client.clone(), opts.node.clone(), pods.clone(), stop.clone()));
+    let slices_target = slices::Target {
+        node: opts.node.clone(),
+        driver: opts.driver.clone(),
+        millis_per_device: opts.millis_per_device,
+    };
+    let slices_task = tokio::spawn(slices::run(client.clone(), slices_target, handle.clone(), stop.clone()));
     let report_task = tokio::spawn(report::run(
         client,
         opts.node.clone(),
@@ -202,7 +223,13 @@ pub async fn run(
         opts.report_interval,
         stop,
     ));
-    for (name, task) in [("configuration", config_task), ("pods", pods_task), ("report", report_task)] {
+    let tasks = [
+        ("configuration", config_task),
+        ("pods", pods_task),
+        ("report", report_task),
+        ("ResourceSlice", slices_task),
+    ];
+    for (name, task) in tasks {
         if let Err(e) = task.await {
             log::error!("k8s: the {name} task failed: {e}");
         }
