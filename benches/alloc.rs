@@ -34,6 +34,7 @@ fn pool(name: &str, kind: PoolKind, cpus: CpuSet) -> Pool {
         isolate: false,
         kubelet: true,
         enforce_quota: false,
+        dra: false,
     }
 }
 

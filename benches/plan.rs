@@ -51,6 +51,7 @@ fn state(topo: &Topology, n: usize) -> State {
             isolate: false,
             kubelet: false,
             enforce_quota: false,
+            dra: false,
         })
         .collect();
     let mut s = State::with_pools(pools);
