@@ -106,21 +106,14 @@ fn wait_report_pools(fake: &Fake, pools: &[&str]) {
 fn fake_apiserver_dra_slices_follow_the_pools() {
     let dir = tempfile::tempdir().unwrap();
     let sb = dir.path().join("sb");
-    let plugins = sb.join("kubelet/device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::create_dir_all(sb.join("kubelet/pod-resources")).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let registered = Arc::new(Mutex::new(Vec::<String>::new()));
     let _kubelet = {
-        let _guard = rt.enter();
-        let pods = test_support::kubelet::MemoryPods::default();
-        test_support::kubelet::serve_pod_resources(&sb.join("kubelet/pod-resources/kubelet.sock"), pods)
-            .unwrap();
         let registered = registered.clone();
         let registration = test_support::kubelet::Registration::new(move |r| {
             registered.lock().unwrap().push(r.resource_name)
         });
-        test_support::kubelet::Kubelet::serve(&plugins, registration).unwrap()
+        common::kubelet_peer(&rt, &sb, Default::default(), registration)
     };
     let fake = Fake::start();
     fake.put("nodes", json!({"metadata": {"name": NODE}, "spec": {}}));

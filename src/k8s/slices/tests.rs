@@ -1,20 +1,15 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
+use crate::core::pool::PoolName;
 use crate::core::state::State;
 use crate::core::topology::Topology;
 
-fn pool(name: &str, kind: PoolKind, cpus: &str, smt: Smt, dra: bool) -> Pool {
-    Pool {
-        name: PoolName::new(name).unwrap(),
-        kind,
-        cpus: CpuSet::parse(cpus).unwrap(),
-        smt,
-        isolate: kind == PoolKind::Exclusive,
-        kubelet: true,
-        enforce_quota: false,
-        dra,
-    }
+/// The pools `toml` configures on `topo`, with the reserved pool `sys` on `reserved`, as the
+/// daemon resolves them.
+fn state(topo: &Topology, reserved: &str, toml: &str) -> State {
+    let toml = format!("[pools.sys]\nkind = \"reserved\"\ncpus = \"{reserved}\"\n{toml}");
+    let settings = crate::config::load_strs(&[("test.toml", &toml)]).unwrap();
+    State::with_pools(settings.resolve_pools(topo).unwrap())
 }
 
 fn target() -> Target {
@@ -24,13 +19,29 @@ fn target() -> Target {
 /// 2 sockets x 4 cores x 2 threads on 2 NUMA nodes (cores 0-3 on node 0, siblings c, c+8).
 fn host_devices() -> Vec<DraDevice> {
     let t = Topology::synthetic(2, 4, 2, 2);
-    let s = State::with_pools(vec![
-        pool("sys", PoolKind::Reserved, "0,8", Smt::Threads, false),
-        pool("dp", PoolKind::Exclusive, "1-2,9-10,4-5,12-13", Smt::FullCores, true),
-        pool("one", PoolKind::Exclusive, "6", Smt::Threads, true),
-        pool("legacy", PoolKind::Exclusive, "7,15", Smt::FullCores, false),
-        pool("web", PoolKind::Shared, "3,11", Smt::Threads, true),
-    ]);
+    let s = state(
+        &t,
+        "0,8",
+        r#"
+        [pools.dp]
+        kind = "exclusive"
+        cpus = "1-2,9-10,4-5,12-13"
+        isolate = true
+        dra = true
+        [pools.one]
+        kind = "exclusive"
+        cpus = "6"
+        smt = "threads"
+        dra = true
+        [pools.legacy]
+        kind = "exclusive"
+        cpus = "7,15"
+        [pools.web]
+        kind = "shared"
+        cpus = "3,11"
+        dra = true
+        "#,
+    );
     dra::devices(&s, &t, 100)
 }
 
@@ -84,7 +95,7 @@ fn a_slice_lists_the_dra_pools_with_their_attributes_and_capacity() {
 #[test]
 fn a_device_spanning_nodes_has_no_numa_node_and_lists_its_l3_groups() {
     let t = Topology::synthetic(2, 4, 2, 2);
-    let s = State::with_pools(vec![pool("web", PoolKind::Shared, "3,7", Smt::Threads, true)]);
+    let s = state(&t, "0,8", "[pools.web]\nkind = \"shared\"\ncpus = \"3,7\"\ndra = true\n");
     let d = device(&dra::devices(&s, &t, 100)[0]);
     let attrs = d.attributes.unwrap();
     assert!(!attrs.contains_key(dra::ATTR_NUMA), "{attrs:?}");
@@ -121,13 +132,16 @@ fn every_device_stays_within_the_attribute_and_name_limits() {
 fn devices_beyond_128_are_split_into_slices_of_one_generation() {
     // 2 sockets x 128 cores on 8 NUMA nodes (32 CPUs each); 20 pools with a CPU on every node.
     let t = Topology::synthetic(2, 128, 1, 8);
-    let pools: Vec<Pool> = (0..20)
+    let toml: String = (0..20)
         .map(|i| {
             let cpus: Vec<String> = (0..8).map(|n| (n * 32 + i).to_string()).collect();
-            pool(&format!("p{i:02}"), PoolKind::Exclusive, &cpus.join(","), Smt::Threads, true)
+            format!(
+                "[pools.p{i:02}]\nkind = \"exclusive\"\ncpus = \"{}\"\nsmt = \"threads\"\ndra = true\n",
+                cpus.join(",")
+            )
         })
         .collect();
-    let devices = dra::devices(&State::with_pools(pools), &t, 100);
+    let devices = dra::devices(&state(&t, "31", &toml), &t, 100);
     assert_eq!(devices.len(), 160);
     let slices = build("node-a", "dra.cpupool.io", &devices, 7);
     assert_eq!(slices.len(), 2);
