@@ -20,8 +20,11 @@
 //! edited by someone else (the kubelet wipes a node's slices when it starts before the DRA
 //! plugin registers) is seen through the watch and written again. Nothing is written while
 //! what the API server has is what the pools say, and nothing before the first listing, which
-//! also lets a restarted daemon adopt its own slices without a write. With no pool served by
-//! DRA there is no slice: any left from before are deleted.
+//! also lets a restarted daemon adopt its own slices without a write. A slice the API server
+//! still has as this daemon wrote it (the resourceVersion of the write) counts as the spec that
+//! was applied: an API server that drops fields it does not serve (its `DRAConsumableCapacity`
+//! gate off) gets one warning, not a write for every change of the engine. With no pool served
+//! by DRA there is no slice: any left from before are deleted.
 //!
 //! A device carries the attributes `pool`, `kind`, `isolated`, `wholeCores`, `l3Group` (its
 //! one L3 group) or `l3Groups` (a list such as `0-3`), and `resource.kubernetes.io/numaNode`
@@ -240,7 +243,15 @@ pub async fn run(client: Client, target: Target, handle: Handle, mut stop: watch
     let (tx, mut rx) = mpsc::unbounded_channel();
     let watch_task = tokio::spawn(watch_slices(api.clone(), target.clone(), tx, stop.clone()));
     let mut snapshots = handle.watch();
-    let mut writer = Writer { api, target, seen: None, generation: 0, failing: false };
+    let mut writer = Writer {
+        api,
+        target,
+        seen: None,
+        applied: BTreeMap::new(),
+        generation: 0,
+        failing: false,
+        dropped: false,
+    };
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
@@ -298,15 +309,40 @@ async fn watch_slices(
     .await;
 }
 
+/// `seen` with each slice that the API server still has as this daemon wrote it (the
+/// resourceVersion its write returned) taken at the spec that was applied: an API server that
+/// leaves out fields it does not serve (a feature gate off) must not make every later change
+/// of the engine look like a change of the devices.
+pub fn as_applied(
+    seen: &BTreeMap<String, ResourceSlice>,
+    applied: &BTreeMap<String, (String, ResourceSliceSpec)>,
+) -> BTreeMap<String, ResourceSlice> {
+    seen.iter()
+        .map(|(name, s)| {
+            let mut s = s.clone();
+            if let Some((version, spec)) = applied.get(name) {
+                if s.metadata.resource_version.as_ref() == Some(version) {
+                    s.spec = spec.clone();
+                }
+            }
+            (name.clone(), s)
+        })
+        .collect()
+}
+
 /// Writes the slices; remembers what the API server has.
 struct Writer {
     api: Api<ResourceSlice>,
     target: Target,
     /// The slices by name as last listed, watched or written; `None` before the first listing.
     seen: Option<BTreeMap<String, ResourceSlice>>,
+    /// Each slice this daemon wrote: the resourceVersion the write returned, the spec applied.
+    applied: BTreeMap<String, (String, ResourceSliceSpec)>,
     /// The generation last written.
     generation: i64,
     failing: bool,
+    /// Whether the API server was found dropping fields (logged once).
+    dropped: bool,
 }
 
 impl Writer {
@@ -335,41 +371,11 @@ impl Writer {
     /// Makes the API server's slices say `devices`. `Err` when it must be tried again later;
     /// the cause is logged, once per outage.
     async fn sync(&mut self, devices: &[DraDevice]) -> Result<(), ()> {
-        let Some(seen) = self.seen.as_mut() else { return Ok(()) };
-        let Some(plan) = plan(seen, &self.target, devices, self.generation) else { return Ok(()) };
+        let Some(seen) = self.seen.as_ref() else { return Ok(()) };
+        let current = as_applied(seen, &self.applied);
+        let Some(plan) = plan(&current, &self.target, devices, self.generation) else { return Ok(()) };
         self.generation = plan.generation;
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let mut result = Ok(());
-        for slice in &plan.apply {
-            let name = slice.metadata.name.clone().unwrap_or_default();
-            let body = match serde_json::to_value(slice) {
-                Ok(b) => b,
-                Err(e) => {
-                    log::error!("k8s: encoding ResourceSlice {name}: {e}");
-                    return Err(());
-                }
-            };
-            match self.api.patch(&name, &params, &Patch::Apply(body)).await {
-                Ok(written) => drop(seen.insert(name, written)),
-                Err(e) => {
-                    result = Err((format!("applying ResourceSlice {name}"), e));
-                    break;
-                }
-            }
-        }
-        if result.is_ok() {
-            for name in &plan.delete {
-                match self.api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => drop(seen.remove(name)),
-                    Err(kube::Error::Api(r)) if r.code == 404 => drop(seen.remove(name)),
-                    Err(e) => {
-                        result = Err((format!("deleting ResourceSlice {name}"), e));
-                        break;
-                    }
-                }
-            }
-        }
-        match result {
+        match self.write(&plan).await {
             Ok(()) => {
                 if self.failing {
                     log::info!("k8s: the ResourceSlices are written again");
@@ -400,6 +406,41 @@ impl Writer {
                 Err(())
             }
         }
+    }
+
+    /// Applies `plan`'s slices, then deletes the ones left over; stops at the first failure,
+    /// saying what failed.
+    async fn write(&mut self, plan: &Plan) -> Result<(), (String, kube::Error)> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for slice in &plan.apply {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let what = || format!("applying ResourceSlice {name}");
+            let body = serde_json::to_value(slice).map_err(|e| (what(), kube::Error::SerdeError(e)))?;
+            let written =
+                self.api.patch(&name, &params, &Patch::Apply(body)).await.map_err(|e| (what(), e))?;
+            if written.spec != slice.spec && !self.dropped {
+                log::warn!(
+                    "k8s: the API server keeps ResourceSlice {name} otherwise than applied (fields it does not \
+                     serve are dropped: are the DRAConsumableCapacity and DRAExtendedResource feature gates on?)"
+                );
+                self.dropped = true;
+            }
+            let version = written.metadata.resource_version.clone().unwrap_or_default();
+            self.applied.insert(name.clone(), (version, slice.spec.clone()));
+            self.seen.get_or_insert_with(BTreeMap::new).insert(name, written);
+        }
+        for name in &plan.delete {
+            match self.api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(r)) if r.code == 404 => {}
+                Err(e) => return Err((format!("deleting ResourceSlice {name}"), e)),
+            }
+            self.applied.remove(name);
+            if let Some(seen) = self.seen.as_mut() {
+                seen.remove(name);
+            }
+        }
+        Ok(())
     }
 }
 

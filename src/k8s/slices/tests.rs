@@ -210,3 +210,28 @@ fn a_change_bumps_the_generation_and_deletes_what_is_left_over() {
     assert!(last.apply.is_empty());
     assert_eq!(last.delete.len(), 2);
 }
+
+/// An API server that drops the fields of a gate it has off keeps the slice otherwise than it
+/// was applied: that is no change of the devices while the slice is the one written, and one
+/// when someone else wrote it since.
+#[test]
+fn a_slice_kept_without_the_fields_the_server_dropped_is_not_written_again() {
+    let (t, devices) = (target(), host_devices());
+    let applied_slice = build(&t.node, &t.driver, &devices, 1).remove(0);
+    let name = applied_slice.metadata.name.clone().unwrap();
+    let mut kept = applied_slice.clone();
+    kept.metadata.resource_version = Some("7".into());
+    for d in kept.spec.devices.iter_mut().flatten() {
+        d.allow_multiple_allocations = None;
+        for c in d.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+            c.request_policy = None;
+        }
+    }
+    let applied = BTreeMap::from([(name.clone(), ("7".to_owned(), applied_slice.spec.clone()))]);
+    let seen = BTreeMap::from([(name.clone(), kept.clone())]);
+    assert!(plan(&seen, &t, &devices, 1).is_some(), "taken as it is, it differs");
+    assert_eq!(plan(&as_applied(&seen, &applied), &t, &devices, 1), None);
+    kept.metadata.resource_version = Some("8".into());
+    let edited = BTreeMap::from([(name, kept)]);
+    assert_eq!(plan(&as_applied(&edited, &applied), &t, &devices, 1).map(|p| p.generation), Some(2));
+}
