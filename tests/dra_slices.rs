@@ -1,7 +1,7 @@
 //! The DRA pools as this node's ResourceSlices, against the fake API server
 //! (`fake_apiserver/`, `fake_apiserver/slices.rs`: there is no real one on these machines): the
 //! real `cpupoold --sandbox` on a 2-node host publishes its `dra = true` pools and follows their
-//! changes through the varlink API and a reload, writes nothing when nothing about them
+//! changes through the varlink API, a reload and a CPU going offline, writes nothing when nothing about them
 //! changed, puts back a slice deleted behind its back, rides out an API server that fails, and
 //! deletes its slices when no pool is DRA's; a pool without `dra` keeps its device plugin.
 #![cfg(feature = "k8s")]
@@ -86,6 +86,19 @@ fn wait_devices(fake: &Fake, d: &Daemon, want: &[&str]) -> (i64, Vec<Value>) {
             Err(format!("{:?} at generation {generation}\n{}", names(&devices), d.logs()))
         }
     })
+}
+
+/// Waits until `device`'s `cpu` capacity is `value`.
+fn wait_capacity(fake: &Fake, device: &str, value: &str) {
+    wait_for(WAIT, &format!("{device} with cpu {value}"), || {
+        let (_, devs) = devices(fake)?;
+        let d = devs.iter().find(|d| d["name"] == device).ok_or(format!("no {device}: {devs:?}"))?;
+        if d["capacity"]["cpu"]["value"] == value {
+            Ok(())
+        } else {
+            Err(format!("{d}"))
+        }
+    });
 }
 
 /// Waits until the node report lists `pools` (the daemon has published that state).
@@ -174,6 +187,15 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
     v.call("DeletePool", json!({"name": "tmp"})).unwrap();
     wait_report_pools(&fake, &["dp", "legacy", "sys", "web"]);
     assert_eq!(fake.writes("resourceslices"), writes, "slices written though no device changed");
+
+    // CPU 12 goes offline: dp-numa1 offers the 3 CPUs left until it is back.
+    let online = sb.join("sys/devices/system/cpu/online");
+    assert_eq!(std::fs::read_to_string(&online).unwrap().trim(), "0-15");
+    std::fs::write(&online, "0-11,13-15\n").unwrap();
+    wait_capacity(&fake, "dp-numa1", "3");
+    std::fs::write(&online, "0-15\n").unwrap();
+    wait_capacity(&fake, "dp-numa1", "4");
+    let (g1, _) = devices(&fake).unwrap();
 
     // A slice deleted behind the daemon's back (the kubelet wipes a node's slices when it
     // starts) comes back, at a new generation.
