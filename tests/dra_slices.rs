@@ -1,9 +1,10 @@
 //! The DRA pools as this node's ResourceSlices, against the fake API server
 //! (`fake_apiserver/`, `fake_apiserver/slices.rs`: there is no real one on these machines): the
-//! real `cpupoold --sandbox` on a 2-node host publishes its `dra = true` pools and follows their
-//! changes through the varlink API, a reload and a CPU going offline, writes nothing when nothing about them
-//! changed, puts back a slice deleted behind its back, rides out an API server that fails, and
-//! deletes its slices when no pool is DRA's; a pool without `dra` keeps its device plugin.
+//! real `cpupoold --sandbox` on a 2-node host publishes its `dra = true` pools and follows
+//! their changes through the varlink API, a reload and a CPU going offline, writes nothing when
+//! nothing about them changed, puts back a slice deleted behind its back, rides out an API
+//! server that fails, and deletes its slices when no pool is DRA's; a pool without `dra` keeps
+//! its device plugin.
 #![cfg(feature = "k8s")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
