@@ -198,8 +198,8 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
     wait_capacity(&fake, "dp-numa1", "4");
     let (g1, _) = devices(&fake).unwrap();
 
-    // A slice deleted behind the daemon's back (the kubelet wipes a node's slices when it
-    // starts) comes back, at a new generation.
+    // A slice deleted behind the daemon's back (the kubelet removes its node's slices of a
+    // driver whose plugin is not registered) comes back, at a new generation.
     fake.delete("resourceslices", "node-a-dra.cpupool.io-0");
     let (g2, _) = wait_devices(&fake, &d, &["dp-numa0", "dp-numa1", "web"]);
     assert!(g2 > g1, "{g2} after {g1}");

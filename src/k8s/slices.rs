@@ -17,8 +17,8 @@
 //! `<node>-<driver>-<i>`; a node with more devices than that (pools × NUMA nodes over 128)
 //! gets several slices of one generation, each with `resourceSliceCount` saying how many.
 //! Every change of the devices bumps the pool's generation in all of them; a slice deleted or
-//! edited by someone else (the kubelet wipes a node's slices when it starts before the DRA
-//! plugin registers) is seen through the watch and written again. Nothing is written while
+//! edited by someone else (the kubelet removes its node's slices of a driver whose plugin is
+//! not registered with it) is seen through the watch and written again. Nothing is written while
 //! what the API server has is what the pools say, and nothing before the first listing, which
 //! also lets a restarted daemon adopt its own slices without a write. A slice the API server
 //! still has as this daemon wrote it (the resourceVersion of the write) counts as the spec that
