@@ -134,7 +134,7 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
     let d = start(dir.path(), &fake);
 
     // One slice: a device per (DRA pool, NUMA node), the pool named after the node.
-    let (g1, devs) = wait_devices(&fake, &d, &["dp-numa0", "dp-numa1", "web"]);
+    let (_, devs) = wait_devices(&fake, &d, &["dp-numa0", "dp-numa1", "web"]);
     let slice = &fake.slices(NODE)[0];
     assert_eq!(slice["metadata"]["name"], "node-a-dra.cpupool.io-0");
     assert_eq!(slice["spec"]["driver"], "dra.cpupool.io");

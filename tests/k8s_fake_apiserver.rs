@@ -423,8 +423,6 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
             node: NODE.into(),
             namespace: NS.into(),
             report_interval: Duration::from_millis(100),
-            driver: "dra.cpupool.io".into(),
-            millis_per_device: 100,
         };
         rt.spawn(async move {
             let client = cpupoold::k8s::client(&opts).await.unwrap();

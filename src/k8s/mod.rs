@@ -53,19 +53,11 @@ pub struct Options {
     pub namespace: String,
     /// `k8s.report_interval_ms`.
     pub report_interval: Duration,
-    /// The DRA driver's name (`dra.<kubelet.resource_prefix>`).
-    pub driver: String,
-    /// `kubelet.millicpus_per_device`: a shared pool's step, as a device or a DRA request.
-    pub millis_per_device: u64,
 }
 
 impl Options {
-    /// The options for `k8s` (and the names `kubelet` gives the pools), reading the environment
-    /// and the host name for what it leaves out.
-    pub fn from_settings(
-        k8s: &crate::config::K8s,
-        kubelet: &crate::config::Kubelet,
-    ) -> Result<Options, K8sError> {
+    /// The options for `k8s`, reading the environment and the host name for what it leaves out.
+    pub fn from_settings(k8s: &crate::config::K8s) -> Result<Options, K8sError> {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let node = match k8s.node_name.clone().or_else(|| env("NODE_NAME")) {
             Some(n) => n,
@@ -83,8 +75,6 @@ impl Options {
             node,
             namespace,
             report_interval: k8s.report_interval,
-            driver: crate::core::dra::driver_name(&kubelet.resource_prefix),
-            millis_per_device: kubelet.millicpus_per_device,
         })
     }
 }
@@ -180,13 +170,14 @@ async fn client_when_ready(opts: &Options, stop: &mut tokio::sync::watch::Receiv
     }
 }
 
-/// Runs the four tasks (configuration, pods, report, ResourceSlices) until `stop` is set. `source` must read
-/// [`cluster_file`] as its cluster fragment.
+/// Runs the four tasks (configuration, pods, report, this node's ResourceSlices for `slices`)
+/// until `stop` is set. `source` must read [`cluster_file`] as its cluster fragment.
 pub async fn run(
     handle: Handle,
     source: ConfigSource,
     cluster_path: PathBuf,
     opts: Options,
+    slices: slices::Target,
     pods: pods::PodIndex,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), K8sError> {
@@ -208,12 +199,7 @@ pub async fn run(
         stop.clone(),
     ));
     let pods_task = tokio::spawn(pods::run(client.clone(), opts.node.clone(), pods.clone(), stop.clone()));
-    let slices_target = slices::Target {
-        node: opts.node.clone(),
-        driver: opts.driver.clone(),
-        millis_per_device: opts.millis_per_device,
-    };
-    let slices_task = tokio::spawn(slices::run(client.clone(), slices_target, handle.clone(), stop.clone()));
+    let slices_task = tokio::spawn(slices::run(client.clone(), slices, handle.clone(), stop.clone()));
     let report_task = tokio::spawn(report::run(
         client,
         opts.node.clone(),

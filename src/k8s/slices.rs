@@ -74,6 +74,18 @@ pub struct Target {
     pub millis_per_device: u64,
 }
 
+impl Target {
+    /// The slices of `node`, under the driver and steps `kubelet` names
+    /// (`kubelet.resource_prefix`, `kubelet.millicpus_per_device`).
+    pub fn new(node: &str, kubelet: &crate::config::Kubelet) -> Target {
+        Target {
+            node: node.to_owned(),
+            driver: dra::driver_name(&kubelet.resource_prefix),
+            millis_per_device: kubelet.millicpus_per_device,
+        }
+    }
+}
+
 /// The devices this node serves now: [`dra::devices`], each one's capacity cut to the CPUs a
 /// container can be given (online, in the kubelet's pod cgroup). A device whose capacity falls
 /// below one step is left out until its CPUs come back.
