@@ -260,3 +260,35 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
     );
     d.stop();
 }
+
+/// A restarted daemon finds its slices as it left them and adopts them: no write at start, so
+/// the next change is the very next generation, in one write.
+#[test]
+fn fake_apiserver_dra_slices_are_adopted_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    fake.put("nodes", json!({"metadata": {"name": NODE}, "spec": {}}));
+    let d = start(dir.path(), &fake);
+    let (g1, _) = wait_devices(&fake, &d, &["dp-numa0", "dp-numa1", "web"]);
+    d.stop();
+    let writes = fake.writes("resourceslices");
+    let slice_watches =
+        || fake.count(|r| r.is_watch() && r.method == "GET" && r.path.ends_with("/resourceslices"));
+    let watched = slice_watches();
+
+    // The new daemon lists its slices (its watch follows the listing) before the pools change.
+    let d = start(dir.path(), &fake);
+    wait_for(WAIT, "the slices listed and watched", || {
+        if slice_watches() > watched {
+            Ok(())
+        } else {
+            Err(d.logs())
+        }
+    });
+    let mut v = Varlink::connect(&d.varlink);
+    v.call("ResizePool", json!({"name": "dp", "cpus": "1-2,9-10"})).unwrap();
+    let (g2, _) = wait_devices(&fake, &d, &["dp-numa0", "web"]);
+    assert_eq!(g2, g1 + 1, "the restart wrote the slices again\n{}", d.logs());
+    assert_eq!(fake.writes("resourceslices"), writes + 1, "one write for the resize");
+    d.stop();
+}
