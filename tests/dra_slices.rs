@@ -292,3 +292,33 @@ fn fake_apiserver_dra_slices_are_adopted_after_a_restart() {
     assert_eq!(fake.writes("resourceslices"), writes + 1, "one write for the resize");
     d.stop();
 }
+
+/// An API server with the `DRAConsumableCapacity` gate off keeps the slices without its fields:
+/// the daemon says so once and writes again only when the devices change, not on every change
+/// of the engine.
+#[test]
+fn fake_apiserver_dra_slices_without_consumable_capacity_are_not_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    fake.consumable_capacity_off();
+    fake.put("nodes", json!({"metadata": {"name": NODE}, "spec": {}}));
+    let d = start(dir.path(), &fake);
+    let (g1, devs) = wait_devices(&fake, &d, &["dp-numa0", "dp-numa1", "web"]);
+    assert_eq!(devs[0].get("allowMultipleAllocations"), None, "{}", devs[0]);
+    let writes = fake.writes("resourceslices");
+
+    // Engine changes that leave the devices alone: an assignment, a pool without dra.
+    let mut v = Varlink::connect(&d.varlink);
+    std::fs::create_dir_all(d.sb.join("cgroup/work/a0")).unwrap();
+    v.call("Assign", json!({"pool": "web", "target": "cgroup:work/a0", "millicpus": 200})).unwrap();
+    v.call("CreatePool", json!({"name": "tmp", "kind": "exclusive", "cpus": "7,15"})).unwrap();
+    wait_report_pools(&fake, &["dp", "legacy", "sys", "tmp", "web"]);
+    assert_eq!(fake.writes("resourceslices"), writes, "slices written again though no device changed");
+
+    v.call("ResizePool", json!({"name": "dp", "cpus": "1-2,9-10"})).unwrap();
+    let (g2, _) = wait_devices(&fake, &d, &["dp-numa0", "web"]);
+    assert_eq!((g2, fake.writes("resourceslices")), (g1 + 1, writes + 1));
+    let logs = d.logs();
+    assert_eq!(logs.matches("feature gates on?").count(), 1, "{logs}");
+    d.stop();
+}

@@ -65,6 +65,8 @@ struct State {
     compacted: BTreeMap<String, u64>,
     requests: Vec<Request>,
     faults: Vec<Fault>,
+    /// The `DRAConsumableCapacity` feature gate is off (see [`slices`]).
+    consumable_capacity_off: bool,
 }
 
 /// The fake server; it runs on a thread of its own until dropped.

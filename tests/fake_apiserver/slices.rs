@@ -16,7 +16,9 @@
 //! - `DELETE .../NAME` removes it (`200` with the object, `404` when there is none).
 //!
 //! Every change goes to the watch log, so watches see it, and `metadata.generation` counts the
-//! spec's changes as the API server does.
+//! spec's changes as the API server does. [`Fake::consumable_capacity_off`] drops the fields of
+//! that feature gate (`allowMultipleAllocations`, `capacity.*.requestPolicy`) from what is
+//! stored, as an API server with the gate off does with fields no stored object uses.
 
 use std::sync::{Arc, Mutex};
 
@@ -136,13 +138,26 @@ fn apply(
         json!({"metadata": {"name": name, "uid": format!("uid-{coll}-{name}"), "generation": 0,
                             "creationTimestamp": "2026-11-27T00:00:00Z"}})
     });
-    if obj["spec"] != patch["spec"] {
-        let generation = obj["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
-        obj["metadata"]["generation"] = json!(generation);
-    }
+    let before = obj["spec"].clone();
     obj["apiVersion"] = json!(API_VERSION);
     obj["kind"] = json!(kind);
     obj["spec"] = patch["spec"].clone();
+    if s.consumable_capacity_off {
+        for d in obj["spec"]["devices"].as_array_mut().into_iter().flatten() {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("allowMultipleAllocations");
+            }
+            for c in d["capacity"].as_object_mut().into_iter().flat_map(|c| c.values_mut()) {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("requestPolicy");
+                }
+            }
+        }
+    }
+    if obj["spec"] != before {
+        let generation = obj["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
+        obj["metadata"]["generation"] = json!(generation);
+    }
     obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
     // With force, the applier takes every field: it is the one manager left.
     obj["metadata"]["managedFields"] = json!([{"manager": manager, "operation": "Apply", "apiVersion": API_VERSION, "fieldsType": "FieldsV1"}]);
@@ -219,6 +234,12 @@ fn validate_slice(spec: &Value, old: Option<&Value>) -> Result<(), String> {
 }
 
 impl Fake {
+    /// Turns the `DRAConsumableCapacity` feature gate off: its fields are dropped from the
+    /// slices applied from now on.
+    pub fn consumable_capacity_off(&self) {
+        self.state.lock().unwrap().consumable_capacity_off = true;
+    }
+
     /// The ResourceSlices of `node`, in name order.
     pub fn slices(&self, node: &str) -> Vec<Value> {
         let s = self.state.lock().unwrap();
