@@ -175,6 +175,23 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
     });
     let r = registered.lock().unwrap().clone();
     assert!(!r.iter().any(|n| n == "cpupool.io/dp" || n == "cpupool.io/web"), "{r:?}");
+    // The node report says which way each pool is offered.
+    let status = wait_for(WAIT, "a report", || fake.status(NODE).ok_or_else(|| "none".to_owned()));
+    let served: Vec<(&str, &Value)> = status["pools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| (p["name"].as_str().unwrap_or(""), &p["servedBy"]))
+        .collect();
+    assert_eq!(
+        served,
+        [
+            ("dp", &json!("dra")),
+            ("legacy", &json!("devicePlugin")),
+            ("sys", &Value::Null),
+            ("web", &json!("dra"))
+        ]
+    );
 
     // Nothing about the devices changes: an assignment, a pool without dra created and
     // deleted. The report (written from the same snapshots) shows each; no slice is written.
