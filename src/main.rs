@@ -55,6 +55,11 @@ struct Args {
     #[cfg(feature = "k8s")]
     #[arg(long)]
     print_crd: bool,
+    /// Print the DeviceClasses of the pools with dra = true in the configuration files
+    /// (deploy/deviceclasses.yaml holds the example pools') and exit.
+    #[cfg(feature = "k8s")]
+    #[arg(long)]
+    print_deviceclasses: bool,
 }
 
 /// The async runtime's worker threads (the engine has a thread of its own).
@@ -84,6 +89,19 @@ fn main() -> ExitCode {
         Ok(loaded) => loaded,
         Err(e) => return fail(&e),
     };
+    #[cfg(feature = "k8s")]
+    if args.print_deviceclasses {
+        return match cpupoold::k8s::classes::classes_yaml(&settings) {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cpupoold: generating the DeviceClasses: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.log_level.is_none() {
         log::set_max_level(settings.log_level);
     }

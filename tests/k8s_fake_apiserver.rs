@@ -474,17 +474,11 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     let dir = tempfile::tempdir().unwrap();
     let sb = dir.path().join("sb");
     let plugins = sb.join("kubelet/device-plugins");
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::create_dir_all(sb.join("kubelet/pod-resources")).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     // The kubelet's side the device plugin needs: registration and PodResources (no CRI
     // socket, so only the pod watch can tell which container holds the devices).
     let pods = MemoryPods::default();
-    let _kubelet = {
-        let _guard = rt.enter();
-        kubelet::serve_pod_resources(&sb.join("kubelet/pod-resources/kubelet.sock"), pods.clone()).unwrap();
-        kubelet::Kubelet::serve(&plugins, kubelet::Registration::new(|_| {})).unwrap()
-    };
+    let _kubelet = common::kubelet_peer(&rt, &sb, pods.clone(), kubelet::Registration::new(|_| {}));
     let fake = Fake::start();
     fake.put("nodes", node(None));
     let uid = "5e1f-0001";

@@ -183,7 +183,8 @@ fn spawn_plugin(
     })
 }
 
-/// The cluster integration: configuration from ConfigMaps, the pod watch, the node report.
+/// The cluster integration: configuration from ConfigMaps, the pod watch, the node report, the
+/// ResourceSlices of the pools served by DRA.
 #[cfg(feature = "k8s")]
 fn spawn_cluster(
     tasks: &TaskTracker,
@@ -198,8 +199,9 @@ fn spawn_cluster(
         Ok(k8s_opts) => {
             let (h, path, pods, stopped) =
                 (handle.clone(), path.to_owned(), pods.clone(), stop_flag(tasks, stop));
+            let slices = crate::k8s::slices::Target::new(&k8s_opts.node, &settings.kubelet);
             Some(tasks.spawn(async move {
-                if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, pods, stopped).await {
+                if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, slices, pods, stopped).await {
                     log::error!("k8s: {}; the local configuration files alone apply", crate::error_chain(&e));
                 }
             }))

@@ -81,6 +81,10 @@ pub struct PoolStatus {
     /// invalid (...)`), when the pool has a slice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<String>,
+    /// How the kubelet is offered the pool: `devicePlugin`, or `dra` (this node's
+    /// ResourceSlices); absent when it is not (`kubelet = false`, the reserved pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<String>,
 }
 
 /// One assignment.

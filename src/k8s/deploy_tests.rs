@@ -1,11 +1,13 @@
 //! The files under `deploy/`: each document parses as the Kubernetes type its `kind` names, the
-//! CRD is the one generated from [`super::crd`], and the examples load as configuration.
+//! CRD is the one generated from [`super::crd`], the DeviceClasses those [`super::classes`] makes
+//! of the example DRA pools, and the examples load as configuration.
 
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::de::DeserializeOwned;
 
@@ -50,6 +52,7 @@ fn parse_all(rel: &str) -> Vec<String> {
             "DaemonSet" => drop(typed::<DaemonSet>(rel, v)),
             "Pod" => drop(typed::<Pod>(rel, v)),
             "CustomResourceDefinition" => drop(typed::<CustomResourceDefinition>(rel, v)),
+            "DeviceClass" => drop(typed::<DeviceClass>(rel, v)),
             other => panic!("{rel}: unexpected kind {other}"),
         }
     }
@@ -80,7 +83,8 @@ fn every_manifest_parses_as_its_kind() {
         ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
     );
     assert_eq!(parse_all("daemonset.yaml"), ["ConfigMap", "DaemonSet"]);
-    assert_eq!(parse_all("configmap-example.yaml"), ["ConfigMap", "ConfigMap"]);
+    assert_eq!(parse_all("configmap-example.yaml"), ["ConfigMap", "ConfigMap", "ConfigMap"]);
+    assert_eq!(parse_all("deviceclasses.yaml"), ["DeviceClass", "DeviceClass"]);
     assert_eq!(parse_all("examples/pod-exclusive.yaml"), ["Pod"]);
     assert_eq!(parse_all("examples/pod-shared.yaml"), ["Pod"]);
 }
@@ -126,6 +130,11 @@ fn the_rbac_grants_exactly_what_the_daemon_uses() {
     assert_eq!(verbs("pods"), ["list", "watch"]);
     assert_eq!(verbs("cpupoolnodes"), ["create", "patch"]);
     assert_eq!(verbs("cpupoolnodes/status"), ["patch"]);
+    // DRA: this node's ResourceSlices (watched, applied, the left-over ones deleted), the
+    // claims the kubelet plugin prepares, the classes their requests name.
+    assert_eq!(verbs("resourceslices"), ["get", "list", "watch", "create", "update", "patch", "delete"]);
+    assert_eq!(verbs("resourceclaims"), ["get", "list", "watch"]);
+    assert_eq!(verbs("deviceclasses"), ["get", "list", "watch"]);
     let role: Role = typed("rbac.yaml", &docs[4].1);
     let rule = &role.rules.unwrap_or_default()[0];
     assert_eq!(
@@ -134,22 +143,79 @@ fn the_rbac_grants_exactly_what_the_daemon_uses() {
     );
 }
 
-#[test]
-fn the_example_configmaps_load_over_the_bootstrap_config() {
+/// Each example ConfigMap's settings, loaded over the bootstrap configuration: (name, settings).
+fn example_settings() -> Vec<(String, crate::config::Settings)> {
     let ds = documents("daemonset.yaml");
     let bootstrap: ConfigMap = typed("daemonset.yaml", &ds[0].1);
     let bootstrap = bootstrap.data.unwrap_or_default();
     let base =
         bootstrap.get("10-k8s.toml").unwrap_or_else(|| panic!("10-k8s.toml in the bootstrap ConfigMap"));
+    documents("configmap-example.yaml")
+        .into_iter()
+        .map(|(_, v)| {
+            let cm: ConfigMap = typed("configmap-example.yaml", &v);
+            let name = cm.metadata.name.clone().unwrap_or_default();
+            assert!(name.starts_with(super::config::PREFIX), "{name}");
+            let text = cm.data.unwrap_or_default().remove(super::config::KEY).unwrap_or_default();
+            let settings = crate::config::load_strs(&[("10-k8s.toml", base), (&name, &text)])
+                .unwrap_or_else(|e| panic!("{name}: {}", crate::error_chain(&e)));
+            (name, settings)
+        })
+        .collect()
+}
+
+#[test]
+fn the_example_configmaps_load_over_the_bootstrap_config() {
     let topo = Topology::synthetic(1, 8, 2, 1);
-    for (_, v) in documents("configmap-example.yaml") {
-        let cm: ConfigMap = typed("configmap-example.yaml", &v);
-        let name = cm.metadata.name.clone().unwrap_or_default();
-        assert!(name.starts_with(super::config::PREFIX), "{name}");
-        let text = cm.data.unwrap_or_default().remove(super::config::KEY).unwrap_or_default();
-        let settings = crate::config::load_strs(&[("10-k8s.toml", base), (&name, &text)])
-            .unwrap_or_else(|e| panic!("{name}: {}", crate::error_chain(&e)));
+    for (name, settings) in example_settings() {
         assert!(settings.k8s.enabled);
         settings.resolve_pools(&topo).unwrap_or_else(|e| panic!("{name}: {}", crate::error_chain(&e)));
     }
+}
+
+#[test]
+fn the_shipped_deviceclasses_are_those_of_the_example_dra_pools() {
+    let (_, settings) = example_settings()
+        .into_iter()
+        .find(|(name, _)| name == "cpupoold-config.group.dra")
+        .unwrap_or_else(|| panic!("the example ConfigMap cpupoold-config.group.dra"));
+    let generated = super::classes::classes_yaml(&settings).unwrap_or_else(|e| panic!("{e}"));
+    let shipped = std::fs::read_to_string(deploy("deviceclasses.yaml")).unwrap_or_default();
+    assert!(
+        shipped == generated,
+        "deploy/deviceclasses.yaml differs from the DeviceClasses of cpupoold-config.group.dra's pools \
+         (src/k8s/classes.rs); write this to it:\n{generated}"
+    );
+    let docs = documents("deviceclasses.yaml");
+    let classes: Vec<DeviceClass> = docs.iter().map(|(_, v)| typed("deviceclasses.yaml", v)).collect();
+    let summary: Vec<(Option<&str>, Option<&str>, Option<&str>)> = classes
+        .iter()
+        .map(|c| {
+            let selector = c.spec.selectors.as_deref().and_then(|s| s.first()).and_then(|s| s.cel.as_ref());
+            (
+                c.metadata.name.as_deref(),
+                c.spec.extended_resource_name.as_deref(),
+                selector.map(|s| s.expression.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                Some("dp.dra.cpupool.io"),
+                Some("cpupool.io/dp"),
+                Some(
+                    r#"device.driver == "dra.cpupool.io" && device.attributes["dra.cpupool.io"].pool == "dp""#
+                )
+            ),
+            (
+                Some("shared.dra.cpupool.io"),
+                Some("cpupool.io/shared"),
+                Some(
+                    r#"device.driver == "dra.cpupool.io" && device.attributes["dra.cpupool.io"].pool == "shared""#
+                )
+            ),
+        ]
+    );
 }

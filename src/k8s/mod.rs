@@ -7,20 +7,25 @@
 //!  rustls)        │     container identity (pod UID, QoS class, container id)
 //!                 ├─ report.rs: engine events → CpuPoolNode/N status (server-side apply,
 //!                 │     field manager cpupoold, at most one write per report_interval)
+//!                 ├─ slices.rs: engine snapshots → this node's ResourceSlices (the pools
+//!                 │     served by DRA; server-side apply, written only when they change)
 //!                 └─ dra/: the DRA driver's kubelet plugin: ResourceClaims read at
 //!                       NodePrepareResources, booked as one engine transaction, CDI specs
 //! ```
 //!
 //! Every task keeps going when the API server is away (watches retry with backoff, the report
 //! is written again when it answers); the local files stay the configuration meanwhile. The
-//! CRD is generated from [`crd`] and shipped as `deploy/crd.yaml`.
+//! CRD is generated from [`crd`] and shipped as `deploy/crd.yaml`, the DRA pools' DeviceClasses
+//! from [`classes`] as `deploy/deviceclasses.yaml`.
 #![deny(missing_docs)]
 
+pub mod classes;
 pub mod config;
 pub mod crd;
 pub mod dra;
 pub mod pods;
 pub mod report;
+pub mod slices;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
@@ -182,13 +187,14 @@ pub(crate) async fn client_when_ready(
     }
 }
 
-/// Runs the three tasks (configuration, pods, report) until `stop` is set. `source` must read
-/// [`cluster_file`] as its cluster fragment.
+/// Runs the four tasks (configuration, pods, report, this node's ResourceSlices for `slices`)
+/// until `stop` is set. `source` must read [`cluster_file`] as its cluster fragment.
 pub async fn run(
     handle: Handle,
     source: ConfigSource,
     cluster_path: PathBuf,
     opts: Options,
+    slices: slices::Target,
     pods: pods::PodIndex,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), K8sError> {
@@ -210,6 +216,7 @@ pub async fn run(
         stop.clone(),
     ));
     let pods_task = tokio::spawn(pods::run(client.clone(), opts.node.clone(), pods.clone(), stop.clone()));
+    let slices_task = tokio::spawn(slices::run(client.clone(), slices, handle.clone(), stop.clone()));
     let report_task = tokio::spawn(report::run(
         client,
         opts.node.clone(),
@@ -219,7 +226,13 @@ pub async fn run(
         opts.report_interval,
         stop,
     ));
-    for (name, task) in [("configuration", config_task), ("pods", pods_task), ("report", report_task)] {
+    let tasks = [
+        ("configuration", config_task),
+        ("pods", pods_task),
+        ("report", report_task),
+        ("ResourceSlice", slices_task),
+    ];
+    for (name, task) in tasks {
         if let Err(e) = task.await {
             log::error!("k8s: the {name} task failed: {e}");
         }

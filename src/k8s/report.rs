@@ -84,7 +84,8 @@ pub fn build_status(
     }
 }
 
-/// Each pool: its kind, CPUs, what is free, and its partition as the kernel reports it.
+/// Each pool: its kind, CPUs, what is free, its partition as the kernel reports it, and
+/// whether the device plugin or DRA offers it to the kubelet.
 fn pool_statuses(snap: &Snapshot) -> Vec<PoolStatus> {
     let state = &snap.state;
     state
@@ -99,6 +100,11 @@ fn pool_statuses(snap: &Snapshot) -> Vec<PoolStatus> {
                 free: state.free_cpus(p).to_string(),
                 free_millicpus: shared.then(|| state.free_millis(p)),
                 partition: snap.partitions.get(&p.name).cloned(),
+                served_by: match (p.served_by_device_plugin(), p.served_by_dra()) {
+                    (true, _) => Some("devicePlugin".to_owned()),
+                    (_, true) => Some("dra".to_owned()),
+                    _ => None,
+                },
             }
         })
         .collect()

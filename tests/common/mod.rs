@@ -342,3 +342,20 @@ impl Varlink {
         }
     }
 }
+
+/// The kubelet's side the device plugin needs, for the sandbox `sb`, served on `rt`: the
+/// registration socket in `sb/kubelet/device-plugins` (each Register handed to `registration`)
+/// and PodResources in `sb/kubelet/pod-resources` answered from `pods`. No CRI socket.
+pub fn kubelet_peer(
+    rt: &tokio::runtime::Runtime,
+    sb: &Path,
+    pods: test_support::kubelet::MemoryPods,
+    registration: test_support::kubelet::Registration,
+) -> test_support::kubelet::Kubelet {
+    let plugins = sb.join("kubelet/device-plugins");
+    fs::create_dir_all(&plugins).unwrap();
+    fs::create_dir_all(sb.join("kubelet/pod-resources")).unwrap();
+    let _guard = rt.enter();
+    test_support::kubelet::serve_pod_resources(&sb.join("kubelet/pod-resources/kubelet.sock"), pods).unwrap();
+    test_support::kubelet::Kubelet::serve(&plugins, registration).unwrap()
+}

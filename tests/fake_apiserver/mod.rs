@@ -10,6 +10,7 @@
 //!   sends it; [`Fake::drop_watches`] cuts every open watch mid-stream;
 //! - `PATCH` (server-side apply) of `cpupoolnodes/NAME` creates or updates the object, and of
 //!   `cpupoolnodes/NAME/status` sets its status (`404` while the object does not exist);
+//! - `resource.k8s.io/v1` ResourceSlices and DeviceClasses: see [`slices`];
 //! - [`Fake::fail_next`] answers the next matching requests with a `Status` error (401, 409...),
 //!   [`Fake::fail_next_watches`] only the watch requests (410 on the watch request itself).
 //!
@@ -19,6 +20,7 @@
 #![allow(dead_code)]
 
 pub mod claims;
+mod slices;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -66,6 +68,8 @@ struct State {
     compacted: BTreeMap<String, u64>,
     requests: Vec<Request>,
     faults: Vec<Fault>,
+    /// The `DRAConsumableCapacity` feature gate is off (see [`slices`]).
+    consumable_capacity_off: bool,
 }
 
 /// The fake server; it runs on a thread of its own until dropped.
@@ -281,7 +285,7 @@ fn collection(path: &str) -> Option<(&'static str, &'static str)> {
         p if p.starts_with("/api/v1/namespaces/") && p.ends_with("/configmaps") => {
             Some(("configmaps", "ConfigMap"))
         }
-        _ => None,
+        p => slices::collection(p),
     }
 }
 
@@ -290,6 +294,7 @@ fn selected(obj: &Value, query: &BTreeMap<String, String>) -> bool {
     sel.split(',').all(|term| match term.split_once('=') {
         Some(("metadata.name", v)) => obj["metadata"]["name"] == v,
         Some(("spec.nodeName", v)) => obj["spec"]["nodeName"] == v,
+        Some(("spec.driver", v)) => obj["spec"]["driver"] == v,
         _ => true,
     })
 }
@@ -382,6 +387,10 @@ async fn serve(
 
         let claim = claims::get(&req, &state.lock().unwrap());
         if let Some((code, body)) = claim {
+            respond(sock, code, &body).await?;
+            continue;
+        }
+        if let Some((code, body)) = slices::answer(&req, &state, &events) {
             respond(sock, code, &body).await?;
             continue;
         }
@@ -484,7 +493,9 @@ async fn stream_watch(
     }
     let with_kind = |mut o: Value| {
         o["kind"] = json!(kind);
-        o["apiVersion"] = json!("v1");
+        if o.get("apiVersion").is_none() {
+            o["apiVersion"] = json!("v1");
+        }
         o
     };
     let mut last = from;
