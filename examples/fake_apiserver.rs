@@ -13,6 +13,7 @@
 //!                                 scheduler leaves it allocated and reserved)          -> ok
 //!       delete COLLECTION NAME                                                         -> ok
 //!       get COLLECTION NAME       the object as stored, or null
+//!       slices NODE               the node's ResourceSlices, as a JSON list
 //!       count METHOD PATH-PART    how many requests so far had METHOD and a path containing PATH-PART
 //!     It ends at the end of its input.
 //! ```
@@ -71,6 +72,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (Some("get"), Some(collection), Some(name)) => {
                 fake.object(collection, name).map_or_else(|| "null".to_owned(), |o| o.to_string())
             }
+            (Some("slices"), Some(node), None) => serde_json::to_string(&fake.slices(node))
+                .unwrap_or_else(|e| format!("error: {e}")),
             (Some("count"), Some(method), Some(part)) => {
                 fake.count(|r| r.method == method && r.path.contains(part)).to_string()
             }

@@ -37,12 +37,18 @@ fake_cmd() {
   wait_for 10 sh -c "[ \$(wc -l </run/fake.out) -gt $n ]" || return 1
   tail -n 1 /run/fake.out
 }
+# fake_slices: the node's ResourceSlices as the fake API server holds them.
+fake_slices() { fake_cmd "slices $NODE"; }
 # claim NAME UID CPUS POD_UID: a claim of dp-numa0 allocated by the scheduler, as the API holds it.
 claim() {
   printf 'put-claim {"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"namespace":"default","name":"%s","uid":"%s"},"spec":{"devices":{"requests":[{"name":"cpus","exactly":{"deviceClassName":"dp.%s"}}]}},"status":{"allocation":{"devices":{"results":[{"driver":"%s","pool":"%s","device":"dp-numa0","request":"cpus","consumedCapacity":{"cpu":"%s"},"shareID":"a1b2c"}]}},"reservedFor":[{"resource":"pods","name":"%s","uid":"%s"}]}}' \
     "$1" "$2" $DRIVER $DRIVER $NODE "$3" "$1-pod" "$4"
 }
 
+# The packaged unit opens no internet socket; the cluster integration needs one (docs/interfaces.md).
+mkdir -p /etc/systemd/system/cpupoold.service.d
+printf '[Service]\nRestrictAddressFamilies=AF_INET AF_INET6\n' >/etc/systemd/system/cpupoold.service.d/50-k8s.conf
+systemctl daemon-reload
 vm_pools "dra = true
 [kubelet]
 release_grace_ms = 600000
@@ -55,8 +61,9 @@ mkdir -p $KD/plugins_registry $KD/plugins
 check "restart cpupoold with dp served by DRA" systemctl restart cpupoold
 check "the driver's registration socket appears" wait_for 30 test -S $KD/plugins_registry/$DRIVER-reg.sock
 check "no device plugin serves dp" sh -c "! ls $KD/device-plugins/ 2>/dev/null | grep -q cpupoold-dp"
-check_output "the node's ResourceSlice lists dp-numa0 with 2 CPUs" '"name":"dp-numa0"' \
-  fake_cmd "list resourceslices"
+check "the node's ResourceSlice is published" wait_for 30 sh -c "fake_slices | grep -q dp-numa0"
+check_output "it lists dp-numa0 with dp's 2 CPUs, shareable" \
+  '"allowMultipleAllocations":true.*"capacity":\{"cpu":\{"requestPolicy":.*"value":"2"\}\}.*"name":"dp-numa0"' fake_slices
 [ -e /usr/local/share/cpupool-vm/images.tar ] && images_import >/dev/null 2>&1
 
 # The scheduler allocated 2 CPUs of dp-numa0 to the claim `two` of the pod dra-0.
@@ -112,7 +119,9 @@ exec 7>&-
 wait $fake 2>/dev/null
 cp /run/containerd-config.toml.orig /etc/containerd/config.toml
 check "containerd restarts with its own configuration" systemctl restart containerd
-rm -f /etc/cpupoold/config.d/50-vmtest.toml /run/fake.in /run/fake.out /run/fake-kubeconfig
+rm -f /etc/cpupoold/config.d/50-vmtest.toml /run/fake.in /run/fake.out /run/fake-kubeconfig \
+  /etc/systemd/system/cpupoold.service.d/50-k8s.conf
+systemctl daemon-reload
 systemctl stop cpupoold
 rm -rf $KD
 check "restart with the packaged configuration" systemctl restart cpupoold
