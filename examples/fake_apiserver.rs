@@ -72,8 +72,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (Some("get"), Some(collection), Some(name)) => {
                 fake.object(collection, name).map_or_else(|| "null".to_owned(), |o| o.to_string())
             }
-            (Some("slices"), Some(node), None) => serde_json::to_string(&fake.slices(node))
-                .unwrap_or_else(|e| format!("error: {e}")),
+            (Some("slices"), Some(node), None) => {
+                serde_json::to_string(&fake.slices(node)).unwrap_or_else(|e| format!("error: {e}"))
+            }
             (Some("count"), Some(method), Some(part)) => {
                 fake.count(|r| r.method == method && r.path.contains(part)).to_string()
             }

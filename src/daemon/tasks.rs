@@ -81,7 +81,7 @@ pub(super) fn spawn_adapters(
             watch_task(tasks, "the cluster integration", cluster);
         }
         if settings.kubelet.enabled {
-            spawn_dra(tasks, stop, handle, settings);
+            spawn_dra(tasks, stop, handle, settings, restart.clone());
         }
     }
     #[cfg(not(feature = "k8s"))]
@@ -216,10 +216,23 @@ fn spawn_cluster(
 /// The DRA driver's kubelet plugin (k8s and the kubelet wing enabled): it serves while some
 /// pool is served by DRA.
 #[cfg(feature = "k8s")]
-fn spawn_dra(tasks: &TaskTracker, stop: &CancellationToken, handle: &Handle, settings: &Settings) {
+fn spawn_dra(
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    handle: &Handle,
+    settings: &Settings,
+    restart: Arc<OnceLock<String>>,
+) {
     // spawn_cluster logged why the options cannot be had.
     let Ok(k8s_opts) = crate::k8s::Options::from_settings(&settings.k8s) else { return };
     let opts = crate::k8s::dra::Options::from_settings(settings, &k8s_opts.node);
-    let task = tasks.spawn(crate::k8s::dra::run(handle.clone(), k8s_opts, opts, stop_flag(tasks, stop)));
+    let (stopped, stop) = (stop_flag(tasks, stop), stop.clone());
+    let driver = crate::k8s::dra::run(handle.clone(), k8s_opts, opts, stopped);
+    let task = tasks.spawn(async move {
+        if let Err(e) = driver.await {
+            let _ = restart.set(e.to_string());
+            stop.cancel();
+        }
+    });
     watch_task(tasks, "the DRA plugin", task);
 }

@@ -80,16 +80,31 @@ impl Options {
     }
 }
 
+/// The driver's directories are read-only to this process (see [`run`]): a start anew makes
+/// them writable.
+#[derive(Debug, thiserror::Error)]
+#[error("DRA: {0}; the kubelet's directory was made after cpupoold started, so the unit's ReadWritePaths= do not cover it: starting anew")]
+pub struct NeedsRestart(pub String);
+
 /// Runs the driver until `stop` is set: waits for a client of the API server, then serves the
 /// sockets while some pool is served by DRA. Refuses (logged) to serve beside the kubelet's
 /// static CPU manager owning CPUs of those pools, as the device plugin does.
-pub async fn run(handle: Handle, k8s: crate::k8s::Options, opts: Options, mut stop: watch::Receiver<bool>) {
+///
+/// Under systemd, a kubelet directory made after the unit started is read-only to the daemon
+/// (`ReadWritePaths=` take what exists at start): the error asks for a start anew, which
+/// systemd makes (`RestartForceExitStatus=`), as the device plugin's does.
+pub async fn run(
+    handle: Handle,
+    k8s: crate::k8s::Options,
+    opts: Options,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), NeedsRestart> {
     let served = crate::core::pool::Pool::served_by_dra;
     if let Err(e) = crate::kubelet::check_static_policy(&handle, &opts.kubelet_dir, served) {
         log::error!("DRA: the kubelet plugin is not started: {e}");
-        return;
+        return Ok(());
     }
-    let Some(client) = crate::k8s::client_when_ready(&k8s, &mut stop).await else { return };
+    let Some(client) = crate::k8s::client_when_ready(&k8s, &mut stop).await else { return Ok(()) };
     let driver = Arc::new(prepare::Driver::new(handle.clone(), client, opts.clone()));
     let mut serving: Option<serve::Serving> = None;
     let mut failing = false;
@@ -123,6 +138,9 @@ pub async fn run(handle: Handle, k8s: crate::k8s::Options, opts: Options, mut st
                 serving = Some(s);
                 failing = false;
             }
+            Err(e) if e.read_only && std::env::var_os("INVOCATION_ID").is_some() => {
+                return Err(NeedsRestart(e.message));
+            }
             Err(e) if !failing => {
                 log::warn!("DRA: {e} (trying again every {} s)", LOOK_EVERY.as_secs());
                 failing = true;
@@ -130,4 +148,5 @@ pub async fn run(handle: Handle, k8s: crate::k8s::Options, opts: Options, mut st
             Err(e) => log::debug!("DRA: {e}"),
         }
     }
+    Ok(())
 }

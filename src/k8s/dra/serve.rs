@@ -21,6 +21,35 @@ const CONNECTIONS: usize = 16;
 /// Refused connections to the driver's sockets.
 static REFUSALS: Refusals = Refusals::new("DRA plugin");
 
+/// Why the sockets could not be served.
+#[derive(Debug)]
+pub(super) struct StartError {
+    /// What failed, with the cause.
+    pub(super) message: String,
+    /// The cause was a read-only file system: under systemd, a directory of the kubelet's that
+    /// did not exist when the unit started (its `ReadWritePaths=` take only what exists then).
+    pub(super) read_only: bool,
+}
+
+impl StartError {
+    fn io(what: String, e: &std::io::Error) -> StartError {
+        StartError {
+            message: format!("{what}: {e}"),
+            read_only: e.kind() == std::io::ErrorKind::ReadOnlyFilesystem,
+        }
+    }
+
+    fn other(what: &str) -> StartError {
+        StartError { message: what.to_owned(), read_only: false }
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Both sockets served, until dropped.
 pub(super) struct Serving {
     sockets: [(std::path::PathBuf, Option<FileId>); 2],
@@ -30,17 +59,18 @@ pub(super) struct Serving {
 impl Serving {
     /// Binds the endpoint, then the registration socket (the plugin watcher dials the endpoint
     /// as soon as it read the registration), and serves both.
-    pub(super) fn start(opts: &Options, driver: Arc<Driver>) -> Result<Serving, String> {
+    pub(super) fn start(opts: &Options, driver: Arc<Driver>) -> Result<Serving, StartError> {
         let (endpoint, registration) = (opts.endpoint(), opts.registration());
         let slots = Arc::new(Semaphore::new(CONNECTIONS));
         let (stop, stopped) = watch::channel(false);
         let mut sockets = Vec::new();
         for (sock, what) in [(&endpoint, "the DRA endpoint"), (&registration, "the registration socket")] {
             if let Some(dir) = sock.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| format!("making `{}`: {e}", dir.display()))?;
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| StartError::io(format!("making `{}`", dir.display()), &e))?;
             }
             let listener = incoming::bind_private(sock)
-                .map_err(|e| format!("binding {what} `{}`: {e}", sock.display()))?;
+                .map_err(|e| StartError::io(format!("binding {what} `{}`", sock.display()), &e))?;
             let incoming = incoming::capped(listener, slots.clone(), &REFUSALS);
             let mut until = stopped.clone();
             let shutdown = async move {
@@ -68,7 +98,7 @@ impl Serving {
             sockets.push((sock.clone(), file_id(sock)));
         }
         let [e, r]: [(std::path::PathBuf, Option<FileId>); 2] =
-            sockets.try_into().map_err(|_| "the sockets were not both bound".to_owned())?;
+            sockets.try_into().map_err(|_| StartError::other("the sockets were not both bound"))?;
         Ok(Serving { sockets: [e, r], stop })
     }
 

@@ -61,7 +61,8 @@ mkdir -p $KD/plugins_registry $KD/plugins
 check "restart cpupoold with dp served by DRA" systemctl restart cpupoold
 check "the driver's registration socket appears" wait_for 30 test -S $KD/plugins_registry/$DRIVER-reg.sock
 check "no device plugin serves dp" sh -c "! ls $KD/device-plugins/ 2>/dev/null | grep -q cpupoold-dp"
-check "the node's ResourceSlice is published" wait_for 30 sh -c "fake_slices | grep -q dp-numa0"
+slices_have() { fake_slices | grep -q "$1"; }
+check "the node's ResourceSlice is published" wait_for 30 slices_have dp-numa0
 check_output "it lists dp-numa0 with dp's 2 CPUs, shareable" \
   '"allowMultipleAllocations":true.*"capacity":\{"cpu":\{"requestPolicy":.*"value":"2"\}\}.*"name":"dp-numa0"' fake_slices
 [ -e /usr/local/share/cpupool-vm/images.tar ] && images_import >/dev/null 2>&1
