@@ -454,9 +454,15 @@ fn fake_procfs_a_damaged_memory_falls_back_to_its_previous_copy() {
         assert_eq!(kept["irqs"][irq.to_string()], "0-7", "IRQ {irq} in irq.json.prev");
     }
     d.kill();
-    // The crash left the memory damaged (a disk that lied).
+    // The crash left the memory damaged (a disk that lied). Put in as a file of its own: a kill
+    // between the two renames of a save leaves irq.json and irq.json.prev one inode (the
+    // previous copy is a hard link made just before the new file is renamed into place), and
+    // writing into that inode would damage both (seen in loaded runs of the whole suite:
+    // "the previous copy cannot be used either").
     let memory = sb.join("state/irq.json");
-    fs::write(&memory, "{\"irqs\": {\"1\": \"0-").unwrap_or_else(|e| panic!("{e}"));
+    let damaged = sb.join("state/damaged.tmp");
+    fs::write(&damaged, "{\"irqs\": {\"1\": \"0-").unwrap_or_else(|e| panic!("{e}"));
+    fs::rename(&damaged, &memory).unwrap_or_else(|e| panic!("{e}"));
 
     fs::write(sb.join("etc/cpupoold/config.toml"), ISOLATED.replace("isolate = true\n", ""))
         .unwrap_or_else(|e| panic!("{e}"));

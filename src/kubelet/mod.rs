@@ -24,7 +24,6 @@
 //! the cgroupfs backend, `AllowedCPUs` on the `.scope` with systemd's).
 #![deny(missing_docs)]
 
-pub(crate) mod incoming;
 pub mod plugin;
 mod reconcile;
 mod registrar;
@@ -132,8 +131,12 @@ pub enum PluginError {
 /// Runs the plugin until `shutdown` is true: refuses to start (returning the reason) when
 /// the kubelet's static CPU manager owns pool CPUs.
 pub async fn run(handle: Handle, opts: Options, shutdown: watch::Receiver<bool>) -> Result<(), PluginError> {
-    check_static_policy(&handle, &opts.kubelet_dir, crate::core::pool::Pool::served_by_device_plugin)
-        .map_err(PluginError::StaticPolicy)?;
+    host::kubelet::check_static_policy(
+        &handle.snapshot().state,
+        &opts.kubelet_dir,
+        crate::core::pool::Pool::served_by_device_plugin,
+    )
+    .map_err(PluginError::StaticPolicy)?;
     let _ = handle.set_poll(opts.reconcile_interval).await;
     let shared = Shared {
         handle: handle.clone(),
@@ -157,25 +160,6 @@ pub async fn run(handle: Handle, opts: Options, shutdown: watch::Receiver<bool>)
         }))
     };
     registrar::Registrar::new(opts, shared).run(shutdown).await
-}
-
-/// Checks the kubelet's CPU manager (its `cpu_manager_state` in `kubelet_dir`) against the pools
-/// `served` picks (the device plugin's, or DRA's): its static policy owning CPUs of one of them
-/// is a conflict.
-pub(crate) fn check_static_policy(
-    handle: &Handle,
-    kubelet_dir: &std::path::Path,
-    served: fn(&crate::core::pool::Pool) -> bool,
-) -> Result<(), host::kubelet::StaticConflict> {
-    let snap = handle.snapshot();
-    let pools: Vec<(String, crate::core::cpuset::CpuSet)> = snap
-        .state
-        .pools()
-        .values()
-        .filter(|p| served(p))
-        .map(|p| (p.name.to_string(), p.cpus.clone()))
-        .collect();
-    host::kubelet::check_cpu_manager(&kubelet_dir.join("cpu_manager_state"), &pools)
 }
 
 /// Ends a task when the plugin returns, whichever way.

@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
-use super::incoming;
 use super::plugin::{self, PoolPlugin, Shared};
 use super::{Options, PluginError, KUBELET_SOCKET, VERSION};
 use crate::backoff::Backoff;
@@ -19,6 +18,7 @@ use crate::core::devices;
 use crate::core::pool::PoolName;
 use crate::engine::Event;
 use crate::host::kubelet::clients;
+use crate::host::kubelet::incoming;
 use crate::host::kubelet::proto::v1beta1;
 use crate::host::kubelet::{file_id as inode, FileId};
 

@@ -11,6 +11,7 @@ use std::path::Path;
 
 pub mod claims;
 pub mod clients;
+pub(crate) mod incoming;
 pub mod proto;
 
 use crate::core::cpuset::CpuSet;
@@ -158,6 +159,19 @@ fn children(dir: &Path) -> Vec<String> {
         .collect();
     out.sort();
     out
+}
+
+/// Checks the kubelet's CPU manager (its `cpu_manager_state` in `kubelet_dir`) against the pools
+/// `served` picks (the device plugin's, or DRA's): its static policy owning CPUs of one of them
+/// is a conflict.
+pub(crate) fn check_static_policy(
+    state: &crate::core::state::State,
+    kubelet_dir: &Path,
+    served: fn(&crate::core::pool::Pool) -> bool,
+) -> Result<(), StaticConflict> {
+    let pools: Vec<(String, crate::core::cpuset::CpuSet)> =
+        state.pools().values().filter(|p| served(p)).map(|p| (p.name.to_string(), p.cpus.clone())).collect();
+    check_cpu_manager(&kubelet_dir.join("cpu_manager_state"), &pools)
 }
 
 #[cfg(test)]

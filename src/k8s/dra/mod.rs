@@ -17,7 +17,7 @@
 //! reinstalled or restarted onto a fresh root), both are made again and the plugin watcher
 //! finds the registration socket anew; when no pool is served by DRA any more, both go. They
 //! are mode 0600, and a peer of another uid than root's or the daemon's is closed at accept
-//! (the device plugin's [`crate::kubelet::incoming`]).
+//! (the device plugin's [`crate::host::kubelet::incoming`]).
 #![deny(missing_docs)]
 
 mod prepare;
@@ -100,7 +100,9 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), NeedsRestart> {
     let served = crate::core::pool::Pool::served_by_dra;
-    if let Err(e) = crate::kubelet::check_static_policy(&handle, &opts.kubelet_dir, served) {
+    if let Err(e) =
+        crate::host::kubelet::check_static_policy(&handle.snapshot().state, &opts.kubelet_dir, served)
+    {
         log::error!("DRA: the kubelet plugin is not started: {e}");
         return Ok(());
     }

@@ -1,4 +1,5 @@
-//! The connections the device-plugin sockets accept, within one budget for every pool's socket.
+//! The connections the kubelet-facing sockets accept (the device plugin's, within one budget for
+//! every pool's socket, and the DRA driver's, within one of their own).
 //!
 //! tonic serves each accepted connection until its peer goes, and HTTP/2 lets a client keep a
 //! connection open without a word; so without a cap, connections that send nothing would take
@@ -33,7 +34,7 @@ use crate::fds::Refusals;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Refused device-plugin connections, for every pool's socket.
-pub(super) static REFUSALS: Refusals = Refusals::new("device plugin");
+pub(crate) static REFUSALS: Refusals = Refusals::new("device plugin");
 
 /// Binds `sock` anew (a file left there is removed) for the kubelet alone, as its own sockets
 /// are (mode 0600); a peer of another uid that connects before the mode is set is closed at
