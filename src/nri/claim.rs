@@ -167,8 +167,9 @@ pub(super) fn refusal(
 ) -> String {
     let why = match bound {
         Some(p) if isolated => format!(
-            "an isolated claim's CPUs go to one container at a time, and they are the partition of {p} \
-             while it runs (give each container its own claim)"
+            "an isolated claim's CPUs go to one container at a time: they are bound to {p}, the \
+             isolated partition of its container where the kernel has cpuset.cpus.exclusive (give \
+             each container its own claim)"
         ),
         Some(p) => format!("they are bound to {p}, and the kernel does not let this cgroup have them too"),
         None => format!(
@@ -358,7 +359,7 @@ mod tests {
             isolated.starts_with("cpupoold: container default/p/b would not run on the CPUs of claim team/c")
         );
         assert!(isolated.contains("an isolated claim's CPUs go to one container at a time"), "{isolated}");
-        assert!(isolated.contains("kubepods.slice/a.scope") || isolated.contains("kubepods.slice/b.scope"));
+        assert!(isolated.contains("bound to kubepods.slice/b.scope"), "{isolated}");
         assert!(refusal("x", &two, &now, None, false).contains("a claim of 2 devices"));
     }
 
