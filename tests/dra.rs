@@ -245,17 +245,28 @@ fn adjusted(r: &cpupoold::nri::proto::CreateContainerResponse) -> CpuSet {
     CpuSet::parse(&cpu.expect("an adjustment with CPUs").cpus).unwrap()
 }
 
+fn assignment(d: &Daemon, id: &str) -> Value {
+    assignments(d).into_iter().find(|a| a["id"] == id).unwrap_or_else(|| panic!("no {id}\n{}", d.logs()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
+    use cpupoold::nri::proto as api;
     use test_support::nri as fake;
     let dir = tempfile::tempdir().unwrap();
     let fake_api = Fake::start();
     let node = fake::Node::serve(&dir.path().join("sb"));
+    // The kubelet's pod cgroup is there before cpupoold starts, as on a node.
+    std::fs::create_dir_all(dir.path().join("sb/cgroup/kubepods.slice")).unwrap();
     let d = start(dir.path(), &fake_api);
     let k = register(&d).await;
-    let c = put(&fake_api, "shared", &[dp("dp-numa0", "2")]);
+    let uid = "uid-shared";
+    let pods = [("pod-1", "pod-uid-1"), ("pod-3", "pod-uid-3")];
+    fake_api.put_claim(claim(NS, "shared", uid, &[dp("dp-numa0", "2")], &pods));
+    let c = peer::claim(NS, "shared", uid);
     assert_eq!(prepare_one(&k, &c).await.error, "", "{}", d.logs());
     let cpus = cpus_of(&d, &c.uid);
+    let id = format!("dra-{uid}-0");
     // The environment the runtime gives the container from the claim's CDI spec.
     let spec = cdi(&d, &c.uid).unwrap();
     let env: Vec<(String, String)> = spec["devices"][0]["containerEdits"]["env"]
@@ -265,26 +276,69 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
         .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
         .collect();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    tokio::task::block_in_place(|| {
+    let pod = fake::pod("s1", "pod-uid-1", "pod-1");
+    let mut rt = tokio::task::block_in_place(|| {
         let mut rt = node.runtime.accept(std::time::Duration::from_secs(30)).unwrap();
         rt.configure().unwrap();
         rt.synchronize(Vec::new(), Vec::new()).unwrap();
         // Two containers of the pod the claim is reserved for: both on its CPUs.
-        let pod = fake::pod("s1", "pod-uid-1", "pod-1");
         let (a, b) = (fake::container(&pod, "a", "app", &env), fake::container(&pod, "b", "side", &env));
         for ctr in [&a, &b] {
             let r = rt.create(&pod, ctr).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
             assert_eq!(adjusted(&r), cpus);
         }
+        assert_eq!(assignment(&d, &id)["target"], format!("kubelet:{id}"), "held, bound to none");
+        // The first to start: the claim's assignment is bound to its cgroup, applied and read
+        // back, as a device-plugin container's.
+        let start = |rt: &mut test_support::nri::Plugin, ctr: &api::Container| {
+            node.runc_creates(&fake::cgroup(&pod, &ctr.id), &cpus.to_string());
+            rt.event(api::Event::StartContainer, &pod, Some(ctr)).unwrap()
+        };
+        start(&mut rt, &a).unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        let bound = assignment(&d, &id);
+        assert_eq!(bound["target"], format!("cgroup:{}", fake::cgroup(&pod, "a")), "{bound}");
+        assert_eq!(bound["container"], "default/pod-1/app", "{bound}");
+        assert_eq!(bound["state"], "applied", "{bound}");
+        // The second shares them (not isolated): its own cgroup is read back, the claim stays
+        // bound to the first.
+        start(&mut rt, &b).unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        assert_eq!(assignment(&d, &id)["target"], format!("cgroup:{}", fake::cgroup(&pod, "a")));
+        // A container of another pod the claim is reserved for, whose pod cgroup has other
+        // CPUs: its start fails, naming the claim.
+        let pod3 = fake::pod("s3", "pod-uid-3", "pod-3");
+        let y = fake::container(&pod3, "y", "app", &env);
+        rt.create(&pod3, &y).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        node.runc_creates(fake::cgroup(&pod3, "y").rsplit_once('/').unwrap().0, "60-79");
+        node.runc_creates(&fake::cgroup(&pod3, "y"), &cpus.to_string());
+        let e = rt.event(api::Event::StartContainer, &pod3, Some(&y)).unwrap().expect_err("must not start");
+        assert!(
+            e.message.starts_with(
+                "cpupoold: container default/pod-3/app would not run on the CPUs of claim team/shared"
+            ),
+            "{}",
+            e.message
+        );
         // A container of another pod naming the claim: none of its CPUs.
         let other = fake::pod("s2", "pod-uid-2", "pod-2");
         let x = fake::container(&other, "x", "app", &env);
         let r = rt.create(&other, &x).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
         assert!(adjusted(&r).is_disjoint(&cpus), "{} shares {cpus}", adjusted(&r));
-        // A container's stop releases nothing: the claim holds until it is unprepared.
+        // The bound container stops: the claim keeps its CPUs (until it is unprepared), held
+        // for no container again.
         rt.stop(&pod, &a).unwrap().unwrap();
+        assert_eq!(assignment(&d, &id)["target"], format!("kubelet:{id}"), "{}", d.logs());
+        // A later container of the claim binds them again.
+        let later = fake::container(&pod, "c", "app", &env);
+        rt.create(&pod, &later).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        start(&mut rt, &later).unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        assert_eq!(assignment(&d, &id)["target"], format!("cgroup:{}", fake::cgroup(&pod, "c")));
+        rt
     });
-    assert_eq!(dra_assignments(&d).len(), 1);
     assert!(d.logs().contains("is not reserved for its pod pod-uid-2"), "{}", d.logs());
+    // Unprepared while bound: released, whatever its target.
+    let u = k.unprepare(vec![c.clone()]).await.unwrap();
+    assert!(u.claims.values().all(|c| c.error.is_empty()), "{u:?}");
+    assert!(dra_assignments(&d).is_empty(), "{}", d.logs());
+    tokio::task::block_in_place(|| rt.stop(&pod, &fake::container(&pod, "c", "app", &env)).unwrap().unwrap());
     d.stop();
 }

@@ -324,6 +324,19 @@ impl Handle {
         self.call(|tx| Request::CheckDrift(Box::new(found), tx)).await
     }
 
+    /// What the kernel enforces on cgroup `path` now (its `cpuset.cpus.effective`), read
+    /// through the backend on a thread of its own, as the drift check reads: the read-back of
+    /// an adapter that changes nothing (a second container sharing a DRA claim). `None`: no
+    /// such cgroup, or no cpuset controller to read.
+    pub async fn enforced(&self, path: CgroupPath) -> Result<Option<CpuSet>, EngineError> {
+        let backend = self.backend.clone();
+        let key = crate::core::plan::Key::Cgroup(path);
+        crate::threads::run_blocking("a cgroup read-back", move || backend.enforced(&key))
+            .await
+            .map_err(EngineError::Thread)?
+            .map_err(EngineError::Apply)
+    }
+
     /// Samples the isolation health counters (the daemon's health tick).
     pub async fn sample_isolation(&self) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();

@@ -1,31 +1,57 @@
 //! Containers of DRA claims: a container the claim's CDI spec gave `CPUPOOL_CLAIM=<uid>` runs on
 //! the CPUs the claim holds (its assignments `dra-<uid>-<n>`, booked at NodePrepareResources),
-//! set in its CreateContainer adjustment.
+//! set in its CreateContainer adjustment, bound to its cgroup and read back at its start, and
+//! held again for no container when it goes.
 //!
 //! ```text
-//! env CPUPOOL_CLAIM=<uid> ──► <state_dir>/dra/<uid>.json (host::kubelet::claims)
+//! CreateContainer: env CPUPOOL_CLAIM=<uid> ──► <state_dir>/dra/<uid>.json (host::kubelet::claims)
 //!   pod uid among the claim's reservedFor? ──no──► no pool's CPUs, and a warning
 //!   └─yes─► the CPUs of its assignments in the engine's snapshot ──► the adjustment
+//! StartContainer (at_start):
+//!   its one assignment held for no container ──► bind.rs: bound to the container's cgroup,
+//!       applied (an isolated pool's: a partition) and read back; a difference fails the start
+//!   bound to another container's cgroup, or several assignments ──► the container's own
+//!       cpuset.cpus.effective read back (Handle::enforced) against the claim's CPUs
+//! Stop/RemoveContainer, or gone while cpupoold was away (unbind):
+//!   bound to its cgroup ──► retargeted to kubelet:dra-<uid>-<n>: held, until unprepared
 //! ```
 //!
 //! A pod's author writes its containers' environment too, so the name alone is not trusted: the
 //! claim must be reserved for the container's pod. Several containers (of the pods it is
 //! reserved for) may share one claim; its CPUs stay held until NodeUnprepareResources, whatever
-//! its containers do, so a container's stop releases nothing.
+//! its containers do, so a container's stop releases nothing. An isolated claim's CPUs, bound
+//! to a container that the kernel made a partition, are that container's alone: a second
+//! container of the claim cannot have them while the first runs, and its start fails saying so.
 
+use super::plugin::{name_of, Call};
 use super::proto as api;
 use super::ttrpc::{code, Status};
 use super::Options;
 use crate::core::cpuset::CpuSet;
-use crate::core::state::AssignmentId;
+use crate::core::state::{Assignment, AssignmentId, CgroupPath, State, Target};
 use crate::engine::Snapshot;
+use crate::error_chain;
 use crate::host::kubelet::claims::{Claims, PreparedClaim};
+
+/// How the DRA driver names a claim's assignments (`dra-<uid>-<n>`, k8s/dra/prepare.rs).
+const PREFIX: &str = "dra-";
+
+/// The claim a container runs on, as found at its creation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Held {
+    /// `namespace/name`, as said.
+    pub(super) name: String,
+    /// Its assignments.
+    pub(super) ids: Vec<AssignmentId>,
+    /// Their CPUs.
+    pub(super) cpus: CpuSet,
+}
 
 /// What a container naming claim `uid` gets.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Claimed {
     /// The claim's CPUs.
-    Cpus(CpuSet),
+    Held(Held),
     /// Nothing of the claim's (said why): it is not prepared here, or not the pod's.
     Refused(String),
     /// The claim is the pod's, but its CPUs are not all held: the container is not created.
@@ -60,31 +86,191 @@ pub(super) fn decide(
             }
         }
     }
-    Claimed::Cpus(cpus)
+    Claimed::Held(Held {
+        name: format!("{}/{}", rec.namespace, rec.name),
+        ids: rec.assignments.clone(),
+        cpus,
+    })
 }
 
-/// The CPUs of the claim container `c` of `pod` names, if it names one that is its pod's;
-/// `who` names the container in what is said.
-pub(super) fn cpus_for(
+/// The claim container `c` of `pod` names, if it names one that is its pod's; `who` names the
+/// container in what is said.
+pub(super) fn held_for(
     opts: &Options,
     snap: &Snapshot,
     pod: &api::PodSandbox,
     c: &api::Container,
     who: &str,
-) -> Result<Option<CpuSet>, Status> {
+) -> Result<Option<Held>, Status> {
     let Some(uid) = super::plugin::env_of(c, cpupool_wire::names::ENV_CLAIM) else { return Ok(None) };
     let rec = Claims::new(&opts.state_dir).load(uid).map_err(|e| {
         Status::new(code::UNAVAILABLE, format!("cpupoold: container {who}: {}", crate::error_chain(&e)))
     })?;
     let held = |id: &AssignmentId| snap.state.assignments().get(id).map(|a| a.cpus.clone());
     match decide(rec.as_ref(), uid, &pod.uid, held) {
-        Claimed::Cpus(cpus) => Ok(Some(cpus)),
+        Claimed::Held(held) => Ok(Some(held)),
         Claimed::Refused(why) => {
             log::warn!("NRI: container {who} names a DRA claim in its environment, but {why}: it gets none of its CPUs");
             Ok(None)
         }
         Claimed::Lost(why) => {
             Err(Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {why}")))
+        }
+    }
+}
+
+/// What a claim container's start does.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum AtStart {
+    /// Point the claim's only assignment, held for no container, at the container's cgroup.
+    Bind(AssignmentId),
+    /// It is bound to the container's cgroup already (a resync).
+    Bound,
+    /// Read the container's cgroup back against the claim's CPUs: they are bound to another
+    /// container's cgroup (`Some`), or the claim has several assignments, which one cgroup
+    /// cannot all be the target of (`None`).
+    ReadBack(Option<CgroupPath>),
+    /// Some of its CPUs are no longer held (said which).
+    Lost(String),
+}
+
+/// What the start of a container of `held` in `cgroup` does, given where each assignment of
+/// the claim points now (`None`: released).
+pub(super) fn at_start(
+    held: &Held,
+    cgroup: &CgroupPath,
+    target_of: impl Fn(&AssignmentId) -> Option<Target>,
+) -> AtStart {
+    let mut targets = Vec::new();
+    for id in &held.ids {
+        match target_of(id) {
+            Some(t) => targets.push(t),
+            None => return AtStart::Lost(format!("{id} of claim {} is no longer held", held.name)),
+        }
+    }
+    match (held.ids.as_slice(), targets.as_slice()) {
+        ([id], [Target::Kubelet(_)]) => AtStart::Bind(id.clone()),
+        ([_], [Target::Cgroup(p)]) if p == cgroup => AtStart::Bound,
+        ([_], [Target::Cgroup(p)]) => AtStart::ReadBack(Some(p.clone())),
+        _ => AtStart::ReadBack(None),
+    }
+}
+
+/// Why a container of `held` whose cgroup holds `now` cannot start; `bound`: the cgroup the
+/// claim is bound to, `isolated`: whether it is of an isolated pool.
+pub(super) fn refusal(
+    who: &str,
+    held: &Held,
+    now: &CpuSet,
+    bound: Option<&CgroupPath>,
+    isolated: bool,
+) -> String {
+    let why = match bound {
+        Some(p) if isolated => format!(
+            "an isolated claim's CPUs go to one container at a time: they are bound to {p}, the \
+             isolated partition of its container where the kernel has cpuset.cpus.exclusive (give \
+             each container its own claim)"
+        ),
+        Some(p) => format!("they are bound to {p}, and the kernel does not let this cgroup have them too"),
+        None => format!(
+            "a claim of {} devices is bound to no container (a cgroup is the target of one assignment), \
+             and the kernel does not give these CPUs to its cgroup",
+            held.ids.len()
+        ),
+    };
+    format!(
+        "cpupoold: container {who} would not run on the CPUs of claim {}: its cgroup has CPUs {now}, not {}: {why}",
+        held.name, held.cpus
+    )
+}
+
+/// StartContainer of claim container `c` of `pod` (module docs): a difference between what the
+/// kernel gives it and the claim's CPUs fails the start.
+pub(super) async fn start(
+    call: &Call<'_>,
+    pod: &api::PodSandbox,
+    c: &api::Container,
+    held: &Held,
+    cgroup: Option<CgroupPath>,
+) -> Result<(), Status> {
+    let who = name_of(pod, c);
+    let Some(cgroup) = cgroup else {
+        log::warn!("NRI: container {who} has no cgroup cpupoold can name; claim {} stays unbound", held.name);
+        return Ok(());
+    };
+    let snap = call.handle.snapshot();
+    let assignments = snap.state.assignments();
+    let bound = match at_start(held, &cgroup, |id| assignments.get(id).map(|a| a.target.clone())) {
+        AtStart::Bind(id) => {
+            let what = format!("claim {} ({id})", held.name);
+            return super::bind::bind(call, pod, c, &id, cgroup, &what).await;
+        }
+        AtStart::Bound => return Ok(()),
+        AtStart::Lost(why) => {
+            return Err(Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {why}")))
+        }
+        AtStart::ReadBack(bound) => bound,
+    };
+    let isolated = held
+        .ids
+        .iter()
+        .filter_map(|id| assignments.get(id))
+        .any(|a| snap.state.pools().get(&a.pool).is_some_and(|p| p.isolate));
+    match call.within(call.handle.enforced(cgroup.clone())).await {
+        Some(Ok(Some(now))) if now != held.cpus => {
+            Err(Status::new(code::FAILED_PRECONDITION, refusal(&who, held, &now, bound.as_ref(), isolated)))
+        }
+        Some(Ok(_)) => {
+            log::info!(
+                "NRI: container {who} starts on CPUs {} of claim {}, read back from {cgroup}{}",
+                held.cpus,
+                held.name,
+                bound.map(|p| format!(" (the claim is bound to {p})")).unwrap_or_default()
+            );
+            Ok(())
+        }
+        Some(Err(e)) => Err(Status::new(
+            code::UNAVAILABLE,
+            format!("cpupoold: container {who}: reading back its cgroup {cgroup}: {}", error_chain(&e)),
+        )),
+        None => {
+            log::warn!("NRI: reading back container {who} took longer than {:?}", call.budget);
+            Ok(())
+        }
+    }
+}
+
+/// Whether `a` is a claim's assignment bound to a container cgroup that `gone` says is gone.
+fn bound_to_gone(a: &Assignment, gone: &impl Fn(&CgroupPath) -> bool) -> bool {
+    a.id.as_str().starts_with(PREFIX)
+        && !a.reclaim
+        && a.container.is_some()
+        && matches!(&a.target, Target::Cgroup(p) if gone(p))
+}
+
+/// The claims' assignments bound to container cgroups that `gone` says are gone.
+fn unbound_by(state: &State, gone: impl Fn(&CgroupPath) -> bool) -> Vec<AssignmentId> {
+    state.assignments().values().filter(|a| bound_to_gone(a, &gone)).map(|a| a.id.clone()).collect()
+}
+
+/// StopContainer, RemoveContainer, and containers gone while cpupoold was away: the claims'
+/// assignments bound to the cgroups `gone` names are held again for no container
+/// (`kubelet:<id>`), as NodePrepareResources left them: the claim keeps its CPUs until
+/// NodeUnprepareResources, they leave the container's partition, and a later container of the
+/// claim binds them again. `why` says what happened.
+pub(super) async fn unbind(call: &Call<'_>, gone: impl Fn(&CgroupPath) -> bool, why: &str) {
+    for id in unbound_by(&call.handle.snapshot().state, gone) {
+        let held = Target::Kubelet(id.to_string());
+        match call.within(call.handle.retarget(id.as_str(), held, None)).await {
+            Some(Ok(a)) => {
+                let a = a.into_inner();
+                log::info!(
+                    POOL = a.pool.as_str(), ASSIGNMENT = id.as_str();
+                    "NRI: {id} (CPUs {} of pool {}) is held for its claim again: {why}", a.cpus, a.pool
+                )
+            }
+            Some(Err(e)) => log::warn!("NRI: holding {id} for its claim again ({why}): {}", error_chain(&e)),
+            None => log::warn!("NRI: holding {id} for its claim again took longer than {:?}", call.budget),
         }
     }
 }
@@ -114,7 +300,11 @@ mod tests {
         };
         let all: BTreeMap<_, _> = [held("dra-u1-0", "1"), held("dra-u1-1", "9")].into_iter().collect();
         let all = |id: &AssignmentId| all.get(id).cloned();
-        let both = Claimed::Cpus(CpuSet::parse("1,9").unwrap_or_else(|e| panic!("{e}")));
+        let both = Claimed::Held(Held {
+            name: "team/c".into(),
+            ids: rec.assignments.clone(),
+            cpus: CpuSet::parse("1,9").unwrap_or_else(|e| panic!("{e}")),
+        });
         // Two pods share the claim; each gets all of its CPUs.
         assert_eq!(decide(Some(&rec), "u1", "pod-a", all), both);
         assert_eq!(decide(Some(&rec), "u1", "pod-b", all), both);
@@ -132,5 +322,72 @@ mod tests {
         assert!(
             matches!(decide(Some(&rec), "u1", "pod-a", some), Claimed::Lost(w) if w.contains("dra-u1-1"))
         );
+    }
+
+    fn cgroup(p: &str) -> CgroupPath {
+        CgroupPath::new(p).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn claim_of(ids: &[&str], cpus: &str) -> Held {
+        Held {
+            name: "team/c".into(),
+            ids: ids.iter().map(|i| held(i, "0").0).collect(),
+            cpus: CpuSet::parse(cpus).unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
+
+    #[test]
+    fn a_claims_one_assignment_binds_to_its_first_container_and_the_others_read_back() {
+        let one = claim_of(&["dra-u1-0"], "1-2");
+        let (mine, other) = (cgroup("kubepods.slice/a.scope"), cgroup("kubepods.slice/b.scope"));
+        let at = |t: Target| at_start(&one, &mine, move |_: &AssignmentId| Some(t.clone()));
+        let id = held("dra-u1-0", "0").0;
+        assert_eq!(at(Target::Kubelet("dra-u1-0".into())), AtStart::Bind(id));
+        assert_eq!(at(Target::Cgroup(mine.clone())), AtStart::Bound);
+        assert_eq!(at(Target::Cgroup(other.clone())), AtStart::ReadBack(Some(other.clone())));
+        // Released behind the claim's back: the container does not start.
+        let lost = at_start(&one, &mine, |_: &AssignmentId| None);
+        assert!(matches!(&lost, AtStart::Lost(w) if w.contains("dra-u1-0 of claim team/c")), "{lost:?}");
+        // Two assignments cannot both be the target of one cgroup: read back, bound to none.
+        let two = claim_of(&["dra-u1-0", "dra-u1-1"], "1-2,41");
+        let kubelet = |id: &AssignmentId| Some(Target::Kubelet(id.to_string()));
+        assert_eq!(at_start(&two, &mine, kubelet), AtStart::ReadBack(None));
+
+        let now = CpuSet::parse("3-9").unwrap_or_else(|e| panic!("{e}"));
+        let isolated = refusal("default/p/b", &one, &now, Some(&other), true);
+        assert!(
+            isolated.starts_with("cpupoold: container default/p/b would not run on the CPUs of claim team/c")
+        );
+        assert!(isolated.contains("an isolated claim's CPUs go to one container at a time"), "{isolated}");
+        assert!(isolated.contains("bound to kubepods.slice/b.scope"), "{isolated}");
+        assert!(refusal("x", &two, &now, None, false).contains("a claim of 2 devices"));
+    }
+
+    #[test]
+    fn only_claim_assignments_bound_to_a_gone_container_are_held_again() {
+        use crate::core::pool::{PoolKind, PoolName};
+        use crate::core::state::Container;
+        let (gone, alive) = (cgroup("kubepods.slice/a.scope"), cgroup("kubepods.slice/b.scope"));
+        let owner = Container { namespace: "default".into(), pod: "p".into(), name: "a".into() };
+        let a = |id: &str, target: Target| Assignment {
+            id: held(id, "0").0,
+            pool: PoolName::new("dp").unwrap_or_else(|e| panic!("{e}")),
+            kind: PoolKind::Exclusive,
+            target,
+            cpus: CpuSet::parse("1").unwrap_or_else(|e| panic!("{e}")),
+            millicpus: 1000,
+            reclaim: false,
+            process_start: None,
+            container: Some(owner.clone()),
+        };
+        let is_gone = |p: &CgroupPath| *p == gone;
+        assert!(bound_to_gone(&a("dra-u1-0", Target::Cgroup(gone.clone())), &is_gone));
+        // Bound to a live container, held for none, or no claim's: left alone.
+        assert!(!bound_to_gone(&a("dra-u1-0", Target::Cgroup(alive.clone())), &is_gone));
+        assert!(!bound_to_gone(&a("dra-u1-0", Target::Kubelet("dra-u1-0".into())), &is_gone));
+        assert!(!bound_to_gone(&a("kubelet-core-1", Target::Cgroup(gone.clone())), &is_gone));
+        let made_by_hand =
+            Assignment { reclaim: true, container: None, ..a("dra-x", Target::Cgroup(gone.clone())) };
+        assert!(!bound_to_gone(&made_by_hand, &is_gone));
     }
 }

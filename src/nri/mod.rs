@@ -16,8 +16,9 @@
 //!                  (or, for a container whose DRA claim's CDI spec set CPUPOOL_CLAIM, the
 //!                  claim's CPUs when its pod is one the claim is reserved for: claim.rs)
 //! StartContainer → the assignment's target becomes the container's cgroup, read back before
-//!                  the container's first instruction (a difference fails the start)
-//! Stop/Remove    → released at once
+//!                  the container's first instruction (a difference fails the start): bind.rs;
+//!                  a claim's, by its first container; the others sharing it are read back
+//! Stop/Remove    → released at once (a claim's: held for no container, until unprepared)
 //! ```
 //!
 //! The wing decides nothing itself: which CPUs a container gets is
@@ -27,6 +28,7 @@
 //! (it still releases allocations no container ever used).
 #![deny(missing_docs)]
 
+mod bind;
 mod claim;
 pub mod mux;
 mod plugin;

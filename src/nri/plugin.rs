@@ -28,7 +28,7 @@ use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
 use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
+use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
 use crate::engine::{EngineError, Handle};
 use crate::error_chain;
 use crate::host::kubelet::clients::{self, Holder};
@@ -57,8 +57,8 @@ struct Seen {
     assignment: Option<AssignmentId>,
     /// Whether it was started.
     started: bool,
-    /// The CPUs of the DRA claim it runs on (held until the claim is unprepared).
-    claim: Option<CpuSet>,
+    /// The DRA claim it runs on (held until the claim is unprepared).
+    claim: Option<super::claim::Held>,
 }
 
 /// The plugin's record of the runtime, rebuilt at every Synchronize.
@@ -117,7 +117,7 @@ fn cgroup_of(c: &api::Container) -> Option<CgroupPath> {
     c.linux.as_ref().and_then(|l| container::cgroup_of(&l.cgroups_path))
 }
 
-fn name_of(pod: &api::PodSandbox, c: &api::Container) -> String {
+pub(super) fn name_of(pod: &api::PodSandbox, c: &api::Container) -> String {
     format!("{}/{}/{}", pod.namespace, pod.name, c.name)
 }
 
@@ -258,7 +258,7 @@ impl Plugin {
             let pod = by_id.get(c.pod_sandbox_id.as_str()).copied().unwrap_or(&none);
             match seen_for(call, &word, pod, c).await {
                 Ok(seen) => {
-                    let pooled = seen.assignment.is_some();
+                    let pooled = seen.assignment.is_some() || seen.claim.is_some();
                     live.containers.insert(c.id.clone(), Seen { started: started && !pooled, ..seen });
                     // A pooled one is bound (and read back) as at its start; the unpooled are
                     // confined together below.
@@ -286,11 +286,11 @@ impl Plugin {
 }
 
 /// The engine, with the time left to answer the runtime.
-struct Call<'a> {
-    handle: &'a Handle,
-    opts: &'a Options,
+pub(super) struct Call<'a> {
+    pub(super) handle: &'a Handle,
+    pub(super) opts: &'a Options,
     kubelet: &'a clients::PodResources,
-    budget: Duration,
+    pub(super) budget: Duration,
 }
 
 /// The kubelet's word on which container holds which of our devices (PodResources).
@@ -324,7 +324,7 @@ impl Word {
 
 impl Call<'_> {
     /// `f`'s answer, or `None` once the budget is spent.
-    async fn within<T>(
+    pub(super) async fn within<T>(
         &self,
         f: impl Future<Output = Result<T, EngineError>>,
     ) -> Option<Result<T, EngineError>> {
@@ -348,8 +348,8 @@ async fn seen_for(
 ) -> Result<Seen, Status> {
     let snap = call.handle.snapshot();
     let who = name_of(pod, c);
-    if let Some(cpus) = super::claim::cpus_for(call.opts, &snap, pod, c, &who)? {
-        return Ok(Seen { cgroup: cgroup_of(c), assignment: None, started: false, claim: Some(cpus) });
+    if let Some(held) = super::claim::held_for(call.opts, &snap, pod, c, &who)? {
+        return Ok(Seen { cgroup: cgroup_of(c), assignment: None, started: false, claim: Some(held) });
     }
     let claimed = env_of(c, cpupool_wire::names::ENV_ASSIGNMENT);
     let holder = match word {
@@ -450,7 +450,7 @@ async fn create(
     let snap = call.handle.snapshot();
     let before = pinned(c.linux.as_ref().and_then(|l| l.resources.as_ref())).to_owned();
     let (cpus, mems) = match (&seen.assignment, &seen.claim) {
-        (_, Some(cpus)) => (cpus.clone(), snap.topology.nodes_of(cpus)),
+        (_, Some(held)) => (held.cpus.clone(), snap.topology.nodes_of(&held.cpus)),
         (Some(id), None) => {
             let Some(a) = snap.state.assignments().get(id) else {
                 return Err(Status::new(
@@ -508,6 +508,9 @@ async fn start(
         None => seen_for(call, &Word::ask(call).await, pod, c).await?,
     };
     live.containers.insert(c.id.clone(), Seen { started: true, ..seen.clone() });
+    if let Some(held) = &seen.claim {
+        return super::claim::start(call, pod, c, held, seen.cgroup).await;
+    }
     let Some(id) = seen.assignment else {
         confine(live, call).await;
         return Ok(());
@@ -516,30 +519,7 @@ async fn start(
         log::warn!("NRI: container {who} has no cgroup cpupoold can name; {id} stays unbound");
         return Ok(());
     };
-    let target = Target::Cgroup(cgroup);
-    let owner = Owner { namespace: pod.namespace.clone(), pod: pod.name.clone(), name: c.name.clone() };
-    match call.within(call.handle.bind(id.as_str(), target.clone(), Some(owner))).await {
-        Some(Ok(a)) => {
-            let a = a.into_inner();
-            log::info!(
-                POOL = a.pool.as_str(), ASSIGNMENT = id.as_str(), TARGET = target.to_string().as_str(),
-                POD = pod.name.as_str(), NAMESPACE = pod.namespace.as_str(), CONTAINER = c.name.as_str();
-                "NRI: container {who} starts on CPUs {} of pool {} ({id}), read back from {target}", a.cpus, a.pool
-            );
-            Ok(())
-        }
-        Some(Err(e)) => Err(Status::new(
-            code::FAILED_PRECONDITION,
-            format!("cpupoold: container {who} would not run on the CPUs of {id}: {}", error_chain(&e)),
-        )),
-        None => {
-            log::warn!(
-                "NRI: binding {id} to container {who} took longer than {:?}; it completes in the engine",
-                call.budget
-            );
-            Ok(())
-        }
-    }
+    super::bind::bind(call, pod, c, &id, cgroup, id.as_str()).await
 }
 
 /// StopContainer, RemoveContainer: a pooled container's assignment is released when it is
@@ -565,6 +545,7 @@ async fn gone(live: &mut Live, call: &Call<'_>, pod: &api::PodSandbox, c: &api::
             (cgroup, bound)
         }
     };
+    super::claim::unbind(call, |p| Some(p) == cgroup.as_ref(), &format!("container {who} {how}")).await;
     let Some(id) = assignment else {
         confine(live, call).await;
         return;
@@ -677,6 +658,7 @@ async fn confine(live: &mut Live, call: &Call<'_>) {
 /// (the container went while cpupoold was not connected).
 async fn release_orphans(live: &Live, call: &Call<'_>) {
     let alive: BTreeSet<&CgroupPath> = live.containers.values().filter_map(|s| s.cgroup.as_ref()).collect();
+    super::claim::unbind(call, |p| !alive.contains(p), "its container is gone").await;
     let snap = call.handle.snapshot();
     let orphans: Vec<AssignmentId> = snap
         .state
