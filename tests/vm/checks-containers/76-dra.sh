@@ -6,8 +6,9 @@
 # ResourceSlice; a claim for 2 CPUs of dp is prepared in one transaction; the container's first
 # process runs on those CPUs only, with the CDI spec's environment; a cpupoold restart between
 # prepare and the container's start keeps the claim; a pod the claim is not reserved for gets no
-# pool's CPUs; unprepare releases and removes the CDI spec. 4 CPUs: reserved 0, shared web 1,
-# exclusive dp 2-3 (dra = true).
+# pool's CPUs; unprepare releases and removes the CDI spec; an isolated pool's claim makes its
+# container an isolated partition (6.7+). 4 CPUs: reserved 0, shared web 1, exclusive dp 2-3
+# (dra = true), then dp 2 and iso 3 (isolate = true).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/containers.sh"
 
@@ -91,6 +92,8 @@ check_output "the container's first process ran on CPUs 2-3 only" '^2-3$' ctr_cp
 check_output "it has the CDI spec's CPUPOOL_CPUS" '^2-3$' ctr_env app CPUPOOL_CPUS
 check_output "and CPUPOOL_CLAIM" "^$cuid\$" ctr_env app CPUPOOL_CLAIM
 check_output "its scope holds CPUs 2-3" '^2-3$' cat "$slice/cri-containerd-$id.scope/cpuset.cpus.effective"
+check_output "the claim's assignment is bound to its scope, applied" \
+  "dra-$cuid-0 +dp +2-3 +2000m +applied +cgroup:kubepods.slice/.*cri-containerd-$id.scope" cpupoolctl assignments
 second=$(ctr_start second "$prep")
 check_output "a second container of the pod shares them" '^2-3$' ctr_cpus second
 
@@ -115,6 +118,62 @@ check "NodeUnprepareResources" "$PEER" dra-unprepare $KD default/two/$cuid
 check "the claim's CPUs are released" sh -c "! cpupoolctl assignments | grep -q 'dra-$cuid'"
 check "its CDI spec is gone" test ! -e /var/run/cdi/cpupoold-$cuid.json
 check "unprepare again is done already" "$PEER" dra-unprepare $KD default/two/$cuid
+
+# An isolated pool served by DRA beside one that is not isolated: reserved 0, web 1, dp 2, iso 3.
+# Where the kernel has cpuset.cpus.exclusive (6.7), the claim's container is an isolated
+# partition of its own; where it has not (6.1), none is made and the pool says why.
+cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
+[pools.reserved]
+kind = "reserved"
+cpus = "0"
+[pools.web]
+kind = "shared"
+cpus = "1"
+[pools.dp]
+kind = "exclusive"
+cpus = "2"
+dra = true
+[pools.iso]
+kind = "exclusive"
+cpus = "3"
+isolate = true
+dra = true
+[kubelet]
+release_grace_ms = 600000
+[k8s]
+enabled = true
+kubeconfig = "/run/fake-kubeconfig"
+node_name = "$NODE"
+EOF
+check "restart with iso isolated, both pools served by DRA" systemctl restart cpupoold
+check "the slice lists iso-numa0" wait_for 30 slices_have iso-numa0
+uid=0a1b2c3d-0000-4000-8000-0000000000d3
+cuid=c1a1c1a1-0000-4000-8000-0000000000d3
+check_output "the fake API server holds the iso claim" '^ok$' fake_cmd "$(claim rt $cuid 1 $uid | sed 's/dp-numa0/iso-numa0/; s/"dp\./"iso./')"
+prep=$("$PEER" dra-prepare $KD default/rt/$cuid 2>/run/peer-dra.err)
+check_output "the iso claim is prepared" "\"cdi_devices\":\[\"$DRIVER/cpu=$cuid\"\]" echo "$prep $(cat /run/peer-dra.err)"
+pod=$(pod_start default/rt-pod/$uid/guaranteed)
+[ -n "$pod" ] || { fail "RunPodSandbox"; exit 1; }
+rt=$(ctr_start rt "$prep")
+[ -n "$rt" ] || { fail "CreateContainer with the iso claim: $prep"; exit 1; }
+check_output "the iso container's first process ran on CPU 3 only" '^3$' ctr_cpus rt
+check_output "its claim is bound to its scope, applied" \
+  "dra-$cuid-0 +iso +3 +1000m +applied +cgroup:kubepods.slice/.*cri-containerd-$rt.scope" cpupoolctl assignments
+if [ -e /sys/fs/cgroup/system.slice/cpuset.cpus.exclusive ]; then
+  check_output "6.7+: the iso claim's container is an isolated partition" '^isolated$' \
+    cat "$(pod_slice)/cri-containerd-$rt.scope/cpuset.cpus.partition"
+  check_output "which the kernel lists as isolated" '3' cat /sys/fs/cgroup/cpuset.cpus.isolated
+else
+  check_output "6.1: pool show says iso is degraded, and why" '^isolation: +degraded: no isolated partition' \
+    cpupoolctl pool show iso
+fi
+check "StopContainer rt" ctr_stop rt 2
+check "the stop unbinds the claim and keeps it" wait_for 10 sh -c \
+  "cpupoolctl assignments | grep -Eq 'dra-$cuid-0 +iso +3 +1000m .*kubelet:dra-$cuid-0'"
+check "RemoveContainer rt" ctr_remove rt
+check "the iso pod goes" pod_remove
+check "NodeUnprepareResources of the iso claim" "$PEER" dra-unprepare $KD default/rt/$cuid
+check "the iso claim is released" sh -c "! cpupoolctl assignments | grep -q 'dra-$cuid'"
 
 exec 7>&-
 wait $fake 2>/dev/null
