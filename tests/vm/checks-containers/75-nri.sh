@@ -104,23 +104,8 @@ check "the pod goes" pod_remove
 # the kernel has cpuset.cpus.exclusive (6.7), iso's container is an isolated partition of its own
 # and dp's keeps its CPU; where it has not (6.1), no partition is made while the kubelet's pods
 # exist (a root partition above iso would take dp's CPUs from them), and the daemon says so.
-cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
-[pools.reserved]
-kind = "reserved"
-cpus = "0"
-[pools.web]
-kind = "shared"
-cpus = "1"
-[pools.dp]
-kind = "exclusive"
-cpus = "2"
-[pools.iso]
-kind = "exclusive"
-cpus = "3"
-isolate = true
-[kubelet]
-release_grace_ms = 600000
-EOF
+vm_iso_pools "[kubelet]
+release_grace_ms = 600000"
 check "restart with iso isolated" systemctl restart cpupoold
 check "iso registers with the kubelet" wait_for 60 grep -q '^registered cpupool.io/iso ' /run/peer-nri.log
 check "the plugin is synchronized" wait_for 60 sh -c "cpupoolctl status | grep -q 'containers: *NRI'"

@@ -122,29 +122,15 @@ check "unprepare again is done already" "$PEER" dra-unprepare $KD default/two/$c
 # An isolated pool served by DRA beside one that is not isolated: reserved 0, web 1, dp 2, iso 3.
 # Where the kernel has cpuset.cpus.exclusive (6.7), the claim's container is an isolated
 # partition of its own; where it has not (6.1), none is made and the pool says why.
-cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
-[pools.reserved]
-kind = "reserved"
-cpus = "0"
-[pools.web]
-kind = "shared"
-cpus = "1"
-[pools.dp]
-kind = "exclusive"
-cpus = "2"
-dra = true
-[pools.iso]
-kind = "exclusive"
-cpus = "3"
-isolate = true
-dra = true
+vm_iso_pools "dra = true
 [kubelet]
 release_grace_ms = 600000
 [k8s]
 enabled = true
-kubeconfig = "/run/fake-kubeconfig"
-node_name = "$NODE"
-EOF
+kubeconfig = \"/run/fake-kubeconfig\"
+node_name = \"$NODE\""
+# dp too, in a drop-in of its own (the fragments merge key by key).
+printf '[pools.dp]\ndra = true\n' >/etc/cpupoold/config.d/51-vmtest-dra.toml
 check "restart with iso isolated, both pools served by DRA" systemctl restart cpupoold
 check "the slice lists iso-numa0" wait_for 30 slices_have iso-numa0
 uid=0a1b2c3d-0000-4000-8000-0000000000d3
@@ -179,7 +165,7 @@ exec 7>&-
 wait $fake 2>/dev/null
 cp /run/containerd-config.toml.orig /etc/containerd/config.toml
 check "containerd restarts with its own configuration" systemctl restart containerd
-rm -f /etc/cpupoold/config.d/50-vmtest.toml /run/fake.in /run/fake.out /run/fake-kubeconfig \
+rm -f /etc/cpupoold/config.d/50-vmtest.toml /etc/cpupoold/config.d/51-vmtest-dra.toml /run/fake.in /run/fake.out /run/fake-kubeconfig \
   /etc/systemd/system/cpupoold.service.d/50-k8s.conf
 systemctl daemon-reload
 systemctl stop cpupoold

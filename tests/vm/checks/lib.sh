@@ -95,6 +95,28 @@ ${1:-}
 EOF
 }
 
+# vm_iso_pools [TOML]: an isolated pool beside one that is not, in
+# /etc/cpupoold/config.d/50-vmtest.toml: reserved 0, shared web 1, exclusive dp 2, exclusive iso 3
+# (isolate = true); TOML appended after [pools.iso].
+vm_iso_pools() {
+  cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
+[pools.reserved]
+kind = "reserved"
+cpus = "0"
+[pools.web]
+kind = "shared"
+cpus = "1"
+[pools.dp]
+kind = "exclusive"
+cpus = "2"
+[pools.iso]
+kind = "exclusive"
+cpus = "3"
+isolate = true
+${1:-}
+EOF
+}
+
 # irq_pools ISOLATE [TOML]: the pools of the interrupt checks and measurement (reserved 0-1, so
 # irqbalance keeps running; exclusive dp 2-3 in threads, `isolate = ISOLATE`) in
 # /etc/cpupoold/config.d/50-vmtest.toml, TOML appended after [pools.dp].
