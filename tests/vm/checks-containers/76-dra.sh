@@ -46,17 +46,19 @@ claim() {
     "$1" "$2" $DRIVER $DRIVER $NODE "$3" "$1-pod" "$4"
 }
 
-# The packaged unit opens no internet socket; the cluster integration needs one (docs/interfaces.md).
-mkdir -p /etc/systemd/system/cpupoold.service.d
-printf '[Service]\nRestrictAddressFamilies=AF_INET AF_INET6\n' >/etc/systemd/system/cpupoold.service.d/50-k8s.conf
-systemctl daemon-reload
-vm_pools "dra = true
-[kubelet]
+# What both layouts below add: the kubelet's grace, the cluster integration at the fake.
+CLUSTER="[kubelet]
 release_grace_ms = 600000
 [k8s]
 enabled = true
 kubeconfig = \"/run/fake-kubeconfig\"
 node_name = \"$NODE\""
+# The packaged unit opens no internet socket; the cluster integration needs one (docs/interfaces.md).
+mkdir -p /etc/systemd/system/cpupoold.service.d
+printf '[Service]\nRestrictAddressFamilies=AF_INET AF_INET6\n' >/etc/systemd/system/cpupoold.service.d/50-k8s.conf
+systemctl daemon-reload
+vm_pools "dra = true
+$CLUSTER"
 rm -rf $KD /var/run/cdi/cpupoold-*
 mkdir -p $KD/plugins_registry $KD/plugins
 check "restart cpupoold with dp served by DRA" systemctl restart cpupoold
@@ -123,12 +125,7 @@ check "unprepare again is done already" "$PEER" dra-unprepare $KD default/two/$c
 # Where the kernel has cpuset.cpus.exclusive (6.7), the claim's container is an isolated
 # partition of its own; where it has not (6.1), none is made and the pool says why.
 vm_iso_pools "dra = true
-[kubelet]
-release_grace_ms = 600000
-[k8s]
-enabled = true
-kubeconfig = \"/run/fake-kubeconfig\"
-node_name = \"$NODE\""
+$CLUSTER"
 # dp too, in a drop-in of its own (the fragments merge key by key).
 printf '[pools.dp]\ndra = true\n' >/etc/cpupoold/config.d/51-vmtest-dra.toml
 check "restart with iso isolated, both pools served by DRA" systemctl restart cpupoold

@@ -80,13 +80,8 @@ main_pid() { systemctl show -p MainPID --value cpupoold.service; }
 # exclusive dp 2-3 in threads) in /etc/cpupoold/config.d/50-vmtest.toml, TOML appended after
 # [pools.dp]. The check removes the file when it is done.
 vm_pools() {
-  cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
-[pools.reserved]
-kind = "reserved"
-cpus = "0"
-[pools.web]
-kind = "shared"
-cpus = "1"
+  vm_reserved_and_web >/etc/cpupoold/config.d/50-vmtest.toml
+  cat >>/etc/cpupoold/config.d/50-vmtest.toml <<EOF
 [pools.dp]
 kind = "exclusive"
 cpus = "2-3"
@@ -95,17 +90,18 @@ ${1:-}
 EOF
 }
 
+# The reserved pool (CPU 0) and the shared pool web (CPU 1) that vm_pools and vm_iso_pools
+# begin with.
+vm_reserved_and_web() {
+  printf '[pools.reserved]\nkind = "reserved"\ncpus = "0"\n[pools.web]\nkind = "shared"\ncpus = "1"\n'
+}
+
 # vm_iso_pools [TOML]: an isolated pool beside one that is not, in
 # /etc/cpupoold/config.d/50-vmtest.toml: reserved 0, shared web 1, exclusive dp 2, exclusive iso 3
 # (isolate = true); TOML appended after [pools.iso].
 vm_iso_pools() {
-  cat >/etc/cpupoold/config.d/50-vmtest.toml <<EOF
-[pools.reserved]
-kind = "reserved"
-cpus = "0"
-[pools.web]
-kind = "shared"
-cpus = "1"
+  vm_reserved_and_web >/etc/cpupoold/config.d/50-vmtest.toml
+  cat >>/etc/cpupoold/config.d/50-vmtest.toml <<EOF
 [pools.dp]
 kind = "exclusive"
 cpus = "2"
