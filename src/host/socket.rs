@@ -1,10 +1,47 @@
 //! Unix sockets the daemon listens on: bound in a directory it creates, a stale socket left by
 //! a previous run replaced, a live one (another daemon answers) left alone.
+//!
+//! A socket appears at its name only once it listens, with its final mode ([`bind_in_place`]):
+//! it is bound under a hidden temporary name beside it, its mode set, and renamed into place.
+//! Peers that wait for the file and then dial (the kubelet's plugin watcher sees the name in
+//! `plugins_registry/` and dials at once) never find a name that refuses them, nor one of the
+//! wrong mode. `bind(2)` and `listen(2)` are two calls, and a name bound in place exists
+//! between them: a dial then is refused (ECONNREFUSED), which made a test fail 1 run in 18
+//! under load.
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Sockets bound so far by this process, to keep their temporary names apart.
+static BOUND: AtomicU64 = AtomicU64::new(0);
+
+/// The hidden temporary name `path` is bound under before it is renamed into place: in the
+/// same directory (a rename does not cross file systems), short (a socket's whole path must fit
+/// in 108 bytes), and starting with a dot, which the kubelet's plugin watcher skips.
+fn temporary(path: &Path) -> PathBuf {
+    let n = BOUND.fetch_add(1, Ordering::Relaxed);
+    path.with_file_name(format!(".s{}.{n}", std::process::id()))
+}
+
+/// Binds and listens on `path` with permissions `mode`, the name appearing only once both hold
+/// (see the module's text). Whatever is at `path` is replaced; the caller decides beforehand
+/// whether it may be.
+pub fn bind_in_place(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    let tmp = temporary(path);
+    let listener = UnixListener::bind(&tmp)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    match placed {
+        Ok(()) => Ok(listener),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
 
 /// Binds `path` with permissions `mode`, creating its directory. A stale socket there is
 /// removed; a live one is an `AddrInUse` error, anything else there `AlreadyExists`.
@@ -31,9 +68,7 @@ pub fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    Ok(listener)
+    bind_in_place(path, mode)
 }
 
 #[cfg(test)]
@@ -54,5 +89,35 @@ mod tests {
         let file = dir.path().join("file");
         std::fs::write(&file, "").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(bind_unix(&file, 0o666).err().map(|e| e.kind()), Some(io::ErrorKind::AlreadyExists));
+    }
+
+    /// Whoever sees the name can dial it: a watcher that dials the moment the name appears is
+    /// never refused, and the name never has another mode than the one asked for; nothing but
+    /// the socket is left in the directory.
+    #[test]
+    fn the_name_appears_listening_with_its_mode() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("reg.sock");
+        let watcher = {
+            let path = path.clone();
+            std::thread::spawn(move || loop {
+                if let Ok(m) = std::fs::symlink_metadata(&path) {
+                    let mode = m.permissions().mode() & 0o777;
+                    let dialed = std::os::unix::net::UnixStream::connect(&path).map(drop);
+                    return (mode, dialed.map_err(|e| e.to_string()));
+                }
+                std::thread::yield_now();
+            })
+        };
+        let l = bind_in_place(&path, 0o600).unwrap_or_else(|e| panic!("{e}"));
+        let (mode, dialed) = watcher.join().unwrap_or_else(|_| panic!("the watcher panicked"));
+        assert_eq!(mode, 0o600);
+        assert_eq!(dialed, Ok(()));
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        assert_eq!(names, [std::ffi::OsString::from("reg.sock")]);
+        drop(l);
     }
 }

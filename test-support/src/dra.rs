@@ -24,7 +24,7 @@ pub struct DraKubelet {
 /// Registers the driver whose registration socket is `socket`, as the plugin watcher does
 /// when it sees the socket; the reason it was refused, if it was (the driver is told too).
 pub async fn register(socket: &Path) -> Result<DraKubelet, String> {
-    let ch = unix_channel(socket.to_owned()).await.map_err(|e| format!("{}: {e}", socket.display()))?;
+    let ch = unix_channel(socket.to_owned()).await.map_err(|e| format!("{}: {}", socket.display(), chain(&e)))?;
     let mut registration = reg::registration_client::RegistrationClient::new(ch);
     let info =
         registration.get_info(reg::InfoRequest {}).await.map_err(|e| format!("GetInfo: {e}"))?.into_inner();
@@ -36,7 +36,7 @@ pub async fn register(socket: &Path) -> Result<DraKubelet, String> {
         unix_channel(PathBuf::from(&info.endpoint))
             .await
             .map(dra::dra_plugin_client::DraPluginClient::new)
-            .map_err(|e| format!("connecting to the endpoint `{}`: {e}", info.endpoint))
+            .map_err(|e| format!("connecting to the endpoint `{}`: {}", info.endpoint, chain(&e)))
     };
     let status = match &client {
         Ok(_) => reg::RegistrationStatus { plugin_registered: true, error: String::new() },
@@ -47,6 +47,19 @@ pub async fn register(socket: &Path) -> Result<DraKubelet, String> {
         .await
         .map_err(|e| format!("NotifyRegistrationStatus: {e}"))?;
     Ok(DraKubelet { info, client: client? })
+}
+
+/// An error with its causes (`transport error: … : Connection refused (os error 111)`): tonic's
+/// own text stops at "transport error".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// A claim as the kubelet names it.

@@ -12,8 +12,8 @@
 //! of spinning: tonic would ask again at once.
 //!
 //! Only the kubelet's side may take that room: the sockets are the daemon's uid's alone (mode
-//! 0600, as the kubelet's own are), and a peer of any uid but root's and the daemon's (one that
-//! connected before the mode was set, or where the mode was changed) is closed at accept
+//! 0600, as the kubelet's own are), and a peer of any uid but root's and the daemon's (where the mode was
+//! changed; the name appears only once its mode is set) is closed at accept
 //! ([`kubelet_peer`]). Otherwise idle connections of another user could take every slot and
 //! lock the kubelet out.
 
@@ -37,20 +37,18 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub(crate) static REFUSALS: Refusals = Refusals::new("device plugin");
 
 /// Binds `sock` anew (a file left there is removed) for the kubelet alone, as its own sockets
-/// are (mode 0600); a peer of another uid that connects before the mode is set is closed at
-/// accept ([`capped`]).
+/// are (mode 0600). The name appears only once it listens with that mode
+/// ([`crate::host::socket::bind_in_place`]): the kubelet's plugin watcher dials the moment it
+/// sees it. A peer of another uid (where the mode was changed) is closed at accept ([`capped`]).
 pub(crate) fn bind_private(sock: &std::path::Path) -> io::Result<UnixListener> {
     match std::fs::remove_file(sock) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = UnixListener::bind(sock)?;
-    std::fs::set_permissions(
-        sock,
-        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600),
-    )?;
-    Ok(listener)
+    let listener = crate::host::socket::bind_in_place(sock, 0o600)?;
+    listener.set_nonblocking(true)?;
+    UnixListener::from_std(listener)
 }
 
 /// An accepted connection holding its place in the budget until it is closed.
