@@ -91,33 +91,43 @@ mod tests {
         assert_eq!(bind_unix(&file, 0o666).err().map(|e| e.kind()), Some(io::ErrorKind::AlreadyExists));
     }
 
-    /// Whoever sees the name can dial it: a watcher that dials the moment the name appears is
-    /// never refused, and the name never has another mode than the one asked for; nothing but
-    /// the socket is left in the directory.
+    /// The name is never created in place: a watcher of the directory (the kubelet's plugin
+    /// watcher is one, on inotify) sees it only as a rename's target, at which point the
+    /// socket listens with its mode. A name bound in place is an IN_CREATE of a socket that
+    /// neither listens nor has its mode yet.
     #[test]
     fn the_name_appears_listening_with_its_mode() {
+        use inotify::{EventMask, Inotify, WatchMask};
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let path = dir.path().join("reg.sock");
-        let watcher = {
-            let path = path.clone();
-            std::thread::spawn(move || loop {
-                if let Ok(m) = std::fs::symlink_metadata(&path) {
-                    let mode = m.permissions().mode() & 0o777;
-                    let dialed = std::os::unix::net::UnixStream::connect(&path).map(drop);
-                    return (mode, dialed.map_err(|e| e.to_string()));
-                }
-                std::thread::yield_now();
-            })
-        };
+        let mut watcher = Inotify::init().unwrap_or_else(|e| panic!("{e}"));
+        watcher
+            .watches()
+            .add(dir.path(), WatchMask::CREATE | WatchMask::MOVED_TO)
+            .unwrap_or_else(|e| panic!("{e}"));
         let l = bind_in_place(&path, 0o600).unwrap_or_else(|e| panic!("{e}"));
-        let (mode, dialed) = watcher.join().unwrap_or_else(|_| panic!("the watcher panicked"));
+        let mut buf = [0u8; 4096];
+        let seen: Vec<(String, bool)> = watcher
+            .read_events(&mut buf)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .map(|e| {
+                (
+                    e.name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+                    e.mask.contains(EventMask::MOVED_TO),
+                )
+            })
+            .collect();
+        let of_the_name: Vec<_> = seen.iter().filter(|(n, _)| n == "reg.sock").collect();
+        assert_eq!(of_the_name, [&("reg.sock".to_owned(), true)], "events: {seen:?}");
+        assert!(seen.iter().all(|(n, _)| n == "reg.sock" || n.starts_with('.')), "events: {seen:?}");
+        let mode = std::fs::metadata(&path).map(|m| m.permissions().mode() & 0o777).unwrap_or_default();
         assert_eq!(mode, 0o600);
-        assert_eq!(dialed, Ok(()));
+        std::os::unix::net::UnixStream::connect(&path).unwrap_or_else(|e| panic!("{e}"));
+        drop(l);
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap_or_else(|e| panic!("{e}"))
             .filter_map(|e| e.ok().map(|e| e.file_name()))
             .collect();
         assert_eq!(names, [std::ffi::OsString::from("reg.sock")]);
-        drop(l);
     }
 }

@@ -24,7 +24,8 @@ pub struct DraKubelet {
 /// Registers the driver whose registration socket is `socket`, as the plugin watcher does
 /// when it sees the socket; the reason it was refused, if it was (the driver is told too).
 pub async fn register(socket: &Path) -> Result<DraKubelet, String> {
-    let ch = unix_channel(socket.to_owned()).await.map_err(|e| format!("{}: {}", socket.display(), chain(&e)))?;
+    let ch =
+        unix_channel(socket.to_owned()).await.map_err(|e| format!("{}: {}", socket.display(), chain(&e)))?;
     let mut registration = reg::registration_client::RegistrationClient::new(ch);
     let info =
         registration.get_info(reg::InfoRequest {}).await.map_err(|e| format!("GetInfo: {e}"))?.into_inner();
