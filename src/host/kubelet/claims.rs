@@ -12,6 +12,13 @@
 //! containers may use it), the devices answered to the kubelet and their CDI ids. Both
 //! survive a restart of cpupoold and of the kubelet: the kubelet asks to prepare again, and the
 //! record answers the same.
+//!
+//! A record decides which containers get which CPUs, so it is held to the state files' rule
+//! ([`Root::read_own`]: one every user may write is refused, another owner warned of), and it
+//! may name only its own claim's assignments (`dra-<uid>-<n>`, [`assignment_name`]): a record
+//! naming another's (`app`, or another claim's) is refused as corrupt. A record is checked to
+//! fit [`CAP`] before the claim's CPUs are booked ([`PreparedClaim::encode`]), so none is
+//! written that could not be read back.
 
 use std::path::Path;
 
@@ -22,8 +29,8 @@ use crate::host::fsutil::{FsError, Root};
 
 /// The records' directory below the state directory.
 pub const DIR: &str = "dra";
-/// The largest record read (a claim has at most 32 results).
-const CAP: u64 = 256 * 1024;
+/// The largest record written or read (a claim has at most 32 results and 256 pods).
+pub const CAP: u64 = 256 * 1024;
 /// The longest claim uid taken: Kubernetes' are UUIDs (36), and `dra-<uid>-<n>` must stay a
 /// device id (63).
 pub const MAX_UID: usize = 56;
@@ -63,6 +70,43 @@ pub fn valid_uid(uid: &str) -> bool {
     !uid.is_empty() && uid.len() <= MAX_UID && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
+/// The assignment that holds device `n` of claim `uid`: `dra-<uid>-<n>`. The one place the
+/// rule is written; [`claim_of`] reads it back.
+pub fn assignment_name(uid: &str, n: usize) -> String {
+    format!("dra-{uid}-{n}")
+}
+
+/// The claim uid whose device an assignment named `name` holds, when the name follows
+/// [`assignment_name`]'s rule.
+pub fn claim_of(name: &str) -> Option<&str> {
+    let (uid, n) = name.strip_prefix("dra-")?.rsplit_once('-')?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && valid_uid(uid)).then_some(uid)
+}
+
+impl PreparedClaim {
+    /// The record's bytes as written; an error when they would not fit [`CAP`] (and so could
+    /// not be read back).
+    pub fn encode(&self) -> Result<Vec<u8>, ClaimsError> {
+        let data = serde_json::to_vec_pretty(self).unwrap_or_default();
+        if data.len() as u64 > CAP {
+            return Err(ClaimsError::TooLarge { bytes: data.len(), pods: self.pods.len() });
+        }
+        Ok(data)
+    }
+
+    /// Why the record is not its claim's own: a uid that is not the file's, or an assignment
+    /// not named by [`assignment_name`] for it.
+    fn foreign(&self, uid: &str) -> Option<String> {
+        if self.uid != uid {
+            return Some(format!("it says uid `{}`", crate::core::echo(&self.uid)));
+        }
+        self.assignments
+            .iter()
+            .find(|a| claim_of(a.as_str()) != Some(uid))
+            .map(|a| format!("it names assignment `{a}`, which is not one of claim {uid}'s (dra-{uid}-<n>)"))
+    }
+}
+
 /// Why a record could not be read, written or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimsError {
@@ -81,6 +125,26 @@ pub enum ClaimsError {
     /// The uid cannot name a file.
     #[error("the claim uid `{0}` is not 1-{MAX_UID} characters of A-Z a-z 0-9 -")]
     Uid(String),
+    /// The record is not its claim's own ([`PreparedClaim::foreign`]).
+    #[error("`{file}` is not claim {uid}'s own record: {why}; it is not trusted")]
+    Foreign {
+        /// The file.
+        file: String,
+        /// The claim.
+        uid: String,
+        /// What is foreign in it.
+        why: String,
+    },
+    /// The record would not fit [`CAP`].
+    #[error(
+        "its record would take {bytes} bytes ({pods} pods reserved), over the {CAP} cpupoold reads back"
+    )]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The pods it names.
+        pods: usize,
+    },
 }
 
 /// The records' directory.
@@ -109,22 +173,42 @@ impl Claims {
         if !self.root.path().is_dir() {
             return Ok(None);
         }
-        let bytes = match self.root.read_regular(&file, CAP) {
+        let bytes = match self.root.read_own(&file, CAP) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        serde_json::from_slice(&bytes).map(Some).map_err(|source| ClaimsError::Corrupt {
-            file: self.root.path().join(&file).display().to_string(),
-            source,
-        })
+        let path = || self.root.path().join(&file).display().to_string();
+        let rec: PreparedClaim =
+            serde_json::from_slice(&bytes).map_err(|source| ClaimsError::Corrupt { file: path(), source })?;
+        match rec.foreign(uid) {
+            Some(why) => Err(ClaimsError::Foreign { file: path(), uid: uid.to_owned(), why }),
+            None => Ok(Some(rec)),
+        }
+    }
+
+    /// The uids of the records there (file names that are a valid uid and `.json`).
+    pub fn uids(&self) -> Result<Vec<String>, ClaimsError> {
+        let entries = match std::fs::read_dir(self.root.path()) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(FsError { op: "listing", path: self.root.path().to_owned(), source }.into())
+            }
+        };
+        let mut uids: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json").map(str::to_owned))
+            .filter(|u| valid_uid(u))
+            .collect();
+        uids.sort();
+        Ok(uids)
     }
 
     /// Writes `claim`'s record durably.
     pub fn save(&self, claim: &PreparedClaim) -> Result<(), ClaimsError> {
         let file = Self::file(&claim.uid)?;
+        let data = claim.encode()?;
         let root = Root::create(self.root.path(), 0o700)?;
-        let data = serde_json::to_vec_pretty(claim).unwrap_or_default();
         root.replace(&file, &data, 0o600)?;
         Ok(())
     }

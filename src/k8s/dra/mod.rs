@@ -108,6 +108,7 @@ pub async fn run(
     }
     let Some(client) = crate::k8s::client_when_ready(&k8s, &mut stop).await else { return Ok(()) };
     let driver = Arc::new(prepare::Driver::new(handle.clone(), client, opts.clone()));
+    driver.recover().await;
     let mut serving: Option<serve::Serving> = None;
     let mut failing = false;
     let mut tick = tokio::time::interval(LOOK_EVERY);

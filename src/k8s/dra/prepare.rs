@@ -4,9 +4,18 @@
 //! and its CPUs booked as one engine transaction ([`Handle::assign_all`]: all or nothing,
 //! durable before it answers), assignment `dra-<uid>-<n>` per device; then the CDI spec and
 //! the record are written, and a failure there gives the CPUs back. Every refusal names the
-//! claim, and the field, device and pool at fault.
+//! claim, and the field, device and pool at fault, echoing what the peer sent only in part
+//! ([`crate::core::echo`]): a kubelet takes at most 4 MiB in an answer for all its claims.
+//!
+//! One claim is worked on by one call at a time ([`Driver::claim`]): two pods sharing a claim
+//! make the kubelet prepare it twice at once, and an unprepare may land while a prepare runs.
+//! Serialized, the second prepare finds the first's record and answers the same, and an
+//! unprepare finds either nothing or the whole of it. What a crash leaves half done (CPUs
+//! booked with no record, a record whose CPUs are gone, a record without its CDI spec) is put
+//! right when the driver starts ([`Driver::recover`]), before it serves.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Api, Client};
@@ -14,6 +23,7 @@ use kube::{Api, Client};
 use super::Options;
 use crate::core::cpuset::CpuSet;
 use crate::core::dra::{self as model, Millis};
+use crate::core::echo;
 use crate::core::pool::PoolKind;
 use crate::core::state::{AssignSpec, Assignment, AssignmentId, Target};
 use crate::engine::Handle;
@@ -29,7 +39,14 @@ pub(super) struct Driver {
     opts: Options,
     records: Claims,
     cdi: CdiDir,
+    /// The claims being worked on, each by one call at a time; an entry goes with its last user.
+    busy: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
 }
+
+/// The most pods a claim is reserved for (the API's `ResourceClaimReservedForMaxSize`).
+const MAX_RESERVED_FOR: usize = 256;
+/// The longest request name (a DNS label, as the API validates it).
+const MAX_REQUEST_NAME: usize = 63;
 
 /// One result of the claim for this driver and node.
 struct Ours {
@@ -41,15 +58,34 @@ struct Ours {
 impl Driver {
     pub(super) fn new(handle: Handle, client: Client, opts: Options) -> Driver {
         let (records, cdi) = (Claims::new(&opts.state_dir), CdiDir::new(&opts.cdi_dir));
-        Driver { handle, client, opts, records, cdi }
+        Driver { handle, client, opts, records, cdi, busy: Mutex::new(HashMap::new()) }
+    }
+
+    /// Waits until no other call works on claim `uid`; the claim is this caller's while the
+    /// guard lives.
+    async fn claim(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut busy = self.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            busy.retain(|_, w| w.strong_count() > 0);
+            match busy.get(uid).and_then(Weak::upgrade) {
+                Some(l) => l,
+                None => {
+                    let l = Arc::new(tokio::sync::Mutex::new(()));
+                    busy.insert(uid.to_owned(), Arc::downgrade(&l));
+                    l
+                }
+            }
+        };
+        lock.lock_owned().await
     }
 
     /// Prepares `c`; the devices to answer, or why not (naming the claim).
     pub(super) async fn prepare(&self, c: &dra::Claim) -> Result<Vec<dra::Device>, String> {
-        let who = format!("claim {}/{} (uid {})", c.namespace, c.name, c.uid);
+        let who = who(c);
         if !claims::valid_uid(&c.uid) {
             return Err(format!("{who}: uid: not 1-{} characters of A-Z a-z 0-9 -", claims::MAX_UID));
         }
+        let _mine = self.claim(&c.uid).await;
         if let Some(rec) = self.records.load(&c.uid).map_err(|e| format!("{who}: {}", error_chain(&e)))? {
             if !self.cdi.has(&c.uid) {
                 self.write_cdi(&rec).map_err(|e| format!("{who}: {e}"))?;
@@ -63,12 +99,20 @@ impl Driver {
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         if uid != c.uid {
             return Err(format!(
-                "{who}: metadata.uid is `{uid}` on the API server: not the claim the kubelet names"
+                "{who}: metadata.uid is `{}` on the API server: not the claim the kubelet names",
+                echo(&uid)
             ));
         }
         let ours = ours(&claim, &self.opts).map_err(|e| format!("{who}: {e}"))?;
+        // The record is made, and checked to fit, before anything is booked.
+        let rec = record(c, &claim, &ours, &self.opts).map_err(|e| format!("{who}: {e}"))?;
         let made = self.book(&c.uid, &ours).await.map_err(|e| format!("{who}: {e}"))?;
-        let rec = record(c, &claim, &ours, &made, &self.opts);
+        if made.iter().map(|a| &a.id).ne(rec.assignments.iter()) {
+            self.give_back(&made.iter().map(|a| a.id.clone()).collect::<Vec<_>>()).await;
+            return Err(format!(
+                "{who}: the engine booked other assignments than the record names; given back"
+            ));
+        }
         if let Err(e) = self.write_cdi(&rec).and_then(|()| {
             self.records.save(&rec).map_err(|e| {
                 format!("recording it in `{}`: {}", self.opts.state_dir.display(), error_chain(&e))
@@ -96,7 +140,7 @@ impl Driver {
         let devices: Vec<String> = wanted.iter().map(|w| w.device.clone()).collect();
         let mut specs = Vec::new();
         for (n, w) in wanted.into_iter().enumerate() {
-            let name = format!("dra-{uid}-{n}");
+            let name = claims::assignment_name(uid, n);
             let id = AssignmentId::new(&name).map_err(|e| e.to_string())?;
             let exclusive = snap.state.pools().get(&w.pool).is_some_and(|p| p.kind == PoolKind::Exclusive);
             specs.push(AssignSpec {
@@ -143,38 +187,98 @@ impl Driver {
     /// Unprepares `c`: its CPUs released, its CDI spec and record removed. A claim not
     /// prepared here is done already.
     pub(super) async fn unprepare(&self, c: &dra::Claim) -> Result<(), String> {
-        let who = format!("claim {}/{} (uid {})", c.namespace, c.name, c.uid);
+        let who = who(c);
         if !claims::valid_uid(&c.uid) {
             return Ok(());
         }
-        // The record names the assignments; without one (a crash between the booking and the
-        // record), they are found by their names.
-        let prefix = format!("dra-{}-", c.uid);
+        let _mine = self.claim(&c.uid).await;
+        self.forget(&c.uid).await.map_err(|e| format!("{who}: {e}"))?;
+        log::info!("DRA: unprepared {who}");
+        Ok(())
+    }
+
+    /// Releases claim `uid`'s assignments (found by their names: the record may be gone, or
+    /// not written yet after a crash), then removes its CDI spec and its record, in that order,
+    /// so that no record is left without its CPUs.
+    async fn forget(&self, uid: &str) -> Result<(), String> {
         let ids: Vec<AssignmentId> = self
             .handle
             .snapshot()
             .state
             .assignments()
             .keys()
-            .filter(|id| {
-                id.as_str().strip_prefix(&prefix).is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            })
+            .filter(|id| claims::claim_of(id.as_str()) == Some(uid))
             .cloned()
             .collect();
         for id in &ids {
             match self.handle.release(id.as_str()).await {
-                Ok(a) => {
-                    log::info!("DRA: unprepared {who}: released {id} (CPUs {} of pool {})", a.cpus, a.pool)
-                }
+                Ok(a) => log::info!("DRA: claim {uid}: released {id} (CPUs {} of pool {})", a.cpus, a.pool),
                 Err(e) if self.handle.snapshot().state.assignments().contains_key(id) => {
-                    return Err(format!("{who}: releasing {id}: {}", error_chain(&e)));
+                    return Err(format!("releasing {id}: {}", error_chain(&e)));
                 }
                 Err(_) => {}
             }
         }
-        self.cdi.remove(&c.uid).map_err(|e| format!("{who}: removing its CDI spec: {}", error_chain(&e)))?;
-        self.records.remove(&c.uid).map_err(|e| format!("{who}: {}", error_chain(&e)))
+        self.cdi.remove(uid).map_err(|e| format!("removing its CDI spec: {}", error_chain(&e)))?;
+        self.records.remove(uid).map_err(|e| error_chain(&e))
     }
+
+    /// Puts right what a crash left half done, before the driver serves: CPUs booked for a
+    /// claim with no record (the kubelet was not answered, and asks again) are given back; a
+    /// record whose CPUs are not all held any more goes, with its CDI spec (the kubelet asks
+    /// again, or unprepares); a record whose CDI spec is missing gets it written again. A record
+    /// that cannot be trusted or read is left where it is and said, its claim not prepared.
+    pub(super) async fn recover(&self) {
+        let uids = match self.records.uids() {
+            Ok(u) => u,
+            Err(e) => return log::warn!("DRA: listing the prepared claims: {}", error_chain(&e)),
+        };
+        for uid in &uids {
+            let _mine = self.claim(uid).await;
+            let rec = match self.records.load(uid) {
+                Ok(Some(rec)) => rec,
+                Ok(None) => continue,
+                Err(e) => {
+                    log::error!("DRA: claim {uid}: {}; it is not served", error_chain(&e));
+                    continue;
+                }
+            };
+            let state = self.handle.snapshot().state.clone();
+            if let Some(gone) = rec.assignments.iter().find(|id| !state.assignments().contains_key(*id)) {
+                log::warn!("DRA: claim {uid} is recorded as prepared but {gone} is not held: unpreparing it");
+                if let Err(e) = self.forget(uid).await {
+                    log::error!("DRA: claim {uid}: {e}");
+                }
+            } else if !self.cdi.has(uid) {
+                match self.write_cdi(&rec) {
+                    Ok(()) => log::info!("DRA: claim {uid}: its CDI spec was missing and is written again"),
+                    Err(e) => log::error!("DRA: claim {uid}: {e}"),
+                }
+            }
+        }
+        let state = self.handle.snapshot().state.clone();
+        let orphans: Vec<String> = state
+            .assignments()
+            .keys()
+            .filter_map(|id| claims::claim_of(id.as_str()))
+            .filter(|uid| uids.binary_search(&(*uid).to_owned()).is_err())
+            .map(str::to_owned)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for uid in orphans {
+            let _mine = self.claim(&uid).await;
+            log::warn!("DRA: claim {uid} has CPUs booked but no record (a crash before it was answered): giving them back");
+            if let Err(e) = self.forget(&uid).await {
+                log::error!("DRA: claim {uid}: {e}");
+            }
+        }
+    }
+}
+
+/// A claim as errors name it, what the peer sent echoed in part.
+fn who(c: &dra::Claim) -> String {
+    format!("claim {}/{} (uid {})", echo(&c.namespace), echo(&c.name), echo(&c.uid))
 }
 
 /// The claim's results of this driver, all on this node's pool: each field at fault named.
@@ -189,7 +293,15 @@ fn ours(claim: &ResourceClaim, opts: &Options) -> Result<Vec<Ours>, String> {
         if r.pool != opts.node {
             return Err(format!(
                 "{field}.pool is `{}`: device `{}` is not on this node (pool {})",
-                r.pool, r.device, opts.node
+                echo(&r.pool),
+                echo(&r.device),
+                opts.node
+            ));
+        }
+        if r.request.len() > MAX_REQUEST_NAME {
+            return Err(format!(
+                "{field}.request: `{}` is longer than the API's {MAX_REQUEST_NAME} characters",
+                echo(&r.request)
             ));
         }
         let consumed = match r.consumed_capacity.as_ref().and_then(|c| c.get(model::CAPACITY)) {
@@ -204,15 +316,15 @@ fn ours(claim: &ResourceClaim, opts: &Options) -> Result<Vec<Ours>, String> {
     Ok(out)
 }
 
-/// The record of a claim just booked: one device answered per device of ours, with the
-/// requests it serves and the claim's one CDI device.
+/// The record of a claim about to be booked: its assignments as [`Driver::book`] names them,
+/// one device answered per device of ours, with the requests it serves and the claim's one CDI
+/// device; an error when it names more pods than the API allows or would not fit a record.
 fn record(
     c: &dra::Claim,
     claim: &ResourceClaim,
     ours: &[Ours],
-    made: &[Assignment],
     opts: &Options,
-) -> PreparedClaim {
+) -> Result<PreparedClaim, String> {
     let mut requests: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for o in ours {
         let r = requests.entry(o.device.as_str()).or_default();
@@ -221,17 +333,27 @@ fn record(
         }
     }
     let cdi_id = cdi::device_id(&opts.driver, &c.uid);
-    let pods = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.reserved_for.as_ref())
-        .map(|r| r.iter().filter(|c| c.resource == "pods").map(|c| c.uid.clone()).collect())
-        .unwrap_or_default();
-    PreparedClaim {
+    let reserved = claim.status.as_ref().and_then(|s| s.reserved_for.as_deref()).unwrap_or(&[]);
+    if reserved.len() > MAX_RESERVED_FOR {
+        return Err(format!(
+            "status.reservedFor: {} entries, over the API's {MAX_RESERVED_FOR}; nothing was booked",
+            reserved.len()
+        ));
+    }
+    let pods = reserved.iter().filter(|c| c.resource == "pods").map(|c| c.uid.clone()).collect();
+    // One assignment per distinct device, as `book` makes them.
+    let devices = {
+        let mut seen = std::collections::BTreeSet::new();
+        ours.iter().filter(|o| seen.insert(o.device.as_str())).count()
+    };
+    let assignments = (0..devices)
+        .map(|n| AssignmentId::new(&claims::assignment_name(&c.uid, n)).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rec = PreparedClaim {
         uid: c.uid.clone(),
         namespace: c.namespace.clone(),
         name: c.name.clone(),
-        assignments: made.iter().map(|a| a.id.clone()).collect(),
+        assignments,
         pods,
         devices: requests
             .into_iter()
@@ -242,7 +364,9 @@ fn record(
                 cdi_device_ids: vec![cdi_id.clone()],
             })
             .collect(),
-    }
+    };
+    rec.encode().map_err(|e| format!("{}; nothing was booked", error_chain(&e)))?;
+    Ok(rec)
 }
 
 fn to_wire(d: &PreparedDevice) -> dra::Device {

@@ -143,6 +143,30 @@ impl reg::registration_server::Registration for Registration {
     }
 }
 
+/// The most claims one call names. The kubelet names the claims of one pod that this driver
+/// serves, a handful; a call naming more is refused whole, before any claim is read, so that
+/// one call cannot hold the API server's connections and the daemon's descriptors.
+pub(super) const MAX_CLAIMS_PER_CALL: usize = 256;
+/// The claims of one call worked on at once (each may read its ResourceClaim from the API
+/// server, one connection each): the rest wait their turn, in order.
+const AT_ONCE: usize = 8;
+
+/// Refuses a call naming more than [`MAX_CLAIMS_PER_CALL`] claims.
+fn within_cap(n: usize) -> Result<(), Status> {
+    if n > MAX_CLAIMS_PER_CALL {
+        return Err(Status::invalid_argument(format!(
+            "claims: {n} in one call, over the {MAX_CLAIMS_PER_CALL} cpupoold takes; nothing was done"
+        )));
+    }
+    Ok(())
+}
+
+/// The outputs of `calls` in their order, at most [`AT_ONCE`] running at a time.
+async fn at_most_some_at_once<T, F: std::future::Future<Output = T>>(calls: Vec<F>) -> Vec<T> {
+    use futures_util::StreamExt;
+    futures_util::stream::iter(calls).buffered(AT_ONCE).collect().await
+}
+
 /// The `v1.DRAPlugin` endpoint.
 struct Endpoint(Arc<Driver>);
 
@@ -153,7 +177,8 @@ impl dra::dra_plugin_server::DraPlugin for Endpoint {
         r: Request<dra::NodePrepareResourcesRequest>,
     ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
         let claims = r.into_inner().claims;
-        let answers = futures_util::future::join_all(claims.iter().map(|c| self.0.prepare(c))).await;
+        within_cap(claims.len())?;
+        let answers = at_most_some_at_once(claims.iter().map(|c| self.0.prepare(c)).collect()).await;
         let claims = claims
             .into_iter()
             .zip(answers)
@@ -173,7 +198,8 @@ impl dra::dra_plugin_server::DraPlugin for Endpoint {
         r: Request<dra::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
         let claims = r.into_inner().claims;
-        let answers = futures_util::future::join_all(claims.iter().map(|c| self.0.unprepare(c))).await;
+        within_cap(claims.len())?;
+        let answers = at_most_some_at_once(claims.iter().map(|c| self.0.unprepare(c)).collect()).await;
         let claims = claims
             .into_iter()
             .zip(answers)

@@ -1,0 +1,253 @@
+//! One claim, many callers: the DRA driver's claims under the kubelet's concurrency (two pods
+//! sharing a claim prepare it twice at once; an unprepare lands while a prepare runs), after a
+//! crash half way, with records another user could have written, and with what a peer may send
+//! at the API's limits and beyond. The real `cpupoold --sandbox` (k8s feature), the
+//! kubelet-shaped peer (test-support's DRA client, the real protobuf) and the fake API server
+//! (`fake_apiserver/claims.rs`: no API server runs here). Claim UIDs are the kernel's random v4
+//! UUIDs, digit-first ones among them, as an API server makes them.
+#![cfg(feature = "k8s")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod fake_apiserver;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cpupoold::host::kubelet::proto::dra as pb;
+use serde_json::{json, Value};
+
+use common::{Daemon, Varlink};
+use fake_apiserver::claims::{claim, Result as Res};
+use fake_apiserver::Fake;
+use test_support::dra::{self as peer, DraKubelet};
+
+const NODE: &str = "node-a";
+const NS: &str = "team";
+const DRIVER: &str = "dra.cpupool.io";
+const WAIT: u64 = 60;
+const SHAPE: &str = "2x8x1:2";
+const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,8\"\n\n\
+    [pools.dp]\nkind = \"exclusive\"\ncpus = \"1-7,9-15\"\ndra = true\n";
+
+/// A random v4 UUID from the kernel; `digit_first` keeps drawing until its first character is
+/// (or is not) a digit.
+fn uuid(digit_first: bool) -> String {
+    loop {
+        let u = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap().trim().to_owned();
+        if u.starts_with(|c: char| c.is_ascii_digit()) == digit_first {
+            return u;
+        }
+    }
+}
+
+fn start(dir: &Path, fake: &Fake) -> Daemon {
+    fake.write_kubeconfig(&dir.join("kubeconfig"));
+    let config = format!(
+        "{POOLS}\n[kubelet]\nenabled = true\n\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\n",
+        dir.join("kubeconfig").display()
+    );
+    Daemon::start_shaped(dir, SHAPE, Some(&config), &["--bus", "none", "--log-level", "debug"])
+}
+
+/// Registers as the plugin watcher does: the socket a killed daemon left refuses until the new
+/// one binds its own, so a refusal is tried again, as the kubelet's reconciler does.
+async fn register(d: &Daemon) -> DraKubelet {
+    let sock = d.sb.join(format!("kubelet/plugins_registry/{DRIVER}-reg.sock"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(WAIT);
+    loop {
+        match peer::register(&sock).await {
+            Ok(k) => return k,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}\n{}", d.logs()),
+        }
+    }
+}
+
+fn dp(device: &'static str, cpu: &'static str) -> Res<'static> {
+    Res { driver: DRIVER, pool: NODE, device, cpu: Some(cpu) }
+}
+
+/// Puts a claim of `cpu` CPUs of `dp-numa0` with a fresh UUID, reserved for one pod.
+fn put(fake: &Fake, name: &str, cpu: &'static str, digit_first: bool) -> pb::Claim {
+    let uid = uuid(digit_first);
+    let pod = uuid(!digit_first);
+    fake.put_claim(claim(NS, name, &uid, &[dp("dp-numa0", cpu)], &[("pod-1", &pod)]));
+    peer::claim(NS, name, &uid)
+}
+
+async fn prepare_one(k: &DraKubelet, c: &pb::Claim) -> pb::NodePrepareResourceResponse {
+    let mut r = k.prepare(vec![c.clone()]).await.unwrap();
+    r.claims.remove(&c.uid).unwrap_or_else(|| panic!("no answer for {}", c.uid))
+}
+
+fn record_path(d: &Daemon, uid: &str) -> PathBuf {
+    d.sb.join(format!("state/dra/{uid}.json"))
+}
+
+fn cdi_path(d: &Daemon, uid: &str) -> PathBuf {
+    d.sb.join(format!("run/cdi/cpupoold-{uid}.json"))
+}
+
+/// The claim's assignments, by id.
+fn booked(d: &Daemon, uid: &str) -> Vec<String> {
+    let mut v = Varlink::connect(&d.varlink);
+    let r = v.call("ListAssignments", json!({})).unwrap();
+    let prefix = format!("dra-{uid}-");
+    r["assignments"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| a["id"].as_str().filter(|i| i.starts_with(&prefix)).map(str::to_owned))
+        .collect()
+}
+
+/// What is left of claim `uid`: (assignments, a record, a CDI spec).
+fn left(d: &Daemon, uid: &str) -> (usize, bool, bool) {
+    (booked(d, uid).len(), record_path(d, uid).exists(), cdi_path(d, uid).exists())
+}
+
+/// Two prepares of one claim at once answer the same devices and book it once; a prepare and
+/// an unprepare at once leave all of it or none of it, and a prepare after that answers from
+/// what is really held. Raced 30 times each, on both kinds of UUID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_claim_called_twice_at_once_is_booked_once_and_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    let d = start(dir.path(), &fake);
+    let k = Arc::new(register(&d).await);
+    for round in 0..30 {
+        let c = put(&fake, &format!("twice-{round}"), "2", round % 2 == 0);
+        let (a, b) = tokio::join!(prepare_one(&k, &c), prepare_one(&k, &c));
+        assert_eq!(a.error, "", "round {round}: {}", d.logs());
+        assert_eq!(a, b, "round {round}");
+        assert_eq!(left(&d, &c.uid), (1, true, true), "round {round}");
+
+        // Unprepare racing a prepare of the same claim.
+        let (u, p) = tokio::join!(k.unprepare(vec![c.clone()]), prepare_one(&k, &c));
+        assert_eq!(u.unwrap().claims[&c.uid].error, "", "round {round}");
+        assert_eq!(p.error, "", "round {round}");
+        let now = left(&d, &c.uid);
+        assert!(now == (1, true, true) || now == (0, false, false), "round {round}: {now:?}");
+        // Whatever won, a prepare now holds the CPUs it answers.
+        assert_eq!(prepare_one(&k, &c).await, a, "round {round}");
+        assert_eq!(left(&d, &c.uid), (1, true, true), "round {round}");
+        k.unprepare(vec![c.clone()]).await.unwrap();
+        assert_eq!(left(&d, &c.uid), (0, false, false), "round {round}");
+    }
+    d.stop();
+}
+
+/// What a crash leaves half done is put right when the driver starts, before the kubelet
+/// calls: CPUs booked with no record are given back, a record whose CPUs are gone goes with
+/// its spec, a missing CDI spec is written again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_half_way_is_put_right_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    let d = start(dir.path(), &fake);
+    let k = register(&d).await;
+    let no_record = put(&fake, "no-record", "1", true);
+    let no_booking = put(&fake, "no-booking", "1", false);
+    let no_spec = put(&fake, "no-spec", "2", true);
+    for c in [&no_record, &no_booking, &no_spec] {
+        assert_eq!(prepare_one(&k, c).await.error, "", "{}", d.logs());
+    }
+    let spec = std::fs::read(cdi_path(&d, &no_spec.uid)).unwrap();
+    // The assignment of `no-booking` released behind the driver's back (root's Release).
+    let id = booked(&d, &no_booking.uid).remove(0);
+    Varlink::connect(&d.varlink).call("Release", json!({"id": id})).unwrap();
+    d.kill();
+    // The crash: one record never written, one spec lost.
+    let d0 = dir.path().join("sb");
+    std::fs::remove_file(d0.join(format!("state/dra/{}.json", no_record.uid))).unwrap();
+    std::fs::remove_file(d0.join(format!("run/cdi/cpupoold-{}.json", no_spec.uid))).unwrap();
+
+    let d = start(dir.path(), &fake);
+    let _k = register(&d).await;
+    assert_eq!(left(&d, &no_record.uid), (0, false, false), "{}", d.logs());
+    assert_eq!(left(&d, &no_booking.uid), (0, false, false), "{}", d.logs());
+    assert_eq!(left(&d, &no_spec.uid), (1, true, true), "{}", d.logs());
+    assert_eq!(std::fs::read(cdi_path(&d, &no_spec.uid)).unwrap(), spec);
+    d.stop();
+}
+
+/// A record decides which pods get which CPUs: one every user may write, or one that names an
+/// assignment not its claim's, is not trusted, and the claim is not answered from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_held_to_the_state_files_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    let d = start(dir.path(), &fake);
+    let k = register(&d).await;
+    std::fs::create_dir_all(d.sb.join("cgroup/app")).unwrap();
+    let mut v = Varlink::connect(&d.varlink);
+    v.call("Assign", json!({"pool": "dp", "cpus": 1, "target": "cgroup:app", "id": "app"})).unwrap();
+
+    let c = put(&fake, "victim", "1", true);
+    assert_eq!(prepare_one(&k, &c).await.error, "", "{}", d.logs());
+    let rec = record_path(&d, &c.uid);
+    // World-writable (mode 0666, as a careless edit leaves it): refused, naming the file.
+    std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let e = prepare_one(&k, &c).await.error;
+    assert!(e.contains("writable by every user") && e.contains(&c.uid), "{e}");
+    std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(prepare_one(&k, &c).await.error, "");
+
+    // A record naming the assignment `app`: not the claim's own.
+    let mut forged: Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
+    forged["assignments"] = json!(["app"]);
+    std::fs::write(&rec, serde_json::to_vec(&forged).unwrap()).unwrap();
+    let e = prepare_one(&k, &c).await.error;
+    assert!(e.contains("not claim") && e.contains("`app`"), "{e}");
+    d.stop();
+}
+
+/// What a peer sends is bounded: more claims in one call than a kubelet sends is refused whole
+/// before any is read; a claim whose record could not be read back (10,000 pods reserved, a
+/// request name of 300 KiB) is refused before anything is booked; an error echoes a 1 MiB name
+/// in part, never whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_peer_sends_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    let d = start(dir.path(), &fake);
+    let k = register(&d).await;
+
+    let many: Vec<pb::Claim> =
+        (0..257).map(|i| peer::claim(NS, &format!("c{i}"), &uuid(i % 2 == 0))).collect();
+    let e = k.prepare(many.clone()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("257") && e.message().contains("256"), "{e}");
+    // At the cap, every claim is answered (all absent from the API server here).
+    let r = k.prepare(many[..256].to_vec()).await.unwrap();
+    assert_eq!(r.claims.len(), 256);
+    assert!(r.claims.values().all(|c| c.error.contains("404")), "{:?}", r.claims.values().next());
+
+    // 10,000 pods in reservedFor.
+    let uid = uuid(true);
+    let pods: Vec<(String, String)> = (0..10_000).map(|i| (format!("p{i}"), uuid(false))).collect();
+    let pods: Vec<(&str, &str)> = pods.iter().map(|(n, u)| (n.as_str(), u.as_str())).collect();
+    fake.put_claim(claim(NS, "crowded", &uid, &[dp("dp-numa0", "1")], &pods));
+    let e = prepare_one(&k, &peer::claim(NS, "crowded", &uid)).await.error;
+    assert!(e.contains("status.reservedFor") && e.contains("nothing was booked"), "{e}");
+    assert_eq!(left(&d, &uid), (0, false, false));
+
+    // A request name of 300 KiB.
+    let uid = uuid(false);
+    let mut obj = claim(NS, "long-request", &uid, &[dp("dp-numa0", "1")], &[("p", "u")]);
+    obj["status"]["allocation"]["devices"]["results"][0]["request"] = json!("r".repeat(300 * 1024));
+    fake.put_claim(obj);
+    let e = prepare_one(&k, &peer::claim(NS, "long-request", &uid)).await.error;
+    assert!(e.contains(".request") && e.len() < 4096, "{} bytes: {}", e.len(), &e[..e.len().min(300)]);
+    assert_eq!(left(&d, &uid), (0, false, false));
+
+    // A 1 MiB claim name comes back cut.
+    let e = prepare_one(&k, &peer::claim(NS, &"n".repeat(1 << 20), &uuid(true))).await.error;
+    assert!(!e.is_empty() && e.len() < 4096, "{} bytes", e.len());
+    d.stop();
+}
