@@ -221,6 +221,15 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
     let (g2, _) = wait_devices(&fake, &d, &["dp-numa0", "dp-numa1", "web"]);
     assert!(g2 > g1, "{g2} after {g1}");
 
+    // Someone else rewrites the slice with an older generation and 100 devices of their own:
+    // what the API server has now is taken as it is, and put right at a newer generation.
+    let mut foreign = fake.object("resourceslices", "node-a-dra.cpupool.io-0").unwrap();
+    foreign["spec"]["pool"]["generation"] = json!(g2 - 1);
+    foreign["spec"]["devices"] =
+        json!((0..100).map(|i| json!({"name": format!("foreign-{i}")})).collect::<Vec<_>>());
+    fake.put("resourceslices", foreign);
+    let (g2, _) = wait_devices(&fake, &d, &["dp-numa0", "dp-numa1", "web"]);
+
     // A resize off NUMA node 1: its device goes, the generation moves on.
     v.call("ResizePool", json!({"name": "dp", "cpus": "1-2,9-10"})).unwrap();
     let (g3, _) = wait_devices(&fake, &d, &["dp-numa0", "web"]);

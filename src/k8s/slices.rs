@@ -260,6 +260,7 @@ pub async fn run(client: Client, target: Target, handle: Handle, mut stop: watch
         target,
         seen: None,
         applied: BTreeMap::new(),
+        ours: BTreeMap::new(),
         generation: 0,
         failing: false,
         dropped: false,
@@ -342,6 +343,16 @@ pub fn as_applied(
         .collect()
 }
 
+/// How many of its own writes' resourceVersions per slice the writer knows again.
+const OWN_ECHOES: usize = 16;
+
+/// Whether a watch event with `version` is the late echo of one of this daemon's writes
+/// (`ours`, oldest first) other than the last: the write after it is already seen.
+pub fn late_echo(ours: Option<&std::collections::VecDeque<String>>, version: Option<&str>) -> bool {
+    let (Some(ours), Some(version)) = (ours, version) else { return false };
+    ours.iter().rev().skip(1).any(|v| v == version)
+}
+
 /// Writes the slices; remembers what the API server has.
 struct Writer {
     api: Api<ResourceSlice>,
@@ -350,6 +361,11 @@ struct Writer {
     seen: Option<BTreeMap<String, ResourceSlice>>,
     /// Each slice this daemon wrote: the resourceVersion the write returned, the spec applied.
     applied: BTreeMap<String, (String, ResourceSliceSpec)>,
+    /// The resourceVersions this daemon's writes returned, the last [`OWN_ECHOES`] per slice:
+    /// a watch event carrying one of them, other than the latest, is the late echo of an
+    /// earlier write of ours and changes nothing. Any other event is what the API server has,
+    /// whatever its generation says (someone else's edit may carry an older one).
+    ours: BTreeMap<String, std::collections::VecDeque<String>>,
     /// The generation last written.
     generation: i64,
     failing: bool,
@@ -366,8 +382,7 @@ impl Writer {
             }
             Seen::Applied(s) => {
                 let (Some(seen), Some(name)) = (self.seen.as_mut(), s.metadata.name.clone()) else { return };
-                // The echo of a write older than one already seen changes nothing.
-                if seen.get(&name).is_some_and(|old| generation(old) > generation(&s)) {
+                if late_echo(self.ours.get(&name), s.metadata.resource_version.as_deref()) {
                     return;
                 }
                 seen.insert(name, s);
@@ -438,6 +453,11 @@ impl Writer {
                 self.dropped = true;
             }
             let version = written.metadata.resource_version.clone().unwrap_or_default();
+            let ours = self.ours.entry(name.clone()).or_default();
+            ours.push_back(version.clone());
+            while ours.len() > OWN_ECHOES {
+                ours.pop_front();
+            }
             self.applied.insert(name.clone(), (version, slice.spec.clone()));
             self.seen.get_or_insert_with(BTreeMap::new).insert(name, written);
         }
@@ -448,6 +468,7 @@ impl Writer {
                 Err(e) => return Err((format!("deleting ResourceSlice {name}"), e)),
             }
             self.applied.remove(name);
+            self.ours.remove(name);
             if let Some(seen) = self.seen.as_mut() {
                 seen.remove(name);
             }

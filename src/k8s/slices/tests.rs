@@ -235,3 +235,18 @@ fn a_slice_kept_without_the_fields_the_server_dropped_is_not_written_again() {
     let edited = BTreeMap::from([(name, kept)]);
     assert_eq!(plan(&as_applied(&edited, &applied), &t, &devices, 1).map(|p| p.generation), Some(2));
 }
+
+/// A watch event is taken as what the API server has unless it is the late echo of an earlier
+/// write of this daemon's: someone else's edit counts whatever generation it carries.
+#[test]
+fn only_the_late_echo_of_an_own_write_is_passed_over() {
+    let ours: std::collections::VecDeque<String> = ["10", "12", "15"].map(String::from).into();
+    assert!(late_echo(Some(&ours), Some("10")));
+    assert!(late_echo(Some(&ours), Some("12")));
+    // The latest write's own echo is what the server has.
+    assert!(!late_echo(Some(&ours), Some("15")));
+    // Someone else's edit, older generation or not, has a version none of ours had.
+    assert!(!late_echo(Some(&ours), Some("13")));
+    assert!(!late_echo(None, Some("10")));
+    assert!(!late_echo(Some(&ours), None));
+}
