@@ -6,6 +6,11 @@
 //! [`Connection`] is both ends of one NRI socket: it serves the plugin's service on
 //! [`mux::PLUGIN_CONN`] through a [`Service`], each request on a task of its own, and calls the
 //! runtime's on [`mux::RUNTIME_CONN`].
+//!
+//! At most [`IN_SERVICE`] requests of one connection are served or hold an unsent answer at a
+//! time; beyond that the socket is not read until one is done. A runtime that sends requests
+//! and never reads the answers then stops at its socket's buffer, instead of making the daemon
+//! keep an answer (and a task) for every request it sends.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,12 +22,15 @@ use std::time::Duration;
 use prost::Message;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::mux;
 
 /// The header's size.
 pub const HEADER: usize = 10;
+/// The requests of one connection served at once, or answered and waiting to be written. A
+/// runtime sends one event at a time per container and waits for its answer.
+pub const IN_SERVICE: usize = 64;
 /// The largest message either side sends (ttRPC's own limit).
 pub const MAX_MESSAGE: usize = 4 << 20;
 /// A request.
@@ -250,6 +258,7 @@ impl Connection {
             });
             let _writer = AbortOnDrop(writer);
             let (mut server, mut client) = (Reassembly::default(), Reassembly::default());
+            let in_service = Arc::new(Semaphore::new(IN_SERVICE));
             let result = loop {
                 let (id, payload) = match mux::read_frame(&mut rd).await {
                     Ok(Some(f)) => f,
@@ -266,7 +275,11 @@ impl Connection {
                 let mut failed = None;
                 loop {
                     match buf.next_frame() {
-                        Ok(Some(f)) if is_server => serve(f, &service, &out),
+                        Ok(Some(f)) if is_server => {
+                            // Never closed: the semaphore lives as long as this loop.
+                            let Ok(slot) = in_service.clone().acquire_owned().await else { break };
+                            serve(f, &service, &out, slot);
+                        }
                         Ok(Some(f)) => answer(f, &pending),
                         Ok(None) => break,
                         Err(e) => {
@@ -337,8 +350,9 @@ impl Connection {
     }
 }
 
-/// Serves one request on a task of its own, and writes its response.
-fn serve(frame: Frame, service: &Arc<dyn Service>, out: &mpsc::Sender<Vec<u8>>) {
+/// Serves one request on a task of its own, and writes its response; `slot` is given back once
+/// the response is queued for writing.
+fn serve(frame: Frame, service: &Arc<dyn Service>, out: &mpsc::Sender<Vec<u8>>, slot: OwnedSemaphorePermit) {
     if frame.kind != TYPE_REQUEST {
         return;
     }
@@ -365,6 +379,7 @@ fn serve(frame: Frame, service: &Arc<dyn Service>, out: &mpsc::Sender<Vec<u8>>) 
             bytes = Response { status: Some(status), payload: Vec::new() }.encode_to_vec();
         }
         let _ = out.send(mux::encode(mux::PLUGIN_CONN, &encode(frame.stream, TYPE_RESPONSE, &bytes))).await;
+        drop(slot);
     });
 }
 
@@ -411,6 +426,81 @@ mod tests {
         assert_eq!(r.encode_to_vec(), [0x0a, 1, b's', 0x12, 1, b'm', 0x1a, 1, 7, 0x20, 1]);
         let resp = Response { status: Some(Status::new(12, "x")), payload: vec![1] };
         assert_eq!(resp.encode_to_vec(), [0x0a, 5, 0x08, 12, 0x12, 1, b'x', 0x12, 1, 1]);
+    }
+
+    /// A service whose calls wait until the test lets them go, counting the calls begun.
+    struct Held {
+        begun: std::sync::atomic::AtomicUsize,
+        go: Arc<Semaphore>,
+    }
+
+    impl Service for Held {
+        fn call(self: Arc<Self>, _: &str, _: &str, _: Vec<u8>, _: Option<Duration>) -> Reply {
+            self.begun.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                let _ = self.go.acquire().await.map(tokio::sync::SemaphorePermit::forget);
+                Ok(Vec::new())
+            })
+        }
+    }
+
+    /// A runtime that sends 1,000 requests at once gets at most [`IN_SERVICE`] served at a time:
+    /// the rest wait in its socket, not in the daemon. Let go, every one is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_in_service_are_bounded() {
+        use std::sync::atomic::Ordering;
+        use tokio::io::AsyncReadExt;
+        let (ours, mut theirs) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        let held = Arc::new(Held { begun: 0.into(), go: Arc::new(Semaphore::new(0)) });
+        let (_conn, _task) = Connection::start(ours, held.clone());
+        let request = Request {
+            service: "s".into(),
+            method: "m".into(),
+            payload: Vec::new(),
+            timeout_nano: 0,
+            metadata: Vec::new(),
+        }
+        .encode_to_vec();
+        let mut all = Vec::new();
+        for i in 0..1000u32 {
+            all.extend(mux::encode(mux::PLUGIN_CONN, &encode(2 * i + 1, TYPE_REQUEST, &request)));
+        }
+        theirs.write_all(&all).await.unwrap_or_else(|e| panic!("{e}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while held.begun.load(Ordering::SeqCst) < IN_SERVICE {
+            assert!(std::time::Instant::now() < deadline, "{} begun", held.begun.load(Ordering::SeqCst));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Room for a reader that would go on to take what it has not the room for.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(held.begun.load(Ordering::SeqCst), IN_SERVICE);
+        held.go.add_permits(1000);
+        let mut answers = 0;
+        let (mut buf, mut carry) = (vec![0u8; 1 << 16], Vec::new());
+        while answers < 1000 {
+            let n = theirs.read(&mut buf).await.unwrap_or_else(|e| panic!("{e}"));
+            assert!(n > 0, "closed after {answers} answers");
+            carry.extend_from_slice(&buf[..n]);
+            answers += take_frames(&mut carry);
+        }
+        assert_eq!(held.begun.load(Ordering::SeqCst), 1000);
+    }
+
+    /// The whole multiplexer frames at the start of `carry` (each answer here is one frame),
+    /// taken out of it.
+    fn take_frames(carry: &mut Vec<u8>) -> usize {
+        let (mut n, mut at) = (0, 0);
+        while carry.len() >= at + mux::HEADER {
+            let len =
+                u32::from_be_bytes([carry[at + 4], carry[at + 5], carry[at + 6], carry[at + 7]]) as usize;
+            if carry.len() < at + mux::HEADER + len {
+                break;
+            }
+            n += 1;
+            at += mux::HEADER + len;
+        }
+        carry.drain(..at);
+        n
     }
 
     #[test]
