@@ -278,8 +278,17 @@ async fn kubelet_peer_end_to_end() {
     assert_eq!(r.container_responses[0].envs["SHARED_CPUS"], "5,13");
     assert_eq!(r.container_responses[0].envs["CPUPOOL_POOL"], "web");
 
-    // A failing Allocate is a gRPC error naming the field, and changes nothing.
-    let before = v.call("ListAssignments", json!({})).unwrap();
+    // A failing Allocate is a gRPC error naming the field, and changes nothing. The web
+    // allocation, which no container holds, is left out of the comparison: the grace period
+    // (500 ms) releases it at a time of its own, which a loaded machine reaches within the loop.
+    let settled = |v: &mut Varlink| {
+        let mut all = v.call("ListAssignments", json!({})).unwrap();
+        if let Some(list) = all["assignments"].as_array_mut() {
+            list.retain(|a| a["id"] != "kubelet-milli-web-00001");
+        }
+        all
+    };
+    let before = settled(&mut v);
     for (req, code, says) in [
         (alloc(vec![vec!["core-1"], vec!["bogus"]]), tonic::Code::InvalidArgument, "devices_ids"),
         (alloc(vec![vec![]]), tonic::Code::InvalidArgument, "devices_ids"),
@@ -314,7 +323,7 @@ async fn kubelet_peer_end_to_end() {
         assert!(e.message().len() <= 512, "a {} byte message", e.message().len());
         assert_eq!(e.code(), code, "{}", e.message());
         assert!(e.message().contains(says), "{}", e.message());
-        assert_eq!(v.call("ListAssignments", json!({})).unwrap(), before);
+        assert_eq!(settled(&mut v), before);
     }
 
     // The container shows up in the runtime: its scope gets the CPUs, and the assignment names

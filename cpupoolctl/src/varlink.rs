@@ -132,6 +132,16 @@ impl Client {
         })
     }
 
+    /// Bounds each reply by `timeout` from now on (tests: connecting with a guard long enough
+    /// for a loaded machine, then the reply's bound the test is about).
+    #[cfg(test)]
+    fn set_timeout(&mut self, timeout: Duration) -> io::Result<()> {
+        self.stream.set_read_timeout(Some(timeout))?;
+        self.stream.set_write_timeout(Some(timeout))?;
+        self.timeout = Some(timeout);
+        Ok(())
+    }
+
     fn unreachable(&self, reason: String) -> Error {
         Error::Unreachable { address: self.address.to_string(), reason, hint: self.hint.clone() }
     }
@@ -334,7 +344,10 @@ mod tests {
         let path = dir.path().join("sock");
         // Listening but never accepting or answering: the kernel completes the connect.
         let _listener = UnixListener::bind(&path).unwrap();
-        let mut c = Client::connect(&Address::Path(path), Some(Duration::from_millis(100)), "hint").unwrap();
+        // The connect is given a guard a loaded machine meets (a thread connects for it: with
+        // 0.1 s that thread was once not even scheduled in time); the reply gets 0.1 s.
+        let mut c = Client::connect(&Address::Path(path), Some(Duration::from_secs(180)), "hint").unwrap();
+        c.set_timeout(Duration::from_millis(100)).unwrap();
         let e = c.call("Status", json!({})).unwrap_err();
         assert_eq!(e.exit_code(), 3);
         assert!(e.to_string().contains("no reply within 0.1s"), "{e}");
