@@ -219,7 +219,7 @@ fn check_cpu_manager(settings: &Settings, now: &State, next: &State) -> Result<(
 }
 
 fn edit_error(name: &PoolName, dropin: &std::path::Path, e: ConfigError) -> EngineError {
-    const ARGS: [&str; 7] = ["cpus", "count", "numa", "kind", "smt", "isolate", "kubelet"];
+    const ARGS: [&str; 8] = ["cpus", "count", "numa", "kind", "smt", "isolate", "kubelet", "dra"];
     let prefix = config::pool_key(name.as_str(), "");
     let field = e.key().and_then(|k| k.strip_prefix(prefix.as_str())).and_then(|f| f.strip_prefix('.'));
     match field.and_then(|f| ARGS.into_iter().find(|a| *a == f)) {

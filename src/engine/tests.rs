@@ -479,6 +479,7 @@ mod pool_edits {
             smt: Some(Smt::Threads),
             isolate: None,
             kubelet: None,
+            dra: None,
         }
     }
 
