@@ -228,7 +228,9 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
 
     // A pool created through the API with `dra` is DRA's (CreatePool's `dra`, as the
     // configuration's), and goes with it.
-    let p = v.call("CreatePool", json!({"name": "tmp", "kind": "exclusive", "cpus": "7,15", "dra": true})).unwrap();
+    let p = v
+        .call("CreatePool", json!({"name": "tmp", "kind": "exclusive", "cpus": "7,15", "dra": true}))
+        .unwrap();
     assert_eq!(p["pool"]["name"], "tmp");
     let dropin = std::fs::read_to_string(sb.join("etc/cpupoold/config.d/90-cpupoold-runtime.toml")).unwrap();
     assert!(dropin.contains("dra = true"), "{dropin}");

@@ -38,7 +38,11 @@ fn k8s_enabled_without_the_feature_is_refused() {
 #[test]
 fn the_cluster_flags_say_which_build_has_them() {
     for flag in ["--print-crd", "--print-deviceclasses"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_cpupoold")).arg(flag).env_remove("NOTIFY_SOCKET").output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg(flag)
+            .env_remove("NOTIFY_SOCKET")
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
         assert!(out.stdout.is_empty(), "{flag}: {}", String::from_utf8_lossy(&out.stdout));

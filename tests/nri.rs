@@ -85,8 +85,9 @@ const FOLLOWED: [&str; 8] = [
 
 /// `enum Event` of NRI's api.proto (as vendored from containerd/nri): name → value.
 fn proto_events() -> Vec<(String, i32)> {
-    let proto = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/nri/v1alpha1/api.proto"))
-        .unwrap();
+    let proto =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/nri/v1alpha1/api.proto"))
+            .unwrap();
     let body = proto.split("enum Event {").nth(1).unwrap().split('}').next().unwrap();
     body.lines()
         .filter_map(|l| l.trim().strip_suffix(';')?.split_once('='))
@@ -100,7 +101,9 @@ fn followed_events() -> i32 {
     let events = proto_events();
     FOLLOWED
         .iter()
-        .map(|name| events.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} not in api.proto")).1)
+        .map(|name| {
+            events.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} not in api.proto")).1
+        })
         .fold(0, |m, v| m | 1 << (v - 1))
 }
 
@@ -111,11 +114,16 @@ fn followed_events() -> i32 {
 fn the_event_mask_comes_from_the_protos_event_numbers() {
     let mask = followed_events();
     assert_eq!(mask, 0x6af);
-    let v061 = proto_events().iter().filter(|(_, v)| (1..=11).contains(v)).fold(0, |m, (_, v)| m | 1 << (v - 1));
+    let v061 =
+        proto_events().iter().filter(|(_, v)| (1..=11).contains(v)).fold(0, |m, (_, v)| m | 1 << (v - 1));
     assert_eq!(v061, 0x7ff);
     assert_eq!(mask & !v061, 0);
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/interfaces.md")).unwrap();
-    assert!(doc.contains(&format!("mask `{mask:#x}`")), "docs/interfaces.md does not give the mask {mask:#x}");
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/interfaces.md")).unwrap();
+    assert!(
+        doc.contains(&format!("mask `{mask:#x}`")),
+        "docs/interfaces.md does not give the mask {mask:#x}"
+    );
 }
 
 fn state(mut c: api::Container, s: api::ContainerState) -> api::Container {

@@ -882,13 +882,23 @@ fn dra_try_it_lines() -> Vec<String> {
 fn docs_dra_try_it_on_one_machine_with_the_fake_apiserver_works() {
     use std::os::unix::process::CommandExt;
     let lines = dra_try_it_lines();
-    let (builds, run): (Vec<&String>, Vec<&String>) = lines.iter().partition(|l| l.starts_with("cargo build"));
+    let (builds, run): (Vec<&String>, Vec<&String>) =
+        lines.iter().partition(|l| l.starts_with("cargo build"));
     assert_eq!(builds.len(), 2, "{builds:?}");
     let exe = std::env::current_exe().unwrap();
     let debug = exe.parent().and_then(Path::parent).unwrap().to_owned();
     let cargo = option_env!("CARGO").unwrap_or("cargo");
     let status = Command::new(cargo)
-        .args(["build", "--quiet", "--features", "k8s", "--example", "fake_apiserver", "--example", "kubelet_peer"])
+        .args([
+            "build",
+            "--quiet",
+            "--features",
+            "k8s",
+            "--example",
+            "fake_apiserver",
+            "--example",
+            "kubelet_peer",
+        ])
         .arg("--manifest-path")
         .arg(root().join("Cargo.toml"))
         .status()
@@ -924,7 +934,8 @@ fn docs_dra_try_it_on_one_machine_with_the_fake_apiserver_works() {
     assert!(out.status.success(), "{}\n{said}", out.status);
     let uid = "3f2b8c1e-9a47-4d0b-b6e2-5c81f0a9d7e4";
     assert!(stdout.contains(&format!("\"cdi_devices\":[\"dra.cpupool.io/cpu={uid}\"]")), "{said}");
-    let booked = stdout.lines().find(|l| l.starts_with(&format!("dra-{uid}-0 "))).unwrap_or_else(|| panic!("{said}"));
+    let booked =
+        stdout.lines().find(|l| l.starts_with(&format!("dra-{uid}-0 "))).unwrap_or_else(|| panic!("{said}"));
     assert!(booked.split_whitespace().nth(1) == Some("dp"), "{booked}");
     assert!(stdout.contains("CPUPOOL_CPUS="), "the CDI spec: {said}");
 }

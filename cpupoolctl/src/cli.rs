@@ -487,7 +487,8 @@ mod tests {
         let cli = parse(&["pool", "create", "b", "--kind", "shared", "--count", "1", "--dra"]).unwrap();
         let Command::Pool(PoolCommand::Create(c)) = cli.command else { panic!() };
         assert!(c.dra && !c.no_kubelet);
-        assert!(parse(&["pool", "create", "b", "--kind", "shared", "--count", "1", "--dra", "--no-kubelet"]).is_err());
+        assert!(parse(&["pool", "create", "b", "--kind", "shared", "--count", "1", "--dra", "--no-kubelet"])
+            .is_err());
         let cli = parse(&["pool", "resize", "batch", "--cpus", "4-7"]).unwrap();
         let Command::Pool(PoolCommand::Resize(r)) = cli.command else { panic!() };
         assert_eq!(r.source.cpus.as_deref(), Some("4-7"));

@@ -28,9 +28,7 @@ impl EngineError {
             EngineError::Config(_)
             | EngineError::Overridden { .. }
             | EngineError::NoConfigFiles
-            | EngineError::StaticCpuManager(_) => {
-                ErrorKind::ConfigRejected
-            }
+            | EngineError::StaticCpuManager(_) => ErrorKind::ConfigRejected,
             EngineError::Stranded(_) => ErrorKind::AssignmentsStranded,
             EngineError::Topology(_) => ErrorKind::TopologyFailed,
             EngineError::Stopped => return ApiError::shutting_down(),

@@ -209,7 +209,8 @@ fn check_cpu_manager(settings: &Settings, now: &State, next: &State) -> Result<(
         .values()
         .filter(|p| served(p))
         .map(|p| {
-            let before = now.pools().get(&p.name).filter(|o| served(o)).map(|o| o.cpus.clone()).unwrap_or_default();
+            let before =
+                now.pools().get(&p.name).filter(|o| served(o)).map(|o| o.cpus.clone()).unwrap_or_default();
             (p.name.to_string(), p.cpus.difference(&before))
         })
         .filter(|(_, cpus)| !cpus.is_empty())

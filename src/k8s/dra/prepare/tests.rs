@@ -21,7 +21,8 @@ fn claim(results: &[(&str, serde_json::Value)]) -> ResourceClaim {
     let results: Vec<_> = results
         .iter()
         .map(|(device, consumed)| {
-            let mut r = json!({"driver": "dra.cpupool.io", "pool": "node-a", "device": device, "request": "cpus"});
+            let mut r =
+                json!({"driver": "dra.cpupool.io", "pool": "node-a", "device": device, "request": "cpus"});
             if !consumed.is_null() {
                 r["consumedCapacity"] = consumed.clone();
                 r["shareID"] = json!("0a1b2");
@@ -65,7 +66,10 @@ fn consumed_cpu_is_read_under_the_bare_or_the_driver_qualified_name() {
 #[test]
 fn a_bad_or_doubled_consumed_cpu_is_refused_naming_the_field() {
     let e = consumed(&[("web", json!({"dra.cpupool.io/cpu": "1Gi"}))]).unwrap_err();
-    assert!(e.starts_with("status.allocation.devices.results[0].consumedCapacity.dra.cpupool.io/cpu: "), "{e}");
+    assert!(
+        e.starts_with("status.allocation.devices.results[0].consumedCapacity.dra.cpupool.io/cpu: "),
+        "{e}"
+    );
     let e = consumed(&[("web", json!({"cpu": "1", "dra.cpupool.io/cpu": "1"}))]).unwrap_err();
     assert_eq!(
         e,
