@@ -51,15 +51,34 @@ struct Args {
     /// Log level (overrides daemon.log_level): error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<log::LevelFilter>,
-    /// Print the CpuPoolNode CustomResourceDefinition (deploy/crd.yaml) and exit.
-    #[cfg(feature = "k8s")]
+    /// Print the CpuPoolNode CustomResourceDefinition (deploy/crd.yaml) and exit. Only in a
+    /// build with the `k8s` feature (the packages' build).
     #[arg(long)]
     print_crd: bool,
     /// Print the DeviceClasses of the pools with dra = true in the configuration files
-    /// (deploy/deviceclasses.yaml holds the example pools') and exit.
-    #[cfg(feature = "k8s")]
+    /// (deploy/deviceclasses.yaml holds the example pools') and exit. Only in a build with the
+    /// `k8s` feature (the packages' build).
     #[arg(long)]
     print_deviceclasses: bool,
+}
+
+/// The exit status of a usage error, as clap's.
+#[cfg(not(feature = "k8s"))]
+const EXIT_USAGE: u8 = 2;
+
+/// Without the `k8s` feature, the flags of the cluster integration say which build has them,
+/// rather than clap's bare "unexpected argument" (or running the daemon).
+#[cfg(not(feature = "k8s"))]
+fn k8s_flags_not_built(args: &Args) -> Option<ExitCode> {
+    let flag = [(args.print_crd, "--print-crd"), (args.print_deviceclasses, "--print-deviceclasses")]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))?;
+    eprintln!(
+        "cpupoold: {flag} is part of the Kubernetes cluster integration, and this cpupoold was built \
+         without the `k8s` feature: use the .deb or .rpm package's cpupoold (built with it), or build \
+         with `cargo build --features k8s`"
+    );
+    Some(ExitCode::from(EXIT_USAGE))
 }
 
 /// The async runtime's worker threads (the engine has a thread of its own).
@@ -67,6 +86,10 @@ const WORKER_THREADS: usize = 2;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    #[cfg(not(feature = "k8s"))]
+    if let Some(code) = k8s_flags_not_built(&args) {
+        return code;
+    }
     #[cfg(feature = "k8s")]
     if args.print_crd {
         return match cpupoold::k8s::crd::crd_yaml() {

@@ -156,6 +156,15 @@ fn bad_varlink_arguments_are_refused_by_name_and_change_nothing() {
             "InvalidArgument",
             "numa",
         ),
+        // `dra` as the configuration's: not on a pool kept from the kubelet. (A reserved pool is
+        // refused before: there is one already.)
+        (
+            "CreatePool",
+            json!({ "name": "x", "kind": "shared", "count": 1, "kubelet": false, "dra": true }),
+            "InvalidArgument",
+            "dra",
+        ),
+        ("CreatePool", json!({ "name": "x", "kind": "shared", "count": 1, "dra": "yes" }), "", "dra"),
         ("ResizePool", json!({ "name": "web", "cpus": "3-" }), "InvalidArgument", "cpus"),
         ("ResizePool", json!({ "name": "web", "cpus": "a-b" }), "InvalidArgument", "cpus"),
         ("ResizePool", json!({ "name": "web", "cpus": "7-3" }), "InvalidArgument", "cpus"),

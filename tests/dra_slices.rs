@@ -235,6 +235,18 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
     let (g3, _) = wait_devices(&fake, &d, &["dp-numa0", "web"]);
     assert!(g3 > g2);
 
+    // A pool created through the API with `dra` is DRA's (CreatePool's `dra`, as the
+    // configuration's), and goes with it.
+    let p = v
+        .call("CreatePool", json!({"name": "tmp", "kind": "exclusive", "cpus": "7,15", "dra": true}))
+        .unwrap();
+    assert_eq!(p["pool"]["name"], "tmp");
+    let dropin = std::fs::read_to_string(sb.join("etc/cpupoold/config.d/90-cpupoold-runtime.toml")).unwrap();
+    assert!(dropin.contains("dra = true"), "{dropin}");
+    wait_devices(&fake, &d, &["dp-numa0", "tmp-numa1", "web"]);
+    v.call("DeletePool", json!({"name": "tmp"})).unwrap();
+    let (g3, _) = wait_devices(&fake, &d, &["dp-numa0", "web"]);
+
     // A reload that adds a DRA pool on the freed CPUs.
     let config = sb.join("etc/cpupoold/config.toml");
     let mut text = std::fs::read_to_string(&config).unwrap();

@@ -1,5 +1,6 @@
 //! A daemon built without the `k8s` feature refuses a configuration that enables `[k8s]`,
-//! saying why, instead of silently running without the cluster integration. (`.ci/run` runs
+//! saying why, instead of silently running without the cluster integration; and its flags
+//! (`--print-crd`, `--print-deviceclasses`) say which build has them. (`.ci/run` runs
 //! this without the feature: `cargo test --test k8s_not_built`.)
 #![cfg(not(feature = "k8s"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -32,4 +33,25 @@ fn k8s_enabled_without_the_feature_is_refused() {
         "{stderr}"
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("READY"));
+}
+
+#[test]
+fn the_cluster_flags_say_which_build_has_them() {
+    for flag in ["--print-crd", "--print-deviceclasses"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg(flag)
+            .env_remove("NOTIFY_SOCKET")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(out.stdout.is_empty(), "{flag}: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(!stderr.contains("unexpected argument"), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(&format!("cpupoold: {flag} is part of the Kubernetes cluster integration"))
+                && stderr.contains("built without the `k8s` feature")
+                && stderr.contains("cargo build --features k8s"),
+            "{flag}: {stderr}"
+        );
+    }
 }

@@ -859,3 +859,83 @@ fn every_cpupoolctl_example_runs() {
     eprintln!("ran {ran} cpupoolctl examples from {} documents", documents.len());
     assert!(failures.is_empty(), "{} of {ran} examples failed:\n\n{}", failures.len(), failures.join("\n\n"));
 }
+
+/// The `sh` block of docs/dra.md's "Try it on one machine", as lines.
+#[cfg(feature = "k8s")]
+fn dra_try_it_lines() -> Vec<String> {
+    let doc = std::fs::read_to_string(root().join("docs/dra.md")).unwrap();
+    let start = doc.find("\n## Try it on one machine").expect("a \"Try it on one machine\" section");
+    let section = &doc[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let found = blocks(section, "sh");
+    assert_eq!(found.len(), 1, "one sh block: {found:?}");
+    found[0].lines().map(str::to_owned).collect()
+}
+
+/// docs/dra.md's "Try it on one machine", run as written, as one `sh -e` script (the lines
+/// share the shell's variables and its fd 7): `/tmp/cpupool-dra` becomes a temp dir,
+/// `target/debug/X` the binaries cargo built for this run (the examples built here with the
+/// `k8s` feature, as the section's `cargo build` lines build them; those lines are not run).
+/// The fake API server is the project's fake, named so in the section; the rest is real.
+#[cfg(feature = "k8s")]
+#[test]
+fn docs_dra_try_it_on_one_machine_with_the_fake_apiserver_works() {
+    use std::os::unix::process::CommandExt;
+    let lines = dra_try_it_lines();
+    let (builds, run): (Vec<&String>, Vec<&String>) =
+        lines.iter().partition(|l| l.starts_with("cargo build"));
+    assert_eq!(builds.len(), 2, "{builds:?}");
+    let exe = std::env::current_exe().unwrap();
+    let debug = exe.parent().and_then(Path::parent).unwrap().to_owned();
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--features",
+            "k8s",
+            "--example",
+            "fake_apiserver",
+            "--example",
+            "kubelet_peer",
+        ])
+        .arg("--manifest-path")
+        .arg(root().join("Cargo.toml"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "cargo build --example fake_apiserver --example kubelet_peer: {status}");
+    let dir = tempfile::tempdir().unwrap();
+    let demo = dir.path().join("cpupool-dra");
+    let script: String = run
+        .iter()
+        .map(|l| {
+            l.replace("/tmp/cpupool-dra", &demo.display().to_string())
+                .replace("target/debug/cpupoold", env!("CARGO_BIN_EXE_cpupoold"))
+                .replace("target/debug/cpupoolctl", &cpupoolctl_bin().display().to_string())
+                .replace("target/debug/examples/", &format!("{}/examples/", debug.display()))
+                + "\n"
+        })
+        .collect();
+    let child = Command::new("sh")
+        .args(["-e", "-c", &script])
+        .current_dir(root())
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let group = nix::unistd::Pid::from_raw(-(child.id() as i32));
+    let out = child.wait_with_output().unwrap();
+    // Whatever the script left running (it stops both itself when it gets to its end).
+    let _ = nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let log = std::fs::read_to_string(demo.join("daemon.log")).unwrap_or_default();
+    let said = format!("stdout:\n{stdout}\nstderr:\n{stderr}\ndaemon.log:\n{log}");
+    assert!(out.status.success(), "{}\n{said}", out.status);
+    let uid = "3f2b8c1e-9a47-4d0b-b6e2-5c81f0a9d7e4";
+    assert!(stdout.contains(&format!("\"cdi_devices\":[\"dra.cpupool.io/cpu={uid}\"]")), "{said}");
+    let booked =
+        stdout.lines().find(|l| l.starts_with(&format!("dra-{uid}-0 "))).unwrap_or_else(|| panic!("{said}"));
+    assert!(booked.split_whitespace().nth(1) == Some("dp"), "{booked}");
+    assert!(stdout.contains("CPUPOOL_CPUS="), "the CDI spec: {said}");
+}

@@ -319,6 +319,8 @@ pub mod params {
             isolate: Option<bool>,
             /// Offer the pool to the kubelet.
             kubelet: Option<bool>,
+            /// Serve it by DRA instead of the device plugin (as the configuration's `dra`).
+            dra: Option<bool>,
         }
 
         /// `ResizePool`: `cpus` or `count`, exactly one.
@@ -401,6 +403,7 @@ pub mod params {
                         smt: s(),
                         isolate: Some(true),
                         kubelet: Some(true),
+                        dra: Some(true),
                         ..Default::default()
                     }),
                 ),

@@ -371,6 +371,10 @@ pub struct CreateArgs {
     /// Do not offer the pool to the kubelet.
     #[arg(long)]
     pub no_kubelet: bool,
+    /// Serve the pool by DRA instead of the device plugin (not with --no-kubelet, not a
+    /// reserved pool).
+    #[arg(long, conflicts_with = "no_kubelet")]
+    pub dra: bool,
 }
 
 /// `pool resize`.
@@ -480,6 +484,11 @@ mod tests {
             (c.kind, c.source.count, c.source.numa, c.smt, c.isolate, c.no_kubelet),
             (Kind::Exclusive, Some(4), Some(1), Some(Smt::Threads), true, true)
         );
+        let cli = parse(&["pool", "create", "b", "--kind", "shared", "--count", "1", "--dra"]).unwrap();
+        let Command::Pool(PoolCommand::Create(c)) = cli.command else { panic!() };
+        assert!(c.dra && !c.no_kubelet);
+        assert!(parse(&["pool", "create", "b", "--kind", "shared", "--count", "1", "--dra", "--no-kubelet"])
+            .is_err());
         let cli = parse(&["pool", "resize", "batch", "--cpus", "4-7"]).unwrap();
         let Command::Pool(PoolCommand::Resize(r)) = cli.command else { panic!() };
         assert_eq!(r.source.cpus.as_deref(), Some("4-7"));

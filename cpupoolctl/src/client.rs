@@ -128,6 +128,8 @@ pub struct CreatePoolRequest {
     pub isolate: Option<bool>,
     /// Offer the pool to the kubelet; the daemon's default when `None`.
     pub kubelet: Option<bool>,
+    /// Serve it by DRA; the daemon's default (no) when `None`.
+    pub dra: Option<bool>,
 }
 
 /// A CPU source as `CreatePool` and `ResizePool` take it: `(cpus, count, numa)`.
@@ -184,6 +186,7 @@ pub fn create_params(req: &CreatePoolRequest) -> params::CreatePool {
         smt: req.smt.clone(),
         isolate: req.isolate,
         kubelet: req.kubelet,
+        dra: req.dra,
     }
 }
 
@@ -249,6 +252,7 @@ mod tests {
             smt: None,
             isolate: None,
             kubelet: Some(false),
+            dra: None,
         };
         assert_eq!(
             to_value(&create_params(&create)),

@@ -277,6 +277,7 @@ fn pool(m: &mut Client, command: &PoolCommand, p: &mut Printer<'_>) -> Result<()
                 smt: c.smt.map(|s| s.as_str().to_owned()),
                 isolate: c.isolate.then_some(true),
                 kubelet: c.no_kubelet.then_some(false),
+                dra: c.dra.then_some(true),
             };
             let mut request = vec![("pool", json!(req.name))];
             request.extend(source_request(&req.source));

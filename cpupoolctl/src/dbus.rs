@@ -433,6 +433,7 @@ mod tests {
             smt: Some("threads".into()),
             isolate: Some(true),
             kubelet: None,
+            dra: None,
         };
         let (_, args) = sent::<m::CreatePool>(&create_params(&create));
         assert_eq!(args[..2], [s("p"), s("exclusive")]);

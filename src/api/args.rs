@@ -134,7 +134,7 @@ pub fn create_pool(o: &params::CreatePool) -> Result<PoolEdit, ApiError> {
         }
     };
     let source = source(o.cpus.as_deref(), o.count, o.numa)?;
-    Ok(PoolEdit::Create { name, kind, source, smt, isolate: o.isolate, kubelet: o.kubelet })
+    Ok(PoolEdit::Create { name, kind, source, smt, isolate: o.isolate, kubelet: o.kubelet, dra: o.dra })
 }
 
 /// Decodes `ResizePool`'s arguments (only the CPU source changes: its parameters have no

@@ -125,7 +125,7 @@ impl Dropin {
             }
         };
         match edit {
-            PoolEdit::Create { kind, source, smt, isolate, kubelet, .. } => {
+            PoolEdit::Create { kind, source, smt, isolate, kubelet, dra, .. } => {
                 let mut t = Table::new();
                 t.insert("kind".into(), Value::String(kind.to_string()));
                 set_source(&mut t, source);
@@ -137,6 +137,9 @@ impl Dropin {
                 }
                 if let Some(b) = kubelet {
                     t.insert("kubelet".into(), Value::Boolean(*b));
+                }
+                if let Some(b) = dra {
+                    t.insert("dra".into(), Value::Boolean(*b));
                 }
                 self.pools.insert(name, Value::Table(t));
             }
@@ -227,6 +230,7 @@ mod tests {
             smt: Some(Smt::Threads),
             isolate: None,
             kubelet: Some(false),
+            dra: None,
         });
         d.write().unwrap();
         let text = fs::read_to_string(d.path()).unwrap();
@@ -271,6 +275,7 @@ mod tests {
             smt: None,
             isolate: None,
             kubelet: None,
+            dra: None,
         };
         // config.d a link to a directory elsewhere: refused, naming the link.
         std::os::unix::fs::symlink(&outside, dirs.etc.join("config.d")).unwrap();
@@ -314,8 +319,9 @@ mod tests {
             smt: None,
             isolate: Some(true),
             kubelet: None,
+            dra: Some(true),
         };
-        assert_eq!(e.keys(), ["kind", "count", "isolate"]);
+        assert_eq!(e.keys(), ["kind", "count", "isolate", "dra"]);
         assert_eq!(PoolEdit::Delete { name: name("a") }.keys(), ["removed"]);
     }
 }

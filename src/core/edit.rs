@@ -36,6 +36,8 @@ pub enum PoolEdit {
         isolate: Option<bool>,
         /// `kubelet`.
         kubelet: Option<bool>,
+        /// `dra`.
+        dra: Option<bool>,
     },
     /// A new CPU source for an existing pool.
     Resize {
@@ -67,12 +69,13 @@ impl PoolEdit {
             Source::Count { numa: Some(_), .. } => vec!["count", "numa"],
         };
         match self {
-            PoolEdit::Create { source: s, smt, isolate, kubelet, .. } => {
+            PoolEdit::Create { source: s, smt, isolate, kubelet, dra, .. } => {
                 let mut keys = vec!["kind"];
                 keys.extend(source(s));
                 keys.extend(smt.map(|_| "smt"));
                 keys.extend(isolate.map(|_| "isolate"));
                 keys.extend(kubelet.map(|_| "kubelet"));
+                keys.extend(dra.map(|_| "dra"));
                 keys
             }
             PoolEdit::Resize { source: s, .. } => source(s),

@@ -25,9 +25,10 @@ impl EngineError {
             EngineError::State(s) => return s.to_api(),
             EngineError::Apply(_) | EngineError::Thread(_) => ErrorKind::ApplyFailed,
             EngineError::Store(_) | EngineError::Dropin(_) => ErrorKind::NotDurable,
-            EngineError::Config(_) | EngineError::Overridden { .. } | EngineError::NoConfigFiles => {
-                ErrorKind::ConfigRejected
-            }
+            EngineError::Config(_)
+            | EngineError::Overridden { .. }
+            | EngineError::NoConfigFiles
+            | EngineError::StaticCpuManager(_) => ErrorKind::ConfigRejected,
             EngineError::Stranded(_) => ErrorKind::AssignmentsStranded,
             EngineError::Topology(_) => ErrorKind::TopologyFailed,
             EngineError::Stopped => return ApiError::shutting_down(),

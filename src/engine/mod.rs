@@ -78,6 +78,11 @@ pub enum EngineError {
     /// A new configuration would take CPUs from live assignments; the running one stays.
     #[error("the new configuration would strand assignments; the running one stays: {0}")]
     Stranded(String),
+    /// A new configuration gives the kubelet (its device plugin, or DRA) CPUs its static CPU
+    /// manager has given to containers; the running one stays. (At start the same conflict
+    /// leaves the device plugin or the DRA driver not started.)
+    #[error("the new configuration would serve to the kubelet CPUs its static CPU manager holds; the running one stays")]
+    StaticCpuManager(#[source] crate::host::kubelet::StaticConflict),
     /// Reading the topology failed.
     #[error("reading the CPU topology failed")]
     Topology(#[source] SysfsError),

@@ -46,6 +46,7 @@ impl Engine {
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
         })?;
+        check_cpu_manager(settings, &self.state, &next)?;
         Ok((topo, next))
     }
 
@@ -194,8 +195,32 @@ impl Engine {
 
 /// A configuration error caused by an edit: about one of the edit's own keys in the runtime
 /// drop-in, it is an invalid argument of that name; otherwise the configuration is rejected.
+/// The start's check of the kubelet's static CPU manager (the device plugin and the DRA driver
+/// are not started beside it owning CPUs they would serve), made for what a reload or a pool
+/// edit newly gives the kubelet: the CPUs of a pool turned over to the device plugin or DRA, or
+/// grown while served. What was served already was checked when its server started.
+fn check_cpu_manager(settings: &Settings, now: &State, next: &State) -> Result<(), EngineError> {
+    if !settings.kubelet.enabled {
+        return Ok(());
+    }
+    let served = |p: &Pool| p.served_by_device_plugin() || p.served_by_dra();
+    let given: Vec<(String, crate::core::cpuset::CpuSet)> = next
+        .pools()
+        .values()
+        .filter(|p| served(p))
+        .map(|p| {
+            let before =
+                now.pools().get(&p.name).filter(|o| served(o)).map(|o| o.cpus.clone()).unwrap_or_default();
+            (p.name.to_string(), p.cpus.difference(&before))
+        })
+        .filter(|(_, cpus)| !cpus.is_empty())
+        .collect();
+    let file = settings.paths.kubelet_dir.join("cpu_manager_state");
+    crate::host::kubelet::check_cpu_manager(&file, &given).map_err(EngineError::StaticCpuManager)
+}
+
 fn edit_error(name: &PoolName, dropin: &std::path::Path, e: ConfigError) -> EngineError {
-    const ARGS: [&str; 7] = ["cpus", "count", "numa", "kind", "smt", "isolate", "kubelet"];
+    const ARGS: [&str; 8] = ["cpus", "count", "numa", "kind", "smt", "isolate", "kubelet", "dra"];
     let prefix = config::pool_key(name.as_str(), "");
     let field = e.key().and_then(|k| k.strip_prefix(prefix.as_str())).and_then(|f| f.strip_prefix('.'));
     match field.and_then(|f| ARGS.into_iter().find(|a| *a == f)) {

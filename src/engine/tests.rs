@@ -479,6 +479,7 @@ mod pool_edits {
             smt: Some(Smt::Threads),
             isolate: None,
             kubelet: None,
+            dra: None,
         }
     }
 
@@ -963,4 +964,45 @@ mod housekeeping_tests {
         drop(handle);
         let _ = thread.join();
     }
+}
+
+/// The kubelet's checkpoint with the static policy, as the kubelet writes it: pod → container →
+/// the CPUs it gave.
+const STATIC_CPU_MANAGER: &str = r#"{"policyName":"static","defaultCpuSet":"0,2-7","entries":{"0b5f42a1-9c3e-4d6b-8f21-7a9e3c1d2b4f":{"app":"1"}},"checksum":1}"#;
+
+#[test]
+fn a_reload_serving_the_kubelet_cpus_its_static_cpu_manager_holds_is_refused() {
+    let f = Fixture::new();
+    // dp is kept from the kubelet at first; the static CPU manager holds CPU 1 of it.
+    f.config(&CONFIG.replace("cpus = \"1-2,5-6\"", "cpus = \"1-2,5-6\"\nkubelet = false"));
+    let (engine, _) = f.start();
+    fs::create_dir_all(f.sb.kubelet()).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(f.sb.kubelet().join("cpu_manager_state"), STATIC_CPU_MANAGER).unwrap_or_else(|e| panic!("{e}"));
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
+    rt().block_on(async {
+        let snapshot = handle.snapshot().state.clone();
+        for dra in ["", "\ndra = true"] {
+            f.config(&CONFIG.replace("cpus = \"1-2,5-6\"", &format!("cpus = \"1-2,5-6\"{dra}")));
+            let err = handle.reload(Ok(f.settings())).await;
+            let Err(e @ EngineError::StaticCpuManager(_)) = err else { panic!("{dra}: {err:?}") };
+            let chain = error_chain(&e);
+            assert!(
+                chain.contains("cpu_manager_state`: the kubelet's CPU manager runs the static policy and has given CPUs 1 of pool `dp`"),
+                "{chain}"
+            );
+            assert_eq!(e.to_api().kind, cpupool_wire::ErrorKind::ConfigRejected);
+            assert_eq!(*handle.snapshot().state, *snapshot, "nothing changed");
+            assert!(handle.snapshot().config_error.is_some());
+        }
+        // A change that gives the kubelet none of the CPUs the checkpoint holds is applied.
+        f.config(&CONFIG.replace("cpus = \"1-2,5-6\"", "cpus = \"1-2,5-6\"\nkubelet = false").replace("cpus = \"3,7\"", "cpus = \"3,7\"\nkubelet = false"));
+        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(true)));
+        // Without the static policy, dp is served.
+        fs::write(f.sb.kubelet().join("cpu_manager_state"), STATIC_CPU_MANAGER.replace("static", "none"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        f.config(CONFIG);
+        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(true)));
+    });
+    drop(handle);
+    let _ = thread.join();
 }

@@ -124,3 +124,17 @@ fn results_add_up_per_device_and_step() {
     assert!(e.to_string().starts_with("device `sys`: no pool on this node is served by DRA"), "{e}");
     assert!(r(&[("dp-fast-numa0", Some("0"))]).is_err());
 }
+
+/// What the scheduler writes for a shared pool's request of `100m`: `100m` where fractional
+/// steps are honoured (1.37, `DRAFractionalCapacityRange`), `1` where the range arithmetic is
+/// integer (1.34-1.36 round the step up to a whole unit). The driver books what was consumed.
+#[test]
+fn a_shared_request_books_what_the_scheduler_says_was_consumed() {
+    let (t, s) = host();
+    let r = |q: &str| resolve(&s, &t, 100, &[("web".to_owned(), Some(Millis::parse(q).unwrap()))]);
+    assert_eq!(r("100m").unwrap()[0].size, Size::Millicpus(100));
+    assert_eq!(r("1").unwrap()[0].size, Size::Millicpus(1000), "100m rounded up books a whole CPU");
+    assert_eq!(r("1000m").unwrap()[0].size, Size::Millicpus(1000));
+    let e = r("1500m").unwrap_err();
+    assert!(e.to_string().contains("1500m asked, its capacity is 1"), "{e}");
+}

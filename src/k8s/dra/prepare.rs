@@ -304,16 +304,39 @@ fn ours(claim: &ResourceClaim, opts: &Options) -> Result<Vec<Ours>, String> {
                 echo(&r.request)
             ));
         }
-        let consumed = match r.consumed_capacity.as_ref().and_then(|c| c.get(model::CAPACITY)) {
-            Some(q) => Some(Millis::parse(&q.0).map_err(|e| format!("{field}.consumedCapacity.cpu: {e}"))?),
-            None => None,
-        };
+        let consumed = consumed_cpu(r.consumed_capacity.as_ref(), &opts.driver, &field)?;
         out.push(Ours { request: r.request.clone(), device: r.device.clone(), consumed });
     }
     if out.is_empty() {
         return Err(format!("status.allocation.devices.results: no result of driver {}", opts.driver));
     }
     Ok(out)
+}
+
+/// The `cpu` a result consumed, or `None` where it names none (the request policy's default
+/// step). The API's key is a `QualifiedName`: `cpu` as the slice publishes it, or qualified by
+/// the driver's own domain (`dra.cpupool.io/cpu`); the API does not say which the scheduler
+/// writes (it writes the slice's form today, and may write the other), so both are the
+/// capacity. Both at once is refused, naming them: the result would consume it twice.
+fn consumed_cpu(
+    consumed: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    driver: &str,
+    field: &str,
+) -> Result<Option<Millis>, String> {
+    let Some(consumed) = consumed else { return Ok(None) };
+    let qualified = format!("{driver}/{}", model::CAPACITY);
+    let found: Vec<(&str, &str)> = [model::CAPACITY, qualified.as_str()]
+        .into_iter()
+        .filter_map(|k| consumed.get(k).map(|q| (k, q.0.as_str())))
+        .collect();
+    match found.as_slice() {
+        [] => Ok(None),
+        [(key, q)] => Millis::parse(q).map(Some).map_err(|e| format!("{field}.consumedCapacity.{key}: {e}")),
+        _ => Err(format!(
+            "{field}.consumedCapacity names the capacity twice, as `{}` and as `{qualified}`",
+            model::CAPACITY
+        )),
+    }
 }
 
 /// The record of a claim about to be booked: its assignments as [`Driver::book`] names them,
@@ -397,3 +420,6 @@ fn env(uid: &str, held: &[Assignment]) -> Vec<(String, String)> {
         (n::ENV_CLAIM.to_owned(), uid.to_owned()),
     ]
 }
+
+#[cfg(test)]
+mod tests;
