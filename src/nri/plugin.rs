@@ -12,6 +12,11 @@
 //!   adjustment gave it its CPUs already, and the binding completes in the engine.
 //! - keeping unpooled containers and pod sandboxes off the exclusive CPUs never fails a
 //!   container: a write that fails is logged and tried again at the next event or resync.
+//! - cpupoold writes only cgroups an assignment could target (not a host slice, `init.scope`,
+//!   `cpupool.slice`, a pool's slice or an ancestor of one, nor one nested with an
+//!   assignment's target): an unpooled container or sandbox whose `cgroups_path` names such a
+//!   cgroup fails open (created and started with no CPUs adjusted, its cgroup left alone, the
+//!   refusal logged once); a pooled one fails closed (not created).
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -28,7 +33,7 @@ use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
 use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
+use crate::core::state::{self, AssignSpec, AssignmentId, CgroupPath, Target};
 use crate::engine::{EngineError, Handle};
 use crate::error_chain;
 use crate::host::kubelet::clients::{self, Holder};
@@ -69,6 +74,8 @@ struct Live {
     sandboxes: HashMap<String, CgroupPath>,
     /// The unpooled cgroups last given to the engine.
     unpooled: BTreeSet<CgroupPath>,
+    /// Cgroups of live containers and sandboxes cpupoold may not write (said once each).
+    refused: BTreeSet<CgroupPath>,
     /// A split Synchronize's parts so far (newer runtimes).
     pending: Option<(Vec<api::PodSandbox>, Vec<api::Container>)>,
     /// `containerd 1.7.24`, from Configure.
@@ -449,6 +456,19 @@ async fn create(
     let seen = seen_for(call, &Word::ask(call).await, pod, c).await?;
     let snap = call.handle.snapshot();
     let before = pinned(c.linux.as_ref().and_then(|l| l.resources.as_ref())).to_owned();
+    if let Some(cg) = &seen.cgroup {
+        let except = seen.assignment.clone().unwrap_or_else(|| AssignmentId::none());
+        if let Err(reason) = ours(live, &snap, cg, &except, &format!("container {who}")) {
+            if let Some(id) = &seen.assignment {
+                return Err(Status::new(
+                    code::FAILED_PRECONDITION,
+                    format!("cpupoold: container {who} would not run on the CPUs of {id}: {reason}"),
+                ));
+            }
+            live.containers.insert(c.id.clone(), seen);
+            return Ok(api::CreateContainerResponse::default());
+        }
+    }
     let (cpus, mems) = match (&seen.assignment, &seen.claim) {
         (_, Some(held)) => (held.cpus.clone(), snap.topology.nodes_of(&held.cpus)),
         (Some(id), None) => {
@@ -627,17 +647,28 @@ async fn event_of(
 /// Gives the engine the cgroups to keep off the exclusive CPUs (pod sandboxes and started
 /// containers without a pool) when they changed.
 async fn confine(live: &mut Live, call: &Call<'_>) {
-    let want: BTreeSet<CgroupPath> = live
+    let sandboxes = live.sandboxes.iter().map(|(id, cg)| (format!("pod sandbox {id}"), cg.clone()));
+    let containers = live
+        .containers
+        .iter()
+        .filter(|(_, s)| s.started && s.assignment.is_none() && s.claim.is_none())
+        .filter_map(|(id, s)| Some((format!("container {id}"), s.cgroup.clone()?)));
+    let candidates: Vec<(String, CgroupPath)> = sandboxes.chain(containers).collect();
+    let snap = call.handle.snapshot();
+    let mut want = BTreeSet::new();
+    for (what, cg) in candidates {
+        if ours(live, &snap, &cg, &AssignmentId::none(), &what).is_ok() {
+            want.insert(cg);
+        }
+    }
+    // Said once while a container or sandbox there lives.
+    let live_cgroups: BTreeSet<CgroupPath> = live
         .sandboxes
         .values()
+        .chain(live.containers.values().filter_map(|s| s.cgroup.as_ref()))
         .cloned()
-        .chain(
-            live.containers
-                .values()
-                .filter(|s| s.started && s.assignment.is_none() && s.claim.is_none())
-                .filter_map(|s| s.cgroup.clone()),
-        )
         .collect();
+    live.refused.retain(|p| live_cgroups.contains(p));
     if want == live.unpooled {
         return;
     }
@@ -652,6 +683,32 @@ async fn confine(live: &mut Live, call: &Call<'_>) {
             log::warn!("NRI: keeping containers off the exclusive CPUs took longer than {:?}", call.budget)
         }
     }
+}
+
+/// Whether cpupoold may write CPUs into `cgroup`, the cgroup of `what`: the rules a `cgroup:`
+/// assignment target passes (no host slice, `init.scope`, `cpupool.slice`, pool slice or
+/// ancestor of one, nor a cgroup nested with the target of an assignment other than
+/// `except`). A refusal is said once per cgroup while something there lives, and answered
+/// with its reason.
+fn ours(
+    live: &mut Live,
+    snap: &crate::engine::Snapshot,
+    cgroup: &CgroupPath,
+    except: &AssignmentId,
+    what: &str,
+) -> Result<(), String> {
+    let target = Target::Cgroup(cgroup.clone());
+    let Err(e) = snap.state.check_target(&target, &snap.layout.host_cgroups, except) else { return Ok(()) };
+    let reason = match e {
+        state::Error::TargetNotAllowed { reason, .. } => reason,
+        e => e.to_string(),
+    };
+    if live.refused.insert(cgroup.clone()) {
+        log::warn!(
+            "NRI: not confining `{cgroup}` ({what}) to any pool's CPUs: {reason}. It runs where the runtime put it."
+        );
+    }
+    Err(reason)
 }
 
 /// Releases the kubelet assignments bound to a container cgroup that no live container has
