@@ -781,6 +781,26 @@ fn dbus_run_confines_passes_the_environment_and_releases() {
     run_confines_passes_the_environment_and_releases(true);
 }
 
+/// Over varlink, `run` waits for the daemon's own release on a `Monitor` stream it opened
+/// before COMMAND could run: no `ListAssignments` poll (whose first sleep made `run -- true`
+/// half again slower), no `Release` of its own, and nothing left assigned.
+#[test]
+fn varlink_run_waits_for_the_release_event_not_a_poll() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, false);
+    for _ in 0..3 {
+        let (code, out, err) = ctl.human(&["run", "--pool", "web", "--millicpus", "100", "--", "true"]);
+        assert_eq!(code, 0, "{out}{err}\n{}", d.logs());
+    }
+    let calls = |m: &str| d.metric_sum("cpupoold_api_requests_total{", &[&format!("method=\"{m}\"")]);
+    assert_eq!(calls("Run"), 3.0, "{}", d.metrics());
+    assert_eq!(calls("Monitor"), 3.0, "{}", d.metrics());
+    assert_eq!(calls("ListAssignments"), 0.0, "{}", d.metrics());
+    assert_eq!(calls("Release"), 0.0, "{}", d.metrics());
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+}
+
 /// The value of the `key:` line of human output, `None` when there is none.
 fn line_value(out: &str, key: &str) -> Option<String> {
     out.lines().find_map(|l| Some(l.strip_prefix(key)?.strip_prefix(':')?.trim().to_owned()))
