@@ -109,22 +109,7 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
             return Err(e);
         }
     };
-    let kind_var = if pool.kind == "exclusive" { "EXCLUSIVE_CPUS" } else { "SHARED_CPUS" };
-    let env = [
-        ("CPUPOOL_CPUS", a.cpus.as_str()),
-        ("CPUPOOL_POOL", a.pool.as_str()),
-        (kind_var, a.cpus.as_str()),
-        ("CPUPOOL_ASSIGNMENT", a.id.as_str()),
-    ];
-    let mut text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-    if sandbox {
-        eprintln!(
-            "cpupoolctl: sandbox: CPUs {} belong to the simulated host; `{}` runs on this machine's CPUs, unconfined",
-            a.cpus,
-            args.command.first().map(|c| c.to_string_lossy()).unwrap_or_default()
-        );
-        text.push_str("CPUPOOL_SIMULATED=1\n");
-    }
+    let text = environment(&pool, &a, args, sandbox);
     // Subscribed before COMMAND can run (and end): its release is not missed.
     let mut events = events.and_then(Result::ok).and_then(|mut e| e.subscribed().ok().map(|()| e));
     // Opening blocks until the child opens its end, which it does first thing.
@@ -158,6 +143,33 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     }
     let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     std::process::exit(code)
+}
+
+/// What the child is given through the FIFO: the variables COMMAND gets. Against a sandbox
+/// (`sandbox`) it also gets `CPUPOOL_SIMULATED=1`, and the user is told it runs unconfined.
+fn environment(
+    pool: &cpupool_wire::views::Pool,
+    a: &cpupool_wire::views::Assignment,
+    args: &RunArgs,
+    sandbox: bool,
+) -> String {
+    let kind_var = if pool.kind == "exclusive" { "EXCLUSIVE_CPUS" } else { "SHARED_CPUS" };
+    let env = [
+        ("CPUPOOL_CPUS", a.cpus.as_str()),
+        ("CPUPOOL_POOL", a.pool.as_str()),
+        (kind_var, a.cpus.as_str()),
+        ("CPUPOOL_ASSIGNMENT", a.id.as_str()),
+    ];
+    let mut text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    if sandbox {
+        eprintln!(
+            "cpupoolctl: sandbox: CPUs {} belong to the simulated host; `{}` runs on this machine's CPUs, unconfined",
+            a.cpus,
+            args.command.first().map(|c| c.to_string_lossy()).unwrap_or_default()
+        );
+        text.push_str("CPUPOOL_SIMULATED=1\n");
+    }
+    text
 }
 
 /// How long the daemon is given to release a `Run` assignment whose process exited: it watches
