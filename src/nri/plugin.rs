@@ -460,7 +460,7 @@ async fn create(
     let snap = call.handle.snapshot();
     let before = pinned(c.linux.as_ref().and_then(|l| l.resources.as_ref())).to_owned();
     if let Some(cg) = &seen.cgroup {
-        let except = seen.assignment.clone().unwrap_or_else(|| AssignmentId::none());
+        let except = seen.assignment.clone().unwrap_or_else(AssignmentId::none);
         if let Err(reason) = ours(live, &snap, cg, &except, &format!("container {who}")) {
             if let Some(id) = &seen.assignment {
                 return Err(Status::new(
