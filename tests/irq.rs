@@ -380,15 +380,17 @@ fn fake_procfs_kernel_threads_leave_isolated_cpus_and_come_back() {
 fn fake_procfs_the_sandbox_banner_shows_what_left_the_isolated_pool() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     // A newcomer's first run: the sample configuration, whose dp (1,5 here) is isolated.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
-        .arg("--sandbox")
-        .arg(dir.path().join("sb"))
-        .args(["--topology", "1x4x2:1", "--bus", "none"])
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut child = test_support::daemon::Reaped(
+        std::process::Command::new(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg("--sandbox")
+            .arg(dir.path().join("sb"))
+            .args(["--topology", "1x4x2:1", "--bus", "none"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
     let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
     let mut banner = String::new();
     for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {

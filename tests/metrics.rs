@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 
 /// A sandbox daemon with [`CONFIG`] and the metrics URL its banner prints.
 struct Daemon {
-    child: std::process::Child,
+    /// Killed and reaped when the test ends, passing or failing.
+    child: test_support::daemon::Reaped,
     log: std::path::PathBuf,
     varlink: std::path::PathBuf,
     /// `127.0.0.1:PORT`.
@@ -60,7 +61,7 @@ impl Daemon {
             .to_owned();
         assert!(addr.starts_with("127.0.0.1:"), "the sandbox serves metrics on loopback only: {addr}");
         let varlink = s.varlink.unwrap_or_else(|| panic!("no varlink line:\n{}", s.banner));
-        Daemon { child: s.child, log, varlink, addr, banner: s.banner }
+        Daemon { child: test_support::daemon::Reaped(s.child), log, varlink, addr, banner: s.banner }
     }
 
     fn stop(mut self) {
@@ -261,19 +262,21 @@ fn socket_activation_serves_the_passed_tcp_socket() {
         .unwrap_or_else(|e| panic!("{e}"))
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new("systemd-socket-activate")
-        .arg("--listen")
-        .arg(&sock)
-        .args(["--listen", &addr])
-        .arg(env!("CARGO_BIN_EXE_cpupoold"))
-        .arg("--sandbox")
-        .arg(&sb)
-        .args(["--topology", "1x4x2:1", "--bus", "none"])
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("systemd-socket-activate (package systemd): {e}"));
+    let mut child = test_support::daemon::Reaped(
+        Command::new("systemd-socket-activate")
+            .arg("--listen")
+            .arg(&sock)
+            .args(["--listen", &addr])
+            .arg(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg("--sandbox")
+            .arg(&sb)
+            .args(["--topology", "1x4x2:1", "--bus", "none"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("systemd-socket-activate (package systemd): {e}")),
+    );
     // It listens before it starts the daemon: wait for the port by connecting, as a scraper
     // would; the connection starts the daemon and is answered once it serves.
     let mut s = loop {

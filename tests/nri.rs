@@ -314,3 +314,102 @@ async fn fake_runtime_reconnects_and_a_restart_of_cpupoold_keeps_running_contain
     assert_eq!(before, after, "nothing moved");
     d.stop();
 }
+
+/// The `cgroups_path`s a runtime could send that name a cgroup cpupoold does not own: the host
+/// slices, systemd's own scope, cpupoold's parent slice and a pool's slice, as cgroupfs paths and
+/// in the systemd driver's `SLICE:PREFIX:NAME` form (a NAME ending in `.slice` is taken whole).
+const NOT_OURS: [(&str, &str); 9] = [
+    ("/system.slice", "system.slice"),
+    ("/init.scope", "init.scope"),
+    ("/user.slice", "user.slice"),
+    ("/cpupool.slice", "cpupool.slice"),
+    ("/cpupool.slice/cpupool-dp.slice", "cpupool.slice/cpupool-dp.slice"),
+    ("-.slice:cri-containerd:system.slice", "system.slice"),
+    ("-.slice:cri-containerd:user.slice", "user.slice"),
+    ("-.slice:cri-containerd:cpupool.slice", "cpupool.slice"),
+    ("cpupool.slice:cri-containerd:cpupool-dp.slice", "cpupool.slice/cpupool-dp.slice"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_runtime_naming_host_or_pool_slices_as_a_pod_or_container_cgroup_gets_nothing_written_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut n = Node::serve(&tmp.path().join("sb"));
+    let d = start(tmp.path());
+    let mut rt = n.runtime.accept(WAIT).unwrap();
+    rt.configure().unwrap();
+    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let read = |d: &Daemon| {
+        NOT_OURS.iter().map(|(_, rel)| (*rel, d.cgroup(&format!("{rel}/cpuset.cpus")))).collect::<Vec<_>>()
+    };
+    let before = read(&d);
+    assert!(before.iter().all(|(_, v)| v.is_some()), "{before:?}");
+    let uids = [
+        "4f1c9a0e-7b2d-4c3e-9a1f-0d2e3b4c5d6e",
+        "0a9b8c7d-6e5f-4a3b-8c2d-1e0f9a8b7c6d",
+        "93c1e2d4-5f6a-4b7c-9d8e-7f6a5b4c3d2e",
+    ];
+    let mut pods = Vec::new();
+    for (i, (path, _)) in NOT_OURS.iter().enumerate() {
+        // A pod sandbox there.
+        let mut pod = fake::pod(&format!("s{i}"), uids[i % uids.len()], &format!("p-{i}"));
+        pod.linux.as_mut().unwrap().cgroups_path = (*path).to_owned();
+        let _: api::Empty = rt.event(api::Event::RunPodSandbox, &pod, None).unwrap().unwrap();
+        // A container without a pool device there (in a pod of its own): created and started
+        // (a container is never failed for this), with no CPUs adjusted and nothing written.
+        let host = fake::pod(&format!("h{i}"), uids[(i + 1) % uids.len()], &format!("h-{i}"));
+        let mut c = fake::container(&host, &format!("c{i}"), "side", &[]);
+        c.linux.as_mut().unwrap().cgroups_path = (*path).to_owned();
+        let r: api::CreateContainerResponse = rt.create(&host, &c).unwrap().unwrap();
+        assert_eq!(adjusted(&r), (String::new(), String::new()), "{path}: {}", d.logs());
+        let _: api::Empty = rt.event(api::Event::StartContainer, &host, Some(&c)).unwrap().unwrap();
+        pods.push(pod);
+    }
+    // A container holding dp's devices whose cgroup is one of them is not created: its CPUs
+    // would be written there (fails closed); its allocation stays unbound.
+    for (core, path) in
+        [("core-1", "/system.slice"), ("core-2", "cpupool.slice:cri-containerd:cpupool-dp.slice")]
+    {
+        let pod =
+            fake::pod(&format!("q{core}"), "5b6c7d8e-9f0a-4b1c-8d2e-3f4a5b6c7d8e", &format!("q-{core}"));
+        let env = n.allocate("dp", &[core], &format!("default/q-{core}/app")).await;
+        let mut c = fake::container(&pod, &format!("qc-{core}"), "app", &env_refs(&env));
+        c.linux.as_mut().unwrap().cgroups_path = path.to_owned();
+        let r: Result<api::CreateContainerResponse, _> = rt.create(&pod, &c).unwrap();
+        let e = r.expect_err("the creation must fail");
+        assert!(
+            e.message.starts_with(&format!("cpupoold: container default/q-{core}/app would not run")),
+            "{path}: {}",
+            e.message
+        );
+        // Were it created anyway (a runtime that ignores the error), its start binds nothing.
+        let r: Result<api::Empty, _> = rt.event(api::Event::StartContainer, &pod, Some(&c)).unwrap();
+        assert!(r.is_err(), "{path}: started");
+        let a = assignment(&d, &format!("kubelet-{core}")).unwrap();
+        assert_eq!(a["target"], format!("kubelet:{core}"), "{path}: {a}");
+    }
+    // A sandbox of the runtime's own is still kept off the exclusive CPUs after them.
+    let fine = fake::pod("sok", "7d3e2f1a-0b9c-4d8e-a7f6-5e4d3c2b1a09", "ok");
+    n.runc_creates(&fake::cgroup(&fine, "sok"), "0-15");
+    let _: api::Empty = rt.event(api::Event::RunPodSandbox, &fine, None).unwrap().unwrap();
+    assert_eq!(
+        d.cgroup(&format!("{}/cpuset.cpus", fake::cgroup(&fine, "sok"))).as_deref(),
+        Some("0,4-5,8,12-13"),
+        "{}",
+        d.logs()
+    );
+    assert_eq!(read(&d), before, "{}", d.logs());
+    // Each refusal is said, naming the cgroup and why (the rule assignments pass).
+    let logs = d.logs();
+    for (_, rel) in NOT_OURS {
+        let said = format!("NRI: not confining `{rel}`");
+        assert!(logs.contains(&said), "`{said}` not in the log:\n{logs}");
+    }
+    assert!(logs.contains("which the reserved pool confines for the host's own processes"), "{logs}");
+    assert!(logs.contains("is a slice cpupoold manages for its pools"), "{logs}");
+    // The sandboxes go: still nothing written there.
+    for pod in &pods {
+        let _: api::Empty = rt.event(api::Event::RemovePodSandbox, pod, None).unwrap().unwrap();
+    }
+    assert_eq!(read(&d), before, "{}", d.logs());
+    d.stop();
+}

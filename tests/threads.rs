@@ -110,20 +110,22 @@ fn a_refused_lookup_thread_is_a_typed_error() {
         .unwrap_or_else(|e| panic!("{e}"));
     std::os::unix::fs::chown(sb.join("etc"), Some(OWNER), Some(OWNER)).unwrap_or_else(|e| panic!("{e}"));
     let log = dir.path().join("daemon.log");
-    let mut child = Command::new("prlimit")
-        .arg(format!("--nproc={NPROC}"))
-        .arg("setpriv")
-        .args(["--reuid", &OWNER.to_string(), "--regid", &OWNER.to_string(), "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_cpupoold"))
-        .arg("--sandbox")
-        .arg(&sb)
-        .args(["--topology", "1x4x2:1", "--bus", &bus.address])
-        .env("RUST_BACKTRACE", "1")
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))
-        .spawn()
-        .unwrap_or_else(|e| panic!("setpriv (util-linux): {e}"));
+    let mut child = test_support::daemon::Reaped(
+        Command::new("prlimit")
+            .arg(format!("--nproc={NPROC}"))
+            .arg("setpriv")
+            .args(["--reuid", &OWNER.to_string(), "--regid", &OWNER.to_string(), "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg("--sandbox")
+            .arg(&sb)
+            .args(["--topology", "1x4x2:1", "--bus", &bus.address])
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))
+            .spawn()
+            .unwrap_or_else(|e| panic!("setpriv (util-linux): {e}")),
+    );
     let stdout = child.stdout.take().unwrap_or_else(|| panic!("stdout"));
     let ready = BufReader::new(stdout).lines().map_while(Result::ok).any(|l| l == "READY");
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();

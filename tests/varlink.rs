@@ -358,18 +358,20 @@ fn socket_activation_serves_the_passed_socket() {
     let dir = tempdir();
     let sock = dir.path().join("activated.sock");
     let sb = dir.path().join("sb");
-    let mut child = Command::new("systemd-socket-activate")
-        .arg("--listen")
-        .arg(&sock)
-        .arg(env!("CARGO_BIN_EXE_cpupoold"))
-        .arg("--sandbox")
-        .arg(&sb)
-        .args(["--topology", "1x4x2:1", "--bus", "none"])
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("systemd-socket-activate (package systemd): {e}"));
+    let mut child = test_support::daemon::Reaped(
+        Command::new("systemd-socket-activate")
+            .arg("--listen")
+            .arg(&sock)
+            .arg(env!("CARGO_BIN_EXE_cpupoold"))
+            .arg("--sandbox")
+            .arg(&sb)
+            .args(["--topology", "1x4x2:1", "--bus", "none"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("systemd-socket-activate (package systemd): {e}")),
+    );
     // It listens before it forks: wait for the socket by connecting, as a client would.
     let mut client = loop {
         if let Ok(c) = std::os::unix::net::UnixStream::connect(&sock) {

@@ -268,10 +268,15 @@ pub struct AssignmentReply {
 }
 
 /// `Reload`'s reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Reloaded {
     /// Whether the files said anything the daemon did not run already.
     pub changed: bool,
+    /// What changed (`2 keys changed: pools.dp.cache.l3, pools.web.count`, or `nothing
+    /// changed`), then each key of the administrator's files that a later file overrides,
+    /// naming both (`` `…/90-cpupoold-runtime.toml` overrides pools.web.count of `…/config.toml` ``).
+    #[serde(default)]
+    pub summary: String,
 }
 
 /// The reply of a method that returns nothing (`DeletePool`).

@@ -196,8 +196,8 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
             crate::top::run(m, &move || connect(&global), t.interval)
         }
         Command::Reload => {
-            let changed = m.call::<api::Reload>(&params::NoParameters {})?.changed;
-            p.print(|| output::reloaded(changed), || json!({ "changed": changed }))
+            let r = m.call::<api::Reload>(&params::NoParameters {})?;
+            p.print(|| output::reloaded(&r), || json!({ "changed": r.changed, "summary": r.summary }))
         }
         Command::Monitor => {
             let json = cli.global.json;

@@ -289,12 +289,18 @@ pub fn deleted(name: &str) -> String {
     format!("deleted pool `{name}`; its CPUs joined the reserved pool\n")
 }
 
-/// `reload`.
-pub fn reloaded(changed: bool) -> String {
-    if changed {
-        "configuration reloaded and applied\n".into()
+/// `reload`: what changed and which file overrides what (the daemon's summary; an older
+/// daemon gives none).
+pub fn reloaded(r: &cpupool_wire::views::Reloaded) -> String {
+    let summary = match (r.summary.as_str(), r.changed) {
+        ("", true) => "applied",
+        ("", false) => "nothing changed",
+        (s, _) => s,
+    };
+    if r.changed {
+        format!("configuration reloaded and applied: {summary}\n")
     } else {
-        "configuration reloaded: nothing changed\n".into()
+        format!("configuration reloaded: {summary}\n")
     }
 }
 

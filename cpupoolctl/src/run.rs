@@ -9,7 +9,9 @@
 //! (`CPUPOOL_CPUS`, `CPUPOOL_POOL`, `EXCLUSIVE_CPUS` or `SHARED_CPUS`, `CPUPOOL_ASSIGNMENT`)
 //! into the FIFO. The child sets it and executes COMMAND in place: same pid, so the scope and
 //! the affinity hold. The parent waits, sees the daemon release the assignment (it does so
-//! when the process exits; the parent asks only if it has not within a few seconds) and exits
+//! when the process exits: over varlink the parent follows `Monitor` on a second connection,
+//! subscribed before COMMAND can run, and waits for the assignment's `removed`; over D-Bus it
+//! looks with `ListAssignments`; it asks only if it has not within a few seconds) and exits
 //! with COMMAND's status (128 + N when a signal N ended it). If cpupoolctl itself dies, the
 //! daemon still releases the assignment when the process exits. Against a sandbox the CPUs are simulated: COMMAND
 //! runs unconfined and gets `CPUPOOL_SIMULATED=1`.
@@ -74,8 +76,11 @@ impl Drop for FifoDir {
 /// directory and never touches this process, so COMMAND runs unconfined, which is said on
 /// stderr and in `CPUPOOL_SIMULATED=1`.
 pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> Result<(), Error> {
-    // Fails early (and clearly) on a pool that does not exist, before anything is started.
-    let pool = m.pool::<api::GetPool>(&params::GetPool { name: args.pool.clone() })?;
+    // Asked first, so that its subscription runs while GetPool and Run do. Without it (it
+    // could not be opened), the release is looked for with ListAssignments.
+    let events = m.events();
+    // Started before the daemon is asked, so that its start runs while GetPool does; it
+    // waits on the FIFO, and runs nothing unless the CPUs are written into it.
     let dir = FifoDir::new()?;
     let exe = std::env::current_exe().map_err(local("finding cpupoolctl's own executable"))?;
     let mut child = std::process::Command::new(exe)
@@ -85,6 +90,15 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
         .args(&args.command)
         .spawn()
         .map_err(local("starting the child process"))?;
+    // Fails clearly on a pool that does not exist; the child never runs COMMAND.
+    let pool = match m.pool::<api::GetPool>(&params::GetPool { name: args.pool.clone() }) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
     let req = RunRequest { pool: args.pool.clone(), pid: child.id(), amount, id: args.id.clone() };
     let a = match m.call::<api::Run>(&crate::client::run_params(&req)) {
         Ok(r) => r.assignment,
@@ -95,22 +109,9 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
             return Err(e);
         }
     };
-    let kind_var = if pool.kind == "exclusive" { "EXCLUSIVE_CPUS" } else { "SHARED_CPUS" };
-    let env = [
-        ("CPUPOOL_CPUS", a.cpus.as_str()),
-        ("CPUPOOL_POOL", a.pool.as_str()),
-        (kind_var, a.cpus.as_str()),
-        ("CPUPOOL_ASSIGNMENT", a.id.as_str()),
-    ];
-    let mut text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-    if sandbox {
-        eprintln!(
-            "cpupoolctl: sandbox: CPUs {} belong to the simulated host; `{}` runs on this machine's CPUs, unconfined",
-            a.cpus,
-            args.command.first().map(|c| c.to_string_lossy()).unwrap_or_default()
-        );
-        text.push_str("CPUPOOL_SIMULATED=1\n");
-    }
+    let text = environment(&pool, &a, args, sandbox);
+    // Subscribed before COMMAND can run (and end): its release is not missed.
+    let mut events = events.and_then(Result::ok).and_then(|mut e| e.subscribed().ok().map(|()| e));
     // Opening blocks until the child opens its end, which it does first thing.
     let written = std::fs::OpenOptions::new()
         .write(true)
@@ -128,7 +129,11 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     // too would race that, and the loser's NoSuchAssignment would count as an API error on
     // the daemon's books: so this waits (reading) until the CPUs are free, and asks only a
     // daemon that has not released them within RECLAIM_WAIT.
-    if !reclaimed(m, &a.pool, &a.id) {
+    let freed = match events.as_mut() {
+        Some(events) => released(m, events, &a.pool, &a.id),
+        None => reclaimed(m, &a.pool, &a.id),
+    };
+    if !freed {
         match m.call::<api::Release>(&params::Release { id: a.id.clone() }) {
             Ok(_) => {}
             // It did, just now.
@@ -140,9 +145,60 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     std::process::exit(code)
 }
 
+/// What the child is given through the FIFO: the variables COMMAND gets. Against a sandbox
+/// (`sandbox`) it also gets `CPUPOOL_SIMULATED=1`, and the user is told it runs unconfined.
+fn environment(
+    pool: &cpupool_wire::views::Pool,
+    a: &cpupool_wire::views::Assignment,
+    args: &RunArgs,
+    sandbox: bool,
+) -> String {
+    let kind_var = if pool.kind == "exclusive" { "EXCLUSIVE_CPUS" } else { "SHARED_CPUS" };
+    let env = [
+        ("CPUPOOL_CPUS", a.cpus.as_str()),
+        ("CPUPOOL_POOL", a.pool.as_str()),
+        (kind_var, a.cpus.as_str()),
+        ("CPUPOOL_ASSIGNMENT", a.id.as_str()),
+    ];
+    let mut text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    if sandbox {
+        eprintln!(
+            "cpupoolctl: sandbox: CPUs {} belong to the simulated host; `{}` runs on this machine's CPUs, unconfined",
+            a.cpus,
+            args.command.first().map(|c| c.to_string_lossy()).unwrap_or_default()
+        );
+        text.push_str("CPUPOOL_SIMULATED=1\n");
+    }
+    text
+}
+
 /// How long the daemon is given to release a `Run` assignment whose process exited: it watches
 /// the process (a pidfd) or its scope, so it is usually done before the first look.
 const RECLAIM_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether the daemon released assignment `id` of `pool` within [`RECLAIM_WAIT`], by its
+/// `removed` event on `events`; when none came (or the stream failed), one look with
+/// `ListAssignments` decides. A replay of the pools (`current`: the stream fell behind and
+/// may have lost events) is not looked into: the look at the deadline covers it.
+fn released(m: &mut Client, events: &mut crate::varlink::Events, pool: &str, id: &str) -> bool {
+    let deadline = Instant::now() + RECLAIM_WAIT;
+    loop {
+        match events.next(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Some(e))
+                if e.kind == "assignment"
+                    && e.id.as_deref() == Some(id)
+                    && e.change.as_deref() == Some("removed") =>
+            {
+                return true
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => {
+                let list = crate::commands::assignments(m, Some(pool));
+                return matches!(list, Ok(list) if !list.iter().any(|a| a.id == id));
+            }
+        }
+    }
+}
 
 /// Whether the daemon released assignment `id` of `pool` within [`RECLAIM_WAIT`] (looked at
 /// with `ListAssignments`, which changes nothing); `false` also when it cannot be asked.

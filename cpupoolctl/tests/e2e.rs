@@ -433,7 +433,7 @@ fn reload_applies_or_says_why_not(dbus: bool) {
     let ctl = Ctl::new(&d, dbus);
     let (code, out, err) = ctl.human(&["reload"]);
     assert_eq!((code, out.as_str()), (0, "configuration reloaded: nothing changed\n"), "{err}");
-    assert_eq!(ctl.ok(&["reload"]), json!({ "changed": false }));
+    assert_eq!(ctl.ok(&["reload"]), json!({ "changed": false, "summary": "nothing changed" }));
 
     // web: 4 CPUs -> 2.
     let cfg = d.sb.join("etc/cpupoold/config.toml");
@@ -441,7 +441,11 @@ fn reload_applies_or_says_why_not(dbus: bool) {
     assert!(good.contains("[pools.web]\nkind = \"shared\"\ncount = 4\n"), "{good}");
     fs::write(&cfg, good.replace("count = 4", "count = 2")).unwrap();
     let (code, out, err) = ctl.human(&["reload"]);
-    assert_eq!((code, out.as_str()), (0, "configuration reloaded and applied\n"), "{err}");
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "configuration reloaded and applied: 1 key changed: pools.web.count\n"),
+        "{err}"
+    );
     let running = ctl.pools();
     assert_eq!(pool(&running, "web")["capacity_millicpus"], 2000, "{running}");
 
@@ -471,7 +475,7 @@ fn reload_applies_or_says_why_not(dbus: bool) {
 
     // Fixed: applied again (web back to 4), and the status is clean.
     fs::write(&cfg, &good).unwrap();
-    assert_eq!(ctl.ok(&["reload"]), json!({ "changed": true }));
+    assert_eq!(ctl.ok(&["reload"]), json!({ "changed": true, "summary": "1 key changed: pools.web.count" }));
     assert_eq!(pool(&ctl.pools(), "web")["capacity_millicpus"], 4000);
     assert_eq!(ctl.ok(&["status"])["config_error"], Value::Null);
     d.stop();
@@ -779,6 +783,78 @@ fn varlink_run_confines_passes_the_environment_and_releases() {
 #[test]
 fn dbus_run_confines_passes_the_environment_and_releases() {
     run_confines_passes_the_environment_and_releases(true);
+}
+
+/// `reload` names every key that changed, a cache class's included (`l3 = "50%"` to `"25%"`
+/// was applied, but answered and logged as "nothing changed"), and the file that wins over an
+/// edit of `config.toml` (after `pool resize web`, the runtime drop-in's `count`: the edit
+/// changed nothing, and was answered so with exit 0 and no word of why).
+fn reload_names_what_changed_and_what_overrides(dbus: bool) {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, dbus);
+    let cfg = d.sb.join("etc/cpupoold/config.toml");
+    let good = fs::read_to_string(&cfg).unwrap();
+    assert!(good.contains("l3 = \"50%\""), "{good}");
+    let schemata = || fs::read_to_string(d.sb.join("resctrl/cpupool-dp/schemata")).unwrap();
+    let before = schemata();
+    fs::write(&cfg, good.replace("l3 = \"50%\"", "l3 = \"25%\"")).unwrap();
+    let (code, out, err) = ctl.human(&["reload"]);
+    let said = "1 key changed: pools.dp.cache.l3";
+    assert_eq!(
+        (code, out.as_str()),
+        (0, format!("configuration reloaded and applied: {said}\n").as_str()),
+        "{err}"
+    );
+    assert_ne!(schemata(), before, "the class was applied");
+    assert!(d.logs().contains(&format!("configuration reloaded: {said}")), "{}", d.logs());
+
+    // The tour's resize: the runtime drop-in holds web's count from now on.
+    let (code, _, err) = ctl.human(&["pool", "resize", "web", "--count", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let dropin = d.sb.join("etc/cpupoold/config.d/90-cpupoold-runtime.toml");
+    assert!(dropin.is_file());
+    let edited = fs::read_to_string(&cfg).unwrap();
+    let web = "[pools.web]\nkind = \"shared\"\ncount = 4\n";
+    assert!(edited.contains(web), "{edited}");
+    fs::write(&cfg, edited.replace(web, &web.replace("count = 4", "count = 3"))).unwrap();
+    let (code, out, err) = ctl.human(&["reload"]);
+    let said =
+        format!("nothing changed; `{}` overrides pools.web.count of `{}`", dropin.display(), cfg.display());
+    assert_eq!((code, out.as_str()), (0, format!("configuration reloaded: {said}\n").as_str()), "{err}");
+    assert!(d.logs().contains(&format!("configuration reloaded: {said}")), "{}", d.logs());
+    assert_eq!(pool(&ctl.pools(), "web")["capacity_millicpus"], 2000);
+    d.stop();
+}
+
+#[test]
+fn varlink_reload_names_what_changed_and_what_overrides() {
+    reload_names_what_changed_and_what_overrides(false);
+}
+
+#[test]
+fn dbus_reload_names_what_changed_and_what_overrides() {
+    reload_names_what_changed_and_what_overrides(true);
+}
+
+/// Over varlink, `run` waits for the daemon's own release on a `Monitor` stream it opened
+/// before COMMAND could run: no `ListAssignments` poll (whose first sleep made `run -- true`
+/// half again slower), no `Release` of its own, and nothing left assigned.
+#[test]
+fn varlink_run_waits_for_the_release_event_not_a_poll() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let ctl = Ctl::new(&d, false);
+    for _ in 0..3 {
+        let (code, out, err) = ctl.human(&["run", "--pool", "web", "--millicpus", "100", "--", "true"]);
+        assert_eq!(code, 0, "{out}{err}\n{}", d.logs());
+    }
+    let calls = |m: &str| d.metric_sum("cpupoold_api_requests_total{", &[&format!("method=\"{m}\"")]);
+    assert_eq!(calls("Run"), 3.0, "{}", d.metrics());
+    assert_eq!(calls("Monitor"), 3.0, "{}", d.metrics());
+    assert_eq!(calls("ListAssignments"), 0.0, "{}", d.metrics());
+    assert_eq!(calls("Release"), 0.0, "{}", d.metrics());
+    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
 }
 
 /// The value of the `key:` line of human output, `None` when there is none.

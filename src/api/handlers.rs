@@ -167,14 +167,16 @@ impl Handler for m::DeletePool {
 
 impl Handler for m::Reload {
     async fn handle(cx: &Ctx<'_>, _: params::NoParameters) -> Result<views::Reloaded, ApiError> {
-        Ok(views::Reloaded { changed: reload(cx.handle).await.map_err(engine)? })
+        let r = reload(cx.handle).await.map_err(engine)?;
+        Ok(views::Reloaded { changed: r.any(), summary: r.summary() })
     }
 }
 
 /// Reads the configuration files again and applies them: SIGHUP, and `Reload` over varlink and
 /// D-Bus. Tells systemd (`RELOADING=1`, then `READY=1` with the new `STATUS=`) and logs the
-/// outcome. `Ok(false)`: the files say what already runs.
-pub async fn reload(handle: &Handle) -> Result<bool, EngineError> {
+/// outcome: every key that changed, and each key of the administrator's files a later file
+/// overrides, naming both files.
+pub async fn reload(handle: &Handle) -> Result<crate::engine::Reloaded, EngineError> {
     use sd_notify::NotifyState;
     let notify = |states: &[NotifyState<'_>]| {
         if let Err(e) = sd_notify::notify(false, states) {
@@ -188,8 +190,10 @@ pub async fn reload(handle: &Handle) -> Result<bool, EngineError> {
     }
     let result = handle.reload_from_disk().await;
     match &result {
-        Ok(true) => log::info!("configuration reloaded: {}", handle.snapshot().summary()),
-        Ok(false) => log::info!("configuration reloaded: nothing changed"),
+        Ok(r) if r.any() => {
+            log::info!("configuration reloaded: {}; {}", r.summary(), handle.snapshot().summary())
+        }
+        Ok(r) => log::info!("configuration reloaded: {}", r.summary()),
         Err(e) => log::error!("reload: {}", crate::error_chain(e)),
     }
     notify(&[NotifyState::Ready, NotifyState::Status(&handle.snapshot().summary())]);

@@ -90,10 +90,10 @@ struct Setter<'a> {
 }
 
 impl Setter<'_> {
-    fn field<T>(&mut self, slot: &mut Option<T>, value: Option<T>, key: &str) {
+    fn field<T: std::fmt::Debug>(&mut self, slot: &mut Option<T>, value: Option<T>, key: &str) {
         if let Some(value) = value {
+            self.origins.set_value(key, self.file, format!("{value:?}"));
             *slot = Some(value);
-            self.origins.set(key.to_owned(), self.file);
         }
     }
 
@@ -164,7 +164,7 @@ impl Setter<'_> {
         let sets_source = p.sets_source();
         if sets_source {
             for field in SOURCE_FIELDS {
-                self.origins.remove(&key(field));
+                self.origins.replace(&key(field), self.file);
             }
             pool.cpus = None;
             pool.count = None;

@@ -139,30 +139,66 @@ pub fn load_strs(fragments: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     Settings::from_inputs(inputs::Inputs::merge_all(parsed)?)
 }
 
-/// Which file last set each key.
+/// Which file last set each key, with the value it set, and which keys a later file set over
+/// an earlier one's different value (a reload names those: an edit of `config.toml` that a
+/// drop-in overrides changes nothing, and says which file wins).
 ///
 /// Keys are dotted paths as written in TOML: `paths.state_dir`, `daemon.host_cgroups`,
 /// `pools.dp.count`. `pools.NAME` itself records the last file that mentioned the pool at all.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Origins(BTreeMap<String, PathBuf>);
+pub struct Origins {
+    files: BTreeMap<String, PathBuf>,
+    /// Each leaf key's merged value, as parsed (`Debug`), to tell a reload what changed.
+    values: BTreeMap<String, String>,
+    /// Keys a later file set over an earlier file's other value: (earlier, later).
+    overridden: BTreeMap<String, (PathBuf, PathBuf)>,
+}
 
 impl Origins {
     /// The file that last set `key`, if any file did.
     pub fn get(&self, key: &str) -> Option<&Path> {
-        self.0.get(key).map(PathBuf::as_path)
+        self.files.get(key).map(PathBuf::as_path)
     }
 
     /// Every key set by a file, with the file, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Path)> {
-        self.0.iter().map(|(k, f)| (k.as_str(), f.as_path()))
+        self.files.iter().map(|(k, f)| (k.as_str(), f.as_path()))
+    }
+
+    /// The keys whose merged value differs from `before`'s (set, unset or changed), in order.
+    pub fn changed_since(&self, before: &Origins) -> Vec<String> {
+        let keys: std::collections::BTreeSet<&String> =
+            self.values.keys().chain(before.values.keys()).collect();
+        keys.into_iter().filter(|k| self.values.get(*k) != before.values.get(*k)).cloned().collect()
+    }
+
+    /// Keys a later file set over an earlier file's other value: (key, earlier file, the file
+    /// that wins), in key order.
+    pub fn overridden(&self) -> impl Iterator<Item = (&str, &Path, &Path)> {
+        self.overridden.iter().map(|(k, (a, b))| (k.as_str(), a.as_path(), b.as_path()))
     }
 
     fn set(&mut self, key: String, file: &Path) {
-        self.0.insert(key, file.to_owned());
+        self.files.insert(key, file.to_owned());
     }
 
-    fn remove(&mut self, key: &str) {
-        self.0.remove(key);
+    /// `key` set by `file` to `value` (its `Debug`).
+    fn set_value(&mut self, key: &str, file: &Path, value: String) {
+        if let Some(earlier) = self.files.get(key).filter(|f| *f != file) {
+            if self.values.get(key) != Some(&value) {
+                self.overridden.insert(key.to_owned(), (earlier.clone(), file.to_owned()));
+            }
+        }
+        self.files.insert(key.to_owned(), file.to_owned());
+        self.values.insert(key.to_owned(), value);
+    }
+
+    /// `key` unset by `file`, which replaces it with keys of its own (a pool's CPU source).
+    fn replace(&mut self, key: &str, file: &Path) {
+        if let Some(earlier) = self.files.remove(key).filter(|f| f != file) {
+            self.overridden.insert(key.to_owned(), (earlier, file.to_owned()));
+        }
+        self.values.remove(key);
     }
 }
 

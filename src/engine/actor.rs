@@ -206,6 +206,7 @@ impl Engine {
             keepers: super::keeper::Keepers::new(settings, checked),
             kubelet: Arc::default(),
             slices: std::cell::RefCell::default(),
+            origins: settings.origins.clone(),
         };
         engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
         // What the files hold passes the checks a request passes before anything is applied;

@@ -304,6 +304,9 @@ impl Engine {
         let mut next = (*self.state).clone();
         let out = next.retarget(&r.id, r.target, r.container)?;
         if let Outcome::Changed(a) = &out {
+            // The rules a new assignment's target passes: a container's cgroup that names a
+            // host slice or a pool's slice is not written.
+            self.check_protected(&next, a)?;
             let before = self.state.clone();
             let changes = self.commit(next)?;
             let mut events = Vec::new();
@@ -329,8 +332,17 @@ impl Engine {
 
     pub(super) fn set_unpooled(
         &mut self,
-        cgroups: std::collections::BTreeSet<CgroupPath>,
+        mut cgroups: std::collections::BTreeSet<CgroupPath>,
     ) -> Result<usize, EngineError> {
+        // The adapters leave out what they may not confine; whatever else asks, cpupoold writes
+        // no cgroup an assignment could not target (a host slice, a pool's slice, an ancestor).
+        cgroups.retain(|p| match self.state.check_container_cgroup(p, &self.opts.host_cgroups) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("not keeping `{p}` off the exclusive CPUs: {e}");
+                false
+            }
+        });
         if cgroups == self.opts.unpooled {
             return Ok(0);
         }

@@ -172,9 +172,9 @@ pub enum Request {
     /// Release an assignment.
     Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
     /// Apply a new configuration, or record why it could not be read.
-    Reload(Result<Box<Settings>, ConfigError>, oneshot::Sender<Result<bool, EngineError>>),
+    Reload(Result<Box<Settings>, ConfigError>, oneshot::Sender<Result<super::Reloaded, EngineError>>),
     /// Read the configuration files again and apply them (SIGHUP).
-    ReloadFromDisk(oneshot::Sender<Result<bool, EngineError>>),
+    ReloadFromDisk(oneshot::Sender<Result<super::Reloaded, EngineError>>),
     /// Create, resize or delete a pool, persisted in the runtime drop-in.
     EditPool(PoolEdit, oneshot::Sender<Result<Option<Pool>, EngineError>>),
     /// Assign CPUs to a process and start it a scope in the pool's slice (where systemd runs),
@@ -261,12 +261,15 @@ impl Handle {
 
     /// Applies a new configuration, or records that the one on disk could not be read (it
     /// shows in the status). `Ok(false)`: nothing changed.
-    pub async fn reload(&self, settings: Result<Settings, ConfigError>) -> Result<bool, EngineError> {
+    pub async fn reload(
+        &self,
+        settings: Result<Settings, ConfigError>,
+    ) -> Result<super::Reloaded, EngineError> {
         self.call(|tx| Request::Reload(settings.map(Box::new), tx)).await
     }
 
     /// Reads the configuration files again and applies them, like [`Handle::reload`].
-    pub async fn reload_from_disk(&self) -> Result<bool, EngineError> {
+    pub async fn reload_from_disk(&self) -> Result<super::Reloaded, EngineError> {
         self.call(Request::ReloadFromDisk).await
     }
 

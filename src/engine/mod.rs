@@ -49,6 +49,7 @@ pub use drift::Found as DriftFound;
 pub use handle::{ping_within, Change, DriftReport, Event, Handle, Request, Snapshot, PING_TIMEOUT};
 pub use irq::IrqReport;
 pub use kubelet::{KubeletUpdate, KubeletView};
+pub use reload::Reloaded;
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;
@@ -139,6 +140,9 @@ pub struct Engine {
     /// Each pool's slice path, as [`Engine::publish`] last built them (pools change seldom;
     /// every mutation publishes).
     slices: std::cell::RefCell<Vec<(crate::core::pool::PoolName, crate::core::state::CgroupPath)>>,
+    /// The keys of the settings last installed, with their values and files: what a reload
+    /// compares with ([`Reloaded`]).
+    origins: crate::config::Origins,
 }
 
 pub use crate::error_chain;

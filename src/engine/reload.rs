@@ -1,6 +1,7 @@
 //! New settings (a reload) and pool edits (through the runtime drop-in): checked against the
 //! host and the live assignments, then installed like any commit.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::actor::current_cpus;
@@ -15,11 +16,52 @@ use crate::core::state::{self, State};
 use crate::core::topology::Topology;
 use crate::host::sysfs;
 
+/// What a reload did: the configuration keys whose merged value changed (pools, classes,
+/// daemon settings alike), whether the layout or state changed, and the keys of the
+/// administrator's files (`config.toml`, `config.d/`) that a later file overrides.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Keys whose merged value changed, in order (`pools.dp.cache.l3`).
+    pub changed: Vec<String>,
+    /// Whether the pools or their placements changed.
+    pub applied: bool,
+    /// `(key, the file whose value loses, the file that wins)`.
+    pub overridden: Vec<(String, PathBuf, PathBuf)>,
+}
+
+impl Reloaded {
+    /// Whether the files said anything the daemon did not run already.
+    pub fn any(&self) -> bool {
+        self.applied || !self.changed.is_empty()
+    }
+
+    /// `2 keys changed: pools.dp.cache.l3, pools.web.count` or `nothing changed`, then each
+    /// override: `` `…/90-cpupoold-runtime.toml` overrides pools.web.count of `…/config.toml` ``.
+    pub fn summary(&self) -> String {
+        const SHOWN: usize = 10;
+        let mut out = match self.changed.len() {
+            0 if self.applied => "applied".to_owned(),
+            0 => "nothing changed".to_owned(),
+            n => {
+                let mut list = self.changed.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+                if n > SHOWN {
+                    list.push_str(&format!(" and {} more", n - SHOWN));
+                }
+                format!("{n} key{} changed: {list}", if n == 1 { "" } else { "s" })
+            }
+        };
+        for (key, loses, wins) in &self.overridden {
+            out.push_str(&format!("; `{}` overrides {key} of `{}`", wins.display(), loses.display()));
+        }
+        out
+    }
+}
+
 impl Engine {
     pub(super) fn reload(
         &mut self,
         settings: Result<Box<Settings>, ConfigError>,
-    ) -> Result<bool, EngineError> {
+    ) -> Result<Reloaded, EngineError> {
         let result = settings.map_err(|e| EngineError::Config(Box::new(e))).and_then(|s| self.try_reload(&s));
         match &result {
             Ok(_) => self.config_error = None,
@@ -29,7 +71,7 @@ impl Engine {
         result
     }
 
-    pub(super) fn try_reload(&mut self, settings: &Settings) -> Result<bool, EngineError> {
+    pub(super) fn try_reload(&mut self, settings: &Settings) -> Result<Reloaded, EngineError> {
         let (topo, next) = self.prepare(settings)?;
         self.install(settings, topo, next)
     }
@@ -50,8 +92,28 @@ impl Engine {
         Ok((topo, next))
     }
 
-    /// Applies and saves prepared settings; `Ok(false)` when nothing changed.
+    /// Applies and saves prepared settings; says what changed.
     pub(super) fn install(
+        &mut self,
+        settings: &Settings,
+        topo: Topology,
+        next: State,
+    ) -> Result<Reloaded, EngineError> {
+        let changed = settings.origins.changed_since(&self.origins);
+        let applied = self.install_pools(settings, topo, next)?;
+        self.origins = settings.origins.clone();
+        let etc = self.config.as_ref().map(|c| c.dirs.etc.clone());
+        let overridden = settings
+            .origins
+            .overridden()
+            .filter(|(_, loses, _)| etc.as_ref().is_some_and(|etc| loses.starts_with(etc)))
+            .map(|(k, loses, wins)| (k.to_owned(), loses.to_owned(), wins.to_owned()))
+            .collect();
+        Ok(Reloaded { changed, applied, overridden })
+    }
+
+    /// [`Engine::install`]'s pools and placements; `Ok(false)` when they did not change.
+    fn install_pools(
         &mut self,
         settings: &Settings,
         topo: Topology,

@@ -286,7 +286,7 @@ fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
         while events.try_recv().is_ok() {}
         // dp gives its free core (2,6) to web.
         f.config(&CONFIG.replace("1-2,5-6", "1,5").replace("3,7", "2-3,6-7"));
-        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(true)));
+        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(r) if r.any()));
         assert_eq!(f.read("cpupool.slice/cpupool-dp.slice/cpuset.cpus"), "1,5");
         assert_eq!(f.read("cpupool.slice/cpupool-web.slice/cpuset.cpus"), "2-3,6-7");
         let mut changed = Vec::new();
@@ -294,7 +294,7 @@ fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
             changed.push(e);
         }
         assert_eq!(changed.len(), 2, "{changed:?}");
-        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(false)));
+        assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(r) if !r.any()));
         // Taking the assigned core away is refused whole.
         let snapshot = handle.snapshot().state.clone();
         f.config(&CONFIG.replace("1-2,5-6", "2,6").replace("cpus = \"0,4\"", "cpus = \"0-1,4-5\""));
@@ -617,7 +617,7 @@ mod pool_edits {
         let (handle, thread) = spawn(&f);
         f.config(&CONFIG.replace("cpus = \"3,7\"", "cpus = \"3\""));
         rt().block_on(async {
-            assert!(matches!(handle.reload_from_disk().await, Ok(true)));
+            assert!(matches!(handle.reload_from_disk().await, Ok(r) if r.any()));
             let web = handle.snapshot().state.pools().get(&name("web")).map(|p| p.cpus.to_string());
             assert_eq!(web, Some("3".into()));
         });
@@ -848,7 +848,7 @@ mod housekeeping_tests {
         rt().block_on(async {
             // Isolation ends: the masks found before go back and the record goes.
             f.config(CONFIG);
-            assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(true)));
+            assert!(matches!(handle.reload(Ok(f.settings())).await, Ok(r) if r.any()));
         });
         assert_eq!(f.sys(WQ), "ff\n");
         assert_eq!(f.sys(WB), "ff\n");

@@ -141,7 +141,7 @@ impl Applier {
         };
         write_atomically(&self.path, text).map_err(|e| error_chain(&e))?;
         match self.handle.reload_from_disk().await {
-            Ok(changed) => Ok(changed),
+            Ok(r) => Ok(r.any()),
             Err(e) => {
                 // The engine kept the running configuration: put back the file it came from.
                 let restored = match &previous {

@@ -12,6 +12,11 @@
 //!   adjustment gave it its CPUs already, and the binding completes in the engine.
 //! - keeping unpooled containers and pod sandboxes off the exclusive CPUs never fails a
 //!   container: a write that fails is logged and tried again at the next event or resync.
+//! - cpupoold writes only cgroups an assignment could target (not a host slice, `init.scope`,
+//!   `cpupool.slice`, a pool's slice or an ancestor of one, nor one nested with an
+//!   assignment's target): an unpooled container or sandbox whose `cgroups_path` names such a
+//!   cgroup fails open (created and started with no CPUs adjusted, its cgroup left alone, the
+//!   refusal logged once); a pooled one fails closed (not created).
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -32,6 +37,9 @@ use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
 use crate::engine::{EngineError, Handle};
 use crate::error_chain;
 use crate::host::kubelet::clients::{self, Holder};
+
+mod confine;
+use confine::{confine, ours, release_orphans};
 
 /// The events followed. Every bit is within NRI v0.6.1's mask (0x7FF), which refuses a plugin
 /// that asks for one it does not know.
@@ -69,6 +77,8 @@ struct Live {
     sandboxes: HashMap<String, CgroupPath>,
     /// The unpooled cgroups last given to the engine.
     unpooled: BTreeSet<CgroupPath>,
+    /// Cgroups of live containers and sandboxes cpupoold may not write (said once each).
+    refused: BTreeSet<CgroupPath>,
     /// A split Synchronize's parts so far (newer runtimes).
     pending: Option<(Vec<api::PodSandbox>, Vec<api::Container>)>,
     /// `containerd 1.7.24`, from Configure.
@@ -449,6 +459,19 @@ async fn create(
     let seen = seen_for(call, &Word::ask(call).await, pod, c).await?;
     let snap = call.handle.snapshot();
     let before = pinned(c.linux.as_ref().and_then(|l| l.resources.as_ref())).to_owned();
+    if let Some(cg) = &seen.cgroup {
+        let except = seen.assignment.clone().unwrap_or_else(AssignmentId::none);
+        if let Err(reason) = ours(live, &snap, cg, &except, &format!("container {who}")) {
+            if let Some(id) = &seen.assignment {
+                return Err(Status::new(
+                    code::FAILED_PRECONDITION,
+                    format!("cpupoold: container {who} would not run on the CPUs of {id}: {reason}"),
+                ));
+            }
+            live.containers.insert(c.id.clone(), seen);
+            return Ok(api::CreateContainerResponse::default());
+        }
+    }
     let (cpus, mems) = match (&seen.assignment, &seen.claim) {
         (_, Some(held)) => (held.cpus.clone(), snap.topology.nodes_of(&held.cpus)),
         (Some(id), None) => {
@@ -622,60 +645,4 @@ async fn event_of(
         _ => {}
     }
     Ok(())
-}
-
-/// Gives the engine the cgroups to keep off the exclusive CPUs (pod sandboxes and started
-/// containers without a pool) when they changed.
-async fn confine(live: &mut Live, call: &Call<'_>) {
-    let want: BTreeSet<CgroupPath> = live
-        .sandboxes
-        .values()
-        .cloned()
-        .chain(
-            live.containers
-                .values()
-                .filter(|s| s.started && s.assignment.is_none() && s.claim.is_none())
-                .filter_map(|s| s.cgroup.clone()),
-        )
-        .collect();
-    if want == live.unpooled {
-        return;
-    }
-    match call.within(call.handle.set_unpooled(want.clone())).await {
-        Some(Ok(_)) => live.unpooled = want,
-        Some(Err(e)) => log::warn!(
-            "NRI: keeping {} container(s) and pod sandbox(es) off the exclusive CPUs: {}",
-            want.len(),
-            error_chain(&e)
-        ),
-        None => {
-            log::warn!("NRI: keeping containers off the exclusive CPUs took longer than {:?}", call.budget)
-        }
-    }
-}
-
-/// Releases the kubelet assignments bound to a container cgroup that no live container has
-/// (the container went while cpupoold was not connected).
-async fn release_orphans(live: &Live, call: &Call<'_>) {
-    let alive: BTreeSet<&CgroupPath> = live.containers.values().filter_map(|s| s.cgroup.as_ref()).collect();
-    super::claim::unbind(call, |p| !alive.contains(p), "its container is gone").await;
-    let snap = call.handle.snapshot();
-    let orphans: Vec<AssignmentId> = snap
-        .state
-        .assignments()
-        .values()
-        .filter(|a| devices::is_kubelet(a))
-        .filter(|a| matches!(&a.target, Target::Cgroup(p) if !alive.contains(p)))
-        .map(|a| a.id.clone())
-        .collect();
-    for id in orphans {
-        match call.within(call.handle.release(id.as_str())).await {
-            Some(Ok(a)) => log::info!(
-                POOL = a.pool.as_str(), ASSIGNMENT = id.as_str();
-                "NRI: released {id} (CPUs {} of pool {}): its container {} is gone", a.cpus, a.pool, a.target
-            ),
-            Some(Err(e)) => log::warn!("NRI: releasing {id}, whose container is gone: {}", error_chain(&e)),
-            None => log::warn!("NRI: releasing {id} took longer than {:?}", call.budget),
-        }
-    }
 }

@@ -86,6 +86,34 @@ pub fn spawn_wrapped(
     Spawned { child, banner, ready, varlink }
 }
 
+/// A child process that is killed (SIGKILL) and reaped when dropped: a test that fails, or
+/// returns early, leaves no daemon running with its directory gone. Stopping it cleanly first
+/// ([`stop`], through the `Deref` to [`Child`]) leaves nothing for the drop to do.
+pub struct Reaped(pub Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Stops `child` with SIGTERM and checks that it exits cleanly within 30 s; `logs` says what
 /// it logged, for the failure message.
 pub fn stop(child: &mut Child, logs: impl Fn() -> String) {
@@ -116,4 +144,24 @@ pub fn bus_daemons(sb: &Path) -> Vec<i32> {
             cmdline.split(|b| *b == 0).any(|a| a == needle.as_bytes()).then_some(pid)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A test that panics while its child runs leaves no process: the child is killed and
+    /// reaped (no zombie either) as the panic unwinds.
+    #[test]
+    fn a_failing_test_leaves_no_process_behind() {
+        let child = Command::new("sleep").arg("600").spawn().unwrap_or_else(|e| panic!("sleep: {e}"));
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let failed = std::panic::catch_unwind(move || {
+            let _child = Reaped(child);
+            panic!("a failed assertion");
+        });
+        assert!(failed.is_err());
+        // Reaped: the pid names no process, not even a zombie.
+        assert_eq!(nix::sys::signal::kill(pid, None), Err(nix::errno::Errno::ESRCH));
+    }
 }

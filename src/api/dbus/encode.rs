@@ -310,8 +310,10 @@ mod tests {
             sent::<m::GetClasses, _>(&views::Classes { classes: vec![class] });
         assert_eq!(classes[0].6, "degraded: EBUSY");
         assert_eq!(classes[0].5, "2-3");
-        let changed: bool = sent::<m::Reload, _>(&views::Reloaded { changed: true });
+        let reloaded = views::Reloaded { changed: true, summary: "1 key changed: pools.dp.cache.l3".into() };
+        let (changed, summary): (bool, String) = sent::<m::Reload, _>(&reloaded);
         assert!(changed);
+        assert_eq!(summary, reloaded.summary);
         let nothing = super::reply(&member("DeletePool").unwrap(), &views::Nothing {});
         assert_eq!(nothing.ok().flatten().map(|s| s.fields().len()), None);
         let gone = super::reply(&member("CreatePool").unwrap(), &views::PoolReply { pool: None });

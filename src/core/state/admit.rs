@@ -144,6 +144,18 @@ impl CgroupIndex {
 }
 
 impl State {
+    /// Whether cpupoold may write CPUs into `path` for a container a runtime names (the NRI
+    /// plugin's and the device plugin's unpooled containers and pod sandboxes): the rules a
+    /// `cgroup:` target passes ([`State::check_target`]), against every assignment. A refusal
+    /// is [`Error::TargetNotAllowed`] with the reason.
+    pub fn check_container_cgroup(
+        &self,
+        path: &CgroupPath,
+        host_cgroups: &[CgroupPath],
+    ) -> Result<(), Error> {
+        self.check_target(&Target::Cgroup(path.clone()), host_cgroups, &AssignmentId::none())
+    }
+
     /// [`check_target`] for `target` against the host cgroups and every assignment but
     /// `except`, through the index of target cgroups: its cost does not grow with the number
     /// of assignments.

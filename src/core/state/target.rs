@@ -52,6 +52,12 @@ impl AssignmentId {
         }
     }
 
+    /// No assignment's id: what [`State::check_target`](super::State::check_target) excepts
+    /// when a cgroup is asked about for no assignment.
+    pub fn none() -> Self {
+        AssignmentId(String::new())
+    }
+
     /// The id.
     pub fn as_str(&self) -> &str {
         &self.0
