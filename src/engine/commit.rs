@@ -321,7 +321,13 @@ impl Engine {
                 POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
                 "assignment {} (CPUs {}) now applies to {}", a.id, a.cpus, a.target
             );
-            events.insert(0, Event::AssignmentChanged { id: a.id.clone(), change: Change::Added });
+            // Bound to a container (read back: applied), or held for none again (allocated).
+            let running = self.kubelet.running.contains_key(&a.id);
+            let change = match a.phase(None, running) {
+                state::Phase::Allocated => Change::Allocated,
+                _ => Change::Applied,
+            };
+            events.insert(0, Event::AssignmentChanged { id: a.id.clone(), change });
             self.publish(events);
         }
         Ok(out)

@@ -28,7 +28,7 @@ use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
 use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
+use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
 use crate::engine::{EngineError, Handle};
 use crate::error_chain;
 use crate::host::kubelet::clients::{self, Holder};
@@ -50,15 +50,17 @@ const fn bit(e: Event) -> i32 {
 
 /// A container seen alive.
 #[derive(Debug, Clone)]
-struct Seen {
+pub(super) struct Seen {
+    /// Its name, as the kubelet's.
+    pub(super) owner: Owner,
     /// Its cgroup, from the runtime's `cgroups_path`.
-    cgroup: Option<CgroupPath>,
+    pub(super) cgroup: Option<CgroupPath>,
     /// The assignment it runs on; `None`: no pool.
     assignment: Option<AssignmentId>,
     /// Whether it was started.
-    started: bool,
+    pub(super) started: bool,
     /// The DRA claim it runs on (held until the claim is unprepared).
-    claim: Option<super::claim::Held>,
+    pub(super) claim: Option<super::claim::Held>,
 }
 
 /// The plugin's record of the runtime, rebuilt at every Synchronize.
@@ -119,6 +121,11 @@ fn cgroup_of(c: &api::Container) -> Option<CgroupPath> {
 
 pub(super) fn name_of(pod: &api::PodSandbox, c: &api::Container) -> String {
     format!("{}/{}/{}", pod.namespace, pod.name, c.name)
+}
+
+/// Container `c` of `pod`, as an assignment records the container it serves.
+pub(super) fn owner_of(pod: &api::PodSandbox, c: &api::Container) -> Owner {
+    Owner { namespace: pod.namespace.clone(), pod: pod.name.clone(), name: c.name.clone() }
 }
 
 /// The CPUs a request already pins the container to (the kubelet's static CPU manager, or a
@@ -272,6 +279,13 @@ impl Plugin {
             }
         }
         release_orphans(live, call).await;
+        // Containers read back on claims' CPUs before this connection (or this process) are
+        // taken on no trust: those the runtime still runs were read back again just above.
+        let running =
+            live.containers.values().filter(|s| s.started).filter_map(|s| s.cgroup.clone()).collect();
+        if let Some(Err(e)) = call.within(call.handle.alive(running)).await {
+            log::warn!("NRI: recording the containers that run: {}", error_chain(&e));
+        }
         confine(live, call).await;
         self.synced.store(true, Ordering::Relaxed);
         let _ = self.handle.set_nri(Some(live.runtime.clone())).await;
@@ -349,7 +363,13 @@ async fn seen_for(
     let snap = call.handle.snapshot();
     let who = name_of(pod, c);
     if let Some(held) = super::claim::held_for(call.opts, &snap, pod, c, &who)? {
-        return Ok(Seen { cgroup: cgroup_of(c), assignment: None, started: false, claim: Some(held) });
+        return Ok(Seen {
+            owner: owner_of(pod, c),
+            cgroup: cgroup_of(c),
+            assignment: None,
+            started: false,
+            claim: Some(held),
+        });
     }
     let claimed = env_of(c, cpupool_wire::names::ENV_ASSIGNMENT);
     let holder = match word {
@@ -400,7 +420,7 @@ async fn seen_for(
         Decision::Rebook(spec) => Some(rebook(call, &who, spec).await?),
         Decision::Unpooled { .. } => None,
     };
-    Ok(Seen { cgroup: cgroup_of(c), assignment, started: false, claim: None })
+    Ok(Seen { owner: owner_of(pod, c), cgroup: cgroup_of(c), assignment, started: false, claim: None })
 }
 
 /// Holds again the allocation of a container whose assignment was released when its previous
@@ -545,7 +565,13 @@ async fn gone(live: &mut Live, call: &Call<'_>, pod: &api::PodSandbox, c: &api::
             (cgroup, bound)
         }
     };
-    super::claim::unbind(call, |p| Some(p) == cgroup.as_ref(), &format!("container {who} {how}")).await;
+    let why = format!("container {who} {how}");
+    super::claim::unbind(call, &live.containers, |p| Some(p) == cgroup.as_ref(), &why).await;
+    if let Some(cg) = &cgroup {
+        if let Some(Err(e)) = call.within(call.handle.stopped(BTreeSet::from([cg.clone()]))).await {
+            log::warn!("NRI: recording that {why}: {}", error_chain(&e));
+        }
+    }
     let Some(id) = assignment else {
         confine(live, call).await;
         return;
@@ -658,7 +684,7 @@ async fn confine(live: &mut Live, call: &Call<'_>) {
 /// (the container went while cpupoold was not connected).
 async fn release_orphans(live: &Live, call: &Call<'_>) {
     let alive: BTreeSet<&CgroupPath> = live.containers.values().filter_map(|s| s.cgroup.as_ref()).collect();
-    super::claim::unbind(call, |p| !alive.contains(p), "its container is gone").await;
+    super::claim::unbind(call, &live.containers, |p| !alive.contains(p), "its container is gone").await;
     let snap = call.handle.snapshot();
     let orphans: Vec<AssignmentId> = snap
         .state
