@@ -17,6 +17,7 @@ use super::topology::Topology;
 
 mod admit;
 mod error;
+pub mod phase;
 mod target;
 mod validate;
 
@@ -96,53 +97,6 @@ pub struct Assignment {
     /// Kubelet assignments: the container holding the devices, once the kubelet has said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<Container>,
-}
-
-/// What an assignment's CPUs do now, as the APIs, the metrics and `Monitor` say it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase<'a> {
-    /// Booked for a container the kubelet allocated them to (the device plugin's `Allocate`,
-    /// a prepared DRA claim) that does not run on them yet: no cgroup has them, nothing
-    /// enforces them.
-    Allocated,
-    /// The kernel enforces them on the target, as read back after they were written (a
-    /// kubelet allocation: in its container's cgroup, as the container starts).
-    Applied,
-    /// The kernel does not enforce them on the target, and correcting it failed (why).
-    Degraded(&'a str),
-}
-
-impl Phase<'_> {
-    /// `allocated`, `applied` or `degraded`, as the APIs spell it.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Phase::Allocated => "allocated",
-            Phase::Applied => "applied",
-            Phase::Degraded(_) => "degraded",
-        }
-    }
-
-    /// Why it is degraded; empty otherwise.
-    pub fn reason(&self) -> &str {
-        match self {
-            Phase::Degraded(why) => why,
-            _ => "",
-        }
-    }
-}
-
-impl Assignment {
-    /// Its phase: `health` is why the kernel does not enforce it, if it does not (the drift
-    /// check's finding); `running` whether a container was read back running on its CPUs
-    /// although its target is none (a claim of several devices: one cgroup, the target of
-    /// none of them). A `kubelet:` target is a booking: allocated until a container runs on it.
-    pub fn phase<'a>(&self, health: Option<&'a str>, running: bool) -> Phase<'a> {
-        match (health, &self.target) {
-            (Some(why), _) => Phase::Degraded(why),
-            (None, Target::Kubelet(_)) if !running => Phase::Allocated,
-            _ => Phase::Applied,
-        }
-    }
 }
 
 /// A Kubernetes container, as the kubelet names it.

@@ -328,7 +328,7 @@ impl Engine {
             }
             let running = self.kubelet.running.contains_key(&a.id);
             let change = match a.phase(None, running) {
-                state::Phase::Allocated => Some(Change::Allocated),
+                state::phase::Phase::Allocated => Some(Change::Allocated),
                 _ if events.is_empty() => Some(Change::Applied),
                 _ => None,
             };

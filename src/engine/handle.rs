@@ -133,8 +133,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// What `a`'s CPUs do now: allocated, applied or degraded ([`state::Phase`]).
-    pub fn phase(&self, a: &Assignment) -> state::Phase<'_> {
+    /// What `a`'s CPUs do now: allocated, applied or degraded ([`state::phase::Phase`]).
+    pub fn phase(&self, a: &Assignment) -> state::phase::Phase<'_> {
         a.phase(
             self.assignment_health.get(&a.id).map(String::as_str),
             self.kubelet.running.contains_key(&a.id),

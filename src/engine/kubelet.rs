@@ -13,7 +13,8 @@ use super::Engine;
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::Key;
 use crate::core::plan::Partitions;
-use crate::core::state::{AssignmentId, CgroupPath, Container, Phase, State};
+use crate::core::state::phase::Phase;
+use crate::core::state::{AssignmentId, CgroupPath, Container, State};
 use crate::core::topology::Topology;
 
 /// The kubelet wing's observations.

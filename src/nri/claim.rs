@@ -31,7 +31,8 @@
 
 use std::collections::HashMap;
 
-use super::plugin::{name_of, owner_of, Call, Seen};
+use super::bind::owner_of;
+use super::plugin::{name_of, Call, Seen};
 use super::proto as api;
 use super::ttrpc::{code, Status};
 use super::Options;
@@ -279,6 +280,16 @@ async fn running(
             log::warn!("NRI: recording container {who} on claim {} took longer than {:?}", held.name, call.budget);
             Ok(())
         }
+    }
+}
+
+/// Synchronize: the containers read back on claims' CPUs before this connection (or this
+/// process) are taken on no trust; those the runtime still runs (`live`, started) were read
+/// back again as it synchronized.
+pub(super) async fn alive(call: &Call<'_>, live: &HashMap<String, Seen>) {
+    let running = live.values().filter(|s| s.started).filter_map(|s| s.cgroup.clone()).collect();
+    if let Some(Err(e)) = call.within(call.handle.alive(running)).await {
+        log::warn!("NRI: recording the containers that run: {}", error_chain(&e));
     }
 }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 use prost::Message;
 use tokio::sync::Mutex;
 
+use super::bind::owner_of;
 use super::proto::{self as api, Event};
 use super::ttrpc::{code, Reply, Service, Status};
 use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
@@ -121,11 +122,6 @@ fn cgroup_of(c: &api::Container) -> Option<CgroupPath> {
 
 pub(super) fn name_of(pod: &api::PodSandbox, c: &api::Container) -> String {
     format!("{}/{}/{}", pod.namespace, pod.name, c.name)
-}
-
-/// Container `c` of `pod`, as an assignment records the container it serves.
-pub(super) fn owner_of(pod: &api::PodSandbox, c: &api::Container) -> Owner {
-    Owner { namespace: pod.namespace.clone(), pod: pod.name.clone(), name: c.name.clone() }
 }
 
 /// The CPUs a request already pins the container to (the kubelet's static CPU manager, or a
@@ -279,13 +275,7 @@ impl Plugin {
             }
         }
         release_orphans(live, call).await;
-        // Containers read back on claims' CPUs before this connection (or this process) are
-        // taken on no trust: those the runtime still runs were read back again just above.
-        let running =
-            live.containers.values().filter(|s| s.started).filter_map(|s| s.cgroup.clone()).collect();
-        if let Some(Err(e)) = call.within(call.handle.alive(running)).await {
-            log::warn!("NRI: recording the containers that run: {}", error_chain(&e));
-        }
+        super::claim::alive(call, &live.containers).await;
         confine(live, call).await;
         self.synced.store(true, Ordering::Relaxed);
         let _ = self.handle.set_nri(Some(live.runtime.clone())).await;

@@ -167,7 +167,7 @@ fn assignments(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::
     let allocated = state
         .assignments()
         .values()
-        .filter(|a| snap.phase(a) == crate::core::state::Phase::Allocated)
+        .filter(|a| snap.phase(a) == crate::core::state::phase::Phase::Allocated)
         .count();
     gauges(
         enc,
