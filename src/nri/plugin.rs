@@ -519,7 +519,10 @@ async fn start(
     };
     live.containers.insert(c.id.clone(), Seen { started: true, ..seen.clone() });
     if let Some(held) = &seen.claim {
-        return super::claim::start(call, pod, c, held, seen.cgroup).await;
+        // A start refused is no survivor to bind the claim to (claim::unbind).
+        let r = super::claim::start(call, pod, c, held, seen.cgroup).await;
+        live.containers.entry(c.id.clone()).and_modify(|s| s.started = r.is_ok());
+        return r;
     }
     let Some(id) = seen.assignment else {
         confine(live, call).await;
