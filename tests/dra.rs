@@ -287,7 +287,9 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
             let r = rt.create(&pod, ctr).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
             assert_eq!(adjusted(&r), cpus);
         }
-        assert_eq!(assignment(&d, &id)["target"], format!("kubelet:{id}"), "held, bound to none");
+        let held = assignment(&d, &id);
+        assert_eq!(held["target"], format!("kubelet:{id}"), "held, bound to none");
+        assert_eq!(held["state"], "allocated", "no container runs on it yet: {held}");
         // The first to start: the claim's assignment is bound to its cgroup, applied and read
         // back, as a device-plugin container's.
         let start = |rt: &mut test_support::nri::Plugin, ctr: &api::Container| {
@@ -323,10 +325,21 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
         let x = fake::container(&other, "x", "app", &env);
         let r = rt.create(&other, &x).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
         assert!(adjusted(&r).is_disjoint(&cpus), "{} shares {cpus}", adjusted(&r));
-        // The bound container stops: the claim keeps its CPUs (until it is unprepared), held
-        // for no container again.
+        // The bound container stops while the second runs on the claim: bound to the survivor,
+        // read back, applied.
         rt.stop(&pod, &a).unwrap().unwrap();
-        assert_eq!(assignment(&d, &id)["target"], format!("kubelet:{id}"), "{}", d.logs());
+        let survivor = assignment(&d, &id);
+        assert_eq!(survivor["target"], format!("cgroup:{}", fake::cgroup(&pod, "b")), "{}", d.logs());
+        assert_eq!(
+            (&survivor["container"], &survivor["state"]),
+            (&json!("default/pod-1/side"), &json!("applied"))
+        );
+        // It stops too: the claim keeps its CPUs (until it is unprepared), held for no
+        // container again: allocated.
+        rt.stop(&pod, &b).unwrap().unwrap();
+        let held = assignment(&d, &id);
+        assert_eq!(held["target"], format!("kubelet:{id}"), "{}", d.logs());
+        assert_eq!((&held["container"], &held["state"]), (&json!(""), &json!("allocated")), "{held}");
         // A later container of the claim binds them again.
         let later = fake::container(&pod, "c", "app", &env);
         rt.create(&pod, &later).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
@@ -340,5 +353,104 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
     assert!(u.claims.values().all(|c| c.error.is_empty()), "{u:?}");
     assert!(dra_assignments(&d).is_empty(), "{}", d.logs());
     tokio::task::block_in_place(|| rt.stop(&pod, &fake::container(&pod, "c", "app", &env)).unwrap().unwrap());
+    d.stop();
+}
+
+/// A claim of several devices (two results, one per NUMA node: two assignments) and its one
+/// container: one cgroup, the target of neither, so the container is read back on all of the
+/// claim's CPUs and recorded running on both; they read `allocated` until it starts, `applied`
+/// while it runs (again after cpupoold restarts, once the runtime's Synchronize has read it
+/// back: not before), `allocated` once it stops. The claim's UID begins with a digit, as most
+/// an API server makes do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_several_devices_runs_its_container_on_all_of_them() {
+    use cpupoold::nri::proto as api;
+    use test_support::nri as fake;
+    let dir = tempfile::tempdir().unwrap();
+    let fake_api = Fake::start();
+    let node = fake::Node::serve(&dir.path().join("sb"));
+    std::fs::create_dir_all(dir.path().join("sb/cgroup/kubepods.slice")).unwrap();
+    let d = start(dir.path(), &fake_api);
+    let k = register(&d).await;
+    let uid = test_support::uid::v4_digit_first();
+    let pod_uid = test_support::uid::v4();
+    let results = [dp("dp-numa0", "2"), dp("dp-numa1", "1")];
+    fake_api.put_claim(claim(NS, "two", &uid, &results, &[("pod-1", &pod_uid)]));
+    let c = peer::claim(NS, "two", &uid);
+    assert_eq!(prepare_one(&k, &c).await.error, "", "{}", d.logs());
+    let ids = [format!("dra-{uid}-0"), format!("dra-{uid}-1")];
+    let states = |d: &Daemon| ids.iter().map(|id| assignment(d, id)["state"].clone()).collect::<Vec<_>>();
+    let cpus = ids.iter().fold(CpuSet::new(), |acc, id| {
+        acc.union(&CpuSet::parse(assignment(&d, id)["cpus"].as_str().unwrap()).unwrap())
+    });
+    assert_eq!(cpus.len(), 3);
+    assert_eq!(states(&d), [json!("allocated"), json!("allocated")]);
+    let spec = cdi(&d, &c.uid).unwrap();
+    let env: Vec<(String, String)> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let pod = fake::pod(&test_support::uid::container_id(), &pod_uid, "pod-1");
+    let ctr = fake::container(&pod, &test_support::uid::container_id(), "app", &env);
+    let cg = fake::cgroup(&pod, &ctr.id);
+    let rt = tokio::task::block_in_place(|| {
+        let mut rt = node.runtime.accept(std::time::Duration::from_secs(30)).unwrap();
+        rt.configure().unwrap();
+        rt.synchronize(Vec::new(), Vec::new()).unwrap();
+        let r = rt.create(&pod, &ctr).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        assert_eq!(adjusted(&r), cpus);
+        assert_eq!(states(&d), [json!("allocated"), json!("allocated")], "created, not started");
+        node.runc_creates(&cg, &cpus.to_string());
+        rt.event(api::Event::StartContainer, &pod, Some(&ctr))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        for id in &ids {
+            let a = assignment(&d, id);
+            assert_eq!(
+                (&a["state"], &a["container"]),
+                (&json!("applied"), &json!("default/pod-1/app")),
+                "{a}\n{}",
+                d.logs()
+            );
+        }
+        rt
+    });
+    // cpupoold restarts while the container runs: allocated until the runtime synchronizes
+    // and the container is read back again, applied after.
+    drop(rt);
+    d.stop();
+    let d = start(dir.path(), &fake_api);
+    let k = register(&d).await;
+    assert_eq!(states(&d), [json!("allocated"), json!("allocated")], "nothing taken on trust");
+    tokio::task::block_in_place(|| {
+        let mut rt = node.runtime.accept(std::time::Duration::from_secs(30)).unwrap();
+        rt.configure().unwrap();
+        let mut running = ctr.clone();
+        running.set_state(api::ContainerState::ContainerRunning);
+        rt.synchronize(vec![pod.clone()], vec![running]).unwrap();
+        assert_eq!(states(&d), [json!("applied"), json!("applied")], "{}", d.logs());
+        // The runtime connects again, and the container went meanwhile: allocated.
+        drop(rt);
+        let mut rt = node.runtime.accept(std::time::Duration::from_secs(30)).unwrap();
+        rt.configure().unwrap();
+        rt.synchronize(vec![pod.clone()], Vec::new()).unwrap();
+        assert_eq!(states(&d), [json!("allocated"), json!("allocated")], "gone while away: {}", d.logs());
+        // A new container runs on it, and stops.
+        let again = fake::container(&pod, &test_support::uid::container_id(), "app", &env);
+        rt.create(&pod, &again).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        node.runc_creates(&fake::cgroup(&pod, &again.id), &cpus.to_string());
+        rt.event(api::Event::StartContainer, &pod, Some(&again))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
+        assert_eq!(states(&d), [json!("applied"), json!("applied")]);
+        rt.stop(&pod, &again).unwrap().unwrap();
+        assert_eq!(states(&d), [json!("allocated"), json!("allocated")], "{}", d.logs());
+    });
+    let u = k.unprepare(vec![c.clone()]).await.unwrap();
+    assert!(u.claims.values().all(|c| c.error.is_empty()), "{u:?}");
+    assert!(dra_assignments(&d).is_empty(), "{}", d.logs());
     d.stop();
 }

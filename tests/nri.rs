@@ -14,7 +14,7 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Daemon, Varlink};
 use cpupoold::nri::proto as api;
@@ -411,5 +411,168 @@ async fn fake_runtime_naming_host_or_pool_slices_as_a_pod_or_container_cgroup_ge
         let _: api::Empty = rt.event(api::Event::RemovePodSandbox, pod, None).unwrap().unwrap();
     }
     assert_eq!(read(&d), before, "{}", d.logs());
+    d.stop();
+}
+
+/// What a poller saw of one assignment: its state (`None`: no such assignment), read between
+/// `asked` and `answered`.
+struct Seen {
+    asked: Instant,
+    answered: Instant,
+    state: Option<String>,
+}
+
+/// Polls the state of assignment `id` over varlink, as `cpupoolctl assignments` reads it,
+/// every 10 ms (the guest polls every 100 ms), handing each reading to the test, until the test
+/// drops the receiver.
+fn poll_state(varlink: &Path, id: &str) -> std::sync::mpsc::Receiver<Seen> {
+    let (tx, rx) = std::sync::mpsc::channel::<Seen>();
+    let (varlink, id) = (varlink.to_owned(), id.to_owned());
+    std::thread::spawn(move || {
+        let mut v = Varlink::connect(&varlink);
+        let (pause, stopped) = std::sync::mpsc::channel::<()>();
+        loop {
+            let asked = Instant::now();
+            // The daemon stops at the test's end, maybe before this thread hears of it.
+            let Ok(Ok(list)) = v.try_call("ListAssignments", json!({})) else { return };
+            let state = list["assignments"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["id"] == id.as_str())
+                .map(|a| a["state"].as_str().unwrap().to_owned());
+            if tx.send(Seen { asked, answered: Instant::now(), state }).is_err() {
+                drop(pause);
+                return;
+            }
+            let _ = stopped.recv_timeout(Duration::from_millis(10));
+        }
+    });
+    rx
+}
+
+/// Collects the poller's readings into `all` up to the first one asked after `after` (every
+/// phase is seen by the poller, however short); its state.
+fn reading_after(
+    rx: &std::sync::mpsc::Receiver<Seen>,
+    all: &mut Vec<Seen>,
+    after: Instant,
+) -> Option<String> {
+    loop {
+        let s = rx.recv_timeout(WAIT).expect("the poller reads on");
+        let (fresh, state) = (s.asked >= after, s.state.clone());
+        all.push(s);
+        if fresh {
+            return state;
+        }
+    }
+}
+
+/// The Monitor stream's events of assignment `id`, up to its `removed`.
+fn monitor_until_removed(m: &mut Varlink, id: &str) -> Vec<String> {
+    let mut changes = Vec::new();
+    while changes.last().map(String::as_str) != Some("removed") {
+        let e = m.read().unwrap_or_else(|e| panic!("Monitor, after {changes:?}: {e}"));
+        let e = &e["parameters"]["event"];
+        if e["id"] == id {
+            changes.push(e["change"].as_str().unwrap().to_owned());
+        }
+    }
+    changes
+}
+
+/// A pod's whole life, polled: the kubelet's allocation reads `allocated` from `Allocate`
+/// through the container's creation, `applied` only from the read-back at its start until its
+/// stop, and is released then; so on every transport and the Monitor stream. Pod UIDs and
+/// container ids are random as an API server's and containerd's are, a digit-first UID first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_runtime_an_allocation_is_allocated_until_its_container_starts_and_applied_only_while_it_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut n = Node::serve(&tmp.path().join("sb"));
+    let d = start(tmp.path());
+    let mut rt = n.runtime.accept(WAIT).unwrap();
+    rt.configure().unwrap();
+    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let mut monitor = Varlink::connect(&d.varlink);
+    monitor.set_timeout(WAIT);
+    monitor.send_raw(b"{\"method\":\"org.cpupool.Manager.Monitor\",\"more\":true}\0").unwrap();
+    for (i, uid) in
+        [test_support::uid::v4_digit_first(), test_support::uid::v4_letter_first()].iter().enumerate()
+    {
+        let name = format!("web-{i}");
+        let id = "kubelet-core-2";
+        let polled = poll_state(&d.varlink, id);
+        let mut seen = Vec::new();
+        let t0 = Instant::now();
+        let env = n.allocate("dp", &["core-2"], &format!("default/{name}/app")).await;
+        let allocated = Instant::now();
+        assert_eq!(
+            reading_after(&polled, &mut seen, allocated).as_deref(),
+            Some("allocated"),
+            "{}",
+            d.logs()
+        );
+        let pod = fake::pod(&test_support::uid::container_id(), uid, &name);
+        let cid = test_support::uid::container_id();
+        let c = fake::container(&pod, &cid, "app", &env_refs(&env));
+        let r: api::CreateContainerResponse = rt.create(&pod, &c).unwrap().unwrap();
+        let created = Instant::now();
+        assert_eq!(adjusted(&r).0, "2,10");
+        let a = assignment(&d, id).unwrap();
+        assert_eq!((&a["state"], &a["target"]), (&json!("allocated"), &json!("kubelet:core-2")), "{a}");
+        assert_eq!(reading_after(&polled, &mut seen, created).as_deref(), Some("allocated"));
+        let cg = fake::cgroup(&pod, &cid);
+        n.runc_creates(&cg, "2,10");
+        let starting = Instant::now();
+        let _: api::Empty = rt.event(api::Event::StartContainer, &pod, Some(&c)).unwrap().unwrap();
+        let started = Instant::now();
+        let a = assignment(&d, id).unwrap();
+        assert_eq!((&a["state"], &a["target"]), (&json!("applied"), &json!(format!("cgroup:{cg}"))), "{a}");
+        assert_eq!(reading_after(&polled, &mut seen, started).as_deref(), Some("applied"));
+        let stopping = Instant::now();
+        rt.stop(&pod, &state(c.clone(), api::ContainerState::ContainerStopped)).unwrap().unwrap();
+        let stopped = Instant::now();
+        assert!(assignment(&d, id).is_none(), "released at its stop\n{}", d.logs());
+        assert_eq!(reading_after(&polled, &mut seen, stopped), None);
+        let _: api::Empty = rt.event(api::Event::RemoveContainer, &pod, Some(&c)).unwrap().unwrap();
+        drop(polled);
+
+        // Applied only between the start's request and the stop's answer; allocated from the
+        // allocation until the start was answered; gone before the allocation and after the
+        // stop. A reading is of a moment between its request and its answer.
+        for s in &seen {
+            let ok = match s.state.as_deref() {
+                Some("applied") => s.answered >= starting && s.asked <= stopped,
+                Some("allocated") => s.answered >= t0 && s.asked <= started,
+                None => s.asked <= allocated || s.answered >= stopping,
+                Some(other) => panic!("state {other}"),
+            };
+            assert!(
+                ok,
+                "{:?} read between {:?} and {:?} (start asked {:?}, answered {:?}, stop asked {:?}, answered {:?})",
+                s.state,
+                s.asked - t0,
+                s.answered - t0,
+                starting - t0,
+                started - t0,
+                stopping - t0,
+                stopped - t0
+            );
+        }
+        let changes = monitor_until_removed(&mut monitor, id);
+        assert_eq!(changes, ["added", "applied", "removed"], "{}", d.logs());
+        // The timings, for the record (the guest measures the same against real containerd).
+        let first = |st: &str| seen.iter().find(|s| s.state.as_deref() == Some(st)).map(|s| s.answered - t0);
+        let last =
+            |st: &str| seen.iter().rev().find(|s| s.state.as_deref() == Some(st)).map(|s| s.answered - t0);
+        eprintln!(
+            "pod uid {uid}: Allocate answered {:?}, CreateContainer {:?}, StartContainer asked {:?} answered {:?}, \
+             StopContainer asked {:?} answered {:?}; polled {} times: allocated {:?}..{:?}, applied {:?}..{:?}, \
+             gone from {:?}",
+            allocated - t0, created - t0, starting - t0, started - t0, stopping - t0, stopped - t0, seen.len(),
+            first("allocated"), last("allocated"), first("applied"), last("applied"),
+            seen.iter().rev().take_while(|s| s.state.is_none()).last().map(|s| s.answered - t0),
+        );
+    }
     d.stop();
 }

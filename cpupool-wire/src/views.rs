@@ -47,12 +47,15 @@ pub struct Assignment {
     /// Released when the target goes away.
     #[serde(default = "yes")]
     pub reclaim: bool,
-    /// Kubelet assignments: `NAMESPACE/POD/CONTAINER` of the container holding the devices;
-    /// empty otherwise.
+    /// Kubelet assignments: `NAMESPACE/POD/CONTAINER` of the container holding the devices (a
+    /// DRA claim's: the container it is bound to, or one running on its CPUs); empty otherwise.
     #[serde(default)]
     pub container: String,
-    /// `applied` (the kernel enforces its CPUs on the target, as last read back) or
-    /// `degraded` (it does not, and correcting it failed).
+    /// `allocated` (booked for a container the kubelet allocated them to, a device plugin
+    /// allocation or a prepared DRA claim, that does not run on them yet: nothing enforces
+    /// them), `applied` (the kernel enforces its CPUs on the target, as last read back; a
+    /// kubelet allocation: in its running container's cgroup) or `degraded` (it does not, and
+    /// correcting it failed).
     #[serde(default = "applied")]
     pub state: String,
     /// Why it is degraded; empty when applied.
@@ -141,7 +144,9 @@ pub struct Event {
     /// The assignment id, for assignment events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// pool: `current` (the initial replay) or `changed`; assignment: `added` or `removed`.
+    /// pool: `current` (the initial replay) or `changed`; assignment: `added`, `removed`,
+    /// `degraded`, `restored`, `applied` (its container runs on its CPUs, read back) or
+    /// `allocated` (booked for a container that does not run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change: Option<String>,
 }

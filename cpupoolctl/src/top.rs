@@ -458,10 +458,11 @@ fn assignments_table(list: &[Assignment], shown: usize) -> Table<'_> {
             a.target.clone(),
             state,
         ]);
-        if a.state == "degraded" {
-            row.style(Style::default().fg(Color::Red))
-        } else {
-            row
+        match a.state.as_str() {
+            "degraded" => row.style(Style::default().fg(Color::Red)),
+            // Booked for a container that does not run yet: nothing enforces its CPUs.
+            "allocated" => row.style(Style::default().add_modifier(Modifier::DIM)),
+            _ => row,
         }
     });
     Table::new(

@@ -10,16 +10,19 @@ use crate::engine::Snapshot;
 
 /// What list replies are built from, held so that it can be recognized in a later snapshot.
 ///
-/// A list of assignments depends on the state and on the assignments' health, a list of pools
-/// on the state and on the partitions. The engine publishes a new `Arc<State>` for every new
+/// A list of assignments depends on the state, on the assignments' health and on the containers
+/// read back running on claims' CPUs (their phase), a list of pools on the state and on the
+/// partitions. The engine publishes a new `Arc<State>` for every new
 /// state and never changes a state behind an `Arc` others hold (this holds one), so the same
 /// pointer is the same state. Health and partitions are rebuilt at every publish, even when
 /// they did not change (a drift check that found nothing), so those are compared by value;
-/// they are small (degraded assignments, one entry per pool).
+/// they are small (degraded assignments, one entry per pool, the claims of several devices
+/// with a container).
 struct Basis {
     state: Arc<State>,
     health: Arc<BTreeMap<AssignmentId, String>>,
     partitions: Arc<BTreeMap<PoolName, String>>,
+    kubelet: Arc<crate::engine::KubeletView>,
 }
 
 impl Basis {
@@ -28,6 +31,7 @@ impl Basis {
             state: snap.state.clone(),
             health: snap.assignment_health.clone(),
             partitions: snap.partitions.clone(),
+            kubelet: snap.kubelet.clone(),
         }
     }
 
@@ -38,6 +42,7 @@ impl Basis {
         Arc::ptr_eq(&self.state, &snap.state)
             && same(&self.health, &snap.assignment_health)
             && same(&self.partitions, &snap.partitions)
+            && (Arc::ptr_eq(&self.kubelet, &snap.kubelet) || self.kubelet.running == snap.kubelet.running)
     }
 }
 

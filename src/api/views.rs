@@ -59,8 +59,10 @@ pub struct AssignmentView;
 // The views are the wire contract's types; these unit structs only name their builders.
 #[allow(clippy::new_ret_no_self)]
 impl AssignmentView {
-    /// `a` as recorded (applied).
+    /// `a` as recorded: applied, or allocated when it is a booking for a container (a
+    /// `kubelet:` target), as it is when just made.
     pub fn from(a: &Assignment) -> views::Assignment {
+        let phase = a.phase(None, false);
         views::Assignment {
             id: a.id.to_string(),
             pool: a.pool.to_string(),
@@ -69,18 +71,19 @@ impl AssignmentView {
             target: a.target.to_string(),
             reclaim: a.reclaim,
             container: a.container.as_ref().map(|c| c.to_string()).unwrap_or_default(),
-            state: "applied".into(),
-            reason: String::new(),
+            state: phase.as_str().into(),
+            reason: phase.reason().into(),
         }
     }
 
-    /// `a` with its health in `snap`.
+    /// `a` with its phase in `snap` (allocated, applied or degraded) and the container it
+    /// serves.
     pub fn new(snap: &Snapshot, a: &Assignment) -> views::Assignment {
         let mut v = AssignmentView::from(a);
-        if let Some(why) = snap.assignment_health.get(&a.id) {
-            v.state = "degraded".into();
-            v.reason = why.clone();
-        }
+        let phase = snap.phase(a);
+        v.state = phase.as_str().into();
+        v.reason = phase.reason().into();
+        v.container = snap.container_of(a).unwrap_or_default();
         v
     }
 

@@ -17,6 +17,7 @@ use super::topology::Topology;
 
 mod admit;
 mod error;
+pub mod phase;
 mod target;
 mod validate;
 

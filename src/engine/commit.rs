@@ -324,7 +324,18 @@ impl Engine {
                 POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
                 "assignment {} (CPUs {}) now applies to {}", a.id, a.cpus, a.target
             );
-            events.insert(0, Event::AssignmentChanged { id: a.id.clone(), change: Change::Added });
+            // Bound to a container (read back: applied), or held for none again (allocated);
+            // degraded says itself. What an earlier target was found to lack is not this one's.
+            if events.is_empty() {
+                self.health.remove(&a.id);
+            }
+            let running = self.kubelet.running.contains_key(&a.id);
+            let change = match a.phase(None, running) {
+                state::phase::Phase::Allocated => Some(Change::Allocated),
+                _ if events.is_empty() => Some(Change::Applied),
+                _ => None,
+            };
+            events.extend(change.map(|change| Event::AssignmentChanged { id: a.id.clone(), change }));
             self.publish(events);
         }
         Ok(out)

@@ -72,16 +72,25 @@ pub enum Change {
     Degraded,
     /// Enforced as assigned again after being degraded.
     Restored,
+    /// Its CPUs run its container now, as read back in the container's cgroup (it was
+    /// allocated: booked for a container that did not run).
+    Applied,
+    /// Booked for a container that does not run (its container stopped, or it moved to no
+    /// container): allocated again.
+    Allocated,
 }
 
 impl Change {
-    /// `added` or `removed`, as the APIs spell it.
+    /// `added`, `removed`, `degraded`, `restored`, `applied` or `allocated`, as the APIs spell
+    /// it.
     pub fn as_str(self) -> &'static str {
         match self {
             Change::Added => "added",
             Change::Removed => "removed",
             Change::Degraded => "degraded",
             Change::Restored => "restored",
+            Change::Applied => "applied",
+            Change::Allocated => "allocated",
         }
     }
 }
@@ -125,6 +134,22 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// What `a`'s CPUs do now: allocated, applied or degraded ([`state::phase::Phase`]).
+    pub fn phase(&self, a: &Assignment) -> state::phase::Phase<'_> {
+        a.phase(
+            self.assignment_health.get(&a.id).map(String::as_str),
+            self.kubelet.running.contains_key(&a.id),
+        )
+    }
+
+    /// The container `a` serves: the one recorded with it (the kubelet's word, or the one it is
+    /// bound to), else the first read back running on its CPUs.
+    pub fn container_of(&self, a: &Assignment) -> Option<String> {
+        a.container.as_ref().map(|c| c.to_string()).or_else(|| {
+            self.kubelet.running.get(&a.id).and_then(|m| m.values().next()).map(|c| c.to_string())
+        })
+    }
+
     /// The CPUs a kubelet container can be given ([`super::KubeletView::usable`]), with those
     /// an isolated pool's partition holds where containers get partitions of their own: they
     /// leave the pool's partition when the kubelet allocates them.
@@ -380,6 +405,32 @@ impl Handle {
         devices: Option<std::collections::BTreeSet<String>>,
     ) -> Result<bool, EngineError> {
         self.call(|tx| Request::Kubelet(KubeletUpdate::Held(id, devices), tx)).await
+    }
+
+    /// Records that the container `container` in `cgroup` runs on the CPUs of `ids` (a claim's
+    /// assignments, none of which has the cgroup for target): only if the engine reads back
+    /// that the kernel gives the cgroup exactly their CPUs; answers whether it did.
+    pub async fn running(
+        &self,
+        ids: Vec<AssignmentId>,
+        cgroup: CgroupPath,
+        container: state::Container,
+    ) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Running { ids, cgroup, container }, tx)).await
+    }
+
+    /// The containers in these cgroups stopped (or were removed): they run on no assignment's
+    /// CPUs any more.
+    pub async fn stopped(
+        &self,
+        cgroups: std::collections::BTreeSet<CgroupPath>,
+    ) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Stopped(cgroups), tx)).await
+    }
+
+    /// Only the containers in these cgroups run (the runtime's Synchronize).
+    pub async fn alive(&self, cgroups: std::collections::BTreeSet<CgroupPath>) -> Result<bool, EngineError> {
+        self.call(|tx| Request::Kubelet(KubeletUpdate::Alive(cgroups), tx)).await
     }
 
     /// Every committed snapshot from now on, for a reader that follows them.

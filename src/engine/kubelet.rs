@@ -2,15 +2,19 @@
 //! published in every [`super::Snapshot`], so that the plugin holds no state of its own and
 //! every ListAndWatch stream follows one snapshot channel.
 //!
-//! Neither part is saved: both are observations the wing makes again within one reconcile tick
-//! after a start (the CPUs online from sysfs, the devices held from the kubelet's PodResources).
+//! None of it is saved: each is an observation the wing makes again after a start, within one
+//! reconcile tick (the CPUs online from sysfs, the devices held from the kubelet's
+//! PodResources) or at the NRI runtime's Synchronize (the containers running on claims' CPUs,
+//! read back again there: what ran before a restart is not taken on trust).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Engine;
 use crate::core::cpuset::CpuSet;
+use crate::core::plan::Key;
 use crate::core::plan::Partitions;
-use crate::core::state::{AssignmentId, State};
+use crate::core::state::phase::Phase;
+use crate::core::state::{AssignmentId, CgroupPath, Container, State};
 use crate::core::topology::Topology;
 
 /// The kubelet wing's observations.
@@ -30,6 +34,11 @@ pub struct KubeletView {
     /// read; `None` while there is none. A container can run on no other CPU: an isolated
     /// partition elsewhere takes its CPUs away from it.
     pub pod_cpus: Option<CpuSet>,
+    /// Containers read back running on the CPUs of kubelet assignments whose target is no
+    /// cgroup (a DRA claim of several devices: its container's cgroup is the target of none of
+    /// its assignments), by assignment: each container's cgroup and name. Such an assignment is
+    /// applied while one runs ([`Phase`]).
+    pub running: BTreeMap<AssignmentId, BTreeMap<CgroupPath, Container>>,
 }
 
 impl KubeletView {
@@ -86,11 +95,29 @@ pub enum KubeletUpdate {
     Poll(std::time::Duration),
     /// The effective CPUs of the kubelet's pod cgroup (`None`: there is none).
     PodCpus(Option<CpuSet>),
+    /// A container starts on the CPUs of these assignments (a claim's) in `cgroup`: recorded
+    /// only if the engine reads back that the kernel gives the cgroup exactly their CPUs.
+    Running {
+        /// The assignments.
+        ids: Vec<AssignmentId>,
+        /// The container's cgroup.
+        cgroup: CgroupPath,
+        /// The container.
+        container: Container,
+    },
+    /// These containers stopped or were removed.
+    Stopped(BTreeSet<CgroupPath>),
+    /// Only these containers run (the runtime's Synchronize): the others are gone.
+    Alive(BTreeSet<CgroupPath>),
 }
 
 impl Engine {
     /// Records an observation; publishes (and returns `true`) only when it changes the view.
     pub(super) fn update_kubelet(&mut self, update: KubeletUpdate) -> bool {
+        let update = match self.update_running(update) {
+            Ok(answer) => return answer,
+            Err(other) => other,
+        };
         let view = std::sync::Arc::make_mut(&mut self.kubelet);
         let changed = match update {
             KubeletUpdate::Online(cpus) => view.online.replace(cpus.clone()) != Some(cpus),
@@ -99,12 +126,95 @@ impl Engine {
             KubeletUpdate::PodCpus(cpus) => std::mem::replace(&mut view.pod_cpus, cpus.clone()) != cpus,
             KubeletUpdate::Poll(every) => view.poll.replace(every) != Some(every),
             KubeletUpdate::Nri(runtime) => std::mem::replace(&mut view.nri, runtime.clone()) != runtime,
+            KubeletUpdate::Running { .. } | KubeletUpdate::Stopped(_) | KubeletUpdate::Alive(_) => false,
         };
         if changed {
             let events = self.follow_pods();
             self.publish(events);
         }
         changed
+    }
+
+    /// The containers running on assignments' CPUs ([`KubeletView::running`]): `Ok` with the
+    /// answer when `update` is about them (publishing the assignments whose phase changed),
+    /// `Err(update)` for the other observations. `Running` answers whether the read-back
+    /// holds; the others whether anything changed.
+    fn update_running(&mut self, update: KubeletUpdate) -> Result<bool, KubeletUpdate> {
+        let before = self.kubelet.running.clone();
+        let answer = match update {
+            KubeletUpdate::Running { ids, cgroup, container } => {
+                let Some(want) = self.cpus_of(&ids) else { return Ok(false) };
+                match self.backend.enforced(&Key::Cgroup(cgroup.clone())) {
+                    Ok(Some(now)) if now == want => {}
+                    read => {
+                        log::info!(
+                            "container {container} ({cgroup}) is not recorded running on {}: its cgroup has {}, not CPUs {want}",
+                            ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "),
+                            match read {
+                                Ok(Some(now)) => format!("CPUs {now}"),
+                                Ok(None) => "no cpuset to read".into(),
+                                Err(e) => format!("an error: {}", crate::error_chain(&e)),
+                            }
+                        );
+                        return Ok(false);
+                    }
+                }
+                let view = std::sync::Arc::make_mut(&mut self.kubelet);
+                for id in ids {
+                    view.running.entry(id).or_default().insert(cgroup.clone(), container.clone());
+                }
+                true
+            }
+            KubeletUpdate::Stopped(gone) => self.keep_running(|p| !gone.contains(p)),
+            KubeletUpdate::Alive(alive) => self.keep_running(|p| alive.contains(p)),
+            other => return Err(other),
+        };
+        if self.kubelet.running != before {
+            let events = self.phase_changes(&before);
+            self.publish(events);
+        }
+        Ok(answer)
+    }
+
+    /// The CPUs of `ids` together; `None` when one is not held.
+    fn cpus_of(&self, ids: &[AssignmentId]) -> Option<CpuSet> {
+        let all = self.state.assignments();
+        ids.iter().try_fold(CpuSet::new(), |acc, id| Some(acc.union(&all.get(id)?.cpus)))
+    }
+
+    /// Keeps the running containers whose cgroup `keep` says still run, and those of
+    /// assignments the state still has; whether anything went.
+    fn keep_running(&mut self, keep: impl Fn(&CgroupPath) -> bool) -> bool {
+        let state = self.state.clone();
+        let view = std::sync::Arc::make_mut(&mut self.kubelet);
+        let before = view.running.len() + view.running.values().map(BTreeMap::len).sum::<usize>();
+        view.running.retain(|id, containers| {
+            containers.retain(|p, _| keep(p));
+            !containers.is_empty() && state.assignments().contains_key(id)
+        });
+        before != view.running.len() + view.running.values().map(BTreeMap::len).sum::<usize>()
+    }
+
+    /// The events of the assignments that became allocated or applied since `before` (the
+    /// running containers as they were).
+    fn phase_changes(
+        &self,
+        before: &BTreeMap<AssignmentId, BTreeMap<CgroupPath, Container>>,
+    ) -> Vec<super::Event> {
+        let now = &self.kubelet.running;
+        let ids: BTreeSet<&AssignmentId> = before.keys().chain(now.keys()).collect();
+        ids.into_iter()
+            .filter_map(|id| {
+                let a = self.state.assignments().get(id)?;
+                let (was, is) = (a.phase(None, before.contains_key(id)), a.phase(None, now.contains_key(id)));
+                let change = match (was, is) {
+                    (Phase::Allocated, Phase::Applied) => super::Change::Applied,
+                    (Phase::Applied, Phase::Allocated) => super::Change::Allocated,
+                    _ => return None,
+                };
+                Some(super::Event::AssignmentChanged { id: id.clone(), change })
+            })
+            .collect()
     }
 
     /// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it

@@ -18,6 +18,11 @@ use super::ttrpc::{code, Status};
 use crate::core::state::{AssignmentId, CgroupPath, Container as Owner, Target};
 use crate::error_chain;
 
+/// Container `c` of `pod`, as an assignment records the container it serves.
+pub(super) fn owner_of(pod: &api::PodSandbox, c: &api::Container) -> Owner {
+    Owner { namespace: pod.namespace.clone(), pod: pod.name.clone(), name: c.name.clone() }
+}
+
 /// Points `id` at the cgroup of container `c` of `pod` and reads it back; `what` names the
 /// CPUs in what is said (the assignment, or the claim it serves).
 pub(super) async fn bind(
@@ -30,8 +35,7 @@ pub(super) async fn bind(
 ) -> Result<(), Status> {
     let who = name_of(pod, c);
     let target = Target::Cgroup(cgroup);
-    let owner = Owner { namespace: pod.namespace.clone(), pod: pod.name.clone(), name: c.name.clone() };
-    match call.within(call.handle.bind(id.as_str(), target.clone(), Some(owner))).await {
+    match call.within(call.handle.bind(id.as_str(), target.clone(), Some(owner_of(pod, c)))).await {
         Some(Ok(a)) => {
             let a = a.into_inner();
             log::info!(

@@ -10,10 +10,16 @@
 //! StartContainer (at_start):
 //!   its one assignment held for no container ──► bind.rs: bound to the container's cgroup,
 //!       applied (an isolated pool's: a partition) and read back; a difference fails the start
-//!   bound to another container's cgroup, or several assignments ──► the container's own
-//!       cpuset.cpus.effective read back (Handle::enforced) against the claim's CPUs
+//!   bound to another container's cgroup ──► the container's own cpuset.cpus.effective read
+//!       back (Handle::enforced) against the claim's CPUs
+//!   several assignments (one cgroup is the target of one) ──► read back so, then by the
+//!       engine (Handle::running), which records the container running on all of them
 //! Stop/RemoveContainer, or gone while cpupoold was away (unbind):
-//!   bound to its cgroup ──► retargeted to kubelet:dra-<uid>-<n>: held, until unprepared
+//!   bound to its cgroup, another started container of the claim runs ──► bound to that one
+//!       (the survivor), read back
+//!   bound to its cgroup, none runs ──► retargeted to kubelet:dra-<uid>-<n>: held (allocated),
+//!       until unprepared
+//!   several assignments ──► the container no longer runs on them (Handle::stopped)
 //! ```
 //!
 //! A pod's author writes its containers' environment too, so the name alone is not trusted: the
@@ -23,12 +29,15 @@
 //! to a container that the kernel made a partition, are that container's alone: a second
 //! container of the claim cannot have them while the first runs, and its start fails saying so.
 
-use super::plugin::{name_of, Call};
+use std::collections::HashMap;
+
+use super::bind::owner_of;
+use super::plugin::{name_of, Call, Seen};
 use super::proto as api;
 use super::ttrpc::{code, Status};
 use super::Options;
 use crate::core::cpuset::CpuSet;
-use crate::core::state::{Assignment, AssignmentId, CgroupPath, State, Target};
+use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container as Owner, State, Target};
 use crate::engine::Snapshot;
 use crate::error_chain;
 use crate::host::kubelet::claims::{Claims, PreparedClaim};
@@ -128,7 +137,8 @@ pub(super) enum AtStart {
     Bound,
     /// Read the container's cgroup back against the claim's CPUs: they are bound to another
     /// container's cgroup (`Some`), or the claim has several assignments, which one cgroup
-    /// cannot all be the target of (`None`).
+    /// cannot all be the target of (`None`: the engine then records the container running on
+    /// them all).
     ReadBack(Option<CgroupPath>),
     /// Some of its CPUs are no longer held (said which).
     Lost(String),
@@ -221,6 +231,9 @@ pub(super) async fn start(
             Err(Status::new(code::FAILED_PRECONDITION, refusal(&who, held, &now, bound.as_ref(), isolated)))
         }
         Some(Ok(_)) => {
+            if bound.is_none() {
+                running(call, &who, held, &cgroup, owner_of(pod, c)).await?;
+            }
             log::info!(
                 "NRI: container {who} starts on CPUs {} of claim {}, read back from {cgroup}{}",
                 held.cpus,
@@ -240,6 +253,46 @@ pub(super) async fn start(
     }
 }
 
+/// A claim of several devices, read back in container `who`'s `cgroup`: the engine reads it
+/// back again and records the container running on all of its assignments (they read
+/// `applied`). A read-back that no longer holds fails the start, as a bind's does.
+async fn running(
+    call: &Call<'_>,
+    who: &str,
+    held: &Held,
+    cgroup: &CgroupPath,
+    owner: Owner,
+) -> Result<(), Status> {
+    match call.within(call.handle.running(held.ids.clone(), cgroup.clone(), owner)).await {
+        Some(Ok(true)) => Ok(()),
+        Some(Ok(false)) => Err(Status::new(
+            code::FAILED_PRECONDITION,
+            format!(
+                "cpupoold: container {who} would not run on the CPUs of claim {}: its cgroup {cgroup} does not hold CPUs {}",
+                held.name, held.cpus
+            ),
+        )),
+        Some(Err(e)) => Err(Status::new(
+            code::UNAVAILABLE,
+            format!("cpupoold: container {who}: recording it on claim {}: {}", held.name, error_chain(&e)),
+        )),
+        None => {
+            log::warn!("NRI: recording container {who} on claim {} took longer than {:?}", held.name, call.budget);
+            Ok(())
+        }
+    }
+}
+
+/// Synchronize: the containers read back on claims' CPUs before this connection (or this
+/// process) are taken on no trust; those the runtime still runs (`live`, started) were read
+/// back again as it synchronized.
+pub(super) async fn alive(call: &Call<'_>, live: &HashMap<String, Seen>) {
+    let running = live.values().filter(|s| s.started).filter_map(|s| s.cgroup.clone()).collect();
+    if let Some(Err(e)) = call.within(call.handle.alive(running)).await {
+        log::warn!("NRI: recording the containers that run: {}", error_chain(&e));
+    }
+}
+
 /// Whether `a` is a claim's assignment bound to a container cgroup that `gone` says is gone.
 fn bound_to_gone(a: &Assignment, gone: &impl Fn(&CgroupPath) -> bool) -> bool {
     a.id.as_str().starts_with(PREFIX)
@@ -249,17 +302,58 @@ fn bound_to_gone(a: &Assignment, gone: &impl Fn(&CgroupPath) -> bool) -> bool {
 }
 
 /// The claims' assignments bound to container cgroups that `gone` says are gone.
-fn unbound_by(state: &State, gone: impl Fn(&CgroupPath) -> bool) -> Vec<AssignmentId> {
-    state.assignments().values().filter(|a| bound_to_gone(a, &gone)).map(|a| a.id.clone()).collect()
+fn unbound_by(state: &State, gone: &impl Fn(&CgroupPath) -> bool) -> Vec<AssignmentId> {
+    state.assignments().values().filter(|a| bound_to_gone(a, gone)).map(|a| a.id.clone()).collect()
+}
+
+/// The started container of `live` other than those `gone` names that runs on the claim whose
+/// one assignment is `id`: its cgroup and name.
+fn survivor<'a>(
+    live: &'a HashMap<String, Seen>,
+    id: &AssignmentId,
+    gone: &impl Fn(&CgroupPath) -> bool,
+) -> Option<(&'a CgroupPath, &'a Owner)> {
+    live.values()
+        .filter(|s| {
+            s.started && s.claim.as_ref().is_some_and(|h| h.ids.as_slice() == std::slice::from_ref(id))
+        })
+        .find_map(|s| s.cgroup.as_ref().filter(|p| !gone(p)).map(|p| (p, &s.owner)))
 }
 
 /// StopContainer, RemoveContainer, and containers gone while cpupoold was away: the claims'
-/// assignments bound to the cgroups `gone` names are held again for no container
-/// (`kubelet:<id>`), as NodePrepareResources left them: the claim keeps its CPUs until
-/// NodeUnprepareResources, they leave the container's partition, and a later container of the
-/// claim binds them again. `why` says what happened.
-pub(super) async fn unbind(call: &Call<'_>, gone: impl Fn(&CgroupPath) -> bool, why: &str) {
-    for id in unbound_by(&call.handle.snapshot().state, gone) {
+/// assignments bound to the cgroups `gone` names are bound to another started container of
+/// the claim in `live` (a survivor) if one runs, read back as at a start; else held again for
+/// no container (`kubelet:<id>`, allocated), as NodePrepareResources left them: the claim
+/// keeps its CPUs until NodeUnprepareResources, they leave the container's partition, and a
+/// later container of the claim binds them again. `why` says what happened.
+pub(super) async fn unbind(
+    call: &Call<'_>,
+    live: &HashMap<String, Seen>,
+    gone: impl Fn(&CgroupPath) -> bool,
+    why: &str,
+) {
+    for id in unbound_by(&call.handle.snapshot().state, &gone) {
+        if let Some((cgroup, owner)) = survivor(live, &id, &gone) {
+            let target = Target::Cgroup(cgroup.clone());
+            match call.within(call.handle.bind(id.as_str(), target, Some(owner.clone()))).await {
+                Some(Ok(_)) => {
+                    log::info!(
+                        ASSIGNMENT = id.as_str();
+                        "NRI: {id} is bound to container {owner} ({cgroup}), which runs on its claim's CPUs: {why}"
+                    );
+                    continue;
+                }
+                Some(Err(e)) => {
+                    log::warn!(
+                        "NRI: binding {id} to container {owner}, which runs on it: {}",
+                        error_chain(&e)
+                    )
+                }
+                None => {
+                    log::warn!("NRI: binding {id} to container {owner} took longer than {:?}", call.budget)
+                }
+            }
+        }
         let held = Target::Kubelet(id.to_string());
         match call.within(call.handle.retarget(id.as_str(), held, None)).await {
             Some(Ok(a)) => {

@@ -17,8 +17,11 @@
 //!                  claim's CPUs when its pod is one the claim is reserved for: claim.rs)
 //! StartContainer → the assignment's target becomes the container's cgroup, read back before
 //!                  the container's first instruction (a difference fails the start): bind.rs;
-//!                  a claim's, by its first container; the others sharing it are read back
-//! Stop/Remove    → released at once (a claim's: held for no container, until unprepared)
+//!                  `allocated` until then, `applied` from then on; a claim's, by its first
+//!                  container; the others sharing it are read back; a claim of several devices
+//!                  is recorded running in the container once the engine has read it back
+//! Stop/Remove    → released at once (a claim's: bound to another started container of the
+//!                  claim, else held for no container, `allocated`, until unprepared)
 //! ```
 //!
 //! The wing decides nothing itself: which CPUs a container gets is

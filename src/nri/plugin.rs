@@ -27,13 +27,14 @@ use std::time::Duration;
 use prost::Message;
 use tokio::sync::Mutex;
 
+use super::bind::owner_of;
 use super::proto::{self as api, Event};
 use super::ttrpc::{code, Reply, Service, Status};
 use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
 use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
+use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
 use crate::engine::{EngineError, Handle};
 use crate::error_chain;
 use crate::host::kubelet::clients::{self, Holder};
@@ -58,15 +59,17 @@ const fn bit(e: Event) -> i32 {
 
 /// A container seen alive.
 #[derive(Debug, Clone)]
-struct Seen {
+pub(super) struct Seen {
+    /// Its name, as the kubelet's.
+    pub(super) owner: Owner,
     /// Its cgroup, from the runtime's `cgroups_path`.
-    cgroup: Option<CgroupPath>,
+    pub(super) cgroup: Option<CgroupPath>,
     /// The assignment it runs on; `None`: no pool.
     assignment: Option<AssignmentId>,
     /// Whether it was started.
-    started: bool,
+    pub(super) started: bool,
     /// The DRA claim it runs on (held until the claim is unprepared).
-    claim: Option<super::claim::Held>,
+    pub(super) claim: Option<super::claim::Held>,
 }
 
 /// The plugin's record of the runtime, rebuilt at every Synchronize.
@@ -282,6 +285,7 @@ impl Plugin {
             }
         }
         release_orphans(live, call).await;
+        super::claim::alive(call, &live.containers).await;
         confine(live, call).await;
         self.synced.store(true, Ordering::Relaxed);
         let _ = self.handle.set_nri(Some(live.runtime.clone())).await;
@@ -359,7 +363,13 @@ async fn seen_for(
     let snap = call.handle.snapshot();
     let who = name_of(pod, c);
     if let Some(held) = super::claim::held_for(call.opts, &snap, pod, c, &who)? {
-        return Ok(Seen { cgroup: cgroup_of(c), assignment: None, started: false, claim: Some(held) });
+        return Ok(Seen {
+            owner: owner_of(pod, c),
+            cgroup: cgroup_of(c),
+            assignment: None,
+            started: false,
+            claim: Some(held),
+        });
     }
     let claimed = env_of(c, cpupool_wire::names::ENV_ASSIGNMENT);
     let holder = match word {
@@ -410,7 +420,7 @@ async fn seen_for(
         Decision::Rebook(spec) => Some(rebook(call, &who, spec).await?),
         Decision::Unpooled { .. } => None,
     };
-    Ok(Seen { cgroup: cgroup_of(c), assignment, started: false, claim: None })
+    Ok(Seen { owner: owner_of(pod, c), cgroup: cgroup_of(c), assignment, started: false, claim: None })
 }
 
 /// Holds again the allocation of a container whose assignment was released when its previous
@@ -532,7 +542,10 @@ async fn start(
     };
     live.containers.insert(c.id.clone(), Seen { started: true, ..seen.clone() });
     if let Some(held) = &seen.claim {
-        return super::claim::start(call, pod, c, held, seen.cgroup).await;
+        // A start refused is no survivor to bind the claim to (claim::unbind).
+        let r = super::claim::start(call, pod, c, held, seen.cgroup).await;
+        live.containers.entry(c.id.clone()).and_modify(|s| s.started = r.is_ok());
+        return r;
     }
     let Some(id) = seen.assignment else {
         confine(live, call).await;
@@ -568,7 +581,13 @@ async fn gone(live: &mut Live, call: &Call<'_>, pod: &api::PodSandbox, c: &api::
             (cgroup, bound)
         }
     };
-    super::claim::unbind(call, |p| Some(p) == cgroup.as_ref(), &format!("container {who} {how}")).await;
+    let why = format!("container {who} {how}");
+    super::claim::unbind(call, &live.containers, |p| Some(p) == cgroup.as_ref(), &why).await;
+    if let Some(cg) = &cgroup {
+        if let Some(Err(e)) = call.within(call.handle.stopped(BTreeSet::from([cg.clone()]))).await {
+            log::warn!("NRI: recording that {why}: {}", error_chain(&e));
+        }
+    }
     let Some(id) = assignment else {
         confine(live, call).await;
         return;

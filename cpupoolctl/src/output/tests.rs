@@ -122,6 +122,23 @@ kubelet-core-6 is degraded: target `cgroup:kubepods.slice/ctr.scope` cannot run 
 "
     );
     assert!(assignment(&k).ends_with("container:  default/web-0/nginx\n"), "{}", assignment(&k));
+
+    // Booked by the kubelet, its container not running yet: allocated, no reason line.
+    let booked = Assignment {
+        id: "kubelet-core-2".into(),
+        target: "kubelet:core-2".into(),
+        container: String::new(),
+        state: "allocated".into(),
+        reason: String::new(),
+        ..k
+    };
+    assert_eq!(
+        assignments(&[booked], None),
+        "\
+ID              POOL  CPUS  MILLICPUS  STATE      TARGET
+kubelet-core-2  dp    6,14      2000m  allocated  kubelet:core-2
+"
+    );
 }
 
 #[test]

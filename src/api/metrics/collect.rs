@@ -143,7 +143,7 @@ fn pools(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::E
     Ok(())
 }
 
-/// Assignments by pool and kind of target, the degraded ones, and whether the configuration
+/// Assignments by pool and kind of target, the degraded and the allocated ones, and whether the configuration
 /// on disk was rejected.
 fn assignments(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
     let state = &snap.state;
@@ -163,6 +163,18 @@ fn assignments(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::
         "Assignments whose target the kernel does not confine to their CPUs",
         None,
         &[(none.clone(), snap.assignment_health.len() as f64)],
+    )?;
+    let allocated = state
+        .assignments()
+        .values()
+        .filter(|a| snap.phase(a) == crate::core::state::phase::Phase::Allocated)
+        .count();
+    gauges(
+        enc,
+        "assignments_allocated",
+        "Assignments booked for a container the kubelet allocated them to that does not run on them yet",
+        None,
+        &[(none.clone(), allocated as f64)],
     )?;
     gauges(
         enc,

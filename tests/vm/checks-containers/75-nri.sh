@@ -98,6 +98,58 @@ check_output "released at the stop, said so" "released kubelet-cpu-$cpu .*contai
 check "RemoveContainer" ctr_remove app
 check "the other container stops" ctr_stop side 2
 check "and is removed" ctr_remove side
+
+# The states through a container's whole life, polled every 0.1 s against the real containerd:
+# `allocated` from Allocate until it runs, `applied` only from its StartContainer (asked) to its
+# StopContainer (answered), then released. A run of `applied` readings outside that window
+# longer than 1 s fails; the timings go to $RESULTS/nri-states.txt.
+ms() { echo $(($(date +%s%N) / 1000000)); }
+poll_states() { # OUT: "MS STATE" lines for kubelet-cpu-2/3 until OUT.stop exists
+  local st
+  while [ ! -e "$1.stop" ]; do
+    st=$(cpupoolctl assignments 2>/dev/null | awk '$1 ~ /^kubelet-cpu-[23]$/ {print $5}')
+    echo "$(ms) ${st:-none}" >>"$1"
+    sleep 0.1
+  done
+}
+polled=/run/nri-states.log
+rm -f $polled $polled.stop
+poll_states $polled &
+poller=$!
+t_alloc0=$(ms)
+alloc=$("$PEER" allocate $KD dp 1 $PODS default/nri-0/$uid/polled/pending 2>/run/peer-nri-allocate.err)
+t_alloc=$(ms)
+check_output "Allocate for the polled container" '"CPUPOOL_ASSIGNMENT":"kubelet-cpu-[23]"' echo "$alloc"
+check_output "allocated before its container exists" 'kubelet-cpu-[23] .*allocated +kubelet:' cpupoolctl assignments
+t_start0=$(ms)
+polled_id=$(ctr_start polled "$alloc")
+t_started=$(ms)
+check "the polled container runs" test -n "$polled_id"
+check_output "applied once it runs" "kubelet-cpu-[23] .*applied .*cri-containerd-$polled_id.scope" cpupoolctl assignments
+t_stop0=$(ms)
+check "the polled container stops" ctr_stop polled 2
+t_stopped=$(ms)
+: >$polled.stop
+wait $poller
+check "and is removed" ctr_remove polled
+# The longest run of `applied` readings before the start was asked or after the stop answered.
+longest=$(awk -v s="$t_start0" -v e="$t_stopped" '
+  { bad = ($2 == "applied" && ($1 < s || $1 > e)) }
+  bad && !in_run { in_run = 1; from = $1 }
+  !bad && in_run { in_run = 0; if ($1 - from > max) max = $1 - from }
+  END { if (in_run && last - from > max) max = last - from; print max + 0 }
+  { last = $1 }' $polled)
+{
+  echo "$(date -u +%F) kernel $(uname -r), $(containerd --version 2>/dev/null | cut -d' ' -f3): ms from Allocate asked"
+  echo "Allocate answered $((t_alloc - t_alloc0)); create+start asked $((t_start0 - t_alloc0)), answered $((t_started - t_alloc0)); stop asked $((t_stop0 - t_alloc0)), answered $((t_stopped - t_alloc0))"
+  for st in allocated applied none; do
+    awk -v st=$st -v t0=$t_alloc0 '$2 == st { if (!n++) f = $1; l = $1 } END { if (n) printf "%s: %d readings, %d..%d\n", st, n, f - t0, l - t0 }' $polled
+  done
+  echo "longest run of applied outside its container's life: $longest ms"
+} | tee -a "$RESULTS/nri-states.txt"
+check "no run of applied outside its container's life lasts 1 s (longest: $longest ms)" test "$longest" -lt 1000
+check "it read allocated before its container started" \
+  awk -v s="$t_start0" '$2 == "allocated" && $1 < s { found = 1 } END { exit !found }' $polled
 check "the pod goes" pod_remove
 
 # An isolated pool beside one that is not: reserved 0, web 1, dp 2, iso 3 (isolate = true). Where
