@@ -17,6 +17,7 @@ DROPIN=$SHARE/deploy/containerd-nri-require-cpupoold.toml
 synced() { journalctl -u cpupoold --no-pager -o cat | grep -c 'NRI: synchronized with containerd'; }
 
 n=$(synced)
+since=$(date '+%Y-%m-%d %H:%M:%S')
 mkdir -p /etc/containerd/conf.d
 cp "$DROPIN" /etc/containerd/conf.d/90-cpupoold.toml
 check "containerd $ver restarts with the drop-in in conf.d" systemctl restart containerd
@@ -37,6 +38,8 @@ if grep -q "required_plugins = \['cpupoold'\]" $CRI_STATE/config-dump; then
   id=$(ctr_start app)
   check "the container is created and runs once cpupoold is back" wait_for 30 ctr_is CONTAINER_RUNNING app
 else
+  check_output "containerd $ver says it ignores the section" 'Ignoring unknown key.*default_validator' \
+    journalctl -u containerd --since "$since" --no-pager -o cat
   id=$(ctr_start app)
   check "containerd $ver has no NRI validator: the container runs without cpupoold" wait_for 30 ctr_is CONTAINER_RUNNING app
   echo "containerd $ver: no default_validator in its configuration (NRI before 0.10); the drop-in has no effect" \
