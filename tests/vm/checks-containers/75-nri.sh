@@ -24,7 +24,7 @@ measure_starts() {
     ctr_start "m$2$i" >/dev/null || return 1
     t1=$(date +%s%N)
     ms="$ms $(((t1 - t0) / 1000000))"
-    ctr_stop "m$2$i" 1 >/dev/null && ctr_remove "m$2$i" >/dev/null || return 1
+    ctr_stop "m$2$i" >/dev/null && ctr_remove "m$2$i" >/dev/null || return 1
   done
   printf '%s\n' $ms | sort -n | sed -n "$((($1 + 1) / 2))p"
 }
