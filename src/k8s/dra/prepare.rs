@@ -50,6 +50,9 @@ impl Driver {
         if !claims::valid_uid(&c.uid) {
             return Err(format!("{who}: uid: not 1-{} characters of A-Z a-z 0-9 -", claims::MAX_UID));
         }
+        if let Err(e) = cdi::check_device_name(&c.uid) {
+            return Err(format!("{who}: uid: not a CDI device name: {e}"));
+        }
         if let Some(rec) = self.records.load(&c.uid).map_err(|e| format!("{who}: {}", error_chain(&e)))? {
             if !self.cdi.has(&c.uid) {
                 self.write_cdi(&rec).map_err(|e| format!("{who}: {e}"))?;
@@ -96,7 +99,7 @@ impl Driver {
         let devices: Vec<String> = wanted.iter().map(|w| w.device.clone()).collect();
         let mut specs = Vec::new();
         for (n, w) in wanted.into_iter().enumerate() {
-            let name = format!("dra-{uid}-{n}");
+            let name = claims::assignment_name(uid, n);
             let id = AssignmentId::new(&name).map_err(|e| e.to_string())?;
             let exclusive = snap.state.pools().get(&w.pool).is_some_and(|p| p.kind == PoolKind::Exclusive);
             specs.push(AssignSpec {
@@ -126,7 +129,8 @@ impl Driver {
                 "its CPUs are no longer held (released behind the driver's back); unprepare it".into()
             );
         }
-        let spec = cdi::spec(&self.opts.driver, &rec.uid, &env(&rec.uid, &held));
+        let spec = cdi::spec(&self.opts.driver, &rec.uid, &env(&rec.uid, &held))
+            .map_err(|e| format!("its CDI spec: {e}"))?;
         self.cdi.write(&rec.uid, &spec).map_err(|e| {
             format!("writing its CDI spec in `{}`: {}", self.cdi.path().display(), error_chain(&e))
         })
