@@ -178,7 +178,8 @@ pub fn validate(spec: &Value) -> Result<(), Invalid> {
             return Err(invalid(field, "a device has edits".into()));
         }
         for (j, e) in env.iter().enumerate() {
-            if !e.as_str().is_some_and(|e| e.find('=').is_some_and(|at| at > 0)) {
+            let named = e.as_str().and_then(|e| e.find('=')).is_some_and(|at| at > 0);
+            if !named {
                 return Err(invalid(format!("{field}.env[{j}]"), "not NAME=value".into()));
             }
         }
