@@ -59,15 +59,22 @@ fn main() {
     };
     let mut journal =
         std::fs::OpenOptions::new().create(true).append(true).open(d.sb.join("floor.journal")).unwrap();
-    let never = vec![peer::claim("bench", "never", "uid-never")];
+    let never = vec![peer::claim("bench", "never", &test_support::apiserver::uid())];
     let (mut floor, mut synced, mut fresh, mut again, mut unprepare) =
         (vec![], vec![], vec![], vec![], vec![]);
     for i in 0..n + n / 10 {
         let warm = i < n / 10;
         let name = format!("c{i}");
-        let uid = format!("uid-{name}");
-        let results = [Res { driver: "dra.cpupool.io", pool: "node-a", device: "dp-numa1", cpu: Some("1") }];
-        fake.put_claim(claim("bench", &name, &uid, &results, &[("pod", "pod-uid")]));
+        // Uids as the API server makes them: random version-4 UUIDs (10 in 16 digit-first).
+        let uid = test_support::apiserver::uid();
+        let results = [Res {
+            driver: "dra.cpupool.io",
+            pool: "node-a",
+            device: "dp-numa1",
+            request: "cpus",
+            cpu: Some("1"),
+        }];
+        fake.put_claim(claim("bench", &name, &uid, &results, &[("pod", &test_support::apiserver::uid())]));
         let c = vec![peer::claim("bench", &name, &uid)];
         let f = time(&mut || {
             tokio.block_on(k.unprepare(never.clone())).unwrap();

@@ -244,7 +244,8 @@ async fn kubelet_peer_end_to_end() {
     assert!(e.message().contains("must_include_deviceIDs"), "{}", e.message());
 
     // Allocate: the envs, and an assignment held for the kubelet until the container is known.
-    let uid = "5e1f-0001";
+    // The pod's uid as the API server makes it, beginning with a digit (10 in 16 do).
+    let uid = test_support::apiserver::uid_digit_first();
     let scope =
         format!("kubepods.slice/kubepods-pod{}.slice/cri-containerd-abc.scope", uid.replace('-', "_"));
     std::fs::create_dir_all(sb.join("cgroup").join(&scope)).unwrap();
@@ -337,7 +338,7 @@ async fn kubelet_peer_end_to_end() {
         labels: HashMap::from([
             ("io.kubernetes.pod.namespace".to_owned(), "default".to_owned()),
             ("io.kubernetes.pod.name".to_owned(), "p1".to_owned()),
-            ("io.kubernetes.pod.uid".to_owned(), uid.to_owned()),
+            ("io.kubernetes.pod.uid".to_owned(), uid.clone()),
             ("io.kubernetes.container.name".to_owned(), name.to_owned()),
         ]),
         ..Default::default()

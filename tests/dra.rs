@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use common::{Daemon, Varlink};
 use fake_apiserver::claims::{claim, Result as Res};
 use fake_apiserver::{wait_for, Fake};
+use test_support::apiserver;
 use test_support::dra::{self as peer, DraKubelet};
 
 const NODE: &str = "node-a";
@@ -31,9 +32,13 @@ const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,40\"\n\n\
     [pools.iso]\nkind = \"exclusive\"\ncpus = \"36-39,76-79\"\nisolate = true\ndra = true\n";
 
 fn start(dir: &Path, fake: &Fake) -> Daemon {
+    start_with(dir, fake, POOLS)
+}
+
+fn start_with(dir: &Path, fake: &Fake, pools: &str) -> Daemon {
     fake.write_kubeconfig(&dir.join("kubeconfig"));
     let config = format!(
-        "{POOLS}\n[kubelet]\nenabled = true\n\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\n",
+        "{pools}\n[kubelet]\nenabled = true\n\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\n",
         dir.join("kubeconfig").display()
     );
     Daemon::start_shaped(dir, SHAPE, Some(&config), &["--bus", "none", "--log-level", "debug"])
@@ -55,15 +60,19 @@ async fn register(d: &Daemon) -> DraKubelet {
     k
 }
 
-/// A result of ours on this node: `cpu` CPUs of `device`.
+/// A result of ours on this node: `cpu` CPUs of `device`, for the request `cpus`.
 fn dp(device: &'static str, cpu: &'static str) -> Res<'static> {
-    Res { driver: DRIVER, pool: NODE, device, cpu: Some(cpu) }
+    Res { driver: DRIVER, pool: NODE, device, request: "cpus", cpu: Some(cpu) }
 }
 
+/// A claim `name` with a random uid as the API server gives (either kind of first character).
 fn put(fake: &Fake, name: &str, results: &[Res<'_>]) -> pb::Claim {
-    let uid = format!("uid-{name}");
-    fake.put_claim(claim(NS, name, &uid, results, &[("pod-1", "pod-uid-1")]));
-    peer::claim(NS, name, &uid)
+    put_uid(fake, name, &apiserver::uid(), results)
+}
+
+fn put_uid(fake: &Fake, name: &str, uid: &str, results: &[Res<'_>]) -> pb::Claim {
+    fake.put_claim(claim(NS, name, uid, results, &[("pod-1", &apiserver::uid())]));
+    peer::claim(NS, name, uid)
 }
 
 async fn prepare_one(k: &DraKubelet, c: &pb::Claim) -> pb::NodePrepareResourceResponse {
@@ -74,6 +83,18 @@ async fn prepare_one(k: &DraKubelet, c: &pb::Claim) -> pb::NodePrepareResourceRe
 fn cdi(d: &Daemon, uid: &str) -> Option<Value> {
     let text = std::fs::read_to_string(d.sb.join(format!("run/cdi/cpupoold-{uid}.json"))).ok()?;
     Some(serde_json::from_str(&text).unwrap())
+}
+
+/// The claim's CDI spec by the CDI project's rules (SPEC.md's table of versions, its
+/// `specs-go/version.go`): a device named by the uid, and `cdiVersion` the lowest a runtime's
+/// CDI library takes for it: 0.5.0 for a name beginning with a digit (containerd refused the
+/// 0.3.0 spec of such a claim: issue 33), the earliest it takes, 0.3.0, otherwise.
+fn assert_cdi_rules(spec: &Value, uid: &str) {
+    assert!(apiserver::is_v4(uid), "{uid}");
+    let lowest = if uid.starts_with(|c: char| c.is_ascii_digit()) { "0.5.0" } else { "0.3.0" };
+    assert_eq!(spec["cdiVersion"], lowest, "{spec}");
+    assert_eq!(spec["devices"][0]["name"], uid, "{spec}");
+    assert_eq!(cpupoold::host::cdi::validate(spec), Ok(()), "{spec}");
 }
 
 fn env_of(spec: &Value, key: &str) -> Option<String> {
@@ -106,8 +127,9 @@ async fn a_claim_is_prepared_on_its_numa_node_survives_a_restart_and_is_unprepar
     let d = start(dir.path(), &fake);
     let k = register(&d).await;
 
-    // 4 CPUs of dp on NUMA node 1: one result, one transaction, the CDI spec lists them.
-    let c = put(&fake, "four", &[dp("dp-numa1", "4")]);
+    // 4 CPUs of dp on NUMA node 1: one result, one transaction, the CDI spec lists them. The
+    // uid begins with a digit, as 10 in 16 an API server makes do.
+    let c = put_uid(&fake, "four", &apiserver::uid_digit_first(), &[dp("dp-numa1", "4")]);
     let r = prepare_one(&k, &c).await;
     assert_eq!(r.error, "", "{}", d.logs());
     let cdi_id = format!("{DRIVER}/cpu={}", c.uid);
@@ -124,6 +146,7 @@ async fn a_claim_is_prepared_on_its_numa_node_survives_a_restart_and_is_unprepar
     assert_eq!(cpus.len(), 4);
     assert!(cpus.is_subset(&CpuSet::parse("41-75").unwrap()), "{cpus}");
     let spec = cdi(&d, &c.uid).unwrap();
+    assert_cdi_rules(&spec, &c.uid);
     assert_eq!(spec["kind"], format!("{DRIVER}/cpu"));
     assert_eq!(env_of(&spec, "CPUPOOL_POOL").as_deref(), Some("dp"));
     assert_eq!(env_of(&spec, "EXCLUSIVE_CPUS"), Some(cpus.to_string()));
@@ -143,7 +166,7 @@ async fn a_claim_is_prepared_on_its_numa_node_survives_a_restart_and_is_unprepar
     assert_eq!(dra_assignments(&d).len(), 1);
 
     // Unprepare releases and removes the spec; again, and an unknown claim, are success.
-    let u = k.unprepare(vec![c.clone(), peer::claim(NS, "never", "uid-never")]).await.unwrap();
+    let u = k.unprepare(vec![c.clone(), peer::claim(NS, "never", &apiserver::uid())]).await.unwrap();
     assert_eq!(u.claims.len(), 2);
     assert!(u.claims.values().all(|c| c.error.is_empty()), "{u:?}");
     assert!(cdi(&d, &c.uid).is_none());
@@ -184,13 +207,12 @@ async fn isolated_held_and_foreign_claims() {
     let e = prepare_one(&k, &unknown).await.error;
     assert!(e.contains("gpu-numa0") && e.contains("status.allocation.devices.results"), "{e}");
     put(&fake, "wronguid", &[dp("dp-numa0", "1")]);
-    let e = prepare_one(&k, &peer::claim(NS, "wronguid", "uid-other")).await.error;
+    let e = prepare_one(&k, &peer::claim(NS, "wronguid", &apiserver::uid())).await.error;
     assert!(e.contains("metadata.uid"), "{e}");
-    let other =
-        put(&fake, "other", &[Res { driver: DRIVER, pool: "node-b", device: "dp-numa0", cpu: Some("1") }]);
+    let other = put(&fake, "other", &[Res { pool: "node-b", ..dp("dp-numa0", "1") }]);
     let e = prepare_one(&k, &other).await.error;
     assert!(e.contains("status.allocation.devices.results[0].pool") && e.contains("node-b"), "{e}");
-    let e = prepare_one(&k, &peer::claim(NS, "absent", "uid-absent")).await.error;
+    let e = prepare_one(&k, &peer::claim(NS, "absent", &apiserver::uid())).await.error;
     assert!(e.contains("404"), "{e}");
     assert_eq!(assignments(&d), before);
     d.stop();
@@ -234,6 +256,76 @@ async fn sixty_four_claims_at_once_never_share_a_cpu() {
     d.stop();
 }
 
+/// Claims as a cluster makes them, several in one NodePrepareResources call: random uids of
+/// both kinds, a namespace, claim names and request names at the API's maxima, whole and
+/// fractional quantities (`2`, `1500m`, `100m`) on an exclusive and a shared pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_as_a_cluster_makes_them_several_in_one_call() {
+    const SHARED: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,40\"\n\n\
+        [pools.dp]\nkind = \"exclusive\"\ncpus = \"1-35,41-75\"\ndra = true\n\n\
+        [pools.web]\nkind = \"shared\"\ncpus = \"36-39,76-79\"\ndra = true\n";
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Fake::start();
+    let d = start_with(dir.path(), &fake, SHARED);
+    let k = register(&d).await;
+    let ns = apiserver::label("team");
+    let request = apiserver::label("cpus");
+    let res = |device, cpu| Res { request: &request, ..dp(device, cpu) };
+    let wanted = [
+        (apiserver::uid_digit_first(), res("dp-numa0", "2"), "EXCLUSIVE_CPUS"),
+        (apiserver::uid_letter_first(), res("dp-numa1", "2"), "EXCLUSIVE_CPUS"),
+        (apiserver::uid_digit_first(), res("web", "1500m"), "SHARED_CPUS"),
+        (apiserver::uid(), res("web", "100m"), "SHARED_CPUS"),
+    ];
+    let mut claims = Vec::new();
+    for (i, (uid, r, _)) in wanted.iter().enumerate() {
+        let name = apiserver::subdomain(&format!("claim{i}"));
+        fake.put_claim(claim(
+            &ns,
+            &name,
+            uid,
+            std::slice::from_ref(r),
+            &[(&apiserver::subdomain("pod"), &apiserver::uid())],
+        ));
+        claims.push(peer::claim(&ns, &name, uid));
+    }
+    let answers = k.prepare(claims.clone()).await.unwrap();
+    assert_eq!(answers.claims.len(), wanted.len());
+    for (uid, r, var) in &wanted {
+        let a = &answers.claims[uid];
+        assert_eq!(a.error, "", "{uid}: {}", d.logs());
+        assert_eq!(a.devices.len(), 1);
+        assert_eq!(a.devices[0].request_names, std::slice::from_ref(&request));
+        assert_eq!(a.devices[0].device_name, r.device);
+        assert_eq!(a.devices[0].cdi_device_ids, [format!("{DRIVER}/cpu={uid}")]);
+        let spec = cdi(&d, uid).unwrap_or_else(|| panic!("no CDI spec for {uid}"));
+        assert_cdi_rules(&spec, uid);
+        assert_eq!(env_of(&spec, "CPUPOOL_CLAIM").as_deref(), Some(uid.as_str()));
+        let cpus = cpus_of(&d, uid);
+        assert_eq!(env_of(&spec, var), Some(cpus.to_string()), "{spec}");
+        // What the allocation says was consumed is what is booked.
+        let held = assignment(&d, &format!("dra-{uid}-0"));
+        let millis = match r.cpu {
+            Some("2") => 2000,
+            Some("1500m") => 1500,
+            _ => 100,
+        };
+        assert_eq!(held["millicpus"], millis, "{held}");
+        if millis == 2000 {
+            assert_eq!(cpus.len(), 2, "{held}");
+        } else {
+            assert_eq!(cpus, CpuSet::parse("36-39,76-79").unwrap(), "{held}");
+        }
+    }
+    // Asked again in one call (the kubelet after its restart): the same answers.
+    assert_eq!(k.prepare(claims.clone()).await.unwrap(), answers);
+    let u = k.unprepare(claims).await.unwrap();
+    assert!(u.claims.values().all(|c| c.error.is_empty()), "{u:?}");
+    assert!(dra_assignments(&d).is_empty(), "{}", d.logs());
+    assert!(wanted.iter().all(|(uid, _, _)| cdi(&d, uid).is_none()));
+    d.stop();
+}
+
 /// The cpuset of a CreateContainer answer's adjustment.
 fn adjusted(r: &cpupoold::nri::proto::CreateContainerResponse) -> CpuSet {
     let cpu = r
@@ -260,8 +352,12 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
     std::fs::create_dir_all(dir.path().join("sb/cgroup/kubepods.slice")).unwrap();
     let d = start(dir.path(), &fake_api);
     let k = register(&d).await;
-    let uid = "uid-shared";
-    let pods = [("pod-1", "pod-uid-1"), ("pod-3", "pod-uid-3")];
+    let uid = &apiserver::uid_digit_first();
+    // Pods as a cluster makes them: random uids, names at the API's maximum (253).
+    let (pod1, pod2, pod3) = (apiserver::uid(), apiserver::uid(), apiserver::uid());
+    let (name1, name2, name3) =
+        (apiserver::subdomain("pod-1"), apiserver::subdomain("pod-2"), apiserver::subdomain("pod-3"));
+    let pods = [(name1.as_str(), pod1.as_str()), (name3.as_str(), pod3.as_str())];
     fake_api.put_claim(claim(NS, "shared", uid, &[dp("dp-numa0", "2")], &pods));
     let c = peer::claim(NS, "shared", uid);
     assert_eq!(prepare_one(&k, &c).await.error, "", "{}", d.logs());
@@ -276,7 +372,7 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
         .filter_map(|e| e.as_str()?.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
         .collect();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let pod = fake::pod("s1", "pod-uid-1", "pod-1");
+    let pod = fake::pod("s1", &pod1, &name1);
     let mut rt = tokio::task::block_in_place(|| {
         let mut rt = node.runtime.accept(std::time::Duration::from_secs(30)).unwrap();
         rt.configure().unwrap();
@@ -299,7 +395,7 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
         start(&mut rt, &a).unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
         let bound = assignment(&d, &id);
         assert_eq!(bound["target"], format!("cgroup:{}", fake::cgroup(&pod, "a")), "{bound}");
-        assert_eq!(bound["container"], "default/pod-1/app", "{bound}");
+        assert_eq!(bound["container"], format!("default/{name1}/app"), "{bound}");
         assert_eq!(bound["state"], "applied", "{bound}");
         // The second shares them (not isolated): its own cgroup is read back, the claim stays
         // bound to the first.
@@ -307,21 +403,21 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
         assert_eq!(assignment(&d, &id)["target"], format!("cgroup:{}", fake::cgroup(&pod, "a")));
         // A container of another pod the claim is reserved for, whose pod cgroup has other
         // CPUs: its start fails, naming the claim.
-        let pod3 = fake::pod("s3", "pod-uid-3", "pod-3");
+        let pod3 = fake::pod("s3", &pod3, &name3);
         let y = fake::container(&pod3, "y", "app", &env);
         rt.create(&pod3, &y).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
         node.runc_creates(fake::cgroup(&pod3, "y").rsplit_once('/').unwrap().0, "60-79");
         node.runc_creates(&fake::cgroup(&pod3, "y"), &cpus.to_string());
         let e = rt.event(api::Event::StartContainer, &pod3, Some(&y)).unwrap().expect_err("must not start");
         assert!(
-            e.message.starts_with(
-                "cpupoold: container default/pod-3/app would not run on the CPUs of claim team/shared"
-            ),
+            e.message.starts_with(&format!(
+                "cpupoold: container default/{name3}/app would not run on the CPUs of claim team/shared"
+            )),
             "{}",
             e.message
         );
         // A container of another pod naming the claim: none of its CPUs.
-        let other = fake::pod("s2", "pod-uid-2", "pod-2");
+        let other = fake::pod("s2", &pod2, &name2);
         let x = fake::container(&other, "x", "app", &env);
         let r = rt.create(&other, &x).unwrap().unwrap_or_else(|e| panic!("{e:?}\n{}", d.logs()));
         assert!(adjusted(&r).is_disjoint(&cpus), "{} shares {cpus}", adjusted(&r));
@@ -347,7 +443,7 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
         assert_eq!(assignment(&d, &id)["target"], format!("cgroup:{}", fake::cgroup(&pod, "c")));
         rt
     });
-    assert!(d.logs().contains("is not reserved for its pod pod-uid-2"), "{}", d.logs());
+    assert!(d.logs().contains(&format!("is not reserved for its pod {pod2}")), "{}", d.logs());
     // Unprepared while bound: released, whatever its target.
     let u = k.unprepare(vec![c.clone()]).await.unwrap();
     assert!(u.claims.values().all(|c| c.error.is_empty()), "{u:?}");

@@ -68,7 +68,7 @@ async fn register(d: &Daemon) -> DraKubelet {
 }
 
 fn dp(device: &'static str, cpu: &'static str) -> Res<'static> {
-    Res { driver: DRIVER, pool: NODE, device, cpu: Some(cpu) }
+    Res { driver: DRIVER, pool: NODE, device, request: "cpus", cpu: Some(cpu) }
 }
 
 /// Puts a claim of `cpu` CPUs of `dp-numa0` with a fresh UUID, reserved for one pod.

@@ -404,8 +404,11 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
     let fake = Fake::start();
     let kubeconfig = dir.path().join("kubeconfig");
     fake.write_kubeconfig(&kubeconfig);
+    // Uids as the API server makes them: random version-4 UUIDs, one beginning with a digit.
+    let uid_p1 = test_support::apiserver::uid_digit_first();
     let pod = |name: &str, node: &str, cid: &str| {
-        json!({"metadata": {"name": name, "namespace": "apps", "uid": format!("uid-{name}")},
+        let uid = if name == "p1" { uid_p1.clone() } else { test_support::apiserver::uid() };
+        json!({"metadata": {"name": name, "namespace": "apps", "uid": uid},
                "spec": {"nodeName": node, "containers": [{"name": "c"}]},
                "status": {"qosClass": "Guaranteed", "containerStatuses": [
                    {"name": "c", "containerID": cid, "image": "i", "imageID": "", "ready": true, "restartCount": 0}]}})
@@ -436,7 +439,7 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
         })
     };
     let p1 = found(&index, "p1", "aaa");
-    assert_eq!((p1.pod_uid.as_str(), p1.qos_class.as_deref()), ("uid-p1", Some("Guaranteed")));
+    assert_eq!((p1.pod_uid.as_str(), p1.qos_class.as_deref()), (uid_p1.as_str(), Some("Guaranteed")));
     assert_eq!(index.lookup("apps", "elsewhere", "c"), None, "another node's pod");
     assert!(fake
         .requests()
@@ -481,7 +484,8 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     let _kubelet = common::kubelet_peer(&rt, &sb, pods.clone(), kubelet::Registration::new(|_| {}));
     let fake = Fake::start();
     fake.put("nodes", node(None));
-    let uid = "5e1f-0001";
+    // A uid as the API server makes it, beginning with a digit (10 in 16 do).
+    let uid = test_support::apiserver::uid_digit_first();
     fake.put(
         "pods",
         json!({"metadata": {"name": "p1", "namespace": "apps", "uid": uid},
@@ -489,8 +493,9 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
                "status": {"qosClass": "Guaranteed", "containerStatuses": [
                    {"name": "c1", "containerID": "containerd://abc", "image": "i", "imageID": "", "ready": true, "restartCount": 0}]}}),
     );
-    let scope = "kubepods.slice/kubepods-pod5e1f_0001.slice/cri-containerd-abc.scope";
-    std::fs::create_dir_all(sb.join("cgroup").join(scope)).unwrap();
+    let scope =
+        format!("kubepods.slice/kubepods-pod{}.slice/cri-containerd-abc.scope", uid.replace('-', "_"));
+    std::fs::create_dir_all(sb.join("cgroup").join(&scope)).unwrap();
     let d = start_with(dir.path(), &fake, 50, "[kubelet]\nreconcile_interval_ms = 50\n");
 
     // The pods were listed (and indexed) before the watch that follows the list started.
@@ -530,7 +535,7 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
             Err(target)
         }
     });
-    assert_eq!(std::fs::read_to_string(sb.join("cgroup").join(scope).join("cpuset.cpus")).unwrap(), "1,5");
+    assert_eq!(std::fs::read_to_string(sb.join("cgroup").join(&scope).join("cpuset.cpus")).unwrap(), "1,5");
     let owner = wait_for(WAIT, "the owner in the report", || {
         let s = fake.status(NODE).ok_or("no status")?;
         let a =

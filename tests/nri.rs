@@ -144,7 +144,7 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
 
     // The kubelet allocates core 6 (CPUs 6,14, node 1) of dp; the runtime creates the container.
     let env = n.allocate("dp", &["core-6"], "default/web-0/app").await;
-    let pod = fake::pod("s1", "uid-1", "web-0");
+    let pod = fake::pod("s1", &test_support::apiserver::uid(), "web-0");
     let c = fake::container(&pod, "c1", "app", &env_refs(&env));
     let r: api::CreateContainerResponse = rt.create(&pod, &c).unwrap().unwrap();
     assert_eq!(adjusted(&r), ("6,14".to_owned(), "1".to_owned()), "{}", d.logs());
@@ -232,7 +232,7 @@ async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_a_co
     rt.configure().unwrap();
     rt.synchronize(Vec::new(), Vec::new()).unwrap();
     let env = n.allocate("dp", &["core-7"], "default/db-0/db").await;
-    let pod = fake::pod("s1", "uid-2", "db-0");
+    let pod = fake::pod("s1", &test_support::apiserver::uid(), "db-0");
     let c = fake::container(&pod, "c1", "db", &env_refs(&env));
     let _: api::CreateContainerResponse = rt.create(&pod, &c).unwrap().unwrap();
     // The pod's parent has other CPUs (the kernel gives a cgroup only what its parent has).
@@ -270,7 +270,7 @@ async fn fake_runtime_reconnects_and_a_restart_of_cpupoold_keeps_running_contain
     rt.synchronize(Vec::new(), Vec::new()).unwrap();
     let env1 = n.allocate("dp", &["core-1"], "default/p/a").await;
     let env2 = n.allocate("dp", &["core-2"], "default/p/b").await;
-    let pod = fake::pod("s1", "uid-3", "p");
+    let pod = fake::pod("s1", &test_support::apiserver::uid(), "p");
     let (c1, c2) = (
         fake::container(&pod, "c1", "a", &env_refs(&env1)),
         fake::container(&pod, "c2", "b", &env_refs(&env2)),

@@ -1,5 +1,7 @@
 //! What the tests of cpupoold and cpupoolctl share, so that each is written once:
 //!
+//! - [`apiserver`]: inputs as an API server makes them: random version-4 UUIDs (digit-first
+//!   ones included), names at the API's maxima;
 //! - [`daemon`]: the real `cpupoold` binary started on a sandbox host, its banner read up to
 //!   `READY` (never a sleep), and stopped with SIGTERM and a checked exit;
 //! - [`files`]: a sandbox's configuration, directories, permissions for other uids;
@@ -20,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod apiserver;
 pub mod daemon;
 #[cfg(feature = "kubelet")]
 pub mod dra;

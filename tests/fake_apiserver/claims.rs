@@ -13,24 +13,35 @@ use super::{status_body, Fake, Request, State};
 const COLLECTION: &str = "resourceclaims";
 const PREFIX: &str = "/apis/resource.k8s.io/v1/namespaces/";
 
-/// One allocation result: (driver, pool, device, consumed `cpu`, or none).
+/// One allocation result: (driver, pool, device, the request it serves, consumed `cpu`, or
+/// none).
 pub struct Result<'a> {
     pub driver: &'a str,
     pub pool: &'a str,
     pub device: &'a str,
+    pub request: &'a str,
     pub cpu: Option<&'a str>,
 }
 
-/// A claim `ns/name` with `uid`, allocated `results` (request `cpus`), reserved for the pods
-/// `(name, uid)`.
+/// A claim `ns/name` with `uid`, allocated `results` (each for its request, of the class of
+/// its device's pool), reserved for the pods `(name, uid)`.
 pub fn claim(ns: &str, name: &str, uid: &str, results: &[Result<'_>], pods: &[(&str, &str)]) -> Value {
+    let mut requests: Vec<Value> = Vec::new();
+    for r in results {
+        if !requests.iter().any(|q| q["name"] == r.request) {
+            let pool = r.device.split("-numa").next().unwrap_or(r.device);
+            let class = format!("{pool}.{}", r.driver);
+            requests.push(json!({"name": r.request, "exactly": {"deviceClassName": class}}));
+        }
+    }
     let results: Vec<Value> = results
         .iter()
         .map(|r| {
-            let mut v = json!({"driver": r.driver, "pool": r.pool, "device": r.device, "request": "cpus"});
+            let mut v = json!({"driver": r.driver, "pool": r.pool, "device": r.device, "request": r.request});
             if let Some(cpu) = r.cpu {
                 v["consumedCapacity"] = json!({"cpu": cpu});
-                v["shareID"] = json!(format!("share-{}", r.device));
+                // The scheduler makes a share id as the API server makes uids: a random UUID.
+                v["shareID"] = json!(test_support::apiserver::uid());
             }
             v
         })
@@ -41,7 +52,7 @@ pub fn claim(ns: &str, name: &str, uid: &str, results: &[Result<'_>], pods: &[(&
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": ns, "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "cpus", "exactly": {"deviceClassName": "dp.dra.cpupool.io"}}]}},
+        "spec": {"devices": {"requests": requests}},
         "status": {"allocation": {"devices": {"results": results}}, "reservedFor": reserved},
     })
 }

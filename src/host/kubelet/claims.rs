@@ -70,8 +70,9 @@ pub fn valid_uid(uid: &str) -> bool {
     !uid.is_empty() && uid.len() <= MAX_UID && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
-/// The assignment that holds device `n` of claim `uid`: `dra-<uid>-<n>`. The one place the
-/// rule is written; [`claim_of`] reads it back.
+/// The name of claim `uid`'s assignment for its `n`th device (from 0; a claim has at most 32
+/// results): `dra-<uid>-<n>`, an assignment id and a `kubelet:` target for any valid uid. The
+/// one place the rule is written; [`claim_of`] reads it back.
 pub fn assignment_name(uid: &str, n: usize) -> String {
     format!("dra-{uid}-{n}")
 }
@@ -226,7 +227,11 @@ impl Claims {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+    use test_support::apiserver;
+
     use super::*;
+    use crate::core::state::Target;
 
     #[test]
     fn records_round_trip_and_refuse_path_uids() {
@@ -248,5 +253,50 @@ mod tests {
         assert!(matches!(claims.load("u1"), Ok(None)));
         assert!(matches!(claims.load("../x"), Err(ClaimsError::Uid(_))));
         assert!(!valid_uid(&"a".repeat(MAX_UID + 1)));
+    }
+
+    /// A uid as the API server makes it: a random version-4 UUID; `digit` forces its first
+    /// character's kind.
+    fn uids() -> impl Strategy<Value = String> {
+        (any::<[u8; 16]>(), any::<Option<bool>>()).prop_map(|(mut b, digit)| {
+            match digit {
+                Some(true) => b[0] = (b[0] % 0xa0) & 0xf0 | (b[0] & 0x0f),
+                Some(false) => b[0] = 0xa0 + (b[0] % 0x60),
+                None => {}
+            }
+            apiserver::uid_from_bytes(b)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Any uid an API server makes names a record, and each of its claim's up to 32
+        /// assignments (an id and a kubelet device id); a record with names at the API's
+        /// maxima (namespace 63, claim 253, request 63) reads back the same.
+        #[test]
+        fn api_server_uids_name_records_and_assignments(uid in uids(), n in 0usize..32) {
+            prop_assert!(valid_uid(&uid), "{uid}");
+            let name = assignment_name(&uid, n);
+            let id = AssignmentId::new(&name).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(Target::parse(&format!("kubelet:{name}")).is_ok(), "{name}");
+            let dir = tempfile::tempdir().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let claims = Claims::new(dir.path());
+            let c = PreparedClaim {
+                uid: uid.clone(),
+                namespace: apiserver::label("team"),
+                name: apiserver::subdomain("claim"),
+                assignments: vec![id],
+                pods: vec![apiserver::uid_from_bytes([7; 16])],
+                devices: vec![PreparedDevice {
+                    request_names: vec![apiserver::label("cpus")],
+                    pool_name: apiserver::subdomain("node"),
+                    device_name: "dp-numa0".into(),
+                    cdi_device_ids: vec![format!("dra.cpupool.io/cpu={uid}")],
+                }],
+            };
+            claims.save(&c).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(claims.load(&uid).map_err(|e| TestCaseError::fail(e.to_string()))?, Some(c));
+        }
     }
 }

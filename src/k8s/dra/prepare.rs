@@ -85,6 +85,9 @@ impl Driver {
         if !claims::valid_uid(&c.uid) {
             return Err(format!("{who}: uid: not 1-{} characters of A-Z a-z 0-9 -", claims::MAX_UID));
         }
+        if let Err(e) = cdi::check_device_name(&c.uid) {
+            return Err(format!("{who}: uid: not a CDI device name: {e}"));
+        }
         let _mine = self.claim(&c.uid).await;
         if let Some(rec) = self.records.load(&c.uid).map_err(|e| format!("{who}: {}", error_chain(&e)))? {
             if !self.cdi.has(&c.uid) {
@@ -170,7 +173,8 @@ impl Driver {
                 "its CPUs are no longer held (released behind the driver's back); unprepare it".into()
             );
         }
-        let spec = cdi::spec(&self.opts.driver, &rec.uid, &env(&rec.uid, &held));
+        let spec = cdi::spec(&self.opts.driver, &rec.uid, &env(&rec.uid, &held))
+            .map_err(|e| format!("its CDI spec: {e}"))?;
         self.cdi.write(&rec.uid, &spec).map_err(|e| {
             format!("writing its CDI spec in `{}`: {}", self.cdi.path().display(), error_chain(&e))
         })

@@ -46,6 +46,12 @@ claim() {
     "$1" "$2" $DRIVER $DRIVER $NODE "$3" "$1-pod" "$4"
 }
 
+# uuid: a random version-4 UUID, as the API server gives every object (the kernel makes them
+# the same way); 10 in 16 begin with a digit. uuid_digit: one that does (issue 33: containerd
+# refused such a claim's CDI device when its spec said cdiVersion 0.3.0).
+uuid() { cat /proc/sys/kernel/random/uuid; }
+uuid_digit() { while :; do u=$(uuid); case $u in [0-9]*) echo "$u"; return;; esac; done; }
+
 # What both layouts below add: the kubelet's grace, the cluster integration at the fake.
 CLUSTER="[kubelet]
 release_grace_ms = 600000
@@ -71,13 +77,15 @@ check_output "it lists dp-numa0 with dp's 2 CPUs, shareable" \
 [ -e /usr/local/share/cpupool-vm/images.tar ] && images_import >/dev/null 2>&1
 
 # The scheduler allocated 2 CPUs of dp-numa0 to the claim `two` of the pod dra-0.
-uid=0a1b2c3d-0000-4000-8000-0000000000d1
-cuid=c1a1c1a1-0000-4000-8000-0000000000d1
+uid=$(uuid)
+cuid=$(uuid_digit)
 check_output "the fake API server holds the claim" '^ok$' fake_cmd "$(claim two $cuid 2 $uid)"
 prep=$("$PEER" dra-prepare $KD default/two/$cuid 2>/run/peer-dra.err)
 check_output "NodePrepareResources answers the claim's CDI device" "\"cdi_devices\":\[\"$DRIVER/cpu=$cuid\"\]" echo "$prep"
 check_output "the claim holds CPUs 2-3 of dp, applied as one assignment" "dra-$cuid-0 +dp +2-3 " cpupoolctl assignments
 check_output "its CDI spec is written where containerd reads" "CPUPOOL_CPUS=2-3" cat /var/run/cdi/cpupoold-$cuid.json
+check_output "its uid begins with a digit: the spec says cdiVersion 0.5.0" '"cdiVersion": "0.5.0"' \
+  cat /var/run/cdi/cpupoold-$cuid.json
 
 # cpupoold restarts between prepare and the container's start: the claim stays.
 check "restart cpupoold" systemctl restart cpupoold
@@ -106,7 +114,7 @@ check "StopContainer app" ctr_stop app 2
 check_output "a stop releases nothing: the claim holds until unprepare" "dra-$cuid-0 +dp +2-3 " cpupoolctl assignments
 check "RemoveContainer app" ctr_remove app
 check "the pod goes" pod_remove
-other=0a1b2c3d-0000-4000-8000-0000000000d2
+other=$(uuid)
 pod=$(pod_start default/other/$other/besteffort)
 id=$(ctr_start thief "$prep")
 check_output "a pod the claim is not reserved for runs off the pools' exclusive CPUs" '^0-1$' ctr_cpus thief
@@ -130,8 +138,8 @@ $CLUSTER"
 printf '[pools.dp]\ndra = true\n' >/etc/cpupoold/config.d/51-vmtest-dra.toml
 check "restart with iso isolated, both pools served by DRA" systemctl restart cpupoold
 check "the slice lists iso-numa0" wait_for 30 slices_have iso-numa0
-uid=0a1b2c3d-0000-4000-8000-0000000000d3
-cuid=c1a1c1a1-0000-4000-8000-0000000000d3
+uid=$(uuid)
+cuid=$(uuid)
 check_output "the fake API server holds the iso claim" '^ok$' fake_cmd "$(claim rt $cuid 1 $uid | sed 's/dp-numa0/iso-numa0/; s/"dp\./"iso./')"
 prep=$("$PEER" dra-prepare $KD default/rt/$cuid 2>/run/peer-dra.err)
 check_output "the iso claim is prepared" "\"cdi_devices\":\[\"$DRIVER/cpu=$cuid\"\]" echo "$prep $(cat /run/peer-dra.err)"
