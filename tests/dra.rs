@@ -428,7 +428,7 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
         assert_eq!(survivor["target"], format!("cgroup:{}", fake::cgroup(&pod, "b")), "{}", d.logs());
         assert_eq!(
             (&survivor["container"], &survivor["state"]),
-            (&json!("default/pod-1/side"), &json!("applied"))
+            (&json!(format!("default/{name1}/side")), &json!("applied"))
         );
         // It stops too: the claim keeps its CPUs (until it is unprepared), held for no
         // container again: allocated.

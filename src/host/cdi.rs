@@ -82,6 +82,20 @@ pub enum CdiError {
     },
 }
 
+/// Refuses a CDI directory that is itself a symbolic link: the daemon, as root, would write
+/// the specs wherever it points (a link made in place of `/run/cdi`). The directories above it
+/// are the system's (`/var/run` is a link to `/run` on Debian) and are followed.
+fn refuse_a_link(dir: &std::path::Path) -> Result<(), FsError> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => Err(FsError {
+            op: "writing a CDI spec into",
+            path: dir.to_owned(),
+            source: std::io::Error::other(crate::host::fsutil::SymlinkRefused { link: dir.to_owned() }),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Whether `c` is a letter or digit, the only bytes a CDI name may begin or end with.
 fn alnum(c: u8) -> bool {
     c.is_ascii_alphanumeric()
@@ -247,6 +261,7 @@ impl CdiDir {
     pub fn write(&self, uid: &str, spec: &Value) -> Result<(), CdiError> {
         validate(spec)?;
         let root = Root::create(self.root.path(), 0o755)?;
+        refuse_a_link(self.root.path())?;
         let data = serde_json::to_vec_pretty(spec).unwrap_or_default();
         let file = file_name(uid);
         root.replace(&file, &data, 0o644)?;

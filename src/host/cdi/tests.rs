@@ -111,6 +111,28 @@ fn a_spec_names_the_kind_the_device_and_its_env() {
     assert!(!cdi.has(uid));
 }
 
+/// A CDI directory that is a symbolic link is not written through: the specs would land
+/// wherever it points. A link above it (as `/var/run` is) is followed.
+#[test]
+fn a_cdi_directory_that_is_a_link_is_refused() {
+    let uid = "0a1a1a1a-0000-4000-8000-0000000000d1";
+    let s =
+        spec("dra.cpupool.io", uid, &[("CPUPOOL_CPUS".into(), "1".into())]).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink(&elsewhere, dir.path().join("cdi")).unwrap_or_else(|e| panic!("{e}"));
+    let e = CdiDir::new(&dir.path().join("cdi")).write(uid, &s).err().unwrap_or_else(|| panic!("written"));
+    assert!(e.to_string().contains("cdi"), "{e}");
+    assert_eq!(std::fs::read_dir(&elsewhere).map(Iterator::count).unwrap_or(1), 0);
+    // Through a link to its parent, as /var/run -> /run.
+    std::fs::create_dir(dir.path().join("run")).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink(dir.path().join("run"), dir.path().join("varrun"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    CdiDir::new(&dir.path().join("varrun/cdi")).write(uid, &s).unwrap_or_else(|e| panic!("{e}"));
+    assert!(dir.path().join("run/cdi").join(file_name(uid)).is_file());
+}
+
 /// A uid as the API server makes it; `digit` forces its first character's kind, as 10 in 16
 /// and 6 in 16 of real ones are.
 fn uids() -> impl Strategy<Value = String> {

@@ -79,7 +79,8 @@ pub(super) fn ours(
 /// (the container went while cpupoold was not connected).
 pub(super) async fn release_orphans(live: &Live, call: &Call<'_>) {
     let alive: BTreeSet<&CgroupPath> = live.containers.values().filter_map(|s| s.cgroup.as_ref()).collect();
-    super::super::claim::unbind(call, &live.containers, |p| !alive.contains(p), "its container is gone").await;
+    super::super::claim::unbind(call, &live.containers, |p| !alive.contains(p), "its container is gone")
+        .await;
     let snap = call.handle.snapshot();
     let orphans: Vec<AssignmentId> = snap
         .state
