@@ -185,7 +185,10 @@ fn reload_over_varlink_notifies_reloading_then_ready() {
     while conn.read(&mut byte).unwrap_or_else(|e| panic!("{e}")) == 1 && byte[0] != 0 {
         reply.push(byte[0]);
     }
-    assert_eq!(String::from_utf8_lossy(&reply), "{\"parameters\":{\"changed\":false,\"summary\":\"nothing changed\"}}");
+    assert_eq!(
+        String::from_utf8_lossy(&reply),
+        "{\"parameters\":{\"changed\":false,\"summary\":\"nothing changed\"}}"
+    );
     let seen = d.wait_for("READY=1");
     let reloading = seen.find("RELOADING=1").unwrap_or_else(|| panic!("no RELOADING=1: {seen}"));
     assert!(seen[reloading..].contains("MONOTONIC_USEC="), "{seen}");

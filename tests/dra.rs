@@ -468,8 +468,8 @@ async fn a_claim_of_several_devices_runs_its_container_on_all_of_them() {
     std::fs::create_dir_all(dir.path().join("sb/cgroup/kubepods.slice")).unwrap();
     let d = start(dir.path(), &fake_api);
     let k = register(&d).await;
-    let uid = test_support::uid::v4_digit_first();
-    let pod_uid = test_support::uid::v4();
+    let uid = test_support::apiserver::uid_digit_first();
+    let pod_uid = test_support::apiserver::uid();
     let results = [dp("dp-numa0", "2"), dp("dp-numa1", "1")];
     fake_api.put_claim(claim(NS, "two", &uid, &results, &[("pod-1", &pod_uid)]));
     let c = peer::claim(NS, "two", &uid);

@@ -31,14 +31,13 @@ const SHAPE: &str = "2x8x1:2";
 const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,8\"\n\n\
     [pools.dp]\nkind = \"exclusive\"\ncpus = \"1-7,9-15\"\ndra = true\n";
 
-/// A random v4 UUID from the kernel; `digit_first` keeps drawing until its first character is
-/// (or is not) a digit.
+/// A random v4 UUID as an API server makes one; `digit_first` chooses the kind of its first
+/// character.
 fn uuid(digit_first: bool) -> String {
-    loop {
-        let u = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap().trim().to_owned();
-        if u.starts_with(|c: char| c.is_ascii_digit()) == digit_first {
-            return u;
-        }
+    if digit_first {
+        test_support::apiserver::uid_digit_first()
+    } else {
+        test_support::apiserver::uid_letter_first()
     }
 }
 

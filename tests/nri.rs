@@ -496,8 +496,9 @@ async fn fake_runtime_an_allocation_is_allocated_until_its_container_starts_and_
     let mut monitor = Varlink::connect(&d.varlink);
     monitor.set_timeout(WAIT);
     monitor.send_raw(b"{\"method\":\"org.cpupool.Manager.Monitor\",\"more\":true}\0").unwrap();
-    for (i, uid) in
-        [test_support::uid::v4_digit_first(), test_support::uid::v4_letter_first()].iter().enumerate()
+    for (i, uid) in [test_support::apiserver::uid_digit_first(), test_support::apiserver::uid_letter_first()]
+        .iter()
+        .enumerate()
     {
         let name = format!("web-{i}");
         let id = "kubelet-core-2";

@@ -8,8 +8,7 @@
 //! - [`needs`]: what a test needs from the machine (a command, a Python module, root): a missing
 //!   one fails the test with what to install, never an `ok` for a check not made;
 //! - [`peer`]: the unprivileged varlink peer of the connection-limit tests;
-//! - [`uid`]: UIDs as an API server makes them (random v4 UUIDs, digit-first ones included)
-//!   and containerd's container ids;
+//! - [`uid`]: containerd's container ids;
 //! - [`wait`]: polling a condition against a deadline, for what has no ready signal (a log
 //!   line, a file the daemon writes);
 //! - `kubelet` (feature `kubelet`): a kubelet-shaped peer speaking the real protobuf: the
