@@ -100,14 +100,41 @@ fn production_sources() -> Vec<(String, String)> {
         .map(|p| {
             let rel = p.strip_prefix(root()).unwrap_or(&p).display().to_string();
             let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));
-            // The file's code: up to its `#[cfg(test)] mod ...`, if any.
-            let lines: Vec<&str> = text.lines().collect();
-            let end = (0..lines.len().saturating_sub(1))
-                .find(|&i| lines[i].starts_with("#[cfg(test)]") && lines[i + 1].starts_with("mod "))
-                .unwrap_or(lines.len());
-            (rel, lines[..end].join("\n"))
+            (rel, without_test_items(&text))
         })
         .collect()
+}
+
+/// `text` without its test-only items: each `#[cfg(test)]` at the top level with the item it
+/// guards (a `mod tests;` line, or a block down to its closing `}` at the top level). The whole
+/// rest of the file counts, however far down a `mod tests;` line sits.
+fn without_test_items(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim_end() == "#[cfg(test)]" {
+            let mut j = i + 1;
+            while j < lines.len() && lines[j].starts_with("#[") {
+                j += 1;
+            }
+            i = if lines.get(j).is_some_and(|l| l.trim_end().ends_with(';')) {
+                j + 1
+            } else {
+                (j..lines.len()).find(|&k| lines[k].trim_end() == "}").map_or(lines.len(), |k| k + 1)
+            };
+            continue;
+        }
+        out.push(lines[i]);
+        i += 1;
+    }
+    out.join("\n")
+}
+
+#[test]
+fn test_items_are_left_out_and_everything_else_counts() {
+    let text = "use a;\n#[cfg(test)]\nmod tests;\nfn f() {\n}\n#[cfg(test)]\n#[allow(x)]\nmod t {\n    fn g() {\n    }\n}\nfn h() {}\n";
+    assert_eq!(without_test_items(text), "use a;\nfn f() {\n}\nfn h() {}");
 }
 
 /// The functions of `code` longer than `max` lines that no `// Long: <reason>` comment
@@ -179,4 +206,130 @@ fn the_long_function_check_sees_what_it_should() {
         "    fn x(&self);\n".repeat(90)
     );
     assert!(long_functions(&proxy, 80).is_empty());
+}
+
+/// The floors of `src/`, lowest first, as docs/development.md draws them: a room imports only
+/// rooms on lower floors; on the ground floor, the helpers may use each other. `sim`, the
+/// simulated kernel, stands beside `config` above `host` and is named only by the sandbox,
+/// which the daemon's wiring chooses at start.
+const FLOORS: &[&[&str]] = &[
+    &["core", "counters", "logging", "threads", "backoff", "fds"],
+    &["host"],
+    &["config", "sim"],
+    &["engine"],
+    &["api", "kubelet", "nri", "k8s", "reclaim"],
+    &["sandbox"],
+    &["daemon"],
+];
+
+/// Who may name `sim`.
+const SIM_USERS: &[&str] = &["sandbox"];
+
+fn floor_of(room: &str) -> Option<usize> {
+    FLOORS.iter().position(|f| f.contains(&room))
+}
+
+/// The module path of a file under `src/` (`src/host/store/load.rs` → `host::store::load`).
+fn module_of(rel: &str) -> Vec<String> {
+    let path = rel.strip_prefix("src/").unwrap_or(rel).trim_end_matches(".rs");
+    let mut parts: Vec<String> = path.split('/').map(str::to_owned).collect();
+    if parts.last().is_some_and(|l| l == "mod" || l == "lib" || l == "main") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The top-level rooms `code` (of the module `module`) names through `crate::` or `super::`
+/// paths, with the line each is named on; comment lines are not code.
+fn rooms_named(module: &[String], code: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        let bytes = line.as_bytes();
+        let mut i = 0;
+        while i < line.len() {
+            let starts_path = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+            let rest = &line[i..];
+            let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+            if starts_path && rest.starts_with("crate::") {
+                out.push((ident(&rest[7..]), n + 1));
+                i += 7;
+                continue;
+            }
+            if starts_path && rest.starts_with("super::") {
+                let mut ups = 0;
+                let mut r = rest;
+                while let Some(after) = r.strip_prefix("super::") {
+                    ups += 1;
+                    r = after;
+                }
+                // A file's `super` is its parent module: `super::super::` from
+                // `host::kubelet::claims` is `host`, one more is the crate root.
+                let kept = module.len().saturating_sub(ups);
+                let top = if kept > 0 { module[0].clone() } else { ident(r) };
+                out.push((top, n + 1));
+                i += 7 * ups;
+                continue;
+            }
+            i += rest.chars().next().map_or(1, char::len_utf8);
+        }
+    }
+    out.retain(|(room, _)| !room.is_empty());
+    out
+}
+
+/// The imports of production code that break the floors: `(file:line, message)`.
+fn climbing_imports(files: &[(String, String)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (rel, code) in files.iter().filter(|(rel, _)| rel.starts_with("src/")) {
+        let module = module_of(rel);
+        let Some(room) = module.first().cloned() else { continue };
+        let Some(floor) = floor_of(&room) else {
+            if room != "main" {
+                problems.push(format!("{rel}: `{room}` stands on no floor of tests/layout.rs's FLOORS"));
+            }
+            continue;
+        };
+        for (named, line) in rooms_named(&module, code) {
+            if named == room {
+                continue;
+            }
+            if named == "sim" && !SIM_USERS.contains(&room.as_str()) {
+                problems.push(format!("{rel}:{line}: `{room}` names `sim` (only the sandbox chooses the simulated kernel)"));
+                continue;
+            }
+            // Items of the crate root itself (`crate::error_chain`) are everyone's.
+            let Some(theirs) = floor_of(&named) else { continue };
+            if theirs > floor || (theirs == floor && floor != 0) {
+                problems.push(format!(
+                    "{rel}:{line}: `{room}` (floor {floor}) imports `{named}` (floor {theirs}): imports go down only"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn no_import_climbs_a_floor_and_only_the_sandbox_names_sim() {
+    let problems = climbing_imports(&production_sources());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_floor_check_sees_what_it_should() {
+    let file = |rel: &str, code: &str| vec![(rel.to_owned(), code.to_owned())];
+    // Down is fine; up, sideways between adapters and `sim` outside the sandbox are not.
+    assert!(climbing_imports(&file("src/engine/commit.rs", "use crate::host::x;\nuse super::ledger;\n")).is_empty());
+    assert_eq!(climbing_imports(&file("src/host/store.rs", "use crate::engine::Engine;\n")).len(), 1);
+    assert_eq!(climbing_imports(&file("src/nri/plugin.rs", "fn f() { crate::kubelet::x() }\n")).len(), 1);
+    assert_eq!(climbing_imports(&file("src/engine/drift.rs", "let f = crate::sim::cgroupfs();\n")).len(), 1);
+    assert_eq!(climbing_imports(&file("src/host/kubelet/claims.rs", "use super::super::super::api::x;\n")).len(), 1);
+    // Comments and test items are not code.
+    let code = without_test_items("/// See crate::engine.\nfn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::sim::x;\n}\n");
+    assert!(climbing_imports(&file("src/host/sysfs.rs", &code)).is_empty());
+    // Ground-floor helpers use each other.
+    assert!(climbing_imports(&file("src/threads.rs", "use crate::counters::x;\n")).is_empty());
 }
