@@ -2,8 +2,12 @@
 //! through cgroup v2 and systemd.
 //!
 //! Data flows inward to one owner: adapters decode requests and send them to the [`engine`],
-//! which decides with the pure [`core`], executes effects through the [`host`] side, saves
-//! the state and publishes the result.
+//! which decides every change of the state with the pure [`core`], executes its effects
+//! through the [`host`] side, saves the state and publishes a snapshot. The adapters that
+//! place a container (the device plugin, NRI, the DRA driver) read that snapshot and work
+//! out the container's CPUs from it with `core`'s functions; they change nothing but through
+//! the engine. The floors the modules stand on, and the test that holds them, are in
+//! docs/development.md.
 #![forbid(unsafe_code)]
 pub mod api;
 pub mod backoff;

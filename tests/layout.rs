@@ -333,3 +333,39 @@ fn the_floor_check_sees_what_it_should() {
     // Ground-floor helpers use each other.
     assert!(climbing_imports(&file("src/threads.rs", "use crate::counters::x;\n")).is_empty());
 }
+
+/// The `[[bench]]` names of Cargo.toml.
+fn benches() -> Vec<String> {
+    let toml = read("Cargo.toml");
+    let mut names = Vec::new();
+    let mut in_bench = false;
+    for line in toml.lines() {
+        if line.starts_with('[') {
+            in_bench = line.trim() == "[[bench]]";
+        } else if in_bench {
+            if let Some(v) = line.strip_prefix("name = ") {
+                names.push(v.trim_matches('"').to_owned());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_bench_and_example_is_described_where_the_guides_say() {
+    let perf = read("docs/performance.md");
+    let layout = layout_block();
+    let benches = benches();
+    assert!(benches.len() >= 10, "{benches:?}");
+    for b in &benches {
+        assert!(
+            perf.contains(&format!("--bench {b}`")),
+            "docs/performance.md's table does not describe `cargo bench --bench {b}`"
+        );
+        assert!(layout.contains(&format!(" {b} (")), "docs/development.md's benches/ line does not name `{b}`");
+    }
+    for e in std::fs::read_dir(root().join("examples")).unwrap_or_else(|e| panic!("examples: {e}")).flatten() {
+        let name = e.path().file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        assert!(layout.contains(&format!("{name}:")), "docs/development.md's examples/ line does not name `{name}`");
+    }
+}
