@@ -284,5 +284,6 @@ pub fn resolve(
         .collect()
 }
 
+pub mod names;
 #[cfg(test)]
 mod tests;

@@ -37,13 +37,11 @@ use super::proto as api;
 use super::ttrpc::{code, Status};
 use super::Options;
 use crate::core::cpuset::CpuSet;
+use crate::core::dra::names::claim_of;
 use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container as Owner, State, Target};
 use crate::engine::Snapshot;
 use crate::error_chain;
 use crate::host::kubelet::claims::{Claims, PreparedClaim};
-
-/// How the DRA driver names a claim's assignments (`dra-<uid>-<n>`, k8s/dra/prepare.rs).
-const PREFIX: &str = "dra-";
 
 /// The claim a container runs on, as found at its creation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,7 +293,7 @@ pub(super) async fn alive(call: &Call<'_>, live: &HashMap<String, Seen>) {
 
 /// Whether `a` is a claim's assignment bound to a container cgroup that `gone` says is gone.
 fn bound_to_gone(a: &Assignment, gone: &impl Fn(&CgroupPath) -> bool) -> bool {
-    a.id.as_str().starts_with(PREFIX)
+    claim_of(a.id.as_str()).is_some()
         && !a.reclaim
         && a.container.is_some()
         && matches!(&a.target, Target::Cgroup(p) if gone(p))

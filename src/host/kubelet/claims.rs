@@ -24,6 +24,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::core::dra::names::{assignment_name, claim_of, valid_uid, MAX_UID};
 use crate::core::state::AssignmentId;
 use crate::host::fsutil::{FsError, Root};
 
@@ -31,9 +32,6 @@ use crate::host::fsutil::{FsError, Root};
 pub const DIR: &str = "dra";
 /// The largest record written or read (a claim has at most 32 results and 256 pods).
 pub const CAP: u64 = 256 * 1024;
-/// The longest claim uid taken: Kubernetes' are UUIDs (36), and `dra-<uid>-<n>` must stay a
-/// device id (63).
-pub const MAX_UID: usize = 56;
 
 /// One device answered for a claim (the kubelet's `Device`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,25 +61,6 @@ pub struct PreparedClaim {
     pub pods: Vec<String>,
     /// What the kubelet was answered.
     pub devices: Vec<PreparedDevice>,
-}
-
-/// Whether `uid` may name a record (and an assignment): 1 to [`MAX_UID`] of `A-Za-z0-9-`.
-pub fn valid_uid(uid: &str) -> bool {
-    !uid.is_empty() && uid.len() <= MAX_UID && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-}
-
-/// The name of claim `uid`'s assignment for its `n`th device (from 0; a claim has at most 32
-/// results): `dra-<uid>-<n>`, an assignment id and a `kubelet:` target for any valid uid. The
-/// one place the rule is written; [`claim_of`] reads it back.
-pub fn assignment_name(uid: &str, n: usize) -> String {
-    format!("dra-{uid}-{n}")
-}
-
-/// The claim uid whose device an assignment named `name` holds, when the name follows
-/// [`assignment_name`]'s rule.
-pub fn claim_of(name: &str) -> Option<&str> {
-    let (uid, n) = name.strip_prefix("dra-")?.rsplit_once('-')?;
-    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && valid_uid(uid)).then_some(uid)
 }
 
 impl PreparedClaim {
