@@ -4,8 +4,7 @@
 use std::path::PathBuf;
 
 use super::fragments::{K8sFragment, KubeletFragment};
-use super::settings::{absolute, invalid};
-use super::{ConfigError, Origins};
+use super::{absolute, invalid, ConfigError, Origins};
 
 /// `[kubelet]`: how the pools are offered to the kubelet (see `kubelet`).
 #[derive(Debug, Clone, PartialEq, Eq)]

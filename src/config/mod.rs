@@ -155,6 +155,15 @@ pub struct Origins {
 }
 
 impl Origins {
+    /// The file for `key`, or failing that for the pool the key belongs to.
+    pub(crate) fn file_for(&self, key: &str) -> Option<PathBuf> {
+        let pool = key.strip_prefix("pools.").and_then(|rest| {
+            // `pools.NAME.field`: NAME may be quoted and contain dots, so cut at the last dot.
+            rest.rsplit_once('.').map(|(name, _)| format!("pools.{name}"))
+        });
+        self.get(key).or_else(|| pool.as_deref().and_then(|p| self.get(p))).map(Path::to_owned)
+    }
+
     /// The file that last set `key`, if any file did.
     pub fn get(&self, key: &str) -> Option<&Path> {
         self.files.get(key).map(PathBuf::as_path)
@@ -395,6 +404,25 @@ impl fmt::Display for TomlError {
 }
 
 impl std::error::Error for TomlError {}
+
+/// `ConfigError::Invalid` for `key`, naming the file that set it.
+fn invalid(origins: &Origins, key: &str, reason: String) -> ConfigError {
+    ConfigError::Invalid { file: origins.file_for(key).unwrap_or_default(), key: key.to_owned(), reason }
+}
+
+/// `value` when it is an absolute path, `default` when unset; else an error naming `key`.
+fn absolute(
+    origins: &Origins,
+    value: Option<PathBuf>,
+    default: PathBuf,
+    key: &str,
+) -> Result<PathBuf, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(p) if p.is_absolute() => Ok(p),
+        Some(p) => Err(invalid(origins, key, format!("`{}` must be an absolute path", p.display()))),
+    }
+}
 
 #[cfg(test)]
 mod tests;

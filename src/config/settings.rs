@@ -4,12 +4,12 @@
 //! topology (overlaps, offline CPUs, NUMA nodes, counts that do not fit) is checked by
 //! [`Settings::resolve_pools`], which still names the file that set the key at fault.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::cluster::{k8s_settings, kubelet_settings, K8s, Kubelet, MAX_SHARED_DEVICES};
 use super::fragments::{CacheFragment, PathsFragment};
 use super::inputs::{Inputs, PoolInput};
-use super::{parse_metrics_listen, pool_key, ConfigError, Metrics, Origins};
+use super::{absolute, invalid, parse_metrics_listen, pool_key, ConfigError, Metrics, Origins};
 use crate::core::pool::{self, CpuSource, Pool, PoolError, PoolName, PoolSpec};
 use crate::core::state::CgroupPath;
 use crate::core::topology::Topology;
@@ -247,25 +247,6 @@ pub const DEFAULT_HOST_CGROUPS: [&str; 3] = ["system.slice", "user.slice", "init
 pub const DEFAULT_ADMIN_GROUP: &str = "cpupool";
 /// `daemon.log_level` when no file sets it.
 pub const DEFAULT_LOG_LEVEL: log::LevelFilter = log::LevelFilter::Info;
-
-/// `ConfigError::Invalid` for `key`, naming the file that set it.
-pub(super) fn invalid(origins: &Origins, key: &str, reason: String) -> ConfigError {
-    ConfigError::Invalid { file: origins.file_for(key).unwrap_or_default(), key: key.to_owned(), reason }
-}
-
-/// `value` when it is an absolute path, `default` when unset; else an error naming `key`.
-pub(super) fn absolute(
-    origins: &Origins,
-    value: Option<PathBuf>,
-    default: PathBuf,
-    key: &str,
-) -> Result<PathBuf, ConfigError> {
-    match value {
-        None => Ok(default),
-        Some(p) if p.is_absolute() => Ok(p),
-        Some(p) => Err(invalid(origins, key, format!("`{}` must be an absolute path", p.display()))),
-    }
-}
 
 /// `daemon.backend`.
 fn backend(text: Option<&str>, origins: &Origins) -> Result<Backend, ConfigError> {
@@ -659,15 +640,4 @@ fn pool_spec(name: &str, input: PoolInput, origins: &Origins) -> Result<PoolSpec
     spec.enforce_quota = input.enforce_quota.unwrap_or(spec.enforce_quota);
     spec.dra = input.dra.unwrap_or(spec.dra);
     Ok(spec)
-}
-
-impl Origins {
-    /// The file for `key`, or failing that for the pool the key belongs to.
-    pub(crate) fn file_for(&self, key: &str) -> Option<PathBuf> {
-        let pool = key.strip_prefix("pools.").and_then(|rest| {
-            // `pools.NAME.field`: NAME may be quoted and contain dots, so cut at the last dot.
-            rest.rsplit_once('.').map(|(name, _)| format!("pools.{name}"))
-        });
-        self.get(key).or_else(|| pool.as_deref().and_then(|p| self.get(p))).map(Path::to_owned)
-    }
 }
