@@ -140,9 +140,10 @@ impl CgroupFs {
         }
     }
 
-    /// The same tree, answered by `kernel` (chosen once at start).
-    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> Self {
-        CgroupFs { kernel: kernel.cgroups, ..self }
+    /// The same tree, answered by `part`, the chosen kernel's part in this surface
+    /// ([`Kernel`](super::kernel::Kernel) bundles the parts and hands each over, `with_kernel`).
+    pub fn answered_by(self, part: &'static dyn CgroupKernel) -> CgroupFs {
+        CgroupFs { kernel: part, ..self }
     }
 
     /// The same tree, with processes' affinities set (and read back) by `procs`: the sandbox

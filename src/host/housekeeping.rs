@@ -221,9 +221,10 @@ impl Kthreads {
         Kthreads { procfs: procfs.to_owned(), kernel: &HostKthreads }
     }
 
-    /// The same threads, answered by `kernel` (chosen once at start).
-    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> Kthreads {
-        Kthreads { kernel: kernel.kthreads, ..self }
+    /// The same threads, answered by `part`, the chosen kernel's part in this surface
+    /// ([`Kernel`](super::kernel::Kernel) bundles the parts and hands each over, `with_kernel`).
+    pub fn answered_by(self, part: &'static dyn KthreadKernel) -> Kthreads {
+        Kthreads { kernel: part, ..self }
     }
 
     /// The procfs root.

@@ -102,9 +102,10 @@ impl IrqFs {
         IrqFs { root: procfs_root.into(), irq_dir: irq_dir.into(), kernel: &HostIrqs }
     }
 
-    /// The same files, answered by `kernel` (chosen once at start).
-    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> IrqFs {
-        IrqFs { kernel: kernel.irqs, ..self }
+    /// The same files, answered by `part`, the chosen kernel's part in this surface
+    /// ([`Kernel`](super::kernel::Kernel) bundles the parts and hands each over, `with_kernel`).
+    pub fn answered_by(self, part: &'static dyn IrqKernel) -> IrqFs {
+        IrqFs { kernel: part, ..self }
     }
 
     /// The affinity directory.

@@ -14,10 +14,10 @@
 
 use std::fmt;
 
-use super::cgroupfs::{CgroupKernel, HostCgroups};
-use super::housekeeping::{HostKthreads, KthreadKernel};
-use super::irq::{HostIrqs, IrqKernel};
-use super::resctrl::{HostResctrl, ResctrlKernel};
+use super::cgroupfs::{CgroupFs, CgroupKernel, HostCgroups};
+use super::housekeeping::{HostKthreads, KthreadKernel, Kthreads};
+use super::irq::{HostIrqs, IrqFs, IrqKernel};
+use super::resctrl::{HostResctrl, Resctrl, ResctrlKernel};
 
 /// One kernel's part in each surface (module docs).
 #[derive(Clone, Copy)]
@@ -65,3 +65,34 @@ impl PartialEq for Kernel {
 }
 
 impl Eq for Kernel {}
+
+// Each surface takes its own part of a kernel; the bundle hands the parts over here, so the
+// surfaces know only their own trait and not the bundle.
+
+impl Kthreads {
+    /// The same surface, answered by `kernel`'s part (chosen once at start).
+    pub fn with_kernel(self, kernel: Kernel) -> Kthreads {
+        self.answered_by(kernel.kthreads)
+    }
+}
+
+impl Resctrl {
+    /// The same surface, answered by `kernel`'s part (chosen once at start).
+    pub fn with_kernel(self, kernel: Kernel) -> Resctrl {
+        self.answered_by(kernel.resctrl)
+    }
+}
+
+impl CgroupFs {
+    /// The same surface, answered by `kernel`'s part (chosen once at start).
+    pub fn with_kernel(self, kernel: Kernel) -> CgroupFs {
+        self.answered_by(kernel.cgroups)
+    }
+}
+
+impl IrqFs {
+    /// The same surface, answered by `kernel`'s part (chosen once at start).
+    pub fn with_kernel(self, kernel: Kernel) -> IrqFs {
+        self.answered_by(kernel.irqs)
+    }
+}

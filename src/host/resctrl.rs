@@ -137,9 +137,10 @@ impl Resctrl {
         Resctrl { root: root.into(), kernel: &HostResctrl }
     }
 
-    /// The same tree, answered by `kernel` (chosen once at start).
-    pub fn with_kernel(self, kernel: super::kernel::Kernel) -> Resctrl {
-        Resctrl { kernel: kernel.resctrl, ..self }
+    /// The same tree, answered by `part`, the chosen kernel's part in this surface
+    /// ([`Kernel`](super::kernel::Kernel) bundles the parts and hands each over, `with_kernel`).
+    pub fn answered_by(self, part: &'static dyn ResctrlKernel) -> Resctrl {
+        Resctrl { kernel: part, ..self }
     }
 
     /// The root.
