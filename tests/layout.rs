@@ -250,9 +250,11 @@ fn rooms_named(module: &[String], code: &str) -> Vec<(String, usize)> {
         let bytes = line.as_bytes();
         let mut i = 0;
         while i < line.len() {
-            let starts_path = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+            let starts_path = i == 0
+                || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
             let rest = &line[i..];
-            let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+            let ident =
+                |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
             if starts_path && rest.starts_with("crate::") {
                 out.push((ident(&rest[7..]), n + 1));
                 i += 7;
@@ -297,7 +299,9 @@ fn climbing_imports(files: &[(String, String)]) -> Vec<String> {
                 continue;
             }
             if named == "sim" && !SIM_USERS.contains(&room.as_str()) {
-                problems.push(format!("{rel}:{line}: `{room}` names `sim` (only the sandbox chooses the simulated kernel)"));
+                problems.push(format!(
+                    "{rel}:{line}: `{room}` names `sim` (only the sandbox chooses the simulated kernel)"
+                ));
                 continue;
             }
             // Items of the crate root itself (`crate::error_chain`) are everyone's.
@@ -322,13 +326,19 @@ fn no_import_climbs_a_floor_and_only_the_sandbox_names_sim() {
 fn the_floor_check_sees_what_it_should() {
     let file = |rel: &str, code: &str| vec![(rel.to_owned(), code.to_owned())];
     // Down is fine; up, sideways between adapters and `sim` outside the sandbox are not.
-    assert!(climbing_imports(&file("src/engine/commit.rs", "use crate::host::x;\nuse super::ledger;\n")).is_empty());
+    assert!(climbing_imports(&file("src/engine/commit.rs", "use crate::host::x;\nuse super::ledger;\n"))
+        .is_empty());
     assert_eq!(climbing_imports(&file("src/host/store.rs", "use crate::engine::Engine;\n")).len(), 1);
     assert_eq!(climbing_imports(&file("src/nri/plugin.rs", "fn f() { crate::kubelet::x() }\n")).len(), 1);
     assert_eq!(climbing_imports(&file("src/engine/drift.rs", "let f = crate::sim::cgroupfs();\n")).len(), 1);
-    assert_eq!(climbing_imports(&file("src/host/kubelet/claims.rs", "use super::super::super::api::x;\n")).len(), 1);
+    assert_eq!(
+        climbing_imports(&file("src/host/kubelet/claims.rs", "use super::super::super::api::x;\n")).len(),
+        1
+    );
     // Comments and test items are not code.
-    let code = without_test_items("/// See crate::engine.\nfn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::sim::x;\n}\n");
+    let code = without_test_items(
+        "/// See crate::engine.\nfn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::sim::x;\n}\n",
+    );
     assert!(climbing_imports(&file("src/host/sysfs.rs", &code)).is_empty());
     // Ground-floor helpers use each other.
     assert!(climbing_imports(&file("src/threads.rs", "use crate::counters::x;\n")).is_empty());
@@ -362,10 +372,17 @@ fn every_bench_and_example_is_described_where_the_guides_say() {
             perf.contains(&format!("--bench {b}`")),
             "docs/performance.md's table does not describe `cargo bench --bench {b}`"
         );
-        assert!(layout.contains(&format!(" {b} (")), "docs/development.md's benches/ line does not name `{b}`");
+        assert!(
+            layout.contains(&format!(" {b} (")),
+            "docs/development.md's benches/ line does not name `{b}`"
+        );
     }
-    for e in std::fs::read_dir(root().join("examples")).unwrap_or_else(|e| panic!("examples: {e}")).flatten() {
+    for e in std::fs::read_dir(root().join("examples")).unwrap_or_else(|e| panic!("examples: {e}")).flatten()
+    {
         let name = e.path().file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        assert!(layout.contains(&format!("{name}:")), "docs/development.md's examples/ line does not name `{name}`");
+        assert!(
+            layout.contains(&format!("{name}:")),
+            "docs/development.md's examples/ line does not name `{name}`"
+        );
     }
 }

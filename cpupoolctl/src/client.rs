@@ -70,6 +70,19 @@ impl Client {
             Client::Dbus(c) => c.bus().to_string(),
         }
     }
+
+    /// `ListAssignments`: every assignment, or those of `pool` (for `assignment list`, `run`'s
+    /// wait and `top`).
+    pub fn assignments(&mut self, pool: Option<&str>) -> Result<Vec<views::Assignment>, Error> {
+        Ok(self
+            .call::<m::ListAssignments>(&params::ListAssignments { pool: pool.map(str::to_owned) })?
+            .assignments)
+    }
+
+    /// `GetIsolation` of `pool`, or of every isolated pool (`""`).
+    pub fn isolation(&mut self, pool: &str) -> Result<views::Isolation, Error> {
+        self.call::<m::GetIsolation>(&params::GetIsolation { pool: Some(pool.to_owned()) })
+    }
 }
 
 /// How much an assignment asks for: exactly one of whole CPUs and millicpus.

@@ -84,20 +84,6 @@ fn connect(g: &Global) -> Result<Client, Error> {
     })
 }
 
-/// `ListAssignments`: every assignment, or those of `pool`.
-pub fn assignments(
-    m: &mut Client,
-    pool: Option<&str>,
-) -> Result<Vec<cpupool_wire::views::Assignment>, Error> {
-    Ok(m.call::<api::ListAssignments>(&params::ListAssignments { pool: pool.map(str::to_owned) })?
-        .assignments)
-}
-
-/// `GetIsolation` of `pool`, or of every isolated pool (`""`).
-pub fn isolation(m: &mut Client, pool: &str) -> Result<cpupool_wire::views::Isolation, Error> {
-    m.call::<api::GetIsolation>(&params::GetIsolation { pool: Some(pool.to_owned()) })
-}
-
 fn source(s: &SourceArgs) -> CpuSource {
     match (&s.cpus, s.count) {
         (Some(list), _) => CpuSource::List(list.clone()),
@@ -170,7 +156,7 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
         Command::Run(r) => crate::run::parent(&mut m, r, amount(&r.amount), cli.global.sandbox.is_some()),
         Command::Assignments { pool } => {
             let list =
-                assignments(&mut m, pool.as_deref()).map_err(|e| e.with_request(&[("pool", json!(pool))]))?;
+                m.assignments(pool.as_deref()).map_err(|e| e.with_request(&[("pool", json!(pool))]))?;
             p.print(|| output::assignments(&list, pool.as_deref()), || output::assignments_json(&list))
         }
         Command::Topology => {
@@ -179,7 +165,7 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
         }
         Command::Status => {
             let s = m.call::<api::Status>(&params::NoParameters {})?;
-            let iso = isolation(&mut m, "").unwrap_or_default();
+            let iso = m.isolation("").unwrap_or_default();
             let classes = classes(&mut m, "").unwrap_or_default();
             p.print(|| output::status(&s, &classes, &iso), || output::status_json(&s, &classes))
         }
@@ -251,9 +237,9 @@ fn pool(m: &mut Client, command: &PoolCommand, p: &mut Printer<'_>) -> Result<()
             let pool = m
                 .pool::<api::GetPool>(&params::GetPool { name: name.clone() })
                 .map_err(|e| e.with_request(&[("pool", json!(name))]))?;
-            let list = assignments(m, Some(name)).unwrap_or_default();
+            let list = m.assignments(Some(name)).unwrap_or_default();
             // A daemon without GetIsolation (older) shows the pool without it.
-            let iso = if pool.isolated { isolation(m, name).unwrap_or_default() } else { Default::default() };
+            let iso = if pool.isolated { m.isolation(name).unwrap_or_default() } else { Default::default() };
             // Nor one without GetClasses.
             let classes = classes(m, name).unwrap_or_default();
             p.print(
@@ -303,7 +289,7 @@ fn pool(m: &mut Client, command: &PoolCommand, p: &mut Printer<'_>) -> Result<()
         PoolCommand::Map(a) => {
             let topo = m.call::<api::GetTopology>(&params::NoParameters {})?;
             let pools = m.call::<api::ListPools>(&params::NoParameters {})?.pools;
-            let list = assignments(m, None)?;
+            let list = m.assignments(None)?;
             let map = crate::map::HostMap::build(&topo, &pools, &list)?;
             let style = map_style(a.color);
             p.print(|| crate::map::render(&map, style), || json!(map))

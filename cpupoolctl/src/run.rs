@@ -193,7 +193,7 @@ fn released(m: &mut Client, events: &mut crate::varlink::Events, pool: &str, id:
             }
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
-                let list = crate::commands::assignments(m, Some(pool));
+                let list = m.assignments(Some(pool));
                 return matches!(list, Ok(list) if !list.iter().any(|a| a.id == id));
             }
         }
@@ -206,7 +206,7 @@ fn reclaimed(m: &mut Client, pool: &str, id: &str) -> bool {
     let deadline = Instant::now() + RECLAIM_WAIT;
     let mut pause = Duration::from_millis(5);
     loop {
-        match crate::commands::assignments(m, Some(pool)) {
+        match m.assignments(Some(pool)) {
             Ok(list) if !list.iter().any(|a| a.id == id) => return true,
             Ok(_) => {}
             Err(_) => return false,

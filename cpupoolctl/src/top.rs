@@ -58,10 +58,10 @@ pub fn fetch(m: &mut Client) -> Result<Snapshot, Error> {
     Ok(Snapshot {
         status: m.call::<api::Status>(&params::NoParameters {})?,
         pools: m.call::<api::ListPools>(&params::NoParameters {})?.pools,
-        assignments: crate::commands::assignments(m, None)?,
+        assignments: m.assignments(None)?,
         topology: m.call::<api::GetTopology>(&params::NoParameters {})?,
         // An older daemon without GetIsolation: the view goes without it, as `status` does.
-        isolation: crate::commands::isolation(m, "").unwrap_or_default(),
+        isolation: m.isolation("").unwrap_or_default(),
     })
 }
 
