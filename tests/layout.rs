@@ -386,3 +386,190 @@ fn every_bench_and_example_is_described_where_the_guides_say() {
         );
     }
 }
+
+/// The paths `code` names through `crate::`, `super::` and `self::`, resolved from the module
+/// `module` to absolute segments (`use super::{a::X, b}` gives `a::X` and `b`, each under the
+/// parent). Comment lines are left out; a path is cut at its first segment that is not an
+/// identifier.
+fn paths_named(module: &[String], code: &str) -> Vec<Vec<String>> {
+    let code: String =
+        code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    let b = code.as_bytes();
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let starts = i == 0 || !(is_ident(b[i - 1]) || b[i - 1] == b':');
+        let rest = &code[i..];
+        let (base, mut j): (Vec<String>, usize) = if starts && rest.starts_with("crate::") {
+            (Vec::new(), 7)
+        } else if starts && rest.starts_with("self::") {
+            (module.to_vec(), 6)
+        } else if starts && rest.starts_with("super::") {
+            let mut ups = 0;
+            let mut j = 0;
+            while rest[j..].starts_with("super::") {
+                ups += 1;
+                j += 7;
+            }
+            (module[..module.len().saturating_sub(ups)].to_vec(), j)
+        } else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        // One path, or a `{...}` group of them.
+        let mut read_path = |from: usize| -> (Vec<String>, usize) {
+            let mut segs = Vec::new();
+            let mut k = from;
+            loop {
+                let len = rest[k..].bytes().take_while(|&c| is_ident(c)).count();
+                if len == 0 {
+                    break;
+                }
+                segs.push(rest[k..k + len].to_owned());
+                k += len;
+                if rest[k..].starts_with("::") && rest[k + 2..].bytes().next().is_some_and(is_ident) {
+                    k += 2;
+                } else {
+                    break;
+                }
+            }
+            (segs, k)
+        };
+        if rest[j..].starts_with('{') {
+            // Top-level items of the group, split at commas outside nested braces.
+            let mut depth = 0;
+            let mut item_start = j + 1;
+            let mut k = j;
+            while k < rest.len() {
+                match rest.as_bytes()[k] {
+                    b'{' => depth += 1,
+                    b'}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    b',' if depth == 1 => {
+                        let from =
+                            item_start + rest[item_start..].len() - rest[item_start..].trim_start().len();
+                        let (segs, _) = read_path(from);
+                        out.push([base.clone(), segs].concat());
+                        item_start = k + 1;
+                    }
+                    _ => {}
+                }
+                k += 1;
+            }
+            let from = item_start + rest[item_start..].len() - rest[item_start..].trim_start().len();
+            let (segs, _) = read_path(from.min(rest.len()));
+            if !segs.is_empty() {
+                out.push([base.clone(), segs].concat());
+            }
+            j = k;
+        } else {
+            let (segs, k) = read_path(j);
+            out.push([base.clone(), segs].concat());
+            j = k;
+        }
+        i += j.max(1);
+    }
+    out
+}
+
+/// Within each folder, the files (modules) that import one another in a loop: for every folder
+/// with a loop, its files in the largest strongly connected set of sibling imports.
+fn folder_loops(files: &[(String, String)]) -> std::collections::BTreeMap<String, Vec<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let modules: Vec<(Vec<String>, &String)> =
+        files.iter().map(|(rel, code)| (module_of(rel), code)).collect();
+    let known: BTreeSet<&[String]> = modules.iter().map(|(m, _)| m.as_slice()).collect();
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (m, code) in &modules {
+        let Some(parent) = m.split_last().map(|(_, p)| p) else { continue };
+        for path in paths_named(m, code) {
+            // The sibling the path goes through, when it names one of this folder's modules.
+            if path.len() > parent.len() && path[..parent.len()] == *parent {
+                let sibling = path[..=parent.len()].to_vec();
+                if sibling != *m && known.contains(sibling.as_slice()) {
+                    edges.entry(m.clone()).or_default().insert(sibling);
+                }
+            }
+        }
+    }
+    let reach = |from: &Vec<String>| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.clone()];
+        while let Some(v) = stack.pop() {
+            for w in edges.get(&v).into_iter().flatten() {
+                if seen.insert(w.clone()) {
+                    stack.push(w.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> =
+        edges.keys().map(|v| (v.clone(), reach(v))).collect();
+    let mut loops: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (v, r) in &reaches {
+        if !r.contains(v) {
+            continue;
+        }
+        let set: Vec<String> = r
+            .iter()
+            .filter(|w| reaches.get(*w).is_some_and(|rw| rw.contains(v)))
+            .filter_map(|w| w.last().cloned())
+            .collect();
+        let folder = v[..v.len() - 1].join("/");
+        let slot = loops.entry(folder).or_default();
+        if set.len() > slot.len() {
+            *slot = set;
+        }
+    }
+    loops
+}
+
+/// The import loops inside folders that the code still has, by folder and size. Each is a
+/// debt: a new loop, or one grown, fails; one that shrank or went must be taken off the list,
+/// so that the list stays the truth.
+const KNOWN_LOOPS: &[(&str, usize)] = &[("engine", 9), ("nri", 3)];
+
+#[test]
+fn no_folder_gains_an_import_loop() {
+    let files: Vec<(String, String)> =
+        production_sources().into_iter().filter(|(rel, _)| rel.starts_with("src/")).collect();
+    let found = folder_loops(&files);
+    let mut problems = Vec::new();
+    for (folder, files) in &found {
+        match KNOWN_LOOPS.iter().find(|(f, _)| f == folder) {
+            None => problems.push(format!("src/{folder}: a new import loop between {files:?}")),
+            Some((_, n)) if files.len() > *n => problems
+                .push(format!("src/{folder}: the import loop grew to {} files: {files:?}", files.len())),
+            Some((_, n)) if files.len() < *n => problems.push(format!(
+                "src/{folder}: the import loop shrank to {} files ({files:?}): say so in KNOWN_LOOPS",
+                files.len()
+            )),
+            Some(_) => {}
+        }
+    }
+    for (folder, _) in KNOWN_LOOPS.iter().filter(|(f, _)| !found.contains_key(*f)) {
+        problems.push(format!("src/{folder} has no import loop any more: take it off KNOWN_LOOPS"));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_loop_check_sees_what_it_should() {
+    let f = |rel: &str, code: &str| (rel.to_owned(), code.to_owned());
+    let files = vec![
+        f("src/x/mod.rs", "mod a;\nmod b;\nmod c;\n"),
+        f("src/x/a.rs", "use super::{b::B, Opt};\n"),
+        f("src/x/b.rs", "fn f() { crate::x::a::g() }\n"),
+        f("src/x/c.rs", "use super::a;\n// use super::c;\n"),
+    ];
+    let loops = folder_loops(&files);
+    assert_eq!(loops.get("x"), Some(&vec!["a".to_owned(), "b".to_owned()]), "{loops:?}");
+    let no_loop = vec![f("src/x/a.rs", "use super::b;\n"), f("src/x/b.rs", "use super::Opt;\n")];
+    assert!(folder_loops(&no_loop).is_empty());
+}
