@@ -12,7 +12,7 @@
 //!   no answer in time ► Ok (the adjustment gave it the CPUs; the binding completes)
 //! ```
 
-use super::plugin::{name_of, Call};
+use super::context::{name_of, Call};
 use super::proto as api;
 use super::ttrpc::{code, Status};
 use crate::core::state::{AssignmentId, CgroupPath, Container as Owner, Target};

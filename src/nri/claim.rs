@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 
 use super::bind::owner_of;
-use super::plugin::{name_of, Call, Seen};
+use super::context::{env_of, name_of, Call, Held, Seen};
 use super::proto as api;
 use super::ttrpc::{code, Status};
 use super::Options;
@@ -42,17 +42,6 @@ use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container as Owne
 use crate::engine::Snapshot;
 use crate::error_chain;
 use crate::host::kubelet::claims::{Claims, PreparedClaim};
-
-/// The claim a container runs on, as found at its creation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Held {
-    /// `namespace/name`, as said.
-    pub(super) name: String,
-    /// Its assignments.
-    pub(super) ids: Vec<AssignmentId>,
-    /// Their CPUs.
-    pub(super) cpus: CpuSet,
-}
 
 /// What a container naming claim `uid` gets.
 #[derive(Debug, PartialEq, Eq)]
@@ -109,7 +98,7 @@ pub(super) fn held_for(
     c: &api::Container,
     who: &str,
 ) -> Result<Option<Held>, Status> {
-    let Some(uid) = super::plugin::env_of(c, cpupool_wire::names::ENV_CLAIM) else { return Ok(None) };
+    let Some(uid) = env_of(c, cpupool_wire::names::ENV_CLAIM) else { return Ok(None) };
     let rec = Claims::new(&opts.state_dir).load(uid).map_err(|e| {
         Status::new(code::UNAVAILABLE, format!("cpupoold: container {who}: {}", crate::error_chain(&e)))
     })?;

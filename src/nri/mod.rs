@@ -24,6 +24,9 @@
 //!                  claim, else held for no container, `allocated`, until unprepared)
 //! ```
 //!
+//! What plugin.rs, bind.rs and claim.rs share (a call's context, the record of a container
+//! seen alive) is context.rs.
+//!
 //! The wing decides nothing itself: which CPUs a container gets is
 //! [`crate::core::container::decide`], the writes and read-backs are the engine's. It keeps one
 //! thing of its own, the containers it has seen alive, which every Synchronize rebuilds.
@@ -33,6 +36,7 @@
 
 mod bind;
 mod claim;
+mod context;
 pub mod mux;
 mod plugin;
 pub mod proto;

@@ -19,7 +19,6 @@
 //!   refusal logged once); a pooled one fails closed (not created).
 
 use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,14 +27,15 @@ use prost::Message;
 use tokio::sync::Mutex;
 
 use super::bind::owner_of;
+use super::context::{env_of, name_of, Call, Seen};
 use super::proto::{self as api, Event};
 use super::ttrpc::{code, Reply, Service, Status};
 use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
 use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
-use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Container as Owner, Target};
-use crate::engine::{EngineError, Handle};
+use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
+use crate::engine::Handle;
 use crate::error_chain;
 use crate::host::kubelet::clients::{self, Holder};
 
@@ -55,21 +55,6 @@ pub(super) const EVENTS: i32 = bit(Event::RunPodSandbox)
 
 const fn bit(e: Event) -> i32 {
     1 << (e as i32 - 1)
-}
-
-/// A container seen alive.
-#[derive(Debug, Clone)]
-pub(super) struct Seen {
-    /// Its name, as the kubelet's.
-    pub(super) owner: Owner,
-    /// Its cgroup, from the runtime's `cgroups_path`.
-    pub(super) cgroup: Option<CgroupPath>,
-    /// The assignment it runs on; `None`: no pool.
-    assignment: Option<AssignmentId>,
-    /// Whether it was started.
-    pub(super) started: bool,
-    /// The DRA claim it runs on (held until the claim is unprepared).
-    pub(super) claim: Option<super::claim::Held>,
 }
 
 /// The plugin's record of the runtime, rebuilt at every Synchronize.
@@ -121,17 +106,8 @@ fn empty() -> Vec<u8> {
     api::Empty {}.encode_to_vec()
 }
 
-/// The value of `key` in the container's environment (the last entry wins, as in the process).
-pub(super) fn env_of<'a>(c: &'a api::Container, key: &str) -> Option<&'a str> {
-    c.env.iter().rev().filter_map(|e| e.split_once('=')).find(|(k, _)| *k == key).map(|(_, v)| v)
-}
-
 fn cgroup_of(c: &api::Container) -> Option<CgroupPath> {
     c.linux.as_ref().and_then(|l| container::cgroup_of(&l.cgroups_path))
-}
-
-pub(super) fn name_of(pod: &api::PodSandbox, c: &api::Container) -> String {
-    format!("{}/{}/{}", pod.namespace, pod.name, c.name)
 }
 
 /// The CPUs a request already pins the container to (the kubelet's static CPU manager, or a
@@ -299,14 +275,6 @@ impl Plugin {
     }
 }
 
-/// The engine, with the time left to answer the runtime.
-pub(super) struct Call<'a> {
-    pub(super) handle: &'a Handle,
-    pub(super) opts: &'a Options,
-    kubelet: &'a clients::PodResources,
-    pub(super) budget: Duration,
-}
-
 /// The kubelet's word on which container holds which of our devices (PodResources).
 enum Word {
     /// No kubelet here (no PodResources socket): nobody holds a device.
@@ -333,16 +301,6 @@ impl Word {
             .map(|(id, h)| ((h.namespace.clone(), h.pod.clone(), h.container.clone()), (id, h)))
             .collect();
         Word::Holders(by_container)
-    }
-}
-
-impl Call<'_> {
-    /// `f`'s answer, or `None` once the budget is spent.
-    pub(super) async fn within<T>(
-        &self,
-        f: impl Future<Output = Result<T, EngineError>>,
-    ) -> Option<Result<T, EngineError>> {
-        tokio::time::timeout(self.budget, f).await.ok()
     }
 }
 
