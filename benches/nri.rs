@@ -54,9 +54,8 @@ fn main() {
         f();
         t.elapsed()
     };
-    let kubelet = cpupoold::host::kubelet::clients::PodResources::new(
-        node.sb.join("kubelet/pod-resources/kubelet.sock"),
-    );
+    let kubelet =
+        cpupoold::node::clients::PodResources::new(node.sb.join("kubelet/pod-resources/kubelet.sock"));
     let (mut floor, mut unpooled, mut create, mut start, mut stop) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut asked, mut synced) = (vec![], vec![]);
     // A durable write's floor: a ~200-byte record appended and fdatasync'ed beside the state.

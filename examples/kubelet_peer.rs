@@ -58,8 +58,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cpupoold::host::kubelet::clients::unix_channel;
-use cpupoold::host::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::node::clients::unix_channel;
+use cpupoold::node::proto::{cri, podresources as pr, v1beta1 as dp};
 use serde_json::{json, Value};
 use test_support::dra;
 use test_support::kubelet::{self, PodSource};
@@ -308,8 +308,8 @@ mod runtime {
     use std::collections::HashMap;
     use std::time::{Duration, Instant};
 
-    use cpupoold::host::kubelet::clients::unix_channel;
-    use cpupoold::host::kubelet::proto::cri;
+    use cpupoold::node::clients::unix_channel;
+    use cpupoold::node::proto::cri;
     use serde_json::{json, Value};
     use zvariant::Value as V;
 

@@ -15,13 +15,14 @@ pub mod config;
 pub mod core;
 pub mod counters;
 pub mod daemon;
+pub mod deviceplugin;
 pub mod engine;
 pub mod fds;
 pub mod host;
 #[cfg(feature = "k8s")]
 pub mod k8s;
-pub mod kubelet;
 pub mod logging;
+pub mod node;
 pub mod nri;
 pub mod reclaim;
 pub mod sandbox;

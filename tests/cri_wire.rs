@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use cpupoold::host::kubelet::proto::cri;
+use cpupoold::node::proto::cri;
 use prost::Message;
 
 #[test]

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Varlink};
-use cpupoold::host::kubelet::clients::unix_channel;
-use cpupoold::host::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::node::clients::unix_channel;
+use cpupoold::node::proto::{cri, podresources as pr, v1beta1 as dp};
 use serde_json::json;
 use test_support::kubelet::{self, MemoryPods};
 use tokio::sync::mpsc;

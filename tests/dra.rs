@@ -12,7 +12,7 @@ mod fake_apiserver;
 use std::path::{Path, PathBuf};
 
 use cpupoold::core::cpuset::CpuSet;
-use cpupoold::host::kubelet::proto::dra as pb;
+use cpupoold::node::proto::dra as pb;
 use serde_json::{json, Value};
 
 use common::{Daemon, Varlink};
@@ -94,7 +94,7 @@ fn assert_cdi_rules(spec: &Value, uid: &str) {
     let lowest = if uid.starts_with(|c: char| c.is_ascii_digit()) { "0.5.0" } else { "0.3.0" };
     assert_eq!(spec["cdiVersion"], lowest, "{spec}");
     assert_eq!(spec["devices"][0]["name"], uid, "{spec}");
-    assert_eq!(cpupoold::host::cdi::validate(spec), Ok(()), "{spec}");
+    assert_eq!(cpupoold::node::cdi::validate(spec), Ok(()), "{spec}");
 }
 
 fn env_of(spec: &Value, key: &str) -> Option<String> {

@@ -15,7 +15,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cpupoold::host::kubelet::proto::dra as pb;
+use cpupoold::node::proto::dra as pb;
 use serde_json::{json, Value};
 
 use common::{Daemon, Varlink};

@@ -471,7 +471,7 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
 /// the pod and container as its owner.
 #[test]
 fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
-    use cpupoold::host::kubelet::proto::{podresources as pr, v1beta1 as dp};
+    use cpupoold::node::proto::{podresources as pr, v1beta1 as dp};
     use test_support::kubelet::{self, MemoryPods};
 
     let dir = tempfile::tempdir().unwrap();
@@ -517,7 +517,7 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     let sock = plugins.join("cpupoold-dp.sock");
     wait_for(WAIT, "the dp plugin socket", || if sock.exists() { Ok(()) } else { Err(d.logs()) });
     let envs = rt.block_on(async {
-        let channel = cpupoold::host::kubelet::clients::unix_channel(sock.clone()).await.unwrap();
+        let channel = cpupoold::node::clients::unix_channel(sock.clone()).await.unwrap();
         let mut c = dp::device_plugin_client::DevicePluginClient::new(channel);
         let req = dp::AllocateRequest {
             container_requests: vec![dp::ContainerAllocateRequest { devices_ids: vec!["core-1".into()] }],

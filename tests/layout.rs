@@ -215,9 +215,9 @@ fn the_long_function_check_sees_what_it_should() {
 const FLOORS: &[&[&str]] = &[
     &["core", "counters", "logging", "threads", "backoff", "fds"],
     &["host"],
-    &["config", "sim"],
+    &["config", "sim", "node"],
     &["engine"],
-    &["api", "kubelet", "nri", "k8s", "reclaim"],
+    &["api", "deviceplugin", "nri", "k8s", "reclaim"],
     &["sandbox"],
     &["daemon"],
 ];
@@ -268,7 +268,7 @@ fn rooms_named(module: &[String], code: &str) -> Vec<(String, usize)> {
                     r = after;
                 }
                 // A file's `super` is its parent module: `super::super::` from
-                // `host::kubelet::claims` is `host`, one more is the crate root.
+                // `node::claims` is `host`, one more is the crate root.
                 let kept = module.len().saturating_sub(ups);
                 let top = if kept > 0 { module[0].clone() } else { ident(r) };
                 out.push((top, n + 1));
@@ -329,10 +329,13 @@ fn the_floor_check_sees_what_it_should() {
     assert!(climbing_imports(&file("src/engine/commit.rs", "use crate::host::x;\nuse super::ledger;\n"))
         .is_empty());
     assert_eq!(climbing_imports(&file("src/host/store.rs", "use crate::engine::Engine;\n")).len(), 1);
-    assert_eq!(climbing_imports(&file("src/nri/plugin.rs", "fn f() { crate::kubelet::x() }\n")).len(), 1);
+    assert_eq!(
+        climbing_imports(&file("src/nri/plugin.rs", "fn f() { crate::deviceplugin::x() }\n")).len(),
+        1
+    );
     assert_eq!(climbing_imports(&file("src/engine/drift.rs", "let f = crate::sim::cgroupfs();\n")).len(), 1);
     assert_eq!(
-        climbing_imports(&file("src/host/kubelet/claims.rs", "use super::super::super::api::x;\n")).len(),
+        climbing_imports(&file("src/node/cdi/spec.rs", "use super::super::super::api::x;\n")).len(),
         1
     );
     // Comments and test items are not code.
@@ -418,7 +421,7 @@ fn paths_named(module: &[String], code: &str) -> Vec<Vec<String>> {
             continue;
         };
         // One path, or a `{...}` group of them.
-        let mut read_path = |from: usize| -> (Vec<String>, usize) {
+        let read_path = |from: usize| -> (Vec<String>, usize) {
             let mut segs = Vec::new();
             let mut k = from;
             loop {

@@ -12,10 +12,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::varlink;
 use crate::config::Settings;
+use crate::deviceplugin;
 #[cfg(feature = "k8s")]
 use crate::engine::ConfigSource;
 use crate::engine::Handle;
-use crate::kubelet as deviceplugin;
 
 use super::RunOptions;
 

@@ -10,7 +10,6 @@
 //! them, and a simulated kernel (`crate::sim`) implements the same traits. Nothing here names
 //! the simulation.
 pub mod bus;
-pub mod cdi;
 pub mod cgroupfs;
 pub mod dirwatch;
 pub mod fsutil;

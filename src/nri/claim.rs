@@ -4,7 +4,7 @@
 //! held again for no container when it goes.
 //!
 //! ```text
-//! CreateContainer: env CPUPOOL_CLAIM=<uid> ──► <state_dir>/dra/<uid>.json (host::kubelet::claims)
+//! CreateContainer: env CPUPOOL_CLAIM=<uid> ──► <state_dir>/dra/<uid>.json (node::claims)
 //!   pod uid among the claim's reservedFor? ──no──► no pool's CPUs, and a warning
 //!   └─yes─► the CPUs of its assignments in the engine's snapshot ──► the adjustment
 //! StartContainer (at_start):
@@ -41,7 +41,7 @@ use crate::core::dra::names::claim_of;
 use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container as Owner, State, Target};
 use crate::engine::Snapshot;
 use crate::error_chain;
-use crate::host::kubelet::claims::{Claims, PreparedClaim};
+use crate::node::claims::{Claims, PreparedClaim};
 
 /// What a container naming claim `uid` gets.
 #[derive(Debug, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use super::Options;
 use crate::core::cpuset::CpuSet;
 use crate::core::state::{AssignmentId, CgroupPath, Container as Owner};
 use crate::engine::{EngineError, Handle};
-use crate::host::kubelet::clients;
+use crate::node::clients;
 
 /// The engine, with the time left to answer the runtime.
 pub(super) struct Call<'a> {

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use cpupoold::host::kubelet::clients::unix_channel;
-use cpupoold::host::kubelet::proto::{dra, pluginregistration as reg};
+use cpupoold::node::clients::unix_channel;
+use cpupoold::node::proto::{dra, pluginregistration as reg};
 use tonic::transport::Channel;
 
 /// The plugin type the kubelet's DRA manager takes.

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use cpupoold::host::kubelet::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::node::proto::{cri, podresources as pr, v1beta1 as dp};
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -8,7 +8,7 @@
 //! kubelet ──NodePrepareResources──► <kubelet_dir>/plugins/<driver>/dra.sock ── serve.rs
 //!    per claim (prepare.rs): GET the ResourceClaim → its results of our driver on this node's
 //!    pool → core::dra::resolve → engine.assign_all (one transaction, durable) → CDI spec
-//!    (host::cdi) → record (host::kubelet::claims) → devices with CDI ids
+//!    (node::cdi) → record (node::claims) → devices with CDI ids
 //! kubelet ──NodeUnprepareResources──► release, remove the CDI spec and the record
 //! container runtime ──CreateContainer (env CPUPOOL_CLAIM)──► nri: the claim's CPUs
 //! ```
@@ -17,7 +17,7 @@
 //! reinstalled or restarted onto a fresh root), both are made again and the plugin watcher
 //! finds the registration socket anew; when no pool is served by DRA any more, both go. They
 //! are mode 0600, and a peer of another uid than root's or the daemon's is closed at accept
-//! (the device plugin's [`crate::host::kubelet::incoming`]).
+//! (the device plugin's [`crate::node::incoming`]).
 #![deny(missing_docs)]
 
 mod prepare;

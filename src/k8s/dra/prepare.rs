@@ -28,9 +28,9 @@ use crate::core::pool::PoolKind;
 use crate::core::state::{AssignSpec, Assignment, AssignmentId, Target};
 use crate::engine::Handle;
 use crate::error_chain;
-use crate::host::cdi::{self, CdiDir};
-use crate::host::kubelet::claims::{self, Claims, PreparedClaim, PreparedDevice};
-use crate::host::kubelet::proto::dra;
+use crate::node::cdi::{self, CdiDir};
+use crate::node::claims::{self, Claims, PreparedClaim, PreparedDevice};
+use crate::node::proto::dra;
 
 /// Prepares and unprepares claims; shared by every call of the endpoint.
 pub(super) struct Driver {

@@ -10,9 +10,9 @@ use tonic::{Request, Response, Status};
 use super::prepare::Driver;
 use super::{Options, PLUGIN_TYPE, VERSIONS};
 use crate::fds::Refusals;
-use crate::host::kubelet::incoming;
-use crate::host::kubelet::proto::{dra, pluginregistration as reg};
 use crate::host::kubelet::{file_id, FileId};
+use crate::node::incoming;
+use crate::node::proto::{dra, pluginregistration as reg};
 
 /// Connections both sockets hold at once: the kubelet keeps one to the endpoint, and dials the
 /// registration socket now and then.

@@ -13,8 +13,9 @@
 //! ```
 //!
 //! The wing keeps no state of its own: the device model is pure ([`crate::core::devices`]),
-//! the node's files are read and the kubelet's and the runtime's gRPC APIs spoken by
-//! [`crate::host::kubelet`] (the NRI wing asks PodResources through the same clients), and what the device lists depend on (the state, the CPUs online, the devices
+//! the node's files are read by [`crate::host::kubelet`] and the kubelet's and the runtime's
+//! gRPC APIs spoken by [`crate::node`] (the NRI wing asks PodResources through the same
+//! clients), and what the device lists depend on (the state, the CPUs online, the devices
 //! the kubelet holds) is in the engine's snapshot. Allocate is one engine call
 //! ([`Handle::assign_all`]): all the containers of a request get their CPUs, or none do.
 //!

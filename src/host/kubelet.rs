@@ -1,18 +1,12 @@
-//! The kubelet and its container runtime as the node shows them to cpupoold. Their gRPC APIs
-//! ([`proto`], written from the published .proto files) and our clients of them ([`clients`]:
-//! registration, PodResources, the runtime's CRI); and what the kubelet wing reads from the
-//! node besides, each function given the file or root it reads: the kubelet's CPU manager
-//! checkpoint, the cgroup tree where a container's cgroup is found, and the identity of the
-//! sockets in the device-plugin directory.
+//! The kubelet as this host shows it to cpupoold, each function given the file or root it
+//! reads: the kubelet's CPU manager checkpoint, the cgroup tree where a pod's and a
+//! container's cgroups are found, the PodResources socket's place, and the identity of the
+//! sockets in its plugin directories. The kubelet's gRPC APIs and our clients of them are the
+//! node's plumbing (`crate::node`), not a host surface.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-
-pub mod claims;
-pub mod clients;
-pub(crate) mod incoming;
-pub mod proto;
 
 use crate::core::cpuset::CpuSet;
 use crate::core::state::CgroupPath;

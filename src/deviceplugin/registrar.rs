@@ -17,10 +17,10 @@ use crate::backoff::Backoff;
 use crate::core::devices;
 use crate::core::pool::PoolName;
 use crate::engine::Event;
-use crate::host::kubelet::clients;
-use crate::host::kubelet::incoming;
-use crate::host::kubelet::proto::v1beta1;
 use crate::host::kubelet::{file_id as inode, FileId};
+use crate::node::clients;
+use crate::node::incoming;
+use crate::node::proto::v1beta1;
 
 /// One running pool endpoint.
 struct Running {

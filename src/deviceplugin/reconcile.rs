@@ -20,7 +20,7 @@ use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container, Target
 use crate::engine::Handle;
 use crate::error_chain;
 use crate::host;
-use crate::host::kubelet::clients::{self, Containers, Holder};
+use crate::node::clients::{self, Containers, Holder};
 
 /// The reconciler's memory between rounds.
 pub(super) struct Reconciler {
@@ -123,9 +123,7 @@ impl Reconciler {
 
     /// The kubelet's PodResources `List`, or `None` when there is no kubelet or it does not
     /// answer (said once per change).
-    async fn pod_resources(
-        &mut self,
-    ) -> Option<crate::host::kubelet::proto::podresources::ListPodResourcesResponse> {
+    async fn pod_resources(&mut self) -> Option<crate::node::proto::podresources::ListPodResourcesResponse> {
         match clients::pod_resources(&self.opts.pod_resources_socket()).await {
             Ok(l) => {
                 if self.unreachable {

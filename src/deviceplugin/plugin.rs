@@ -15,8 +15,8 @@ use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, AssignmentId, Outcome, Size};
 use crate::engine::{EngineError, Handle, Snapshot};
 use crate::error_chain;
-use crate::host::kubelet::clients;
-use crate::host::kubelet::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
+use crate::node::clients;
+use crate::node::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
 
 /// What every pool's service needs.
 #[derive(Clone)]
