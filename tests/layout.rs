@@ -576,3 +576,70 @@ fn the_loop_check_sees_what_it_should() {
     let no_loop = vec![f("src/x/a.rs", "use super::b;\n"), f("src/x/b.rs", "use super::Opt;\n")];
     assert!(folder_loops(&no_loop).is_empty());
 }
+
+/// The Markdown files of the guides: README.md and docs/ (its subdirectories included).
+fn guides() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = vec![root().join("README.md")];
+    walk(&root().join("docs"), &mut files);
+    files
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(root()).unwrap_or(&p).display().to_string();
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{rel}: {e}"));
+            (rel, text)
+        })
+        .collect()
+}
+
+/// The repository paths a text names in backticks (`src/host/store.rs`, `tests/vm/run`,
+/// `src/api/varlink.rs:120`), cut at a `:line` or `::item`.
+fn named_paths(text: &str) -> Vec<String> {
+    const TOPS: &[&str] = &[
+        "src/",
+        "tests/",
+        "benches/",
+        "cpupoolctl/",
+        "cpupool-wire/",
+        "test-support/",
+        "packaging/",
+        "dbus/",
+        "proto/",
+        "deploy/",
+        "fuzz/",
+        ".ci/",
+    ];
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| TOPS.iter().any(|t| s.starts_with(t)))
+        .filter(|s| !s.contains(char::is_whitespace) && !s.contains('*') && !s.contains('<'))
+        .map(|s| s.split(':').next().unwrap_or(s).trim_end_matches(['.', ',', ')']).to_owned())
+        .collect()
+}
+
+#[test]
+fn every_path_the_guides_name_exists() {
+    let mut problems = Vec::new();
+    for (rel, text) in guides() {
+        for path in named_paths(&text) {
+            if !root().join(&path).exists() {
+                problems.push(format!("{rel} names `{path}`, which does not exist"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert_eq!(
+        named_paths("see `src/a.rs:12`, `tests/vm/run --image 13`, `src/x/*.rs` and `cpupoolctl pool`"),
+        vec!["src/a.rs".to_owned()]
+    );
+}
