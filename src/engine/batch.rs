@@ -40,7 +40,7 @@ impl Engine {
         if let Some((a, e)) = made.iter().find_map(|a| self.verify(a).err().map(|e| (a, e))) {
             log::warn!(
                 TARGET = a.target.to_string().as_str();
-                "refusing {} assignments together: {} of CPUs {} to {}: {e}", made.len(), a.id, a.cpus, a.target
+                "refusing {} assignments together: {} of CPUs {} to {}: {}", made.len(), a.id, a.cpus, a.target, error_chain(&e)
             );
             before.mark(&changes);
             if let Err(undo) = self.commit(before) {

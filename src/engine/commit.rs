@@ -106,9 +106,11 @@ impl Engine {
         let mut decided: Vec<Decided> = group
             .iter()
             .map(|m| match m {
-                Mutation::Assign(spec, _) => {
-                    Decided::Assign(self.stamp(spec.clone()).and_then(|s| self.decide(&mut next, &s)))
-                }
+                Mutation::Assign(spec, _) => Decided::Assign(
+                    self.stamp(spec.clone())
+                        .and_then(|s| self.decide(&mut next, &s))
+                        .map_err(EngineError::from),
+                ),
                 Mutation::Release(id, _) => Decided::Release(next.release(id)),
             })
             .collect();
@@ -147,7 +149,7 @@ impl Engine {
         for (m, d) in group.into_iter().zip(decided) {
             match (m, d) {
                 (Mutation::Assign(_, reply), Decided::Assign(r)) => {
-                    let _ = reply.send(r.map_err(EngineError::from));
+                    let _ = reply.send(r);
                 }
                 (Mutation::Release(_, reply), Decided::Release(r)) => {
                     let _ = reply.send(r.map_err(EngineError::from));
@@ -162,7 +164,7 @@ impl Engine {
     /// taken back out, together, and their callers told why; if even that fails, the state
     /// `before` the group is committed again.
     fn take_back_unenforced(&mut self, decided: &mut [Decided], before: &State, changes: &Changes) {
-        let refused: Vec<(usize, state::Error)> = decided
+        let refused: Vec<(usize, EngineError)> = decided
             .iter()
             .enumerate()
             .filter_map(|(i, d)| match d {
@@ -242,8 +244,9 @@ impl Engine {
         next.check_target(&a.target, &self.opts.host_cgroups, &a.id)
     }
 
-    /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal.
-    pub(super) fn verify(&self, a: &Assignment) -> Result<(), state::Error> {
+    /// Reads back what the kernel enforces on `a`'s target; a difference is a refusal, a
+    /// read-back that fails is a failure to apply ([`verify_on`]).
+    pub(super) fn verify(&self, a: &Assignment) -> Result<(), EngineError> {
         verify_on(&*self.backend, a)?;
         // A container of an isolated pool: its cgroup must be a valid isolated partition.
         let Target::Cgroup(path) = &a.target else { return Ok(()) };
@@ -254,14 +257,14 @@ impl Engine {
         }
         match self.backend.partition_status(path) {
             Some(status) if status == "isolated" => Ok(()),
-            status => Err(state::Error::TargetNotAllowed {
+            status => Err(EngineError::State(state::Error::TargetNotAllowed {
                 target: a.target.to_string(),
                 reason: format!(
                     "the kernel did not make {path} an isolated partition on CPUs {} (cpuset.cpus.partition reads `{}`)",
                     a.cpus,
                     status.as_deref().unwrap_or("nothing")
                 ),
-            }),
+            })),
         }
     }
 
@@ -277,7 +280,7 @@ impl Engine {
         if let Err(e) = self.verify(a) {
             log::warn!(
                 TARGET = a.target.to_string().as_str();
-                "refusing assignment {} of CPUs {} to {}: {e}", a.id, a.cpus, a.target
+                "refusing assignment {} of CPUs {} to {}: {}", a.id, a.cpus, a.target, error_chain(&e)
             );
             let mut before = (**before).clone();
             before.mark(changes);
@@ -316,8 +319,9 @@ impl Engine {
                 // Kept (the target runs already, and taking it back would leave it
                 // unconfined), but degraded at once rather than counted as applied until the
                 // next drift checks find it.
-                log::warn!(ASSIGNMENT = a.id.as_str(); "assignment {} is degraded: {e}", a.id);
-                self.health.insert(a.id.clone(), e.to_string());
+                let why = error_chain(&e);
+                log::warn!(ASSIGNMENT = a.id.as_str(); "assignment {} is degraded: {why}", a.id);
+                self.health.insert(a.id.clone(), why);
                 events.push(Event::AssignmentChanged { id: a.id.clone(), change: Change::Degraded });
             }
             log::info!(
@@ -551,13 +555,16 @@ impl Mutation {
 
 /// What the core decided for one mutation of a group.
 enum Decided {
-    Assign(Result<Outcome<Assignment>, state::Error>),
+    Assign(Result<Outcome<Assignment>, EngineError>),
     Release(Result<Assignment, state::Error>),
 }
 
 /// Reads back what the kernel enforces on `a`'s target through `backend`; a difference is a
-/// refusal. Also the drift reader's, off the engine thread.
-pub(super) fn verify_on(backend: &dyn Backend, a: &Assignment) -> Result<(), state::Error> {
+/// refusal ([`state::Error::TargetOutsidePool`]). A read-back that fails (the file is gone, the
+/// process is out of descriptors) is no answer about the target: [`EngineError::ReadBack`], a
+/// failure to apply naming the file and the kernel's error, never a refusal of the target.
+/// Also the drift reader's, off the engine thread.
+pub(super) fn verify_on(backend: &dyn Backend, a: &Assignment) -> Result<(), EngineError> {
     let Some(key) = Key::of(&a.target) else { return Ok(()) };
     match backend.enforced(&key) {
         Ok(Some(now)) if now != a.cpus => {
@@ -565,16 +572,10 @@ pub(super) fn verify_on(backend: &dyn Backend, a: &Assignment) -> Result<(), sta
                 Ok(Some(c)) => (c.parent, c.cpus),
                 _ => ("its cgroup".to_owned(), now),
             };
-            Err(outside(a, &parent, &cpus))
+            Err(outside(a, &parent, &cpus).into())
         }
         Ok(_) => Ok(()),
-        Err(e) => Err(state::Error::TargetOutsidePool {
-            target: a.target.to_string(),
-            cpus: a.cpus.to_string(),
-            parent: "?".into(),
-            parent_cpus: String::new(),
-            hint: format!("reading back what the kernel enforces failed: {}", error_chain(&e)),
-        }),
+        Err(source) => Err(EngineError::ReadBack { target: a.target.to_string(), source }),
     }
 }
 

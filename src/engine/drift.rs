@@ -217,7 +217,7 @@ impl Engine {
                 // Seen once, it may be a unit caught mid-restart: degraded when the next check
                 // (after this one's corrections) still finds it so.
                 if self.suspects.contains(id) || self.health.contains_key(id) {
-                    health.insert(id.clone(), e.to_string());
+                    health.insert(id.clone(), error_chain(&e));
                 } else {
                     suspects.insert(id.clone());
                 }

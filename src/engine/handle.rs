@@ -23,7 +23,9 @@ impl EngineError {
         use cpupool_wire::{ApiError, ErrorKind};
         let kind = match self {
             EngineError::State(s) => return s.to_api(),
-            EngineError::Apply(_) | EngineError::Thread(_) => ErrorKind::ApplyFailed,
+            EngineError::Apply(_) | EngineError::ReadBack { .. } | EngineError::Thread(_) => {
+                ErrorKind::ApplyFailed
+            }
             EngineError::Store(_) | EngineError::Dropin(_) => ErrorKind::NotDurable,
             EngineError::Config(_)
             | EngineError::Overridden { .. }

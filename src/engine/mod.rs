@@ -70,6 +70,17 @@ pub enum EngineError {
     /// Applying the change to the host failed; it was rolled back.
     #[error("applying the change failed and was rolled back")]
     Apply(#[source] HostError),
+    /// Reading back what the kernel enforces on a target failed (its file gone, the daemon
+    /// out of descriptors): no answer about the target, so the change is undone as a failed
+    /// write would be, or a kept binding reported degraded.
+    #[error("reading back what the kernel enforces on {target} failed")]
+    ReadBack {
+        /// The target.
+        target: String,
+        /// The host's error: the file and the kernel's answer.
+        #[source]
+        source: HostError,
+    },
     /// The change could not be made durable; it was rolled back.
     #[error("saving the state failed; the change was rolled back")]
     Store(#[source] StoreError),

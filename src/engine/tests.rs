@@ -1003,3 +1003,79 @@ fn a_reload_serving_the_kubelet_cpus_its_static_cpu_manager_holds_is_refused() {
     drop(handle);
     let _ = thread.join();
 }
+
+/// The sandbox's backend, but every read-back of what the kernel enforces fails as it does
+/// when the daemon has run out of descriptors (EMFILE): writes go through, answers never come.
+struct OutOfDescriptors(crate::host::cgroupfs::CgroupFs);
+
+impl Backend for OutOfDescriptors {
+    fn name(&self) -> &'static str {
+        "cgroupfs"
+    }
+    fn apply(&self, effect: &crate::core::plan::Effect) -> Result<(), crate::host::HostError> {
+        self.0.apply(effect)
+    }
+    fn observe(
+        &self,
+        key: &crate::core::plan::Key,
+    ) -> Result<Option<crate::host::Observed>, crate::host::HostError> {
+        self.0.observe(key)
+    }
+    fn children(&self, top: &crate::core::state::CgroupPath) -> Vec<crate::core::state::CgroupPath> {
+        self.0.children(top)
+    }
+    fn partition_status(&self, path: &crate::core::state::CgroupPath) -> Option<String> {
+        self.0.partition_status(path)
+    }
+    fn remote_partitions(&self) -> bool {
+        self.0.has_exclusive_file()
+    }
+    fn process_start(&self, pid: u32) -> Option<u64> {
+        self.0.process_start(pid)
+    }
+    fn enforced(&self, key: &crate::core::plan::Key) -> Result<Option<CpuSet>, crate::host::HostError> {
+        let path = std::path::PathBuf::from(format!("{key:?}/cpuset.cpus.effective"));
+        let source = std::io::Error::from_raw_os_error(libc::EMFILE);
+        Err(crate::host::HostError::Io(crate::host::IoError::Read { path, source }))
+    }
+    fn confinement(
+        &self,
+        key: &crate::core::plan::Key,
+    ) -> Result<Option<crate::host::Confinement>, crate::host::HostError> {
+        self.0.confinement(key)
+    }
+    fn can_read_units(&self) -> bool {
+        false
+    }
+    fn refresh(&self) {
+        Backend::refresh(&self.0);
+    }
+}
+
+/// Issue 34 §2: with the descriptors gone, an Assign failed as `TargetOutsidePool`, as if the
+/// target sat in the wrong place. A read-back that fails is a failure to apply, said with the
+/// file and the kernel's error, and the assignment is undone.
+#[test]
+fn a_read_back_that_fails_is_a_failure_to_apply_not_a_refusal_of_the_target() {
+    let f = Fixture::new();
+    let backend = crate::sim::cgroupfs(f.sb.cgroupfs(), "/proc").with_processes(f.sb.processes());
+    let (engine, _) = Engine::start(&f.settings(), Box::new(OutOfDescriptors(backend)), false)
+        .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    f.write("k/a/cpuset.cpus", "\n");
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
+    rt().block_on(async {
+        for size in [Size::Cpus(2), Size::Millicpus(500)] {
+            let pool = if matches!(size, Size::Cpus(_)) { "dp" } else { "web" };
+            let err = handle.assign(spec(pool, "cgroup:k/a", size, None)).await;
+            let Err(e) = err else { panic!("{err:?}") };
+            assert!(matches!(e, EngineError::ReadBack { .. }), "{e:?}");
+            assert_eq!(e.to_api().kind, cpupool_wire::ErrorKind::ApplyFailed, "{e:?}");
+            let said = error_chain(&e);
+            assert!(said.contains("cpuset.cpus.effective") && said.contains("Too many open files"), "{said}");
+        }
+    });
+    // Undone (journaled as a change and its undo): nothing stays booked.
+    assert_eq!(handle.snapshot().state.assignments().len(), 0);
+    drop(handle);
+    let _ = thread.join();
+}
