@@ -315,6 +315,41 @@ async fn fake_runtime_reconnects_and_a_restart_of_cpupoold_keeps_running_contain
     d.stop();
 }
 
+/// A runtime that reconnects while the kubelet's PodResources cannot answer (the socket file
+/// is there, nobody listens: a kubelet restarting): the running container that says it holds
+/// devices cannot be looked up, and Synchronize used to count it gone and release its CPUs
+/// under it. It keeps them; the next Synchronize with the kubelet back finds it as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_runtime_reconnecting_while_the_kubelet_cannot_answer_releases_nothing_that_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut n = Node::serve(&tmp.path().join("sb"));
+    let d = start(tmp.path());
+    let mut rt = n.runtime.accept(WAIT).unwrap();
+    rt.configure().unwrap();
+    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let env = n.allocate("dp", &["core-1"], "default/p/a").await;
+    let pod = fake::pod("s1", &test_support::apiserver::uid(), "p");
+    let c1 = fake::container(&pod, "c1", "a", &env_refs(&env));
+    let _: api::CreateContainerResponse = rt.create(&pod, &c1).unwrap().unwrap();
+    n.runc_creates(&fake::cgroup(&pod, "c1"), "1,9");
+    let _: api::Empty = rt.event(api::Event::StartContainer, &pod, Some(&c1)).unwrap().unwrap();
+    let target = format!("cgroup:{}", fake::cgroup(&pod, "c1"));
+    assert_eq!(assignment(&d, "kubelet-core-1").unwrap()["target"], target.as_str());
+    // The kubelet goes away: its socket stays, refusing connections.
+    let socket = n.sb.join("kubelet/pod-resources/kubelet.sock");
+    std::fs::remove_file(&socket).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    drop(rt);
+    let mut rt = n.runtime.accept(WAIT).unwrap_or_else(|e| panic!("no reconnection: {e}\n{}", d.logs()));
+    rt.configure().unwrap();
+    let running = state(c1.clone(), api::ContainerState::ContainerRunning);
+    rt.synchronize(vec![pod.clone()], vec![running]).unwrap();
+    let kept = assignment(&d, "kubelet-core-1")
+        .unwrap_or_else(|| panic!("released under a running container\n{}", d.logs()));
+    assert_eq!(kept["target"], target.as_str(), "{}", d.logs());
+    d.stop();
+}
+
 /// The `cgroups_path`s a runtime could send that name a cgroup cpupoold does not own: the host
 /// slices, systemd's own scope, cpupoold's parent slice and a pool's slice, as cgroupfs paths and
 /// in the systemd driver's `SLICE:PREFIX:NAME` form (a NAME ending in `.slice` is taken whole).

@@ -237,6 +237,10 @@ impl Plugin {
         let by_id: HashMap<&str, &api::PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let none = api::PodSandbox::default();
         let word = Word::ask(call).await;
+        // Every cgroup the runtime says a container lives in, whether or not what it runs on
+        // could be learnt below: a container whose devices the kubelet could not name now
+        // still runs on its CPUs, and they are not an orphan's to release.
+        let mut listed = BTreeSet::new();
         for c in &containers {
             use api::ContainerState as S;
             let started = match c.state() {
@@ -244,6 +248,7 @@ impl Plugin {
                 S::ContainerCreated => false,
                 S::ContainerStopped | S::ContainerUnknown => continue,
             };
+            listed.extend(cgroup_of(c));
             let pod = by_id.get(c.pod_sandbox_id.as_str()).copied().unwrap_or(&none);
             match seen_for(call, &word, pod, c).await {
                 Ok(seen) => {
@@ -260,7 +265,7 @@ impl Plugin {
                 Err(e) => log::warn!("NRI: {}", e.message),
             }
         }
-        release_orphans(live, call).await;
+        release_orphans(live, call, &listed).await;
         super::claim::alive(call, &live.containers).await;
         confine(live, call).await;
         self.synced.store(true, Ordering::Relaxed);

@@ -76,9 +76,12 @@ pub(super) fn ours(
 }
 
 /// Releases the kubelet assignments bound to a container cgroup that no live container has
-/// (the container went while cpupoold was not connected).
-pub(super) async fn release_orphans(live: &Live, call: &Call<'_>) {
-    let alive: BTreeSet<&CgroupPath> = live.containers.values().filter_map(|s| s.cgroup.as_ref()).collect();
+/// (the container went while cpupoold was not connected). `listed` is every cgroup the runtime
+/// says a container lives in, including those whose devices could not be learnt (the kubelet's
+/// PodResources not answering, as while it restarts): theirs are kept.
+pub(super) async fn release_orphans(live: &Live, call: &Call<'_>, listed: &BTreeSet<CgroupPath>) {
+    let alive: BTreeSet<&CgroupPath> =
+        live.containers.values().filter_map(|s| s.cgroup.as_ref()).chain(listed.iter()).collect();
     super::super::claim::unbind(call, &live.containers, |p| !alive.contains(p), "its container is gone")
         .await;
     let snap = call.handle.snapshot();
