@@ -234,19 +234,6 @@ mod tests {
         assert!(!valid_uid(&"a".repeat(MAX_UID + 1)));
     }
 
-    /// A uid as the API server makes it: a random version-4 UUID; `digit` forces its first
-    /// character's kind.
-    fn uids() -> impl Strategy<Value = String> {
-        (any::<[u8; 16]>(), any::<Option<bool>>()).prop_map(|(mut b, digit)| {
-            match digit {
-                Some(true) => b[0] = (b[0] % 0xa0) & 0xf0 | (b[0] & 0x0f),
-                Some(false) => b[0] = 0xa0 + (b[0] % 0x60),
-                None => {}
-            }
-            apiserver::uid_from_bytes(b)
-        })
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -254,7 +241,7 @@ mod tests {
         /// assignments (an id and a kubelet device id); a record with names at the API's
         /// maxima (namespace 63, claim 253, request 63) reads back the same.
         #[test]
-        fn api_server_uids_name_records_and_assignments(uid in uids(), n in 0usize..32) {
+        fn api_server_uids_name_records_and_assignments(uid in apiserver::uids(), n in 0usize..32) {
             prop_assert!(valid_uid(&uid), "{uid}");
             let name = assignment_name(&uid, n);
             let id = AssignmentId::new(&name).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -6,7 +6,7 @@
 //!   kernel's generator (`/proc/sys/kernel/random/uuid`, random version-4 UUIDs too);
 //!   [`uid_digit_first`] and [`uid_letter_first`] draw until the first character is of that
 //!   kind, so a test covers both whatever the draw. [`uid_from_bytes`] makes one from 16 bytes
-//!   a property test chose.
+//!   a property test chose, and [`uids`] (feature `strategies`) is the property tests' strategy.
 //! - Names at the API's maxima: a namespace is a DNS label (63), most object names (a claim, a
 //!   pod) a DNS subdomain (253), a claim's request name a DNS label (63): [`label`],
 //!   [`subdomain`].
@@ -45,6 +45,22 @@ pub fn uid_from_bytes(mut b: [u8; 16]) -> String {
     b[8] = (b[8] & 0x3f) | 0x80;
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+/// The property tests' strategy for a uid as the API server makes it: a random version-4
+/// UUID, its first character's kind forced to a digit or a letter in a third of the cases each
+/// (real ones: a digit 10 times in 16), so both kinds are always drawn.
+#[cfg(feature = "strategies")]
+pub fn uids() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    (any::<[u8; 16]>(), any::<Option<bool>>()).prop_map(|(mut b, digit)| {
+        match digit {
+            Some(true) => b[0] = (b[0] % 0xa0) & 0xf0 | (b[0] & 0x0f),
+            Some(false) => b[0] = 0xa0 + (b[0] % 0x60),
+            None => {}
+        }
+        uid_from_bytes(b)
+    })
 }
 
 /// Whether `u` is a version-4 UUID in its canonical (lower-case, hyphenated) text.
