@@ -7,24 +7,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod dra_common;
 mod fake_apiserver;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cpupoold::core::cpuset::CpuSet;
 use cpupoold::node::proto::dra as pb;
 use serde_json::{json, Value};
 
-use common::{Daemon, Varlink};
+use common::Daemon;
+use dra_common::{assignments, cdi_path, dp, prepare_one, register, DRIVER, NODE, NS};
 use fake_apiserver::claims::{claim, Result as Res};
-use fake_apiserver::{wait_for, Fake};
+use fake_apiserver::Fake;
 use test_support::apiserver;
-use test_support::dra::{self as peer, DraKubelet};
+use test_support::dra as peer;
 
-const NODE: &str = "node-a";
-const NS: &str = "team";
-const DRIVER: &str = "dra.cpupool.io";
-const WAIT: u64 = 60;
 /// Two NUMA nodes of 40 CPUs: 0-39 and 40-79.
 const SHAPE: &str = "2x40x1:2";
 const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,40\"\n\n\
@@ -36,33 +34,7 @@ fn start(dir: &Path, fake: &Fake) -> Daemon {
 }
 
 fn start_with(dir: &Path, fake: &Fake, pools: &str) -> Daemon {
-    fake.write_kubeconfig(&dir.join("kubeconfig"));
-    let config = format!(
-        "{pools}\n[kubelet]\nenabled = true\n\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\n",
-        dir.join("kubeconfig").display()
-    );
-    Daemon::start_shaped(dir, SHAPE, Some(&config), &["--bus", "none", "--log-level", "debug"])
-}
-
-fn registration(d: &Daemon) -> PathBuf {
-    d.sb.join(format!("kubelet/plugins_registry/{DRIVER}-reg.sock"))
-}
-
-/// Registers as the plugin watcher does once the registration socket is there.
-async fn register(d: &Daemon) -> DraKubelet {
-    let sock = registration(d);
-    wait_for(WAIT, "the registration socket", || if sock.exists() { Ok(()) } else { Err(d.logs()) });
-    let k = peer::register(&sock).await.unwrap_or_else(|e| panic!("{e}\n{}", d.logs()));
-    assert_eq!(k.info.r#type, "DRAPlugin");
-    assert_eq!(k.info.name, DRIVER);
-    assert_eq!(k.info.supported_versions, ["v1.DRAPlugin"]);
-    assert_eq!(Path::new(&k.info.endpoint), d.sb.join(format!("kubelet/plugins/{DRIVER}/dra.sock")));
-    k
-}
-
-/// A result of ours on this node: `cpu` CPUs of `device`, for the request `cpus`.
-fn dp(device: &'static str, cpu: &'static str) -> Res<'static> {
-    Res { driver: DRIVER, pool: NODE, device, request: "cpus", cpu: Some(cpu) }
+    dra_common::start_with(dir, fake, SHAPE, pools)
 }
 
 /// A claim `name` with a random uid as the API server gives (either kind of first character).
@@ -75,13 +47,8 @@ fn put_uid(fake: &Fake, name: &str, uid: &str, results: &[Res<'_>]) -> pb::Claim
     peer::claim(NS, name, uid)
 }
 
-async fn prepare_one(k: &DraKubelet, c: &pb::Claim) -> pb::NodePrepareResourceResponse {
-    let mut r = k.prepare(vec![c.clone()]).await.unwrap();
-    r.claims.remove(&c.uid).unwrap_or_else(|| panic!("no answer for {}", c.uid))
-}
-
 fn cdi(d: &Daemon, uid: &str) -> Option<Value> {
-    let text = std::fs::read_to_string(d.sb.join(format!("run/cdi/cpupoold-{uid}.json"))).ok()?;
+    let text = std::fs::read_to_string(cdi_path(d, uid)).ok()?;
     Some(serde_json::from_str(&text).unwrap())
 }
 
@@ -108,12 +75,6 @@ fn env_of(spec: &Value, key: &str) -> Option<String> {
 fn cpus_of(d: &Daemon, uid: &str) -> CpuSet {
     let spec = cdi(d, uid).unwrap_or_else(|| panic!("no CDI spec for {uid}"));
     CpuSet::parse(&env_of(&spec, "CPUPOOL_CPUS").unwrap()).unwrap()
-}
-
-fn assignments(d: &Daemon) -> Vec<Value> {
-    let mut v = Varlink::connect(&d.varlink);
-    let r = v.call("ListAssignments", json!({})).unwrap();
-    r["assignments"].as_array().cloned().unwrap_or_default()
 }
 
 fn dra_assignments(d: &Daemon) -> Vec<Value> {

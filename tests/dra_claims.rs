@@ -9,24 +9,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod dra_common;
 mod fake_apiserver;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use cpupoold::node::proto::dra as pb;
 use serde_json::{json, Value};
 
 use common::{Daemon, Varlink};
-use fake_apiserver::claims::{claim, Result as Res};
+use dra_common::{cdi_path, dp, prepare_one, record_path, register, NS};
+use fake_apiserver::claims::claim;
 use fake_apiserver::Fake;
-use test_support::dra::{self as peer, DraKubelet};
+use test_support::dra as peer;
 
-const NODE: &str = "node-a";
-const NS: &str = "team";
-const DRIVER: &str = "dra.cpupool.io";
-const WAIT: u64 = 60;
 const SHAPE: &str = "2x8x1:2";
 const POOLS: &str = "[pools.sys]\nkind = \"reserved\"\ncpus = \"0,8\"\n\n\
     [pools.dp]\nkind = \"exclusive\"\ncpus = \"1-7,9-15\"\ndra = true\n";
@@ -42,32 +40,7 @@ fn uuid(digit_first: bool) -> String {
 }
 
 fn start(dir: &Path, fake: &Fake) -> Daemon {
-    fake.write_kubeconfig(&dir.join("kubeconfig"));
-    let config = format!(
-        "{POOLS}\n[kubelet]\nenabled = true\n\n[k8s]\nenabled = true\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\n",
-        dir.join("kubeconfig").display()
-    );
-    Daemon::start_shaped(dir, SHAPE, Some(&config), &["--bus", "none", "--log-level", "debug"])
-}
-
-/// Registers as the plugin watcher does: the socket a killed daemon left refuses until the new
-/// one binds its own, so a refusal is tried again, as the kubelet's reconciler does.
-async fn register(d: &Daemon) -> DraKubelet {
-    let sock = d.sb.join(format!("kubelet/plugins_registry/{DRIVER}-reg.sock"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(WAIT);
-    loop {
-        match peer::register(&sock).await {
-            Ok(k) => return k,
-            Err(_) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{e}\n{}", d.logs()),
-        }
-    }
-}
-
-fn dp(device: &'static str, cpu: &'static str) -> Res<'static> {
-    Res { driver: DRIVER, pool: NODE, device, request: "cpus", cpu: Some(cpu) }
+    dra_common::start_with(dir, fake, SHAPE, POOLS)
 }
 
 /// Puts a claim of `cpu` CPUs of `dp-numa0` with a fresh UUID, reserved for one pod.
@@ -76,19 +49,6 @@ fn put(fake: &Fake, name: &str, cpu: &'static str, digit_first: bool) -> pb::Cla
     let pod = uuid(!digit_first);
     fake.put_claim(claim(NS, name, &uid, &[dp("dp-numa0", cpu)], &[("pod-1", &pod)]));
     peer::claim(NS, name, &uid)
-}
-
-async fn prepare_one(k: &DraKubelet, c: &pb::Claim) -> pb::NodePrepareResourceResponse {
-    let mut r = k.prepare(vec![c.clone()]).await.unwrap();
-    r.claims.remove(&c.uid).unwrap_or_else(|| panic!("no answer for {}", c.uid))
-}
-
-fn record_path(d: &Daemon, uid: &str) -> PathBuf {
-    d.sb.join(format!("state/dra/{uid}.json"))
-}
-
-fn cdi_path(d: &Daemon, uid: &str) -> PathBuf {
-    d.sb.join(format!("run/cdi/cpupoold-{uid}.json"))
 }
 
 /// The claim's assignments, by id.
