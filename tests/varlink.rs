@@ -285,20 +285,23 @@ fn monitor_streams_changes() {
     }
     let dir = tempdir();
     let d = Daemon::start_sample(dir.path(), &["--bus", "none"]);
-    let mut mon = Command::new("python3")
-        .args([
-            "-u",
-            "-m",
-            "varlink.cli",
-            "call",
-            "--more",
-            &format!("{}/{IFACE}.Monitor", d.address()),
-            "{}",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{e}"));
+    // Killed and reaped however the test ends.
+    let mut mon = test_support::daemon::Reaped(
+        Command::new("python3")
+            .args([
+                "-u",
+                "-m",
+                "varlink.cli",
+                "call",
+                "--more",
+                &format!("{}/{IFACE}.Monitor", d.address()),
+                "{}",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
     let stdout = mon.stdout.take().unwrap_or_else(|| panic!("no stdout"));
     let (tx, rx) = mpsc::channel::<Value>();
     // The client prints each reply as a JSON document as it arrives.
