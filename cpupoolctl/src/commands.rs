@@ -12,7 +12,8 @@ use clap::CommandFactory;
 use serde_json::{json, Value};
 
 use crate::cli::{
-    AmountArgs, AssignArgs, Cli, ColorChoice, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK,
+    AmountArgs, AssignArgs, Cli, ColorChoice, Command, Global, IsolationCommand, PoolCommand, SourceArgs,
+    DEFAULT_VARLINK,
 };
 use cpupool_wire::methods as api;
 use cpupool_wire::varlink::params;
@@ -162,6 +163,13 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
         Command::Topology => {
             let t = m.call::<api::GetTopology>(&params::NoParameters {})?;
             p.print(|| output::topology(&t), || json!(t))
+        }
+        Command::Isolation(IsolationCommand::BootLine) => {
+            let iso = m.isolation("")?;
+            for (what, text) in output::boot_problems(&iso) {
+                eprintln!("cpupoolctl: {what}: {text}");
+            }
+            p.print(|| output::boot_line(&iso), || output::boot_line_json(&iso))
         }
         Command::Status => {
             let s = m.call::<api::Status>(&params::NoParameters {})?;
