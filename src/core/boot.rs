@@ -172,6 +172,42 @@ pub fn unused(
         .difference(isolated)
 }
 
+/// What the daemon logs of the boot isolation, one line each: every isolated pool (`pools`:
+/// name and CPUs) that the boot parameters do not cover, with the line that would, and the
+/// CPUs isolated at boot that no isolated pool uses; empty when there is nothing to say.
+pub fn problems<'a>(
+    pools: impl IntoIterator<Item = (&'a str, &'a CpuSet)>,
+    boot: &BootIsolation,
+    sysfs_nohz: &CpuSet,
+    sysfs_isolated: &CpuSet,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut isolated = CpuSet::new();
+    for (name, cpus) in pools {
+        isolated = isolated.union(cpus);
+        let c = Coverage::of(cpus, boot, sysfs_nohz);
+        if !c.missing.is_empty() {
+            out.push(format!(
+                "isolated pool {name} ({cpus}): {}; the tick, RCU callbacks or managed interrupts stay on its CPUs until a reboot with `{}` (cpupoolctl isolation boot-line)",
+                c.summary(),
+                boot_line(cpus)
+            ));
+        }
+    }
+    let left = unused(boot, sysfs_nohz, sysfs_isolated, &isolated);
+    if !left.is_empty() {
+        out.push(format!(
+            "CPUs {left} are isolated at boot (isolcpus=/nohz_full=/rcu_nocbs=) but in no isolated pool"
+        ));
+    }
+    for word in &boot.unread {
+        out.push(format!(
+            "`{word}` on the kernel command line is not a CPU list cpupoold reads; it is not counted"
+        ));
+    }
+    out
+}
+
 /// The kernel command line that covers the `isolated` CPUs (module docs say why these
 /// words); empty without isolated CPUs.
 pub fn boot_line(isolated: &CpuSet) -> String {
@@ -260,6 +296,26 @@ mod tests {
         let b = parse_cmdline(&line);
         assert!(!b.isolcpus_has("domain"));
         assert_eq!(Coverage::of(&set("2-3,6"), &b, &CpuSet::new()).summary(), "covered");
+    }
+
+    #[test]
+    fn problems_name_the_pool_the_parameters_and_the_unused_cpus() {
+        let dp = set("2-3");
+        let none = problems([("dp", &dp)], &BootIsolation::default(), &CpuSet::new(), &CpuSet::new());
+        assert_eq!(none.len(), 1, "{none:?}");
+        assert!(none[0].starts_with("isolated pool dp (2-3): nohz_full= misses 2-3;"), "{none:?}");
+        assert!(none[0].contains("`nohz_full=2-3 rcu_nocbs=2-3 isolcpus=managed_irq,2-3`"), "{none:?}");
+        let b = parse_cmdline(CMDLINE);
+        assert!(problems([("dp", &dp)], &b, &dp, &dp).is_empty());
+        let more =
+            problems([("dp", &set("3"))], &parse_cmdline(&format!("{CMDLINE} rcu_nocbs=all")), &dp, &dp);
+        assert_eq!(
+            more,
+            [
+                "CPUs 2 are isolated at boot (isolcpus=/nohz_full=/rcu_nocbs=) but in no isolated pool",
+                "`rcu_nocbs=all` on the kernel command line is not a CPU list cpupoold reads; it is not counted"
+            ]
+        );
     }
 
     proptest! {

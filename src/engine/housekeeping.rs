@@ -459,6 +459,7 @@ impl Keeper for Housekeeping {
         if news && kthreads.moved > 0 {
             log::info!("kernel threads: {}", kthreads.summary());
         }
+        log_boot_coverage(&self.report, &kernel, &pools);
         self.report = IsolationReport { kernel, housekeeping, masks, kthreads, pools };
         events
     }
@@ -473,6 +474,33 @@ impl Keeper for Housekeeping {
 
     /// Nothing: the pools stay isolated over a restart (module docs).
     fn stop(&mut self) {}
+}
+
+/// Logs what the kernel's boot isolation leaves undone for the isolated `pools`
+/// ([`crate::core::boot::problems`]) at start, and after a reload or any pass that changes it
+/// (a pool isolated, resized or deleted).
+fn log_boot_coverage(
+    last: &IsolationReport,
+    kernel: &KernelIsolation,
+    pools: &BTreeMap<PoolName, PoolIsolation>,
+) {
+    let problems = |k: &KernelIsolation, p: &BTreeMap<PoolName, PoolIsolation>| {
+        let pools = p.iter().map(|(n, p)| (n.as_str(), &p.cpus));
+        crate::core::boot::problems(pools, &k.boot, &k.nohz_full, &k.isolated)
+    };
+    let now = problems(kernel, pools);
+    let first = last.pools.is_empty() && last.kernel == KernelIsolation::default();
+    if !first && now == problems(&last.kernel, &last.pools) {
+        return;
+    }
+    // Information, not a fault: the pools are isolated as configured; what only a reboot
+    // removes is said so that it is known, and the sandbox's kernel has no boot parameters.
+    for p in &now {
+        log::info!("boot isolation: {p}");
+    }
+    if now.is_empty() && !pools.is_empty() {
+        log::info!("boot isolation: the kernel's nohz_full=, rcu_nocbs= and isolcpus=managed_irq cover the isolated pools");
+    }
 }
 
 /// What keeps an isolated pool's CPUs from being the partitions the layout plans: none at
