@@ -119,8 +119,8 @@ pub fn write_sysfs(root: &Path, topo: &Topology) -> io::Result<()> {
 
 /// Writes the kernel counters the isolation health sampler reads, where they are missing:
 /// `interrupts` (one virtio device IRQ, the local timer and function-call IPIs, all zero),
-/// `stat` (per-CPU times, all zero), `softirqs` ([`softirqs_text`]) and `schedstat`
-/// ([`schedstat_text`]), in the kernel's formats. Tests rewrite them to make counts move.
+/// `stat` (per-CPU times, all zero), `softirqs` ([`softirqs_text`]), `schedstat`
+/// ([`schedstat_text`]) and `cmdline` (no isolation parameters), in the kernel's formats. Tests rewrite them to make counts move.
 pub fn write_procfs(root: &Path, topo: &Topology) -> io::Result<()> {
     let online: Vec<u32> = topo.online().iter().collect();
     let interrupts = root.join("interrupts");
@@ -140,6 +140,11 @@ pub fn write_procfs(root: &Path, topo: &Topology) -> io::Result<()> {
     if !softirqs.exists() {
         let possible: Vec<u32> = topo.online().union(topo.offline()).iter().collect();
         put(&softirqs, &softirqs_text(&possible, &BTreeMap::new()))?;
+    }
+    // A kernel booted without isolation parameters; tests write their own before the start.
+    let cmdline = root.join("cmdline");
+    if !cmdline.exists() {
+        put(&cmdline, "BOOT_IMAGE=/boot/vmlinuz-sandbox root=/dev/vda1 ro quiet\n")?;
     }
     let schedstat = root.join("schedstat");
     if !schedstat.exists() {
