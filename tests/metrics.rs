@@ -109,6 +109,17 @@ fn piped(cmd: &mut Command, text: &str) -> std::process::Output {
     child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `promtool check metrics` (where installed) passes `text` without a single lint remark
+/// (naming conventions, units, help text).
+fn promtool_finds_nothing(text: &str) {
+    if test_support::needs::command(&["promtool", "--version"], "`apt install prometheus` (promtool)") {
+        let out = piped(Command::new("promtool").args(["check", "metrics"]), text);
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
+    }
+}
+
 /// Every sample the Python parser read: `name{label="v",...}` (labels sorted) → value.
 fn parse_with_python(text: &str, openmetrics: bool) -> serde_json::Map<String, Value> {
     let script = r#"
@@ -163,13 +174,7 @@ fn a_scrape_parses_and_shows_the_pools_and_assignments_made() {
     // The Prometheus text format: linted by promtool, parsed by prometheus_client.
     let (head, text) = get(&d.addr, "text/plain");
     assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
-    if test_support::needs::command(&["promtool", "--version"], "`apt install prometheus` (promtool)") {
-        let out = piped(Command::new("promtool").args(["check", "metrics"]), &text);
-        let said =
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        // Success and not a single lint remark (naming conventions, units, help text).
-        assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
-    }
+    promtool_finds_nothing(&text);
     if !test_support::needs::python_module("prometheus_client", "prometheus_client") {
         d.stop();
         return;
@@ -483,12 +488,7 @@ fn interruptions_by_source_and_boot_coverage_are_scraped() {
         assert!(std::time::Instant::now() < deadline, "never scraped `{family}`:\n{text}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    if test_support::needs::command(&["promtool", "--version"], "`apt install prometheus` (promtool)") {
-        let out = piped(Command::new("promtool").args(["check", "metrics"]), &text);
-        let said =
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
-    }
+    promtool_finds_nothing(&text);
     if !test_support::needs::python_module("prometheus_client", "prometheus_client") {
         d.stop();
         return;

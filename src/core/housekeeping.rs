@@ -181,12 +181,7 @@ pub type Interrupts = BTreeMap<String, IrqLine>;
 /// appear), then `LABEL: count... [chip hwirq-type] names`.
 pub fn parse_interrupts(text: &str) -> Interrupts {
     let mut lines = text.lines();
-    let cpus: Vec<u32> = lines
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
-        .collect();
+    let cpus = noise::cpu_columns(lines.next().unwrap_or(""));
     let mut out = Interrupts::new();
     for line in lines {
         let Some((label, rest)) = line.split_once(':') else { continue };

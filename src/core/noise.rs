@@ -31,16 +31,17 @@ pub struct Counters {
     pub switches: BTreeMap<u32, u64>,
 }
 
+/// The CPUs a header line of `/proc/interrupts` or `/proc/softirqs` names, column by column
+/// (`CPU0 CPU2 ...`).
+pub fn cpu_columns(header: &str) -> Vec<u32> {
+    header.split_whitespace().filter_map(|c| c.strip_prefix("CPU")?.parse().ok()).collect()
+}
+
 /// Parses `/proc/softirqs`: a header naming the CPU columns (`CPU0 CPU1`: the possible CPUs),
 /// then `NAME: count...` per softirq (fs/proc/softirqs.c).
 pub fn parse_softirqs(text: &str) -> Softirqs {
     let mut lines = text.lines();
-    let cpus: Vec<u32> = lines
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
-        .collect();
+    let cpus = cpu_columns(lines.next().unwrap_or(""));
     let mut out = Softirqs::new();
     for line in lines {
         let Some((name, rest)) = line.split_once(':') else { continue };
