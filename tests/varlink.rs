@@ -553,7 +553,10 @@ fn get_isolation_reports_noise_by_source_and_the_boot_coverage() {
         "BOOT_IMAGE=/boot/vmlinuz-6.12.0-0.deb12.1-amd64 root=/dev/vda1 ro nohz_full=1,3 rcu_nocbs=1 isolcpus=managed_irq,1 quiet\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let d = Daemon::start_sample(dir.path(), &["--bus", "none", "--health-interval", "1"]);
+    let d = Daemon::start_sample(
+        dir.path(),
+        &["--bus", "none", "--health-interval", "1", "--check-interval", "1"],
+    );
     let reply = ok(&d, "GetIsolation", json!({}));
     assert_eq!(reply["boot_line"], "nohz_full=1,5 rcu_nocbs=1,5 isolcpus=managed_irq,1,5", "{reply}");
     assert_eq!(
@@ -569,6 +572,16 @@ fn get_isolation_reports_noise_by_source_and_the_boot_coverage() {
     let logs = d.logs();
     assert!(logs.contains("boot isolation: isolated pool dp (1,5): nohz_full= misses 5;"), "{logs}");
     assert!(logs.contains("boot isolation: CPUs 3 are isolated at boot"), "{logs}");
+    // A reload says it again, though nothing changed: at the next pass that reads the layout
+    // (the drift check, every second here).
+    let said = |logs: &str| logs.matches("boot isolation: isolated pool dp (1,5)").count();
+    assert_eq!(said(&logs), 1, "{logs}");
+    ok(&d, "Reload", json!({}));
+    let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
+    while said(&d.logs()) < 2 {
+        assert!(std::time::Instant::now() < deadline, "not said again after the reload:\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // The counters move; the first interval that saw them is read whole.
     let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
