@@ -252,7 +252,7 @@ fn pool(m: &mut Client, command: &PoolCommand, p: &mut Printer<'_>) -> Result<()
             let classes = classes(m, name).unwrap_or_default();
             p.print(
                 || output::pool_show(&pool, &list, &iso, &classes),
-                || output::pool_classes_json(&pool, &classes),
+                || output::pool_show_json(&pool, &classes, &iso),
             )
         }
         PoolCommand::Assign(a) => assign(m, a, p),

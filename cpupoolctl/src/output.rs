@@ -452,9 +452,15 @@ pub fn pool_json(pool: &Pool) -> Value {
     json!({ "pool": pool })
 }
 
-/// The `--json` document of `pool show`: the pool and its class settings.
-pub fn pool_classes_json(pool: &Pool, classes: &[ClassSetting]) -> Value {
-    json!({ "pool": pool, "classes": classes })
+/// The `--json` document of `pool show`: the pool, its class settings, and for an isolated pool
+/// its isolation as `GetIsolation` gives it (the interruptions by source per CPU, the boot
+/// coverage).
+pub fn pool_show_json(pool: &Pool, classes: &[ClassSetting], iso: &Isolation) -> Value {
+    let mut v = json!({ "pool": pool, "classes": classes });
+    if let (Some(o), Some(i)) = (v.as_object_mut(), iso.pools.iter().find(|i| i.pool == pool.name)) {
+        o.insert("isolation".into(), json!(i));
+    }
+    v
 }
 
 /// The `--json` document of `status`: its fields and every class setting.

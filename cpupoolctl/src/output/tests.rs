@@ -352,4 +352,8 @@ fn pool_show_lists_the_noise_by_source_and_the_boot_coverage() {
     );
     assert_eq!(problems[1].1, "CPUs 6 are isolated at boot but in no isolated pool");
     assert_eq!(boot_line_json(&iso)["pools"][0]["boot"], "nohz_full= misses 2-3; rcu_nocbs= misses 2-3");
+    let doc = pool_show_json(&dp(), &[], &iso);
+    assert_eq!(doc["isolation"]["per_cpu"][1]["noise"][1], json!({"source": "softirq:RCU", "per_sec": 78.0}));
+    assert_eq!(doc["isolation"]["boot"], iso.pools[0].boot);
+    assert!(pool_show_json(&web(), &[], &Isolation::default()).get("isolation").is_none());
 }
