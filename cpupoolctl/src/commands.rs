@@ -166,8 +166,11 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
         }
         Command::Isolation(IsolationCommand::BootLine) => {
             let iso = m.isolation("")?;
-            for (what, text) in output::boot_problems(&iso) {
-                eprintln!("cpupoolctl: {what}: {text}");
+            // On the side, for people; the JSON document carries the same.
+            if !cli.global.json {
+                for (what, text) in output::boot_problems(&iso) {
+                    eprintln!("cpupoolctl: {what}: {text}");
+                }
             }
             p.print(|| output::boot_line(&iso), || output::boot_line_json(&iso))
         }
