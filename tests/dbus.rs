@@ -851,3 +851,59 @@ fn a_bus_left_with_an_impostor_on_it_is_not_used() {
 fn run_busctl(address: &str, args: &[&str]) -> Output {
     run(Command::new("busctl").arg(format!("--address={address}")).args(args))
 }
+
+/// `GetIsolation` over busctl carries what varlink does: each isolated CPU's interruptions by
+/// source as `a(sd)`, the pool's boot coverage, and the boot line and unused CPUs at the end of
+/// the reply, in the XML's order.
+#[test]
+fn get_isolation_over_busctl_carries_noise_and_boot_coverage() {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = PrivateBus::start(dir.path());
+    fs::create_dir_all(dir.path().join("sb/proc")).unwrap();
+    fs::write(
+        dir.path().join("sb/proc/cmdline"),
+        "ro quiet nohz_full=1,5 rcu_nocbs=1,5 isolcpus=managed_irq,1,5,7\n",
+    )
+    .unwrap();
+    // The sample: dp 1,5 isolated.
+    let d = Daemon::start_sample(dir.path(), &["--bus", &bus.address, "--health-interval", "1"]);
+    let get = || {
+        let out = busctl(&bus, true, &["call", "--json=short", DEST, PATH, IFACE, "GetIsolation", "s", ""]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
+    let reply = loop {
+        let v = get();
+        if v["data"][4][0][6].as_array().is_some_and(|cpus| !cpus.is_empty()) {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never measured: {v}\n{}", d.logs());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(reply["type"], "ssssa(sssssda(udddsa(sd))sss)sss", "{reply}");
+    let data = &reply["data"];
+    assert_eq!((data[1].as_str(), data[5].as_str()), (Some("1,5"), Some("1,5")), "{reply}");
+    assert_eq!(data[6], "nohz_full=1,5 rcu_nocbs=1,5 isolcpus=managed_irq,1,5", "{reply}");
+    assert_eq!(data[7], "7", "isolated at boot, in no isolated pool: {reply}");
+    let dp = &data[4][0];
+    assert_eq!((dp[0].as_str(), dp[9].as_str()), (Some("dp"), Some("covered")), "{reply}");
+    let noise = dp[6][0][5].as_array().unwrap();
+    let sources: BTreeSet<&str> = noise.iter().map(|n| n[0].as_str().unwrap()).collect();
+    for s in ["device", "softirq:RCU", "softirq:SCHED", "softirq:TIMER", "sched:switched_in"] {
+        assert!(sources.contains(s), "{s}: {reply}");
+    }
+    assert!(noise.iter().all(|n| n[1].as_f64().is_some_and(|r| r >= 0.0)), "{reply}");
+    // The same names as varlink's.
+    let mut v = Varlink::connect(&d.varlink);
+    let over_varlink = v.call("GetIsolation", json!({})).unwrap();
+    let names: BTreeSet<&str> = over_varlink["pools"][0]["per_cpu"][0]["noise"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, sources, "{over_varlink}");
+    assert_eq!(over_varlink["boot_line"], data[6]);
+    d.stop();
+}

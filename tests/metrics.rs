@@ -109,6 +109,17 @@ fn piped(cmd: &mut Command, text: &str) -> std::process::Output {
     child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `promtool check metrics` (where installed) passes `text` without a single lint remark
+/// (naming conventions, units, help text).
+fn promtool_finds_nothing(text: &str) {
+    if test_support::needs::command(&["promtool", "--version"], "`apt install prometheus` (promtool)") {
+        let out = piped(Command::new("promtool").args(["check", "metrics"]), text);
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
+    }
+}
+
 /// Every sample the Python parser read: `name{label="v",...}` (labels sorted) → value.
 fn parse_with_python(text: &str, openmetrics: bool) -> serde_json::Map<String, Value> {
     let script = r#"
@@ -163,13 +174,7 @@ fn a_scrape_parses_and_shows_the_pools_and_assignments_made() {
     // The Prometheus text format: linted by promtool, parsed by prometheus_client.
     let (head, text) = get(&d.addr, "text/plain");
     assert!(head.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"), "{head}");
-    if test_support::needs::command(&["promtool", "--version"], "`apt install prometheus` (promtool)") {
-        let out = piped(Command::new("promtool").args(["check", "metrics"]), &text);
-        let said =
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        // Success and not a single lint remark (naming conventions, units, help text).
-        assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
-    }
+    promtool_finds_nothing(&text);
     if !test_support::needs::python_module("prometheus_client", "prometheus_client") {
         d.stop();
         return;
@@ -462,5 +467,56 @@ fn every_documented_family_is_scraped_or_said_to_appear_later() {
              \"Families that appear later\":\n{text}"
         );
     }
+    d.stop();
+}
+
+/// Each isolated CPU's interruptions by source are one family with a fixed set of `source`
+/// labels per CPU, and the boot isolation's coverage of the isolated pool is counted, as
+/// promtool and the PyPI parser read them: the sample's dp (1,5) on a sandbox kernel booted
+/// without isolation parameters.
+#[test]
+fn interruptions_by_source_and_boot_coverage_are_scraped() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_config(dir.path(), None, &["--bus", "none", "--health-interval", "1"]);
+    let family = "cpupoold_isolation_interruptions_per_second{";
+    let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
+    let text = loop {
+        let (_, text) = get(&d.addr, "text/plain");
+        if text.contains(family) {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "never scraped `{family}`:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    promtool_finds_nothing(&text);
+    if !test_support::needs::python_module("prometheus_client", "prometheus_client") {
+        d.stop();
+        return;
+    }
+    let s = parse_with_python(&text, false);
+    let mut softirqs =
+        ["HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU"]
+            .map(|n| format!("softirq:{n}"))
+            .to_vec();
+    softirqs.extend(["device".to_owned(), "sched:switched_in".to_owned()]);
+    for cpu in [1, 5] {
+        let mut seen: Vec<String> = s
+            .keys()
+            .filter_map(|k| {
+                let rest = k.strip_prefix(&format!(r#"{family}cpu="{cpu}",pool="dp",source=""#))?;
+                Some(rest.strip_suffix("\"}")?.to_owned())
+            })
+            .collect();
+        seen.sort();
+        softirqs.sort();
+        assert_eq!(seen, softirqs, "CPU {cpu}: every source, one series each:\n{text}");
+    }
+    let series = s.keys().filter(|k| k.starts_with(family)).count();
+    assert_eq!(series, 2 * 12, "two isolated CPUs, twelve sources each:\n{text}");
+    for parameter in ["nohz_full", "rcu_nocbs", "isolcpus=managed_irq"] {
+        let key = format!(r#"cpupoold_isolation_boot_uncovered_cpus{{parameter="{parameter}",pool="dp"}}"#);
+        assert_eq!(value(&s, &key), 2.0, "{parameter}");
+    }
+    assert_eq!(value(&s, "cpupoold_isolation_boot_unused_cpus{}"), 0.0);
     d.stop();
 }

@@ -525,6 +525,116 @@ fn get_isolation_through_the_third_party_client() {
     d.stop();
 }
 
+/// The sandbox's noise counters as the kernel would print them after `n` rounds: CPU 1 takes
+/// RCU softirqs and function-call IPIs, CPU 5 switches tasks in; nothing else moves.
+fn noise_moves(sb: &Path, n: u64) {
+    let cpus: Vec<u32> = (0..8).collect();
+    let soft = std::collections::BTreeMap::from([(("RCU", 1u32), 70 * n)]);
+    fs::write(sb.join("proc/softirqs"), cpupoold::sim::machine::softirqs_text(&cpus, &soft))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let switches = std::collections::BTreeMap::from([(5u32, 3 * n)]);
+    fs::write(sb.join("proc/schedstat"), cpupoold::sim::machine::schedstat_text(&cpus, &switches))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let irqs = std::collections::BTreeMap::from([(("CAL", 1u32), 200 * n)]);
+    fs::write(sb.join("proc/interrupts"), cpupoold::sim::machine::interrupts_text(&cpus, &irqs))
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Each isolated CPU's interruptions by source, and the boot isolation against the pools, as
+/// the third-party client reads them: the kernel was booted with `nohz_full=1,3 rcu_nocbs=1
+/// isolcpus=managed_irq,1`, so the isolated pool dp (1,5) is covered on CPU 1 only and CPU 3
+/// (the shared pool's) is isolated for nothing.
+#[test]
+fn get_isolation_reports_noise_by_source_and_the_boot_coverage() {
+    if !have_python_varlink() {
+        return;
+    }
+    let dir = tempdir();
+    fs::create_dir_all(dir.path().join("sb/proc")).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(
+        dir.path().join("sb/proc/cmdline"),
+        "BOOT_IMAGE=/boot/vmlinuz-6.12.0-0.deb12.1-amd64 root=/dev/vda1 ro nohz_full=1,3 rcu_nocbs=1 isolcpus=managed_irq,1 quiet\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon::start_sample(
+        dir.path(),
+        &["--bus", "none", "--health-interval", "1", "--check-interval", "1"],
+    );
+    let reply = ok(&d, "GetIsolation", json!({}));
+    assert_eq!(reply["boot_line"], "nohz_full=1,5 rcu_nocbs=1,5 isolcpus=managed_irq,1,5", "{reply}");
+    assert_eq!(
+        (reply["nohz_full"].as_str(), reply["rcu_nocbs"].as_str()),
+        (Some("1,3"), Some("1")),
+        "{reply}"
+    );
+    assert_eq!(reply["boot_unused"], "3", "{reply}");
+    assert_eq!(
+        reply["pools"][0]["boot"], "nohz_full= misses 5; rcu_nocbs= misses 5; isolcpus=managed_irq misses 5",
+        "{reply}"
+    );
+    let logs = d.logs();
+    assert!(logs.contains("boot isolation: isolated pool dp (1,5): nohz_full= misses 5;"), "{logs}");
+    assert!(logs.contains("boot isolation: CPUs 3 are isolated at boot"), "{logs}");
+    // A reload says it again, though nothing changed: at the next pass that reads the layout
+    // (the drift check, every second here).
+    let said = |logs: &str| logs.matches("boot isolation: isolated pool dp (1,5)").count();
+    assert_eq!(said(&logs), 1, "{logs}");
+    ok(&d, "Reload", json!({}));
+    let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
+    while said(&d.logs()) < 2 {
+        assert!(std::time::Instant::now() < deadline, "not said again after the reload:\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The counters move; the first interval that saw them is read whole.
+    let deadline = std::time::Instant::now() + test_support::wait::PATIENCE;
+    let mut n = 0;
+    let dp = loop {
+        n += 1;
+        noise_moves(&d.sb, n);
+        let dp = ok(&d, "GetIsolation", json!({ "pool": "dp" }))["pools"][0].clone();
+        // The files are written one after the other and read so too: wait for an interval
+        // that saw all three move.
+        let moved = |cpu: usize, source: &str| {
+            let noise = dp["per_cpu"][cpu]["noise"].as_array().cloned().unwrap_or_default();
+            noise.iter().any(|x| x["source"] == source && x["per_sec"].as_f64() > Some(0.0))
+        };
+        if moved(0, "softirq:RCU") && moved(0, "ipi:CAL") && moved(1, "sched:switched_in") {
+            break dp;
+        }
+        assert!(std::time::Instant::now() < deadline, "never measured the softirqs: {dp}\n{}", d.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let rates = |i: usize| -> std::collections::BTreeMap<String, f64> {
+        let noise = dp["per_cpu"][i]["noise"].as_array().cloned().unwrap_or_default();
+        noise
+            .iter()
+            .map(|x| (x["source"].as_str().unwrap_or("?").to_owned(), x["per_sec"].as_f64().unwrap_or(-1.0)))
+            .collect()
+    };
+    let (one, five) = (rates(0), rates(1));
+    assert_eq!(
+        (dp["per_cpu"][0]["cpu"].as_u64(), dp["per_cpu"][1]["cpu"].as_u64()),
+        (Some(1), Some(5)),
+        "{dp}"
+    );
+    let mut sources: Vec<String> =
+        cpupoold::sim::machine::SOFTIRQS.iter().map(|s| format!("softirq:{s}")).collect();
+    sources.extend(["device", "ipi:CAL", "sched:switched_in", "timer:LOC"].map(str::to_owned));
+    sources.sort();
+    assert_eq!(one.keys().cloned().collect::<Vec<_>>(), sources, "every source, zeros included: {dp}");
+    assert_eq!(five.keys().cloned().collect::<Vec<_>>(), sources, "{dp}");
+    // What moved on one CPU is not seen on the other.
+    assert!(dp["per_cpu"][0]["ipis_per_sec"].as_f64() > Some(0.0), "{dp}");
+    assert_eq!((five["softirq:RCU"], five["ipi:CAL"], one["sched:switched_in"]), (0.0, 0.0, 0.0), "{dp}");
+    for (source, rate) in one.iter().chain(five.iter()) {
+        if !["softirq:RCU", "ipi:CAL", "sched:switched_in"].contains(&source.as_str()) {
+            assert_eq!(*rate, 0.0, "{source}: {dp}");
+        }
+    }
+    d.stop();
+}
+
 /// 64 clients calling `ListAssignments` at once all get the whole reply, the same one (it is
 /// encoded once per snapshot and written to each client from one buffer), and the third-party
 /// client parses it; a list made right after an `Assign` or `Release` returns shows it.

@@ -163,7 +163,18 @@ impl Event {
     }
 }
 
-/// One isolated CPU's health: varlink `CpuHealth`, D-Bus `(uddds)`.
+/// One source of interruptions on an isolated CPU: varlink `Noise`, D-Bus `(sd)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Noise {
+    /// `timer:LOC` (the tick), `ipi:CAL`/`ipi:RES`/`ipi:TLB`/... (each IPI kind by its
+    /// `/proc/interrupts` label), `device` (all device IRQs), `softirq:TIMER`/`softirq:RCU`/...
+    /// (each `/proc/softirqs` line), `sched:switched_in` (tasks switched in).
+    pub source: String,
+    /// Per second over the last interval.
+    pub per_sec: f64,
+}
+
+/// One isolated CPU's health: varlink `CpuHealth`, D-Bus `(udddsa(sd))`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuHealth {
     /// The CPU.
@@ -176,9 +187,12 @@ pub struct CpuHealth {
     pub timer_per_sec: f64,
     /// The device IRQs responsible, busiest first: `32 virtio1-requests 71/s, ...`.
     pub sources: String,
+    /// Every source of interruptions, zeros included (empty from a daemon that does not say).
+    #[serde(default)]
+    pub noise: Vec<Noise>,
 }
 
-/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(uddds)ss)`.
+/// One isolated pool's isolation: varlink `Isolation`, D-Bus `(sssssda(udddsa(sd))sss)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolIsolation {
     /// The pool.
@@ -207,6 +221,11 @@ pub struct PoolIsolation {
     /// Kernel threads kept off them: `6 moved off 2-3`.
     #[serde(default)]
     pub kthreads: String,
+    /// Whether the kernel's boot isolation covers its CPUs: `covered`, or each boot parameter
+    /// that misses some (`nohz_full= misses 2-3; rcu_nocbs= misses 2-3; isolcpus=managed_irq
+    /// misses 2-3`); empty from a daemon that does not say.
+    #[serde(default)]
+    pub boot: String,
 }
 
 /// One configured key of a pool's power or cache class: varlink `ClassSetting`, D-Bus
@@ -314,6 +333,13 @@ pub struct Isolation {
     pub workqueue: String,
     /// The isolated pools asked for.
     pub pools: Vec<PoolIsolation>,
+    /// `rcu_nocbs=` on the kernel command line.
+    pub rcu_nocbs: String,
+    /// The kernel command line that covers every isolated pool's CPUs (`nohz_full=2-3
+    /// rcu_nocbs=2-3 isolcpus=managed_irq,2-3`); empty without isolated pools.
+    pub boot_line: String,
+    /// CPUs the kernel isolates at boot that no isolated pool uses.
+    pub boot_unused: String,
 }
 
 #[cfg(test)]

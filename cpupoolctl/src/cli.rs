@@ -150,6 +150,9 @@ pub enum Command {
     /// Print pool and assignment changes as they happen, until interrupted. The current pools
     /// come first (change "current"), so you know the subscription is live.
     Monitor,
+    /// The kernel's boot isolation against the isolated pools.
+    #[command(subcommand)]
+    Isolation(IsolationCommand),
     /// Print a shell completion script, e.g. `cpupoolctl completions bash > /etc/bash_completion.d/cpupoolctl`.
     Completions {
         /// The shell.
@@ -162,6 +165,17 @@ pub enum Command {
         #[arg(long, value_name = "DIR", hide = true)]
         dir: Option<PathBuf>,
     },
+}
+
+/// `cpupoolctl isolation ...`.
+#[derive(Subcommand, Debug)]
+pub enum IsolationCommand {
+    /// Print the kernel command line that covers every isolated pool's CPUs
+    /// (`nohz_full=L rcu_nocbs=L isolcpus=managed_irq,L`: what only a reboot stops, the tick,
+    /// RCU callbacks and managed interrupts); on stderr, the isolated pools the running kernel's
+    /// boot isolation does not cover and the CPUs it isolates that no isolated pool uses.
+    /// Prints nothing without isolated pools.
+    BootLine,
 }
 
 /// `cpupoolctl pool ...`.

@@ -12,7 +12,8 @@ use clap::CommandFactory;
 use serde_json::{json, Value};
 
 use crate::cli::{
-    AmountArgs, AssignArgs, Cli, ColorChoice, Command, Global, PoolCommand, SourceArgs, DEFAULT_VARLINK,
+    AmountArgs, AssignArgs, Cli, ColorChoice, Command, Global, IsolationCommand, PoolCommand, SourceArgs,
+    DEFAULT_VARLINK,
 };
 use cpupool_wire::methods as api;
 use cpupool_wire::varlink::params;
@@ -163,6 +164,16 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
             let t = m.call::<api::GetTopology>(&params::NoParameters {})?;
             p.print(|| output::topology(&t), || json!(t))
         }
+        Command::Isolation(IsolationCommand::BootLine) => {
+            let iso = m.isolation("")?;
+            // On the side, for people; the JSON document carries the same.
+            if !cli.global.json {
+                for (what, text) in output::boot_problems(&iso) {
+                    eprintln!("cpupoolctl: {what}: {text}");
+                }
+            }
+            p.print(|| output::boot_line(&iso), || output::boot_line_json(&iso))
+        }
         Command::Status => {
             let s = m.call::<api::Status>(&params::NoParameters {})?;
             let iso = m.isolation("").unwrap_or_default();
@@ -244,7 +255,7 @@ fn pool(m: &mut Client, command: &PoolCommand, p: &mut Printer<'_>) -> Result<()
             let classes = classes(m, name).unwrap_or_default();
             p.print(
                 || output::pool_show(&pool, &list, &iso, &classes),
-                || output::pool_classes_json(&pool, &classes),
+                || output::pool_show_json(&pool, &classes, &iso),
             )
         }
         PoolCommand::Assign(a) => assign(m, a, p),

@@ -231,7 +231,78 @@ pub fn pool_show(p: &Pool, list: &[Assignment], iso: &Isolation, classes: &[Clas
         f.add("degraded", format!("assignment {} ({}): {}", a.id, a.target, a.reason));
     }
     isolation_fields(iso, false, &mut f);
+    noise_fields(iso, &mut f);
     f.render() + &class_lines(classes)
+}
+
+/// `isolation boot-line`: the line, or nothing without isolated pools.
+pub fn boot_line(iso: &Isolation) -> String {
+    if iso.boot_line.is_empty() {
+        String::new()
+    } else {
+        format!("{}\n", iso.boot_line)
+    }
+}
+
+/// `isolation boot-line --json`.
+pub fn boot_line_json(iso: &Isolation) -> Value {
+    let pools: Vec<Value> =
+        iso.pools.iter().map(|p| json!({"pool": p.pool, "cpus": p.cpus, "boot": p.boot})).collect();
+    json!({
+        "boot_line": iso.boot_line,
+        "boot_unused": iso.boot_unused,
+        "kernel": {"isolcpus": iso.isolcpus, "nohz_full": iso.nohz_full, "rcu_nocbs": iso.rcu_nocbs},
+        "pools": pools,
+    })
+}
+
+/// What the running kernel's boot isolation leaves undone: `(pool dp, nohz_full= misses 2-3)`,
+/// `(boot, CPUs 6 are isolated at boot but in no isolated pool)`.
+pub fn boot_problems(iso: &Isolation) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = iso
+        .pools
+        .iter()
+        .filter(|p| !p.boot.is_empty() && p.boot != "covered")
+        .map(|p| (format!("pool {}", p.pool), p.boot.clone()))
+        .collect();
+    if !iso.boot_unused.is_empty() {
+        out.push((
+            "boot".into(),
+            format!("CPUs {} are isolated at boot but in no isolated pool", iso.boot_unused),
+        ));
+    }
+    out
+}
+
+/// A rate as people read it: whole numbers from 10 up, one decimal below.
+fn rate(r: f64) -> String {
+    if r >= 10.0 {
+        format!("{r:.0}")
+    } else {
+        format!("{r:.1}")
+    }
+}
+
+/// `pool show`'s lines of what still interrupts each isolated CPU: `noise cpu 3: timer:LOC
+/// 230/s, softirq:RCU 78/s` (busiest first, zeros left out; `none` when all are zero), and
+/// whether the kernel's boot isolation covers the pool.
+fn noise_fields(iso: &Isolation, f: &mut Fields) {
+    for p in &iso.pools {
+        for c in p.per_cpu.iter().filter(|c| !c.noise.is_empty()) {
+            let mut busy: Vec<_> = c.noise.iter().filter(|n| n.per_sec > 0.0).collect();
+            busy.sort_by(|a, b| b.per_sec.total_cmp(&a.per_sec).then_with(|| a.source.cmp(&b.source)));
+            let text: Vec<String> =
+                busy.iter().map(|n| format!("{} {}/s", n.source, rate(n.per_sec))).collect();
+            f.add(
+                format!("noise cpu {}", c.cpu),
+                if text.is_empty() { "none".to_owned() } else { text.join(", ") },
+            );
+        }
+        if !p.boot.is_empty() {
+            let hint = if p.boot == "covered" { "" } else { " (cpupoolctl isolation boot-line)" };
+            f.add("boot", format!("{}{hint}", p.boot));
+        }
+    }
 }
 
 /// `isolation: holds` per isolated pool (`isolation dp: ...` when `named`, for `status`).
@@ -381,9 +452,15 @@ pub fn pool_json(pool: &Pool) -> Value {
     json!({ "pool": pool })
 }
 
-/// The `--json` document of `pool show`: the pool and its class settings.
-pub fn pool_classes_json(pool: &Pool, classes: &[ClassSetting]) -> Value {
-    json!({ "pool": pool, "classes": classes })
+/// The `--json` document of `pool show`: the pool, its class settings, and for an isolated pool
+/// its isolation as `GetIsolation` gives it (the interruptions by source per CPU, the boot
+/// coverage).
+pub fn pool_show_json(pool: &Pool, classes: &[ClassSetting], iso: &Isolation) -> Value {
+    let mut v = json!({ "pool": pool, "classes": classes });
+    if let (Some(o), Some(i)) = (v.as_object_mut(), iso.pools.iter().find(|i| i.pool == pool.name)) {
+        o.insert("isolation".into(), json!(i));
+    }
+    v
 }
 
 /// The `--json` document of `status`: its fields and every class setting.

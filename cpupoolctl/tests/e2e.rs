@@ -964,3 +964,29 @@ fn an_assign_that_never_applied_logs_no_rollback_error() {
     assert!(errors.is_empty(), "error-level lines for changes that never applied:\n{}", errors.join("\n"));
     d.stop();
 }
+
+/// `isolation boot-line` prints the line for the isolated pool alone on stdout, over both
+/// transports alike, and says on stderr what the sandbox's kernel (booted without isolation
+/// parameters) leaves uncovered; `--json` carries the same and nothing on stderr.
+#[test]
+fn isolation_boot_line_over_both_transports() {
+    let dir = tempdir();
+    let d = Daemon::start(dir.path());
+    let (v, b) = (Ctl::new(&d, false), Ctl::new(&d, true));
+    let dp = pool(&v.pools(), "dp")["cpus"].as_str().unwrap().to_owned();
+    let line = format!("nohz_full={dp} rcu_nocbs={dp} isolcpus=managed_irq,{dp}\n");
+    let (code, out, err) = v.human(&["isolation", "boot-line"]);
+    assert_eq!((code, out.as_str()), (0, line.as_str()), "{err}");
+    assert_eq!(
+        err,
+        format!("cpupoolctl: pool dp: nohz_full= misses {dp}; rcu_nocbs= misses {dp}; isolcpus=managed_irq misses {dp}\n")
+    );
+    assert_eq!(b.human(&["isolation", "boot-line"]), (code, out, err));
+    let out = v.run(&["--json", "isolation", "boot-line"]);
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["boot_line"], line.trim_end());
+    assert_eq!(doc["pools"][0]["pool"], "dp");
+    assert_eq!(doc, b.ok(&["isolation", "boot-line"]));
+    d.stop();
+}

@@ -6,6 +6,8 @@
 use cpupool_wire::views::{self, CpuHealth, PoolIsolation};
 use cpupool_wire::ApiError;
 
+use crate::core::boot::{self, Coverage};
+use crate::core::cpuset::CpuSet;
 use crate::core::pool::Pool;
 use crate::core::state::{self, Assignment, AssignmentId, State};
 use crate::core::topology::Topology;
@@ -216,12 +218,19 @@ impl IsolationReply {
                             })
                             .collect::<Vec<_>>()
                             .join(", "),
+                        noise: c
+                            .noise
+                            .iter()
+                            .map(|n| views::Noise { source: n.source.clone(), per_sec: n.per_sec })
+                            .collect(),
                     })
                     .collect(),
                 irqs: snap.irq.summary(),
                 kthreads: iso.kthreads.summary(),
+                boot: Coverage::of(&p.cpus, &iso.kernel.boot, &iso.kernel.nohz_full).summary(),
             })
             .collect();
+        let isolated = iso.pools.values().fold(CpuSet::new(), |a, p| a.union(&p.cpus));
         let workqueue = iso
             .masks
             .iter()
@@ -234,6 +243,15 @@ impl IsolationReply {
             housekeeping: iso.housekeeping.to_string(),
             workqueue,
             pools,
+            rcu_nocbs: iso.kernel.boot.rcu_nocbs.to_string(),
+            boot_line: boot::boot_line(&isolated),
+            boot_unused: boot::unused(
+                &iso.kernel.boot,
+                &iso.kernel.nohz_full,
+                &iso.kernel.isolated,
+                &isolated,
+            )
+            .to_string(),
         })
     }
 }

@@ -10,41 +10,9 @@
 use std::collections::BTreeMap;
 
 use super::cpuset::CpuSet;
+use super::noise::{self, NoiseRate};
 
-/// What the kernel was told at boot to keep off CPUs (`/proc/cmdline`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BootIsolation {
-    /// `isolcpus=` (its flags, such as `domain` or `managed_irq`, dropped).
-    pub isolcpus: CpuSet,
-    /// `nohz_full=`.
-    pub nohz_full: CpuSet,
-}
-
-/// Reads `isolcpus=` and `nohz_full=` from a kernel command line. A value that is not a CPU
-/// list is ignored rather than fatal: it is reported as found, never acted on.
-pub fn parse_cmdline(cmdline: &str) -> BootIsolation {
-    let mut boot = BootIsolation::default();
-    for word in cmdline.split_whitespace() {
-        let Some((key, value)) = word.split_once('=') else { continue };
-        match key {
-            // `isolcpus=[flag,...,]cpu-list`: flags are words, the list starts at a digit.
-            "isolcpus" => {
-                let list: Vec<&str> =
-                    value.split(',').filter(|t| t.starts_with(|c: char| c.is_ascii_digit())).collect();
-                if let Ok(set) = CpuSet::parse(&list.join(",")) {
-                    boot.isolcpus = boot.isolcpus.union(&set);
-                }
-            }
-            "nohz_full" => {
-                if let Ok(set) = CpuSet::parse(value) {
-                    boot.nohz_full = boot.nohz_full.union(&set);
-                }
-            }
-            _ => {}
-        }
-    }
-    boot
-}
+pub use super::boot::{parse_cmdline, BootIsolation};
 
 /// Why a layout leaves no CPU for housekeeping.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -213,12 +181,7 @@ pub type Interrupts = BTreeMap<String, IrqLine>;
 /// appear), then `LABEL: count... [chip hwirq-type] names`.
 pub fn parse_interrupts(text: &str) -> Interrupts {
     let mut lines = text.lines();
-    let cpus: Vec<u32> = lines
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
-        .collect();
+    let cpus = noise::cpu_columns(lines.next().unwrap_or(""));
     let mut out = Interrupts::new();
     for line in lines {
         let Some((label, rest)) = line.split_once(':') else { continue };
@@ -302,6 +265,8 @@ pub struct Sample {
     /// Each isolated pool's existing cgroups' `cpuset.cpus.partition` and
     /// `cpuset.cpus.effective`, by cgroup.
     pub pool_cpusets: BTreeMap<String, BTreeMap<String, String>>,
+    /// Softirqs and tasks switched in (`/proc/softirqs`, `/proc/schedstat`).
+    pub noise: noise::Counters,
 }
 
 /// One device IRQ firing on an isolated CPU.
@@ -328,6 +293,10 @@ pub struct CpuHealth {
     pub ipi_per_sec: f64,
     /// Local timer interrupts per second.
     pub timer_per_sec: f64,
+    /// Every source by name, zeros included: the local timer (`timer:LOC`), each IPI kind
+    /// (`ipi:CAL`), device interrupts (`device`), each softirq (`softirq:RCU`) and tasks
+    /// switched in (`sched:switched_in`), where the kernel's files list them.
+    pub noise: Vec<NoiseRate>,
 }
 
 /// One isolated pool over one interval.
@@ -391,6 +360,49 @@ pub fn rate(r: f64) -> String {
     }
 }
 
+/// One CPU between `before` and `after`, `secs` (positive) apart.
+fn cpu_health(cpu: u32, before: &Sample, after: &Sample, secs: f64) -> CpuHealth {
+    let (mut device, mut ipi, mut timer) = (0u64, 0u64, 0u64);
+    let (mut sources, mut by_label) = (Vec::new(), Vec::new());
+    for (label, line) in &after.interrupts {
+        let Some(&now) = line.counts.get(&cpu) else { continue };
+        // A counter that went down is a new IRQ with the number reused: count from zero.
+        let d = noise::grew(before.interrupts.get(label).and_then(|l| l.counts.get(&cpu)).copied(), now);
+        let kind = irq_kind(label);
+        match kind {
+            IrqKind::Device if d > 0 => {
+                device += d;
+                sources.push(IrqSource {
+                    irq: label.clone(),
+                    name: line.name.clone(),
+                    per_sec: d as f64 / secs,
+                });
+            }
+            IrqKind::Device | IrqKind::Other => {}
+            IrqKind::Ipi => ipi += d,
+            IrqKind::Timer => timer += d,
+        }
+        let source = match kind {
+            IrqKind::Ipi => format!("ipi:{label}"),
+            IrqKind::Timer => format!("timer:{label}"),
+            _ => continue,
+        };
+        by_label.push(NoiseRate { source, per_sec: d as f64 / secs });
+    }
+    sources.sort_by(|a, b| b.per_sec.total_cmp(&a.per_sec));
+    let mut noise = by_label;
+    noise.push(NoiseRate { source: "device".to_owned(), per_sec: device as f64 / secs });
+    noise.extend(noise::rates(&before.noise, &after.noise, cpu, secs));
+    CpuHealth {
+        cpu,
+        device_per_sec: device as f64 / secs,
+        sources,
+        ipi_per_sec: ipi as f64 / secs,
+        timer_per_sec: timer as f64 / secs,
+        noise,
+    }
+}
+
 /// The health of a pool on `cpus` between `before` and `after`, `secs` apart; `None` where
 /// its cgroups' partitions or CPUs changed in between (a container's partition made or undone,
 /// a cgroup come or gone): such a window measures the change, tasks leaving the CPUs it takes,
@@ -400,47 +412,7 @@ pub fn assess(pool: &str, cpus: &CpuSet, before: &Sample, after: &Sample, secs: 
         return None;
     }
     let secs = if secs > 0.0 { secs } else { 1.0 };
-    let delta = |line: &str, cpu: u32| -> u64 {
-        let get = |s: &Sample| s.interrupts.get(line).and_then(|l| l.counts.get(&cpu)).copied();
-        match (get(before), get(after)) {
-            // A counter that went down is a new IRQ with the number reused: count from zero.
-            (Some(a), Some(b)) if b >= a => b - a,
-            (_, Some(b)) => b,
-            _ => 0,
-        }
-    };
-    let mut health = Vec::new();
-    for cpu in cpus.iter() {
-        let (mut device, mut ipi, mut timer) = (0u64, 0u64, 0u64);
-        let mut sources = Vec::new();
-        for (label, line) in &after.interrupts {
-            let d = delta(label, cpu);
-            if d == 0 {
-                continue;
-            }
-            match irq_kind(label) {
-                IrqKind::Device => {
-                    device += d;
-                    sources.push(IrqSource {
-                        irq: label.clone(),
-                        name: line.name.clone(),
-                        per_sec: d as f64 / secs,
-                    });
-                }
-                IrqKind::Ipi => ipi += d,
-                IrqKind::Timer => timer += d,
-                IrqKind::Other => {}
-            }
-        }
-        sources.sort_by(|a, b| b.per_sec.total_cmp(&a.per_sec));
-        health.push(CpuHealth {
-            cpu,
-            device_per_sec: device as f64 / secs,
-            sources,
-            ipi_per_sec: ipi as f64 / secs,
-            timer_per_sec: timer as f64 / secs,
-        });
-    }
+    let health = cpus.iter().map(|cpu| cpu_health(cpu, before, after, secs)).collect();
     // The pool's own time, from its cgroups' counters, where each was read at both ends.
     let own = match (before.pool_usage_usec.get(pool), after.pool_usage_usec.get(pool)) {
         (Some(a), Some(b)) if a.keys().eq(b.keys()) => {
@@ -474,16 +446,6 @@ mod tests {
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    #[test]
-    fn cmdline_isolation_drops_flags() {
-        let b = parse_cmdline(
-            "BOOT_IMAGE=/vmlinuz root=/dev/vda1 isolcpus=managed_irq,domain,2-3 nohz_full=2-3,5 quiet",
-        );
-        assert_eq!(b.isolcpus, set("2-3"));
-        assert_eq!(b.nohz_full, set("2-3,5"));
-        assert_eq!(parse_cmdline("quiet isolcpus=nohz"), BootIsolation::default());
     }
 
     #[test]
@@ -565,6 +527,15 @@ mod tests {
         assert_eq!(h.cpus[1].device_per_sec, 0.0);
         assert!(!h.holds());
         assert_eq!(h.summary(), "71 IRQ/s from irq 32 virtio1-requests on CPU 2");
+        let noise = |c: usize| -> Vec<(String, f64)> {
+            h.cpus[c].noise.iter().map(|n| (n.source.clone(), n.per_sec)).collect()
+        };
+        // Each IPI kind and the tick by the kernel's label, device IRQs as one source.
+        let want = |v: [f64; 3]| {
+            vec![("ipi:CAL".to_owned(), v[0]), ("timer:LOC".to_owned(), v[1]), ("device".to_owned(), v[2])]
+        };
+        assert_eq!(noise(0), want([246.0, 10.0, 71.0]));
+        assert_eq!(noise(1), want([0.0, 0.0, 0.0]), "zeros are reported, not left out");
         let quiet =
             assess("dp", &set("2-3"), &before, &before, 2.0).unwrap_or_else(|| panic!("not assessed"));
         assert!(quiet.holds());

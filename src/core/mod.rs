@@ -3,6 +3,7 @@
 //! Nothing here does I/O, reads a clock or awaits. The engine feeds it requests and executes the
 //! effects it returns through the host side.
 pub mod alloc;
+pub mod boot;
 pub mod cache;
 pub mod classes;
 pub mod container;
@@ -12,6 +13,7 @@ pub mod dra;
 pub mod edit;
 pub mod housekeeping;
 pub mod isolation;
+pub mod noise;
 pub mod plan;
 pub mod pool;
 pub mod power;

@@ -185,6 +185,9 @@ pub struct Housekeeping {
     saved: Remembered<Saved>,
     last: Option<(Instant, Sample)>,
     report: IsolationReport,
+    /// Whether the next pass logs the boot isolation's gaps even if unchanged: at start and
+    /// after a reload.
+    say_boot: bool,
 }
 
 impl Housekeeping {
@@ -192,7 +195,8 @@ impl Housekeeping {
     /// pass [`Housekeeping::check_saved`] against the `host`'s CPUs.
     pub fn new(roots: Roots, host: &CpuSet) -> Housekeeping {
         let saved = Saved::load(&roots.state_dir);
-        let mut hk = Housekeeping { roots, saved, last: None, report: IsolationReport::default() };
+        let mut hk =
+            Housekeeping { roots, saved, last: None, report: IsolationReport::default(), say_boot: true };
         hk.check_saved(host);
         hk
     }
@@ -411,8 +415,11 @@ impl Housekeeping {
 }
 
 impl Keeper for Housekeeping {
-    /// Nothing to take: its roots are the daemon's, given when it joins, and it has no setting.
-    fn configure(&mut self, _: &Settings) {}
+    /// Nothing to take: its roots are the daemon's, given when it joins, and it has no setting;
+    /// after a reload (or pool edit) the next pass says the boot isolation's gaps again.
+    fn configure(&mut self, _: &Settings) {
+        self.say_boot = true;
+    }
 
     /// Reads back partitions and fits the workqueue masks and kernel threads to the isolated
     /// pools; returns the events of the pools whose partition validity changed.
@@ -459,6 +466,7 @@ impl Keeper for Housekeeping {
         if news && kthreads.moved > 0 {
             log::info!("kernel threads: {}", kthreads.summary());
         }
+        log_boot_coverage(&self.report, &kernel, &pools, std::mem::take(&mut self.say_boot));
         self.report = IsolationReport { kernel, housekeeping, masks, kthreads, pools };
         events
     }
@@ -473,6 +481,34 @@ impl Keeper for Housekeeping {
 
     /// Nothing: the pools stay isolated over a restart (module docs).
     fn stop(&mut self) {}
+}
+
+/// Logs what the kernel's boot isolation leaves undone for the isolated `pools`
+/// ([`crate::core::boot::problems`]) when `always` (at start; at the first pass after a reload
+/// or pool edit, which for a reload that changed no pool is the next drift check) and on any
+/// pass that changes it.
+fn log_boot_coverage(
+    last: &IsolationReport,
+    kernel: &KernelIsolation,
+    pools: &BTreeMap<PoolName, PoolIsolation>,
+    always: bool,
+) {
+    let problems = |k: &KernelIsolation, p: &BTreeMap<PoolName, PoolIsolation>| {
+        let pools = p.iter().map(|(n, p)| (n.as_str(), &p.cpus));
+        crate::core::boot::problems(pools, &k.boot, &k.nohz_full, &k.isolated)
+    };
+    let now = problems(kernel, pools);
+    if !always && now == problems(&last.kernel, &last.pools) {
+        return;
+    }
+    // Information, not a fault: the pools are isolated as configured; what only a reboot
+    // removes is said so that it is known, and the sandbox's kernel has no boot parameters.
+    for p in &now {
+        log::info!("boot isolation: {p}");
+    }
+    if now.is_empty() && !pools.is_empty() {
+        log::info!("boot isolation: the kernel's nohz_full=, rcu_nocbs= and isolcpus=managed_irq cover the isolated pools");
+    }
 }
 
 /// What keeps an isolated pool's CPUs from being the partitions the layout plans: none at

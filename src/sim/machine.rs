@@ -118,9 +118,9 @@ pub fn write_sysfs(root: &Path, topo: &Topology) -> io::Result<()> {
 }
 
 /// Writes the kernel counters the isolation health sampler reads, where they are missing:
-/// `interrupts` (one virtio device IRQ, the local timer and function-call IPIs, all zero) and
-/// `stat` (per-CPU times, all zero), in the kernel's formats. Tests rewrite them to make counts
-/// move.
+/// `interrupts` (one virtio device IRQ, the local timer and function-call IPIs, all zero),
+/// `stat` (per-CPU times, all zero), `softirqs` ([`softirqs_text`]), `schedstat`
+/// ([`schedstat_text`]) and `cmdline` (no isolation parameters), in the kernel's formats. Tests rewrite them to make counts move.
 pub fn write_procfs(root: &Path, topo: &Topology) -> io::Result<()> {
     let online: Vec<u32> = topo.online().iter().collect();
     let interrupts = root.join("interrupts");
@@ -136,7 +136,59 @@ pub fn write_procfs(root: &Path, topo: &Topology) -> io::Result<()> {
         text.push_str("intr 0\nctxt 0\nbtime 0\nprocesses 1\nprocs_running 1\nprocs_blocked 0\n");
         put(&stat, &text)?;
     }
+    let softirqs = root.join("softirqs");
+    if !softirqs.exists() {
+        let possible: Vec<u32> = topo.online().union(topo.offline()).iter().collect();
+        put(&softirqs, &softirqs_text(&possible, &BTreeMap::new()))?;
+    }
+    // A kernel booted without isolation parameters; tests write their own before the start.
+    let cmdline = root.join("cmdline");
+    if !cmdline.exists() {
+        put(&cmdline, "BOOT_IMAGE=/boot/vmlinuz-sandbox root=/dev/vda1 ro quiet\n")?;
+    }
+    let schedstat = root.join("schedstat");
+    if !schedstat.exists() {
+        put(&schedstat, &schedstat_text(&online, &BTreeMap::new()))?;
+    }
     Ok(())
+}
+
+/// The softirqs the kernel lists, in its order (`softirq_to_name`, include/linux/interrupt.h).
+pub const SOFTIRQS: [&str; 10] =
+    ["HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU"];
+
+/// `/proc/softirqs` for the `possible` CPUs with `counts[(name, cpu)]` (zero where missing),
+/// laid out as fs/proc/softirqs.c prints it: a 20-column indent and `CPU%-8d` per CPU, then
+/// `%12s:` and ` %10u` per CPU.
+pub fn softirqs_text(possible: &[u32], counts: &BTreeMap<(&str, u32), u64>) -> String {
+    let mut text = " ".repeat(20);
+    for cpu in possible {
+        text.push_str(&format!("CPU{cpu:<8}"));
+    }
+    text.push('\n');
+    for name in SOFTIRQS {
+        text.push_str(&format!("{name:>12}:"));
+        for cpu in possible {
+            text.push_str(&format!(" {:>10}", counts.get(&(name, *cpu)).copied().unwrap_or(0)));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// `/proc/schedstat` (version 15, as Linux 6.1 to 6.12 print it) for the `online` CPUs, each
+/// with `switched_in[cpu]` tasks switched in (the ninth field; zero where missing) and one
+/// scheduling domain line; the other fields are zero, as with `kernel.sched_schedstats=0`.
+pub fn schedstat_text(online: &[u32], switched_in: &BTreeMap<u32, u64>) -> String {
+    let mut text = "version 15\ntimestamp 4294892296\n".to_owned();
+    let span = online.last().map_or(1, |l| l + 1);
+    let mask = crate::core::housekeeping::format_mask(&online.iter().copied().collect(), span);
+    for cpu in online {
+        let n = switched_in.get(cpu).copied().unwrap_or(0);
+        text.push_str(&format!("cpu{cpu} 0 0 0 0 0 0 {} {} {n}\n", n * 1_000_000, n * 20_000));
+        text.push_str(&format!("domain0 {mask}{}\n", " 0".repeat(36)));
+    }
+    text
 }
 
 /// `/proc/interrupts` for `online` CPUs with `counts[(label, cpu)]` (zero where missing):
@@ -418,6 +470,28 @@ mod tests {
         assert_eq!(cat(&cpu.join("cpu7/cache/index3/type")), "Unified\n");
         assert_eq!(cat(&root.join("devices/system/node/node1/cpulist")), "2-3,6-7\n");
         assert_eq!(cat(&root.join("devices/system/node/online")), "0-1\n");
+    }
+
+    /// The simulated noise counters are what the health sampler's parsers read on a real
+    /// kernel: the ten softirqs for every CPU, each CPU's switches in schedstat's ninth field.
+    #[test]
+    fn writes_softirqs_and_schedstat_as_the_kernel_prints_them() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let topo = shape("1x4x1:1").topology();
+        write_procfs(dir.path(), &topo).unwrap_or_else(|e| panic!("{e}"));
+        let soft = crate::core::noise::parse_softirqs(&cat(&dir.path().join("softirqs")));
+        assert_eq!(soft.keys().map(String::as_str).collect::<Vec<_>>().len(), 10);
+        assert!(soft.values().all(|c| c.keys().copied().eq(0..4) && c.values().all(|n| *n == 0)), "{soft:?}");
+        let counts = BTreeMap::from([(("RCU", 3u32), 4_294_967_295u64), (("SCHED", 0), 7)]);
+        let text = softirqs_text(&[0, 1, 2, 3], &counts);
+        assert!(text.starts_with(&format!("{}CPU0       CPU1       CPU2", " ".repeat(20))), "{text}");
+        assert!(text.contains("\n         RCU:          0          0          0 4294967295\n"), "{text}");
+        let soft = crate::core::noise::parse_softirqs(&text);
+        assert_eq!((soft["RCU"][&3], soft["SCHED"][&0]), (4_294_967_295, 7));
+        let sched = crate::core::noise::parse_schedstat(&schedstat_text(&[0, 2], &BTreeMap::from([(2, 41)])));
+        assert_eq!(sched, BTreeMap::from([(0, 0), (2, 41)]));
+        let written = crate::core::noise::parse_schedstat(&cat(&dir.path().join("schedstat")));
+        assert_eq!(written.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
     }
 
     #[test]

@@ -214,6 +214,7 @@ fn status_and_pool_show_align_every_part_alike() {
             per_cpu: Vec::new(),
             irqs: "8 moved off 2-3,6-7".into(),
             kthreads: "7 moved off 2-3,6-7".into(),
+            boot: String::new(),
         }],
         ..Default::default()
     };
@@ -280,4 +281,79 @@ fn json_documents_mirror_the_varlink_replies() {
     assert_eq!(v["pools"][0]["free_millicpus"], 1750);
     assert_eq!(pool_json(&dp())["pool"]["isolated"], true);
     assert_eq!(assignments_json(&[]), json!({"assignments": []}));
+}
+
+/// `pool show` lists what still interrupts each isolated CPU, busiest first and zeros left
+/// out, and whether the kernel's boot isolation covers the pool; `isolation boot-line` prints
+/// the line alone and says on the side what the running kernel leaves undone.
+#[test]
+fn pool_show_lists_the_noise_by_source_and_the_boot_coverage() {
+    use cpupool_wire::views::{CpuHealth, Noise, PoolIsolation};
+    let noise = |pairs: &[(&str, f64)]| -> Vec<Noise> {
+        pairs.iter().map(|(s, r)| Noise { source: (*s).into(), per_sec: *r }).collect()
+    };
+    let cpu = |cpu, n| CpuHealth {
+        cpu,
+        device_irqs_per_sec: 0.0,
+        ipis_per_sec: 0.0,
+        timer_per_sec: 0.0,
+        sources: String::new(),
+        noise: n,
+    };
+    let iso = Isolation {
+        pools: vec![PoolIsolation {
+            pool: "dp".into(),
+            cpus: "2-3".into(),
+            state: "holds".into(),
+            summary: "holds".into(),
+            reason: String::new(),
+            foreign_percent: -1.0,
+            per_cpu: vec![
+                cpu(2, noise(&[("ipi:CAL", 208.0), ("timer:LOC", 0.0), ("softirq:SCHED", 208.0)])),
+                cpu(3, noise(&[("timer:LOC", 230.0), ("softirq:RCU", 78.0), ("sched:switched_in", 0.5)])),
+                cpu(6, noise(&[("timer:LOC", 0.0)])),
+            ],
+            irqs: String::new(),
+            kthreads: String::new(),
+            boot: "nohz_full= misses 2-3; rcu_nocbs= misses 2-3".into(),
+        }],
+        boot_line: "nohz_full=2-3 rcu_nocbs=2-3 isolcpus=managed_irq,2-3".into(),
+        boot_unused: "6".into(),
+        ..Default::default()
+    };
+    let text = pool_show(&dp(), &[], &iso, &[]);
+    let line = |key: &str| {
+        text.lines().find(|l| l.starts_with(key)).map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(
+        line("noise cpu 2:").as_deref(),
+        Some("noise cpu 2: ipi:CAL 208/s, softirq:SCHED 208/s"),
+        "{text}"
+    );
+    assert_eq!(
+        line("noise cpu 3:").as_deref(),
+        Some("noise cpu 3: timer:LOC 230/s, softirq:RCU 78/s, sched:switched_in 0.5/s"),
+        "{text}"
+    );
+    assert_eq!(line("noise cpu 6:").as_deref(), Some("noise cpu 6: none"), "{text}");
+    assert_eq!(
+        line("boot:").as_deref(),
+        Some("boot: nohz_full= misses 2-3; rcu_nocbs= misses 2-3 (cpupoolctl isolation boot-line)"),
+        "{text}"
+    );
+    let columns: Vec<usize> = text.lines().map(value_column).collect();
+    assert!(columns.iter().all(|c| *c == columns[0]), "pool show:\n{text}");
+    assert_eq!(boot_line(&iso), "nohz_full=2-3 rcu_nocbs=2-3 isolcpus=managed_irq,2-3\n");
+    assert_eq!(boot_line(&Isolation::default()), "");
+    let problems = boot_problems(&iso);
+    assert_eq!(
+        problems[0],
+        ("pool dp".to_owned(), "nohz_full= misses 2-3; rcu_nocbs= misses 2-3".to_owned())
+    );
+    assert_eq!(problems[1].1, "CPUs 6 are isolated at boot but in no isolated pool");
+    assert_eq!(boot_line_json(&iso)["pools"][0]["boot"], "nohz_full= misses 2-3; rcu_nocbs= misses 2-3");
+    let doc = pool_show_json(&dp(), &[], &iso);
+    assert_eq!(doc["isolation"]["per_cpu"][1]["noise"][1], json!({"source": "softirq:RCU", "per_sec": 78.0}));
+    assert_eq!(doc["isolation"]["boot"], iso.pools[0].boot);
+    assert!(pool_show_json(&web(), &[], &Isolation::default()).get("isolation").is_none());
 }

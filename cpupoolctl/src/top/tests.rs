@@ -69,9 +69,11 @@ fn snapshot() -> Snapshot {
                     ipis_per_sec: 3.0,
                     timer_per_sec: 0.5,
                     sources: "32 virtio1-requests 71/s".into(),
+                    noise: Vec::new(),
                 }],
                 irqs: String::new(),
                 kthreads: String::new(),
+                boot: String::new(),
             }],
             ..Default::default()
         },
@@ -183,6 +185,7 @@ fn big_snapshot() -> Snapshot {
             ipis_per_sec: 0.0,
             timer_per_sec: 0.0,
             sources: String::new(),
+            noise: Vec::new(),
         })
         .collect();
     snap

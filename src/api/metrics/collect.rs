@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 use tokio::sync::watch;
 
+use crate::core::boot::{self, Param};
+use crate::core::cpuset::CpuSet;
 use crate::core::state::Target;
 use crate::engine::Snapshot;
 
@@ -222,6 +224,7 @@ fn isolation(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fm
         &foreign,
     )?;
     isolated_cpus(enc, snap)?;
+    noise_and_boot(enc, snap)?;
     gauges(
         enc,
         "irqs_moved",
@@ -274,6 +277,57 @@ fn isolated_cpus(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std
         "Local timer interrupts per second on an isolated CPU (last interval)",
         None,
         &timer,
+    )
+}
+
+/// Each isolated CPU's interruptions by source (a fixed set per kernel: the tick, each IPI
+/// kind, device IRQs as one, each softirq, tasks switched in; so at most ~20 series per
+/// isolated CPU), and how the kernel's boot isolation covers the isolated pools.
+fn noise_and_boot(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
+    let iso = &snap.isolation;
+    let (mut noise, mut uncovered) = (Vec::new(), Vec::new());
+    let mut isolated = CpuSet::new();
+    for (name, p) in &iso.pools {
+        for c in p.health.iter().flat_map(|h| &h.cpus) {
+            for n in &c.noise {
+                let labels = vec![
+                    ("pool", name.to_string()),
+                    ("cpu", c.cpu.to_string()),
+                    ("source", n.source.clone()),
+                ];
+                noise.push((labels, n.per_sec));
+            }
+        }
+        isolated = isolated.union(&p.cpus);
+        for param in Param::ALL {
+            let left = p.cpus.difference(&param.covers(&iso.kernel.boot, &iso.kernel.nohz_full));
+            uncovered.push((
+                vec![("pool", name.to_string()), ("parameter", param.as_str().to_owned())],
+                left.len() as f64,
+            ));
+        }
+    }
+    gauges(
+        enc,
+        "isolation_interruptions_per_second",
+        "Interruptions per second on an isolated CPU by source: timer:LOC, ipi:KIND, device, softirq:NAME, sched:switched_in (last interval)",
+        None,
+        &noise,
+    )?;
+    gauges(
+        enc,
+        "isolation_boot_uncovered_cpus",
+        "CPUs of an isolated pool that a boot isolation parameter (nohz_full, rcu_nocbs, isolcpus=managed_irq) does not cover",
+        None,
+        &uncovered,
+    )?;
+    let unused = boot::unused(&iso.kernel.boot, &iso.kernel.nohz_full, &iso.kernel.isolated, &isolated);
+    gauges(
+        enc,
+        "isolation_boot_unused_cpus",
+        "CPUs the kernel isolates at boot that no isolated pool uses",
+        None,
+        &[(Labels::new(), unused.len() as f64)],
     )
 }
 
