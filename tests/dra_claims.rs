@@ -205,6 +205,29 @@ async fn what_a_peer_sends_is_bounded() {
     assert!(e.contains(".request") && e.len() < 4096, "{} bytes: {}", e.len(), &e[..e.len().min(300)]);
     assert_eq!(left(&d, &uid), (0, false, false));
 
+    // A claim bigger than any API server holds (4 MiB, in an annotation) is refused as it
+    // arrives: the whole of a 150 MiB one was read and decoded (332 MB).
+    let uid = uuid(true);
+    let mut obj = claim(NS, "huge", &uid, &[dp("dp-numa0", "1")], &[("p", "u")]);
+    obj["metadata"]["annotations"] = json!({ "x": "y".repeat(4 << 20) });
+    fake.put_claim(obj);
+    let e = prepare_one(&k, &peer::claim(NS, "huge", &uid)).await.error;
+    assert!(
+        e.contains("larger than 3145728 bytes") && e.len() < 4096,
+        "{} bytes: {}",
+        e.len(),
+        &e[..e.len().min(300)]
+    );
+    assert_eq!(left(&d, &uid), (0, false, false));
+    // One just under the bound is read as any other claim.
+    let uid = uuid(false);
+    let mut obj = claim(NS, "large", &uid, &[dp("dp-numa0", "1")], &[("p", "u")]);
+    obj["metadata"]["annotations"] = json!({ "x": "y".repeat(3 << 19) });
+    fake.put_claim(obj);
+    let r = prepare_one(&k, &peer::claim(NS, "large", &uid)).await;
+    assert!(r.error.is_empty(), "{}", r.error);
+    assert_eq!(left(&d, &uid), (1, true, true));
+
     // A 1 MiB claim name comes back cut.
     let e = prepare_one(&k, &peer::claim(NS, &"n".repeat(1 << 20), &uuid(true))).await.error;
     assert!(!e.is_empty() && e.len() < 4096, "{} bytes", e.len());

@@ -17,8 +17,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
+use http_body_util::BodyExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::{Api, Client};
+use kube::core::params::GetParams;
+use kube::{Client, Resource};
 
 use super::Options;
 use crate::core::cpuset::CpuSet;
@@ -41,6 +43,37 @@ pub(super) struct Driver {
     cdi: CdiDir,
     /// The claims being worked on, each by one call at a time; an entry goes with its last user.
     busy: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+/// The largest ResourceClaim read from the API server, in bytes of its JSON. No API server
+/// holds a bigger one: etcd refuses a value over 1.5 MiB (its default `--max-request-bytes`),
+/// and the API server takes no request body over 3 MiB. A claim of 32 results and 256 pods is
+/// tens of KiB. Bigger is no claim at all, and is refused as it arrives, before it is all held
+/// (a 150 MiB answer took 332 MB to read and decode).
+pub const MAX_CLAIM_BYTES: usize = 3 << 20;
+
+/// GET of the ResourceClaim `namespace/name`, reading at most [`MAX_CLAIM_BYTES`] of the
+/// answer; the API server's refusals in words.
+async fn read_claim(client: &Client, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
+    let url = ResourceClaim::url_path(&(), Some(namespace));
+    let req = kube::core::Request::new(url).get(name, &GetParams::default()).map_err(|e| e.to_string())?;
+    let res = client.send(req.map(kube::client::Body::from)).await.map_err(|e| crate::k8s::describe(&e))?;
+    let status = res.status();
+    let body = http_body_util::Limited::new(res.into_body(), MAX_CLAIM_BYTES)
+        .collect()
+        .await
+        .map_err(|e| match e.downcast::<http_body_util::LengthLimitError>() {
+            Ok(_) => format!("the answer is larger than {MAX_CLAIM_BYTES} bytes, which no API server holds"),
+            Err(e) => e.to_string(),
+        })?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(match serde_json::from_slice::<kube::core::ErrorResponse>(&body) {
+            Ok(r) => crate::k8s::describe_status(&r),
+            Err(_) => format!("{status}"),
+        });
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("not a ResourceClaim: {e}"))
 }
 
 /// The most pods a claim is reserved for (the API's `ResourceClaimReservedForMaxSize`).
@@ -95,10 +128,9 @@ impl Driver {
             }
             return Ok(rec.devices.iter().map(to_wire).collect());
         }
-        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), &c.namespace)
-            .get(&c.name)
+        let claim = read_claim(&self.client, &c.namespace, &c.name)
             .await
-            .map_err(|e| format!("{who}: reading it from the API server: {}", crate::k8s::describe(&e)))?;
+            .map_err(|e| format!("{who}: reading it from the API server: {e}"))?;
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         if uid != c.uid {
             return Err(format!(
