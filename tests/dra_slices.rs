@@ -277,9 +277,18 @@ fn fake_apiserver_dra_slices_follow_the_pools() {
         }
     });
     assert_eq!(batch["requestPolicy"], json!({"default": "2", "validRange": {"min": "2", "max": "2"}}));
-    let logs = d.logs();
-    assert!(logs.contains("applying ResourceSlice node-a-dra.cpupool.io-0"), "{logs}");
-    assert!(logs.contains("the ResourceSlices are written again"), "{logs}");
+    // The log line after a write that went through comes when that write's answer is read,
+    // which may be after the fake already serves the new slice: waited for, not assumed.
+    wait_for(WAIT, "the log of the slices written again", || {
+        let logs = d.logs();
+        if logs.contains("applying ResourceSlice node-a-dra.cpupool.io-0")
+            && logs.contains("the ResourceSlices are written again")
+        {
+            Ok(())
+        } else {
+            Err(logs)
+        }
+    });
 
     // No pool is DRA's any more: the slices are deleted.
     v.call("DeletePool", json!({"name": "batch"})).unwrap();
