@@ -48,6 +48,17 @@ fn start(tmp: &Path) -> Daemon {
     Daemon::start_shaped(tmp, "2x4x2:2", Some(CONFIG), &["--bus", "none"])
 }
 
+/// A node and the daemon on it, with the fake runtime's first connection configured and
+/// synchronized with nothing running.
+fn connected(tmp: &Path) -> (Node, Daemon, fake::Plugin) {
+    let n = Node::serve(&tmp.join("sb"));
+    let d = start(tmp);
+    let mut rt = n.runtime.accept(WAIT).unwrap();
+    rt.configure().unwrap();
+    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    (n, d, rt)
+}
+
 fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
@@ -226,11 +237,7 @@ async fn fake_runtime_a_pooled_container_starts_on_its_cpus_and_gives_them_back(
 async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_a_copied_environment_gets_nothing(
 ) {
     let tmp = tempfile::tempdir().unwrap();
-    let mut n = Node::serve(&tmp.path().join("sb"));
-    let d = start(tmp.path());
-    let mut rt = n.runtime.accept(WAIT).unwrap();
-    rt.configure().unwrap();
-    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let (mut n, d, mut rt) = connected(tmp.path());
     let env = n.allocate("dp", &["core-7"], "default/db-0/db").await;
     let pod = fake::pod("s1", &test_support::apiserver::uid(), "db-0");
     let c = fake::container(&pod, "c1", "db", &env_refs(&env));
@@ -263,11 +270,7 @@ async fn fake_runtime_a_start_whose_cgroup_does_not_hold_the_cpus_fails_and_a_co
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_runtime_reconnects_and_a_restart_of_cpupoold_keeps_running_containers() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut n = Node::serve(&tmp.path().join("sb"));
-    let d = start(tmp.path());
-    let mut rt = n.runtime.accept(WAIT).unwrap();
-    rt.configure().unwrap();
-    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let (mut n, d, mut rt) = connected(tmp.path());
     let env1 = n.allocate("dp", &["core-1"], "default/p/a").await;
     let env2 = n.allocate("dp", &["core-2"], "default/p/b").await;
     let pod = fake::pod("s1", &test_support::apiserver::uid(), "p");
@@ -318,15 +321,11 @@ async fn fake_runtime_reconnects_and_a_restart_of_cpupoold_keeps_running_contain
 /// A runtime that reconnects while the kubelet's PodResources cannot answer (the socket file
 /// is there, nobody listens: a kubelet restarting): the running container that says it holds
 /// devices cannot be looked up, and Synchronize used to count it gone and release its CPUs
-/// under it. It keeps them; the next Synchronize with the kubelet back finds it as before.
+/// under it. It keeps them, bound to its cgroup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_runtime_reconnecting_while_the_kubelet_cannot_answer_releases_nothing_that_runs() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut n = Node::serve(&tmp.path().join("sb"));
-    let d = start(tmp.path());
-    let mut rt = n.runtime.accept(WAIT).unwrap();
-    rt.configure().unwrap();
-    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let (mut n, d, mut rt) = connected(tmp.path());
     let env = n.allocate("dp", &["core-1"], "default/p/a").await;
     let pod = fake::pod("s1", &test_support::apiserver::uid(), "p");
     let c1 = fake::container(&pod, "c1", "a", &env_refs(&env));
@@ -368,11 +367,7 @@ const NOT_OURS: [(&str, &str); 9] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_runtime_naming_host_or_pool_slices_as_a_pod_or_container_cgroup_gets_nothing_written_there() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut n = Node::serve(&tmp.path().join("sb"));
-    let d = start(tmp.path());
-    let mut rt = n.runtime.accept(WAIT).unwrap();
-    rt.configure().unwrap();
-    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let (mut n, d, mut rt) = connected(tmp.path());
     let read = |d: &Daemon| {
         NOT_OURS.iter().map(|(_, rel)| (*rel, d.cgroup(&format!("{rel}/cpuset.cpus")))).collect::<Vec<_>>()
     };
@@ -523,11 +518,7 @@ fn monitor_until_removed(m: &mut Varlink, id: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_runtime_an_allocation_is_allocated_until_its_container_starts_and_applied_only_while_it_runs() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut n = Node::serve(&tmp.path().join("sb"));
-    let d = start(tmp.path());
-    let mut rt = n.runtime.accept(WAIT).unwrap();
-    rt.configure().unwrap();
-    rt.synchronize(Vec::new(), Vec::new()).unwrap();
+    let (mut n, d, mut rt) = connected(tmp.path());
     let mut monitor = Varlink::connect(&d.varlink);
     monitor.set_timeout(WAIT);
     monitor.send_raw(b"{\"method\":\"org.cpupool.Manager.Monitor\",\"more\":true}\0").unwrap();
