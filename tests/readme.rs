@@ -13,7 +13,8 @@
 //! and of `docs/` loads with the real configuration parser; every `cpupoolctl` line of their
 //! `sh` blocks parses with cpupoolctl's real argument parser; the interface tables of
 //! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML; relative links
-//! resolve; and the README stays a guide (under 25 KB).
+//! resolve, and every repository path named in backticks exists; and the README stays a guide
+//! (under 25 KB).
 //!
 //! Not run: `cargo test ...` (this is one of those tests). The varlink lines need the PyPI
 //! `varlink` package (`test_support::needs`: the test fails without it, or skips them with
@@ -938,4 +939,47 @@ fn docs_dra_try_it_on_one_machine_with_the_fake_apiserver_works() {
         stdout.lines().find(|l| l.starts_with(&format!("dra-{uid}-0 "))).unwrap_or_else(|| panic!("{said}"));
     assert!(booked.split_whitespace().nth(1) == Some("dp"), "{booked}");
     assert!(stdout.contains("CPUPOOL_CPUS="), "the CDI spec: {said}");
+}
+
+/// The repository paths a text names in backticks (`src/host/store.rs`, `tests/vm/run`,
+/// `src/api/varlink.rs:120`), cut at a `:line` or `::item`.
+fn named_paths(text: &str) -> Vec<String> {
+    const TOPS: &[&str] = &[
+        "src/",
+        "tests/",
+        "benches/",
+        "cpupoolctl/",
+        "cpupool-wire/",
+        "test-support/",
+        "packaging/",
+        "dbus/",
+        "proto/",
+        "deploy/",
+        "fuzz/",
+        ".ci/",
+    ];
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| TOPS.iter().any(|t| s.starts_with(t)))
+        .filter(|s| !s.contains(char::is_whitespace) && !s.contains('*') && !s.contains('<'))
+        .map(|s| s.split(':').next().unwrap_or(s).trim_end_matches(['.', ',', ')']).to_owned())
+        .collect()
+}
+
+#[test]
+fn every_path_the_guides_name_exists() {
+    let mut problems = Vec::new();
+    for (rel, text) in documents() {
+        for path in named_paths(&text) {
+            if !root().join(&path).exists() {
+                problems.push(format!("{} names `{path}`, which does not exist", rel.display()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert_eq!(
+        named_paths("see `src/a.rs:12`, `tests/vm/run --image 13`, `src/x/*.rs` and `cpupoolctl pool`"),
+        vec!["src/a.rs".to_owned()]
+    );
 }
