@@ -239,49 +239,6 @@ fn module_of(rel: &str) -> Vec<String> {
     parts
 }
 
-/// The top-level rooms `code` (of the module `module`) names through `crate::` or `super::`
-/// paths, with the line each is named on; comment lines are not code.
-fn rooms_named(module: &[String], code: &str) -> Vec<(String, usize)> {
-    let mut out = Vec::new();
-    for (n, line) in code.lines().enumerate() {
-        if line.trim_start().starts_with("//") {
-            continue;
-        }
-        let bytes = line.as_bytes();
-        let mut i = 0;
-        while i < line.len() {
-            let starts_path = i == 0
-                || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
-            let rest = &line[i..];
-            let ident =
-                |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
-            if starts_path && rest.starts_with("crate::") {
-                out.push((ident(&rest[7..]), n + 1));
-                i += 7;
-                continue;
-            }
-            if starts_path && rest.starts_with("super::") {
-                let mut ups = 0;
-                let mut r = rest;
-                while let Some(after) = r.strip_prefix("super::") {
-                    ups += 1;
-                    r = after;
-                }
-                // A file's `super` is its parent module: `super::super::` from
-                // `node::claims` is `host`, one more is the crate root.
-                let kept = module.len().saturating_sub(ups);
-                let top = if kept > 0 { module[0].clone() } else { ident(r) };
-                out.push((top, n + 1));
-                i += 7 * ups;
-                continue;
-            }
-            i += rest.chars().next().map_or(1, char::len_utf8);
-        }
-    }
-    out.retain(|(room, _)| !room.is_empty());
-    out
-}
-
 /// The imports of production code that break the floors: `(file:line, message)`.
 fn climbing_imports(files: &[(String, String)]) -> Vec<String> {
     let mut problems = Vec::new();
@@ -294,7 +251,8 @@ fn climbing_imports(files: &[(String, String)]) -> Vec<String> {
             }
             continue;
         };
-        for (named, line) in rooms_named(&module, code) {
+        for (path, line) in paths_named(&module, code) {
+            let Some(named) = path.first().cloned() else { continue };
             if named == room {
                 continue;
             }
@@ -394,9 +352,14 @@ fn every_bench_and_example_is_described_where_the_guides_say() {
 /// `module` to absolute segments (`use super::{a::X, b}` gives `a::X` and `b`, each under the
 /// parent). Comment lines are left out; a path is cut at its first segment that is not an
 /// identifier.
-fn paths_named(module: &[String], code: &str) -> Vec<Vec<String>> {
-    let code: String =
-        code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+fn paths_named(module: &[String], code: &str) -> Vec<(Vec<String>, usize)> {
+    // Comment lines are blanked, not dropped, so that a path's line number is the file's.
+    let code: String = code
+        .lines()
+        .map(|l| if l.trim_start().starts_with("//") { "" } else { l })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let line_at = |i: usize| code[..i].matches('\n').count() + 1;
     let b = code.as_bytes();
     let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
     let mut out = Vec::new();
@@ -457,7 +420,7 @@ fn paths_named(module: &[String], code: &str) -> Vec<Vec<String>> {
                         let from =
                             item_start + rest[item_start..].len() - rest[item_start..].trim_start().len();
                         let (segs, _) = read_path(from);
-                        out.push([base.clone(), segs].concat());
+                        out.push(([base.clone(), segs].concat(), line_at(i)));
                         item_start = k + 1;
                     }
                     _ => {}
@@ -467,12 +430,12 @@ fn paths_named(module: &[String], code: &str) -> Vec<Vec<String>> {
             let from = item_start + rest[item_start..].len() - rest[item_start..].trim_start().len();
             let (segs, _) = read_path(from.min(rest.len()));
             if !segs.is_empty() {
-                out.push([base.clone(), segs].concat());
+                out.push(([base.clone(), segs].concat(), line_at(i)));
             }
             j = k;
         } else {
             let (segs, k) = read_path(j);
-            out.push([base.clone(), segs].concat());
+            out.push(([base.clone(), segs].concat(), line_at(i)));
             j = k;
         }
         i += j.max(1);
@@ -490,7 +453,7 @@ fn folder_loops(files: &[(String, String)]) -> std::collections::BTreeMap<String
     let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
     for (m, code) in &modules {
         let Some(parent) = m.split_last().map(|(_, p)| p) else { continue };
-        for path in paths_named(m, code) {
+        for (path, _) in paths_named(m, code) {
             // The sibling the path goes through, when it names one of this folder's modules.
             if path.len() > parent.len() && path[..parent.len()] == *parent {
                 let sibling = path[..=parent.len()].to_vec();
