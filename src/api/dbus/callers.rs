@@ -4,9 +4,11 @@
 //! connections, see [`crate::api::budget`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::Error;
+use crate::api::auth::Authorizer;
 use crate::api::budget::{AdminCache, Budget, Class, Shares, Slot};
 use crate::api::error::{access_denied, access_denied_because, busy_calls};
 
@@ -34,8 +36,42 @@ impl CallLimits {
 /// life, so an answer stays true. At most this many are kept; the oldest go first.
 const SENDERS_KEPT: usize = 4096;
 
-/// Unique names to uids (each asked of the bus once), and the names in the order they came.
-type Senders = (HashMap<String, Arc<tokio::sync::OnceCell<u32>>>, std::collections::VecDeque<String>);
+/// Unique names to what is known of them, and the names in the order they came.
+type Senders = (HashMap<String, Arc<Sender>>, std::collections::VecDeque<String>);
+
+/// One connection calling: its uid once the bus said it, and how many of its calls wait for
+/// that answer.
+#[derive(Default)]
+pub(super) struct Sender {
+    pub(super) uid: tokio::sync::OnceCell<u32>,
+    waiting: AtomicUsize,
+}
+
+/// A call of a connection whose uid (or whether that uid is privileged) is not known yet: it is
+/// asked on a task of its own ([`super::Core::admit`]). At most [`CallLimits::PER_UID`] of a
+/// connection's calls wait so (a bus round trip, once per connection: until then it counts as
+/// unprivileged); more are `Busy`, so new connections cannot pile up tasks without bound either.
+pub(super) struct Waiting(Option<Arc<Sender>>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(sender) = &self.0 {
+            sender.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// What zbus's dispatcher decides about a call before it reads the next message, so that a
+/// flood of unprivileged calls on the daemon's one bus connection is refused as it is read and
+/// a privileged call behind it starts at once, on a task of its own (see [`super::interface`]).
+pub(super) enum Gate {
+    /// Admitted within its caller's budget.
+    Admitted(Caller),
+    /// Its caller is not known yet: a task asks who it is, then admits or refuses it.
+    Unknown(Waiting),
+    /// Beyond its caller's budget: `Busy`, answered at once.
+    Refused(Error),
+}
 
 /// Who calls, and what their calls in flight hold.
 pub(super) struct Callers {
@@ -77,14 +113,38 @@ impl Callers {
         }
     }
 
-    /// Where the uid of `sender` is, or will be once asked.
-    pub(super) fn sender(&self, sender: &str) -> Arc<tokio::sync::OnceCell<u32>> {
+    /// Decides at once about a call of `sender` (`None`: a peer-to-peer call, never known) when
+    /// its uid and whether it is privileged are known: the uid from an earlier call of the same
+    /// connection, the privilege from its id alone or from [`AdminCache`] if nobody is writing
+    /// it just now. Never waits.
+    pub(super) fn gate(&self, auth: &Authorizer, sender: Option<&str>) -> Gate {
+        let Some(sender) = sender.map(|s| self.sender(s)) else { return Gate::Unknown(Waiting(None)) };
+        if let Some(&uid) = sender.uid.get() {
+            let known = auth.decides_uid(uid).or_else(|| self.admins.try_lock().ok()?.get(uid));
+            if let Some(privileged) = known {
+                return match self.admit(uid, Ok(privileged)) {
+                    Ok(caller) => Gate::Admitted(caller),
+                    Err(e) => Gate::Refused(e),
+                };
+            }
+        }
+        let before = sender.waiting.fetch_add(1, Ordering::AcqRel);
+        let waiting = Waiting(Some(sender));
+        if before >= CallLimits::PER_UID {
+            CALL_REFUSALS.note("the calls of a connection not identified yet at their limit");
+            return Gate::Refused(busy_calls("a connection not identified yet").into());
+        }
+        Gate::Unknown(waiting)
+    }
+
+    /// What is known of `sender`, kept for its next calls.
+    pub(super) fn sender(&self, sender: &str) -> Arc<Sender> {
         let mut guard = self.senders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (map, order) = &mut *guard;
         if let Some(cell) = map.get(sender) {
             return cell.clone();
         }
-        let cell = Arc::new(tokio::sync::OnceCell::new());
+        let cell = Arc::new(Sender::default());
         map.insert(sender.to_owned(), cell.clone());
         order.push_back(sender.to_owned());
         while order.len() > SENDERS_KEPT {
