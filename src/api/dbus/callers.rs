@@ -76,12 +76,56 @@ pub(super) enum Gate {
 /// Who calls, and what their calls in flight hold.
 pub(super) struct Callers {
     pub(super) budget: Arc<Budget>,
+    /// Privileged calls go first.
+    pub(super) priority: Arc<Priority>,
     /// Unique name to uid (asked of the bus once, however many calls of the connection arrive
     /// at once), and the names in the order they came.
     senders: std::sync::Mutex<Senders>,
     /// Whether uids are privileged; held while the user database is asked, so that a flood of
     /// one uid's calls asks once.
     pub(super) admins: tokio::sync::Mutex<AdminCache>,
+}
+
+/// Privileged calls admitted and not yet answered. An admitted unprivileged call starts its
+/// handler only when there are none, so that root's call read behind a flood does not wait for
+/// the CPU behind the unprivileged calls admitted before it (they hold their place in the
+/// budget meanwhile, so the wait is bounded too).
+#[derive(Default)]
+pub(super) struct Priority {
+    privileged: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One privileged call in [`Priority`], until dropped.
+pub(super) struct Ahead(Arc<Priority>);
+
+impl Priority {
+    /// Counts a privileged call until the guard is dropped.
+    pub(super) fn ahead(self: &Arc<Self>) -> Ahead {
+        self.privileged.fetch_add(1, Ordering::AcqRel);
+        Ahead(self.clone())
+    }
+
+    /// Returns once no privileged call is admitted and unanswered.
+    pub(super) async fn after_privileged(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.privileged.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        if self.0.privileged.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// An admitted call: its caller and its place in the budget, held until it is answered.
@@ -96,6 +140,7 @@ impl Callers {
     pub(super) fn new() -> Callers {
         Callers {
             budget: Budget::new(CallLimits::SHARES),
+            priority: Arc::default(),
             senders: std::sync::Mutex::new(Default::default()),
             admins: tokio::sync::Mutex::new(AdminCache::default()),
         }
@@ -160,6 +205,11 @@ impl Callers {
 static CALL_REFUSALS: crate::fds::Refusals = crate::fds::Refusals::calls("D-Bus");
 
 impl Caller {
+    /// Whether the caller may mutate (so its calls go first).
+    pub(super) fn is_privileged(&self) -> bool {
+        self.privileged == Ok(true)
+    }
+
     /// Checks that the caller may mutate; its uid.
     pub(super) fn authorize(&self) -> Result<u32, Error> {
         match &self.privileged {

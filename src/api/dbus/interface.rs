@@ -217,10 +217,15 @@ impl Interface for Manager {
             Gate::Admitted(caller) => (Some(caller), None),
             Gate::Unknown(waiting) => (None, Some(waiting)),
         };
+        // Counted before the task starts, so that unprivileged tasks not started yet wait.
+        let ahead = admitted.0.as_ref().filter(|c| c.is_privileged()).map(|_| self.callers.priority.ahead());
         let (core, conn, msg) = (self.0.clone(), conn.clone(), msg.clone());
         let member_name = name.to_string();
         tokio::spawn(async move {
             let (admitted, _waiting) = admitted;
+            if ahead.is_none() && admitted.is_some() {
+                core.callers.priority.after_privileged().await;
+            }
             let answer = match member(&member_name) {
                 Some(member) => core.dispatch(id, &member, &msg, admitted).await,
                 None => Err(Error {
@@ -231,6 +236,7 @@ impl Interface for Manager {
             if let Err(e) = answer_with(&conn, &msg, answer).await {
                 log::debug!("D-Bus: answering a call of {member_name}: {e}");
             }
+            drop(ahead);
         });
         DispatchResult2::Async(Box::pin(std::future::ready(Ok(()))))
     }
