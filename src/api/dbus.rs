@@ -42,6 +42,7 @@ pub mod args;
 mod callers;
 mod encode;
 mod interface;
+mod refusals;
 
 pub use callers::CallLimits;
 use callers::{Caller, Callers};
@@ -134,6 +135,8 @@ pub struct Core {
     /// The bus, to ask who a caller is; set once the connection is up.
     bus: std::sync::OnceLock<zbus::fdo::DBusProxy<'static>>,
     callers: Callers,
+    /// `Busy` answers waiting for privileged calls.
+    refusals: Arc<refusals::Refusals>,
     /// `ListAssignments` replies of the latest snapshot, shared by every caller.
     assignments: PerSnapshot<Vec<AssignmentStruct>>,
 }
@@ -283,6 +286,8 @@ async fn metered<T>(
 pub struct Service {
     conn: Connection,
     forwarder: tokio::task::JoinHandle<()>,
+    /// Sends the `Busy` answers ([`refusals`]).
+    refuser: tokio::task::JoinHandle<()>,
 }
 
 impl Service {
@@ -295,6 +300,7 @@ impl Service {
     /// engine can stop.
     pub async fn stop(self) {
         self.forwarder.abort();
+        self.refuser.abort();
         match self.conn.release_name(BUS_NAME).await {
             Ok(_) => {}
             // The bus went first (the sandbox's private bus gets the same Ctrl-C as the
@@ -337,8 +343,10 @@ pub async fn serve(bus: &Bus, handle: Handle, auth: Authorizer) -> zbus::Result<
         started: Instant::now(),
         bus: std::sync::OnceLock::new(),
         callers: Callers::new(),
+        refusals: Arc::default(),
         assignments: PerSnapshot::default(),
     }));
+    let refuser = tokio::spawn(manager.refusals.clone().answer(manager.callers.priority.clone()));
     let conn = builder.serve_at(OBJECT_PATH, manager)?.build().await?;
     let proxy = zbus::fdo::DBusProxy::builder(&conn)
         .cache_properties(zbus::proxy::CacheProperties::No)
@@ -352,7 +360,7 @@ pub async fn serve(bus: &Bus, handle: Handle, auth: Authorizer) -> zbus::Result<
     // The name last: once a client can find us, every method works.
     conn.request_name(BUS_NAME).await?;
     let forwarder = tokio::spawn(forward_events(conn.clone(), handle, events));
-    Ok(Service { conn, forwarder })
+    Ok(Service { conn, forwarder, refuser })
 }
 
 /// Emits `PoolChanged` for pool `name`.

@@ -127,6 +127,11 @@ impl Core {
     }
 }
 
+/// Sends error `e` as the answer to the call `msg`, unless it wants none.
+pub(super) async fn refuse(conn: &Connection, msg: &Message, e: Error) -> zbus::Result<()> {
+    answer_with(conn, msg, Err(e)).await
+}
+
 /// Sends `answer` to the call `msg`, unless it wants none.
 async fn answer_with(conn: &Connection, msg: &Message, answer: Result<Body, Error>) -> zbus::Result<()> {
     let hdr = msg.header();
@@ -209,9 +214,14 @@ impl Interface for Manager {
         let admitted = match self.callers.gate(&self.auth, hdr.sender().map(|s| s.as_str())) {
             Gate::Refused(e) => {
                 return DispatchResult2::Async(Box::pin(async move {
-                    let refused: Result<(), Error> = super::metered(name.as_str(), async { Err(e) }).await;
-                    let answer = refused.map(|()| Body::Args(None));
-                    answer_with(conn, msg, answer).await.map_err(|e| fdo::Error::Failed(e.to_string()))
+                    let Err(e) = super::metered(name.as_str(), async { Err::<(), _>(e) }).await else {
+                        return Ok(());
+                    };
+                    // Answered after privileged calls, or here when too many wait already.
+                    let Err((_, _, e)) = self.refusals.push((conn.clone(), msg.clone(), e)) else {
+                        return Ok(());
+                    };
+                    answer_with(conn, msg, Err(e)).await.map_err(|e| fdo::Error::Failed(e.to_string()))
                 }));
             }
             Gate::Admitted(caller) => (Some(caller), None),
