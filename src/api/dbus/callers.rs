@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::Error;
 use crate::api::auth::Authorizer;
@@ -90,11 +90,23 @@ pub(super) struct Callers {
 /// handler only when there are none, so that root's call read behind a flood does not wait for
 /// the CPU behind the unprivileged calls admitted before it (they hold their place in the
 /// budget meanwhile, so the wait is bounded too).
+///
+/// They also wait [`ANTICIPATE`] after the last privileged call is answered: a privileged
+/// client's next call is usually on its way (one bus round trip), and the `Busy` answers and
+/// handlers let go in between would bring as many new unprivileged calls into the socket in
+/// front of it (as an anticipatory I/O scheduler waits for the next read of the process it
+/// just served).
 #[derive(Default)]
 pub(super) struct Priority {
     privileged: AtomicUsize,
     idle: tokio::sync::Notify,
+    /// When the last privileged call was answered.
+    last: Mutex<Option<std::time::Instant>>,
 }
+
+/// How long unprivileged calls wait after a privileged call is answered: longer than a bus
+/// round trip under load, short enough that a flood is answered all the same.
+pub(super) const ANTICIPATE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// One privileged call in [`Priority`], until dropped.
 pub(super) struct Ahead(Arc<Priority>);
@@ -113,7 +125,12 @@ impl Priority {
             tokio::pin!(idle);
             idle.as_mut().enable();
             if self.privileged.load(Ordering::Acquire) == 0 {
-                return;
+                let last = *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let Some(wait) = last.and_then(|at| ANTICIPATE.checked_sub(at.elapsed())) else {
+                    return;
+                };
+                tokio::time::sleep(wait).await;
+                continue;
             }
             idle.await;
         }
@@ -122,6 +139,7 @@ impl Priority {
 
 impl Drop for Ahead {
     fn drop(&mut self) {
+        *self.0.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
         if self.0.privileged.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
