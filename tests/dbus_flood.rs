@@ -7,7 +7,7 @@
 //! daemon can only learn nobody's uid from the bus's answer to `GetConnectionUnixUser`, which
 //! it asks after it continues, so that answer comes in behind every queued call: the calls it
 //! reads before are calls of a caller it does not know. Those are held up to a bound, and
-//! answered `Busy` beyond it at once, not kept without bound until the answer comes. Root's
+//! refused `Busy` beyond it as they are read, not kept without bound until the answer comes. Root's
 //! call, behind them all, is answered. Counts and errors are asserted, never times.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -141,15 +141,17 @@ fn calls_of_an_unknown_caller_wait_within_a_bound() {
     // Root's connection is known to the daemon before the flood.
     rt.block_on(root.call_method(Some(DEST), PATH, Some(DEST), "Status", &())).unwrap();
 
-    let mut peer = Peer(Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "unidentified_flood_peer", "--nocapture", "--test-threads=1"])
-        .env(FLOOD_BUS, &bus.address)
-        .uid(65534)
-        .gid(65534)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("the flood peer: {e}")));
+    let mut peer = Peer(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "unidentified_flood_peer", "--nocapture", "--test-threads=1"])
+            .env(FLOOD_BUS, &bus.address)
+            .uid(65534)
+            .gid(65534)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("the flood peer: {e}")),
+    );
     let mut out = BufReader::new(peer.0.stdout.take().unwrap());
     wait_for(&mut out, "flood: connected");
 

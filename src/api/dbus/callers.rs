@@ -69,7 +69,7 @@ pub(super) enum Gate {
     Admitted(Caller),
     /// Its caller is not known yet: a task asks who it is, then admits or refuses it.
     Unknown(Waiting),
-    /// Beyond its caller's budget: `Busy`, answered at once.
+    /// Beyond its caller's budget: `Busy`, decided at once (sent by [`super::refusals`]).
     Refused(Error),
 }
 
@@ -139,7 +139,8 @@ impl Priority {
 
 impl Drop for Ahead {
     fn drop(&mut self) {
-        *self.0.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
+        *self.0.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(std::time::Instant::now());
         if self.0.privileged.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }

@@ -196,8 +196,8 @@ impl Interface for Manager {
 
     /// Runs inline in zbus's dispatcher ([`Interface::spawn_tasks_for_methods`] is false): it
     /// decides whether the call may run ([`Callers::gate`](super::callers::Callers::gate))
-    /// without waiting, answers `Busy` beyond the caller's budget, and answers every other call
-    /// on a task of its own. So the dispatcher reads the connection as fast as it can decide, and
+    /// without waiting, queues the `Busy` answer of a call beyond the caller's budget
+    /// ([`super::refusals`]), and answers every other call on a task of its own. So the dispatcher reads the connection as fast as it can decide, and
     /// a privileged call queued behind a flood of unprivileged ones starts once it is read,
     /// not after them.
     fn call<'call>(
