@@ -114,8 +114,8 @@ impl Authorizer {
     /// supplementary groups, looked up on a thread of its own). `Err`: that thread could not be
     /// started, so it cannot be told.
     pub async fn allows_uid(&self, uid: u32) -> Result<bool, ThreadError> {
-        if uid == 0 || self.owner_uid == Some(uid) {
-            return Ok(true);
+        if let Some(decided) = self.decides_uid(uid) {
+            return Ok(decided);
         }
         let Some(admin) = self.admin_gid else { return Ok(false) };
         crate::threads::run_blocking("a user database lookup", move || {
@@ -126,6 +126,15 @@ impl Authorizer {
             })
         })
         .await
+    }
+
+    /// Whether `uid` may mutate, when its id alone decides (root, the owner, or no admin group
+    /// to be in); `None`: only the user database can tell ([`Authorizer::allows_uid`]).
+    pub fn decides_uid(&self, uid: u32) -> Option<bool> {
+        if uid == 0 || self.owner_uid == Some(uid) {
+            return Some(true);
+        }
+        self.admin_gid.is_none().then_some(false)
     }
 
     /// Checks a caller known only by uid: [`Authorizer::allows_uid`], as an API error.

@@ -42,6 +42,7 @@ pub mod args;
 mod callers;
 mod encode;
 mod interface;
+mod refusals;
 
 pub use callers::CallLimits;
 use callers::{Caller, Callers};
@@ -115,13 +116,27 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// The object served at [`OBJECT_PATH`].
-pub struct Manager {
+/// The object served at [`OBJECT_PATH`]: its [`Core`] is shared with the tasks that answer its
+/// calls, which zbus's dispatcher does not wait for ([`interface`]).
+pub struct Manager(Arc<Core>);
+
+impl std::ops::Deref for Manager {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.0
+    }
+}
+
+/// What answering a call needs: the engine, the rules, and who calls.
+pub struct Core {
     handle: Handle,
     auth: Authorizer,
     started: Instant,
-    bus: Option<zbus::fdo::DBusProxy<'static>>,
+    /// The bus, to ask who a caller is; set once the connection is up.
+    bus: std::sync::OnceLock<zbus::fdo::DBusProxy<'static>>,
     callers: Callers,
+    /// `Busy` answers waiting for privileged calls.
+    refusals: Arc<refusals::Refusals>,
     /// `ListAssignments` replies of the latest snapshot, shared by every caller.
     assignments: PerSnapshot<Vec<AssignmentStruct>>,
 }
@@ -140,14 +155,15 @@ impl zvariant::Type for SharedAssignments {
     const SIGNATURE: &'static zvariant::Signature = <Vec<AssignmentStruct> as zvariant::Type>::SIGNATURE;
 }
 
-impl Manager {
+impl Core {
     /// The caller's uid: kept from an earlier call of the same connection, or asked of the bus.
     /// `u32::MAX`: unknown (no sender, or the bus did not say).
     async fn uid_of(&self, hdr: &Header<'_>) -> u32 {
-        let (Some(bus), Some(sender)) = (&self.bus, hdr.sender()) else { return u32::MAX };
+        let (Some(bus), Some(sender)) = (self.bus.get(), hdr.sender()) else { return u32::MAX };
         let asked = self
             .callers
             .sender(sender)
+            .uid
             .get_or_try_init(|| bus.get_connection_unix_user(sender.clone().into()))
             .await
             .copied();
@@ -187,10 +203,12 @@ impl Manager {
         self.callers.admit(uid, privileged)
     }
 
-    /// Runs one call of `method` within the caller's budget, metered.
+    /// Runs one call of `method` within the caller's budget (`admitted`: a place the dispatcher
+    /// took already, see [`Callers::gate`]; else one is asked for here), metered.
     async fn admitted<T, F>(
         &self,
         hdr: &Header<'_>,
+        admitted: Option<Caller>,
         method: &str,
         f: impl FnOnce(Caller) -> F,
     ) -> Result<T, Error>
@@ -198,7 +216,10 @@ impl Manager {
         F: std::future::Future<Output = Result<T, Error>>,
     {
         metered(method, async {
-            let caller = self.admit(hdr).await?;
+            let caller = match admitted {
+                Some(caller) => caller,
+                None => self.admit(hdr).await?,
+            };
             f(caller).await
         })
         .await
@@ -210,10 +231,11 @@ impl Manager {
     async fn call_as<M: Handler>(
         &self,
         hdr: &Header<'_>,
+        admitted: Option<Caller>,
         member: &str,
         params: Result<M::Params, ApiError>,
     ) -> Result<M::Reply, Error> {
-        self.admitted(hdr, member, |caller| async move {
+        self.admitted(hdr, admitted, member, |caller| async move {
             let uid = match M::ID.auth() {
                 Auth::Admin => caller.authorize()?,
                 Auth::Anyone => caller.uid,
@@ -227,11 +249,16 @@ impl Manager {
     }
 }
 
-impl Manager {
+impl Core {
     /// `ListAssignments`, not through the handler: the list is built once per snapshot and
     /// shared by every caller of it.
-    async fn list_assignments(&self, hdr: &Header<'_>, pool: &str) -> Result<SharedAssignments, Error> {
-        self.admitted(hdr, m::ListAssignments::NAME, |_| async {
+    async fn list_assignments(
+        &self,
+        hdr: &Header<'_>,
+        admitted: Option<Caller>,
+        pool: &str,
+    ) -> Result<SharedAssignments, Error> {
+        self.admitted(hdr, admitted, m::ListAssignments::NAME, |_| async {
             let snap = self.handle.snapshot();
             let filter = Some(pool).filter(|p| !p.is_empty());
             let list = self
@@ -259,6 +286,8 @@ async fn metered<T>(
 pub struct Service {
     conn: Connection,
     forwarder: tokio::task::JoinHandle<()>,
+    /// Sends the `Busy` answers ([`refusals`]).
+    refuser: tokio::task::JoinHandle<()>,
 }
 
 impl Service {
@@ -271,6 +300,7 @@ impl Service {
     /// engine can stop.
     pub async fn stop(self) {
         self.forwarder.abort();
+        self.refuser.abort();
         match self.conn.release_name(BUS_NAME).await {
             Ok(_) => {}
             // The bus went first (the sandbox's private bus gets the same Ctrl-C as the
@@ -307,14 +337,16 @@ fn bus_gone(e: &zbus::Error) -> bool {
 pub async fn serve(bus: &Bus, handle: Handle, auth: Authorizer) -> zbus::Result<Service> {
     let builder = bus.builder()?;
     let events = handle.subscribe();
-    let manager = Manager {
+    let manager = Manager(Arc::new(Core {
         handle: handle.clone(),
         auth,
         started: Instant::now(),
-        bus: None,
+        bus: std::sync::OnceLock::new(),
         callers: Callers::new(),
+        refusals: Arc::default(),
         assignments: PerSnapshot::default(),
-    };
+    }));
+    let refuser = tokio::spawn(manager.refusals.clone().answer(manager.callers.priority.clone()));
     let conn = builder.serve_at(OBJECT_PATH, manager)?.build().await?;
     let proxy = zbus::fdo::DBusProxy::builder(&conn)
         .cache_properties(zbus::proxy::CacheProperties::No)
@@ -322,12 +354,13 @@ pub async fn serve(bus: &Bus, handle: Handle, auth: Authorizer) -> zbus::Result<
         .await?;
     {
         let iface = conn.object_server().interface::<_, Manager>(OBJECT_PATH).await?;
-        iface.get_mut().await.bus = Some(proxy);
+        // Set once: this is the only place.
+        let _ = iface.get().await.bus.set(proxy);
     }
     // The name last: once a client can find us, every method works.
     conn.request_name(BUS_NAME).await?;
     let forwarder = tokio::spawn(forward_events(conn.clone(), handle, events));
-    Ok(Service { conn, forwarder })
+    Ok(Service { conn, forwarder, refuser })
 }
 
 /// Emits `PoolChanged` for pool `name`.

@@ -24,8 +24,9 @@ use zbus::object_server::{DispatchResult2, Interface, SignalEmitter};
 use zbus::{fdo, Connection, ObjectServer};
 use zvariant::{OwnedValue, Signature, Structure, Value};
 
+use super::callers::{Caller, Gate};
 use super::encode::{self, Unencodable};
-use super::{Error, Manager, SharedAssignments, INTERFACE, INTROSPECTION_XML};
+use super::{Core, Error, Manager, SharedAssignments, INTERFACE, INTROSPECTION_XML};
 use crate::api::handlers::Handler;
 use crate::api::views::PoolView;
 
@@ -40,7 +41,7 @@ enum Body {
     Assignments(SharedAssignments),
 }
 
-impl Manager {
+impl Core {
     /// Property `name`'s value; `None` when there is no such property.
     fn property(&self, name: &str) -> Option<Result<OwnedValue, zvariant::Error>> {
         let value = match name {
@@ -65,7 +66,13 @@ impl Manager {
     }
 
     /// Answers a call of `id` through `member`.
-    async fn dispatch(&self, id: MethodId, member: &Member, msg: &Message) -> Result<Body, Error> {
+    async fn dispatch(
+        &self,
+        id: MethodId,
+        member: &Member,
+        msg: &Message,
+        admitted: Option<Caller>,
+    ) -> Result<Body, Error> {
         let hdr = msg.header();
         let body = msg.body();
         let expected: String = member.ins.iter().map(|a| a.signature).collect();
@@ -82,12 +89,12 @@ impl Manager {
         };
         if id == MethodId::ListAssignments {
             let pool = values.first().and_then(|v| v.downcast_ref::<&str>().ok()).unwrap_or_default();
-            return self.list_assignments(&hdr, pool).await.map(Body::Assignments);
+            return self.list_assignments(&hdr, admitted, pool).await.map(Body::Assignments);
         }
         macro_rules! dispatch {
             ($($name:ident),*) => {
                 match id {
-                    $(MethodId::$name => self.serve::<m::$name>(&hdr, member, &values).await,)*
+                    $(MethodId::$name => self.serve::<m::$name>(&hdr, admitted, member, &values).await,)*
                     // A stream has no D-Bus member.
                     other => Err(Error { name: "org.freedesktop.DBus.Error.UnknownMethod".into(), message: other.name().into() }),
                 }
@@ -100,11 +107,12 @@ impl Manager {
     async fn serve<M: Handler>(
         &self,
         hdr: &Header<'_>,
+        admitted: Option<Caller>,
         member: &Member,
         values: &[Value<'_>],
     ) -> Result<Body, Error> {
         let params = encode::params::<M::Params>(member, values);
-        let reply = self.call_as::<M>(hdr, member.name, params).await?;
+        let reply = self.call_as::<M>(hdr, admitted, member.name, params).await?;
         match encode::reply(member, &reply) {
             Ok(args) => Ok(Body::Args(args)),
             // An edit whose pool is gone already.
@@ -117,6 +125,26 @@ impl Manager {
             }
         }
     }
+}
+
+/// Sends error `e` as the answer to the call `msg`, unless it wants none.
+pub(super) async fn refuse(conn: &Connection, msg: &Message, e: Error) -> zbus::Result<()> {
+    answer_with(conn, msg, Err(e)).await
+}
+
+/// Sends `answer` to the call `msg`, unless it wants none.
+async fn answer_with(conn: &Connection, msg: &Message, answer: Result<Body, Error>) -> zbus::Result<()> {
+    let hdr = msg.header();
+    if hdr.primary().flags().contains(Flags::NoReplyExpected) {
+        return Ok(());
+    }
+    match answer {
+        Ok(Body::Args(Some(args))) => conn.reply(&hdr, &args).await,
+        Ok(Body::Args(None)) => conn.reply(&hdr, &()).await,
+        Ok(Body::Assignments(list)) => conn.reply(&hdr, &list).await,
+        Err(e) => conn.reply_dbus_error(&hdr, e).await,
+    }
+    .map(|_| ())
 }
 
 #[async_trait::async_trait]
@@ -166,6 +194,12 @@ impl Interface for Manager {
             .then(|| Err(fdo::Error::PropertyReadOnly(format!("Property `{property}` is read-only"))))
     }
 
+    /// Runs inline in zbus's dispatcher ([`Interface::spawn_tasks_for_methods`] is false): it
+    /// decides whether the call may run ([`Callers::gate`](super::callers::Callers::gate))
+    /// without waiting, queues the `Busy` answer of a call beyond the caller's budget
+    /// ([`super::refusals`]), and answers every other call on a task of its own. So the dispatcher reads the connection as fast as it can decide, and
+    /// a privileged call queued behind a flood of unprivileged ones starts once it is read,
+    /// not after them.
     fn call<'call>(
         &'call self,
         _: &'call ObjectServer,
@@ -173,22 +207,52 @@ impl Interface for Manager {
         msg: &'call Message,
         name: MemberName<'call>,
     ) -> DispatchResult2<'call> {
-        let id = MethodId::ALL.iter().copied().find(|m| m.dbus().contains(&name.as_str()));
-        let (Some(id), Some(member)) = (id, member(name.as_str())) else { return DispatchResult2::NotFound };
-        DispatchResult2::Async(Box::pin(async move {
-            let hdr = msg.header();
-            let answer = self.dispatch(id, &member, msg).await;
-            if hdr.primary().flags().contains(Flags::NoReplyExpected) {
-                return Ok(());
+        let Some(id) = MethodId::ALL.iter().copied().find(|m| m.dbus().contains(&name.as_str())) else {
+            return DispatchResult2::NotFound;
+        };
+        let hdr = msg.header();
+        let admitted = match self.callers.gate(&self.auth, hdr.sender().map(|s| s.as_str())) {
+            Gate::Refused(e) => {
+                return DispatchResult2::Async(Box::pin(async move {
+                    let Err(e) = super::metered(name.as_str(), async { Err::<(), _>(e) }).await else {
+                        return Ok(());
+                    };
+                    // Answered after privileged calls, or here when too many wait already.
+                    let Err((_, _, e)) = self.refusals.push((conn.clone(), msg.clone(), e)) else {
+                        return Ok(());
+                    };
+                    answer_with(conn, msg, Err(e)).await.map_err(|e| fdo::Error::Failed(e.to_string()))
+                }));
             }
-            match answer {
-                Ok(Body::Args(Some(args))) => conn.reply(&hdr, &args).await,
-                Ok(Body::Args(None)) => conn.reply(&hdr, &()).await,
-                Ok(Body::Assignments(list)) => conn.reply(&hdr, &list).await,
-                Err(e) => conn.reply_dbus_error(&hdr, e).await,
+            Gate::Admitted(caller) => (Some(caller), None),
+            Gate::Unknown(waiting) => (None, Some(waiting)),
+        };
+        // Counted before the task starts, so that unprivileged tasks not started yet wait.
+        let ahead = admitted.0.as_ref().filter(|c| c.is_privileged()).map(|_| self.callers.priority.ahead());
+        let (core, conn, msg) = (self.0.clone(), conn.clone(), msg.clone());
+        let member_name = name.to_string();
+        tokio::spawn(async move {
+            let (admitted, _waiting) = admitted;
+            if ahead.is_none() && admitted.is_some() {
+                core.callers.priority.after_privileged().await;
             }
-            .map_err(|e| fdo::Error::Failed(e.to_string()))
-        }))
+            let answer = match member(&member_name) {
+                Some(member) => core.dispatch(id, &member, &msg, admitted).await,
+                None => Err(Error {
+                    name: "org.freedesktop.DBus.Error.UnknownMethod".into(),
+                    message: format!("no member {member_name} in the interface description"),
+                }),
+            };
+            if let Err(e) = answer_with(&conn, &msg, answer).await {
+                log::debug!("D-Bus: answering a call of {member_name}: {e}");
+            }
+            drop(ahead);
+        });
+        DispatchResult2::Async(Box::pin(std::future::ready(Ok(()))))
+    }
+
+    fn spawn_tasks_for_methods(&self) -> bool {
+        false
     }
 
     fn call_mut<'call>(
