@@ -225,7 +225,9 @@ if [ "$BOOT" = runtime ]; then
   systemctl reload cpupoold.service
   wait_for 60 sh -c '! cpupoolctl pool list | grep -q "^dp "'
   systemctl stop cpupoold.service
-  check "TuneD installs (Debian 12's, from the share)" dpkg -i "$SHARE"/tuned/*.deb
+  # Libraries first: gawk pre-depends on two of them, which one dpkg run leaves unconfigured.
+  check "TuneD's libraries install" dpkg -i "$SHARE"/tuned/lib*.deb
+  check "TuneD installs (Debian 12's, from the share)" sh -c 'dpkg -i $(ls "$SHARE"/tuned/*.deb | grep -v "/lib[^/]*$")'
   echo 'isolated_cores=2-3' >/etc/tuned/cpu-partitioning-variables.conf
   systemctl start tuned.service
   wait_for 60 tuned-adm active
