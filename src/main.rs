@@ -60,6 +60,10 @@ struct Args {
     /// `k8s` feature (the packages' build).
     #[arg(long)]
     print_deviceclasses: bool,
+    /// Internal: spin on the CPU the daemon pins this process to, until killed (a CPU about to
+    /// be isolated is kept busy: src/host/cgroupfs/settle.rs). PID is the daemon's.
+    #[arg(long, value_name = "PID", hide = true)]
+    spin: Option<u32>,
 }
 
 /// The exit status of a usage error, as clap's.
@@ -86,6 +90,9 @@ const WORKER_THREADS: usize = 2;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(parent) = args.spin {
+        return cpupoold::host::cgroupfs::settle::spin(parent);
+    }
     #[cfg(not(feature = "k8s"))]
     if let Some(code) = k8s_flags_not_built(&args) {
         return code;

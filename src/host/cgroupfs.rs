@@ -2,7 +2,8 @@
 //! process affinity through `sched_setaffinity` (tasks listed under a procfs root).
 //!
 //! This file creates, removes and writes cgroups and executes effects; `partition` makes and
-//! reads partitions, `effective` reads back what the kernel enforces, `procs` handles processes,
+//! reads partitions (`settle` keeps the CPUs it isolates busy meanwhile), `effective` reads back
+//! what the kernel enforces, `procs` handles processes,
 //! `kernel` defines the kernel's part ([`CgroupKernel`], [`ProcessKernel`]) and the host's.
 //!
 //! It decides nothing: the planner chose the order, this only writes. Every error carries the
@@ -22,6 +23,7 @@ mod effective;
 mod kernel;
 mod partition;
 mod procs;
+pub mod settle;
 
 pub use cache::Partitions;
 pub use kernel::{CgroupKernel, HostCgroups, ProcessKernel};

@@ -43,6 +43,11 @@ pub trait ProcessKernel: Send + Sync + std::fmt::Debug {
     /// The cgroup `pid` sits in, relative to the root (`""`: the root); `None` where that
     /// cannot be known.
     fn cgroup(&self, fs: &CgroupFs, pid: u32) -> Option<String>;
+    /// Keeps `cpus` busy from below cgroup `path` until the result is dropped, before they
+    /// become an isolated partition ([`super::settle`]); nothing runs on a simulated kernel.
+    fn keep_busy(&self, _fs: &CgroupFs, _path: &CgroupPath, _cpus: &CpuSet) -> super::settle::Busy {
+        super::settle::Busy::default()
+    }
 }
 
 /// The host's cgroup2: its files answer.

@@ -41,6 +41,11 @@ impl CgroupFs {
             // A container's cgroup that is gone: nothing to make a partition of.
             Partition::Isolated(_) if self.vanished(path) => Ok(()),
             Partition::Isolated(cpus) => {
+                // CPUs idle when they leave the scheduler's domains stay its idle balancer for
+                // good (settle.rs): kept busy until the partition is written. A container's
+                // cgroup (remote) holds its processes and no child; it is left as it is.
+                let already = fs::read_to_string(&file).is_ok_and(|t| t.trim() == "isolated");
+                let _busy = (!remote && !already).then(|| self.procs.keep_busy(self, path, cpus));
                 if exclusive.exists() {
                     if remote {
                         self.grant(path, cpus)?;

@@ -7,6 +7,7 @@ use std::io;
 
 use super::{CgroupFs, HostError, ProcessKernel};
 use crate::core::cpuset::CpuSet;
+use crate::core::state::CgroupPath;
 use crate::host::IoError;
 
 impl CgroupFs {
@@ -75,6 +76,10 @@ impl ProcessKernel for HostProcesses {
                 .map(|c| c as u32)
                 .collect(),
         )
+    }
+
+    fn keep_busy(&self, fs: &CgroupFs, path: &CgroupPath, cpus: &CpuSet) -> super::settle::Busy {
+        super::settle::keep_busy(&fs.dir(path), &fs.proc_root, cpus)
     }
 
     fn cgroup(&self, fs: &CgroupFs, pid: u32) -> Option<String> {

@@ -130,13 +130,16 @@ ${2:-}
 EOF
 }
 
-# start_load NAME: host load in system.slice as units NAME-{hog,dd,9p}.service: a CPU hog, a disk
-# write loop with fsync, and reads of the 9p share (virtio interrupts). stop_load NAME ends it.
+# start_load NAME [OPTION...]: host load in system.slice as units NAME-{hog,dd,9p}.service: a CPU
+# hog, a disk write loop with fsync, and reads of the 9p share (virtio interrupts); OPTIONs go to
+# each systemd-run (e.g. -p CPUAffinity=0-1). stop_load NAME ends it.
 start_load() {
-  systemd-run --quiet --unit="$1-hog.service" sh -c 'while :; do :; done'
-  systemd-run --quiet --unit="$1-dd.service" sh -c \
-    "while :; do dd if=/dev/zero of=/var/tmp/$1 bs=1M count=8 conv=fsync status=none; done"
-  systemd-run --quiet --unit="$1-9p.service" sh -c \
+  load_name=$1
+  shift
+  systemd-run --quiet "$@" --unit="$load_name-hog.service" sh -c 'while :; do :; done'
+  systemd-run --quiet "$@" --unit="$load_name-dd.service" sh -c \
+    "while :; do dd if=/dev/zero of=/var/tmp/$load_name bs=1M count=8 conv=fsync status=none; done"
+  systemd-run --quiet "$@" --unit="$load_name-9p.service" sh -c \
     "while :; do cat $SHARE/pkg/*.deb $SHARE/checks/*.sh >/dev/null; done"
 }
 stop_load() {
