@@ -82,7 +82,11 @@ pub fn keep_busy(dir: &Path, proc_root: &Path, cpus: &CpuSet) -> Busy {
         Ok(()) => busy.cgroup = Some(cgroup.clone()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => busy.cgroup = Some(cgroup.clone()),
         Err(e) => {
-            log::warn!("CPUs {}: not kept busy while isolated (creating `{}`: {e})", list(&cpus), cgroup.display());
+            log::warn!(
+                "CPUs {}: not kept busy while isolated (creating `{}`: {e})",
+                list(&cpus),
+                cgroup.display()
+            );
             return busy;
         }
     }
@@ -157,7 +161,9 @@ pub fn spin(parent: u32) -> std::process::ExitCode {
     if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).is_err() {
         return std::process::ExitCode::FAILURE;
     }
-    while u32::try_from(nix::unistd::getppid().as_raw()).ok() == Some(parent) && started.elapsed() < SPIN_LIMIT {
+    while u32::try_from(nix::unistd::getppid().as_raw()).ok() == Some(parent)
+        && started.elapsed() < SPIN_LIMIT
+    {
         for _ in 0..1_000_000 {
             std::hint::spin_loop();
         }
@@ -180,7 +186,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let proc_root = dir.path().join("proc");
         fs::create_dir_all(&proc_root).unwrap_or_else(|e| panic!("{e}"));
-        fs::write(proc_root.join("cmdline"), "quiet nohz_full=2-3 rcu_nocbs=2-3\n").unwrap_or_else(|e| panic!("{e}"));
+        fs::write(proc_root.join("cmdline"), "quiet nohz_full=2-3 rcu_nocbs=2-3\n")
+            .unwrap_or_else(|e| panic!("{e}"));
         let cpus = CpuSet::parse("2-3").unwrap_or_else(|e| panic!("{e}"));
         let busy = keep_busy(dir.path(), &proc_root, &cpus);
         assert!(busy.children.is_empty());
