@@ -79,8 +79,10 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     // Asked first, so that its subscription runs while GetPool and Run do. Without it (it
     // could not be opened), the release is looked for with ListAssignments.
     let events = m.events();
-    // Started before the daemon is asked, so that its start runs while GetPool does; it
-    // waits on the FIFO, and runs nothing unless the CPUs are written into it.
+    // Sent before the child starts, so that the daemon answers it meanwhile; Run follows on
+    // the same connection without waiting for it (over D-Bus each is made in turn).
+    let get_pool = m.begin::<api::GetPool>(&params::GetPool { name: args.pool.clone() });
+    // Waits on the FIFO, and runs nothing unless the CPUs are written into it.
     let dir = FifoDir::new()?;
     let exe = std::env::current_exe().map_err(local("finding cpupoolctl's own executable"))?;
     let mut child = std::process::Command::new(exe)
@@ -90,19 +92,15 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
         .args(&args.command)
         .spawn()
         .map_err(local("starting the child process"))?;
-    // Fails clearly on a pool that does not exist; the child never runs COMMAND.
-    let pool = match m.pool::<api::GetPool>(&params::GetPool { name: args.pool.clone() }) {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e);
-        }
-    };
     let req = RunRequest { pool: args.pool.clone(), pid: child.id(), amount, id: args.id.clone() };
-    let a = match m.call::<api::Run>(&crate::client::run_params(&req)) {
-        Ok(r) => r.assignment,
-        Err(e) => {
+    let run = m.begin::<api::Run>(&crate::client::run_params(&req));
+    // Both replies are read whatever the first says. A pool that does not exist fails both
+    // clearly; the child never runs COMMAND when either failed. A Run that succeeded after a
+    // GetPool that did not is given back by the daemon as the child exits.
+    let pool = m.finish_pool(get_pool);
+    let (pool, a) = match (pool, m.finish(run)) {
+        (Ok(p), Ok(r)) => (p, r.assignment),
+        (Err(e), _) | (_, Err(e)) => {
             // It is still waiting on the FIFO: it never ran COMMAND.
             let _ = child.kill();
             let _ = child.wait();

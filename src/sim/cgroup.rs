@@ -133,7 +133,12 @@ impl ProcessKernel for SimProcesses {
         let err = |e: FsError| {
             HostError::Io(IoError::Write { path: status.clone(), data: data.clone(), source: e.source })
         };
-        root.create_dir_all(pid.to_string(), 0o755).map_err(err)?;
+        // Not made durable (no fsync, unlike the state's files): a simulated process's entry
+        // means nothing after the process, or the sandbox, is gone.
+        match root.create_dir(pid.to_string(), 0o755) {
+            Err(e) if e.source.kind() != io::ErrorKind::AlreadyExists => return Err(err(e)),
+            _ => {}
+        }
         root.write_or_create(format!("{pid}/status"), data.as_bytes(), 0o644).map_err(err)
     }
 
