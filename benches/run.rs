@@ -11,7 +11,9 @@
 //!   seen (its `Monitor` event).
 //!
 //! The floor is the sum of the first two medians: what `run` cannot avoid (a CLI process and
-//! a mutation round trip, and the release's); the target is within ×1.5 of it.
+//! a mutation round trip, and the release's); the target is within ×1.5 of it. Beside it, the
+//! starts of `cpupoolctl --version` and `true`: the two processes `run` starts that the floor
+//! does not (its child and COMMAND), which a reader needs to tell design from overhead.
 //! `CPUPOOL_BENCH_BEFORE=PATH` times another `cpupoolctl` binary's `run` too (an older build),
 //! against the same daemon. Each figure is the median and the 99th percentile of 100 runs
 //! (30 for the CLI processes); no figure is asserted. `cargo test --all-targets` runs it as a
@@ -96,11 +98,25 @@ fn main() {
         v.call("Release", json!({ "id": id })).unwrap();
     });
     let floor = Stats { p50: list.p50 + mutation.p50, p99: list.p99 + mutation.p99 };
+    // What `run` starts beyond the floor's one process: its child (cpupoolctl again) and
+    // COMMAND. Not part of the floor; shown so the rest can be told apart.
+    let started = |program: &Path, args: &[&str]| {
+        measure(n_cli, |_| {
+            let st = Command::new(program).args(args).stdout(Stdio::null()).status().unwrap();
+            assert!(st.success());
+        })
+    };
+    let version = started(&ctl, &["--version"]);
+    let tru = started(Path::new("true"), &[]);
     let run = ["run", "--pool", "web", "--millicpus", "100", "--", "true"];
     let ran = cli(n_cli, &ctl, &d.sb, &run);
     row("cpupoolctl pool list", &list, &floor);
     row("varlink Assign + Release (applied, durable)", &mutation, &floor);
     row("floor: pool list + Assign + Release", &floor, &floor);
+    row("  cpupoolctl --version (a process start, nothing asked)", &version, &floor);
+    row("  true (COMMAND's start)", &tru, &floor);
+    let processes = Stats { p50: floor.p50 + version.p50 + tru.p50, p99: floor.p99 + version.p99 + tru.p99 };
+    row("  floor + the child's and COMMAND's starts", &processes, &floor);
     row("cpupoolctl run --pool web --millicpus 100 -- true", &ran, &floor);
     if let Some(before) = std::env::var_os("CPUPOOL_BENCH_BEFORE") {
         let before = cli(n_cli, Path::new(&before), &d.sb, &run);

@@ -127,8 +127,8 @@ pub enum Command {
     /// Internal: the child side of `run` (waits for the CPUs, then becomes COMMAND).
     #[command(name = "__run-child", hide = true)]
     RunChild {
-        /// The FIFO the parent writes the environment to.
-        fifo: PathBuf,
+        /// The descriptor of the pipe the parent writes the environment to.
+        fd: i32,
         /// The command.
         #[arg(required = true, last = true)]
         command: Vec<std::ffi::OsString>,

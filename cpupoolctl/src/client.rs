@@ -38,21 +38,7 @@ impl Client {
 
     /// Calls `M`, whose reply must carry a pool (`GetPool`, `CreatePool`, `ResizePool`).
     pub fn pool<M: Method<Reply = views::PoolReply>>(&mut self, params: &M::Params) -> Result<Pool, Error> {
-        let reply = self.call::<M>(params)?;
-        self.pool_in::<M>(reply)
-    }
-
-    /// The pool of a call of `M` that [`Client::begin`] started.
-    pub fn finish_pool<M: Method<Reply = views::PoolReply>>(
-        &mut self,
-        begun: Begun<M>,
-    ) -> Result<Pool, Error> {
-        let reply = self.finish(begun)?;
-        self.pool_in::<M>(reply)
-    }
-
-    fn pool_in<M: Method<Reply = views::PoolReply>>(&self, reply: views::PoolReply) -> Result<Pool, Error> {
-        reply.pool.ok_or_else(|| Error::Protocol {
+        self.call::<M>(params)?.pool.ok_or_else(|| Error::Protocol {
             address: self.address(),
             reason: format!("{} reply: no pool", M::NAME),
         })
@@ -85,29 +71,6 @@ impl Client {
         }
     }
 
-    /// Starts `M` without waiting for its reply: over varlink the call is sent now and the
-    /// daemon answers it while the caller does something else (`run` starts its child meanwhile);
-    /// over D-Bus it is made now. [`Client::finish`] takes the reply; replies are taken in the
-    /// order their calls began, and no other call may come between.
-    pub fn begin<M: Method>(&mut self, params: &M::Params) -> Begun<M> {
-        match self {
-            Client::Varlink(c) => Begun(c.send_method::<M>(params).err().map(Err)),
-            Client::Dbus(c) => Begun(Some(c.call_method::<M>(params))),
-        }
-    }
-
-    /// The reply of a call [`Client::begin`] started.
-    pub fn finish<M: Method>(&mut self, begun: Begun<M>) -> Result<M::Reply, Error> {
-        match (begun.0, self) {
-            (Some(done), _) => done,
-            (None, Client::Varlink(c)) => c.receive_method::<M>(),
-            (None, c @ Client::Dbus(_)) => Err(Error::Protocol {
-                address: c.address(),
-                reason: format!("{}: a D-Bus call is made when it begins", M::NAME),
-            }),
-        }
-    }
-
     /// `ListAssignments`: every assignment, or those of `pool` (for `assignment list`, `run`'s
     /// wait and `top`).
     pub fn assignments(&mut self, pool: Option<&str>) -> Result<Vec<views::Assignment>, Error> {
@@ -121,11 +84,6 @@ impl Client {
         self.call::<m::GetIsolation>(&params::GetIsolation { pool: Some(pool.to_owned()) })
     }
 }
-
-/// A call [`Client::begin`] started: its reply is still to be read (`None`), or it is known
-/// already (made over D-Bus, or it could not be sent).
-#[must_use = "its reply must be taken with Client::finish before the next call's"]
-pub struct Begun<M: Method>(Option<Result<M::Reply, Error>>);
 
 /// How much an assignment asks for: exactly one of whole CPUs and millicpus.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,17 +231,6 @@ impl varlink::Client {
     /// reply.
     pub fn call_method<M: Method>(&mut self, params: &M::Params) -> Result<M::Reply, Error> {
         let reply = self.call(M::NAME, to_value(params))?;
-        self.decode(Value::Object(reply), &format!("{} reply", M::NAME))
-    }
-
-    /// Sends `M` (see [`Client::begin`]); [`varlink::Client::receive_method`] reads its reply.
-    pub fn send_method<M: Method>(&mut self, params: &M::Params) -> Result<(), Error> {
-        self.send(M::NAME, to_value(params), false)
-    }
-
-    /// Reads and decodes the reply of the oldest call sent and not yet answered.
-    pub fn receive_method<M: Method>(&mut self) -> Result<M::Reply, Error> {
-        let reply = self.receive()?.0;
         self.decode(Value::Object(reply), &format!("{} reply", M::NAME))
     }
 

@@ -226,7 +226,7 @@ fn without_daemon(command: &Command, p: &mut Printer<'_>) -> Result<(), Error> {
                 || json!({ "written": written }),
             )
         }
-        Command::RunChild { fifo, command } => crate::run::child(fifo, command),
+        Command::RunChild { fd, command } => crate::run::child(*fd, command),
         // `run` sends only the commands above here.
         _ => Ok(()),
     }

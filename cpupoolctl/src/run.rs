@@ -3,11 +3,12 @@
 //!
 //! The process that becomes COMMAND must exist before the daemon can confine it, and must not
 //! run COMMAND before it is confined. So cpupoolctl starts itself again as the child
-//! (`__run-child FIFO -- COMMAND...`), which blocks reading a FIFO; the parent asks the daemon to
+//! (`__run-child FD -- COMMAND...`), which blocks reading a pipe it inherits as descriptor FD
+//! (nothing on a file system: no directory to make, none left behind); the parent asks the daemon to
 //! `Run` the child's pid (where systemd runs, the daemon moves it into a scope in the pool's
 //! slice with AllowedCPUs; elsewhere it sets its affinity), then writes the environment
 //! (`CPUPOOL_CPUS`, `CPUPOOL_POOL`, `EXCLUSIVE_CPUS` or `SHARED_CPUS`, `CPUPOOL_ASSIGNMENT`)
-//! into the FIFO. The child sets it and executes COMMAND in place: same pid, so the scope and
+//! into the pipe. The child sets it and executes COMMAND in place: same pid, so the scope and
 //! the affinity hold. The parent waits, sees the daemon release the assignment (it does so
 //! when the process exits: over varlink the parent follows `Monitor` on a second connection,
 //! subscribed before COMMAND can run, and waits for the assignment's `removed`; over D-Bus it
@@ -17,9 +18,8 @@
 //! runs unconfined and gets `CPUPOOL_SIMULATED=1`.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::cli::RunArgs;
@@ -35,39 +35,24 @@ fn local(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Local { what, source }
 }
 
-/// A private directory holding the FIFO, removed on drop.
-struct FifoDir(PathBuf);
-
-impl FifoDir {
-    fn new() -> Result<FifoDir, Error> {
-        use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        let dir = base.join(format!("cpupoolctl-run-{}-{nanos}", std::process::id()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(local(format!("creating `{}`", dir.display())))?;
-        let d = FifoDir(dir);
-        nix::unistd::mkfifo(&d.fifo(), nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
-            .map_err(|e| Error::Local {
-                what: format!("creating `{}`", d.fifo().display()),
-                source: e.into(),
-            })?;
-        Ok(d)
-    }
-
-    fn fifo(&self) -> PathBuf {
-        self.0.join("env")
-    }
+/// The pipe the parent hands the environment to the child through: the read end crosses the
+/// child's `exec` (its number is the child's argument), the write end stays here.
+struct Handover {
+    read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
 }
 
-impl Drop for FifoDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl Handover {
+    fn new() -> Result<Handover, Error> {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+        use std::os::fd::AsRawFd;
+        let pipe_error =
+            |e: nix::Error| Error::Local { what: "making the pipe to the child".into(), source: e.into() };
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(pipe_error)?;
+        // Only this end is inherited, and only the child is started while it exists (cpupoolctl
+        // starts no other process).
+        fcntl(read.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty())).map_err(pipe_error)?;
+        Ok(Handover { read, write })
     }
 }
 
@@ -79,28 +64,35 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     // Asked first, so that its subscription runs while GetPool and Run do. Without it (it
     // could not be opened), the release is looked for with ListAssignments.
     let events = m.events();
-    // Sent before the child starts, so that the daemon answers it meanwhile; Run follows on
-    // the same connection without waiting for it (over D-Bus each is made in turn).
-    let get_pool = m.begin::<api::GetPool>(&params::GetPool { name: args.pool.clone() });
-    // Waits on the FIFO, and runs nothing unless the CPUs are written into it.
-    let dir = FifoDir::new()?;
+    // Started before the daemon is asked, so that its start runs while GetPool does; it
+    // waits on the pipe, and runs nothing unless the CPUs are written into it.
+    let handover = Handover::new()?;
     let exe = std::env::current_exe().map_err(local("finding cpupoolctl's own executable"))?;
-    let mut child = std::process::Command::new(exe)
+    let spawned = std::process::Command::new(exe)
         .arg("__run-child")
-        .arg(dir.fifo())
+        .arg(std::os::fd::AsRawFd::as_raw_fd(&handover.read).to_string())
         .arg("--")
         .args(&args.command)
         .spawn()
-        .map_err(local("starting the child process"))?;
+        .map_err(local("starting the child process"));
+    // The child holds its end now: with ours closed, the child reads the end of the
+    // environment when the write end closes, and a write finds out when the child is gone.
+    let Handover { read, write } = handover;
+    drop(read);
+    let mut child = spawned?;
+    // Fails clearly on a pool that does not exist; the child never runs COMMAND.
+    let pool = match m.pool::<api::GetPool>(&params::GetPool { name: args.pool.clone() }) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
     let req = RunRequest { pool: args.pool.clone(), pid: child.id(), amount, id: args.id.clone() };
-    let run = m.begin::<api::Run>(&crate::client::run_params(&req));
-    // Both replies are read whatever the first says. A pool that does not exist fails both
-    // clearly; the child never runs COMMAND when either failed. A Run that succeeded after a
-    // GetPool that did not is given back by the daemon as the child exits.
-    let pool = m.finish_pool(get_pool);
-    let (pool, a) = match (pool, m.finish(run)) {
-        (Ok(p), Ok(r)) => (p, r.assignment),
-        (Err(e), _) | (_, Err(e)) => {
+    let a = match m.call::<api::Run>(&crate::client::run_params(&req)) {
+        Ok(r) => r.assignment,
+        Err(e) => {
             // It is still waiting on the FIFO: it never ran COMMAND.
             let _ = child.kill();
             let _ = child.wait();
@@ -110,18 +102,14 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     let text = environment(&pool, &a, args, sandbox);
     // Subscribed before COMMAND can run (and end): its release is not missed.
     let mut events = events.and_then(Result::ok).and_then(|mut e| e.subscribed().ok().map(|()| e));
-    // Opening blocks until the child opens its end, which it does first thing.
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.fifo())
-        .and_then(|mut f| f.write_all(text.as_bytes()));
+    // Into the pipe's buffer; closing it ends the child's read. A child gone already fails it.
+    let written = std::fs::File::from(write).write_all(text.as_bytes());
     if let Err(e) = written {
         let _ = child.kill();
         let _ = child.wait();
         let _ = m.call::<api::Release>(&params::Release { id: a.id.clone() });
         return Err(Error::Local { what: "handing the CPUs to the child".into(), source: e });
     }
-    drop(dir);
     let status = child.wait().map_err(local("waiting for the command"))?;
     // The daemon releases a `Run` assignment itself when its process exits. Releasing it here
     // too would race that, and the loser's NoSuchAssignment would count as an API error on
@@ -217,12 +205,26 @@ fn reclaimed(m: &mut Client, pool: &str, id: &str) -> bool {
     }
 }
 
-/// The child side: waits for the environment, then becomes COMMAND.
-pub fn child(fifo: &Path, command: &[OsString]) -> Result<(), Error> {
-    let mut text = String::new();
-    std::fs::File::open(fifo)
-        .and_then(|mut f| f.read_to_string(&mut text))
-        .map_err(local(format!("reading `{}`", fifo.display())))?;
+/// The child side: reads the environment from descriptor `fd` (the pipe from the parent, to
+/// its end), closes it, then becomes COMMAND.
+pub fn child(fd: i32, command: &[OsString]) -> Result<(), Error> {
+    let failed = |e: nix::Error| Error::Local {
+        what: format!("reading the pipe (descriptor {fd})"),
+        source: e.into(),
+    };
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match nix::unistd::read(fd, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(nix::Error::EINTR) => {}
+            Err(e) => return Err(failed(e)),
+        }
+    }
+    // Not COMMAND's.
+    nix::unistd::close(fd).map_err(failed)?;
+    let text = String::from_utf8_lossy(&bytes);
     if text.is_empty() {
         // The parent gave up: COMMAND must not run unconfined.
         std::process::exit(125);

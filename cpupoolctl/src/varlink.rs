@@ -163,7 +163,7 @@ impl Client {
         }
     }
 
-    pub(crate) fn send(&mut self, method: &str, parameters: Value, more: bool) -> Result<(), Error> {
+    fn send(&mut self, method: &str, parameters: Value, more: bool) -> Result<(), Error> {
         let mut call = Call::new(INTERFACE, method, &parameters).map_err(|e| self.protocol(e.to_string()))?;
         call.more = more;
         let bytes = call.encode();
@@ -171,7 +171,7 @@ impl Client {
     }
 
     /// Reads one reply: `Ok((parameters, continues))`, or the daemon's error.
-    pub(crate) fn receive(&mut self) -> Result<(Map<String, Value>, bool), Error> {
+    fn receive(&mut self) -> Result<(Map<String, Value>, bool), Error> {
         match self.receive_within()? {
             Some(r) => r,
             None => Err(self.io_error(&io::ErrorKind::TimedOut.into())),
@@ -294,7 +294,6 @@ fn decode_reply(bytes: &[u8]) -> Result<Result<(Map<String, Value>, bool), Error
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use cpupool_wire::varlink::params;
     use serde_json::json;
     use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixListener;
@@ -346,45 +345,6 @@ mod tests {
             server.join().unwrap(),
             json!({"method": "org.cpupool.Manager.ListPools", "parameters": {}})
         );
-    }
-
-    /// `run`'s GetPool and Run: the second call is sent before the first reply is read, and
-    /// each reply goes to its own call. The peer answers only once it has read both calls, so
-    /// a client that waited for the first reply before sending the second would time out.
-    #[test]
-    fn calls_begun_together_are_answered_in_order() {
-        use cpupool_wire::methods as m;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sock");
-        let listener = UnixListener::bind(&path).unwrap();
-        let server = std::thread::spawn(move || {
-            let (stream, _) = listener.accept().unwrap();
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut methods = Vec::new();
-            for _ in 0..2 {
-                let mut call = Vec::new();
-                reader.read_until(0, &mut call).unwrap();
-                call.pop();
-                let call: Value = serde_json::from_slice(&call).unwrap();
-                methods.push(call["method"].as_str().unwrap().to_owned());
-            }
-            let mut w = stream;
-            w.write_all(b"{\"error\":\"org.cpupool.Manager.NoSuchPool\",\"parameters\":{\"pool\":\"x\"}}\0")
-                .unwrap();
-            w.write_all(
-                b"{\"error\":\"org.cpupool.Manager.NoSuchAssignment\",\"parameters\":{\"id\":\"a\"}}\0",
-            )
-            .unwrap();
-            methods
-        });
-        let c = Client::connect(&Address::Path(path), Some(Duration::from_secs(5)), "hint").unwrap();
-        let mut c = crate::client::Client::Varlink(c);
-        let first = c.begin::<m::GetPool>(&params::GetPool { name: "x".into() });
-        let second = c.begin::<m::Release>(&params::Release { id: "a".into() });
-        assert_eq!(c.finish(first).unwrap_err().name(), "NoSuchPool");
-        assert_eq!(c.finish(second).unwrap_err().name(), "NoSuchAssignment");
-        let methods = server.join().unwrap();
-        assert_eq!(methods, ["org.cpupool.Manager.GetPool", "org.cpupool.Manager.Release"]);
     }
 
     #[test]

@@ -752,6 +752,19 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
         assert!(pool_cpus.contains(&c), "CPU {c} of `{recorded}` is not in dp {cpus}");
     }
     assert!(text(&out.stderr).contains("belong to the simulated host"), "{}", text(&out.stderr));
+    // The CPUs reach the child through a pipe: no runtime directory is needed (none that
+    // exists here, and /tmp unwritable for all `run` knows), and COMMAND inherits no
+    // descriptor of it: it has the ones the same command started directly has.
+    let fds = "ls /proc/$$/fd";
+    let out = ctl
+        .command(&["run", "--pool", "dp", "--cpus", "2", "--", "sh", "-c", fds])
+        .env("XDG_RUNTIME_DIR", dir.path().join("absent"))
+        .env("TMPDIR", dir.path().join("absent"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let direct = Command::new("sh").args(["-c", fds]).output().unwrap();
+    assert_eq!(text(&out.stdout), text(&direct.stdout));
     // Refused: COMMAND never runs.
     let marker = dir.path().join("ran");
     let touch = format!("touch {}", marker.display());
