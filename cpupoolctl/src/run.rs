@@ -93,7 +93,7 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     let a = match m.call::<api::Run>(&crate::client::run_params(&req)) {
         Ok(r) => r.assignment,
         Err(e) => {
-            // It is still waiting on the FIFO: it never ran COMMAND.
+            // It is still waiting on the pipe: it never ran COMMAND.
             let _ = child.kill();
             let _ = child.wait();
             return Err(e);
@@ -131,7 +131,7 @@ pub fn parent(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> 
     std::process::exit(code)
 }
 
-/// What the child is given through the FIFO: the variables COMMAND gets. Against a sandbox
+/// What the child is given through the pipe: the variables COMMAND gets. Against a sandbox
 /// (`sandbox`) it also gets `CPUPOOL_SIMULATED=1`, and the user is told it runs unconfined.
 fn environment(
     pool: &cpupool_wire::views::Pool,
