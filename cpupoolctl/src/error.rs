@@ -276,8 +276,11 @@ impl DaemonError {
             ),
             K::NotWholeCores => (
                 match (p("pool"), p("requested")) {
+                    // The daemon's own words (core::state::Error::NotWholeCores), as D-Bus
+                    // gives them.
                     (Some(x), Some(r)) => Some(Full(format!(
-                        "pool `{x}` hands out whole cores, and {r} CPUs are not whole cores"
+                        "pool `{x}` hands out whole cores: {r} {} is not a whole number of free cores",
+                        if r == "1" { "CPU" } else { "CPUs" }
                     ))),
                     (Some(x), None) => Some(Partial(format!("pool `{x}` hands out whole cores"))),
                     _ => None,

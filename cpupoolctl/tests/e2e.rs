@@ -752,6 +752,14 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
         assert!(pool_cpus.contains(&c), "CPU {c} of `{recorded}` is not in dp {cpus}");
     }
     assert!(text(&out.stderr).contains("belong to the simulated host"), "{}", text(&out.stderr));
+    // One refusal, the same words over either transport (varlink's are made from its
+    // parameters, D-Bus carries the daemon's).
+    let (code, _, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "1", "--", "true"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("pool `dp` hands out whole cores: 1 CPU is not a whole number of free cores"),
+        "{err}"
+    );
     // The CPUs reach the child through a pipe: no runtime directory is needed (none that
     // exists here, and /tmp unwritable for all `run` knows), and COMMAND inherits no
     // descriptor of it: it has the ones the same command started directly has.
