@@ -289,19 +289,26 @@ fn rate(r: f64) -> String {
 fn noise_fields(iso: &Isolation, f: &mut Fields) {
     for p in &iso.pools {
         for c in p.per_cpu.iter().filter(|c| !c.noise.is_empty()) {
-            let mut busy: Vec<_> = c.noise.iter().filter(|n| n.per_sec > 0.0).collect();
-            busy.sort_by(|a, b| b.per_sec.total_cmp(&a.per_sec).then_with(|| a.source.cmp(&b.source)));
-            let text: Vec<String> =
-                busy.iter().map(|n| format!("{} {}/s", n.source, rate(n.per_sec))).collect();
-            f.add(
-                format!("noise cpu {}", c.cpu),
-                if text.is_empty() { "none".to_owned() } else { text.join(", ") },
-            );
+            f.add(format!("noise cpu {}", c.cpu), noise_text(&c.noise, usize::MAX));
         }
         if !p.boot.is_empty() {
             let hint = if p.boot == "covered" { "" } else { " (cpupoolctl isolation boot-line)" };
             f.add("boot", format!("{}{hint}", p.boot));
         }
+    }
+}
+
+/// What still interrupts a CPU, busiest source first, at most `most` of them: `timer:LOC 230/s,
+/// softirq:RCU 78/s` (zeros left out; `none` when all are zero). For `pool show` and `top`.
+pub(crate) fn noise_text(noise: &[cpupool_wire::views::Noise], most: usize) -> String {
+    let mut busy: Vec<_> = noise.iter().filter(|n| n.per_sec > 0.0).collect();
+    busy.sort_by(|a, b| b.per_sec.total_cmp(&a.per_sec).then_with(|| a.source.cmp(&b.source)));
+    let text: Vec<String> =
+        busy.iter().take(most).map(|n| format!("{} {}/s", n.source, rate(n.per_sec))).collect();
+    if text.is_empty() {
+        "none".to_owned()
+    } else {
+        text.join(", ")
     }
 }
 

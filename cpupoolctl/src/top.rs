@@ -419,7 +419,14 @@ fn isolation_table(snap: &Snapshot, shown: usize) -> Table<'_> {
                 rate(c.ipis_per_sec),
                 rate(c.timer_per_sec),
                 String::new(),
-                c.sources.clone(),
+                // The device IRQs, then what interrupts the CPU by source (its three busiest).
+                match (c.sources.is_empty(), c.noise.is_empty()) {
+                    (_, true) => c.sources.clone(),
+                    (true, false) => format!("noise: {}", crate::output::noise_text(&c.noise, 3)),
+                    (false, false) => {
+                        format!("{}; noise: {}", c.sources, crate::output::noise_text(&c.noise, 3))
+                    }
+                },
             ]));
         }
     }

@@ -381,8 +381,10 @@ fn top_fits_an_80x24_terminal_and_uses_120_columns() {
 
     let wide = Tmux { socket: dir.path().join("tmux-120.sock") };
     wide.run_top_in(dir.path(), &d, (120, 40));
-    let screen =
-        wide.wait("top to draw in 120 columns", |s| s.contains("3 assignments") && s.contains("analytics"));
+    // With the daemon's health sample, each isolated CPU's row says what still interrupts it.
+    let screen = wide.wait("top to draw in 120 columns", |s| {
+        s.contains("3 assignments") && s.contains("analytics") && s.contains("noise: ")
+    });
     for p in pools.as_array().unwrap() {
         let (name, cpus) = (p["name"].as_str().unwrap(), p["cpus"].as_str().unwrap());
         let row = pool_row(&screen, name).unwrap_or_else(|| panic!("no {name}:\n{screen}"));
