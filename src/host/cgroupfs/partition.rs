@@ -44,7 +44,7 @@ impl CgroupFs {
                 // CPUs idle when they leave the scheduler's domains stay its idle balancer for
                 // good (settle.rs): kept busy until the partition is written. A container's
                 // cgroup (remote) holds its processes and no child; it is left as it is.
-                let already = fs::read_to_string(&file).is_ok_and(|t| t.trim() == "isolated");
+                let already = self.partition_status(path).as_deref() == Some("isolated");
                 let _busy = (!remote && !already).then(|| self.procs.keep_busy(self, path, cpus));
                 if exclusive.exists() {
                     if remote {

@@ -73,7 +73,7 @@ impl Drop for Busy {
 pub fn keep_busy(dir: &Path, proc_root: &Path, cpus: &CpuSet) -> Busy {
     let mut busy = Busy::default();
     let cmdline = fs::read_to_string(proc_root.join("cmdline")).unwrap_or_default();
-    let cpus: Vec<u32> = cpus.difference(&parse_cmdline(&cmdline).nohz_full).iter().collect();
+    let cpus = cpus.difference(&parse_cmdline(&cmdline).nohz_full);
     if cpus.is_empty() {
         return busy;
     }
@@ -82,15 +82,11 @@ pub fn keep_busy(dir: &Path, proc_root: &Path, cpus: &CpuSet) -> Busy {
         Ok(()) => busy.cgroup = Some(cgroup.clone()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => busy.cgroup = Some(cgroup.clone()),
         Err(e) => {
-            log::warn!(
-                "CPUs {}: not kept busy while isolated (creating `{}`: {e})",
-                list(&cpus),
-                cgroup.display()
-            );
+            log::warn!("CPUs {cpus}: not kept busy while isolated (creating `{}`: {e})", cgroup.display());
             return busy;
         }
     }
-    for &cpu in &cpus {
+    for cpu in cpus.iter() {
         match spawn_on(&cgroup, cpu) {
             Ok(child) => busy.children.push(child),
             Err(e) => {
@@ -104,9 +100,8 @@ pub fn keep_busy(dir: &Path, proc_root: &Path, cpus: &CpuSet) -> Busy {
     let deadline = Instant::now() + WAIT;
     loop {
         let now = ticks(proc_root);
-        let waiting: Vec<u32> = cpus
+        let waiting: CpuSet = cpus
             .iter()
-            .copied()
             .filter(|c| now.get(c).copied().unwrap_or(0) < start.get(c).copied().unwrap_or(0) + TICKS)
             .collect();
         if waiting.is_empty() {
@@ -114,9 +109,8 @@ pub fn keep_busy(dir: &Path, proc_root: &Path, cpus: &CpuSet) -> Busy {
         }
         if Instant::now() >= deadline {
             log::warn!(
-                "CPUs {}: no busy tick within {} s; isolated anyway (the scheduler's idle \
+                "CPUs {waiting}: no busy tick within {} s; isolated anyway (the scheduler's idle \
                  balancing may keep waking them)",
-                list(&waiting),
                 WAIT.as_secs()
             );
             return busy;
@@ -169,10 +163,6 @@ pub fn spin(parent: u32) -> std::process::ExitCode {
         }
     }
     std::process::ExitCode::SUCCESS
-}
-
-fn list(cpus: &[u32]) -> String {
-    cpus.iter().copied().collect::<CpuSet>().to_string()
 }
 
 #[cfg(test)]
