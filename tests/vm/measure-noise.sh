@@ -77,9 +77,6 @@ loc() { awk -v c=$(($1 + 2)) '$1 == "LOC:" { print $c }' /proc/interrupts; }
 # ticked CPU FROM: CPU's tick count has gone 3 past FROM (it ran busy ticks).
 ticked() { [ "$(loc "$1")" -ge $(($2 + 3)) ]; }
 
-dp_isolated() { cpupoolctl pool list | grep -Eq '^dp +exclusive +2-3 .*isolated'; }
-dp_member() { cpupoolctl pool list | grep -E '^dp +exclusive +2-3' | grep -vq isolated; }
-
 # rows A B CPU SECS PREFIX: per second for CPU between two copies of /proc/interrupts or
 # /proc/softirqs: "PREFIX ROW RATE" for every row with a count; numbered rows summed as device.
 rows() {

@@ -14,8 +14,6 @@ LIMIT=25
 
 # count FILE ROW: the row's counts for CPUs 2 and 3 of /proc/interrupts or /proc/softirqs, summed.
 count() { awk -v r="$2:" '$1 == r { print $4 + $5 }' "$1"; }
-dp_isolated() { cpupoolctl pool list | grep -Eq '^dp +exclusive +2-3 .*isolated'; }
-dp_member() { cpupoolctl pool list | grep -E '^dp +exclusive +2-3' | grep -vq isolated; }
 
 irq_pools false
 check "reload with dp exclusive, not isolated" systemctl reload cpupoold.service

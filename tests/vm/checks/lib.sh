@@ -130,6 +130,11 @@ ${2:-}
 EOF
 }
 
+# dp_isolated / dp_member: whether irq_pools' dp (exclusive 2-3) is an isolated partition now, or
+# a member, as `pool list` reads the kernel's state.
+dp_isolated() { cpupoolctl pool list | grep -Eq '^dp +exclusive +2-3 .*isolated'; }
+dp_member() { cpupoolctl pool list | grep -E '^dp +exclusive +2-3' | grep -vq isolated; }
+
 # start_load NAME [OPTION...]: host load in system.slice as units NAME-{hog,dd,9p}.service: a CPU
 # hog, a disk write loop with fsync, and reads of the 9p share (virtio interrupts); OPTIONs go to
 # each systemd-run (e.g. -p CPUAffinity=0-1). stop_load NAME ends it.
