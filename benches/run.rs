@@ -60,19 +60,20 @@ fn row(name: &str, s: &Stats, floor: &Stats) {
     );
 }
 
-/// Times `ctl ARGS` (`--sandbox` the daemon's), checking that it succeeds.
-fn cli(n: usize, ctl: &Path, sb: &Path, args: &[&str]) -> Stats {
+/// Times `program ARGS` to its exit, checking that it succeeds.
+fn started<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(n: usize, program: &Path, args: &[S]) -> Stats {
     measure(n, |_| {
-        let st = Command::new(ctl)
-            .arg("--sandbox")
-            .arg(sb)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(st.success(), "{} {args:?}: {st}", ctl.display());
+        let st =
+            Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().unwrap();
+        assert!(st.success(), "{} {args:?}: {st}", program.display());
     })
+}
+
+/// Times `ctl --sandbox SB ARGS` (the daemon's sandbox).
+fn cli(n: usize, ctl: &Path, sb: &Path, args: &[&str]) -> Stats {
+    let mut all = vec![std::ffi::OsStr::new("--sandbox"), sb.as_os_str()];
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    started(n, ctl, &all)
 }
 
 fn main() {
@@ -100,14 +101,8 @@ fn main() {
     let floor = Stats { p50: list.p50 + mutation.p50, p99: list.p99 + mutation.p99 };
     // What `run` starts beyond the floor's one process: its child (cpupoolctl again) and
     // COMMAND. Not part of the floor; shown so the rest can be told apart.
-    let started = |program: &Path, args: &[&str]| {
-        measure(n_cli, |_| {
-            let st = Command::new(program).args(args).stdout(Stdio::null()).status().unwrap();
-            assert!(st.success());
-        })
-    };
-    let version = started(&ctl, &["--version"]);
-    let tru = started(Path::new("true"), &[]);
+    let version = started(n_cli, &ctl, &["--version"]);
+    let tru = started::<&str>(n_cli, Path::new("true"), &[]);
     let run = ["run", "--pool", "web", "--millicpus", "100", "--", "true"];
     let ran = cli(n_cli, &ctl, &d.sb, &run);
     row("cpupoolctl pool list", &list, &floor);
