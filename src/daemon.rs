@@ -496,7 +496,10 @@ fn print_banner(
         out.push_str(&format!("  pool {:<12} {:<9} CPUs {}\n", p.name, p.kind.to_string(), p.cpus));
     }
     // What isolation moved off the isolated pools' CPUs, so a newcomer sees it happen.
-    for (what, line) in [("irqs", snap.irq.summary()), ("kthreads", snap.isolation.kthreads.summary())] {
+    for (what, line) in [
+        ("irqs", snap.report::<crate::engine::IrqReport>().summary()),
+        ("kthreads", snap.report::<crate::engine::IsolationReport>().kthreads.summary()),
+    ] {
         if !line.is_empty() {
             out.push_str(&format!("  {what:<9} {line}\n"));
         }

@@ -154,7 +154,7 @@ impl ClassesReply {
             pool_named(&snap.state, name)?;
         }
         let classes = snap
-            .classes
+            .report::<Vec<crate::core::classes::ClassRow>>()
             .iter()
             .filter(|r| name.is_empty() || r.pool == name)
             .map(|r| views::ClassSetting {
@@ -184,7 +184,7 @@ impl IsolationReply {
         if !name.is_empty() {
             pool_named(&snap.state, name)?;
         }
-        let iso = &snap.isolation;
+        let iso = snap.report::<crate::engine::IsolationReport>();
         let pools = iso
             .pools
             .iter()
@@ -225,7 +225,7 @@ impl IsolationReply {
                             .collect(),
                     })
                     .collect(),
-                irqs: snap.irq.summary(),
+                irqs: snap.report::<crate::engine::IrqReport>().summary(),
                 kthreads: iso.kthreads.summary(),
                 boot: Coverage::of(&p.cpus, &iso.kernel.boot, &iso.kernel.nohz_full).summary(),
             })

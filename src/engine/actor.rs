@@ -471,7 +471,7 @@ impl Engine {
             same if **same == self.opts => same.clone(),
             _ => Arc::new(self.opts.clone()),
         };
-        let mut snap = Snapshot {
+        let snap = Snapshot {
             state: self.state.clone(),
             topology: self.topo.clone(),
             state_path: self.store.path().to_owned(),
@@ -488,12 +488,9 @@ impl Engine {
                     .map(|(id, why)| (id.clone(), why.clone()))
                     .collect(),
             ),
-            isolation: Arc::default(),
-            irq: Arc::default(),
             kubelet: self.kubelet.clone(),
-            classes: Arc::default(),
+            reports: Arc::new(self.keepers_reports()),
         };
-        self.publish_keepers(&mut snap);
         self.snapshots.send_replace(snap);
         for e in events {
             // Nobody listening is fine.
@@ -576,10 +573,8 @@ fn first_snapshot(
         backend,
         layout: Arc::default(),
         assignment_health: Arc::default(),
-        isolation: Arc::default(),
-        irq: Arc::default(),
         kubelet: Arc::default(),
-        classes: Arc::default(),
+        reports: Arc::default(),
     }
 }
 

@@ -18,10 +18,9 @@
 //! removing the others. With `daemon.cache_restore_on_stop` (the default) the daemon removes
 //! its groups when it stops, which gives their CPUs back to the default group.
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use super::error_chain;
-use super::handle::Snapshot;
+use super::handle::Reports;
 use super::keeper::{Keeper, Scene};
 use super::Event;
 use crate::config::{pool_key, Cache, ConfigError, Settings};
@@ -291,8 +290,8 @@ impl Keeper for CacheManager {
         Vec::new()
     }
 
-    fn publish(&self, snap: &mut Snapshot) {
-        Arc::make_mut(&mut snap.classes).extend(self.rows.iter().cloned());
+    fn publish(&self, reports: &mut Reports) {
+        reports.update(|rows: &mut Vec<ClassRow>| rows.extend(self.rows.iter().cloned()));
     }
 
     /// Removes the daemon's resctrl groups, if so configured (the daemon stops).

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use super::{housekeeping, DriftFound, EngineError, IrqReport, KubeletUpdate, KubeletView};
+use super::{DriftFound, EngineError, KubeletUpdate, KubeletView};
 use crate::config::runtime::PoolEdit;
 use crate::config::{ConfigError, Settings};
 use crate::core::cpuset::CpuSet;
@@ -124,18 +124,65 @@ pub struct Snapshot {
     /// Assignments whose target the kernel does not confine to their CPUs, with the reason,
     /// found by the last drift check and not restored by it.
     pub assignment_health: Arc<std::collections::BTreeMap<AssignmentId, String>>,
-    /// Isolation: partition validity, workqueue masks, the kernel's own isolation and the
-    /// health measured on each isolated pool.
-    pub isolation: Arc<housekeeping::IsolationReport>,
-    /// Interrupt affinity as the last pass left it (see [`irq`]).
-    pub irq: Arc<IrqReport>,
     /// What the kubelet wing observed: the CPUs online, the devices the kubelet holds.
     pub kubelet: Arc<KubeletView>,
-    /// Every configured power and cache key of every pool: wanted, in force, state.
-    pub classes: Arc<Vec<crate::core::classes::ClassRow>>,
+    /// What each keeper of host settings reported at its last pass, under the report's type
+    /// ([`Snapshot::report`]): the contract names no keeper.
+    pub reports: Arc<Reports>,
+}
+
+/// The keepers' reports, one per type: a keeper puts its report under its own type when a
+/// snapshot is built ([`Reports::put`], or [`Reports::update`] where several keepers add to one
+/// report), and a reader asks for the type it knows ([`Snapshot::report`]). Type-keyed, so a new
+/// keeper adds a report without a new snapshot field.
+#[derive(Clone, Default)]
+pub struct Reports(Vec<(std::any::TypeId, &'static str, Arc<dyn std::any::Any + Send + Sync>)>);
+
+impl Reports {
+    /// Puts `report` under its type, replacing the one there.
+    pub fn put<T: std::any::Any + Send + Sync>(&mut self, report: T) {
+        let id = std::any::TypeId::of::<T>();
+        let entry =
+            (id, std::any::type_name::<T>(), Arc::new(report) as Arc<dyn std::any::Any + Send + Sync>);
+        match self.0.iter_mut().find(|(t, _, _)| *t == id) {
+            Some(slot) => *slot = entry,
+            None => self.0.push(entry),
+        }
+    }
+
+    /// Changes the report of type `T` (its default when none is there yet) in place.
+    pub fn update<T: std::any::Any + Send + Sync + Clone + Default>(&mut self, change: impl FnOnce(&mut T)) {
+        let mut report = (*self.get::<T>()).clone();
+        change(&mut report);
+        self.put(report);
+    }
+
+    /// The report of type `T`; its default when no keeper put one (a keeper that has not
+    /// passed yet, or one not running in this daemon).
+    pub fn get<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let id = std::any::TypeId::of::<T>();
+        self.0
+            .iter()
+            .find(|(t, _, _)| *t == id)
+            .and_then(|(_, _, r)| r.clone().downcast::<T>().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for Reports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.iter().map(|(_, name, _)| name)).finish()
+    }
 }
 
 impl Snapshot {
+    /// The last report of type `T` a keeper published: `snap.report::<IsolationReport>()`,
+    /// `snap.report::<IrqReport>()`, `snap.report::<Vec<ClassRow>>()` (the power and cache
+    /// classes' rows). See [`Reports`].
+    pub fn report<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        self.reports.get::<T>()
+    }
+
     /// What `a`'s CPUs do now: allocated, applied or degraded ([`state::phase::Phase`]).
     pub fn phase(&self, a: &Assignment) -> state::phase::Phase<'_> {
         a.phase(

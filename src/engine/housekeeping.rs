@@ -27,10 +27,9 @@
 //! ([`crate::host::health`]) and turns the last two samples into rates per isolated CPU.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
-use super::handle::Snapshot;
+use super::handle::Reports;
 use super::keeper::{Keeper, Scene};
 use super::{error_chain, Engine, Event};
 use crate::config::{ConfigError, Settings};
@@ -475,8 +474,8 @@ impl Keeper for Housekeeping {
         true
     }
 
-    fn publish(&self, snap: &mut Snapshot) {
-        snap.isolation = Arc::new(self.report.clone());
+    fn publish(&self, reports: &mut Reports) {
+        reports.put(self.report.clone());
     }
 
     /// Nothing: the pools stay isolated over a restart (module docs).

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::error_chain;
-use super::handle::Snapshot;
+use super::handle::Reports;
 use super::keeper::{Keeper, Scene};
 use super::Event;
 use crate::config::{Irq, Settings};
@@ -607,8 +607,8 @@ impl Keeper for IrqManager {
         }
     }
 
-    fn publish(&self, snap: &mut Snapshot) {
-        snap.irq = Arc::new(self.report.clone());
+    fn publish(&self, reports: &mut Reports) {
+        reports.put(self.report.clone());
     }
 
     /// Puts every interrupt back, if so configured (the daemon stops).
@@ -683,7 +683,12 @@ mod tests {
             let events = e.keep_host(crate::engine::keeper::Pass::Pools);
             e.publish(events);
             let snap = e.snapshots.borrow();
-            snap.irq.problems.iter().filter(|p| p.starts_with("IRQ 1 ")).cloned().collect::<Vec<_>>()
+            snap.report::<crate::engine::IrqReport>()
+                .problems
+                .iter()
+                .filter(|p| p.starts_with("IRQ 1 "))
+                .cloned()
+                .collect::<Vec<_>>()
         };
         assert_eq!(said(&mut engine), Vec::<String>::new(), "first seen: judged at the next pass");
         assert_eq!(said(&mut engine), Vec::<String>::new(), "it has not fired on CPU 1 since");

@@ -37,7 +37,7 @@
 //! has a health tick of its own ([`Engine::sample_isolation`]), so [`Keepers`] holds it by type.
 //!
 //! They are trait objects because the engine treats them alike everywhere but in their reports,
-//! which each writes into the snapshot itself.
+//! which each puts under its own type in the snapshot ([`super::Reports`]).
 use super::housekeeping::Housekeeping;
 use super::{cache, irq, power, Engine, Event};
 use crate::config::{ConfigError, Settings};
@@ -47,7 +47,7 @@ use crate::core::state::State;
 use crate::core::topology::Topology;
 use crate::host::Backend;
 
-use super::handle::Snapshot;
+use super::handle::Reports;
 
 /// What a pass looks at: the pools as the state holds them now, the host's CPUs, and the
 /// cpuset layout as applied.
@@ -103,8 +103,8 @@ pub(crate) trait Keeper: Send {
     /// Waits for work a pass handed to a thread of its own (start does, before the daemon says
     /// it is ready).
     fn settle(&mut self) {}
-    /// Writes the last pass's report into the snapshot.
-    fn publish(&self, snap: &mut Snapshot);
+    /// Puts the last pass's report under its type, for the snapshot being built.
+    fn publish(&self, reports: &mut Reports);
     /// Puts back what it remembers, if so configured (the daemon stops).
     fn stop(&mut self);
 }
@@ -199,11 +199,13 @@ impl Engine {
         }
     }
 
-    /// Every keeper's report, into the snapshot being built.
-    pub(crate) fn publish_keepers(&self, snap: &mut Snapshot) {
+    /// Every keeper's report, for the snapshot being built.
+    pub(crate) fn keepers_reports(&self) -> Reports {
+        let mut reports = Reports::default();
         for k in self.keepers.iter() {
-            k.publish(snap);
+            k.publish(&mut reports);
         }
+        reports
     }
 
     /// Every keeper puts back what it remembers, if so configured (the daemon stops).

@@ -275,7 +275,7 @@ mod tests {
         let snap = handle.snapshot();
         assert_eq!(snap.layout.partitions, Partitions::Off);
         assert_eq!(partition(), "member");
-        let summary = snap.isolation.pools[&dp].summary();
+        let summary = snap.report::<crate::engine::IsolationReport>().pools[&dp].summary();
         assert!(summary.starts_with("degraded: no isolated partition"), "{summary}");
         assert!(summary.contains("pool(s) dp, web"), "{summary}");
         std::fs::remove_dir(&pods).unwrap_or_else(|e| panic!("{e}"));
@@ -284,7 +284,7 @@ mod tests {
         });
         assert_eq!(handle.snapshot().layout.partitions, Partitions::Pools);
         assert_eq!(partition(), "isolated");
-        assert_eq!(handle.snapshot().isolation.pools[&dp].invalid, None);
+        assert_eq!(handle.snapshot().report::<crate::engine::IsolationReport>().pools[&dp].invalid, None);
         drop(handle);
         let _ = thread.join();
         // A start that finds the pods' cgroup makes no partition in the first place.

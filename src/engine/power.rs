@@ -19,10 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use std::sync::Arc;
-
 use super::error_chain;
-use super::handle::Snapshot;
+use super::handle::Reports;
 use super::keeper::{Keeper, Scene};
 use super::Event;
 use crate::config::{power_key, ConfigError, Power, Settings};
@@ -538,8 +536,8 @@ impl Keeper for PowerManager {
         Vec::new()
     }
 
-    fn publish(&self, snap: &mut Snapshot) {
-        Arc::make_mut(&mut snap.classes).extend(self.report());
+    fn publish(&self, reports: &mut Reports) {
+        reports.update(|rows: &mut Vec<crate::core::classes::ClassRow>| rows.extend(self.report()));
     }
 
     /// Puts every power value back, if so configured (the daemon stops).

@@ -836,7 +836,11 @@ mod housekeeping_tests {
         let saved = fs::read_to_string(f.sb.state().join("housekeeping.json")).unwrap_or_default();
         assert!(saved.contains("\"workqueue\": \"ff\""), "{saved}");
         let snap = engine.snapshots.borrow().clone();
-        assert!(snap.isolation.masks.iter().all(|m| m.by == "cpupoold"), "{:?}", snap.isolation.masks);
+        assert!(
+            snap.report::<crate::engine::IsolationReport>().masks.iter().all(|m| m.by == "cpupoold"),
+            "{:?}",
+            snap.report::<crate::engine::IsolationReport>().masks
+        );
         // A kill -9: the next start finds the record and keeps the masks as they are.
         drop(engine);
         let (engine, _) = f.start();
@@ -901,7 +905,8 @@ mod housekeeping_tests {
         let engine = engine.with_housekeeping(f.roots());
         assert_eq!(f.sys(WQ), "99\n");
         let snap = engine.snapshots.borrow().clone();
-        let wq = snap.isolation.masks.iter().find(|m| m.file == WQ).unwrap_or_else(|| panic!("no mask"));
+        let iso = snap.report::<crate::engine::IsolationReport>();
+        let wq = iso.masks.iter().find(|m| m.file == WQ).unwrap_or_else(|| panic!("no mask"));
         assert_eq!(wq.by, "kernel");
         let saved = fs::read_to_string(f.sb.state().join("housekeeping.json")).unwrap_or_default();
         assert!(!saved.contains("workqueue"), "{saved}");
@@ -914,7 +919,16 @@ mod housekeeping_tests {
         let (engine, _) = f.start();
         let mut engine = engine.with_housekeeping(f.roots());
         let dp = PoolName::new("dp").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(engine.snapshots.borrow().isolation.pools.get(&dp).map(|p| p.invalid.clone()), Some(None));
+        assert_eq!(
+            engine
+                .snapshots
+                .borrow()
+                .report::<crate::engine::IsolationReport>()
+                .pools
+                .get(&dp)
+                .map(|p| p.invalid.clone()),
+            Some(None)
+        );
         // What the kernel answers when the pool's CPUs cannot be made exclusive; the sandbox's
         // plain file would be rewritten by a reconcile, so the read-back is driven directly.
         f.write(
@@ -928,7 +942,7 @@ mod housekeeping_tests {
         );
         engine.publish(events);
         let snap = engine.snapshots.borrow().clone();
-        let p = &snap.isolation.pools[&dp];
+        let p = &snap.report::<crate::engine::IsolationReport>().pools[&dp];
         assert_eq!(p.state(), "degraded");
         assert!(p.summary().contains("Cpu list in cpuset.cpus not exclusive"), "{}", p.summary());
         // Once is enough: the same reason again is no new event.
@@ -945,7 +959,10 @@ mod housekeeping_tests {
         let online: Vec<u32> = (0..8).collect();
         rt().block_on(async {
             handle.sample_isolation().await.unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(handle.snapshot().isolation.pools[&dp].summary(), "holds");
+            assert_eq!(
+                handle.snapshot().report::<crate::engine::IsolationReport>().pools[&dp].summary(),
+                "holds"
+            );
             let mut counts = std::collections::BTreeMap::new();
             counts.insert(("32", 2), 500);
             counts.insert(("LOC", 2), 100);
@@ -954,7 +971,7 @@ mod housekeeping_tests {
             handle.sample_isolation().await.unwrap_or_else(|e| panic!("{e}"));
         });
         let snap = handle.snapshot();
-        let p = &snap.isolation.pools[&dp];
+        let p = &snap.report::<crate::engine::IsolationReport>().pools[&dp];
         assert_eq!(p.state(), "leaks");
         let s = p.summary();
         assert!(s.contains("IRQ/s from irq 32 virtio1-requests on CPU 2"), "{s}");

@@ -193,7 +193,7 @@ fn assignments(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::
 /// task time; then each isolated CPU's ([`isolated_cpus`]) and the IRQs moved off them.
 fn isolation(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
     let (mut valid, mut holds, mut foreign) = (Vec::new(), Vec::new(), Vec::new());
-    for (name, p) in &snap.isolation.pools {
+    for (name, p) in &snap.report::<crate::engine::IsolationReport>().pools {
         let name = name.as_str();
         valid.push((pool(name), b(p.invalid.is_none())));
         let Some(h) = &p.health else { continue };
@@ -230,14 +230,14 @@ fn isolation(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fm
         "irqs_moved",
         "IRQs whose affinity the daemon moved off isolated CPUs",
         None,
-        &[(Labels::new(), snap.irq.moved.len() as f64)],
+        &[(Labels::new(), snap.report::<crate::engine::IrqReport>().moved.len() as f64)],
     )
 }
 
 /// The interrupt rates of each isolated CPU, and its busiest device IRQs.
 fn isolated_cpus(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
     let (mut device, mut ipi, mut timer, mut irqs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (name, p) in &snap.isolation.pools {
+    for (name, p) in &snap.report::<crate::engine::IsolationReport>().pools {
         for c in p.health.iter().flat_map(|h| &h.cpus) {
             let cpu = || vec![("pool", name.to_string()), ("cpu", c.cpu.to_string())];
             device.push((cpu(), c.device_per_sec));
@@ -284,7 +284,7 @@ fn isolated_cpus(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std
 /// kind, device IRQs as one, each softirq, tasks switched in; so at most ~20 series per
 /// isolated CPU), and how the kernel's boot isolation covers the isolated pools.
 fn noise_and_boot(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt::Error> {
-    let iso = &snap.isolation;
+    let iso = snap.report::<crate::engine::IsolationReport>();
     let (mut noise, mut uncovered) = (Vec::new(), Vec::new());
     let mut isolated = CpuSet::new();
     for (name, p) in &iso.pools {
@@ -340,7 +340,7 @@ fn classes(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), std::fmt:
         ("unsupported", "A configured power or cache key the host lacks support for (1) or not (0)"),
     ] {
         let rows: Vec<(Labels, f64)> = snap
-            .classes
+            .report::<Vec<crate::core::classes::ClassRow>>()
             .iter()
             .map(|r| {
                 let labels = vec![

@@ -273,7 +273,14 @@ fn fake_sysfs_missing_drivers_are_not_supported_naming_the_key_and_what_is_missi
 
 /// The power rows of the engine's last snapshot.
 fn power_rows(engine: &crate::engine::Engine) -> Vec<ClassRow> {
-    engine.snapshots.borrow().classes.iter().filter(|r| r.class == ClassKind::Power).cloned().collect()
+    engine
+        .snapshots
+        .borrow()
+        .report::<Vec<crate::core::classes::ClassRow>>()
+        .iter()
+        .filter(|r| r.class == ClassKind::Power)
+        .cloned()
+        .collect()
 }
 
 /// The engine's hooks: applied at start, reported in the snapshot, a reload the host cannot
