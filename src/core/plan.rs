@@ -524,5 +524,37 @@ pub fn kept(before: &Layout, after: &Layout) -> Layout {
     out
 }
 
+/// Each pool's CPUs, for resolving count pools where they are.
+pub fn pool_cpus(state: &State) -> BTreeMap<PoolName, CpuSet> {
+    state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect()
+}
+
+/// Where isolated partitions go: containers' own cgroups where the kernel has
+/// `cpuset.cpus.exclusive`; nowhere where it has not, the kubelet's pod cgroup exists
+/// (`pods`) and some pool is offered to the kubelet (the `root` partition an older kernel needs
+/// above the isolated pools would take every pool's CPUs from the kubelet's containers); the
+/// pools' slices otherwise.
+pub fn partitions(state: &State, remote: bool, pods: bool) -> Partitions {
+    let kubelet = pods && state.pools().values().any(|p| p.offered_to_kubelet());
+    match (remote, kubelet) {
+        (true, _) => Partitions::Containers,
+        (false, true) => Partitions::Off,
+        (false, false) => Partitions::Pools,
+    }
+}
+
+/// Why no isolated pool is a partition ([`Partitions::Off`]), for the log and `pool show`.
+pub fn no_partitions_reason(state: &State) -> String {
+    let offered: Vec<&str> =
+        state.pools().values().filter(|p| p.offered_to_kubelet()).map(|p| p.name.as_str()).collect();
+    format!(
+        "no isolated partition: this kernel has no cpuset.cpus.exclusive (Linux 6.7), and the root partition \
+         it would need above the isolated pools would take the CPUs of pool(s) {} from the kubelet's \
+         containers. Interrupts and kernel threads still keep off the isolated CPUs; the scheduler \
+         still balances load onto them (boot with isolcpus= for that, or use Linux 6.7 or later)",
+        offered.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests;

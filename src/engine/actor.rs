@@ -8,10 +8,9 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use super::commit::{Mutation, MAX_GROUP};
 use super::keeper::Pass;
-use super::{drift, ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
+use super::{ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
 use crate::config::ConfigError;
 use crate::config::Settings;
-use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Key, Layout, LayoutOptions, Partitions};
 use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, CgroupPath, Delta, State, StateData};
@@ -175,7 +174,7 @@ impl Engine {
     ) -> Result<(Engine, StartReport), StartError> {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(StartError::Topology)?;
         let pools = settings.resolve_pools(&topo).map_err(|e| StartError::Config(Box::new(e)))?;
-        let checked = super::keeper::check(settings, &topo, &pools).map_err(StartError::Config)?;
+        let checked = super::keepers::check(settings, &topo, &pools).map_err(StartError::Config)?;
         let store = Store::open(&settings.paths.state_dir).map_err(StartError::Store)?;
         // Before reading anything: a second daemon must not compact under a running one.
         store.lock_dir().map_err(StartError::Store)?;
@@ -203,7 +202,7 @@ impl Engine {
             events,
             snapshots,
             config: None,
-            keepers: super::keeper::Keepers::new(settings, checked),
+            keepers: super::keepers::Keepers::new(settings, checked),
             kubelet: Arc::default(),
             slices: std::cell::RefCell::default(),
             origins: settings.origins.clone(),
@@ -299,9 +298,9 @@ impl Engine {
                 "lend_idle is off while pools are isolated: this kernel has no cpuset.cpus.exclusive (Linux 6.7)"
             );
         }
-        let partitions = partitions(state, remote, self.backend.kubelet_pods());
+        let partitions = plan::partitions(state, remote, self.backend.kubelet_pods());
         if partitions == Partitions::Off && isolating {
-            log::warn!("{}", no_partitions_reason(state));
+            log::warn!("{}", plan::no_partitions_reason(state));
         }
         LayoutOptions {
             host_cgroups: host_cgroups.to_vec(),
@@ -317,12 +316,12 @@ impl Engine {
         // Read the host afresh: someone (systemd reloading) may have changed the pool level.
         self.backend.refresh();
         let desired = self.layout(&self.state);
-        let mut observed: Layout = drift::observe_all(&*self.backend, &desired)
+        let mut observed: Layout = super::observe::observe_all(&*self.backend, &desired)
             .into_iter()
             .filter_map(|(key, now)| Some((key, now?)))
             .collect();
-        for path in drift::stale_slices(&*self.backend, &desired) {
-            if let Some(now) = drift::observe_stale(&*self.backend, &path) {
+        for path in super::observe::stale_slices(&*self.backend, &desired) {
+            if let Some(now) = super::observe::observe_stale(&*self.backend, &path) {
                 observed.insert(Key::Cgroup(path), now);
             }
         }
@@ -532,7 +531,7 @@ fn load_state(
             // Count pools keep the CPUs saved for them (a pool created at run time took
             // CPUs others did not hold, which a fresh resolution would not give it again).
             let pools = settings
-                .resolve_pools_keeping(topo, &current_cpus(&state))
+                .resolve_pools_keeping(topo, &plan::pool_cpus(&state))
                 .map_err(|e| StartError::Config(Box::new(e)))?;
             if let Err(misfits) = state.set_pools(pools) {
                 for m in &misfits {
@@ -576,36 +575,4 @@ fn first_snapshot(
         kubelet: Arc::default(),
         reports: Arc::default(),
     }
-}
-
-/// Each pool's CPUs, for resolving count pools where they are.
-pub(super) fn current_cpus(state: &State) -> std::collections::BTreeMap<PoolName, CpuSet> {
-    state.pools().values().map(|p| (p.name.clone(), p.cpus.clone())).collect()
-}
-
-/// Where isolated partitions go: containers' own cgroups where the kernel has
-/// `cpuset.cpus.exclusive`; nowhere where it has not, the kubelet's pod cgroup exists
-/// (`pods`) and some pool is offered to the kubelet (the `root` partition an older kernel needs
-/// above the isolated pools would take every pool's CPUs from the kubelet's containers); the
-/// pools' slices otherwise.
-pub(super) fn partitions(state: &State, remote: bool, pods: bool) -> Partitions {
-    let kubelet = pods && state.pools().values().any(|p| p.offered_to_kubelet());
-    match (remote, kubelet) {
-        (true, _) => Partitions::Containers,
-        (false, true) => Partitions::Off,
-        (false, false) => Partitions::Pools,
-    }
-}
-
-/// Why no isolated pool is a partition ([`Partitions::Off`]), for the log and `pool show`.
-pub(crate) fn no_partitions_reason(state: &State) -> String {
-    let offered: Vec<&str> =
-        state.pools().values().filter(|p| p.offered_to_kubelet()).map(|p| p.name.as_str()).collect();
-    format!(
-        "no isolated partition: this kernel has no cpuset.cpus.exclusive (Linux 6.7), and the root partition \
-         it would need above the isolated pools would take the CPUs of pool(s) {} from the kubelet's \
-         containers. Interrupts and kernel threads still keep off the isolated CPUs; the scheduler \
-         still balances load onto them (boot with isolcpus= for that, or use Linux 6.7 or later)",
-        offered.join(", ")
-    )
 }

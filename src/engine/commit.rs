@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use super::observe::{outside, verify_on};
 use super::{error_chain, Change, Engine, EngineError, Event, Request};
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::{self, Effect, Key, Layout};
 use crate::core::state::{self, AssignSpec, Assignment, CgroupPath, Changes, Outcome, State, Target};
-use crate::host::Backend;
 
 impl Engine {
     /// Records when a pid target's process started; refuses a process that does not exist.
@@ -557,49 +557,6 @@ impl Mutation {
 enum Decided {
     Assign(Result<Outcome<Assignment>, EngineError>),
     Release(Result<Assignment, state::Error>),
-}
-
-/// Reads back what the kernel enforces on `a`'s target through `backend`; a difference is a
-/// refusal ([`state::Error::TargetOutsidePool`]). A read-back that fails (the file is gone, the
-/// process is out of descriptors) is no answer about the target: [`EngineError::ReadBack`], a
-/// failure to apply naming the file and the kernel's error, never a refusal of the target.
-/// Also the drift reader's, off the engine thread.
-pub(super) fn verify_on(backend: &dyn Backend, a: &Assignment) -> Result<(), EngineError> {
-    let Some(key) = Key::of(&a.target) else { return Ok(()) };
-    match backend.enforced(&key) {
-        Ok(Some(now)) if now != a.cpus => {
-            let (parent, cpus) = match backend.confinement(&key) {
-                Ok(Some(c)) => (c.parent, c.cpus),
-                _ => ("its cgroup".to_owned(), now),
-            };
-            Err(outside(a, &parent, &cpus).into())
-        }
-        Ok(_) => Ok(()),
-        Err(source) => Err(EngineError::ReadBack { target: a.target.to_string(), source }),
-    }
-}
-
-/// The refusal of `a`, whose target sits in `parent` with effective CPUs `cpus`.
-pub(super) fn outside(a: &Assignment, parent: &str, cpus: &CpuSet) -> state::Error {
-    let hint = match &a.target {
-        Target::Unit(_) => format!(
-            "start the unit in the pool's slice (`Slice=cpupool-{0}.slice`, or `systemd-run --slice=cpupool-{0}.slice`), or use `cpupoolctl run --pool {0}`",
-            a.pool
-        ),
-        Target::Cgroup(_) => format!(
-            "use a cgroup inside the pool's slice (`cpupool.slice/cpupool-{}.slice/NAME`), or give its parent these CPUs first",
-            a.pool
-        ),
-        Target::Pid(_) => format!("start the process with `cpupoolctl run --pool {}`, which puts it where the CPUs are", a.pool),
-        Target::Kubelet(_) => String::new(),
-    };
-    state::Error::TargetOutsidePool {
-        target: a.target.to_string(),
-        cpus: a.cpus.to_string(),
-        parent: parent.to_owned(),
-        parent_cpus: cpus.to_string(),
-        hint,
-    }
 }
 
 /// Logs a new assignment and returns its events.

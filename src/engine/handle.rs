@@ -395,10 +395,11 @@ impl Handle {
         let backend = self.backend.clone();
         // A thread of its own, not tokio's blocking pool, which panics when no thread can be
         // started (pids.max reached) and so ended the periodic check for good.
-        let found =
-            crate::threads::run_blocking("the drift read", move || super::drift::read(&*backend, &snap))
-                .await
-                .map_err(EngineError::Thread)?;
+        let found = crate::threads::run_blocking("the drift read", move || {
+            super::observe::read(&*backend, snap.state.clone(), &snap.topology, &snap.layout)
+        })
+        .await
+        .map_err(EngineError::Thread)?;
         self.call(|tx| Request::CheckDrift(Box::new(found), tx)).await
     }
 

@@ -21,9 +21,9 @@
 //! made of the cpuset layout, so it passes after every reconcile, also one that changed no
 //! setting (a reapply, partitions moved for the kubelet's pod cgroup), and not after settings
 //! that left the layout alone ([`Keeper::reads_layout`]). It joins the engine after start
-//! ([`Engine::with_housekeeping`]).
+//! ([`super::Engine::with_housekeeping`]).
 //!
-//! [`Engine::sample_isolation`] runs on the daemon's health tick: it reads the counters
+//! [`Housekeeping::sample`] runs on the daemon's health tick: it reads the counters
 //! ([`crate::host::health`]) and turns the last two samples into rates per isolated CPU.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use super::handle::Reports;
 use super::keeper::{Keeper, Scene};
-use super::{error_chain, Engine, Event};
+use super::{error_chain, Event};
 use crate::config::{ConfigError, Settings};
 use crate::core::cpuset::CpuSet;
 use crate::core::housekeeping::{self, PoolHealth, Sample};
@@ -515,7 +515,7 @@ fn log_boot_coverage(
 /// a container's that holds some of its CPUs.
 fn partition_problem(scene: &Scene<'_>, pool: &Pool) -> Option<String> {
     if scene.partitions == Partitions::Off {
-        return Some(super::actor::no_partitions_reason(scene.state));
+        return Some(crate::core::plan::no_partitions_reason(scene.state));
     }
     let slice = plan::pool_slice(&pool.name);
     let status = scene.backend.partition_status(&slice).unwrap_or_default();
@@ -548,25 +548,13 @@ fn container_partitions(state: &State, partitions: Partitions, pool: &Pool) -> V
         .collect()
 }
 
-impl Engine {
-    /// Lets the engine keep kernel housekeeping off the isolated pools and measure them: the
-    /// housekeeping keeper joins the others and passes now.
-    pub fn with_housekeeping(mut self, roots: Roots) -> Engine {
-        let hk = Housekeeping::new(roots, &self.topo.online().union(self.topo.offline()));
-        self.keepers.join_housekeeping(hk);
-        let events = self.keep_host(super::keeper::Pass::Layout);
-        self.sample_isolation();
-        self.publish(events);
-        self
-    }
-
-    /// Takes a sample of the counters and measures each isolated pool since the last one.
-    pub(super) fn sample_isolation(&mut self) {
-        let (state, partitions) = (&self.state, self.opts.partitions);
-        let Some(hk) = self.keepers.housekeeping() else { return };
+impl Housekeeping {
+    /// Takes a sample of the counters and measures each isolated pool of `state` since the
+    /// last one (the daemon's health tick).
+    pub(super) fn sample(&mut self, state: &State, partitions: Partitions) {
         // A pool's own time: its slice's, and its containers' where they are partitions.
         let mut slices: Vec<(String, String)> = Vec::new();
-        for n in hk.report.pools.keys() {
+        for n in self.report.pools.keys() {
             slices.push((n.to_string(), plan::pool_slice(n).as_str().to_owned()));
             if let Some(p) = state.pools().get(n) {
                 for (path, _) in container_partitions(state, partitions, p) {
@@ -575,20 +563,20 @@ impl Engine {
             }
         }
         let now = Instant::now();
-        let sample = match health::read_sample(&hk.roots.procfs, &hk.roots.cgroup, &slices) {
+        let sample = match health::read_sample(&self.roots.procfs, &self.roots.cgroup, &slices) {
             Ok(s) => s,
             Err(e) => {
                 log::debug!("isolation health: {}", error_chain(&e));
                 return;
             }
         };
-        if let Some((then, before)) = &hk.last {
+        if let Some((then, before)) = &self.last {
             let secs = now.duration_since(*then).as_secs_f64();
-            for (name, pool) in hk.report.pools.iter_mut() {
+            for (name, pool) in self.report.pools.iter_mut() {
                 pool.health = housekeeping::assess(name.as_str(), &pool.cpus, before, &sample, secs);
             }
         }
-        hk.last = Some((now, sample));
+        self.last = Some((now, sample));
     }
 }
 

@@ -7,7 +7,7 @@
 //! [`Keeper`] trait:
 //!
 //! 1. **check**: new settings are checked against the host before the engine takes them
-//!    ([`check`], at start and before a reload or pool edit is installed); a key the host cannot
+//!    ([`super::keepers::check`], at start and before a reload or pool edit is installed); a key the host cannot
 //!    honour refuses the configuration, naming it, and nothing changes;
 //! 2. **configure**: the engine hands over settings it installed ([`Keeper::configure`]);
 //! 3. **keep**: one pass over the pools as they are now ([`Keeper::keep`]): plan (the pure part
@@ -20,11 +20,11 @@
 //!    ([`Keeper::stop`]); a restart after a crash restores what no pool wants any more at its
 //!    first pass.
 //!
-//! The engine drives them all from here: [`Engine::keep_host`] after start's reconcile, every
-//! installed configuration ([`Engine::reconfigure_keepers`]), every drift check, reapply and
-//! move of the partitions, and [`Engine::stop_keepers`] on the way out. A new keeper implements
-//! [`Keeper`] in its own file and is registered by one line in [`Keepers::new`] (plus its check
-//! in [`check`], if it has one).
+//! The engine drives them all from one place, [`super::keepers`]: after start's reconcile, every
+//! installed configuration, every drift check, reapply and move of the partitions, and on the
+//! way out. A new keeper implements [`Keeper`] in its own file and is registered by one line in
+//! [`super::keepers::Keepers::new`] (plus its check in [`super::keepers::check`], if it has one).
+//! This file is the contract alone: it names no keeper.
 //!
 //! **When they pass** ([`Pass`]) is the one place they differ, and the contract says it with one
 //! method, [`Keeper::reads_layout`]: interrupts, power and cache follow the pools and the
@@ -33,21 +33,18 @@
 //! layout (an `isolated invalid` partition), so it passes after every reconcile, also one with
 //! no new settings, and not for settings that left the layout alone. Both pass for a change of
 //! the pools and at each drift check. Housekeeping also joins later than the others (the daemon
-//! adds it after start, [`Engine::with_housekeeping`], and tests without it leave it out) and
-//! has a health tick of its own ([`Engine::sample_isolation`]), so [`Keepers`] holds it by type.
+//! adds it after start, and tests without it leave it out) and has a health tick of its own, so
+//! the registry holds it by type.
 //!
 //! They are trait objects because the engine treats them alike everywhere but in their reports,
 //! which each puts under its own type in the snapshot ([`super::Reports`]).
-use super::housekeeping::Housekeeping;
-use super::{cache, irq, power, Engine, Event};
-use crate::config::{ConfigError, Settings};
+use super::handle::Reports;
+use super::Event;
+use crate::config::Settings;
 use crate::core::plan::Partitions;
-use crate::core::pool::Pool;
 use crate::core::state::State;
 use crate::core::topology::Topology;
 use crate::host::Backend;
-
-use super::handle::Reports;
 
 /// What a pass looks at: the pools as the state holds them now, the host's CPUs, and the
 /// cpuset layout as applied.
@@ -78,7 +75,7 @@ pub(crate) enum Pass {
 }
 
 impl Pass {
-    fn includes(self, keeper: &dyn Keeper) -> bool {
+    pub(super) fn includes(self, keeper: &dyn Keeper) -> bool {
         match self {
             Pass::Pools => true,
             Pass::Settings => !keeper.reads_layout(),
@@ -107,111 +104,4 @@ pub(crate) trait Keeper: Send {
     fn publish(&self, reports: &mut Reports);
     /// Puts back what it remembers, if so configured (the daemon stops).
     fn stop(&mut self);
-}
-
-/// Every keeper, in the order they pass: housekeeping last, once it has joined.
-pub(crate) struct Keepers {
-    /// Interrupts, power classes, cache classes.
-    keepers: Vec<Box<dyn Keeper>>,
-    /// Housekeeping, held by type for its health tick; `None` until
-    /// [`Engine::with_housekeeping`].
-    housekeeping: Option<Housekeeping>,
-}
-
-/// What [`check`] prepared for the keepers it checked.
-pub(crate) struct Checked {
-    cache: cache::Prepared,
-}
-
-/// Checks new settings against the host for every keeper that checks (module docs).
-pub(crate) fn check(
-    settings: &Settings,
-    topo: &Topology,
-    pools: &[Pool],
-) -> Result<Checked, Box<ConfigError>> {
-    super::housekeeping::check_housekeeping(settings, pools)?;
-    let cache = cache::check(settings).map_err(Box::new)?;
-    power::check_power(settings, topo, pools)?;
-    Ok(Checked { cache })
-}
-
-impl Keepers {
-    /// Every keeper, set up from `settings` as [`check`]ed, reading what earlier runs remembered.
-    pub(crate) fn new(settings: &Settings, checked: Checked) -> Keepers {
-        let keepers: Vec<Box<dyn Keeper>> = vec![
-            Box::new(irq::IrqManager::new(settings)),
-            Box::new(power::PowerManager::new(settings)),
-            Box::new(cache::CacheManager::new(checked.cache)),
-        ];
-        Keepers { keepers, housekeeping: None }
-    }
-
-    /// Adds housekeeping, which passes after the others.
-    pub(crate) fn join_housekeeping(&mut self, hk: Housekeeping) {
-        self.housekeeping = Some(hk);
-    }
-
-    /// Housekeeping, once it has joined.
-    pub(crate) fn housekeeping(&mut self) -> Option<&mut Housekeeping> {
-        self.housekeeping.as_mut()
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &dyn Keeper> {
-        let hk = self.housekeeping.iter().map(|h| h as &dyn Keeper);
-        self.keepers.iter().map(|k| &**k).chain(hk)
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut dyn Keeper> {
-        let hk = self.housekeeping.iter_mut().map(|h| h as &mut dyn Keeper);
-        self.keepers.iter_mut().map(|k| &mut **k as &mut dyn Keeper).chain(hk)
-    }
-}
-
-impl Engine {
-    /// One pass over the current pools of the keepers that pass for `pass`; the events of
-    /// pools whose reports changed.
-    pub(crate) fn keep_host(&mut self, pass: Pass) -> Vec<Event> {
-        let scene = Scene {
-            state: &self.state,
-            topo: &self.topo,
-            backend: &*self.backend,
-            partitions: self.opts.partitions,
-        };
-        let mut events = Vec::new();
-        for k in self.keepers.iter_mut().filter(|k| pass.includes(&**k)) {
-            events.extend(k.keep(&scene));
-        }
-        events
-    }
-
-    /// Hands every keeper installed settings, then runs a pass for `pass`.
-    pub(crate) fn reconfigure_keepers(&mut self, settings: &Settings, pass: Pass) -> Vec<Event> {
-        for k in self.keepers.iter_mut() {
-            k.configure(settings);
-        }
-        self.keep_host(pass)
-    }
-
-    /// Waits for what the last passes handed to threads (see [`Keeper::settle`]).
-    pub(crate) fn settle_keepers(&mut self) {
-        for k in self.keepers.iter_mut() {
-            k.settle();
-        }
-    }
-
-    /// Every keeper's report, for the snapshot being built.
-    pub(crate) fn keepers_reports(&self) -> Reports {
-        let mut reports = Reports::default();
-        for k in self.keepers.iter() {
-            k.publish(&mut reports);
-        }
-        reports
-    }
-
-    /// Every keeper puts back what it remembers, if so configured (the daemon stops).
-    pub(crate) fn stop_keepers(&mut self) {
-        for k in self.keepers.iter_mut() {
-            k.stop();
-        }
-    }
 }

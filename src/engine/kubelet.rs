@@ -218,16 +218,16 @@ impl Engine {
     }
 
     /// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it
-    /// (seen by the wing's reading of its CPUs), the isolated pools' partitions go or come back ([`super::actor::partitions`]); returns
+    /// (seen by the wing's reading of its CPUs), the isolated pools' partitions go or come back ([`crate::core::plan::partitions`]); returns
     /// the events of the pools whose isolation report changed.
     fn follow_pods(&mut self) -> Vec<super::Event> {
         let pods = self.backend.kubelet_pods();
-        let want = super::actor::partitions(&self.state, self.backend.remote_partitions(), pods);
+        let want = crate::core::plan::partitions(&self.state, self.backend.remote_partitions(), pods);
         if want == self.opts.partitions {
             return Vec::new();
         }
         if want == Partitions::Off {
-            log::warn!("{}", super::actor::no_partitions_reason(&self.state));
+            log::warn!("{}", crate::core::plan::no_partitions_reason(&self.state));
         } else {
             log::info!("the kubelet's pod cgroup is gone: isolated pools are partitions again");
         }

@@ -16,10 +16,14 @@
 //! - `batch`: mutations that arrive together, decided one by one and saved once;
 //! - `commit`: the commit path (decide, plan, apply, save, read back, undo, publish's inputs);
 //! - `reload`: new settings and pool edits;
-//! - `drift`: the periodic comparison of the host with the state, and its corrections;
+//! - `observe`: reading the host against a state, off the engine thread (the drift check's first
+//!   half) and for the commit path's read-back;
+//! - `drift`: the drift check's second half, judging what the reading found against the current
+//!   state, and the corrections;
 //! - `kubelet`: what the kubelet wing reports (pods, containers) folded into the state;
-//! - `keeper`: the contract of the keepers of host settings beside the cpusets, their registry,
-//!   and the one place the engine drives them from (start, reload, drift check, reapply, stop);
+//! - `keeper`: the contract of the keepers of host settings beside the cpusets (it names none);
+//! - `keepers`: their registry, the checks of new settings, and the one place the engine
+//!   drives them from (start, reload, drift check, reapply, health tick, stop);
 //! - the keepers: `irq` (device interrupts off isolated CPUs), [`power`] (the sysfs files of the
 //!   power classes), `cache` (the resctrl groups of the cache classes) and [`housekeeping`] (the
 //!   unbound workqueue masks, kernel threads, partition validity and isolation health), which
@@ -34,7 +38,9 @@ pub mod handle;
 pub mod housekeeping;
 mod irq;
 mod keeper;
+mod keepers;
 mod kubelet;
+mod observe;
 pub mod power;
 mod reload;
 
@@ -45,11 +51,11 @@ use tokio::sync::{broadcast, watch};
 pub use crate::config::edit::ConfigSource;
 pub use actor::{StartError, StartReport};
 pub use commit::describe;
-pub use drift::Found as DriftFound;
 pub use handle::{ping_within, Change, DriftReport, Event, Handle, Reports, Request, Snapshot, PING_TIMEOUT};
 pub use housekeeping::IsolationReport;
 pub use irq::IrqReport;
 pub use kubelet::{KubeletUpdate, KubeletView};
+pub use observe::Found as DriftFound;
 pub use reload::Reloaded;
 
 use crate::config::runtime::DropinError;
@@ -147,7 +153,7 @@ pub struct Engine {
     config: Option<ConfigSource>,
     /// Interrupts, power classes, cache classes, and housekeeping once it has joined
     /// ([`Engine::with_housekeeping`]) ([`keeper`]).
-    keepers: keeper::Keepers,
+    keepers: keepers::Keepers,
     kubelet: Arc<KubeletView>,
     /// Each pool's slice path, as [`Engine::publish`] last built them (pools change seldom;
     /// every mutation publishes).

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::actor::current_cpus;
 use super::keeper::Pass;
 use super::{error_chain, Engine, EngineError, Event};
 use crate::config::edit::{self, EditError, PreparedEdit};
@@ -81,9 +80,9 @@ impl Engine {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(EngineError::Topology)?;
         // Count pools keep their CPUs: editing one pool does not move the others.
         let pools = settings
-            .resolve_pools_keeping(&topo, &current_cpus(&self.state))
+            .resolve_pools_keeping(&topo, &crate::core::plan::pool_cpus(&self.state))
             .map_err(|e| EngineError::Config(Box::new(e)))?;
-        super::keeper::check(settings, &topo, &pools).map_err(EngineError::Config)?;
+        super::keepers::check(settings, &topo, &pools).map_err(EngineError::Config)?;
         let mut next = (*self.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
