@@ -348,6 +348,25 @@ fn every_bench_and_example_is_described_where_the_guides_say() {
     }
 }
 
+/// docs/performance.md's opening lists every file of dated figures in docs/benchmarks/, so a
+/// session's figures are found from the guide.
+#[test]
+fn every_file_of_dated_figures_is_listed_in_docs_performance() {
+    let perf = read("docs/performance.md");
+    let index = &perf[..perf.find("## The benchmarks").unwrap_or_else(|| panic!("no `## The benchmarks`"))];
+    let mut files: Vec<String> = std::fs::read_dir(root().join("docs/benchmarks"))
+        .unwrap_or_else(|e| panic!("docs/benchmarks: {e}"))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    let unlisted: Vec<&String> =
+        files.iter().filter(|f| !index.contains(&format!("](benchmarks/{f})"))).collect();
+    assert!(unlisted.is_empty(), "docs/performance.md's list of dated figures lacks {unlisted:?}");
+}
+
 /// The paths `code` names through `crate::`, `super::` and `self::`, resolved from the module
 /// `module` to absolute segments (`use super::{a::X, b}` gives `a::X` and `b`, each under the
 /// parent). Comment lines are left out; a path is cut at its first segment that is not an
