@@ -39,10 +39,69 @@ fn the_development_layout_names_every_source_directory_and_only_real_paths() {
         .filter(|e| e.path().is_dir())
         .map(|e| format!("src/{}/", e.file_name().to_string_lossy()))
         .collect();
+    // And every directory of the repository but the hidden ones and cargo's `target/`.
+    dirs.extend(
+        std::fs::read_dir(root())
+            .unwrap_or_else(|e| panic!("{}: {e}", root().display()))
+            .filter_map(Result::ok)
+            .filter(|e| e.path().is_dir())
+            .map(|e| format!("{}/", e.file_name().to_string_lossy()))
+            .filter(|d| !d.starts_with('.') && d != "target/"),
+    );
     dirs.sort();
     for dir in &dirs {
         assert!(named.contains(&dir.as_str()), "docs/development.md's layout does not name `{dir}`");
     }
+}
+
+/// The rooms of each floor as docs/development.md's numbered list under "## Layout" names them:
+/// the backticked `NAME/` and `NAME.rs` of each item that are directories or files of `src/`.
+fn documented_floors() -> Vec<Vec<String>> {
+    let doc = read("docs/development.md");
+    let section = &doc[doc.find("## Layout").unwrap_or_else(|| panic!("no Layout section"))..];
+    let mut items: Vec<String> = Vec::new();
+    for line in section.lines().skip(1).take_while(|l| !l.starts_with("```")) {
+        let numbered = line.split_once(". ").is_some_and(|(n, _)| n.parse::<usize>().is_ok());
+        if numbered {
+            items.push(line.to_owned());
+        } else if let Some(item) = items.last_mut().filter(|_| line.starts_with("   ")) {
+            item.push_str(line);
+        } else if !items.is_empty() {
+            break;
+        }
+    }
+    items
+        .iter()
+        .map(|item| {
+            let mut rooms: Vec<String> = item
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter_map(|w| {
+                    let room = w.strip_suffix('/').or(w.strip_suffix(".rs"))?;
+                    let exists = root().join("src").join(w).exists();
+                    (exists && room != "lib" && room != "main").then(|| room.to_owned())
+                })
+                .collect();
+            rooms.sort();
+            rooms.dedup();
+            rooms
+        })
+        .collect()
+}
+
+#[test]
+fn the_development_floors_are_the_floors_the_test_holds() {
+    let documented = documented_floors();
+    let held: Vec<Vec<String>> = FLOORS
+        .iter()
+        .map(|f| {
+            let mut rooms: Vec<String> = f.iter().map(|r| (*r).to_owned()).collect();
+            rooms.sort();
+            rooms
+        })
+        .collect();
+    assert_eq!(documented, held, "docs/development.md's floors, lowest first, against FLOORS");
 }
 
 /// `mod NAME;` and `pub mod NAME;` lines of a file (not `#[cfg(test)]` ones).
