@@ -12,7 +12,8 @@
 //! The other tests here check what cannot run in the sandbox: every `toml` block of the README
 //! and of `docs/` loads with the real configuration parser; every `cpupoolctl` line of their
 //! `sh` blocks parses with cpupoolctl's real argument parser; the interface tables of
-//! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML; relative links
+//! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML, and its table of
+//! `deploy/` names every file there; relative links
 //! resolve, and every repository path named in backticks exists; and the README stays a guide
 //! (under 25 KB).
 //!
@@ -521,6 +522,35 @@ fn interfaces_doc_matches_the_dbus_xml() {
         .map(|r| (r[0].replace('`', ""), r[1].trim_matches('`').to_owned()))
         .collect();
     assert_eq!(shown, expected, "docs/interfaces.md's D-Bus table against dbus/org.cpupool.Manager1.xml");
+}
+
+/// docs/interfaces.md's table of `deploy/` names every file shipped there, so none is left
+/// without a word on what it is.
+#[test]
+fn the_deploy_table_names_every_file_of_deploy() {
+    let doc = std::fs::read_to_string(root().join("docs/interfaces.md")).unwrap();
+    let named: Vec<String> = table(&doc, "| file | what |")
+        .into_iter()
+        .flat_map(|row| row[0].split('`').skip(1).step_by(2).map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, base, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("deploy"), &root().join("deploy"), &mut files);
+    files.sort();
+    assert!(files.len() >= 8, "{files:?}");
+    let unnamed: Vec<&String> = files.iter().filter(|f| !named.contains(f)).collect();
+    assert!(unnamed.is_empty(), "docs/interfaces.md's table of deploy/ does not name {unnamed:?}");
+    let missing: Vec<&String> = named.iter().filter(|n| !files.contains(n)).collect();
+    assert!(missing.is_empty(), "docs/interfaces.md's table of deploy/ names {missing:?}, not in deploy/");
 }
 
 /// Relative links in the README and the docs point at files that exist.
