@@ -13,7 +13,7 @@
 //! and of `docs/` loads with the real configuration parser; every `cpupoolctl` line of their
 //! `sh` blocks parses with cpupoolctl's real argument parser; the interface tables of
 //! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML, and its table of
-//! `deploy/` names every file there; relative links
+//! `deploy/` names every file there; every test and bench target named exists; relative links
 //! resolve, and every repository path named in backticks exists; and the README stays a guide
 //! (under 25 KB).
 //!
@@ -522,6 +522,55 @@ fn interfaces_doc_matches_the_dbus_xml() {
         .map(|r| (r[0].replace('`', ""), r[1].trim_matches('`').to_owned()))
         .collect();
     assert_eq!(shown, expected, "docs/interfaces.md's D-Bus table against dbus/org.cpupool.Manager1.xml");
+}
+
+/// The test and bench targets a text names (`cargo test --test NAME`, `cargo test -p PKG --test
+/// NAME`, `cargo bench --bench NAME`), as the files cargo builds them from.
+fn named_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        for (flag, dir) in [("--test ", "tests"), ("--bench ", "benches")] {
+            for (at, _) in line.match_indices(flag) {
+                let name: String = line[at + flag.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                // `-p PKG` of the same command: after its `cargo`.
+                let command = line[..at].rsplit_once("cargo ").map_or(&line[..at], |(_, c)| c);
+                let package = command.rsplit_once("-p ").and_then(|(_, p)| p.split_whitespace().next());
+                let base = package.filter(|p| *p != "cpupoold").map_or(String::new(), |p| format!("{p}/"));
+                if !name.is_empty() {
+                    out.push(format!("{base}{dir}/{name}.rs"));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_test_and_bench_the_guides_name_exists() {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for (rel, text) in documents() {
+        for file in named_targets(&text) {
+            seen += 1;
+            if !root().join(&file).is_file() {
+                problems.push(format!(
+                    "{} names a target built from `{file}`, which does not exist",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(seen >= 20, "{seen}");
+    assert_eq!(
+        named_targets(
+            "`cargo test -p cpupoolctl --test e2e`, `cargo test --features k8s --test dra` and `--bench api`"
+        ),
+        ["cpupoolctl/tests/e2e.rs", "tests/dra.rs", "benches/api.rs"]
+    );
 }
 
 /// docs/interfaces.md's table of `deploy/` names every file shipped there, so none is left
