@@ -13,7 +13,8 @@
 //! and of `docs/` loads with the real configuration parser; every `cpupoolctl` line of their
 //! `sh` blocks parses with cpupoolctl's real argument parser; the interface tables of
 //! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML, and its table of
-//! `deploy/` names every file there; every test and bench target named exists; relative links
+//! `deploy/` names every file there; the README leads to every document of `docs/`; every test
+//! and bench target named exists; relative links
 //! resolve, and every repository path named in backticks exists; and the README stays a guide
 //! (under 25 KB).
 //!
@@ -571,6 +572,26 @@ fn every_test_and_bench_the_guides_name_exists() {
         ),
         ["cpupoolctl/tests/e2e.rs", "tests/dra.rs", "benches/api.rs"]
     );
+}
+
+/// The README's "Where to read on" table leads to every document of docs/ and to the ADRs.
+#[test]
+fn the_readme_leads_to_every_document() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let rows: Vec<String> = table(&readme, "| document | what |").into_iter().map(|r| r[0].clone()).collect();
+    let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("(docs/{n})"))
+        .collect();
+    docs.push("(docs/decisions/)".to_owned());
+    docs.sort();
+    assert!(docs.len() >= 8, "{docs:?}");
+    let missing: Vec<&String> =
+        docs.iter().filter(|d| !rows.iter().any(|r| r.contains(d.as_str()))).collect();
+    assert!(missing.is_empty(), "the README's \"Where to read on\" does not lead to {missing:?}");
 }
 
 /// docs/interfaces.md's table of `deploy/` names every file shipped there, so none is left
