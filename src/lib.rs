@@ -5,9 +5,10 @@
 //! which decides every change of the state with the pure [`core`], executes its effects
 //! through the [`host`] side, saves the state and publishes a snapshot. The adapters that
 //! place a container (the device plugin, NRI, the DRA driver) read that snapshot and work
-//! out the container's CPUs from it with `core`'s functions; they change nothing but through
-//! the engine. The floors the modules stand on, and the test that holds them, are in
-//! docs/development.md.
+//! out the container's CPUs from it with `core`'s functions; they change the state only through
+//! the engine (the DRA driver writes a prepared claim's record and CDI spec itself, once the
+//! engine has booked its CPUs). The floors the modules stand on, and the test that holds them,
+//! are in docs/development.md.
 #![forbid(unsafe_code)]
 pub mod api;
 pub mod backoff;

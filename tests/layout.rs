@@ -1,8 +1,10 @@
 //! The guides to the code stay true to the tree: docs/development.md's layout names every
-//! directory of `src/` and only paths that exist, and each module map in a `mod.rs` (the
-//! engine's, the host's, ...) names every module the file declares. And the code keeps a
-//! shape a reader can take in: no production file over 700 lines of code, no function over 80
-//! lines unless a `// Long: <reason>` above it says why.
+//! directory of the repository and of `src/` and only paths that exist, its floors are the
+//! [`FLOORS`] held here, every bench and example is described and every file of dated figures
+//! listed, and each module map of [`MODULE_MAPS`] names every module its file declares. The
+//! code keeps to the floors (no import climbs, only the sandbox names `sim`, no new import loop
+//! inside a folder) and to a shape a reader can take in: no production file over 700 lines of
+//! code, no function over 80 lines unless a `// Long: <reason>` above it says why.
 
 use std::path::Path;
 
@@ -39,19 +41,79 @@ fn the_development_layout_names_every_source_directory_and_only_real_paths() {
         .filter(|e| e.path().is_dir())
         .map(|e| format!("src/{}/", e.file_name().to_string_lossy()))
         .collect();
+    // And every directory of the repository but the hidden ones and cargo's `target/`.
+    dirs.extend(
+        std::fs::read_dir(root())
+            .unwrap_or_else(|e| panic!("{}: {e}", root().display()))
+            .filter_map(Result::ok)
+            .filter(|e| e.path().is_dir())
+            .map(|e| format!("{}/", e.file_name().to_string_lossy()))
+            .filter(|d| !d.starts_with('.') && d != "target/"),
+    );
     dirs.sort();
     for dir in &dirs {
         assert!(named.contains(&dir.as_str()), "docs/development.md's layout does not name `{dir}`");
     }
 }
 
-/// `mod NAME;` and `pub mod NAME;` lines of a file (not `#[cfg(test)]` ones).
+/// The rooms of each floor as docs/development.md's numbered list under "## Layout" names them:
+/// the backticked `NAME/` and `NAME.rs` of each item that are directories or files of `src/`.
+fn documented_floors() -> Vec<Vec<String>> {
+    let doc = read("docs/development.md");
+    let section = &doc[doc.find("## Layout").unwrap_or_else(|| panic!("no Layout section"))..];
+    let mut items: Vec<String> = Vec::new();
+    for line in section.lines().skip(1).take_while(|l| !l.starts_with("```")) {
+        let numbered = line.split_once(". ").is_some_and(|(n, _)| n.parse::<usize>().is_ok());
+        if numbered {
+            items.push(line.to_owned());
+        } else if let Some(item) = items.last_mut().filter(|_| line.starts_with("   ")) {
+            item.push_str(line);
+        } else if !items.is_empty() {
+            break;
+        }
+    }
+    items
+        .iter()
+        .map(|item| {
+            let mut rooms: Vec<String> = item
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter_map(|w| {
+                    let room = w.strip_suffix('/').or(w.strip_suffix(".rs"))?;
+                    let exists = root().join("src").join(w).exists();
+                    (exists && room != "lib" && room != "main").then(|| room.to_owned())
+                })
+                .collect();
+            rooms.sort();
+            rooms.dedup();
+            rooms
+        })
+        .collect()
+}
+
+#[test]
+fn the_development_floors_are_the_floors_the_test_holds() {
+    let documented = documented_floors();
+    let held: Vec<Vec<String>> = FLOORS
+        .iter()
+        .map(|f| {
+            let mut rooms: Vec<String> = f.iter().map(|r| (*r).to_owned()).collect();
+            rooms.sort();
+            rooms
+        })
+        .collect();
+    assert_eq!(documented, held, "docs/development.md's floors, lowest first, against FLOORS");
+}
+
+/// `mod NAME;` lines of a file, `pub` or not (not `#[cfg(test)]` ones).
 fn declared_modules(text: &str) -> Vec<String> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         let l = line.trim();
-        let name = l.strip_prefix("pub mod ").or(l.strip_prefix("mod ")).and_then(|r| r.strip_suffix(';'));
+        let l = ["pub(crate) ", "pub(super) ", "pub "].iter().fold(l, |r, p| r.strip_prefix(p).unwrap_or(r));
+        let name = l.strip_prefix("mod ").and_then(|r| r.strip_suffix(';'));
         let test_only = i > 0 && lines[i - 1].trim().starts_with("#[cfg(test)]");
         if let Some(name) = name.filter(|_| !test_only && !name.is_some_and(|n| n.ends_with("tests"))) {
             out.push(name.to_owned());
@@ -60,18 +122,56 @@ fn declared_modules(text: &str) -> Vec<String> {
     out
 }
 
+/// The files whose doc comment is a map of their folder's modules: each must name every module
+/// the file declares (as `name`, [`name`], `name::`, name.rs, name/, or a line of a text block
+/// that begins with the name). The other `mod.rs` files (api, config, core, host) describe their
+/// room without a map of its modules.
+const MODULE_MAPS: &[&str] = &[
+    "src/engine/mod.rs",
+    "src/node/mod.rs",
+    "src/sim/mod.rs",
+    "src/deviceplugin/mod.rs",
+    "src/nri/mod.rs",
+    "src/k8s/mod.rs",
+    "src/k8s/dra/mod.rs",
+    "src/daemon.rs",
+    "cpupoolctl/src/main.rs",
+];
+
+/// The modules `text` declares that its `//!` map does not name.
+fn unmapped_modules(text: &str) -> Vec<String> {
+    let doc: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .collect();
+    let all = doc.join("\n");
+    declared_modules(text)
+        .into_iter()
+        .filter(|m| {
+            let named = [format!("`{m}`"), format!("`{m}::"), format!("{m}.rs"), format!("{m}/")]
+                .iter()
+                .any(|form| all.contains(form.as_str()))
+                || doc.iter().any(|l| l.split_whitespace().next() == Some(m.as_str()));
+            !named
+        })
+        .collect()
+}
+
 #[test]
-fn the_engine_module_map_names_every_engine_module() {
-    let text = read("src/engine/mod.rs");
-    let doc: String = text.lines().filter_map(|l| l.strip_prefix("//!")).collect::<Vec<_>>().join("\n");
-    let modules = declared_modules(&text);
-    assert!(modules.len() >= 8, "{modules:?}");
-    for m in &modules {
-        assert!(
-            doc.contains(&format!("`{m}`")) || doc.contains(&format!("[`{m}`]")),
-            "src/engine/mod.rs declares `{m}` but its module map does not name it"
-        );
+fn every_module_map_names_every_module_of_its_file() {
+    let mut problems = Vec::new();
+    for rel in MODULE_MAPS {
+        let text = read(rel);
+        assert!(declared_modules(&text).len() >= 2, "{rel} declares no modules: take it off MODULE_MAPS");
+        for m in unmapped_modules(&text) {
+            problems.push(format!("{rel} declares `{m}` but its module map does not name it"));
+        }
     }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let map = "//! ```text\n//! proto   the APIs\n//! ```\n//! [`a`], `b::X`, c.rs and d/.\n";
+    let mods = "mod a;\npub mod b;\nmod c;\nmod d;\npub(crate) mod proto;\nmod e;\n#[cfg(test)]\nmod f;\n";
+    assert_eq!(unmapped_modules(&format!("{map}{mods}")), vec!["e".to_owned()]);
 }
 
 /// The production sources: the daemon's, the CLI's and the wire contract's `.rs` files,
@@ -346,6 +446,25 @@ fn every_bench_and_example_is_described_where_the_guides_say() {
             "docs/development.md's examples/ line does not name `{name}`"
         );
     }
+}
+
+/// docs/performance.md's opening lists every file of dated figures in docs/benchmarks/, so a
+/// session's figures are found from the guide.
+#[test]
+fn every_file_of_dated_figures_is_listed_in_docs_performance() {
+    let perf = read("docs/performance.md");
+    let index = &perf[..perf.find("## The benchmarks").unwrap_or_else(|| panic!("no `## The benchmarks`"))];
+    let mut files: Vec<String> = std::fs::read_dir(root().join("docs/benchmarks"))
+        .unwrap_or_else(|e| panic!("docs/benchmarks: {e}"))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    let unlisted: Vec<&String> =
+        files.iter().filter(|f| !index.contains(&format!("](benchmarks/{f})"))).collect();
+    assert!(unlisted.is_empty(), "docs/performance.md's list of dated figures lacks {unlisted:?}");
 }
 
 /// The paths `code` names through `crate::`, `super::` and `self::`, resolved from the module

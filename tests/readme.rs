@@ -12,7 +12,9 @@
 //! The other tests here check what cannot run in the sandbox: every `toml` block of the README
 //! and of `docs/` loads with the real configuration parser; every `cpupoolctl` line of their
 //! `sh` blocks parses with cpupoolctl's real argument parser; the interface tables of
-//! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML; relative links
+//! `docs/interfaces.md` match the varlink IDL and the D-Bus introspection XML, and its table of
+//! `deploy/` names every file there; the README leads to every document of `docs/`; every test
+//! and bench target named exists; relative links
 //! resolve, and every repository path named in backticks exists; and the README stays a guide
 //! (under 25 KB).
 //!
@@ -521,6 +523,104 @@ fn interfaces_doc_matches_the_dbus_xml() {
         .map(|r| (r[0].replace('`', ""), r[1].trim_matches('`').to_owned()))
         .collect();
     assert_eq!(shown, expected, "docs/interfaces.md's D-Bus table against dbus/org.cpupool.Manager1.xml");
+}
+
+/// The test and bench targets a text names (`cargo test --test NAME`, `cargo test -p PKG --test
+/// NAME`, `cargo bench --bench NAME`), as the files cargo builds them from.
+fn named_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        for (flag, dir) in [("--test ", "tests"), ("--bench ", "benches")] {
+            for (at, _) in line.match_indices(flag) {
+                let name: String = line[at + flag.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                // `-p PKG` of the same command: after its `cargo`.
+                let command = line[..at].rsplit_once("cargo ").map_or(&line[..at], |(_, c)| c);
+                let package = command.rsplit_once("-p ").and_then(|(_, p)| p.split_whitespace().next());
+                let base = package.filter(|p| *p != "cpupoold").map_or(String::new(), |p| format!("{p}/"));
+                if !name.is_empty() {
+                    out.push(format!("{base}{dir}/{name}.rs"));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_test_and_bench_the_guides_name_exists() {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for (rel, text) in documents() {
+        for file in named_targets(&text) {
+            seen += 1;
+            if !root().join(&file).is_file() {
+                problems.push(format!(
+                    "{} names a target built from `{file}`, which does not exist",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(seen >= 20, "{seen}");
+    assert_eq!(
+        named_targets(
+            "`cargo test -p cpupoolctl --test e2e`, `cargo test --features k8s --test dra` and `--bench api`"
+        ),
+        ["cpupoolctl/tests/e2e.rs", "tests/dra.rs", "benches/api.rs"]
+    );
+}
+
+/// The README's "Where to read on" table leads to every document of docs/ and to the ADRs.
+#[test]
+fn the_readme_leads_to_every_document() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let rows: Vec<String> = table(&readme, "| document | what |").into_iter().map(|r| r[0].clone()).collect();
+    let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("(docs/{n})"))
+        .collect();
+    docs.push("(docs/decisions/)".to_owned());
+    docs.sort();
+    assert!(docs.len() >= 8, "{docs:?}");
+    let missing: Vec<&String> =
+        docs.iter().filter(|d| !rows.iter().any(|r| r.contains(d.as_str()))).collect();
+    assert!(missing.is_empty(), "the README's \"Where to read on\" does not lead to {missing:?}");
+}
+
+/// docs/interfaces.md's table of `deploy/` names every file shipped there, so none is left
+/// without a word on what it is.
+#[test]
+fn the_deploy_table_names_every_file_of_deploy() {
+    let doc = std::fs::read_to_string(root().join("docs/interfaces.md")).unwrap();
+    let named: Vec<String> = table(&doc, "| file | what |")
+        .into_iter()
+        .flat_map(|row| row[0].split('`').skip(1).step_by(2).map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, base, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("deploy"), &root().join("deploy"), &mut files);
+    files.sort();
+    assert!(files.len() >= 8, "{files:?}");
+    let unnamed: Vec<&String> = files.iter().filter(|f| !named.contains(f)).collect();
+    assert!(unnamed.is_empty(), "docs/interfaces.md's table of deploy/ does not name {unnamed:?}");
+    let missing: Vec<&String> = named.iter().filter(|n| !files.contains(n)).collect();
+    assert!(missing.is_empty(), "docs/interfaces.md's table of deploy/ names {missing:?}, not in deploy/");
 }
 
 /// Relative links in the README and the docs point at files that exist.

@@ -8,6 +8,10 @@
 //! from either transport become one [`error::Error`], printed with what to do and mapped to
 //! the exit code (1 daemon error, 3 daemon unreachable).
 //!
+//! The commands that are more than a call and a print have a module each: [`run`] (`cpupoolctl
+//! run`, the child confined through the daemon), [`map`] (`pool map`, the host's CPUs drawn) and
+//! [`top`] (a live view); [`manpage`] writes cpupoolctl(1) from the clap definitions.
+//!
 //! The crate depends only on the wire contract ([`cpupool_wire`]: names, error kinds, views,
 //! varlink framing and parameters), not on the daemon's crate.
 

@@ -4,8 +4,9 @@
 //! The methods are declared once, in the wire contract's table
 //! ([`cpupool_wire::methods`]); each has one handler in [`handlers`], which both transports
 //! call: [`varlink`] decodes a call's JSON into the method's parameters, [`dbus`] converts its
-//! arguments, and each encodes the handler's reply view its own way. No CPU arithmetic lives
-//! here; each error kind maps to its own API error.
+//! arguments, and each encodes the handler's reply view its own way. No CPU is chosen here: a
+//! reply or a metric shows what the snapshot holds (the most computed is a union or difference
+//! of CPU sets it shows, such as the boot line's); each error kind maps to its own API error.
 #![deny(missing_docs)]
 
 pub mod args;

@@ -28,8 +28,9 @@
 //! `removed = true` removes the pool defined by earlier files.
 //!
 //! Missing directories and files are not errors. Only `*.toml` files are read; hidden files and
-//! directories are skipped. [`load_str`] reads a single fragment from memory (tests, and later a
-//! Kubernetes ConfigMap), [`load_strs`] several (the fuzz target).
+//! directories are skipped. [`load_str`] reads a single fragment from memory, [`load_strs`]
+//! several (tests and the fuzz targets); a Kubernetes ConfigMap is checked as the cluster file
+//! would read on top of the local files ([`load_with`]) before it is written.
 //!
 //! ```toml
 //! [paths]

@@ -12,7 +12,8 @@
 //!       container holds any more → engine.release after the grace period
 //! ```
 //!
-//! The wing keeps no state of its own: the device model is pure ([`crate::core::devices`]),
+//! The wing keeps no state of its own but the reconciler's memory between rounds (since when an
+//! allocation has had no container, what it logged): the device model is pure ([`crate::core::devices`]),
 //! the node's files are read by [`crate::host::kubelet`] and the kubelet's and the runtime's
 //! gRPC APIs spoken by [`crate::node`] (the NRI wing asks PodResources through the same
 //! clients), and what the device lists depend on (the state, the CPUs online, the devices

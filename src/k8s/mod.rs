@@ -13,10 +13,10 @@
 //!                       NodePrepareResources, booked as one engine transaction, CDI specs
 //! ```
 //!
-//! Every task keeps going when the API server is away (watches retry with backoff, the report
-//! is written again when it answers); the local files stay the configuration meanwhile. The
-//! CRD is generated from [`crd`] and shipped as `deploy/crd.yaml`, the DRA pools' DeviceClasses
-//! from [`classes`] as `deploy/deviceclasses.yaml`.
+//! Every task keeps going when the API server is away (watches retry with backoff, all in
+//! [`watch`]'s one loop; the report is written again when it answers); the local files stay the
+//! configuration meanwhile. The CRD is generated from [`crd`] and shipped as `deploy/crd.yaml`,
+//! the DRA pools' DeviceClasses from [`classes`] as `deploy/deviceclasses.yaml`.
 #![deny(missing_docs)]
 
 pub mod classes;

@@ -25,7 +25,7 @@
 //! ```
 //!
 //! What plugin.rs, bind.rs and claim.rs share (a call's context, the record of a container
-//! seen alive) is context.rs.
+//! seen alive) is context.rs; NRI's messages, generated from its api.proto, are proto.rs.
 //!
 //! The wing decides nothing itself: which CPUs a container gets is
 //! [`crate::core::container::decide`], the writes and read-backs are the engine's. It keeps one
