@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use tokio::sync::{broadcast, mpsc, watch};
 
-use super::commit::{Mutation, MAX_GROUP};
+use super::commands::Mutation;
 use super::keeper::Pass;
-use super::{ConfigSource, Engine, EngineError, Event, Handle, Request, Snapshot};
+use super::ledger::{Ledger, MAX_GROUP};
+use super::{ConfigSource, Engine, Event, Handle, Request, Snapshot};
 use crate::config::ConfigError;
 use crate::config::Settings;
 use crate::core::plan::{self, Key, Layout, LayoutOptions, Partitions};
@@ -188,12 +189,14 @@ impl Engine {
         let snapshot = first_snapshot(&state, &topo, &store, config_error.clone(), backend.name());
         let (snapshots, _) = watch::channel(snapshot);
         let mut engine = Engine {
-            state: Arc::new(state),
-            topo: Arc::new(topo),
-            store,
-            backend: Arc::from(backend),
+            ledger: Ledger {
+                state: Arc::new(state),
+                topo: Arc::new(topo),
+                store,
+                backend: Arc::from(backend),
+                opts: LayoutOptions::default(),
+            },
             lend_idle: settings.lend_idle,
-            opts: LayoutOptions::default(),
             config_error,
             degraded: Vec::new(),
             state_warnings: Vec::new(),
@@ -207,17 +210,17 @@ impl Engine {
             slices: std::cell::RefCell::default(),
             origins: settings.origins.clone(),
         };
-        engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
+        engine.ledger.opts = engine.layout_options(&engine.ledger.state, &settings.host_cgroups);
         // What the files hold passes the checks a request passes before anything is applied;
         // what does not is dropped, and the save below makes that durable.
         engine.state_warnings = engine.admit_loaded_state(&origins);
         if !engine.state_warnings.is_empty() {
-            engine.opts = engine.layout_options(&engine.state, &settings.host_cgroups);
+            engine.ledger.opts = engine.layout_options(&engine.ledger.state, &settings.host_cgroups);
         }
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
-        if let Err(e) = engine.store.save(engine.state.data()) {
+        if let Err(e) = engine.ledger.store.save(engine.ledger.state.data()) {
             // A state that was read is applied even when it cannot be compacted (a reboot with
             // /var full): the files still hold it, the next write must be a whole snapshot
             // (mutations are refused `NotDurable` until one succeeds). A fresh state that
@@ -227,10 +230,10 @@ impl Engine {
             }
             log::warn!(
                 "the state in `{}` was loaded and applied but could not be compacted; changes are refused until it can be written: {}",
-                engine.store.dir().display(),
+                engine.ledger.store.dir().display(),
                 super::error_chain(&e)
             );
-            engine.store.mark_stale();
+            engine.ledger.store.mark_stale();
         }
         let events = engine.keep_host(Pass::Pools);
         // Nothing is served yet: irqbalance is told before the daemon says it is ready.
@@ -245,7 +248,7 @@ impl Engine {
     /// dropped from the state, with an error naming the file and record it came from; returns
     /// those errors (the snapshot shows them).
     fn admit_loaded_state(&mut self, origins: &Origins) -> Vec<String> {
-        let all = self.state.clone();
+        let all = self.ledger.state.clone();
         let next_id = all.data().next_id;
         let delta = |upsert: Vec<state::Assignment>, remove: Vec<state::AssignmentId>| Delta {
             pools: None,
@@ -260,11 +263,11 @@ impl Engine {
         let mut dropped = Vec::new();
         for a in order {
             next.apply(delta(vec![a.clone()], Vec::new()));
-            let Err(e) = self.admit_loaded(&next, a) else { continue };
+            let Err(e) = self.ledger.admit_loaded(&next, a) else { continue };
             next.apply(delta(Vec::new(), vec![a.id.clone()]));
             let from = origins
                 .get(&a.id)
-                .map_or_else(|| format!("`{}`", self.store.path().display()), ToString::to_string);
+                .map_or_else(|| format!("`{}`", self.ledger.store.path().display()), ToString::to_string);
             let what = format!(
                 "assignment {} (CPUs {} of pool {} for {}) in {from} is refused: {e}",
                 a.id, a.cpus, a.pool, a.target
@@ -277,13 +280,9 @@ impl Engine {
         }
         if !dropped.is_empty() {
             next.take_changes();
-            self.state = Arc::new(next);
+            self.ledger.state = Arc::new(next);
         }
         dropped
-    }
-
-    pub(super) fn layout(&self, state: &State) -> Layout {
-        plan::layout(state, &self.topo, &self.opts)
     }
 
     /// What the layout of `state` depends on. Lending needs the isolated pools to be remote
@@ -291,21 +290,21 @@ impl Engine {
     /// partition itself, and no CPU below it can be lent.
     pub(super) fn layout_options(&self, state: &State, host_cgroups: &[CgroupPath]) -> LayoutOptions {
         let isolating = state.pools().values().any(|p| p.isolate);
-        let remote = self.backend.remote_partitions();
+        let remote = self.ledger.backend.remote_partitions();
         let lend_idle = self.lend_idle && (!isolating || remote);
         if self.lend_idle && !lend_idle {
             log::warn!(
                 "lend_idle is off while pools are isolated: this kernel has no cpuset.cpus.exclusive (Linux 6.7)"
             );
         }
-        let partitions = plan::partitions(state, remote, self.backend.kubelet_pods());
+        let partitions = plan::partitions(state, remote, self.ledger.backend.kubelet_pods());
         if partitions == Partitions::Off && isolating {
             log::warn!("{}", plan::no_partitions_reason(state));
         }
         LayoutOptions {
             host_cgroups: host_cgroups.to_vec(),
             lend_idle,
-            unpooled: self.opts.unpooled.clone(),
+            unpooled: self.ledger.opts.unpooled.clone(),
             partitions,
         }
     }
@@ -314,14 +313,14 @@ impl Engine {
     /// difference, logging each correction. Stale pool slices are removed.
     pub(super) fn reconcile(&mut self) -> (usize, usize) {
         // Read the host afresh: someone (systemd reloading) may have changed the pool level.
-        self.backend.refresh();
-        let desired = self.layout(&self.state);
-        let mut observed: Layout = super::observe::observe_all(&*self.backend, &desired)
+        self.ledger.backend.refresh();
+        let desired = self.ledger.layout(&self.ledger.state);
+        let mut observed: Layout = super::observe::observe_all(&*self.ledger.backend, &desired)
             .into_iter()
             .filter_map(|(key, now)| Some((key, now?)))
             .collect();
-        for path in super::observe::stale_slices(&*self.backend, &desired) {
-            if let Some(now) = super::observe::observe_stale(&*self.backend, &path) {
+        for path in super::observe::stale_slices(&*self.ledger.backend, &desired) {
+            if let Some(now) = super::observe::observe_stale(&*self.ledger.backend, &path) {
                 observed.insert(Key::Cgroup(path), now);
             }
         }
@@ -336,7 +335,7 @@ impl Engine {
             tx,
             snapshots: self.snapshots.subscribe(),
             events: self.events.clone(),
-            backend: self.backend.clone(),
+            backend: self.ledger.backend.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("cpupoold-engine".into())
@@ -369,71 +368,6 @@ impl Engine {
         self.stop_keepers();
     }
 
-    pub(super) fn handle(&mut self, req: Request) {
-        match req {
-            Request::Assign(spec, reply) => {
-                let result = self.stamp(spec).map_err(EngineError::from).and_then(|s| self.assign(&s));
-                let _ = reply.send(result);
-            }
-            Request::Release(id, reply) => {
-                let _ = reply.send(self.release(&id));
-            }
-            Request::Reload(settings, reply) => {
-                let _ = reply.send(self.reload(settings));
-            }
-            Request::ReloadFromDisk(reply) => {
-                let result = match &self.config {
-                    Some(src) => {
-                        let settings = src.load(None).map(Box::new);
-                        self.reload(settings)
-                    }
-                    None => Err(EngineError::NoConfigFiles),
-                };
-                let _ = reply.send(result);
-            }
-            Request::EditPool(edit, reply) => {
-                let _ = reply.send(self.edit_pool(&edit));
-            }
-            Request::Run(spec, reply) => {
-                let _ = reply.send(self.run_process(spec));
-            }
-            Request::Reapply(reply) => {
-                let (done, failed) = self.reconcile();
-                let events = self.keep_host(Pass::Layout);
-                self.publish(events);
-                if done > 0 || failed > 0 {
-                    log::info!(
-                        "read back the host and re-applied the state: {done} corrections, {failed} failed"
-                    );
-                }
-                let _ = reply.send(Ok(done));
-            }
-            Request::Ping(reply) => {
-                let _ = reply.send(());
-            }
-            Request::SampleIsolation(reply) => {
-                self.sample_isolation();
-                self.publish(Vec::new());
-                let _ = reply.send(());
-            }
-            Request::CheckDrift(found, reply) => {
-                let _ = reply.send(Ok(self.correct_drift(*found)));
-            }
-            Request::Retarget(r, reply) => {
-                let _ = reply.send(self.retarget(r));
-            }
-            Request::SetUnpooled(cgroups, reply) => {
-                let _ = reply.send(self.set_unpooled(cgroups));
-            }
-            Request::AssignAll(specs, reply) => {
-                let _ = reply.send(self.assign_all(specs));
-            }
-            Request::Kubelet(update, reply) => {
-                let _ = reply.send(Ok(self.update_kubelet(update)));
-            }
-        }
-    }
-
     pub(super) fn publish(&self, mut events: Vec<Event>) {
         // A group repeats a pool's event once per assignment: keep the last of each, which
         // still follows every assignment event of that pool.
@@ -450,12 +384,14 @@ impl Engine {
         let mut keep = keep.into_iter();
         events.retain(|_| keep.next().unwrap_or(true));
         let mut slices = self.slices.borrow_mut();
-        let pools = self.state.pools().values().filter(|p| p.kind != PoolKind::Reserved);
+        let pools = self.ledger.state.pools().values().filter(|p| p.kind != PoolKind::Reserved);
         if !pools.clone().map(|p| &p.name).eq(slices.iter().map(|(n, _)| n)) {
             *slices = pools.map(|p| (p.name.clone(), plan::pool_slice(&p.name))).collect();
         }
-        let statuses: Vec<(&PoolName, Option<String>)> =
-            slices.iter().map(|(name, slice)| (name, self.backend.kept_partition_status(slice))).collect();
+        let statuses: Vec<(&PoolName, Option<String>)> = slices
+            .iter()
+            .map(|(name, slice)| (name, self.ledger.backend.kept_partition_status(slice)))
+            .collect();
         let previous = self.snapshots.borrow().partitions.clone();
         let same = statuses.iter().filter(|(_, s)| s.is_some()).count() == previous.len()
             && statuses.iter().all(|(name, s)| s.is_none() || previous.get(*name) == s.as_ref());
@@ -467,23 +403,23 @@ impl Engine {
         drop(slices);
         // The drift reader builds the layout from these: a new Arc only when they changed.
         let layout = match &self.snapshots.borrow().layout {
-            same if **same == self.opts => same.clone(),
-            _ => Arc::new(self.opts.clone()),
+            same if **same == self.ledger.opts => same.clone(),
+            _ => Arc::new(self.ledger.opts.clone()),
         };
         let snap = Snapshot {
-            state: self.state.clone(),
-            topology: self.topo.clone(),
-            state_path: self.store.path().to_owned(),
+            state: self.ledger.state.clone(),
+            topology: self.ledger.topo.clone(),
+            state_path: self.ledger.store.path().to_owned(),
             config_error: self.config_error.clone(),
             degraded: self.degraded.clone(),
             state_warnings: Arc::new(self.state_warnings.clone()),
             partitions,
-            backend: self.backend.name(),
+            backend: self.ledger.backend.name(),
             layout,
             assignment_health: Arc::new(
                 self.health
                     .iter()
-                    .filter(|(id, _)| self.state.assignments().contains_key(*id))
+                    .filter(|(id, _)| self.ledger.state.assignments().contains_key(*id))
                     .map(|(id, why)| (id.clone(), why.clone()))
                     .collect(),
             ),

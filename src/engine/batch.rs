@@ -5,11 +5,11 @@
 //! saving once, and reading every target back before the acknowledgement means a refusal or a
 //! failure partway leaves nothing booked and nothing applied, with no undo left to the caller.
 
-use super::commit::assigned;
-use super::{error_chain, Engine, EngineError};
+use super::ledger::{assigned, Ledger, Made};
+use super::{error_chain, EngineError};
 use crate::core::state::{AssignSpec, Assignment, Outcome};
 
-impl Engine {
+impl Ledger {
     /// Decides every spec in order on one copy of the state (each admitted against the ones
     /// before it), applies and saves the result once, then reads back what the kernel enforces
     /// on every new target; any refusal, failure or difference leaves the state, the host and
@@ -18,7 +18,7 @@ impl Engine {
     pub(super) fn assign_all(
         &mut self,
         specs: Vec<AssignSpec>,
-    ) -> Result<Vec<Outcome<Assignment>>, EngineError> {
+    ) -> Result<Made<Vec<Outcome<Assignment>>>, EngineError> {
         let mut next = (*self.state).clone();
         let mut outs = Vec::with_capacity(specs.len());
         for spec in specs {
@@ -33,7 +33,7 @@ impl Engine {
             })
             .collect();
         if made.is_empty() {
-            return Ok(outs);
+            return Ok((outs, Vec::new()));
         }
         let mut before = (*self.state).clone();
         let changes = self.commit(next)?;
@@ -48,8 +48,8 @@ impl Engine {
             }
             return Err(e.into());
         }
-        self.publish(made.iter().flat_map(|a| assigned(a)).collect());
-        Ok(outs)
+        let events = made.iter().flat_map(|a| assigned(a)).collect();
+        Ok((outs, events))
     }
 }
 

@@ -24,11 +24,11 @@ impl Engine {
         let mut suspects = BTreeSet::new();
         for id in &found.unenforced {
             // Changed (or gone) since the reading: what the engine did itself is not drift.
-            let Some(a) = self.state.assignments().get(id) else { continue };
+            let Some(a) = self.ledger.state.assignments().get(id) else { continue };
             if found.state.assignments().get(id) != Some(a) {
                 continue;
             }
-            if let Err(e) = self.verify(a) {
+            if let Err(e) = self.ledger.verify(a) {
                 // Seen once, it may be a unit caught mid-restart: degraded when the next check
                 // (after this one's corrections) still finds it so.
                 if self.suspects.contains(id) || self.health.contains_key(id) {
@@ -47,7 +47,7 @@ impl Engine {
             }
         }
         for id in self.health.keys() {
-            if !health.contains_key(id) && self.state.assignments().contains_key(id) {
+            if !health.contains_key(id) && self.ledger.state.assignments().contains_key(id) {
                 log::info!(ASSIGNMENT = id.as_str(); "assignment {id} is enforced as assigned again");
                 events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Restored });
             }
@@ -75,17 +75,23 @@ impl Engine {
             .targets
             .iter()
             .filter(|id| {
-                let now = self.state.assignments().get(*id);
+                let now = self.ledger.state.assignments().get(*id);
                 now.is_some() && found.state.assignments().get(*id) == now
             })
             .cloned()
             .collect();
         // The pool level is read again too: it is small, and partitions are torn down and set
         // up together, so planning it whole gives the effects a full reconcile would.
-        let (_, desired) = plan::partial_layouts(&self.state, &self.state, &self.topo, &self.opts, &ids);
+        let (_, desired) = plan::partial_layouts(
+            &self.ledger.state,
+            &self.ledger.state,
+            &self.ledger.topo,
+            &self.ledger.opts,
+            &ids,
+        );
         let mut observed = Layout::new();
         for (key, want) in &desired {
-            if let Some(now) = observe(&*self.backend, key, want) {
+            if let Some(now) = observe(&*self.ledger.backend, key, want) {
                 observed.insert(key.clone(), now);
             }
         }
@@ -94,7 +100,7 @@ impl Engine {
             if full.contains_key(&Key::Cgroup(path.clone())) {
                 continue;
             }
-            if let Some(now) = observe_stale(&*self.backend, path) {
+            if let Some(now) = observe_stale(&*self.ledger.backend, path) {
                 observed.insert(Key::Cgroup(path.clone()), now);
             }
         }
@@ -103,7 +109,14 @@ impl Engine {
 
     /// The pool-level placements of the current state.
     fn layout_frame(&self) -> Layout {
-        plan::partial_layouts(&self.state, &self.state, &self.topo, &self.opts, &BTreeSet::new()).1
+        plan::partial_layouts(
+            &self.ledger.state,
+            &self.ledger.state,
+            &self.ledger.topo,
+            &self.ledger.opts,
+            &BTreeSet::new(),
+        )
+        .1
     }
 
     /// Applies the plan from `observed` to `desired`, logging each correction; failures are
@@ -113,7 +126,7 @@ impl Engine {
         let mut failed = 0;
         let mut degraded = Vec::new();
         for effect in &effects {
-            match self.backend.apply(effect) {
+            match self.ledger.backend.apply(effect) {
                 Ok(()) => log::info!("reconcile: {}", describe(effect)),
                 Err(e) => {
                     failed += 1;

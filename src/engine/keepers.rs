@@ -78,10 +78,10 @@ impl Engine {
     /// pools whose reports changed.
     pub(crate) fn keep_host(&mut self, pass: Pass) -> Vec<Event> {
         let scene = Scene {
-            state: &self.state,
-            topo: &self.topo,
-            backend: &*self.backend,
-            partitions: self.opts.partitions,
+            state: &self.ledger.state,
+            topo: &self.ledger.topo,
+            backend: &*self.ledger.backend,
+            partitions: self.ledger.opts.partitions,
         };
         let mut events = Vec::new();
         for k in self.keepers.iter_mut().filter(|k| pass.includes(&**k)) {
@@ -126,7 +126,7 @@ impl Engine {
     /// Lets the engine keep kernel housekeeping off the isolated pools and measure them: the
     /// housekeeping keeper joins the others and passes now.
     pub fn with_housekeeping(mut self, roots: Roots) -> Engine {
-        let hk = Housekeeping::new(roots, &self.topo.online().union(self.topo.offline()));
+        let hk = Housekeeping::new(roots, &self.ledger.topo.online().union(self.ledger.topo.offline()));
         self.keepers.join_housekeeping(hk);
         let events = self.keep_host(Pass::Layout);
         self.sample_isolation();
@@ -136,7 +136,7 @@ impl Engine {
 
     /// Takes a sample of the counters and measures each isolated pool since the last one.
     pub(super) fn sample_isolation(&mut self) {
-        let (state, partitions) = (&self.state, self.opts.partitions);
+        let (state, partitions) = (&self.ledger.state, self.ledger.opts.partitions);
         if let Some(hk) = self.keepers.housekeeping() {
             hk.sample(state, partitions);
         }

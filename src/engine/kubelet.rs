@@ -144,7 +144,7 @@ impl Engine {
         let answer = match update {
             KubeletUpdate::Running { ids, cgroup, container } => {
                 let Some(want) = self.cpus_of(&ids) else { return Ok(false) };
-                match self.backend.enforced(&Key::Cgroup(cgroup.clone())) {
+                match self.ledger.backend.enforced(&Key::Cgroup(cgroup.clone())) {
                     Ok(Some(now)) if now == want => {}
                     read => {
                         log::info!(
@@ -178,14 +178,14 @@ impl Engine {
 
     /// The CPUs of `ids` together; `None` when one is not held.
     fn cpus_of(&self, ids: &[AssignmentId]) -> Option<CpuSet> {
-        let all = self.state.assignments();
+        let all = self.ledger.state.assignments();
         ids.iter().try_fold(CpuSet::new(), |acc, id| Some(acc.union(&all.get(id)?.cpus)))
     }
 
     /// Keeps the running containers whose cgroup `keep` says still run, and those of
     /// assignments the state still has; whether anything went.
     fn keep_running(&mut self, keep: impl Fn(&CgroupPath) -> bool) -> bool {
-        let state = self.state.clone();
+        let state = self.ledger.state.clone();
         let view = std::sync::Arc::make_mut(&mut self.kubelet);
         let before = view.running.len() + view.running.values().map(BTreeMap::len).sum::<usize>();
         view.running.retain(|id, containers| {
@@ -205,7 +205,7 @@ impl Engine {
         let ids: BTreeSet<&AssignmentId> = before.keys().chain(now.keys()).collect();
         ids.into_iter()
             .filter_map(|id| {
-                let a = self.state.assignments().get(id)?;
+                let a = self.ledger.state.assignments().get(id)?;
                 let (was, is) = (a.phase(None, before.contains_key(id)), a.phase(None, now.contains_key(id)));
                 let change = match (was, is) {
                     (Phase::Allocated, Phase::Applied) => super::Change::Applied,
@@ -221,17 +221,18 @@ impl Engine {
     /// (seen by the wing's reading of its CPUs), the isolated pools' partitions go or come back ([`crate::core::plan::partitions`]); returns
     /// the events of the pools whose isolation report changed.
     fn follow_pods(&mut self) -> Vec<super::Event> {
-        let pods = self.backend.kubelet_pods();
-        let want = crate::core::plan::partitions(&self.state, self.backend.remote_partitions(), pods);
-        if want == self.opts.partitions {
+        let pods = self.ledger.backend.kubelet_pods();
+        let want =
+            crate::core::plan::partitions(&self.ledger.state, self.ledger.backend.remote_partitions(), pods);
+        if want == self.ledger.opts.partitions {
             return Vec::new();
         }
         if want == Partitions::Off {
-            log::warn!("{}", crate::core::plan::no_partitions_reason(&self.state));
+            log::warn!("{}", crate::core::plan::no_partitions_reason(&self.ledger.state));
         } else {
             log::info!("the kubelet's pod cgroup is gone: isolated pools are partitions again");
         }
-        if let Err(e) = self.relayout(|o| o.partitions = want) {
+        if let Err(e) = self.ledger.relayout(|o| o.partitions = want) {
             log::error!("changing where isolated partitions are: {}", crate::engine::error_chain(&e));
         }
         // The isolated pools' reports say what became of their partitions.
@@ -290,7 +291,7 @@ mod tests {
         // A start that finds the pods' cgroup makes no partition in the first place.
         std::fs::create_dir_all(&pods).unwrap_or_else(|e| panic!("{e}"));
         let (engine, _) = f.start();
-        assert_eq!(engine.opts.partitions, Partitions::Off);
+        assert_eq!(engine.ledger.opts.partitions, Partitions::Off);
         assert_eq!(partition(), "member");
     }
 

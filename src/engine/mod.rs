@@ -7,17 +7,25 @@
 //! A mutation is decided by the pure core on a copy of the state, turned into effects by the
 //! planner, executed by the backend, made durable by the store, and only then published and
 //! acknowledged. Effects that take CPUs away run before the save and those that give CPUs after
-//! it ([`plan::kept`]), so a crash never leaves CPUs with a target the saved state lacks. If an effect or the save fails, the effects already executed are undone by
-//! executing the reverse plan, and the caller is told.
+//! it ([`crate::core::plan::kept`]), so a crash never leaves CPUs with a target the saved state
+//! lacks. If an effect or the save fails, the effects already executed are undone by executing
+//! the reverse plan, and the caller is told.
 //!
-//! The module is laid out along that path:
-//! - [`handle`]: the contract adapters use (requests, the handle, snapshots, events);
-//! - `actor`: start-up and the owner loop (`Engine::run` there receives every request);
-//! - `batch`: mutations that arrive together, decided one by one and saved once;
-//! - `commit`: the commit path (decide, plan, apply, save, read back, undo, publish's inputs);
+//! The engine is a few owned parts under one dispatcher:
+//! - [`handle`]: the contract adapters use (requests, the handle, snapshots with the keepers'
+//!   reports under their types, events);
+//! - `actor`: start-up, the owner loop (`Engine::run` groups queued Assign and Release
+//!   requests) and publishing snapshots;
+//! - `commands`: what each request kind does, in one dispatch (`Engine::handle`): which parts
+//!   it drives and what it publishes. **A new request kind** is a `Request` variant and its
+//!   `Handle` method in `handle`, and its arm in `commands` (plus the part's own work, where
+//!   a part must learn something new);
+//! - `ledger`: the part that alone holds the state, the store and the backend, and the commit
+//!   path (decide, plan, apply, save, read back, undo), returning the events of what it made;
+//!   `batch`: its all-or-nothing assignment of several targets;
 //! - `reload`: new settings and pool edits;
 //! - `observe`: reading the host against a state, off the engine thread (the drift check's first
-//!   half) and for the commit path's read-back;
+//!   half), for reconciling and for the ledger's read-back;
 //! - `drift`: the drift check's second half, judging what the reading found against the current
 //!   state, and the corrections;
 //! - `kubelet`: what the kubelet wing reports (pods, containers) folded into the state;
@@ -32,7 +40,7 @@
 mod actor;
 mod batch;
 mod cache;
-mod commit;
+mod commands;
 mod drift;
 pub mod handle;
 pub mod housekeeping;
@@ -40,6 +48,7 @@ mod irq;
 mod keeper;
 mod keepers;
 mod kubelet;
+mod ledger;
 mod observe;
 pub mod power;
 mod reload;
@@ -50,23 +59,20 @@ use tokio::sync::{broadcast, watch};
 
 pub use crate::config::edit::ConfigSource;
 pub use actor::{StartError, StartReport};
-pub use commit::describe;
 pub use handle::{ping_within, Change, DriftReport, Event, Handle, Reports, Request, Snapshot, PING_TIMEOUT};
 pub use housekeeping::IsolationReport;
 pub use irq::IrqReport;
 pub use kubelet::{KubeletUpdate, KubeletView};
+pub use ledger::describe;
 pub use observe::Found as DriftFound;
 pub use reload::Reloaded;
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;
-use crate::core::plan::LayoutOptions;
-use crate::core::state::{self, AssignmentId, State};
-use crate::core::topology::Topology;
+use crate::core::state::{self, AssignmentId};
 use crate::host::cgroupfs::HostError;
-use crate::host::store::{Store, StoreError};
+use crate::host::store::StoreError;
 use crate::host::sysfs::SysfsError;
-use crate::host::Backend;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -131,15 +137,10 @@ pub enum EngineError {
 
 /// The engine. Build it with [`Engine::start`], then [`Engine::spawn`] it.
 pub struct Engine {
-    state: Arc<State>,
-    topo: Arc<Topology>,
-    store: Store,
-    /// Shared with the drift reader ([`Handle::check_drift`]), which reads the host off this
-    /// thread.
-    backend: Arc<dyn Backend>,
+    /// The state, the store and the backend, and the commit path ([`ledger`]).
+    ledger: ledger::Ledger,
     /// `daemon.lend_idle` as configured; see [`Engine::layout_options`].
     lend_idle: bool,
-    opts: LayoutOptions,
     config_error: Option<String>,
     degraded: Vec<String>,
     /// See [`Snapshot::state_warnings`].

@@ -80,14 +80,14 @@ impl Engine {
         let topo = sysfs::read_topology(&settings.paths.sysfs_root).map_err(EngineError::Topology)?;
         // Count pools keep their CPUs: editing one pool does not move the others.
         let pools = settings
-            .resolve_pools_keeping(&topo, &crate::core::plan::pool_cpus(&self.state))
+            .resolve_pools_keeping(&topo, &crate::core::plan::pool_cpus(&self.ledger.state))
             .map_err(|e| EngineError::Config(Box::new(e)))?;
         super::keepers::check(settings, &topo, &pools).map_err(EngineError::Config)?;
-        let mut next = (*self.state).clone();
+        let mut next = (*self.ledger.state).clone();
         next.set_pools(pools).map_err(|m| {
             EngineError::Stranded(m.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
         })?;
-        check_cpu_manager(settings, &self.state, &next)?;
+        check_cpu_manager(settings, &self.ledger.state, &next)?;
         Ok((topo, next))
     }
 
@@ -118,35 +118,35 @@ impl Engine {
         topo: Topology,
         mut next: State,
     ) -> Result<bool, EngineError> {
-        let old_topo = std::mem::replace(&mut self.topo, Arc::new(topo));
+        let old_topo = std::mem::replace(&mut self.ledger.topo, Arc::new(topo));
         let old_lend = std::mem::replace(&mut self.lend_idle, settings.lend_idle);
         let new_opts = self.layout_options(&next, &settings.host_cgroups);
-        let old_opts = std::mem::replace(&mut self.opts, new_opts);
-        let before = plan::layout(&self.state, &old_topo, &old_opts);
-        let after = self.layout(&next);
-        if before == after && next == *self.state {
+        let old_opts = std::mem::replace(&mut self.ledger.opts, new_opts);
+        let before = plan::layout(&self.ledger.state, &old_topo, &old_opts);
+        let after = self.ledger.layout(&next);
+        if before == after && next == *self.ledger.state {
             // Interrupt, power or cache settings alone may have changed.
             let events = self.reconfigure_keepers(settings, Pass::Settings);
             self.publish(events);
             return Ok(false);
         }
         let names: std::collections::BTreeSet<&PoolName> =
-            self.state.pools().keys().chain(next.pools().keys()).collect();
+            self.ledger.state.pools().keys().chain(next.pools().keys()).collect();
         let changed: Vec<Event> = names
             .into_iter()
-            .filter(|n| self.state.pools().get(*n) != next.pools().get(*n))
+            .filter(|n| self.ledger.state.pools().get(*n) != next.pools().get(*n))
             .map(|n| Event::PoolChanged(n.clone()))
             .collect();
-        if let Err(e) = self.commit_layouts(&before, &after, &next) {
-            self.topo = old_topo;
+        if let Err(e) = self.ledger.commit_layouts(&before, &after, &next) {
+            self.ledger.topo = old_topo;
             self.lend_idle = old_lend;
-            self.opts = old_opts;
+            self.ledger.opts = old_opts;
             return Err(e);
         }
         next.take_changes();
-        self.state = Arc::new(next);
+        self.ledger.state = Arc::new(next);
         let kept = self.reconfigure_keepers(settings, Pass::Pools);
-        for p in self.state.pools().values() {
+        for p in self.ledger.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }
         let mut changed = changed;
@@ -160,7 +160,7 @@ impl Engine {
     /// previous drop-in is written back.
     pub(super) fn edit_pool(&mut self, edit: &PoolEdit) -> Result<Option<Pool>, EngineError> {
         let name = edit.name();
-        let current = self.state.pools().get(name);
+        let current = self.ledger.state.pools().get(name);
         match (edit, current) {
             (PoolEdit::Create { .. }, Some(_)) => {
                 return Err(state::Error::PoolExists { pool: name.to_string() }.into())
@@ -175,10 +175,10 @@ impl Engine {
                 }
                 .into())
             }
-            (PoolEdit::Delete { .. }, Some(p)) if self.state.usage(&p.name).count > 0 => {
+            (PoolEdit::Delete { .. }, Some(p)) if self.ledger.state.usage(&p.name).count > 0 => {
                 return Err(state::Error::PoolInUse {
                     pool: name.to_string(),
-                    assignments: self.state.usage(&p.name).count,
+                    assignments: self.ledger.state.usage(&p.name).count,
                 }
                 .into())
             }
@@ -220,7 +220,7 @@ impl Engine {
             PoolEdit::Delete { .. } => "deleted",
         };
         log::info!(POOL = name.as_str(); "pool {name} {verb}; persisted in `{}`", new.path().display());
-        Ok(self.state.pools().get(name).cloned())
+        Ok(self.ledger.state.pools().get(name).cloned())
     }
 }
 

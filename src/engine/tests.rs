@@ -8,7 +8,8 @@ use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::{PoolKind, PoolName};
 use crate::core::state::{AssignSpec, Assignment, Delta, Outcome, Size, State, StateData, Target};
-use crate::host::store::{Loaded, PrevCopy};
+use crate::host::store::{Loaded, PrevCopy, Store};
+use crate::host::Backend;
 use crate::sandbox::Sandbox;
 
 pub(super) const CONFIG: &str = include_str!("../../tests/fixtures/1x4x2.toml");
@@ -409,7 +410,7 @@ fn start_refuses_an_inconsistent_state_file_until_told_to_restore() {
     // Told to restore: the previous good copy is installed, the inconsistent file kept aside.
     let bad = fs::read(&state_path).unwrap_or_default();
     let (engine, _) = start(true).unwrap_or_else(|e| panic!("{}", error_chain(&e)));
-    assert_eq!(engine.state.data().assignments, good.assignments);
+    assert_eq!(engine.ledger.state.data().assignments, good.assignments);
     assert_eq!(fs::read(f.sb.state().join("state.json.corrupt")).unwrap_or_default(), bad);
     drop(engine);
 
@@ -705,7 +706,7 @@ fn concurrent_mutations_grouped_or_not_answer_as_if_alone() {
     let _ = thread.join();
     // What was acknowledged is what was saved.
     let (engine, _) = f.start();
-    assert_eq!(engine.state.assignments().len(), 20);
+    assert_eq!(engine.ledger.state.assignments().len(), 20);
 }
 
 /// `lend_idle`: the host slices also run on exclusive CPUs nobody holds, and give them back

@@ -1,17 +1,46 @@
-//! The commit path: a mutation is decided on a copy of the state, planned, applied (taking
-//! CPUs before the save and giving them after it), saved, read back, and undone on any failure.
+//! The ledger: the one owner of the state, the store and the backend, and the commit path. A
+//! mutation is decided on a copy of the state, planned, applied (taking CPUs before the save
+//! and giving them after it), saved, read back, and undone on any failure; the ledger returns
+//! the events of what it made, and the engine publishes them.
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
-
 use super::observe::{outside, verify_on};
-use super::{error_chain, Change, Engine, EngineError, Event, Request};
+use super::{error_chain, Change, EngineError, Event};
 use crate::core::cpuset::CpuSet;
+use crate::core::plan::LayoutOptions;
 use crate::core::plan::{self, Effect, Key, Layout};
 use crate::core::state::{self, AssignSpec, Assignment, CgroupPath, Changes, Outcome, State, Target};
+use crate::core::topology::Topology;
+use crate::host::store::Store;
+use crate::host::Backend;
 
-impl Engine {
+/// The state with what it takes to change it: the topology it is laid out on, the layout
+/// options, the store that makes it durable and the backend that applies it. It alone changes
+/// the state, and only by a commit.
+pub(super) struct Ledger {
+    /// The committed state.
+    pub(super) state: Arc<State>,
+    /// The topology the state is laid out on.
+    pub(super) topo: Arc<Topology>,
+    /// The state directory.
+    pub(super) store: Store,
+    /// Shared with the drift reader ([`super::Handle::check_drift`]), which reads the host off
+    /// the engine thread.
+    pub(super) backend: Arc<dyn Backend>,
+    /// What the layout depends on besides the state.
+    pub(super) opts: LayoutOptions,
+}
+
+/// A change made, with the events to publish for it.
+pub(super) type Made<T> = (T, Vec<Event>);
+
+impl Ledger {
+    /// The placements `state` implies, laid out as this ledger lays them out.
+    pub(super) fn layout(&self, state: &State) -> Layout {
+        plan::layout(state, &self.topo, &self.opts)
+    }
+
     /// Records when a pid target's process started; refuses a process that does not exist.
     pub(super) fn stamp(&self, mut spec: AssignSpec) -> Result<AssignSpec, state::Error> {
         if let Target::Pid(pid) = spec.target {
@@ -53,117 +82,15 @@ impl Engine {
         Ok(())
     }
 
-    /// [`Handle::run`]: where systemd runs, the assignment's target is a new scope
-    /// `cpupool-run-<pid>-<start>.scope` in the pool's slice that holds the process; elsewhere
-    /// the process itself.
-    pub(super) fn run_process(&mut self, spec: AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
-        let spec = self.stamp(spec)?;
-        let (Target::Pid(pid), Some(start)) = (&spec.target, spec.process_start) else {
-            return Err(
-                state::Error::InvalidArgument { arg: "pid", reason: "must name a process".into() }.into()
-            );
-        };
-        let pid = *pid;
-        if !self.backend.runs_scopes() {
-            return self.assign(&spec);
-        }
-        let pool = self.state.pool(&spec.pool)?.clone();
-        let scope = format!("cpupool-run-{pid}-{start}.scope");
-        let target = Target::parse(&format!("unit:{scope}"))?;
-        let mut next = (*self.state).clone();
-        let scoped = AssignSpec { target, process_start: None, ..spec };
-        let out = next.assign(&self.topo, &scoped)?;
-        let Outcome::Changed(a) = &out else { return Ok(out) };
-        // The scope does not exist yet: where it sits is read back once it does.
-        self.check_protected(&next, a)?;
-        let slice = plan::pool_slice(&pool.name);
-        let slice_unit = slice.as_str().rsplit('/').next().unwrap_or_default().to_owned();
-        // The scope starts with the pool slice's CPUs only; its own (exclusive ones) are set by
-        // the commit, after the save, like any assignment's: a crash in between leaves no
-        // CPU given away that the saved state does not name. The process waits meanwhile.
-        self.backend.start_scope(&scope, &slice_unit, pid, &CpuSet::new()).map_err(EngineError::Apply)?;
-        let before = self.state.clone();
-        let changes = self.commit(next)?;
-        self.verify_or_undo(&before, &changes, a)?;
-        self.publish(assigned(a));
-        Ok(out)
-    }
-
-    /// Decides a group of mutations in order on one copy of the state, then applies and saves
-    /// the result once. If that fails, nothing of the group was kept, and each is done again on
-    /// its own, so every caller gets the answer it would have had alone.
-    pub(super) fn mutate(&mut self, group: Vec<Mutation>) {
-        if !group.is_empty() {
-            crate::counters::counters().batch(group.len());
-        }
-        if group.len() <= 1 {
-            for m in group {
-                self.handle(m.into_request());
-            }
-            return;
-        }
-        let mut next = (*self.state).clone();
-        let mut decided: Vec<Decided> = group
-            .iter()
-            .map(|m| match m {
-                Mutation::Assign(spec, _) => Decided::Assign(
-                    self.stamp(spec.clone())
-                        .and_then(|s| self.decide(&mut next, &s))
-                        .map_err(EngineError::from),
-                ),
-                Mutation::Release(id, _) => Decided::Release(next.release(id)),
-            })
-            .collect();
-        let changed = decided
-            .iter()
-            .any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
-        if changed {
-            let before = self.state.clone();
-            let changes = match self.commit(next) {
-                Ok(changes) => changes,
-                Err(e) => {
-                    log::warn!(
-                        "applying {} grouped changes failed ({}); doing them one by one",
-                        group.len(),
-                        error_chain(&e)
-                    );
-                    for m in group {
-                        self.handle(m.into_request());
-                    }
-                    return;
-                }
-            };
-            self.take_back_unenforced(&mut decided, &before, &changes);
-        }
-        let mut events = Vec::new();
-        for d in &decided {
-            match d {
-                Decided::Assign(Ok(Outcome::Changed(a))) => events.extend(assigned(a)),
-                Decided::Release(Ok(a)) => events.extend(released(a)),
-                _ => {}
-            }
-        }
-        // Publish before answering: a caller that reads right after its reply must see its
-        // change (tests/load.rs caught GetAssignment missing a just-acknowledged Assign).
-        self.publish(events);
-        for (m, d) in group.into_iter().zip(decided) {
-            match (m, d) {
-                (Mutation::Assign(_, reply), Decided::Assign(r)) => {
-                    let _ = reply.send(r);
-                }
-                (Mutation::Release(_, reply), Decided::Release(r)) => {
-                    let _ = reply.send(r.map_err(EngineError::from));
-                }
-                // `decided` was made from `group` in order.
-                _ => {}
-            }
-        }
-    }
-
     /// Reads back the assignments a grouped commit made: those the kernel does not enforce are
     /// taken back out, together, and their callers told why; if even that fails, the state
     /// `before` the group is committed again.
-    fn take_back_unenforced(&mut self, decided: &mut [Decided], before: &State, changes: &Changes) {
+    pub(super) fn take_back_unenforced(
+        &mut self,
+        decided: &mut [Decided],
+        before: &State,
+        changes: &Changes,
+    ) {
         let refused: Vec<(usize, EngineError)> = decided
             .iter()
             .enumerate()
@@ -192,16 +119,83 @@ impl Engine {
         }
     }
 
-    pub(super) fn assign(&mut self, spec: &AssignSpec) -> Result<Outcome<Assignment>, EngineError> {
+    /// [`super::Handle::run`]: where systemd runs, the assignment's target is a new scope
+    /// `cpupool-run-<pid>-<start>.scope` in the pool's slice that holds the process; elsewhere
+    /// the process itself.
+    pub(super) fn run_process(&mut self, spec: AssignSpec) -> Result<Made<Outcome<Assignment>>, EngineError> {
+        let spec = self.stamp(spec)?;
+        let (Target::Pid(pid), Some(start)) = (&spec.target, spec.process_start) else {
+            return Err(
+                state::Error::InvalidArgument { arg: "pid", reason: "must name a process".into() }.into()
+            );
+        };
+        let pid = *pid;
+        if !self.backend.runs_scopes() {
+            return self.assign(&spec);
+        }
+        let pool = self.state.pool(&spec.pool)?.clone();
+        let scope = format!("cpupool-run-{pid}-{start}.scope");
+        let target = Target::parse(&format!("unit:{scope}"))?;
+        let mut next = (*self.state).clone();
+        let scoped = AssignSpec { target, process_start: None, ..spec };
+        let out = next.assign(&self.topo, &scoped)?;
+        let Outcome::Changed(a) = &out else { return Ok((out, Vec::new())) };
+        // The scope does not exist yet: where it sits is read back once it does.
+        self.check_protected(&next, a)?;
+        let slice = plan::pool_slice(&pool.name);
+        let slice_unit = slice.as_str().rsplit('/').next().unwrap_or_default().to_owned();
+        // The scope starts with the pool slice's CPUs only; its own (exclusive ones) are set by
+        // the commit, after the save, like any assignment's: a crash in between leaves no
+        // CPU given away that the saved state does not name. The process waits meanwhile.
+        self.backend.start_scope(&scope, &slice_unit, pid, &CpuSet::new()).map_err(EngineError::Apply)?;
+        let before = self.state.clone();
+        let changes = self.commit(next)?;
+        self.verify_or_undo(&before, &changes, a)?;
+        let events = assigned(a);
+        Ok((out, events))
+    }
+
+    /// Decides, commits and reads back one assignment; a difference undoes it.
+    pub(super) fn assign(&mut self, spec: &AssignSpec) -> Result<Made<Outcome<Assignment>>, EngineError> {
         let mut next = (*self.state).clone();
         let out = self.decide(&mut next, spec)?;
+        let mut events = Vec::new();
         if let Outcome::Changed(a) = &out {
             let before = self.state.clone();
             let changes = self.commit(next)?;
             self.verify_or_undo(&before, &changes, a)?;
-            self.publish(assigned(a));
+            events = assigned(a);
         }
-        Ok(out)
+        Ok((out, events))
+    }
+
+    /// Releases one assignment and commits.
+    pub(super) fn release(&mut self, id: &str) -> Result<Made<Assignment>, EngineError> {
+        let mut next = (*self.state).clone();
+        let a = next.release(id)?;
+        self.commit(next)?;
+        let events = released(&a);
+        Ok((a, events))
+    }
+
+    /// Keeps exactly `cgroups` (those an assignment could target) off the exclusive CPUs.
+    pub(super) fn set_unpooled(
+        &mut self,
+        mut cgroups: std::collections::BTreeSet<CgroupPath>,
+    ) -> Result<usize, EngineError> {
+        // The adapters leave out what they may not confine; whatever else asks, cpupoold writes
+        // no cgroup an assignment could not target (a host slice, a pool's slice, an ancestor).
+        cgroups.retain(|p| match self.state.check_container_cgroup(p, &self.opts.host_cgroups) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("not keeping `{p}` off the exclusive CPUs: {e}");
+                false
+            }
+        });
+        if cgroups == self.opts.unpooled {
+            return Ok(0);
+        }
+        self.relayout(|o| o.unpooled = cgroups)
     }
 
     /// Decides an assignment on `next` and admits its target: on refusal `next` is as it was.
@@ -290,78 +284,6 @@ impl Engine {
             return Err(e.into());
         }
         Ok(())
-    }
-
-    pub(super) fn release(&mut self, id: &str) -> Result<Assignment, EngineError> {
-        let mut next = (*self.state).clone();
-        let a = next.release(id)?;
-        self.commit(next)?;
-        self.publish(released(&a));
-        Ok(a)
-    }
-
-    pub(super) fn retarget(
-        &mut self,
-        r: super::handle::Retarget,
-    ) -> Result<Outcome<Assignment>, EngineError> {
-        let mut next = (*self.state).clone();
-        let out = next.retarget(&r.id, r.target, r.container)?;
-        if let Outcome::Changed(a) = &out {
-            // The rules a new assignment's target passes: a container's cgroup that names a
-            // host slice or a pool's slice is not written.
-            self.check_protected(&next, a)?;
-            let before = self.state.clone();
-            let changes = self.commit(next)?;
-            let mut events = Vec::new();
-            if r.verify {
-                self.verify_or_undo(&before, &changes, a)?;
-            } else if let Err(e) = self.verify(a) {
-                // Kept (the target runs already, and taking it back would leave it
-                // unconfined), but degraded at once rather than counted as applied until the
-                // next drift checks find it.
-                let why = error_chain(&e);
-                log::warn!(ASSIGNMENT = a.id.as_str(); "assignment {} is degraded: {why}", a.id);
-                self.health.insert(a.id.clone(), why);
-                events.push(Event::AssignmentChanged { id: a.id.clone(), change: Change::Degraded });
-            }
-            log::info!(
-                POOL = a.pool.as_str(), ASSIGNMENT = a.id.as_str(), TARGET = a.target.to_string().as_str();
-                "assignment {} (CPUs {}) now applies to {}", a.id, a.cpus, a.target
-            );
-            // Bound to a container (read back: applied), or held for none again (allocated);
-            // degraded says itself. What an earlier target was found to lack is not this one's.
-            if events.is_empty() {
-                self.health.remove(&a.id);
-            }
-            let running = self.kubelet.running.contains_key(&a.id);
-            let change = match a.phase(None, running) {
-                state::phase::Phase::Allocated => Some(Change::Allocated),
-                _ if events.is_empty() => Some(Change::Applied),
-                _ => None,
-            };
-            events.extend(change.map(|change| Event::AssignmentChanged { id: a.id.clone(), change }));
-            self.publish(events);
-        }
-        Ok(out)
-    }
-
-    pub(super) fn set_unpooled(
-        &mut self,
-        mut cgroups: std::collections::BTreeSet<CgroupPath>,
-    ) -> Result<usize, EngineError> {
-        // The adapters leave out what they may not confine; whatever else asks, cpupoold writes
-        // no cgroup an assignment could not target (a host slice, a pool's slice, an ancestor).
-        cgroups.retain(|p| match self.state.check_container_cgroup(p, &self.opts.host_cgroups) {
-            Ok(()) => true,
-            Err(e) => {
-                log::warn!("not keeping `{p}` off the exclusive CPUs: {e}");
-                false
-            }
-        });
-        if cgroups == self.opts.unpooled {
-            return Ok(0);
-        }
-        self.relayout(|o| o.unpooled = cgroups)
     }
 
     /// Changes what the layout depends on besides the state and applies the difference; on
@@ -538,23 +460,8 @@ pub(super) struct PlanFailed {
 /// The most mutations decided and saved together.
 pub(super) const MAX_GROUP: usize = 256;
 
-/// An Assign or Release waiting in a group.
-pub(super) enum Mutation {
-    Assign(AssignSpec, oneshot::Sender<Result<Outcome<Assignment>, EngineError>>),
-    Release(String, oneshot::Sender<Result<Assignment, EngineError>>),
-}
-
-impl Mutation {
-    fn into_request(self) -> Request {
-        match self {
-            Mutation::Assign(spec, reply) => Request::Assign(spec, reply),
-            Mutation::Release(id, reply) => Request::Release(id, reply),
-        }
-    }
-}
-
 /// What the core decided for one mutation of a group.
-enum Decided {
+pub(super) enum Decided {
     Assign(Result<Outcome<Assignment>, EngineError>),
     Release(Result<Assignment, state::Error>),
 }
