@@ -7,12 +7,13 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::commands::Mutation;
+use super::drift::Drift;
 use super::keeper::Pass;
 use super::ledger::{Ledger, MAX_GROUP};
 use super::{ConfigSource, Engine, Event, Handle, Request, Snapshot};
 use crate::config::ConfigError;
 use crate::config::Settings;
-use crate::core::plan::{self, Key, Layout, LayoutOptions, Partitions};
+use crate::core::plan::{self, LayoutOptions, Partitions};
 use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, CgroupPath, Delta, State, StateData};
 use crate::core::topology::Topology;
@@ -198,10 +199,8 @@ impl Engine {
             },
             lend_idle: settings.lend_idle,
             config_error,
-            degraded: Vec::new(),
+            drift: Drift::default(),
             state_warnings: Vec::new(),
-            health: std::collections::BTreeMap::new(),
-            suspects: std::collections::BTreeSet::new(),
             events,
             snapshots,
             config: None,
@@ -309,22 +308,9 @@ impl Engine {
         }
     }
 
-    /// Makes the host match the state: reads what each placement holds now and applies the
-    /// difference, logging each correction. Stale pool slices are removed.
+    /// Makes the host match the state ([`super::drift::Drift::reconcile`]).
     pub(super) fn reconcile(&mut self) -> (usize, usize) {
-        // Read the host afresh: someone (systemd reloading) may have changed the pool level.
-        self.ledger.backend.refresh();
-        let desired = self.ledger.layout(&self.ledger.state);
-        let mut observed: Layout = super::observe::observe_all(&*self.ledger.backend, &desired)
-            .into_iter()
-            .filter_map(|(key, now)| Some((key, now?)))
-            .collect();
-        for path in super::observe::stale_slices(&*self.ledger.backend, &desired) {
-            if let Some(now) = super::observe::observe_stale(&*self.ledger.backend, &path) {
-                observed.insert(Key::Cgroup(path), now);
-            }
-        }
-        self.apply_corrections(&observed, &desired)
+        self.drift.reconcile(&self.ledger)
     }
 
     /// Runs the engine on its own thread until every [`Handle`] is dropped; an error when the
@@ -411,13 +397,14 @@ impl Engine {
             topology: self.ledger.topo.clone(),
             state_path: self.ledger.store.path().to_owned(),
             config_error: self.config_error.clone(),
-            degraded: self.degraded.clone(),
+            degraded: self.drift.degraded.clone(),
             state_warnings: Arc::new(self.state_warnings.clone()),
             partitions,
             backend: self.ledger.backend.name(),
             layout,
             assignment_health: Arc::new(
-                self.health
+                self.drift
+                    .health
                     .iter()
                     .filter(|(id, _)| self.ledger.state.assignments().contains_key(*id))
                     .map(|(id, why)| (id.clone(), why.clone()))

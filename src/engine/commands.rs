@@ -7,7 +7,8 @@ use tokio::sync::oneshot;
 
 use super::keeper::Pass;
 use super::ledger::{assigned, released, Decided, Made};
-use super::{error_chain, Change, Engine, EngineError, Event, Request};
+use super::observe::Found;
+use super::{error_chain, Change, DriftReport, Engine, EngineError, Event, Request};
 use crate::core::state::{self, AssignSpec, Assignment, Outcome};
 
 /// An Assign or Release waiting in a group.
@@ -189,7 +190,7 @@ impl Engine {
                 // next drift checks find it.
                 let why = error_chain(&e);
                 log::warn!(ASSIGNMENT = a.id.as_str(); "assignment {} is degraded: {why}", a.id);
-                self.health.insert(a.id.clone(), why);
+                self.drift.health.insert(a.id.clone(), why);
                 events.push(Event::AssignmentChanged { id: a.id.clone(), change: Change::Degraded });
             }
             log::info!(
@@ -199,7 +200,7 @@ impl Engine {
             // Bound to a container (read back: applied), or held for none again (allocated);
             // degraded says itself. What an earlier target was found to lack is not this one's.
             if events.is_empty() {
-                self.health.remove(&a.id);
+                self.drift.health.remove(&a.id);
             }
             let running = self.kubelet.running.contains_key(&a.id);
             let change = match a.phase(None, running) {
@@ -211,6 +212,22 @@ impl Engine {
             self.publish(events);
         }
         Ok(out)
+    }
+
+    /// Corrects what a drift reading found, judged against the current state, passes the
+    /// keepers, and publishes the assignments' health changes (see [`super::drift`]).
+    fn correct_drift(&mut self, found: Found) -> DriftReport {
+        let (corrected, failed) = self.drift.correct(&self.ledger, &found);
+        // Published after the assignments' events, as they came when housekeeping passed last.
+        let kept = self.keep_host(Pass::Pools);
+        let (mut events, degraded) = self.drift.judge(&self.ledger, &found);
+        events.extend(kept);
+        let report = DriftReport { corrected, failed, degraded };
+        if corrected > 0 || failed > 0 || !events.is_empty() {
+            log::info!("drift check: {corrected} corrections, {failed} failed, {} degraded", report.degraded);
+        }
+        self.publish(events);
+        report
     }
 
     /// Publishes what a part made, and answers with its value.

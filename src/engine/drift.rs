@@ -1,34 +1,44 @@
-//! The drift check's second half, on the engine thread: the engine takes what the reading off
-//! its thread found ([`super::observe::read`]) and re-checks just those placements and
-//! assignments against its *current* state ([`Engine::correct_drift`]): it may have committed
-//! changes since the snapshot, and what it changed itself is not drift. It also applies the
-//! corrections a reconcile plans ([`Engine::apply_corrections`]).
+//! The drift part, on the engine thread: it takes what the reading off the thread found
+//! ([`super::observe::read`]) and re-checks just those placements and assignments against the
+//! ledger's *current* state ([`Drift::correct`], then [`Drift::judge`]): the ledger may have
+//! committed changes since the reading, and what it changed itself is not drift. It also makes
+//! the host match the whole state ([`Drift::reconcile`], at start and on reapply), and keeps
+//! what the checks found for the snapshot (assignments' health, failed corrections).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::keeper::Pass;
-use super::observe::{observe, observe_stale, Found};
-use super::{describe, error_chain, Change, DriftReport, Engine, Event};
+use super::ledger::Ledger;
+use super::observe::{observe, observe_all, observe_stale, stale_slices, Found};
+use super::{describe, error_chain, Change, Event};
 use crate::core::plan::{self, Key, Layout};
 use crate::core::state::AssignmentId;
 
-impl Engine {
-    /// Corrects what [`read`] found, judged against the current state; then the assignments'
-    /// health: those found unenforced and still so now, at two checks in a row, are degraded,
-    /// with the reason; changes of that are published as `degraded` / `restored` events.
-    pub(super) fn correct_drift(&mut self, found: Found) -> DriftReport {
-        let (corrected, failed) = self.correct(&found);
-        // Published after the assignments' events, as they came when housekeeping passed last.
-        let kept = self.keep_host(Pass::Pools);
+/// The drift part: what the last checks found (assignments degraded, suspected, pool-level
+/// corrections that failed), and the corrections themselves, made through the ledger's backend.
+#[derive(Default)]
+pub(super) struct Drift {
+    /// See [`super::Snapshot::assignment_health`].
+    pub(super) health: BTreeMap<AssignmentId, String>,
+    /// Assignments the last check found not enforced for the first time.
+    suspects: BTreeSet<AssignmentId>,
+    /// The corrections of the last reconcile that failed ([`super::Snapshot::degraded`]).
+    pub(super) degraded: Vec<String>,
+}
+
+impl Drift {
+    /// Judges the assignments' health after [`Drift::correct`]: those `found` unenforced and
+    /// still so now, at two checks in a row, are degraded, with the reason; changes of that are
+    /// the events returned, with the number degraded.
+    pub(super) fn judge(&mut self, ledger: &Ledger, found: &Found) -> (Vec<Event>, usize) {
         let mut health = BTreeMap::new();
         let mut suspects = BTreeSet::new();
         for id in &found.unenforced {
             // Changed (or gone) since the reading: what the engine did itself is not drift.
-            let Some(a) = self.ledger.state.assignments().get(id) else { continue };
+            let Some(a) = ledger.state.assignments().get(id) else { continue };
             if found.state.assignments().get(id) != Some(a) {
                 continue;
             }
-            if let Err(e) = self.ledger.verify(a) {
+            if let Err(e) = ledger.verify(a) {
                 // Seen once, it may be a unit caught mid-restart: degraded when the next check
                 // (after this one's corrections) still finds it so.
                 if self.suspects.contains(id) || self.health.contains_key(id) {
@@ -47,24 +57,37 @@ impl Engine {
             }
         }
         for id in self.health.keys() {
-            if !health.contains_key(id) && self.ledger.state.assignments().contains_key(id) {
+            if !health.contains_key(id) && ledger.state.assignments().contains_key(id) {
                 log::info!(ASSIGNMENT = id.as_str(); "assignment {id} is enforced as assigned again");
                 events.push(Event::AssignmentChanged { id: id.clone(), change: Change::Restored });
             }
         }
-        let report = DriftReport { corrected, failed, degraded: health.len() };
+        let degraded = health.len();
         self.health = health;
-        events.extend(kept);
-        if corrected > 0 || failed > 0 || !events.is_empty() {
-            log::info!("drift check: {corrected} corrections, {failed} failed, {} degraded", report.degraded);
+        (events, degraded)
+    }
+
+    /// Makes the host match the state: reads what each placement holds now and applies the
+    /// difference, logging each correction. Stale pool slices are removed.
+    pub(super) fn reconcile(&mut self, ledger: &Ledger) -> (usize, usize) {
+        // Read the host afresh: someone (systemd reloading) may have changed the pool level.
+        ledger.backend.refresh();
+        let desired = ledger.layout(&ledger.state);
+        let mut observed: Layout = observe_all(&*ledger.backend, &desired)
+            .into_iter()
+            .filter_map(|(key, now)| Some((key, now?)))
+            .collect();
+        for path in stale_slices(&*ledger.backend, &desired) {
+            if let Some(now) = observe_stale(&*ledger.backend, &path) {
+                observed.insert(Key::Cgroup(path), now);
+            }
         }
-        self.publish(events);
-        report
+        self.apply_corrections(ledger, &observed, &desired)
     }
 
     /// Reconciles just the placements `found` names, read again now and planned against the
     /// current state: (corrections, failures).
-    fn correct(&mut self, found: &Found) -> (usize, usize) {
+    pub(super) fn correct(&mut self, ledger: &Ledger, found: &Found) -> (usize, usize) {
         if !found.frame && found.targets.is_empty() && found.stale.is_empty() {
             self.degraded = Vec::new();
             return (0, 0);
@@ -75,58 +98,51 @@ impl Engine {
             .targets
             .iter()
             .filter(|id| {
-                let now = self.ledger.state.assignments().get(*id);
+                let now = ledger.state.assignments().get(*id);
                 now.is_some() && found.state.assignments().get(*id) == now
             })
             .cloned()
             .collect();
         // The pool level is read again too: it is small, and partitions are torn down and set
         // up together, so planning it whole gives the effects a full reconcile would.
-        let (_, desired) = plan::partial_layouts(
-            &self.ledger.state,
-            &self.ledger.state,
-            &self.ledger.topo,
-            &self.ledger.opts,
-            &ids,
-        );
+        let (_, desired) =
+            plan::partial_layouts(&ledger.state, &ledger.state, &ledger.topo, &ledger.opts, &ids);
         let mut observed = Layout::new();
         for (key, want) in &desired {
-            if let Some(now) = observe(&*self.ledger.backend, key, want) {
+            if let Some(now) = observe(&*ledger.backend, key, want) {
                 observed.insert(key.clone(), now);
             }
         }
-        let full = self.layout_frame();
+        let full = Self::layout_frame(ledger);
         for path in &found.stale {
             if full.contains_key(&Key::Cgroup(path.clone())) {
                 continue;
             }
-            if let Some(now) = observe_stale(&*self.ledger.backend, path) {
+            if let Some(now) = observe_stale(&*ledger.backend, path) {
                 observed.insert(Key::Cgroup(path.clone()), now);
             }
         }
-        self.apply_corrections(&observed, &desired)
+        self.apply_corrections(ledger, &observed, &desired)
     }
 
     /// The pool-level placements of the current state.
-    fn layout_frame(&self) -> Layout {
-        plan::partial_layouts(
-            &self.ledger.state,
-            &self.ledger.state,
-            &self.ledger.topo,
-            &self.ledger.opts,
-            &BTreeSet::new(),
-        )
-        .1
+    fn layout_frame(ledger: &Ledger) -> Layout {
+        plan::partial_layouts(&ledger.state, &ledger.state, &ledger.topo, &ledger.opts, &BTreeSet::new()).1
     }
 
     /// Applies the plan from `observed` to `desired`, logging each correction; failures are
     /// what [`Snapshot::degraded`] shows. (corrections, failures).
-    pub(super) fn apply_corrections(&mut self, observed: &Layout, desired: &Layout) -> (usize, usize) {
+    pub(super) fn apply_corrections(
+        &mut self,
+        ledger: &Ledger,
+        observed: &Layout,
+        desired: &Layout,
+    ) -> (usize, usize) {
         let effects = plan::plan(observed, desired);
         let mut failed = 0;
         let mut degraded = Vec::new();
         for effect in &effects {
-            match self.ledger.backend.apply(effect) {
+            match ledger.backend.apply(effect) {
                 Ok(()) => log::info!("reconcile: {}", describe(effect)),
                 Err(e) => {
                     failed += 1;
@@ -149,6 +165,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::super::tests::{rt, spec, Fixture};
+    use super::super::{DriftReport, Engine};
     use super::*;
     use crate::core::cpuset::CpuSet;
     use crate::core::plan::Effect;

@@ -69,7 +69,7 @@ pub use reload::Reloaded;
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;
-use crate::core::state::{self, AssignmentId};
+use crate::core::state;
 use crate::host::cgroupfs::HostError;
 use crate::host::store::StoreError;
 use crate::host::sysfs::SysfsError;
@@ -142,13 +142,10 @@ pub struct Engine {
     /// `daemon.lend_idle` as configured; see [`Engine::layout_options`].
     lend_idle: bool,
     config_error: Option<String>,
-    degraded: Vec<String>,
+    /// What the drift checks found ([`drift`]).
+    drift: drift::Drift,
     /// See [`Snapshot::state_warnings`].
     state_warnings: Vec<String>,
-    /// See [`Snapshot::assignment_health`].
-    health: std::collections::BTreeMap<AssignmentId, String>,
-    /// Assignments the last drift check found not enforced for the first time.
-    suspects: std::collections::BTreeSet<AssignmentId>,
     events: broadcast::Sender<Event>,
     snapshots: watch::Sender<Snapshot>,
     config: Option<ConfigSource>,

@@ -7,7 +7,9 @@ use super::*;
 use crate::config::Settings;
 use crate::core::cpuset::CpuSet;
 use crate::core::pool::{PoolKind, PoolName};
-use crate::core::state::{AssignSpec, Assignment, Delta, Outcome, Size, State, StateData, Target};
+use crate::core::state::{
+    AssignSpec, Assignment, AssignmentId, Delta, Outcome, Size, State, StateData, Target,
+};
 use crate::host::store::{Loaded, PrevCopy, Store};
 use crate::host::Backend;
 use crate::sandbox::Sandbox;
