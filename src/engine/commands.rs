@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 use super::keeper::Pass;
 use super::ledger::{assigned, released, Decided, Made};
 use super::observe::Found;
-use super::{error_chain, Change, DriftReport, Engine, EngineError, Event, Request};
+use super::{error_chain, Change, DriftReport, Engine, EngineError, Event, KubeletUpdate, Request};
 use crate::core::state::{self, AssignSpec, Assignment, Outcome};
 
 /// An Assign or Release waiting in a group.
@@ -228,6 +228,24 @@ impl Engine {
         }
         self.publish(events);
         report
+    }
+
+    /// Records what the kubelet wing observed ([`super::kubelet`]); publishes (and answers
+    /// `true`) only when it changed the view, or for a container started, whether the
+    /// read-back holds. A pod cgroup come or gone moves the isolated partitions, and the
+    /// keepers that read the layout back pass.
+    fn update_kubelet(&mut self, update: KubeletUpdate) -> bool {
+        let seen = super::kubelet::update(&mut self.kubelet, &self.ledger, update);
+        let mut events = seen.publish;
+        if seen.follow_pods {
+            let moved = super::kubelet::follow_pods(&mut self.ledger);
+            // The isolated pools' reports say what became of their partitions.
+            events = Some(if moved { self.keep_host(Pass::Layout) } else { Vec::new() });
+        }
+        if let Some(events) = events {
+            self.publish(events);
+        }
+        seen.answer
     }
 
     /// Publishes what a part made, and answers with its value.

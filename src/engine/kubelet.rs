@@ -6,10 +6,16 @@
 //! reconcile tick (the CPUs online from sysfs, the devices held from the kubelet's
 //! PodResources) or at the NRI runtime's Synchronize (the containers running on claims' CPUs,
 //! read back again there: what ran before a restart is not taken on trust).
+//!
+//! A plain part: [`update`] records an observation in the view, reading back through the
+//! ledger what a container's start claims, and says what to publish; the engine's dispatcher
+//! publishes, and moves the isolated partitions ([`follow_pods`]) when the kubelet's pod cgroup
+//! comes or goes.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use super::Engine;
+use super::ledger::Ledger;
 use crate::core::cpuset::CpuSet;
 use crate::core::plan::Key;
 use crate::core::plan::Partitions;
@@ -111,133 +117,140 @@ pub enum KubeletUpdate {
     Alive(BTreeSet<CgroupPath>),
 }
 
-impl Engine {
-    /// Records an observation; publishes (and returns `true`) only when it changes the view.
-    pub(super) fn update_kubelet(&mut self, update: KubeletUpdate) -> bool {
-        let update = match self.update_running(update) {
-            Ok(answer) => return answer,
-            Err(other) => other,
-        };
-        let view = std::sync::Arc::make_mut(&mut self.kubelet);
-        let changed = match update {
-            KubeletUpdate::Online(cpus) => view.online.replace(cpus.clone()) != Some(cpus),
-            KubeletUpdate::Held(id, Some(devices)) => view.held.insert(id, devices.clone()) != Some(devices),
-            KubeletUpdate::Held(id, None) => view.held.remove(&id).is_some(),
-            KubeletUpdate::PodCpus(cpus) => std::mem::replace(&mut view.pod_cpus, cpus.clone()) != cpus,
-            KubeletUpdate::Poll(every) => view.poll.replace(every) != Some(every),
-            KubeletUpdate::Nri(runtime) => std::mem::replace(&mut view.nri, runtime.clone()) != runtime,
-            KubeletUpdate::Running { .. } | KubeletUpdate::Stopped(_) | KubeletUpdate::Alive(_) => false,
-        };
-        if changed {
-            let events = self.follow_pods();
-            self.publish(events);
-        }
-        changed
-    }
+/// What an observation did to the view ([`update`]).
+pub(super) struct Seen {
+    /// The answer to the wing: whether the view changed, or for `Running` whether the
+    /// read-back holds.
+    pub(super) answer: bool,
+    /// The events to publish, when the snapshot must be published (the view changed).
+    pub(super) publish: Option<Vec<super::Event>>,
+    /// Whether the pods' cgroup may have come or gone: where isolated partitions go is to be
+    /// looked at again ([`follow_pods`]).
+    pub(super) follow_pods: bool,
+}
 
-    /// The containers running on assignments' CPUs ([`KubeletView::running`]): `Ok` with the
-    /// answer when `update` is about them (publishing the assignments whose phase changed),
-    /// `Err(update)` for the other observations. `Running` answers whether the read-back
-    /// holds; the others whether anything changed.
-    fn update_running(&mut self, update: KubeletUpdate) -> Result<bool, KubeletUpdate> {
-        let before = self.kubelet.running.clone();
-        let answer = match update {
-            KubeletUpdate::Running { ids, cgroup, container } => {
-                let Some(want) = self.cpus_of(&ids) else { return Ok(false) };
-                match self.ledger.backend.enforced(&Key::Cgroup(cgroup.clone())) {
-                    Ok(Some(now)) if now == want => {}
-                    read => {
-                        log::info!(
-                            "container {container} ({cgroup}) is not recorded running on {}: its cgroup has {}, not CPUs {want}",
-                            ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "),
-                            match read {
-                                Ok(Some(now)) => format!("CPUs {now}"),
-                                Ok(None) => "no cpuset to read".into(),
-                                Err(e) => format!("an error: {}", crate::error_chain(&e)),
-                            }
-                        );
-                        return Ok(false);
-                    }
+/// Records an observation in `view` (copied on write: published snapshots keep theirs),
+/// reading back through `ledger`'s backend what a `Running` one claims.
+pub(super) fn update(view: &mut Arc<KubeletView>, ledger: &Ledger, update: KubeletUpdate) -> Seen {
+    let update = match update_running(view, ledger, update) {
+        Ok(seen) => return seen,
+        Err(other) => other,
+    };
+    let v = Arc::make_mut(view);
+    let changed = match update {
+        KubeletUpdate::Online(cpus) => v.online.replace(cpus.clone()) != Some(cpus),
+        KubeletUpdate::Held(id, Some(devices)) => v.held.insert(id, devices.clone()) != Some(devices),
+        KubeletUpdate::Held(id, None) => v.held.remove(&id).is_some(),
+        KubeletUpdate::PodCpus(cpus) => std::mem::replace(&mut v.pod_cpus, cpus.clone()) != cpus,
+        KubeletUpdate::Poll(every) => v.poll.replace(every) != Some(every),
+        KubeletUpdate::Nri(runtime) => std::mem::replace(&mut v.nri, runtime.clone()) != runtime,
+        KubeletUpdate::Running { .. } | KubeletUpdate::Stopped(_) | KubeletUpdate::Alive(_) => false,
+    };
+    Seen { answer: changed, publish: None, follow_pods: changed }
+}
+
+/// The containers running on assignments' CPUs ([`KubeletView::running`]): `Ok` when `update`
+/// is about them (with the assignments whose phase changed to publish), `Err(update)` for the
+/// other observations. `Running` answers whether the read-back holds; the others whether
+/// anything changed.
+fn update_running(
+    view: &mut Arc<KubeletView>,
+    ledger: &Ledger,
+    update: KubeletUpdate,
+) -> Result<Seen, KubeletUpdate> {
+    let before = view.running.clone();
+    let state = &ledger.state;
+    let answer = match update {
+        KubeletUpdate::Running { ids, cgroup, container } => {
+            let not = Seen { answer: false, publish: None, follow_pods: false };
+            let Some(want) = cpus_of(state, &ids) else { return Ok(not) };
+            match ledger.backend.enforced(&Key::Cgroup(cgroup.clone())) {
+                Ok(Some(now)) if now == want => {}
+                read => {
+                    log::info!(
+                        "container {container} ({cgroup}) is not recorded running on {}: its cgroup has {}, not CPUs {want}",
+                        ids.iter().map(|i| i.as_str()).collect::<Vec<_>>().join(", "),
+                        match read {
+                            Ok(Some(now)) => format!("CPUs {now}"),
+                            Ok(None) => "no cpuset to read".into(),
+                            Err(e) => format!("an error: {}", crate::error_chain(&e)),
+                        }
+                    );
+                    return Ok(not);
                 }
-                let view = std::sync::Arc::make_mut(&mut self.kubelet);
-                for id in ids {
-                    view.running.entry(id).or_default().insert(cgroup.clone(), container.clone());
-                }
-                true
             }
-            KubeletUpdate::Stopped(gone) => self.keep_running(|p| !gone.contains(p)),
-            KubeletUpdate::Alive(alive) => self.keep_running(|p| alive.contains(p)),
-            other => return Err(other),
-        };
-        if self.kubelet.running != before {
-            let events = self.phase_changes(&before);
-            self.publish(events);
+            let v = Arc::make_mut(view);
+            for id in ids {
+                v.running.entry(id).or_default().insert(cgroup.clone(), container.clone());
+            }
+            true
         }
-        Ok(answer)
-    }
+        KubeletUpdate::Stopped(gone) => keep_running(view, state, |p| !gone.contains(p)),
+        KubeletUpdate::Alive(alive) => keep_running(view, state, |p| alive.contains(p)),
+        other => return Err(other),
+    };
+    let publish = (view.running != before).then(|| phase_changes(state, &before, &view.running));
+    Ok(Seen { answer, publish, follow_pods: false })
+}
 
-    /// The CPUs of `ids` together; `None` when one is not held.
-    fn cpus_of(&self, ids: &[AssignmentId]) -> Option<CpuSet> {
-        let all = self.ledger.state.assignments();
-        ids.iter().try_fold(CpuSet::new(), |acc, id| Some(acc.union(&all.get(id)?.cpus)))
-    }
+/// The CPUs of `ids` together; `None` when one is not held.
+fn cpus_of(state: &State, ids: &[AssignmentId]) -> Option<CpuSet> {
+    let all = state.assignments();
+    ids.iter().try_fold(CpuSet::new(), |acc, id| Some(acc.union(&all.get(id)?.cpus)))
+}
 
-    /// Keeps the running containers whose cgroup `keep` says still run, and those of
-    /// assignments the state still has; whether anything went.
-    fn keep_running(&mut self, keep: impl Fn(&CgroupPath) -> bool) -> bool {
-        let state = self.ledger.state.clone();
-        let view = std::sync::Arc::make_mut(&mut self.kubelet);
-        let before = view.running.len() + view.running.values().map(BTreeMap::len).sum::<usize>();
-        view.running.retain(|id, containers| {
-            containers.retain(|p, _| keep(p));
-            !containers.is_empty() && state.assignments().contains_key(id)
-        });
-        before != view.running.len() + view.running.values().map(BTreeMap::len).sum::<usize>()
-    }
+/// Keeps the running containers whose cgroup `keep` says still run, and those of
+/// assignments `state` still has; whether anything went.
+fn keep_running(view: &mut Arc<KubeletView>, state: &State, keep: impl Fn(&CgroupPath) -> bool) -> bool {
+    let v = Arc::make_mut(view);
+    let before = v.running.len() + v.running.values().map(BTreeMap::len).sum::<usize>();
+    v.running.retain(|id, containers| {
+        containers.retain(|p, _| keep(p));
+        !containers.is_empty() && state.assignments().contains_key(id)
+    });
+    before != v.running.len() + v.running.values().map(BTreeMap::len).sum::<usize>()
+}
 
-    /// The events of the assignments that became allocated or applied since `before` (the
-    /// running containers as they were).
-    fn phase_changes(
-        &self,
-        before: &BTreeMap<AssignmentId, BTreeMap<CgroupPath, Container>>,
-    ) -> Vec<super::Event> {
-        let now = &self.kubelet.running;
-        let ids: BTreeSet<&AssignmentId> = before.keys().chain(now.keys()).collect();
-        ids.into_iter()
-            .filter_map(|id| {
-                let a = self.ledger.state.assignments().get(id)?;
-                let (was, is) = (a.phase(None, before.contains_key(id)), a.phase(None, now.contains_key(id)));
-                let change = match (was, is) {
-                    (Phase::Allocated, Phase::Applied) => super::Change::Applied,
-                    (Phase::Applied, Phase::Allocated) => super::Change::Allocated,
-                    _ => return None,
-                };
-                Some(super::Event::AssignmentChanged { id: id.clone(), change })
-            })
-            .collect()
-    }
+/// The events of the assignments that became allocated or applied between `before` and `now`
+/// (the running containers as they were, and are).
+fn phase_changes(state: &State, before: &Running, now: &Running) -> Vec<super::Event> {
+    let ids: BTreeSet<&AssignmentId> = before.keys().chain(now.keys()).collect();
+    ids.into_iter()
+        .filter_map(|id| {
+            let a = state.assignments().get(id)?;
+            let (was, is) = (a.phase(None, before.contains_key(id)), a.phase(None, now.contains_key(id)));
+            let change = match (was, is) {
+                (Phase::Allocated, Phase::Applied) => super::Change::Applied,
+                (Phase::Applied, Phase::Allocated) => super::Change::Allocated,
+                _ => return None,
+            };
+            Some(super::Event::AssignmentChanged { id: id.clone(), change })
+        })
+        .collect()
+}
 
-    /// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it
-    /// (seen by the wing's reading of its CPUs), the isolated pools' partitions go or come back ([`crate::core::plan::partitions`]); returns
-    /// the events of the pools whose isolation report changed.
-    fn follow_pods(&mut self) -> Vec<super::Event> {
-        let pods = self.ledger.backend.kubelet_pods();
-        let want =
-            crate::core::plan::partitions(&self.ledger.state, self.ledger.backend.remote_partitions(), pods);
-        if want == self.ledger.opts.partitions {
-            return Vec::new();
-        }
-        if want == Partitions::Off {
-            log::warn!("{}", crate::core::plan::no_partitions_reason(&self.ledger.state));
-        } else {
-            log::info!("the kubelet's pod cgroup is gone: isolated pools are partitions again");
-        }
-        if let Err(e) = self.ledger.relayout(|o| o.partitions = want) {
-            log::error!("changing where isolated partitions are: {}", crate::engine::error_chain(&e));
-        }
-        // The isolated pools' reports say what became of their partitions.
-        self.keep_host(super::keeper::Pass::Layout)
+/// The running containers, by assignment.
+type Running = BTreeMap<AssignmentId, BTreeMap<CgroupPath, Container>>;
+
+/// Where a kernel without `cpuset.cpus.exclusive` gets a kubelet pod cgroup, or loses it
+/// (seen by the wing's reading of its CPUs), the isolated pools' partitions go or come back
+/// ([`crate::core::plan::partitions`]): the ledger lays them out again; returns whether it did
+/// (the keepers that read the layout back are then to pass).
+pub(super) fn follow_pods(ledger: &mut Ledger) -> bool {
+    let pods = ledger.backend.kubelet_pods();
+    let want = crate::core::plan::partitions(&ledger.state, ledger.backend.remote_partitions(), pods);
+    if want == ledger.opts.partitions {
+        return false;
     }
+    if want == Partitions::Off {
+        log::warn!("{}", crate::core::plan::no_partitions_reason(&ledger.state));
+    } else {
+        log::info!("the kubelet's pod cgroup is gone: isolated pools are partitions again");
+    }
+    if let Err(e) = ledger.relayout(|o| o.partitions = want) {
+        log::error!("changing where isolated partitions are: {}", crate::engine::error_chain(&e));
+    }
+    true
 }
 
 #[cfg(test)]
