@@ -236,7 +236,7 @@ impl Engine {
         }
         let events = engine.keep_host(Pass::Pools);
         // Nothing is served yet: irqbalance is told before the daemon says it is ready.
-        engine.settle_keepers();
+        engine.keepers.settle();
         engine.publish(events);
         Ok((engine, report))
     }
@@ -351,7 +351,7 @@ impl Engine {
             }
             self.mutate(group);
         }
-        self.stop_keepers();
+        self.keepers.stop();
     }
 
     pub(super) fn publish(&self, mut events: Vec<Event>) {
@@ -411,7 +411,7 @@ impl Engine {
                     .collect(),
             ),
             kubelet: self.kubelet.clone(),
-            reports: Arc::new(self.keepers_reports()),
+            reports: Arc::new(self.keepers.reports()),
         };
         self.snapshots.send_replace(snap);
         for e in events {

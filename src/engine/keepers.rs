@@ -1,8 +1,8 @@
 //! The keepers as the engine holds them: the registry of every [`Keeper`] (one line each in
 //! [`Keepers::new`]), the checks new settings pass before any keeper takes them ([`check`]), and
-//! the one place the engine drives them from ([`Engine::keep_host`] after a reconcile,
-//! [`Engine::reconfigure_keepers`] for installed settings, [`Engine::keepers_reports`] for each
-//! snapshot, [`Engine::stop_keepers`] on the way out). Housekeeping joins after start
+//! the one place the engine drives them from ([`Engine::keep_host`]: a pass over the ledger's
+//! pools after a reconcile, for installed settings, at a drift check; [`Keepers::reports`] for
+//! each snapshot; [`Keepers::stop`] on the way out). Housekeeping joins after start
 //! ([`Engine::with_housekeeping`]) and samples the isolated CPUs on the daemon's health tick
 //! ([`Engine::sample_isolation`]), so it is held by type. The contract itself is
 //! [`super::keeper`].
@@ -73,56 +73,58 @@ impl Keepers {
     }
 }
 
-impl Engine {
-    /// One pass over the current pools of the keepers that pass for `pass`; the events of
-    /// pools whose reports changed.
-    pub(crate) fn keep_host(&mut self, pass: Pass) -> Vec<Event> {
-        let scene = Scene {
-            state: &self.ledger.state,
-            topo: &self.ledger.topo,
-            backend: &*self.ledger.backend,
-            partitions: self.ledger.opts.partitions,
-        };
+impl Keepers {
+    /// One pass over `scene` of the keepers that pass for `pass`; the events of pools whose
+    /// reports changed.
+    pub(crate) fn keep(&mut self, scene: &Scene<'_>, pass: Pass) -> Vec<Event> {
         let mut events = Vec::new();
-        for k in self.keepers.iter_mut().filter(|k| pass.includes(&**k)) {
-            events.extend(k.keep(&scene));
+        for k in self.iter_mut().filter(|k| pass.includes(&**k)) {
+            events.extend(k.keep(scene));
         }
         events
     }
 
-    /// Hands every keeper installed settings, then runs a pass for `pass`.
-    pub(crate) fn reconfigure_keepers(&mut self, settings: &Settings, pass: Pass) -> Vec<Event> {
-        for k in self.keepers.iter_mut() {
+    /// Hands every keeper installed settings.
+    pub(crate) fn configure(&mut self, settings: &Settings) {
+        for k in self.iter_mut() {
             k.configure(settings);
         }
-        self.keep_host(pass)
     }
 
     /// Waits for what the last passes handed to threads (see [`Keeper::settle`]).
-    pub(crate) fn settle_keepers(&mut self) {
-        for k in self.keepers.iter_mut() {
+    pub(crate) fn settle(&mut self) {
+        for k in self.iter_mut() {
             k.settle();
         }
     }
 
     /// Every keeper's report, for the snapshot being built.
-    pub(crate) fn keepers_reports(&self) -> Reports {
+    pub(crate) fn reports(&self) -> Reports {
         let mut reports = Reports::default();
-        for k in self.keepers.iter() {
+        for k in self.iter() {
             k.publish(&mut reports);
         }
         reports
     }
 
     /// Every keeper puts back what it remembers, if so configured (the daemon stops).
-    pub(crate) fn stop_keepers(&mut self) {
-        for k in self.keepers.iter_mut() {
+    pub(crate) fn stop(&mut self) {
+        for k in self.iter_mut() {
             k.stop();
         }
     }
 }
 
 impl Engine {
+    /// One pass of the keepers that pass for `pass` over the ledger's pools as they are now;
+    /// the events of pools whose reports changed.
+    pub(crate) fn keep_host(&mut self, pass: Pass) -> Vec<Event> {
+        let l = &self.ledger;
+        let scene =
+            Scene { state: &l.state, topo: &l.topo, backend: &*l.backend, partitions: l.opts.partitions };
+        self.keepers.keep(&scene, pass)
+    }
+
     /// Lets the engine keep kernel housekeeping off the isolated pools and measure them: the
     /// housekeeping keeper joins the others and passes now.
     pub fn with_housekeeping(mut self, roots: Roots) -> Engine {

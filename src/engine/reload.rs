@@ -126,7 +126,8 @@ impl Engine {
         let after = self.ledger.layout(&next);
         if before == after && next == *self.ledger.state {
             // Interrupt, power or cache settings alone may have changed.
-            let events = self.reconfigure_keepers(settings, Pass::Settings);
+            self.keepers.configure(settings);
+            let events = self.keep_host(Pass::Settings);
             self.publish(events);
             return Ok(false);
         }
@@ -145,7 +146,8 @@ impl Engine {
         }
         next.take_changes();
         self.ledger.state = Arc::new(next);
-        let kept = self.reconfigure_keepers(settings, Pass::Pools);
+        self.keepers.configure(settings);
+        let kept = self.keep_host(Pass::Pools);
         for p in self.ledger.state.pools().values() {
             log::info!(POOL = p.name.as_str(); "pool {} ({}): CPUs {}", p.name, p.kind, p.cpus);
         }

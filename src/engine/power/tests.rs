@@ -320,7 +320,7 @@ fn fake_sysfs_engine_applies_at_start_refuses_on_reload_and_restores_on_stop() {
     let first = CpuSet::parse(&dp).unwrap_or_else(|e| panic!("{e}")).first().unwrap_or_default();
     assert_eq!(read(&f.sb.sysfs().join(qos(first))), "5");
 
-    engine.stop_keepers();
+    engine.keepers.stop();
     assert_eq!(governor(first), "powersave");
     assert_eq!(read(&f.sb.sysfs().join(qos(first))), "0");
 }
