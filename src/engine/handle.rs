@@ -16,38 +16,6 @@ use crate::core::state::{self, AssignSpec, Assignment, AssignmentId, CgroupPath,
 use crate::core::topology::Topology;
 use crate::host::Backend;
 
-impl EngineError {
-    /// The error as both management interfaces and the device plugin name it: each kind its
-    /// own [`ErrorKind`](cpupool_wire::ErrorKind); the reason is the whole cause chain.
-    pub fn to_api(&self) -> cpupool_wire::ApiError {
-        use cpupool_wire::{ApiError, ErrorKind};
-        let kind = match self {
-            EngineError::State(s) => return s.to_api(),
-            EngineError::Apply(_) | EngineError::ReadBack { .. } | EngineError::Thread(_) => {
-                ErrorKind::ApplyFailed
-            }
-            EngineError::Store(_) | EngineError::Dropin(_) => ErrorKind::NotDurable,
-            EngineError::Config(_)
-            | EngineError::Overridden { .. }
-            | EngineError::NoConfigFiles
-            | EngineError::StaticCpuManager(_) => ErrorKind::ConfigRejected,
-            EngineError::Stranded(_) => ErrorKind::AssignmentsStranded,
-            EngineError::Topology(_) => ErrorKind::TopologyFailed,
-            EngineError::Stopped => return ApiError::shutting_down(),
-        };
-        // The kind already says what failed and that nothing changed (clients word it their own
-        // way, cpupoolctl: "applying the change to the host failed, and it was rolled back: ..."),
-        // so the reason is the cause alone; the D-Bus message, which has no kind to lean on, is
-        // the whole chain.
-        let reason = match (self, std::error::Error::source(self)) {
-            (EngineError::Stranded(misfits), _) => misfits.clone(),
-            (_, Some(cause)) => crate::error_chain(cause),
-            (_, None) => self.to_string(),
-        };
-        ApiError::new(kind, serde_json::json!({ "reason": reason }), crate::error_chain(self))
-    }
-}
-
 /// A change other parties may want to hear about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
