@@ -368,9 +368,9 @@ async fn seen_for(
         }
     };
     let held = alloc.as_ref().map(|(pool, ids)| (*pool, ids.as_slice()));
-    let decision = snap.container_decision(held, call.opts.millis_per_device).map_err(|e| {
-        Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {e}"))
-    })?;
+    let decision = snap
+        .container_decision(held, call.opts.millis_per_device)
+        .map_err(|e| Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {e}")))?;
     let assignment = match decision {
         Decision::Pooled { id, .. } => Some(id),
         Decision::Rebook(spec) => Some(rebook(call, &who, spec).await?),
