@@ -13,7 +13,9 @@
 //! ```
 //!
 //! The wing keeps no state of its own but the reconciler's memory between rounds (since when an
-//! allocation has had no container, what it logged): the device model is pure ([`crate::core::devices`]),
+//! allocation has had no container, what it logged), and decides nothing: the engine's snapshot
+//! answers its questions with the pure device model ([`crate::engine::view`],
+//! [`crate::core::devices`]),
 //! the node's files are read by [`crate::host::kubelet`] and the kubelet's and the runtime's
 //! gRPC APIs spoken by [`crate::node`] (the NRI wing asks PodResources through the same
 //! clients), and what the device lists depend on (the state, the CPUs online, the devices
@@ -38,7 +40,7 @@ use tokio::sync::watch;
 
 use crate::config::Settings;
 use crate::core::container::ContainerSource;
-use crate::engine::Handle;
+use crate::engine::{Handle, Server};
 use crate::host;
 use plugin::Shared;
 
@@ -133,12 +135,10 @@ pub enum PluginError {
 /// Runs the plugin until `shutdown` is true: refuses to start (returning the reason) when
 /// the kubelet's static CPU manager owns pool CPUs.
 pub async fn run(handle: Handle, opts: Options, shutdown: watch::Receiver<bool>) -> Result<(), PluginError> {
-    host::kubelet::check_static_policy(
-        &handle.snapshot().state,
-        &opts.kubelet_dir,
-        crate::core::pool::Pool::served_by_device_plugin,
-    )
-    .map_err(PluginError::StaticPolicy)?;
+    handle
+        .snapshot()
+        .static_policy(&opts.kubelet_dir, Server::DevicePlugin)
+        .map_err(PluginError::StaticPolicy)?;
     let _ = handle.set_poll(opts.reconcile_interval).await;
     let shared = Shared {
         handle: handle.clone(),

@@ -1,6 +1,6 @@
-//! One pool's `v1beta1.DevicePlugin` service. Thin: each call decodes with
-//! [`crate::core::devices`], calls the engine once, and encodes the answer or maps the error to
-//! a gRPC status naming the field. What the device lists depend on besides the state (the CPUs
+//! One pool's `v1beta1.DevicePlugin` service. Thin: each call asks the engine's snapshot to
+//! decode its devices ([`crate::engine::view`]), calls the engine once, and encodes the answer
+//! or maps the error to a gRPC status naming the field. What the device lists depend on besides the state (the CPUs
 //! online, the devices the kubelet holds) comes from the engine's snapshot too.
 
 use std::pin::Pin;
@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 use super::reconcile::set_held;
 use crate::core::devices::{self, Allocation, Device, Refused};
 use crate::core::pool::{Pool, PoolKind, PoolName};
-use crate::core::state::{self, AssignmentId, Outcome, Size};
+use crate::core::state::{self, AssignmentId, Outcome};
 use crate::engine::{EngineError, Handle, Snapshot};
 use crate::error_chain;
 use crate::node::clients;
@@ -98,23 +98,8 @@ impl PoolPlugin {
             }
         };
         let held = clients::holders(list, &format!("{}/", self.shared.resource_prefix));
-        let snap = self.shared.handle.snapshot();
-        let in_the_way = |a: &state::Assignment, alloc: &Allocation| {
-            Some(&a.id) == alloc.spec.id.as_ref()
-                || match &alloc.spec.size {
-                    Size::Cpuset(c) => !a.cpus.is_disjoint(c),
-                    _ => pool.kind == PoolKind::Shared,
-                }
-        };
-        let freed: Vec<AssignmentId> = snap
-            .state
-            .assignments()
-            .values()
-            .filter(|a| devices::is_kubelet(a) && a.pool == pool.name)
-            .filter(|a| !keep.contains(&&a.id) && !held.contains_key(a.id.as_str()))
-            .filter(|a| allocs.iter().any(|alloc| in_the_way(a, alloc)))
-            .map(|a| a.id.clone())
-            .collect();
+        let freed =
+            self.shared.handle.snapshot().freed_in_the_way(pool, allocs, keep, |id| held.contains_key(id));
         let mut released = 0;
         for id in freed {
             match self.shared.handle.release(id.as_str()).await {
@@ -136,26 +121,13 @@ impl PoolPlugin {
     }
 
     fn pool_of(&self, snap: &Snapshot) -> Result<Pool, Status> {
-        snap.state.pools().get(&self.pool).filter(|p| p.served_by_device_plugin()).cloned().ok_or_else(|| {
+        snap.device_pool(&self.pool).cloned().ok_or_else(|| {
             Status::not_found(format!("pool `{}` is no longer offered to the kubelet", self.pool))
         })
     }
 
     fn list(&self, snap: &Snapshot) -> Vec<v1beta1::Device> {
-        match snap.state.pools().get(&self.pool) {
-            Some(p) if p.served_by_device_plugin() => devices::list(
-                &snap.state,
-                &snap.topology,
-                p,
-                self.shared.millis_per_device,
-                &snap.kubelet.held_devices(&snap.state),
-                &snap.container_cpus(),
-            )
-            .into_iter()
-            .map(encode)
-            .collect(),
-            _ => Vec::new(),
-        }
+        snap.device_list(&self.pool, self.shared.millis_per_device).into_iter().map(encode).collect()
     }
 
     /// All containers of the request get their CPUs, or none do: one engine call.
@@ -167,19 +139,16 @@ impl PoolPlugin {
         let pool = self.pool_of(&snap)?;
         // Decode every container first: a malformed request changes nothing.
         let request = request.into_inner();
-        let allocations = devices::allocations(
-            &pool,
-            &snap.topology,
-            self.shared.millis_per_device,
-            request.container_requests.iter().map(|r| r.devices_ids.as_slice()),
-        )
-        .map_err(|e| refused(&e))?;
+        let allocations = snap
+            .device_allocations(
+                &pool,
+                self.shared.millis_per_device,
+                request.container_requests.iter().map(|r| r.devices_ids.as_slice()),
+            )
+            .map_err(|e| refused(&e))?;
         // The kubelet repeats Allocate for the same devices (container restart): the existing
         // assignment answers, wherever it has been retargeted since.
-        let existing = |alloc: &Allocation| {
-            let a = alloc.spec.id.as_ref().and_then(|id| snap.state.assignments().get(id))?;
-            devices::same(a, alloc).then(|| a.clone())
-        };
+        let existing = |alloc: &Allocation| snap.answering(alloc).cloned();
         let (asked, new): (Vec<&Allocation>, Vec<&Allocation>) =
             allocations.iter().partition(|a| existing(a).is_some());
         let keep: Vec<&AssignmentId> = asked.iter().filter_map(|a| a.spec.id.as_ref()).collect();
@@ -268,20 +237,15 @@ impl DevicePlugin for PoolPlugin {
         let snap = self.shared.handle.snapshot();
         let pool = self.pool_of(&snap)?;
         let request = request.into_inner();
-        devices::check_container_count(request.container_requests.len()).map_err(|e| refused(&e))?;
-        let mut container_responses = Vec::new();
-        for r in request.container_requests {
-            let ids = devices::preferred(
-                &pool,
-                &snap.topology,
-                self.shared.millis_per_device,
-                &r.available_device_i_ds,
-                &r.must_include_device_i_ds,
-                r.allocation_size,
-            )
-            .map_err(|e| refused(&e))?;
-            container_responses.push(v1beta1::ContainerPreferredAllocationResponse { device_i_ds: ids });
-        }
+        let asked = request.container_requests.iter().map(|r| {
+            (r.available_device_i_ds.as_slice(), r.must_include_device_i_ds.as_slice(), r.allocation_size)
+        });
+        let preferred =
+            snap.preferred_devices(&pool, self.shared.millis_per_device, asked).map_err(|e| refused(&e))?;
+        let container_responses = preferred
+            .into_iter()
+            .map(|ids| v1beta1::ContainerPreferredAllocationResponse { device_i_ds: ids })
+            .collect();
         Ok(Response::new(v1beta1::PreferredAllocationResponse { container_responses }))
     }
 

@@ -15,9 +15,8 @@ use std::time::Instant;
 
 use super::Options;
 use crate::core::cpuset::CpuSet;
-use crate::core::devices;
 use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container, Target};
-use crate::engine::Handle;
+use crate::engine::{Handle, Overlap, Server};
 use crate::error_chain;
 use crate::host;
 use crate::node::clients::{self, Containers, Holder};
@@ -58,19 +57,17 @@ impl Reconciler {
         let Ok(allocatable) = clients::allocatable_cpus(&self.opts.pod_resources_socket()).await else {
             return;
         };
-        let snap = handle.snapshot();
-        let pools = offered(&snap.state);
-        let conflict =
-            pools.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus.intersection(&allocatable)));
-        if conflict != self.cpu_manager_conflict && !conflict.is_empty() {
+        let conflict = handle.snapshot().offered_in(Server::DevicePlugin, &allocatable);
+        if conflict.cpus != self.cpu_manager_conflict && !conflict.cpus.is_empty() {
             log::error!(
-                "device plugin: the kubelet's static CPU manager may give CPUs {conflict} of pool(s) {} to \
+                "device plugin: the kubelet's static CPU manager may give CPUs {} of pool(s) {} to \
                  Guaranteed containers exclusively (GetAllocatableResources); keep them out of its reach with \
                  reservedSystemCPUs, or set cpuManagerPolicy: none",
-                names_on(&pools, &conflict)
+                conflict.cpus,
+                conflict.names()
             );
         }
-        self.cpu_manager_conflict = conflict;
+        self.cpu_manager_conflict = conflict.cpus;
     }
 
     /// One round.
@@ -89,7 +86,7 @@ impl Reconciler {
             containers = self.cri_containers().await.ok();
         }
         let now = Instant::now();
-        for a in snap.state.assignments().values().filter(|a| devices::is_kubelet(a)) {
+        for a in snap.kubelet_assignments() {
             let id = a.id.as_str();
             let Some(h) = holders.get(id) else {
                 self.release_unheld(handle, a, snap.kubelet.held.contains_key(&a.id), now).await;
@@ -97,16 +94,14 @@ impl Reconciler {
             };
             self.missing.remove(id);
             // Asked only for a change: the engine is not woken on every tick.
-            if a.kind == crate::core::pool::PoolKind::Shared
-                && snap.kubelet.held.get(&a.id) != Some(&h.devices)
-            {
+            if snap.held_changed(a, &h.devices) {
                 set_held(handle, &a.id, Some(h.devices.clone())).await;
             }
             if !nri {
                 self.follow_container(handle, a, h, &mut containers).await;
             }
         }
-        self.missing.retain(|id, _| snap.state.assignments().keys().any(|k| k.as_str() == id));
+        self.missing.retain(|id, _| snap.holds(id));
         // A runtime that cannot be asked leaves the confined set as it was.
         if let (true, false, Some(containers)) = (self.opts.confine_unpooled, nri, &containers) {
             // The pods' sandboxes too: a runtime that lists none leaves them as they were.
@@ -265,26 +260,24 @@ impl Reconciler {
             log::debug!("device plugin: publishing the pod cgroup's CPUs: {}", error_chain(&e));
             return;
         }
-        let snap = handle.snapshot();
-        let pools = offered(&snap.state);
-        let all = pools.iter().fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
         let lacking = match &cpus {
-            Some(_) => all.difference(&snap.container_cpus()),
-            None => CpuSet::new(),
+            Some(_) => handle.snapshot().offered_unusable(Server::DevicePlugin),
+            None => Overlap::default(),
         };
-        if lacking != self.unreachable_cpus && !lacking.is_empty() {
+        if lacking.cpus != self.unreachable_cpus && !lacking.cpus.is_empty() {
             log::warn!(
-                "device plugin: the kubelet's pod cgroup does not have CPUs {lacking} of pool(s) {} (its \
+                "device plugin: the kubelet's pod cgroup does not have CPUs {} of pool(s) {} (its \
                  effective CPUs are {}): no container can run there, so their devices are Unhealthy. An \
                  isolated partition takes its CPUs from every cgroup outside it (docs/behaviour.md, \
                  \"Isolated pools and containers\").",
-                names_on(&pools, &lacking),
+                lacking.cpus,
+                lacking.names(),
                 cpus.as_ref().map(ToString::to_string).unwrap_or_default()
             );
-        } else if lacking.is_empty() && !self.unreachable_cpus.is_empty() {
+        } else if lacking.cpus.is_empty() && !self.unreachable_cpus.is_empty() {
             log::info!("device plugin: the kubelet's pod cgroup has every offered pool's CPUs again");
         }
-        self.unreachable_cpus = lacking;
+        self.unreachable_cpus = lacking.cpus;
     }
 
     /// Running containers by (namespace, pod, container name): (pod UID, container id).
@@ -305,8 +298,7 @@ impl Reconciler {
                 return;
             }
         };
-        let snap = handle.snapshot();
-        let before = snap.kubelet.online(&snap.topology);
+        let before = handle.snapshot().online();
         let (gone, back) = (before.difference(&now), now.difference(&before));
         match handle.set_online(now).await {
             Ok(true) => {
@@ -321,18 +313,6 @@ impl Reconciler {
             Err(e) => log::debug!("device plugin: publishing the online CPUs: {}", error_chain(&e)),
         }
     }
-}
-
-/// The pools offered to the kubelet.
-fn offered(state: &crate::core::state::State) -> Vec<&crate::core::pool::Pool> {
-    state.pools().values().filter(|p| p.served_by_device_plugin()).collect()
-}
-
-/// The names of those of `pools` with a CPU in `cpus`, for a log line.
-fn names_on(pools: &[&crate::core::pool::Pool], cpus: &CpuSet) -> String {
-    let names: Vec<&str> =
-        pools.iter().filter(|p| !p.cpus.is_disjoint(cpus)).map(|p| p.name.as_str()).collect();
-    names.join(", ")
 }
 
 /// Publishes the devices the kubelet holds for assignment `id` (they decide which shared units

@@ -16,7 +16,7 @@ use super::{Options, PluginError, KUBELET_SOCKET, VERSION};
 use crate::backoff::Backoff;
 use crate::core::devices;
 use crate::core::pool::PoolName;
-use crate::engine::Event;
+use crate::engine::{Event, Server};
 use crate::host::kubelet::{file_id as inode, FileId};
 use crate::node::clients;
 use crate::node::incoming;
@@ -234,7 +234,7 @@ impl Registrar {
     /// unless its configuration says `kubelet = false`.
     fn offered(&self) -> Vec<PoolName> {
         let snap = self.shared.handle.snapshot();
-        offered(&snap.state).cloned().collect()
+        snap.offered(Server::DevicePlugin).map(|p| p.name.clone()).collect()
     }
 
     /// Whether the pools served are the pools offered: then a pool event changed nothing the
@@ -242,7 +242,7 @@ impl Registrar {
     /// the next event syncs too, as the pending retry would.
     fn serving_what_is_offered(&self) -> bool {
         let snap = self.shared.handle.snapshot();
-        offered(&snap.state).eq(self.running.keys())
+        snap.offered(Server::DevicePlugin).map(|p| &p.name).eq(self.running.keys())
     }
 
     /// No kubelet on this host (yet), or its directory was just removed: not a failure.
@@ -322,11 +322,6 @@ impl Registrar {
             }
         }
     }
-}
-
-/// The names of the pools `state` offers to the kubelet, in name order.
-fn offered(state: &crate::core::state::State) -> impl Iterator<Item = &PoolName> {
-    state.pools().iter().filter(|(_, p)| p.served_by_device_plugin()).map(|(name, _)| name)
 }
 
 /// An inotify watch on the device-plugin directory: creations (kubelet.sock) and removals

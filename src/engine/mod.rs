@@ -14,6 +14,8 @@
 //! The engine is a few owned parts under one dispatcher:
 //! - [`handle`]: the contract adapters use (requests, the handle, snapshots with the keepers'
 //!   reports under their types, events);
+//! - [`view`]: the snapshot's read model: the questions adapters ask it (a container's CPUs for
+//!   its devices, a claim's assignments, the unpooled CPUs), answered by the core;
 //! - `actor`: start-up, the owner loop (`Engine::run` groups queued Assign and Release
 //!   requests) and publishing snapshots;
 //! - `commands`: what each request kind does, in one dispatch (`Engine::handle`): which parts
@@ -52,6 +54,7 @@ mod ledger;
 mod observe;
 pub mod power;
 mod reload;
+pub mod view;
 
 use std::sync::Arc;
 
@@ -66,6 +69,7 @@ pub use kubelet::{KubeletUpdate, KubeletView};
 pub use ledger::describe;
 pub use observe::Found as DriftFound;
 pub use reload::Reloaded;
+pub use view::{DraWanted, HeldError, Overlap, Server};
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;

@@ -2,8 +2,8 @@
 //! [`crate::core::dra`], published for the scheduler under the driver `dra.<resource_prefix>`.
 //!
 //! ```text
-//! engine snapshots ──► node_devices (core::dra::devices, capacity cut to the CPUs a
-//!                      │             container can be given now: online, in the pod cgroup)
+//! engine snapshots ──► Snapshot::dra_devices (core::dra::devices, capacity cut to the CPUs
+//!                      │             a container can be given now: online, in the pod cgroup)
 //! ResourceSlice watch ─┤ (spec.nodeName=<node>, spec.driver=<driver>: what the API server has)
 //!                      ▼
 //!                    plan: the slices wanted vs the slices seen ── equal: no write
@@ -50,8 +50,8 @@ use tokio::sync::{mpsc, watch};
 use super::report::FIELD_MANAGER;
 use crate::backoff::Backoff;
 use crate::core::cpuset::CpuSet;
-use crate::core::dra::{self, DraDevice, Millis};
-use crate::engine::{Handle, Snapshot};
+use crate::core::dra::{self, DraDevice};
+use crate::engine::Handle;
 
 /// The most devices one ResourceSlice may list (`ResourceSliceMaxDevices`).
 pub const MAX_DEVICES: usize = 128;
@@ -84,20 +84,6 @@ impl Target {
             millis_per_device: kubelet.millicpus_per_device,
         }
     }
-}
-
-/// The devices this node serves now: [`dra::devices`], each one's capacity cut to the CPUs a
-/// container can be given (online, in the kubelet's pod cgroup). A device whose capacity falls
-/// below one step is left out until its CPUs come back.
-pub fn node_devices(snap: &Snapshot, millis_per_device: u64) -> Vec<DraDevice> {
-    let usable = snap.container_cpus();
-    dra::devices(&snap.state, &snap.topology, millis_per_device)
-        .into_iter()
-        .filter_map(|mut d| {
-            d.capacity = Millis::cpus(d.cpus.intersection(&usable).len() as u64);
-            (d.capacity >= d.step).then_some(d)
-        })
-        .collect()
 }
 
 /// The name of slice `index` of `node`'s pool: `<node>-<driver>-<index>`. A node name too long
@@ -288,7 +274,7 @@ pub async fn run(client: Client, target: Target, handle: Handle, mut stop: watch
         if !rx.is_empty() || retry_at.is_some() {
             continue;
         }
-        let devices = node_devices(&snapshots.borrow_and_update(), writer.target.millis_per_device);
+        let devices = snapshots.borrow_and_update().dra_devices(writer.target.millis_per_device);
         match writer.sync(&devices).await {
             Ok(()) => backoff.reset(),
             Err(()) => retry_at = Some(tokio::time::Instant::now() + backoff.fail()),

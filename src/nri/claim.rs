@@ -37,8 +37,7 @@ use super::proto as api;
 use super::ttrpc::{code, Status};
 use super::Options;
 use crate::core::cpuset::CpuSet;
-use crate::core::dra::names::claim_of;
-use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container as Owner, State, Target};
+use crate::core::state::{AssignmentId, CgroupPath, Container as Owner, Target};
 use crate::engine::Snapshot;
 use crate::error_chain;
 use crate::node::claims::{Claims, PreparedClaim};
@@ -102,7 +101,7 @@ pub(super) fn held_for(
     let rec = Claims::new(&opts.state_dir).load(uid).map_err(|e| {
         Status::new(code::UNAVAILABLE, format!("cpupoold: container {who}: {}", crate::error_chain(&e)))
     })?;
-    let held = |id: &AssignmentId| snap.state.assignments().get(id).map(|a| a.cpus.clone());
+    let held = |id: &AssignmentId| snap.assignment(id).map(|a| a.cpus.clone());
     match decide(rec.as_ref(), uid, &pod.uid, held) {
         Claimed::Held(held) => Ok(Some(held)),
         Claimed::Refused(why) => {
@@ -196,8 +195,7 @@ pub(super) async fn start(
         return Ok(());
     };
     let snap = call.handle.snapshot();
-    let assignments = snap.state.assignments();
-    let bound = match at_start(held, &cgroup, |id| assignments.get(id).map(|a| a.target.clone())) {
+    let bound = match at_start(held, &cgroup, |id| snap.assignment(id).map(|a| a.target.clone())) {
         AtStart::Bind(id) => {
             let what = format!("claim {} ({id})", held.name);
             return super::bind::bind(call, pod, c, &id, cgroup, &what).await;
@@ -208,11 +206,7 @@ pub(super) async fn start(
         }
         AtStart::ReadBack(bound) => bound,
     };
-    let isolated = held
-        .ids
-        .iter()
-        .filter_map(|id| assignments.get(id))
-        .any(|a| snap.state.pools().get(&a.pool).is_some_and(|p| p.isolate));
+    let isolated = snap.any_isolated(&held.ids);
     match call.within(call.handle.enforced(cgroup.clone())).await {
         Some(Ok(Some(now))) if now != held.cpus => {
             Err(Status::new(code::FAILED_PRECONDITION, refusal(&who, held, &now, bound.as_ref(), isolated)))
@@ -280,19 +274,6 @@ pub(super) async fn alive(call: &Call<'_>, live: &HashMap<String, Seen>) {
     }
 }
 
-/// Whether `a` is a claim's assignment bound to a container cgroup that `gone` says is gone.
-fn bound_to_gone(a: &Assignment, gone: &impl Fn(&CgroupPath) -> bool) -> bool {
-    claim_of(a.id.as_str()).is_some()
-        && !a.reclaim
-        && a.container.is_some()
-        && matches!(&a.target, Target::Cgroup(p) if gone(p))
-}
-
-/// The claims' assignments bound to container cgroups that `gone` says are gone.
-fn unbound_by(state: &State, gone: &impl Fn(&CgroupPath) -> bool) -> Vec<AssignmentId> {
-    state.assignments().values().filter(|a| bound_to_gone(a, gone)).map(|a| a.id.clone()).collect()
-}
-
 /// The started container of `live` other than those `gone` names that runs on the claim whose
 /// one assignment is `id`: its cgroup and name.
 fn survivor<'a>(
@@ -319,7 +300,7 @@ pub(super) async fn unbind(
     gone: impl Fn(&CgroupPath) -> bool,
     why: &str,
 ) {
-    for id in unbound_by(&call.handle.snapshot().state, &gone) {
+    for id in call.handle.snapshot().claims_bound_to_gone(&gone) {
         if let Some((cgroup, owner)) = survivor(live, &id, &gone) {
             let target = Target::Cgroup(cgroup.clone());
             match call.within(call.handle.bind(id.as_str(), target, Some(owner.clone()))).await {
@@ -442,33 +423,5 @@ mod tests {
         assert!(isolated.contains("an isolated claim's CPUs go to one container at a time"), "{isolated}");
         assert!(isolated.contains("bound to kubepods.slice/b.scope"), "{isolated}");
         assert!(refusal("x", &two, &now, None, false).contains("a claim of 2 devices"));
-    }
-
-    #[test]
-    fn only_claim_assignments_bound_to_a_gone_container_are_held_again() {
-        use crate::core::pool::{PoolKind, PoolName};
-        use crate::core::state::Container;
-        let (gone, alive) = (cgroup("kubepods.slice/a.scope"), cgroup("kubepods.slice/b.scope"));
-        let owner = Container { namespace: "default".into(), pod: "p".into(), name: "a".into() };
-        let a = |id: &str, target: Target| Assignment {
-            id: held(id, "0").0,
-            pool: PoolName::new("dp").unwrap_or_else(|e| panic!("{e}")),
-            kind: PoolKind::Exclusive,
-            target,
-            cpus: CpuSet::parse("1").unwrap_or_else(|e| panic!("{e}")),
-            millicpus: 1000,
-            reclaim: false,
-            process_start: None,
-            container: Some(owner.clone()),
-        };
-        let is_gone = |p: &CgroupPath| *p == gone;
-        assert!(bound_to_gone(&a("dra-u1-0", Target::Cgroup(gone.clone())), &is_gone));
-        // Bound to a live container, held for none, or no claim's: left alone.
-        assert!(!bound_to_gone(&a("dra-u1-0", Target::Cgroup(alive.clone())), &is_gone));
-        assert!(!bound_to_gone(&a("dra-u1-0", Target::Kubelet("dra-u1-0".into())), &is_gone));
-        assert!(!bound_to_gone(&a("kubelet-core-1", Target::Cgroup(gone.clone())), &is_gone));
-        let made_by_hand =
-            Assignment { reclaim: true, container: None, ..a("dra-x", Target::Cgroup(gone.clone())) };
-        assert!(!bound_to_gone(&made_by_hand, &is_gone));
     }
 }

@@ -27,8 +27,8 @@
 //! What plugin.rs, bind.rs and claim.rs share (a call's context, the record of a container
 //! seen alive) is context.rs; NRI's messages, generated from its api.proto, are proto.rs.
 //!
-//! The wing decides nothing itself: which CPUs a container gets is
-//! [`crate::core::container::decide`], the writes and read-backs are the engine's. It keeps one
+//! The wing decides nothing itself: which CPUs a container gets, the engine's snapshot answers
+//! ([`crate::engine::view`]); the writes and read-backs are the engine's. It keeps one
 //! thing of its own, the containers it has seen alive, which every Synchronize rebuilds.
 //! While it is connected, the device plugin's PodResources poll neither retargets nor confines
 //! (it still releases allocations no container ever used).

@@ -1,5 +1,6 @@
-//! The plugin's ttRPC service: each method decodes its request, asks [`container::decide`] and
-//! the engine, and encodes the answer. Requests are served one at a time (the runtime sends
+//! The plugin's ttRPC service: each method decodes its request, asks the engine's snapshot
+//! ([`Snapshot::container_decision`](crate::engine::Snapshot::container_decision)) and the
+//! engine, and encodes the answer. Requests are served one at a time (the runtime sends
 //! them so, and the containers seen alive are one record).
 //!
 //! What fails closed and what fails open (the runtime fails a container when a plugin answers
@@ -33,7 +34,6 @@ use super::ttrpc::{code, Reply, Service, Status};
 use super::{Options, DEFAULT_REQUEST_TIMEOUT, PLUGIN_SERVICE};
 use crate::core::container::{self, Decision};
 use crate::core::cpuset::CpuSet;
-use crate::core::devices;
 use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
 use crate::engine::Handle;
 use crate::error_chain;
@@ -355,18 +355,7 @@ async fn seen_for(
             if let Some(claim) = claimed.filter(|c| c != id) {
                 log::warn!("NRI: container {who} names {claim} in its environment, but the kubelet says it holds {id}");
             }
-            let Some(p) = snap.state.pools().values().find(|p| p.name.as_str() == h.pool) else {
-                return Err(Status::new(
-                    code::FAILED_PRECONDITION,
-                    format!("cpupoold: container {who}: it holds devices of `{}`, which is no pool", h.pool),
-                ));
-            };
-            let ids: Vec<String> = h.devices.iter().cloned().collect();
-            let alloc =
-                devices::allocation(p, &snap.topology, call.opts.millis_per_device, &ids).map_err(|r| {
-                    Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {r}"))
-                })?;
-            Some(alloc)
+            Some((h.pool.as_str(), h.devices.iter().cloned().collect::<Vec<String>>()))
         }
         None => {
             if let Some(claim) = claimed {
@@ -378,7 +367,11 @@ async fn seen_for(
             None
         }
     };
-    let assignment = match container::decide(&snap.state, &snap.topology, &snap.layout, alloc.as_ref()) {
+    let held = alloc.as_ref().map(|(pool, ids)| (*pool, ids.as_slice()));
+    let decision = snap
+        .container_decision(held, call.opts.millis_per_device)
+        .map_err(|e| Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {e}")))?;
+    let assignment = match decision {
         Decision::Pooled { id, .. } => Some(id),
         Decision::Rebook(spec) => Some(rebook(call, &who, spec).await?),
         Decision::Unpooled { .. } => None,
@@ -446,9 +439,9 @@ async fn create(
         }
     }
     let (cpus, mems) = match (&seen.assignment, &seen.claim) {
-        (_, Some(held)) => (held.cpus.clone(), snap.topology.nodes_of(&held.cpus)),
+        (_, Some(held)) => (held.cpus.clone(), snap.mems_of(&held.cpus)),
         (Some(id), None) => {
-            let Some(a) = snap.state.assignments().get(id) else {
+            let Some(a) = snap.assignment(id) else {
                 return Err(Status::new(
                     code::FAILED_PRECONDITION,
                     format!("cpupoold: container {who}: {id} is gone"),
@@ -462,13 +455,13 @@ async fn create(
                     a.pool
                 );
             }
-            (a.cpus.clone(), snap.topology.nodes_of(&a.cpus))
+            (a.cpus.clone(), snap.mems_of(&a.cpus))
         }
         (None, None) => {
             if !before.is_empty() {
                 // Someone else decided (the kubelet's static CPU manager gives Guaranteed pods
                 // their own CPUs): theirs stands; said when it reaches the exclusive pools.
-                let exclusive = crate::core::plan::exclusive_cpus(&snap.state);
+                let exclusive = snap.exclusive_cpus();
                 if CpuSet::parse(&before).is_ok_and(|b| !b.is_disjoint(&exclusive)) {
                     log::warn!(
                         "NRI: container {who} is pinned to CPUs {before} by someone else (the kubelet's static \
@@ -479,8 +472,8 @@ async fn create(
                 live.containers.insert(c.id.clone(), Seen { assignment: None, ..seen });
                 return Ok(api::CreateContainerResponse::default());
             }
-            let cpus = crate::core::plan::unpooled_cpus(&snap.state, &snap.topology, &snap.layout);
-            let mems = snap.topology.nodes_of(&cpus);
+            let cpus = snap.unpooled_cpus();
+            let mems = snap.mems_of(&cpus);
             (cpus, mems)
         }
     };
@@ -533,14 +526,7 @@ async fn gone(live: &mut Live, call: &Call<'_>, pod: &api::PodSandbox, c: &api::
             // Not seen alive (cpupoold restarted since it stopped): the kubelet assignment
             // bound to its cgroup, if one is.
             let cgroup = cgroup_of(c);
-            let snap = call.handle.snapshot();
-            let bound = snap
-                .state
-                .assignments()
-                .values()
-                .filter(|a| devices::is_kubelet(a))
-                .find(|a| matches!((&a.target, &cgroup), (Target::Cgroup(t), Some(cg)) if t == cg))
-                .map(|a| a.id.clone());
+            let bound = cgroup.as_ref().and_then(|cg| call.handle.snapshot().kubelet_bound_to(cg));
             (cgroup, bound)
         }
     };
@@ -556,7 +542,7 @@ async fn gone(live: &mut Live, call: &Call<'_>, pod: &api::PodSandbox, c: &api::
         return;
     };
     let snap = call.handle.snapshot();
-    let Some(a) = snap.state.assignments().get(&id) else { return };
+    let Some(a) = snap.assignment(&id) else { return };
     let bound_here = matches!((&a.target, &cgroup), (Target::Cgroup(t), Some(cg)) if t == cg);
     let unbound = matches!(a.target, Target::Kubelet(_))
         && !live.containers.values().any(|s| s.assignment.as_ref() == Some(&id));
@@ -582,7 +568,7 @@ fn update(live: &Live, call: &Call<'_>, req: api::UpdateContainerRequest) -> api
         return api::UpdateContainerResponse::default();
     };
     let snap = call.handle.snapshot();
-    let Some(a) = snap.state.assignments().get(id) else { return api::UpdateContainerResponse::default() };
+    let Some(a) = snap.assignment(id) else { return api::UpdateContainerResponse::default() };
     if asked.is_empty() || CpuSet::parse(asked).ok().as_ref() == Some(&a.cpus) {
         return api::UpdateContainerResponse::default();
     }
@@ -596,7 +582,7 @@ fn update(live: &Live, call: &Call<'_>, req: api::UpdateContainerRequest) -> api
     let update = api::ContainerUpdate {
         container_id: c.id.clone(),
         linux: Some(api::LinuxContainerUpdate {
-            resources: Some(resources(&a.cpus, &snap.topology.nodes_of(&a.cpus))),
+            resources: Some(resources(&a.cpus, &snap.mems_of(&a.cpus))),
         }),
         ignore_failure: false,
     };

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::Settings;
-use crate::engine::Handle;
+use crate::engine::{Handle, Server};
 
 /// The plugin watcher's type for DRA drivers.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
@@ -99,10 +99,7 @@ pub async fn run(
     opts: Options,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), NeedsRestart> {
-    let served = crate::core::pool::Pool::served_by_dra;
-    if let Err(e) =
-        crate::host::kubelet::check_static_policy(&handle.snapshot().state, &opts.kubelet_dir, served)
-    {
+    if let Err(e) = handle.snapshot().static_policy(&opts.kubelet_dir, Server::Dra) {
         log::error!("DRA: the kubelet plugin is not started: {e}");
         return Ok(());
     }
@@ -118,7 +115,7 @@ pub async fn run(
             _ = crate::k8s::stopped(&mut stop) => break,
             _ = tick.tick() => {}
         }
-        let wanted = handle.snapshot().state.pools().values().any(|p| p.served_by_dra());
+        let wanted = handle.snapshot().offered(Server::Dra).next().is_some();
         if !wanted {
             if serving.take().is_some() {
                 log::info!("DRA: no pool is served by DRA any more; the kubelet plugin stops");

@@ -170,17 +170,17 @@ impl Driver {
         let snap = self.handle.snapshot();
         let results: Vec<(String, Option<Millis>)> =
             ours.iter().map(|o| (o.device.clone(), o.consumed)).collect();
-        let wanted = model::resolve(&snap.state, &snap.topology, self.opts.millis_per_device, &results)
+        let wanted = snap
+            .dra_wanted(&results, self.opts.millis_per_device)
             .map_err(|e| format!("status.allocation.devices.results: {e} (pool {})", self.opts.node))?;
         let devices: Vec<String> = wanted.iter().map(|w| w.device.clone()).collect();
         let mut specs = Vec::new();
         for (n, w) in wanted.into_iter().enumerate() {
             let name = claims::assignment_name(uid, n);
             let id = AssignmentId::new(&name).map_err(|e| e.to_string())?;
-            let exclusive = snap.state.pools().get(&w.pool).is_some_and(|p| p.kind == PoolKind::Exclusive);
             specs.push(AssignSpec {
                 reclaim: false,
-                within: exclusive.then_some(w.within),
+                within: w.within,
                 ..AssignSpec::new(w.pool.to_string(), Target::Kubelet(name), w.size, Some(id))
             });
         }
@@ -198,13 +198,12 @@ impl Driver {
     /// Writes the CDI spec of `rec`, its environment from the CPUs its assignments hold now.
     fn write_cdi(&self, rec: &PreparedClaim) -> Result<(), String> {
         let snap = self.handle.snapshot();
-        let held: Vec<Assignment> =
-            rec.assignments.iter().filter_map(|id| snap.state.assignments().get(id).cloned()).collect();
-        if held.len() != rec.assignments.len() {
+        let Ok(held) = snap.claim_assignments(&rec.assignments) else {
             return Err(
                 "its CPUs are no longer held (released behind the driver's back); unprepare it".into()
             );
-        }
+        };
+        let held: Vec<Assignment> = held.into_iter().cloned().collect();
         let spec = cdi::spec(&self.opts.driver, &rec.uid, &env(&rec.uid, &held))
             .map_err(|e| format!("its CDI spec: {e}"))?;
         self.cdi.write(&rec.uid, &spec).map_err(|e| {
@@ -237,19 +236,11 @@ impl Driver {
     /// not written yet after a crash), then removes its CDI spec and its record, in that order,
     /// so that no record is left without its CPUs.
     async fn forget(&self, uid: &str) -> Result<(), String> {
-        let ids: Vec<AssignmentId> = self
-            .handle
-            .snapshot()
-            .state
-            .assignments()
-            .keys()
-            .filter(|id| claims::claim_of(id.as_str()) == Some(uid))
-            .cloned()
-            .collect();
+        let ids = self.handle.snapshot().claim_assignment_ids(uid);
         for id in &ids {
             match self.handle.release(id.as_str()).await {
                 Ok(a) => log::info!("DRA: claim {uid}: released {id} (CPUs {} of pool {})", a.cpus, a.pool),
-                Err(e) if self.handle.snapshot().state.assignments().contains_key(id) => {
+                Err(e) if self.handle.snapshot().assignment(id).is_some() => {
                     return Err(format!("releasing {id}: {}", error_chain(&e)));
                 }
                 Err(_) => {}
@@ -279,8 +270,7 @@ impl Driver {
                     continue;
                 }
             };
-            let state = self.handle.snapshot().state.clone();
-            if let Some(gone) = rec.assignments.iter().find(|id| !state.assignments().contains_key(*id)) {
+            if let Err(gone) = self.handle.snapshot().claim_assignments(&rec.assignments) {
                 log::warn!("DRA: claim {uid} is recorded as prepared but {gone} is not held: unpreparing it");
                 if let Err(e) = self.forget(uid).await {
                     log::error!("DRA: claim {uid}: {e}");
@@ -292,15 +282,12 @@ impl Driver {
                 }
             }
         }
-        let state = self.handle.snapshot().state.clone();
-        let orphans: Vec<String> = state
-            .assignments()
-            .keys()
-            .filter_map(|id| claims::claim_of(id.as_str()))
-            .filter(|uid| uids.binary_search(&(*uid).to_owned()).is_err())
-            .map(str::to_owned)
-            .collect::<std::collections::BTreeSet<_>>()
+        let orphans: Vec<String> = self
+            .handle
+            .snapshot()
+            .booked_claims()
             .into_iter()
+            .filter(|uid| uids.binary_search(uid).is_err())
             .collect();
         for uid in orphans {
             let _mine = self.claim(&uid).await;

@@ -4,8 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::{Call, Live};
-use crate::core::devices;
-use crate::core::state::{self, AssignmentId, CgroupPath, Target};
+use crate::core::state::{AssignmentId, CgroupPath};
 use crate::error_chain;
 
 /// Gives the engine the cgroups to keep off the exclusive CPUs (pod sandboxes and started
@@ -61,12 +60,7 @@ pub(super) fn ours(
     except: &AssignmentId,
     what: &str,
 ) -> Result<(), String> {
-    let target = Target::Cgroup(cgroup.clone());
-    let Err(e) = snap.state.check_target(&target, &snap.layout.host_cgroups, except) else { return Ok(()) };
-    let reason = match e {
-        state::Error::TargetNotAllowed { reason, .. } => reason,
-        e => e.to_string(),
-    };
+    let Err(reason) = snap.may_confine(cgroup, except) else { return Ok(()) };
     if live.refused.insert(cgroup.clone()) {
         log::warn!(
             "NRI: not confining `{cgroup}` ({what}) to any pool's CPUs: {reason}. It runs where the runtime put it."
@@ -84,16 +78,7 @@ pub(super) async fn release_orphans(live: &Live, call: &Call<'_>, listed: &BTree
         live.containers.values().filter_map(|s| s.cgroup.as_ref()).chain(listed.iter()).collect();
     super::super::claim::unbind(call, &live.containers, |p| !alive.contains(p), "its container is gone")
         .await;
-    let snap = call.handle.snapshot();
-    let orphans: Vec<AssignmentId> = snap
-        .state
-        .assignments()
-        .values()
-        .filter(|a| devices::is_kubelet(a))
-        .filter(|a| matches!(&a.target, Target::Cgroup(p) if !alive.contains(p)))
-        .map(|a| a.id.clone())
-        .collect();
-    for id in orphans {
+    for id in call.handle.snapshot().kubelet_orphans(|p| alive.contains(p)) {
         match call.within(call.handle.release(id.as_str())).await {
             Some(Ok(a)) => log::info!(
                 POOL = a.pool.as_str(), ASSIGNMENT = id.as_str();
