@@ -188,7 +188,7 @@ fn drift_is_corrected_or_reported_degraded_and_restored() {
     let (bus, d) = start(dir.path(), &["--check-interval", "1"]);
     let mut v = Varlink::connect(&d.varlink);
     let mut monitor = Varlink::connect(&d.varlink);
-    monitor.send_raw(b"{\"method\":\"org.cpupool.Manager.Monitor\",\"more\":true}\0").unwrap();
+    monitor.monitor().unwrap();
     fs::create_dir_all(d.sb.join("cgroup/cpupool.slice/cpupool-web.slice/mid/app")).unwrap();
     v.call(
         "Assign",

@@ -521,7 +521,7 @@ async fn fake_runtime_an_allocation_is_allocated_until_its_container_starts_and_
     let (mut n, d, mut rt) = connected(tmp.path());
     let mut monitor = Varlink::connect(&d.varlink);
     monitor.set_timeout(WAIT);
-    monitor.send_raw(b"{\"method\":\"org.cpupool.Manager.Monitor\",\"more\":true}\0").unwrap();
+    monitor.monitor().unwrap();
     for (i, uid) in [test_support::apiserver::uid_digit_first(), test_support::apiserver::uid_letter_first()]
         .iter()
         .enumerate()

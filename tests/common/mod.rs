@@ -318,6 +318,16 @@ impl Varlink {
         self.stream
     }
 
+    /// Calls `Monitor` and waits for its first reply, the replay of a pool as `current`: the
+    /// daemon subscribes before it replays, so every change made after this returns is on the
+    /// stream (a change made before the first reply could fall before the subscription).
+    pub fn monitor(&mut self) -> std::io::Result<()> {
+        self.send_raw(b"{\"method\":\"org.cpupool.Manager.Monitor\",\"more\":true}\0")?;
+        let first = self.read()?;
+        assert_eq!(first["parameters"]["event"]["change"], "current", "Monitor's first reply: {first}");
+        Ok(())
+    }
+
     /// Sends bytes as they are (a frame ends at a NUL).
     pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes)
