@@ -46,7 +46,7 @@ impl Ledger {
             if let Err(undo) = self.commit(before) {
                 log::error!("taking back {} assignments failed: {}", made.len(), error_chain(&undo));
             }
-            return Err(e.into());
+            return Err(e);
         }
         let events = made.iter().flat_map(|a| assigned(a)).collect();
         Ok((outs, events))

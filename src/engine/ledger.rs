@@ -281,7 +281,7 @@ impl Ledger {
             if let Err(undo) = self.commit(before) {
                 log::error!("taking back assignment {} failed: {}", a.id, error_chain(&undo));
             }
-            return Err(e.into());
+            return Err(e);
         }
         Ok(())
     }
