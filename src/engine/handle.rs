@@ -118,11 +118,16 @@ impl Reports {
         }
     }
 
-    /// Changes the report of type `T` (its default when none is there yet) in place.
+    /// Changes the report of type `T` (its default when none is there yet) in place: copied
+    /// only if a published snapshot still shares it (one being built holds it alone).
     pub fn update<T: std::any::Any + Send + Sync + Clone + Default>(&mut self, change: impl FnOnce(&mut T)) {
-        let mut report = (*self.get::<T>()).clone();
-        change(&mut report);
-        self.put(report);
+        let id = std::any::TypeId::of::<T>();
+        let mut report: Arc<T> = match self.0.iter().position(|(t, _, _)| *t == id) {
+            Some(i) => self.0.swap_remove(i).2.downcast::<T>().unwrap_or_default(),
+            None => Arc::default(),
+        };
+        change(Arc::make_mut(&mut report));
+        self.0.push((id, std::any::type_name::<T>(), report));
     }
 
     /// The report of type `T`; its default when no keeper put one (a keeper that has not
