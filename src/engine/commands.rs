@@ -41,7 +41,10 @@ impl Engine {
                 let _ = reply.send(self.edit_pool(&edit));
             }
             Request::Run(spec, reply) => {
-                let made = self.ledger.run_process(spec);
+                let mut made = self.ledger.run_process(spec.clone());
+                if self.released_ended(&made) {
+                    made = self.ledger.run_process(spec);
+                }
                 let _ = reply.send(self.published(made));
             }
             Request::Reapply(reply) => {
@@ -86,8 +89,13 @@ impl Engine {
     fn one(&mut self, m: Mutation) {
         match m {
             Mutation::Assign(spec, reply) => {
-                let made =
-                    self.ledger.stamp(spec).map_err(EngineError::from).and_then(|s| self.ledger.assign(&s));
+                let assign = |ledger: &mut super::ledger::Ledger, spec: AssignSpec| {
+                    ledger.stamp(spec).map_err(EngineError::from).and_then(|s| ledger.assign(&s))
+                };
+                let mut made = assign(&mut self.ledger, spec.clone());
+                if self.released_ended(&made) {
+                    made = assign(&mut self.ledger, spec);
+                }
                 let _ = reply.send(self.published(made));
             }
             Mutation::Release(id, reply) => {
@@ -110,19 +118,20 @@ impl Engine {
             }
             return;
         }
-        let mut next = (*self.ledger.state).clone();
-        let mut decided: Vec<Decided> = group
+        let (mut next, mut decided) = self.decide_group(&group);
+        // A booking refused for want of capacity a process that ended still holds is decided
+        // again once that is released (see `exited`).
+        let short: std::collections::BTreeSet<String> = decided
             .iter()
-            .map(|m| match m {
-                Mutation::Assign(spec, _) => Decided::Assign(
-                    self.ledger
-                        .stamp(spec.clone())
-                        .and_then(|s| self.ledger.decide(&mut next, &s))
-                        .map_err(EngineError::from),
-                ),
-                Mutation::Release(id, _) => Decided::Release(next.release(id)),
+            .filter_map(|d| match d {
+                Decided::Assign(r) => short_pool(r),
+                Decided::Release(_) => None,
             })
             .collect();
+        let freed = short.iter().fold(false, |freed, pool| self.release_ended(pool) || freed);
+        if freed {
+            (next, decided) = self.decide_group(&group);
+        }
         let changed = decided
             .iter()
             .any(|d| matches!(d, Decided::Assign(Ok(Outcome::Changed(_))) | Decided::Release(Ok(_))));
@@ -167,6 +176,40 @@ impl Engine {
                 _ => {}
             }
         }
+    }
+
+    /// Decides `group` in order on one copy of the state.
+    fn decide_group(&self, group: &[Mutation]) -> (state::State, Vec<Decided>) {
+        let mut next = (*self.ledger.state).clone();
+        let decided = group
+            .iter()
+            .map(|m| match m {
+                Mutation::Assign(spec, _) => Decided::Assign(
+                    self.ledger
+                        .stamp(spec.clone())
+                        .and_then(|s| self.ledger.decide(&mut next, &s))
+                        .map_err(EngineError::from),
+                ),
+                Mutation::Release(id, _) => Decided::Release(next.release(id)),
+            })
+            .collect();
+        (next, decided)
+    }
+
+    /// When `made` is a refusal for want of capacity: releases (and publishes) the pool's
+    /// assignments whose process ended; whether there were any, so the booking is worth
+    /// deciding again.
+    fn released_ended<T>(&mut self, made: &Result<T, EngineError>) -> bool {
+        short_pool(made).is_some_and(|pool| self.release_ended(&pool))
+    }
+
+    /// Releases (and publishes) `pool`'s assignments whose process ended; whether there were any.
+    fn release_ended(&mut self, pool: &str) -> bool {
+        let (n, events) = self.ledger.release_ended(pool);
+        if n > 0 {
+            self.publish(events);
+        }
+        n > 0
     }
 
     pub(super) fn retarget(
@@ -254,5 +297,13 @@ impl Engine {
             self.publish(events);
             value
         })
+    }
+}
+
+/// The pool a refusal was for want of capacity in.
+fn short_pool<T>(r: &Result<T, EngineError>) -> Option<String> {
+    match r {
+        Err(EngineError::State(state::Error::InsufficientCapacity { pool, .. })) => Some(pool.clone()),
+        _ => None,
     }
 }

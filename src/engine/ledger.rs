@@ -134,7 +134,7 @@ impl Ledger {
             return self.assign(&spec);
         }
         let pool = self.state.pool(&spec.pool)?.clone();
-        let scope = format!("cpupool-run-{pid}-{start}.scope");
+        let scope = super::exited::run_scope(pid, start);
         let target = Target::parse(&format!("unit:{scope}"))?;
         let mut next = (*self.state).clone();
         let scoped = AssignSpec { target, process_start: None, ..spec };

@@ -24,7 +24,8 @@
 //!   a part must learn something new);
 //! - `ledger`: the part that alone holds the state, the store and the backend, and the commit
 //!   path (decide, plan, apply, save, read back, undo), returning the events of what it made;
-//!   `batch`: its all-or-nothing assignment of several targets;
+//!   `batch`: its all-or-nothing assignment of several targets; `exited`: its release of
+//!   assignments whose process ended, before it refuses a booking for want of capacity;
 //! - `reload`: new settings and pool edits;
 //! - `observe`: reading the host against a state, off the engine thread (the drift check's first
 //!   half), for reconciling and for the ledger's read-back;
@@ -44,6 +45,7 @@ mod batch;
 mod cache;
 mod commands;
 mod drift;
+mod exited;
 pub mod handle;
 pub mod housekeeping;
 mod irq;

@@ -799,6 +799,65 @@ fn pid_targets_record_the_start_time_and_need_a_live_process() {
     let _ = thread.join();
 }
 
+/// Issue 34 §6: `cpupoolctl run` becomes its command, and the daemon releases the assignment
+/// when the reclaim task learns of the exit. A booking that comes before that (`run a; run b`
+/// on a pool with room for one) is not refused for capacity an ended process holds: the engine
+/// releases the pool's assignments whose process ended first. A live process, a pid the kernel
+/// gave to another process since, and an assignment not marked for reclaim are not touched.
+#[test]
+fn a_booking_is_not_refused_for_capacity_an_ended_process_holds() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
+    let sleep = || std::process::Command::new("sleep").arg("30").spawn().unwrap_or_else(|e| panic!("{e}"));
+    let (mut ended, mut live, mut kept) = (sleep(), sleep(), sleep());
+    rt().block_on(async {
+        let run = |pid: u32, id: &str| {
+            let mut s = spec("dp", &format!("pid:{pid}"), Size::Cpus(2), Some(id));
+            s.reclaim = true;
+            handle.run(s)
+        };
+        // dp (1-2,5-6) holds two cores: one for the ended process, one for the live one.
+        run(ended.id(), "ended").await.unwrap_or_else(|e| panic!("{e}"));
+        run(live.id(), "live").await.unwrap_or_else(|e| panic!("{e}"));
+        let full = run(kept.id(), "refused").await;
+        assert!(
+            matches!(&full, Err(EngineError::State(state::Error::InsufficientCapacity { .. }))),
+            "{full:?}"
+        );
+        let _ = ended.kill();
+        let _ = ended.wait();
+        // No reclaim task runs here: only the engine's own look can free the core.
+        let next = run(kept.id(), "next").await;
+        assert!(next.is_ok(), "{next:?}");
+        let snap = handle.snapshot();
+        let ids: Vec<&str> = snap.state.assignments().keys().map(|id| id.as_str()).collect();
+        assert_eq!(ids, ["live", "next"]);
+        // Not marked for reclaim: an ended process's assignment is the caller's to release.
+        handle.release("next").await.unwrap_or_else(|e| panic!("{e}"));
+        let mut own = spec("dp", &format!("pid:{}", kept.id()), Size::Cpus(2), Some("own"));
+        own.reclaim = false;
+        handle.assign(own).await.unwrap_or_else(|e| panic!("{e}"));
+        let _ = kept.kill();
+        let _ = kept.wait();
+        let mut one_more = sleep();
+        let refused = run(one_more.id(), "more").await;
+        let _ = one_more.kill();
+        let _ = one_more.wait();
+        assert!(
+            matches!(&refused, Err(EngineError::State(state::Error::InsufficientCapacity { .. }))),
+            "{refused:?}"
+        );
+        let snap = handle.snapshot();
+        let ids: Vec<&str> = snap.state.assignments().keys().map(|id| id.as_str()).collect();
+        assert_eq!(ids, ["live", "own"]);
+    });
+    let _ = live.kill();
+    let _ = live.wait();
+    drop(handle);
+    let _ = thread.join();
+}
+
 mod housekeeping_tests {
     use super::*;
     use crate::engine::keeper::Pass;
