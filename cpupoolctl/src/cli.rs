@@ -120,19 +120,11 @@ pub enum Command {
         #[arg(long, value_name = "POOL")]
         pool: Option<String>,
     },
-    /// Run a command on CPUs of a pool: assign, start COMMAND in a scope in the pool's slice
-    /// (or, without systemd, with its affinity set) with CPUPOOL_CPUS and CPUPOOL_POOL in its
-    /// environment, wait for it, release, and exit with its exit status.
+    /// Run a command on CPUs of a pool, as `systemd-run --scope` does: this process is assigned
+    /// the CPUs (put in a scope in the pool's slice, or without systemd given their affinity),
+    /// then becomes COMMAND, with CPUPOOL_CPUS and CPUPOOL_POOL in its environment; the daemon
+    /// releases the CPUs when it exits. The exit status is COMMAND's (127: not found).
     Run(RunArgs),
-    /// Internal: the child side of `run` (waits for the CPUs, then becomes COMMAND).
-    #[command(name = "__run-child", hide = true)]
-    RunChild {
-        /// The descriptor of the pipe the parent writes the environment to.
-        fd: i32,
-        /// The command.
-        #[arg(required = true, last = true)]
-        command: Vec<std::ffi::OsString>,
-    },
     /// Show the host's CPUs: online, offline, isolated, and where each sits.
     Topology,
     /// Show the daemon's version, uptime, counts and state file, and whether the configuration

@@ -53,16 +53,6 @@ impl Client {
         }
     }
 
-    /// The daemon's changes, streamed on a connection of their own, where the transport's
-    /// stream can be read with a deadline (varlink's `Monitor`, see
-    /// [`varlink::Client::events`]); `None` over D-Bus.
-    pub fn events(&self) -> Option<Result<varlink::Events, Error>> {
-        match self {
-            Client::Varlink(c) => Some(c.events()),
-            Client::Dbus(_) => None,
-        }
-    }
-
     /// Where the daemon was reached, for messages.
     fn address(&self) -> String {
         match self {

@@ -142,7 +142,7 @@ fn map_style(choice: ColorChoice) -> crate::map::Style {
 pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
     let mut p = Printer { out, json: cli.global.json };
     match &cli.command {
-        Command::Completions { .. } | Command::Manpage { .. } | Command::RunChild { .. } => {
+        Command::Completions { .. } | Command::Manpage { .. } => {
             without_daemon(&cli.command, &mut p)
         }
         _ => with_daemon(cli, &mut p),
@@ -154,7 +154,7 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
     let mut m = connect(&cli.global)?;
     match &cli.command {
         Command::Pool(c) => pool(&mut m, c, p),
-        Command::Run(r) => crate::run::parent(&mut m, r, amount(&r.amount), cli.global.sandbox.is_some()),
+        Command::Run(r) => crate::run::run(&mut m, r, amount(&r.amount), cli.global.sandbox.is_some()),
         Command::Assignments { pool } => {
             let list =
                 m.assignments(pool.as_deref()).map_err(|e| e.with_request(&[("pool", json!(pool))]))?;
@@ -201,11 +201,11 @@ fn with_daemon(cli: &Cli, p: &mut Printer<'_>) -> Result<(), Error> {
             m.monitor(&mut |e| p.write(&if json { format!("{}\n", json!(e)) } else { output::event(&e) }))
         }
         // `run` answers these without a daemon.
-        Command::Completions { .. } | Command::Manpage { .. } | Command::RunChild { .. } => Ok(()),
+        Command::Completions { .. } | Command::Manpage { .. } => Ok(()),
     }
 }
 
-/// The commands that need no daemon: `completions`, `manpage`, and the child side of `run`.
+/// The commands that need no daemon: `completions` and `manpage`.
 fn without_daemon(command: &Command, p: &mut Printer<'_>) -> Result<(), Error> {
     match command {
         Command::Completions { shell } => {
@@ -226,7 +226,6 @@ fn without_daemon(command: &Command, p: &mut Printer<'_>) -> Result<(), Error> {
                 || json!({ "written": written }),
             )
         }
-        Command::RunChild { fd, command } => crate::run::child(*fd, command),
         // `run` sends only the commands above here.
         _ => Ok(()),
     }

@@ -232,46 +232,6 @@ impl Client {
     pub fn address(&self) -> &Address {
         &self.address
     }
-
-    /// Starts `Monitor` on a connection of its own to the same address, without waiting for
-    /// its first reply: [`Events::subscribed`] does (the daemon subscribes before it replays
-    /// the pools, so every change after that reply is streamed). Sent first, it costs no
-    /// round trip of its own: the calls on this connection run meanwhile.
-    pub fn events(&self) -> Result<Events, Error> {
-        let mut c = Client::connect(&self.address, self.timeout, &self.hint)?;
-        c.send("Monitor", Value::Object(Map::new()), true)?;
-        Ok(Events { client: c, subscribed: false })
-    }
-}
-
-/// A `Monitor` stream on a connection of its own (see [`Client::events`]).
-pub struct Events {
-    client: Client,
-    subscribed: bool,
-}
-
-impl Events {
-    /// Waits for the stream's first reply (within the connection's timeout): from then on no
-    /// change is missed.
-    pub fn subscribed(&mut self) -> Result<(), Error> {
-        if !self.subscribed {
-            self.client.receive()?;
-            self.subscribed = true;
-        }
-        Ok(())
-    }
-
-    /// The next event, or `None` when none came within `within`.
-    pub fn next(&mut self, within: Duration) -> Result<Option<cpupool_wire::views::Event>, Error> {
-        self.subscribed()?;
-        let c = &mut self.client;
-        c.stream.set_read_timeout(Some(within.max(Duration::from_micros(1)))).map_err(|e| c.io_error(&e))?;
-        let Some(reply) = c.receive_within()? else { return Ok(None) };
-        let (params, _) = reply?;
-        let reply: cpupool_wire::views::EventReply = serde_json::from_value(Value::Object(params))
-            .map_err(|e| c.protocol(format!("Monitor event: {e}")))?;
-        Ok(Some(reply.event))
-    }
 }
 
 /// Decodes one message (without its NUL): the outer `Result` is a protocol error, the inner

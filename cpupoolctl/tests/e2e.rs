@@ -715,8 +715,21 @@ fn completions_and_manpage() {
     assert!(dir.path().join("cpupoolctl-pool-create.1").is_file());
 }
 
-/// `run`: the child gets the pool's CPUs and environment before COMMAND starts, cpupoolctl
-/// exits with COMMAND's status and releases the assignment; a refused run never starts COMMAND.
+/// Waits until the daemon has released every assignment (it does so for `run`'s when the
+/// process ends, which it learns a moment after the shell does).
+fn all_released(ctl: &Ctl, d: &Daemon) {
+    test_support::wait::until(test_support::wait::PATIENCE, "the daemon to release run's assignment", || {
+        let list = ctl.ok(&["assignments"]);
+        if list["assignments"] == json!([]) {
+            Ok(())
+        } else {
+            Err(format!("{list}\n{}", d.logs()))
+        }
+    });
+}
+
+/// `run`: COMMAND gets the pool's CPUs and environment before it starts, the exit status is
+/// COMMAND's, and the daemon releases the assignment; a refused run never starts COMMAND.
 fn run_confines_passes_the_environment_and_releases(dbus: bool) {
     let dir = tempdir();
     let d = Daemon::start(dir.path());
@@ -729,7 +742,7 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
     let cpus = dp["cpus"].as_str().unwrap();
     assert_eq!(out, format!("dp {cpus} {cpus}\njob\n"));
     assert!(d.logs().contains("assigned CPUs"), "{}", d.logs());
-    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    all_released(&ctl, &d);
     // The sandbox never touches a real process: the command keeps this machine's CPUs,
     // is told so, and the daemon records the simulated affinity in DIR/proc/PID/status.
     let mine = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -760,9 +773,9 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
         err.contains("pool `dp` hands out whole cores: 1 CPU is not a whole number of free cores"),
         "{err}"
     );
-    // The CPUs reach the child through a pipe: no runtime directory is needed (none that
-    // exists here, and /tmp unwritable for all `run` knows), and COMMAND inherits no
-    // descriptor of it: it has the ones the same command started directly has.
+    // No runtime directory is needed (none that exists here, and /tmp unwritable for all
+    // `run` knows), and COMMAND inherits no descriptor of cpupoolctl's (its connection to the
+    // daemon): it has the ones the same command started directly has.
     let fds = "ls /proc/$$/fd";
     let out = ctl
         .command(&["run", "--pool", "dp", "--cpus", "2", "--", "sh", "-c", fds])
@@ -783,15 +796,17 @@ fn run_confines_passes_the_environment_and_releases(dbus: bool) {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("InsufficientCapacity"), "{err}");
     assert!(!marker.exists(), "a refused run started its command");
-    // A command that cannot be started: 127, and nothing left assigned.
+    // A command that cannot be started: 127, and released by cpupoolctl before it exits (it
+    // still runs, so the daemon could not have): nothing left assigned when it returns.
+    all_released(&ctl, &d);
     let (code, _, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "2", "--", "/nonexistent/cmd"]);
     assert_eq!(code, 127, "{err}");
     assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
-    // The daemon released each run's assignment when its process exited; cpupoolctl waited for
-    // that instead of racing it with a Release that would be answered NoSuchAssignment (an API
-    // error on the daemon's books).
+    // The daemon released each run's assignment when its process exited; cpupoolctl asked for
+    // one release only, the command it could not start, and never raced the daemon's own
+    // (a NoSuchAssignment would count as an API error on the daemon's books).
     let release = ["method=\"Release\""];
-    assert_eq!(d.metric_sum("cpupoold_api_requests_total{", &release), 0.0, "{}", d.metrics());
+    assert_eq!(d.metric_sum("cpupoold_api_requests_total{", &release), 1.0, "{}", d.metrics());
     assert_eq!(d.metric_sum("cpupoold_api_errors_total{", &release), 0.0, "{}", d.metrics());
     assert!(d.metric_sum("cpupoold_api_requests_total{", &["method=\"Run\""]) >= 3.0, "{}", d.metrics());
 }
@@ -858,24 +873,50 @@ fn dbus_reload_names_what_changed_and_what_overrides() {
     reload_names_what_changed_and_what_overrides(true);
 }
 
-/// Over varlink, `run` waits for the daemon's own release on a `Monitor` stream it opened
-/// before COMMAND could run: no `ListAssignments` poll (whose first sleep made `run -- true`
-/// half again slower), no `Release` of its own, and nothing left assigned.
-#[test]
-fn varlink_run_waits_for_the_release_event_not_a_poll() {
+/// `run` becomes COMMAND (issue 34 §6: it started a second cpupoolctl and waited for the
+/// daemon's release, ×2.2 of its floor): COMMAND has cpupoolctl's pid, a signal that ends it
+/// ends `run` with that signal (not an exit status made to look like one), and cpupoolctl asks
+/// nothing beyond `GetPool` and `Run`. The daemon releases each assignment itself, and a run
+/// right after one ends is not refused for the capacity it held (`dp` holds two whole cores:
+/// the third run of two cores each comes while the first two may still be booked).
+fn run_becomes_its_command(dbus: bool) {
     let dir = tempdir();
     let d = Daemon::start(dir.path());
-    let ctl = Ctl::new(&d, false);
+    let ctl = Ctl::new(&d, dbus);
+    let out = ctl
+        .command(&["run", "--pool", "web", "--millicpus", "100", "--", "sh", "-c", "echo $$; exit 3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = out.id();
+    let out = out.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), pid.to_string(), "COMMAND is cpupoolctl's process");
+    let status = ctl.command(&["run", "--pool", "web", "--millicpus", "100", "--", "sh", "-c", "kill -TERM $$"]).status().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(15), "{status}");
     for _ in 0..3 {
-        let (code, out, err) = ctl.human(&["run", "--pool", "web", "--millicpus", "100", "--", "true"]);
+        let (code, out, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "2", "--", "true"]);
         assert_eq!(code, 0, "{out}{err}\n{}", d.logs());
     }
+    all_released(&ctl, &d);
     let calls = |m: &str| d.metric_sum("cpupoold_api_requests_total{", &[&format!("method=\"{m}\"")]);
-    assert_eq!(calls("Run"), 3.0, "{}", d.metrics());
-    assert_eq!(calls("Monitor"), 3.0, "{}", d.metrics());
-    assert_eq!(calls("ListAssignments"), 0.0, "{}", d.metrics());
-    assert_eq!(calls("Release"), 0.0, "{}", d.metrics());
-    assert_eq!(ctl.ok(&["assignments"])["assignments"], json!([]));
+    assert_eq!((calls("GetPool"), calls("Run")), (5.0, 5.0), "{}", d.metrics());
+    for asked in ["Monitor", "Release", "Assign"] {
+        assert_eq!(calls(asked), 0.0, "{asked}: {}", d.metrics());
+    }
+    assert_eq!(d.metric_sum("cpupoold_api_errors_total{", &[]), 0.0, "{}", d.metrics());
+    d.stop();
+}
+
+#[test]
+fn varlink_run_becomes_its_command() {
+    run_becomes_its_command(false);
+}
+
+#[test]
+fn dbus_run_becomes_its_command() {
+    run_becomes_its_command(true);
 }
 
 /// The value of the `key:` line of human output, `None` when there is none.

@@ -10,11 +10,11 @@
 //!
 //! Only on that path, and only the refusing pool's assignments that hold a process: a pid with
 //! the start time recorded when it was assigned (a pid the kernel gave to a new process is not
-//! the assigned one), or a `cpupool-run-<pid>-<start>.scope`, which is gone only when systemd
-//! says it no longer runs (the command's children may still be in it).
+//! the assigned one), or a `cpupool-run-<pid>-<start>.scope` whose process has ended and whose
+//! cgroup the kernel says is empty (the command's children may still run in it; systemd
+//! collects the scope a moment after the kernel says so).
 
 use super::ledger::{released, Ledger, Made};
-use crate::core::plan::Key;
 use crate::core::state::{Assignment, Target};
 
 /// The name of the scope `Run` puts process `pid`, started at `start`, in.
@@ -38,8 +38,7 @@ impl Ledger {
             Target::Pid(pid) => a.process_start.is_some_and(|start| self.backend.process_start(*pid) != Some(start)),
             Target::Unit(unit) => {
                 let Some((pid, start)) = run_scope_process(unit) else { return false };
-                self.backend.process_start(pid) != Some(start)
-                    && matches!(self.backend.enforced(&Key::Unit(unit.clone())), Ok(None))
+                self.backend.process_start(pid) != Some(start) && self.backend.unit_runs_nothing(unit)
             }
             Target::Cgroup(_) | Target::Kubelet(_) => false,
         }

@@ -253,6 +253,13 @@ impl CgroupFs {
             .is_ok_and(|t| t.lines().any(|l| l.trim() == "populated 1"))
     }
 
+    /// Whether the kernel says a cgroup and every cgroup below it hold no process
+    /// (`populated 0` in `cgroup.events`); `false` where it cannot be read.
+    pub fn emptied(&self, path: &CgroupPath) -> bool {
+        fs::read_to_string(self.dir(path).join("cgroup.events"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == "populated 0"))
+    }
+
     /// Writes `cpu.max` for a CPU time limit of `millis` millicpus (`None`: no limit).
     pub fn set_quota(&self, path: &CgroupPath, millis: Option<u64>) -> Result<(), HostError> {
         if !self.exists(path) {

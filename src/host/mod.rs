@@ -140,6 +140,13 @@ pub trait Backend: Send + Sync {
     fn runs_scopes(&self) -> bool {
         false
     }
+    /// Whether unit `unit` runs no process: not loaded, or its cgroup not populated (the
+    /// kernel's `cgroup.events`, which says so before systemd has collected the unit). `false`
+    /// where that cannot be known.
+    fn unit_runs_nothing(&self, unit: &str) -> bool {
+        let _ = unit;
+        false
+    }
     /// Starts a transient scope `unit` in `slice` holding `pid`, confined to `cpus` (empty: to
     /// the slice's).
     fn start_scope(&self, unit: &str, slice: &str, pid: u32, cpus: &CpuSet) -> Result<(), HostError> {

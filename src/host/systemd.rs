@@ -531,6 +531,15 @@ impl Backend for Systemd {
         true
     }
 
+    fn unit_runs_nothing(&self, unit: &str) -> bool {
+        match self.unit_place(unit) {
+            Ok(None) => true,
+            // systemd names no cgroup for a unit that does not run (or is not loaded).
+            Ok(Some((_, cg))) => cg.is_empty() || relative(&cg).is_some_and(|path| self.fs.emptied(&path)),
+            Err(_) => false,
+        }
+    }
+
     fn partition_status(&self, path: &CgroupPath) -> Option<String> {
         self.fs.partition_status(path)
     }
