@@ -32,22 +32,26 @@ use common::{Daemon, Varlink};
 use serde_json::json;
 use timing::{measure, Stats};
 
-/// `cpupoolctl` of this profile, next to this bench's directory, built if missing (this bench
-/// belongs to the cpupoold package: cargo does not build the CLI's binary for it).
-fn cpupoolctl() -> PathBuf {
+/// `cpupoolctl` of this profile, next to this bench's directory (this bench belongs to the
+/// cpupoold package: cargo does not build the CLI's binary for it). Under `cargo bench`
+/// (`always`) it is built from this tree first: one an older build left there would be timed
+/// in its place. The smoke test under `cargo test --all-targets` uses the workspace's, built
+/// if missing.
+fn cpupoolctl(always: bool) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(Path::parent).unwrap();
     let bin = dir.join("cpupoolctl");
-    if !bin.is_file() {
-        let cargo = option_env!("CARGO").unwrap_or("cargo");
-        let mut c = Command::new(cargo);
-        c.args(["build", "--quiet", "-p", "cpupoolctl", "--manifest-path"])
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-        if dir.file_name().is_some_and(|n| n == "release") {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "building cpupoolctl");
+    if bin.is_file() && !always {
+        return bin;
     }
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let mut c = Command::new(cargo);
+    c.args(["build", "--quiet", "-p", "cpupoolctl", "--manifest-path"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    if dir.file_name().is_some_and(|n| n == "release") {
+        c.arg("--release");
+    }
+    assert!(c.status().unwrap().success(), "building cpupoolctl");
     bin
 }
 
@@ -88,7 +92,7 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test` does not.
     let bench = std::env::args().any(|a| a == "--bench");
     let (n_cli, n_calls) = if bench { (30, 100) } else { (3, 3) };
-    let ctl = cpupoolctl();
+    let ctl = cpupoolctl(bench);
     let base = std::env::var_os("CPUPOOL_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::tempdir_in(base).unwrap();
     let d = Daemon::start(dir.path(), &["--bus", "none", "--log-level", "warn"]);
