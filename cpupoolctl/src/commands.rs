@@ -142,9 +142,7 @@ fn map_style(choice: ColorChoice) -> crate::map::Style {
 pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), Error> {
     let mut p = Printer { out, json: cli.global.json };
     match &cli.command {
-        Command::Completions { .. } | Command::Manpage { .. } => {
-            without_daemon(&cli.command, &mut p)
-        }
+        Command::Completions { .. } | Command::Manpage { .. } => without_daemon(&cli.command, &mut p),
         _ => with_daemon(cli, &mut p),
     }
 }

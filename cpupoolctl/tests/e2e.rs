@@ -893,7 +893,10 @@ fn run_becomes_its_command(dbus: bool) {
     let out = out.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), pid.to_string(), "COMMAND is cpupoolctl's process");
-    let status = ctl.command(&["run", "--pool", "web", "--millicpus", "100", "--", "sh", "-c", "kill -TERM $$"]).status().unwrap();
+    let status = ctl
+        .command(&["run", "--pool", "web", "--millicpus", "100", "--", "sh", "-c", "kill -TERM $$"])
+        .status()
+        .unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(15), "{status}");
     for _ in 0..3 {
         let (code, out, err) = ctl.human(&["run", "--pool", "dp", "--cpus", "2", "--", "true"]);

@@ -17,17 +17,6 @@
 use super::ledger::{released, Ledger, Made};
 use crate::core::state::{Assignment, Target};
 
-/// The name of the scope `Run` puts process `pid`, started at `start`, in.
-pub(super) fn run_scope(pid: u32, start: u64) -> String {
-    format!("cpupool-run-{pid}-{start}.scope")
-}
-
-/// The process a [`run_scope`] name was made for.
-fn run_scope_process(unit: &str) -> Option<(u32, u64)> {
-    let (pid, start) = unit.strip_prefix("cpupool-run-")?.strip_suffix(".scope")?.split_once('-')?;
-    Some((pid.parse().ok()?, start.parse().ok()?))
-}
-
 impl Ledger {
     /// Whether `a`'s process has ended (and, for a scope, the scope with it).
     fn ended(&self, a: &Assignment) -> bool {
@@ -35,9 +24,11 @@ impl Ledger {
             return false;
         }
         match &a.target {
-            Target::Pid(pid) => a.process_start.is_some_and(|start| self.backend.process_start(*pid) != Some(start)),
+            Target::Pid(pid) => {
+                a.process_start.is_some_and(|start| self.backend.process_start(*pid) != Some(start))
+            }
             Target::Unit(unit) => {
-                let Some((pid, start)) = run_scope_process(unit) else { return false };
+                let Some((pid, start)) = a.target.run_scope_process() else { return false };
                 self.backend.process_start(pid) != Some(start) && self.backend.unit_runs_nothing(unit)
             }
             Target::Cgroup(_) | Target::Kubelet(_) => false,
@@ -47,8 +38,13 @@ impl Ledger {
     /// Releases, in one commit, the assignments of `pool` whose process has ended; the number
     /// released (none: nothing committed).
     pub(super) fn release_ended(&mut self, pool: &str) -> Made<usize> {
-        let ended: Vec<Assignment> =
-            self.state.assignments().values().filter(|a| a.pool.as_str() == pool && self.ended(a)).cloned().collect();
+        let ended: Vec<Assignment> = self
+            .state
+            .assignments()
+            .values()
+            .filter(|a| a.pool.as_str() == pool && self.ended(a))
+            .cloned()
+            .collect();
         if ended.is_empty() {
             return (0, Vec::new());
         }
@@ -58,7 +54,11 @@ impl Ledger {
         }
         if let Err(e) = self.commit(next) {
             // The reclaim task releases them when it learns of the exits, as it would have.
-            log::warn!("releasing {} assignments of ended processes failed: {}", ended.len(), super::error_chain(&e));
+            log::warn!(
+                "releasing {} assignments of ended processes failed: {}",
+                ended.len(),
+                super::error_chain(&e)
+            );
             return (0, Vec::new());
         }
         let mut events = Vec::new();
@@ -67,18 +67,5 @@ impl Ledger {
             events.extend(released(a));
         }
         (ended.len(), events)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_run_scope_names_its_process_and_nothing_else_does() {
-        assert_eq!(run_scope_process(&run_scope(4242, 987_654)), Some((4242, 987_654)));
-        for other in ["cpupool-run-42.scope", "cpupool-run-x-1.scope", "run-42-1.scope", "cpupool-run-1-2.service"] {
-            assert_eq!(run_scope_process(other), None, "{other}");
-        }
     }
 }

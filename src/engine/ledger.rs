@@ -134,8 +134,8 @@ impl Ledger {
             return self.assign(&spec);
         }
         let pool = self.state.pool(&spec.pool)?.clone();
-        let scope = super::exited::run_scope(pid, start);
-        let target = Target::parse(&format!("unit:{scope}"))?;
+        let scope = Target::run_scope(pid, start);
+        let target = Target::Unit(scope.clone());
         let mut next = (*self.state).clone();
         let scoped = AssignSpec { target, process_start: None, ..spec };
         let out = next.assign(&self.topo, &scoped)?;

@@ -209,6 +209,20 @@ impl Target {
             Target::Unit(_) | Target::Pid(_) => false,
         }
     }
+
+    /// The scope `Run` puts process `pid`, started at `start`, in (where systemd runs):
+    /// `cpupool-run-<pid>-<start>.scope`, a valid unit name for any pid and start.
+    pub fn run_scope(pid: u32, start: u64) -> String {
+        format!("cpupool-run-{pid}-{start}.scope")
+    }
+
+    /// The process (pid and start time) a unit target named by [`Target::run_scope`] was made
+    /// for; `None` for any other target.
+    pub fn run_scope_process(&self) -> Option<(u32, u64)> {
+        let Target::Unit(unit) = self else { return None };
+        let (pid, start) = unit.strip_prefix("cpupool-run-")?.strip_suffix(".scope")?.split_once('-')?;
+        Some((pid.parse().ok()?, start.parse().ok()?))
+    }
 }
 
 /// Longest device id (the device plugin API's limit).

@@ -711,3 +711,21 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_run_scope_names_its_process_and_nothing_else_does() {
+    let scope = Target::parse(&format!("unit:{}", Target::run_scope(4242, 987_654)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(scope.run_scope_process(), Some((4242, 987_654)));
+    let others = [
+        "unit:cpupool-run-42.scope",
+        "unit:cpupool-run-x-1.scope",
+        "unit:run-42-1.scope",
+        "unit:cpupool-run-1-2.service",
+        "pid:42",
+    ];
+    for other in others {
+        let t = Target::parse(other).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.run_scope_process(), None, "{other}");
+    }
+}
