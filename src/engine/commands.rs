@@ -76,7 +76,10 @@ impl Engine {
                 let _ = reply.send(self.ledger.set_unpooled(cgroups));
             }
             Request::AssignAll(specs, reply) => {
-                let made = self.ledger.assign_all(specs);
+                let mut made = self.ledger.assign_all(specs.clone());
+                if self.released_ended(&made) {
+                    made = self.ledger.assign_all(specs);
+                }
                 let _ = reply.send(self.published(made));
             }
             Request::Kubelet(update, reply) => {

@@ -851,9 +851,16 @@ fn a_booking_is_not_refused_for_capacity_an_ended_process_holds() {
         let snap = handle.snapshot();
         let ids: Vec<&str> = snap.state.assignments().keys().map(|id| id.as_str()).collect();
         assert_eq!(ids, ["live", "own"]);
+        // All or nothing (the kubelet's bookings) too.
+        let _ = live.kill();
+        let _ = live.wait();
+        f.write("k/a/cpuset.cpus", "\n");
+        let all = handle.assign_all(vec![spec("dp", "cgroup:k/a", Size::Cpus(2), Some("all"))]).await;
+        assert!(all.is_ok(), "{all:?}");
+        let snap = handle.snapshot();
+        let ids: Vec<&str> = snap.state.assignments().keys().map(|id| id.as_str()).collect();
+        assert_eq!(ids, ["all", "own"]);
     });
-    let _ = live.kill();
-    let _ = live.wait();
     drop(handle);
     let _ = thread.join();
 }
