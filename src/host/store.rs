@@ -155,8 +155,10 @@ pub use error::{PrevCopy, StoreError};
 use format::{frame, len_u64};
 pub use remembered::{MemoryFile, Remembered, RememberedError};
 
-/// The snapshot format version written by this build; it reads this one and version 1.
-pub const FORMAT_VERSION: u32 = 2;
+/// The snapshot format version written by this build; it reads this one, version 2 (the same
+/// header, a state without prepared DRA claims: those were record files, which the engine takes
+/// in at start) and version 1.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The current snapshot, in the state directory.
 pub const STATE_FILE: &str = "state.json";

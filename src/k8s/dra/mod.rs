@@ -50,8 +50,6 @@ pub struct Options {
     pub kubelet_dir: PathBuf,
     /// `paths.cdi_dir`.
     pub cdi_dir: PathBuf,
-    /// `paths.state_dir`, where the prepared claims are recorded.
-    pub state_dir: PathBuf,
     /// `kubelet.millicpus_per_device`: a shared pool's step.
     pub millis_per_device: u64,
 }
@@ -64,7 +62,6 @@ impl Options {
             node: node.to_owned(),
             kubelet_dir: settings.paths.kubelet_dir.clone(),
             cdi_dir: settings.paths.cdi_dir.clone(),
-            state_dir: settings.paths.state_dir.clone(),
             millis_per_device: settings.kubelet.millicpus_per_device,
         }
     }
