@@ -78,7 +78,7 @@ pub use kubelet::{KubeletUpdate, KubeletView};
 pub use ledger::describe;
 pub use observe::Found as DriftFound;
 pub use reload::Reloaded;
-pub use view::{ClaimFor, ClaimHeld, DraWanted, HeldError, Overlap, Server};
+pub use view::{AtStart, ClaimFor, ClaimHeld, DraWanted, HeldError, Overlap, Server};
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;

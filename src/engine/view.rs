@@ -375,6 +375,12 @@ impl Snapshot {
         decide(self.claim(uid), uid, pod_uid, |id| self.assignment(id).map(|a| a.cpus.clone()))
     }
 
+    /// What the start of a container of claim `held` in `cgroup` does, given where each of the
+    /// claim's assignments points now.
+    pub fn claim_start(&self, held: &ClaimHeld, cgroup: &CgroupPath) -> AtStart {
+        at_start(held, cgroup, |id| self.assignment(id).map(|a| a.target.clone()))
+    }
+
     /// The claims' assignments bound to container cgroups that `gone` says are gone.
     pub fn claims_bound_to_gone(&self, gone: impl Fn(&CgroupPath) -> bool) -> Vec<AssignmentId> {
         self.state.assignments().values().filter(|a| bound_to_gone(a, &gone)).map(|a| a.id.clone()).collect()
@@ -437,6 +443,44 @@ pub(crate) fn decide(
         ids: rec.assignments.clone(),
         cpus,
     })
+}
+
+/// What a claim container's start does.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AtStart {
+    /// Point the claim's only assignment, held for no container, at the container's cgroup.
+    Bind(AssignmentId),
+    /// It is bound to the container's cgroup already (a resync).
+    Bound,
+    /// Read the container's cgroup back against the claim's CPUs: they are bound to another
+    /// container's cgroup (`Some`), or the claim has several assignments, which one cgroup
+    /// cannot all be the target of (`None`: the engine then records the container running on
+    /// them all).
+    ReadBack(Option<CgroupPath>),
+    /// Some of its CPUs are no longer held (said which).
+    Lost(String),
+}
+
+/// What the start of a container of `held` in `cgroup` does, given where each assignment of
+/// the claim points now (`None`: released).
+pub(crate) fn at_start(
+    held: &ClaimHeld,
+    cgroup: &CgroupPath,
+    target_of: impl Fn(&AssignmentId) -> Option<Target>,
+) -> AtStart {
+    let mut targets = Vec::new();
+    for id in &held.ids {
+        match target_of(id) {
+            Some(t) => targets.push(t),
+            None => return AtStart::Lost(format!("{id} of claim {} is no longer held", held.name)),
+        }
+    }
+    match (held.ids.as_slice(), targets.as_slice()) {
+        ([id], [Target::Kubelet(_)]) => AtStart::Bind(id.clone()),
+        ([_], [Target::Cgroup(p)]) if p == cgroup => AtStart::Bound,
+        ([_], [Target::Cgroup(p)]) => AtStart::ReadBack(Some(p.clone())),
+        _ => AtStart::ReadBack(None),
+    }
 }
 
 /// Whether `a` is a claim's assignment bound to a container cgroup that `gone` says is gone

@@ -7,7 +7,7 @@
 //! CreateContainer: env CPUPOOL_CLAIM=<uid> ──► the snapshot's prepared claim (Snapshot::claim_for)
 //!   pod uid among the claim's reservedFor? ──no──► no pool's CPUs, and a warning
 //!   └─yes─► the CPUs of its assignments in the same snapshot ──► the adjustment
-//! StartContainer (at_start):
+//! StartContainer (the snapshot's Snapshot::claim_start):
 //!   its one assignment held for no container ──► bind.rs: bound to the container's cgroup,
 //!       applied (an isolated pool's: a partition) and read back; a difference fails the start
 //!   bound to another container's cgroup ──► the container's own cpuset.cpus.effective read
@@ -37,7 +37,7 @@ use super::proto as api;
 use super::ttrpc::{code, Status};
 use crate::core::cpuset::CpuSet;
 use crate::core::state::{AssignmentId, CgroupPath, Container as Owner, Target};
-use crate::engine::{ClaimFor, Snapshot};
+use crate::engine::{AtStart, ClaimFor, Snapshot};
 use crate::error_chain;
 
 /// The claim container `c` of `pod` names, if it names one that is its pod's; `who` names the
@@ -58,44 +58,6 @@ pub(super) fn held_for(
         ClaimFor::Lost(why) => {
             Err(Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {why}")))
         }
-    }
-}
-
-/// What a claim container's start does.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum AtStart {
-    /// Point the claim's only assignment, held for no container, at the container's cgroup.
-    Bind(AssignmentId),
-    /// It is bound to the container's cgroup already (a resync).
-    Bound,
-    /// Read the container's cgroup back against the claim's CPUs: they are bound to another
-    /// container's cgroup (`Some`), or the claim has several assignments, which one cgroup
-    /// cannot all be the target of (`None`: the engine then records the container running on
-    /// them all).
-    ReadBack(Option<CgroupPath>),
-    /// Some of its CPUs are no longer held (said which).
-    Lost(String),
-}
-
-/// What the start of a container of `held` in `cgroup` does, given where each assignment of
-/// the claim points now (`None`: released).
-pub(super) fn at_start(
-    held: &Held,
-    cgroup: &CgroupPath,
-    target_of: impl Fn(&AssignmentId) -> Option<Target>,
-) -> AtStart {
-    let mut targets = Vec::new();
-    for id in &held.ids {
-        match target_of(id) {
-            Some(t) => targets.push(t),
-            None => return AtStart::Lost(format!("{id} of claim {} is no longer held", held.name)),
-        }
-    }
-    match (held.ids.as_slice(), targets.as_slice()) {
-        ([id], [Target::Kubelet(_)]) => AtStart::Bind(id.clone()),
-        ([_], [Target::Cgroup(p)]) if p == cgroup => AtStart::Bound,
-        ([_], [Target::Cgroup(p)]) => AtStart::ReadBack(Some(p.clone())),
-        _ => AtStart::ReadBack(None),
     }
 }
 
@@ -142,7 +104,7 @@ pub(super) async fn start(
         return Ok(());
     };
     let snap = call.handle.snapshot();
-    let bound = match at_start(held, &cgroup, |id| snap.assignment(id).map(|a| a.target.clone())) {
+    let bound = match snap.claim_start(held, &cgroup) {
         AtStart::Bind(id) => {
             let what = format!("claim {} ({id})", held.name);
             return super::bind::bind(call, pod, c, &id, cgroup, &what).await;
@@ -287,6 +249,7 @@ pub(super) async fn unbind(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::view::at_start;
 
     fn held(id: &str, cpus: &str) -> (AssignmentId, CpuSet) {
         (

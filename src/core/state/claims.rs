@@ -95,3 +95,48 @@ impl super::State {
         Some(gone)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use test_support::apiserver;
+
+    use super::super::{Delta, State, StateData};
+    use super::*;
+
+    /// A claim recorded or forgotten is one journal record's worth, replayed the same; a state
+    /// of the format before claims were state (version 2) reads as one with none.
+    #[test]
+    fn a_claim_replays_from_its_record_and_an_older_state_has_none() {
+        let uid = apiserver::uid_digit_first();
+        let claim = PreparedClaim {
+            uid: uid.clone(),
+            namespace: apiserver::label("team"),
+            name: apiserver::subdomain("claim"),
+            assignments: vec![AssignmentId::new(&format!("dra-{uid}-0")).unwrap_or_else(|e| panic!("{e}"))],
+            pods: vec![apiserver::uid()],
+            devices: Vec::new(),
+        };
+        let mut s = State::default();
+        assert!(s.record_claim(claim.clone()).changed());
+        assert!(!s.record_claim(claim.clone()).changed(), "recorded again as it is: no change");
+        let changes = s.take_changes();
+        let delta = s.delta(&changes);
+        assert_eq!(delta.claims, vec![claim.clone()]);
+        let json = serde_json::to_string(&delta).unwrap_or_else(|e| panic!("{e}"));
+        let mut replayed = State::default();
+        replayed.apply(serde_json::from_str::<Delta>(&json).unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(replayed, s);
+        assert_eq!(s.forget_claim(&uid), Some(claim));
+        let changes = s.take_changes();
+        let delta = s.delta(&changes);
+        assert_eq!(delta.forget, vec![uid.clone()]);
+        replayed.apply(delta);
+        assert_eq!(replayed.claim(&uid), None);
+
+        let old: StateData = serde_json::from_str(r#"{"pools":{},"assignments":{},"next_id":3}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(old.claims.is_empty());
+        let none = serde_json::to_string(&StateData::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!none.contains("claims"), "{none}");
+    }
+}

@@ -6,10 +6,12 @@
 //! kubelet plugin watcher ──dial──► <kubelet_dir>/plugins_registry/<driver>-reg.sock
 //!    GetInfo → {DRAPlugin, <driver>, endpoint, [v1.DRAPlugin]}; NotifyRegistrationStatus
 //! kubelet ──NodePrepareResources──► <kubelet_dir>/plugins/<driver>/dra.sock ── serve.rs
-//!    per claim (prepare.rs): GET the ResourceClaim → its results of our driver on this node's
-//!    pool → core::dra::resolve → engine.assign_all (one transaction, durable) → CDI spec
-//!    (node::cdi) → record (node::claims) → devices with CDI ids
-//! kubelet ──NodeUnprepareResources──► release, remove the CDI spec and the record
+//!    per claim (prepare.rs): recorded in the engine's state? → the same devices; else GET the
+//!    ResourceClaim → its results of our driver on this node's pool → snapshot.dra_wanted →
+//!    engine.prepare_claim (booked and recorded in one durable commit; the engine writes the
+//!    CDI spec) → devices with CDI ids
+//! kubelet ──NodeUnprepareResources──► engine.unprepare_claim (released and forgotten in one
+//!    commit; the CDI spec removed)
 //! container runtime ──CreateContainer (env CPUPOOL_CLAIM)──► nri: the claim's CPUs
 //! ```
 //!
