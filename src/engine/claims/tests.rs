@@ -134,6 +134,13 @@ fn a_cdi_spec_that_cannot_be_written_leaves_nothing_booked_or_recorded() {
     assert_eq!(left(&f, &h, &uid).0, 0);
     drop(h);
     let _ = thread.join();
+    // Nor in the files: the commit was undone durably.
+    let (engine, _) = f.start();
+    let (h, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(h.snapshot().state.assignments().len(), 0);
+    assert_eq!(h.snapshot().claim(&uid), None);
+    drop(h);
+    let _ = thread.join();
 }
 
 #[test]
