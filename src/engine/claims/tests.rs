@@ -16,7 +16,7 @@ use crate::engine::Handle;
 const DRIVER: &str = "dra.cpupool.io";
 
 fn uid(n: usize) -> String {
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         apiserver::uid_digit_first()
     } else {
         apiserver::uid_letter_first()
@@ -98,7 +98,7 @@ fn a_prepare_racing_an_unprepare_leaves_all_of_the_claim_or_none() {
         let uid = uid(round);
         let p = prepare(&uid, 2);
         let (u, r) = rt().block_on(async {
-            if round % 2 == 0 {
+            if round.is_multiple_of(2) {
                 tokio::join!(h.unprepare_claim(&uid), h.prepare_claim(p.clone()))
             } else {
                 let (r, u) = tokio::join!(h.prepare_claim(p.clone()), h.unprepare_claim(&uid));
