@@ -20,7 +20,7 @@ use cpupoold::node::proto::dra as pb;
 use serde_json::{json, Value};
 
 use common::{Daemon, Varlink};
-use dra_common::{cdi_path, dp, prepare_one, record_path, register, NS};
+use dra_common::{cdi_path, dp, forget_record, prepare_one, record_path, recorded, register, NS};
 use fake_apiserver::claims::claim;
 use fake_apiserver::Fake;
 use test_support::dra as peer;
@@ -65,9 +65,9 @@ fn booked(d: &Daemon, uid: &str) -> Vec<String> {
         .collect()
 }
 
-/// What is left of claim `uid`: (assignments, a record, a CDI spec).
+/// What is left of claim `uid`: (assignments, a record in the daemon's state, a CDI spec).
 fn left(d: &Daemon, uid: &str) -> (usize, bool, bool) {
-    (booked(d, uid).len(), record_path(d, uid).exists(), cdi_path(d, uid).exists())
+    (booked(d, uid).len(), recorded(d, uid), cdi_path(d, uid).exists())
 }
 
 /// Two prepares of one claim at once answer the same devices and book it once; a prepare and
@@ -121,9 +121,10 @@ async fn a_crash_half_way_is_put_right_at_start() {
     let id = booked(&d, &no_booking.uid).remove(0);
     Varlink::connect(&d.varlink).call("Release", json!({"id": id})).unwrap();
     d.kill();
-    // The crash: one record never written, one spec lost.
+    // The crash: one record never written (as an earlier release's crash between booking and
+    // record left it), one spec lost.
     let d0 = dir.path().join("sb");
-    std::fs::remove_file(d0.join(format!("state/dra/{}.json", no_record.uid))).unwrap();
+    forget_record(&d0, &no_record.uid);
     std::fs::remove_file(d0.join(format!("run/cdi/cpupoold-{}.json", no_spec.uid))).unwrap();
 
     let d = start(dir.path(), &fake);
@@ -135,8 +136,10 @@ async fn a_crash_half_way_is_put_right_at_start() {
     d.stop();
 }
 
-/// A record decides which pods get which CPUs: one every user may write, or one that names an
-/// assignment not its claim's, is not trusted, and the claim is not answered from it.
+/// A record decides which pods get which CPUs. The records an earlier release wrote as files
+/// are taken into the daemon's state at start, once, and removed; one every user may write, or
+/// one that names an assignment not its claim's, is not trusted: it is not taken, and the
+/// claim is not answered from it (its CPUs, booked with no record, are given back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_are_held_to_the_state_files_rule() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,24 +149,59 @@ async fn records_are_held_to_the_state_files_rule() {
     std::fs::create_dir_all(d.sb.join("cgroup/app")).unwrap();
     let mut v = Varlink::connect(&d.varlink);
     v.call("Assign", json!({"pool": "dp", "cpus": 1, "target": "cgroup:app", "id": "app"})).unwrap();
+    let (good, open, forged) =
+        (put(&fake, "good", "1", true), put(&fake, "open", "1", false), put(&fake, "forged", "1", true));
+    let mut answers = Vec::new();
+    for c in [&good, &open, &forged] {
+        let r = prepare_one(&k, c).await;
+        assert_eq!(r.error, "", "{}", d.logs());
+        answers.push(r);
+    }
+    // As an earlier release left them: the claims booked, their records files.
+    let claims = recorded_claims(&d, &[&good, &open, &forged]);
+    d.kill();
+    let d0 = dir.path().join("sb");
+    let records = cpupoold::node::claims::Claims::new(&d0.join("state"));
+    for (c, rec) in [&good, &open, &forged].into_iter().zip(claims) {
+        forget_record(&d0, &c.uid);
+        records.save(&rec).unwrap();
+    }
+    let rec = |c: &pb::Claim| d0.join(format!("state/dra/{}.json", c.uid));
+    // World-writable (mode 0666, as a careless edit leaves it).
+    std::fs::set_permissions(rec(&open), std::fs::Permissions::from_mode(0o666)).unwrap();
+    // Naming the assignment `app`: not the claim's own.
+    let mut bad: Value = serde_json::from_slice(&std::fs::read(rec(&forged)).unwrap()).unwrap();
+    bad["assignments"] = json!(["app"]);
+    std::fs::write(rec(&forged), serde_json::to_vec(&bad).unwrap()).unwrap();
 
-    let c = put(&fake, "victim", "1", true);
-    assert_eq!(prepare_one(&k, &c).await.error, "", "{}", d.logs());
-    let rec = record_path(&d, &c.uid);
-    // World-writable (mode 0666, as a careless edit leaves it): refused, naming the file.
-    std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let e = prepare_one(&k, &c).await.error;
-    assert!(e.contains("writable by every user") && e.contains(&c.uid), "{e}");
-    std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert_eq!(prepare_one(&k, &c).await.error, "");
-
-    // A record naming the assignment `app`: not the claim's own.
-    let mut forged: Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
-    forged["assignments"] = json!(["app"]);
-    std::fs::write(&rec, serde_json::to_vec(&forged).unwrap()).unwrap();
-    let e = prepare_one(&k, &c).await.error;
-    assert!(e.contains("not claim") && e.contains("`app`"), "{e}");
+    let d = start(dir.path(), &fake);
+    let k = register(&d).await;
+    assert_eq!(left(&d, &good.uid), (1, true, true), "{}", d.logs());
+    assert!(!record_path(&d, &good.uid).exists(), "taken into the state, the file goes");
+    assert_eq!(prepare_one(&k, &good).await, answers[0]);
+    for c in [&open, &forged] {
+        assert_eq!(left(&d, &c.uid).0, 0, "{}", d.logs());
+        assert!(!recorded(&d, &c.uid));
+        assert!(record_path(&d, &c.uid).exists(), "not trusted, left where it is");
+    }
+    let logs = d.logs();
+    assert!(logs.contains("writable by every user") && logs.contains(&open.uid), "{logs}");
+    assert!(logs.contains("not claim") && logs.contains("`app`"), "{logs}");
+    // Once: a restart finds the claim in the state, and no file to take in.
+    d.kill();
+    let d = start(dir.path(), &fake);
+    let k = register(&d).await;
+    assert_eq!(left(&d, &good.uid), (1, true, true), "{}", d.logs());
+    assert_eq!(prepare_one(&k, &good).await, answers[0]);
+    // The assignment the forged record named is its own owner's still.
+    assert!(dra_common::assignments(&d).iter().any(|a| a["id"] == "app"));
     d.stop();
+}
+
+/// The daemon's records of `claims`, as its state holds them.
+fn recorded_claims(d: &Daemon, claims: &[&pb::Claim]) -> Vec<cpupoold::core::state::PreparedClaim> {
+    let state = dra_common::saved(d);
+    claims.iter().map(|c| state.claims.get(&c.uid).cloned().unwrap()).collect()
 }
 
 /// What a peer sends is bounded: more claims in one call than a kubelet sends is refused whole

@@ -5,7 +5,7 @@
 //! changes. Per-pool usage is cached and rebuilt on load, never persisted, so a corrupt cache
 //! cannot outlive a restart.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -16,12 +16,16 @@ use super::pool::{Pool, PoolKind, PoolName, Smt};
 use super::topology::Topology;
 
 mod admit;
+mod claims;
+mod delta;
 mod error;
 pub mod phase;
 mod target;
 mod validate;
 
 pub use admit::{check_target, slice_cgroup};
+pub use claims::{PreparedClaim, PreparedDevice, TooLarge, MAX_CLAIM_BYTES};
+pub use delta::{Changes, Delta};
 #[cfg(test)]
 pub(crate) use error::every_error;
 pub use error::{counted, Error};
@@ -188,48 +192,9 @@ pub struct StateData {
     pub assignments: imbl::OrdMap<AssignmentId, Assignment>,
     /// Counter for made-up ids.
     pub next_id: u64,
-}
-
-/// What a run of mutations touched: the assignments added, removed or changed, and whether the
-/// pools were replaced. The engine plans and persists only these ([`State::delta`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Changes {
-    /// Assignments added, removed or changed.
-    pub assignments: BTreeSet<AssignmentId>,
-    /// Whether the pools were replaced (a reload).
-    pub pools: bool,
-}
-
-impl Changes {
-    /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.assignments.is_empty() && !self.pools
-    }
-
-    /// Adds what `other` touched.
-    pub fn merge(&mut self, other: &Changes) {
-        self.assignments.extend(other.assignments.iter().cloned());
-        self.pools |= other.pools;
-    }
-}
-
-/// The persisted effect of some mutations, as one record: what the touched assignments are now
-/// (present ones in `upsert`, gone ones in `remove`), the pools when they were replaced, and the
-/// id counter. Applying it to the state it was taken against gives the state it was taken from.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Delta {
-    /// The pools, when they were replaced.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pools: Option<BTreeMap<PoolName, Pool>>,
-    /// Assignments added or changed, whole.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub upsert: Vec<Assignment>,
-    /// Assignments removed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub remove: Vec<AssignmentId>,
-    /// The counter for made-up ids.
-    pub next_id: u64,
+    /// The prepared DRA claims by uid ([`claims`]). Absent from states written before it.
+    #[serde(default, skip_serializing_if = "imbl::OrdMap::is_empty")]
+    pub claims: imbl::OrdMap<String, PreparedClaim>,
 }
 
 impl From<StateData> for State {
@@ -329,49 +294,6 @@ impl State {
     /// step forward touched.
     pub fn mark(&mut self, changes: &Changes) {
         self.changes.merge(changes);
-    }
-
-    /// The record of what `changes` touched, as this state has it now.
-    pub fn delta(&self, changes: &Changes) -> Delta {
-        let mut delta = Delta {
-            pools: changes.pools.then(|| self.data.pools.clone()),
-            next_id: self.data.next_id,
-            ..Delta::default()
-        };
-        for id in &changes.assignments {
-            match self.data.assignments.get(id) {
-                Some(a) => delta.upsert.push(a.clone()),
-                None => delta.remove.push(id.clone()),
-            }
-        }
-        delta
-    }
-
-    /// Applies a [`Delta`] (replaying the journal), recording what it touched.
-    pub fn apply(&mut self, delta: Delta) {
-        if let Some(pools) = delta.pools {
-            self.data.pools = pools;
-            self.changes.pools = true;
-        }
-        for id in delta.remove {
-            if let Some(a) = self.data.assignments.remove(&id) {
-                self.remove_usage(&a);
-            }
-            self.changes.assignments.insert(id);
-        }
-        for a in delta.upsert {
-            if let Some(old) = self.data.assignments.remove(&a.id) {
-                self.remove_usage(&old);
-            }
-            self.changes.assignments.insert(a.id.clone());
-            self.add_usage(&a);
-            self.data.assignments.insert(a.id.clone(), a);
-        }
-        self.data.next_id = delta.next_id;
-        if self.changes.pools {
-            // New pools start with no usage; rebuild it against them.
-            self.rebuild_usage();
-        }
     }
 
     /// The persisted data.

@@ -208,6 +208,7 @@ impl Engine {
             kubelet: Arc::default(),
             slices: std::cell::RefCell::default(),
             origins: settings.origins.clone(),
+            claims: super::claims::ClaimSpecs::new(settings),
         };
         engine.ledger.opts = engine.layout_options(&engine.ledger.state, &settings.host_cgroups);
         // What the files hold passes the checks a request passes before anything is applied;
@@ -216,10 +217,16 @@ impl Engine {
         if !engine.state_warnings.is_empty() {
             engine.ledger.opts = engine.layout_options(&engine.ledger.state, &settings.host_cgroups);
         }
+        let records = engine.ledger.take_records(&settings.paths.state_dir);
         let (done, failed) = engine.reconcile();
         report.corrections = done;
         report.failed_corrections = failed;
-        if let Err(e) = engine.ledger.store.save(engine.ledger.state.data()) {
+        let saved = engine.ledger.store.save(engine.ledger.state.data());
+        if saved.is_ok() {
+            super::claims::remove_records(&settings.paths.state_dir, &records);
+        }
+        engine.claims.restore(&engine.ledger.state);
+        if let Err(e) = saved {
             // A state that was read is applied even when it cannot be compacted (a reboot with
             // /var full): the files still hold it, the next write must be a whole snapshot
             // (mutations are refused `NotDurable` until one succeeds). A fresh state that
@@ -254,6 +261,7 @@ impl Engine {
             upsert,
             remove,
             next_id,
+            ..Delta::default()
         };
         let mut order: Vec<&state::Assignment> = all.assignments().values().collect();
         order.sort_by_key(|a| origins.get(&a.id).map_or(0, |at| at.seq));

@@ -85,6 +85,14 @@ impl Engine {
             Request::Kubelet(update, reply) => {
                 let _ = reply.send(Ok(self.update_kubelet(update)));
             }
+            Request::PrepareClaim(p, reply) => {
+                let made = self.ledger.prepare_claim(*p, &self.claims);
+                let _ = reply.send(self.published(made));
+            }
+            Request::UnprepareClaim(uid, reply) => {
+                let made = self.ledger.unprepare_claim(&uid, &self.claims);
+                let _ = reply.send(self.published(made));
+            }
         }
     }
 

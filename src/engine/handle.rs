@@ -247,6 +247,22 @@ pub enum Request {
     AssignAll(Vec<AssignSpec>, oneshot::Sender<Result<Vec<Outcome<Assignment>>, EngineError>>),
     /// Record what the kubelet wing observed (see `kubelet`); answers whether it changed.
     Kubelet(KubeletUpdate, oneshot::Sender<Result<bool, EngineError>>),
+    /// Prepare a DRA claim: book its assignments and record it in one commit, then write its
+    /// CDI spec; a claim recorded already answers as recorded (see `claims`).
+    PrepareClaim(Box<PrepareClaim>, oneshot::Sender<Result<Outcome<state::PreparedClaim>, EngineError>>),
+    /// Unprepare a DRA claim: release its assignments and forget it in one commit, then
+    /// remove its CDI spec; answers what was released.
+    UnprepareClaim(String, oneshot::Sender<Result<Vec<Assignment>, EngineError>>),
+}
+
+/// What [`Request::PrepareClaim`] asks: the claim as it is to be recorded, and the bookings of
+/// its assignments, in the order of `claim.assignments`.
+#[derive(Debug, Clone)]
+pub struct PrepareClaim {
+    /// The claim.
+    pub claim: state::PreparedClaim,
+    /// One booking per assignment it names.
+    pub specs: Vec<AssignSpec>,
 }
 
 /// What [`Request::Retarget`] asks.
@@ -399,6 +415,18 @@ impl Handle {
     /// Assigns every spec, all or nothing, with one save (see [`Request::AssignAll`]).
     pub async fn assign_all(&self, specs: Vec<AssignSpec>) -> Result<Vec<Outcome<Assignment>>, EngineError> {
         self.call(|tx| Request::AssignAll(specs, tx)).await
+    }
+
+    /// Prepares a DRA claim (see [`Request::PrepareClaim`]): the claim as recorded, changed
+    /// now or recorded before.
+    pub async fn prepare_claim(&self, p: PrepareClaim) -> Result<Outcome<state::PreparedClaim>, EngineError> {
+        self.call(|tx| Request::PrepareClaim(Box::new(p), tx)).await
+    }
+
+    /// Unprepares DRA claim `uid` (see [`Request::UnprepareClaim`]).
+    pub async fn unprepare_claim(&self, uid: &str) -> Result<Vec<Assignment>, EngineError> {
+        let uid = uid.to_owned();
+        self.call(|tx| Request::UnprepareClaim(uid, tx)).await
     }
 
     /// Publishes the runtime the NRI plugin serves (`None`: none); `true` when it changed.

@@ -26,6 +26,10 @@
 //!   path (decide, plan, apply, save, read back, undo), returning the events of what it made;
 //!   `batch`: its all-or-nothing assignment of several targets; `exited`: its release of
 //!   assignments whose process ended, before it refuses a booking for want of capacity;
+//! - `claims`: the prepared DRA claims: the ledger's prepare (the claim's assignments booked
+//!   and the claim recorded in one commit) and unprepare (released and forgotten in one), the
+//!   CDI specs that follow from the state (written after the commit, again at start when
+//!   missing), and the claim records of earlier releases taken into the state at start;
 //! - `reload`: new settings and pool edits;
 //! - `observe`: reading the host against a state, off the engine thread (the drift check's first
 //!   half), for reconciling and for the ledger's read-back;
@@ -43,6 +47,7 @@
 mod actor;
 mod batch;
 mod cache;
+mod claims;
 mod commands;
 mod drift;
 mod exited;
@@ -64,14 +69,16 @@ use tokio::sync::{broadcast, watch};
 
 pub use crate::config::edit::ConfigSource;
 pub use actor::{StartError, StartReport};
-pub use handle::{ping_within, Change, DriftReport, Event, Handle, Reports, Request, Snapshot, PING_TIMEOUT};
+pub use handle::{
+    ping_within, Change, DriftReport, Event, Handle, PrepareClaim, Reports, Request, Snapshot, PING_TIMEOUT,
+};
 pub use housekeeping::IsolationReport;
 pub use irq::IrqReport;
 pub use kubelet::{KubeletUpdate, KubeletView};
 pub use ledger::describe;
 pub use observe::Found as DriftFound;
 pub use reload::Reloaded;
-pub use view::{DraWanted, HeldError, Overlap, Server};
+pub use view::{AtStart, ClaimFor, ClaimHeld, DraWanted, HeldError, Overlap, Server};
 
 use crate::config::runtime::DropinError;
 use crate::config::ConfigError;
@@ -136,6 +143,10 @@ pub enum EngineError {
     /// A thread the work needs could not be started; nothing changed.
     #[error("the host could not be read")]
     Thread(#[source] crate::threads::ThreadError),
+    /// A prepared claim's CDI spec could not be written or removed (said why); a prepare
+    /// that fails so gave its CPUs back.
+    #[error("{0}")]
+    Claim(String),
     /// The engine is gone (shutting down).
     #[error("the daemon is shutting down")]
     Stopped,
@@ -148,9 +159,10 @@ impl EngineError {
         use cpupool_wire::{ApiError, ErrorKind};
         let kind = match self {
             EngineError::State(s) => return s.to_api(),
-            EngineError::Apply(_) | EngineError::ReadBack { .. } | EngineError::Thread(_) => {
-                ErrorKind::ApplyFailed
-            }
+            EngineError::Apply(_)
+            | EngineError::ReadBack { .. }
+            | EngineError::Thread(_)
+            | EngineError::Claim(_) => ErrorKind::ApplyFailed,
             EngineError::Store(_) | EngineError::Dropin(_) => ErrorKind::NotDurable,
             EngineError::Config(_)
             | EngineError::Overridden { .. }
@@ -197,6 +209,8 @@ pub struct Engine {
     /// The keys of the settings last installed, with their values and files: what a reload
     /// compares with ([`Reloaded`]).
     origins: crate::config::Origins,
+    /// Where the prepared claims' CDI specs go ([`claims`]).
+    claims: claims::ClaimSpecs,
 }
 
 pub use crate::error_chain;

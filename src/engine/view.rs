@@ -14,7 +14,7 @@ use crate::core::devices::{self, Allocation, Device, Refused};
 use crate::core::dra::{self, names::claim_of, DraDevice, Millis, Unresolved};
 use crate::core::plan;
 use crate::core::pool::{Pool, PoolKind, PoolName};
-use crate::core::state::{self, Assignment, AssignmentId, CgroupPath, Size, Target};
+use crate::core::state::{self, Assignment, AssignmentId, CgroupPath, PreparedClaim, Size, Target};
 
 /// Which of the kubelet's servers offers a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -352,9 +352,134 @@ impl Snapshot {
         self.state.assignments().keys().filter_map(|id| claim_of(id.as_str())).map(str::to_owned).collect()
     }
 
+    /// Prepared claim `uid`, as the engine recorded it.
+    pub fn claim(&self, uid: &str) -> Option<&PreparedClaim> {
+        self.state.claim(uid)
+    }
+
+    /// The prepared claims whose assignments are not all held (released by hand), each with
+    /// the first that is not, by uid.
+    pub fn claims_not_held(&self) -> Vec<(String, AssignmentId)> {
+        self.state
+            .claims()
+            .iter()
+            .filter_map(|(uid, c)| {
+                self.claim_assignments(&c.assignments).err().map(|id| (uid.clone(), id.clone()))
+            })
+            .collect()
+    }
+
+    /// What a container of pod `pod_uid` whose environment names claim `uid` gets: the
+    /// claim's CPUs when the claim is prepared here and reserved for the pod.
+    pub fn claim_for(&self, uid: &str, pod_uid: &str) -> ClaimFor {
+        decide(self.claim(uid), uid, pod_uid, |id| self.assignment(id).map(|a| a.cpus.clone()))
+    }
+
+    /// What the start of a container of claim `held` in `cgroup` does, given where each of the
+    /// claim's assignments points now.
+    pub fn claim_start(&self, held: &ClaimHeld, cgroup: &CgroupPath) -> AtStart {
+        at_start(held, cgroup, |id| self.assignment(id).map(|a| a.target.clone()))
+    }
+
     /// The claims' assignments bound to container cgroups that `gone` says are gone.
     pub fn claims_bound_to_gone(&self, gone: impl Fn(&CgroupPath) -> bool) -> Vec<AssignmentId> {
         self.state.assignments().values().filter(|a| bound_to_gone(a, &gone)).map(|a| a.id.clone()).collect()
+    }
+}
+
+/// The CPUs of a DRA claim a container runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimHeld {
+    /// The claim, as `namespace/name`.
+    pub name: String,
+    /// Its assignments.
+    pub ids: Vec<AssignmentId>,
+    /// Their CPUs.
+    pub cpus: CpuSet,
+}
+
+/// What a container naming a claim gets ([`Snapshot::claim_for`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum ClaimFor {
+    /// The claim's CPUs.
+    Held(ClaimHeld),
+    /// Nothing of the claim's (said why): it is not prepared here, or not the pod's.
+    Refused(String),
+    /// The claim is the pod's, but its CPUs are not all held: the container is not created.
+    Lost(String),
+}
+
+/// What the container of pod `pod_uid` naming a claim recorded as `rec` gets, `held` saying
+/// which CPUs an assignment holds.
+pub(crate) fn decide(
+    rec: Option<&PreparedClaim>,
+    uid: &str,
+    pod_uid: &str,
+    held: impl Fn(&AssignmentId) -> Option<CpuSet>,
+) -> ClaimFor {
+    let Some(rec) = rec else {
+        return ClaimFor::Refused(format!("claim {uid} is not prepared on this node"));
+    };
+    if !rec.pods.iter().any(|p| p == pod_uid) {
+        return ClaimFor::Refused(format!(
+            "claim {}/{} ({uid}) is not reserved for its pod {pod_uid}",
+            rec.namespace, rec.name
+        ));
+    }
+    let mut cpus = CpuSet::new();
+    for id in &rec.assignments {
+        match held(id) {
+            Some(c) => cpus = cpus.union(&c),
+            None => {
+                return ClaimFor::Lost(format!(
+                    "{id} of claim {}/{} is no longer held",
+                    rec.namespace, rec.name
+                ))
+            }
+        }
+    }
+    ClaimFor::Held(ClaimHeld {
+        name: format!("{}/{}", rec.namespace, rec.name),
+        ids: rec.assignments.clone(),
+        cpus,
+    })
+}
+
+/// What a claim container's start does.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AtStart {
+    /// Point the claim's only assignment, held for no container, at the container's cgroup.
+    Bind(AssignmentId),
+    /// It is bound to the container's cgroup already (a resync).
+    Bound,
+    /// Read the container's cgroup back against the claim's CPUs: they are bound to another
+    /// container's cgroup (`Some`), or the claim has several assignments, which one cgroup
+    /// cannot all be the target of (`None`: the engine then records the container running on
+    /// them all).
+    ReadBack(Option<CgroupPath>),
+    /// Some of its CPUs are no longer held (said which).
+    Lost(String),
+}
+
+/// What the start of a container of `held` in `cgroup` does, given where each assignment of
+/// the claim points now (`None`: released).
+pub(crate) fn at_start(
+    held: &ClaimHeld,
+    cgroup: &CgroupPath,
+    target_of: impl Fn(&AssignmentId) -> Option<Target>,
+) -> AtStart {
+    let mut targets = Vec::new();
+    for id in &held.ids {
+        match target_of(id) {
+            Some(t) => targets.push(t),
+            None => return AtStart::Lost(format!("{id} of claim {} is no longer held", held.name)),
+        }
+    }
+    match (held.ids.as_slice(), targets.as_slice()) {
+        ([id], [Target::Kubelet(_)]) => AtStart::Bind(id.clone()),
+        ([_], [Target::Cgroup(p)]) if p == cgroup => AtStart::Bound,
+        ([_], [Target::Cgroup(p)]) => AtStart::ReadBack(Some(p.clone())),
+        _ => AtStart::ReadBack(None),
     }
 }
 

@@ -31,7 +31,8 @@
 //! payload is the state as pretty-printed JSON followed by a newline (both counted in the length
 //! and the checksum). Pretty JSON costs a few bytes and lets an operator read the state with
 //! `tail -n +2 state.json | jq`. Version 1 (`cpupoold-state 1 <len> <crc32>`, written before the
-//! journal existed) is read as including sequence 0, so an installed daemon upgrades in place.
+//! journal existed) is read as including sequence 0, and version 2 (the same header as 3; its
+//! states have no prepared DRA claims) as it is, so an installed daemon upgrades in place.
 //!
 //! # Journal format
 //!
@@ -155,8 +156,10 @@ pub use error::{PrevCopy, StoreError};
 use format::{frame, len_u64};
 pub use remembered::{MemoryFile, Remembered, RememberedError};
 
-/// The snapshot format version written by this build; it reads this one and version 1.
-pub const FORMAT_VERSION: u32 = 2;
+/// The snapshot format version written by this build; it reads this one, version 2 (the same
+/// header, a state without prepared DRA claims: those were record files, which the engine takes
+/// in at start) and version 1.
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The current snapshot, in the state directory.
 pub const STATE_FILE: &str = "state.json";

@@ -1,90 +1,42 @@
-//! The DRA driver's prepared claims on disk: one JSON file per claim, `<uid>.json`, in
-//! `<state_dir>/dra/`, each written durably ([`Root::replace`]) before NodePrepareResources
-//! answers and removed at NodeUnprepareResources.
+//! The DRA claim records of earlier releases: one JSON file per prepared claim, `<uid>.json`,
+//! in `<state_dir>/dra/`. A prepared claim is now the engine's state, saved in its journal
+//! with the assignments that hold its CPUs ([`crate::core::state::PreparedClaim`]); the engine
+//! reads these files once at start, takes the claims they record into the state, and removes
+//! them once the state holding them is saved.
 //!
 //! ```text
-//! k8s::dra (prepare) ──save──► <state_dir>/dra/<uid>.json ◄──load── nri (CreateContainer:
-//!                                                                   CPUPOOL_CLAIM=<uid>)
+//! <state_dir>/dra/<uid>.json ──load (start, once)──► engine state (claims) ──► removed
 //! ```
-//!
-//! The CPUs themselves are the engine's (the record names the assignments, `dra-<uid>-<n>`);
-//! a record adds what the engine does not keep: the pods the claim is reserved for (whose
-//! containers may use it), the devices answered to the kubelet and their CDI ids. Both
-//! survive a restart of cpupoold and of the kubelet: the kubelet asks to prepare again, and the
-//! record answers the same.
 //!
 //! A record decides which containers get which CPUs, so it is held to the state files' rule
 //! ([`Root::read_own`]: one every user may write is refused, another owner warned of), and it
 //! may name only its own claim's assignments (`dra-<uid>-<n>`, [`assignment_name`]): a record
-//! naming another's (`app`, or another claim's) is refused as corrupt. A record is checked to
-//! fit [`CAP`] before the claim's CPUs are booked ([`PreparedClaim::encode`]), so none is
-//! written that could not be read back.
+//! naming another's (`app`, or another claim's) is refused as corrupt, left where it is and
+//! said. [`Claims::save`] writes one as earlier releases did (the migration's tests use it).
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 pub use crate::core::dra::names::{assignment_name, claim_of, valid_uid, MAX_UID};
-use crate::core::state::AssignmentId;
 use crate::host::fsutil::{FsError, Root};
 
 /// The records' directory below the state directory.
 pub const DIR: &str = "dra";
 /// The largest record written or read (a claim has at most 32 results and 256 pods).
-pub const CAP: u64 = 256 * 1024;
+pub const CAP: u64 = crate::core::state::MAX_CLAIM_BYTES;
 
-/// One device answered for a claim (the kubelet's `Device`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PreparedDevice {
-    /// The claim's requests it serves.
-    pub request_names: Vec<String>,
-    /// The ResourceSlice pool (the node's name).
-    pub pool_name: String,
-    /// The device (`dp-numa0`).
-    pub device_name: String,
-    /// Its CDI device ids.
-    pub cdi_device_ids: Vec<String>,
-}
+/// A claim record is the state's prepared claim, as it was written in a file.
+pub use crate::core::state::{PreparedClaim, PreparedDevice};
 
-/// A prepared claim.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PreparedClaim {
-    /// The claim's uid.
-    pub uid: String,
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// The engine's assignments that hold its CPUs.
-    pub assignments: Vec<AssignmentId>,
-    /// The uids of the pods in its `status.reservedFor`: only their containers get its CPUs.
-    pub pods: Vec<String>,
-    /// What the kubelet was answered.
-    pub devices: Vec<PreparedDevice>,
-}
-
-impl PreparedClaim {
-    /// The record's bytes as written; an error when they would not fit [`CAP`] (and so could
-    /// not be read back).
-    pub fn encode(&self) -> Result<Vec<u8>, ClaimsError> {
-        let data = serde_json::to_vec_pretty(self).unwrap_or_default();
-        if data.len() as u64 > CAP {
-            return Err(ClaimsError::TooLarge { bytes: data.len(), pods: self.pods.len() });
-        }
-        Ok(data)
+/// Why the record is not its claim's own: a uid that is not the file's, or an assignment not
+/// named by [`assignment_name`] for it.
+fn foreign(rec: &PreparedClaim, uid: &str) -> Option<String> {
+    if rec.uid != uid {
+        return Some(format!("it says uid `{}`", crate::core::echo(&rec.uid)));
     }
-
-    /// Why the record is not its claim's own: a uid that is not the file's, or an assignment
-    /// not named by [`assignment_name`] for it.
-    fn foreign(&self, uid: &str) -> Option<String> {
-        if self.uid != uid {
-            return Some(format!("it says uid `{}`", crate::core::echo(&self.uid)));
-        }
-        self.assignments
-            .iter()
-            .find(|a| claim_of(a.as_str()) != Some(uid))
-            .map(|a| format!("it names assignment `{a}`, which is not one of claim {uid}'s (dra-{uid}-<n>)"))
-    }
+    rec.assignments
+        .iter()
+        .find(|a| claim_of(a.as_str()) != Some(uid))
+        .map(|a| format!("it names assignment `{a}`, which is not one of claim {uid}'s (dra-{uid}-<n>)"))
 }
 
 /// Why a record could not be read, written or removed.
@@ -116,15 +68,8 @@ pub enum ClaimsError {
         why: String,
     },
     /// The record would not fit [`CAP`].
-    #[error(
-        "its record would take {bytes} bytes ({pods} pods reserved), over the {CAP} cpupoold reads back"
-    )]
-    TooLarge {
-        /// Its size.
-        bytes: usize,
-        /// The pods it names.
-        pods: usize,
-    },
+    #[error(transparent)]
+    TooLarge(#[from] crate::core::state::TooLarge),
 }
 
 /// The records' directory.
@@ -161,7 +106,7 @@ impl Claims {
         let path = || self.root.path().join(&file).display().to_string();
         let rec: PreparedClaim =
             serde_json::from_slice(&bytes).map_err(|source| ClaimsError::Corrupt { file: path(), source })?;
-        match rec.foreign(uid) {
+        match foreign(&rec, uid) {
             Some(why) => Err(ClaimsError::Foreign { file: path(), uid: uid.to_owned(), why }),
             None => Ok(Some(rec)),
         }
@@ -210,7 +155,7 @@ mod tests {
     use test_support::apiserver;
 
     use super::*;
-    use crate::core::state::Target;
+    use crate::core::state::{AssignmentId, Target};
 
     #[test]
     fn records_round_trip_and_refuse_path_uids() {

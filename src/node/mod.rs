@@ -10,8 +10,8 @@
 //! clients   our clients of them: Registration, PodResourcesLister, the CRI's ListContainers
 //! incoming  the sockets the kubelet dials (device plugin, DRA): bound in place, connections
 //!           within a budget
-//! claims    the DRA driver's prepared claims on disk (<state_dir>/dra/<uid>.json), which the
-//!           NRI plugin reads at CreateContainer
+//! claims    the DRA claim records of earlier releases (<state_dir>/dra/<uid>.json), which the
+//!           engine takes into its state at start
 //! cdi       the CDI spec of a prepared claim, which the runtime reads (/var/run/cdi)
 //! ```
 //!

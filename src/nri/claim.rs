@@ -4,10 +4,10 @@
 //! held again for no container when it goes.
 //!
 //! ```text
-//! CreateContainer: env CPUPOOL_CLAIM=<uid> ──► <state_dir>/dra/<uid>.json (node::claims)
+//! CreateContainer: env CPUPOOL_CLAIM=<uid> ──► the snapshot's prepared claim (Snapshot::claim_for)
 //!   pod uid among the claim's reservedFor? ──no──► no pool's CPUs, and a warning
-//!   └─yes─► the CPUs of its assignments in the engine's snapshot ──► the adjustment
-//! StartContainer (at_start):
+//!   └─yes─► the CPUs of its assignments in the same snapshot ──► the adjustment
+//! StartContainer (the snapshot's Snapshot::claim_start):
 //!   its one assignment held for no container ──► bind.rs: bound to the container's cgroup,
 //!       applied (an isolated pool's: a partition) and read back; a difference fails the start
 //!   bound to another container's cgroup ──► the container's own cpuset.cpus.effective read
@@ -35,120 +35,29 @@ use super::bind::owner_of;
 use super::context::{env_of, name_of, Call, Held, Seen};
 use super::proto as api;
 use super::ttrpc::{code, Status};
-use super::Options;
 use crate::core::cpuset::CpuSet;
 use crate::core::state::{AssignmentId, CgroupPath, Container as Owner, Target};
-use crate::engine::Snapshot;
+use crate::engine::{AtStart, ClaimFor, Snapshot};
 use crate::error_chain;
-use crate::node::claims::{Claims, PreparedClaim};
-
-/// What a container naming claim `uid` gets.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Claimed {
-    /// The claim's CPUs.
-    Held(Held),
-    /// Nothing of the claim's (said why): it is not prepared here, or not the pod's.
-    Refused(String),
-    /// The claim is the pod's, but its CPUs are not all held: the container is not created.
-    Lost(String),
-}
-
-/// What the container of pod `pod_uid` naming a claim recorded as `rec` gets.
-pub(super) fn decide(
-    rec: Option<&PreparedClaim>,
-    uid: &str,
-    pod_uid: &str,
-    held: impl Fn(&AssignmentId) -> Option<CpuSet>,
-) -> Claimed {
-    let Some(rec) = rec else {
-        return Claimed::Refused(format!("claim {uid} is not prepared on this node"));
-    };
-    if !rec.pods.iter().any(|p| p == pod_uid) {
-        return Claimed::Refused(format!(
-            "claim {}/{} ({uid}) is not reserved for its pod {pod_uid}",
-            rec.namespace, rec.name
-        ));
-    }
-    let mut cpus = CpuSet::new();
-    for id in &rec.assignments {
-        match held(id) {
-            Some(c) => cpus = cpus.union(&c),
-            None => {
-                return Claimed::Lost(format!(
-                    "{id} of claim {}/{} is no longer held",
-                    rec.namespace, rec.name
-                ))
-            }
-        }
-    }
-    Claimed::Held(Held {
-        name: format!("{}/{}", rec.namespace, rec.name),
-        ids: rec.assignments.clone(),
-        cpus,
-    })
-}
 
 /// The claim container `c` of `pod` names, if it names one that is its pod's; `who` names the
 /// container in what is said.
 pub(super) fn held_for(
-    opts: &Options,
     snap: &Snapshot,
     pod: &api::PodSandbox,
     c: &api::Container,
     who: &str,
 ) -> Result<Option<Held>, Status> {
     let Some(uid) = env_of(c, cpupool_wire::names::ENV_CLAIM) else { return Ok(None) };
-    let rec = Claims::new(&opts.state_dir).load(uid).map_err(|e| {
-        Status::new(code::UNAVAILABLE, format!("cpupoold: container {who}: {}", crate::error_chain(&e)))
-    })?;
-    let held = |id: &AssignmentId| snap.assignment(id).map(|a| a.cpus.clone());
-    match decide(rec.as_ref(), uid, &pod.uid, held) {
-        Claimed::Held(held) => Ok(Some(held)),
-        Claimed::Refused(why) => {
+    match snap.claim_for(uid, &pod.uid) {
+        ClaimFor::Held(held) => Ok(Some(held)),
+        ClaimFor::Refused(why) => {
             log::warn!("NRI: container {who} names a DRA claim in its environment, but {why}: it gets none of its CPUs");
             Ok(None)
         }
-        Claimed::Lost(why) => {
+        ClaimFor::Lost(why) => {
             Err(Status::new(code::FAILED_PRECONDITION, format!("cpupoold: container {who}: {why}")))
         }
-    }
-}
-
-/// What a claim container's start does.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum AtStart {
-    /// Point the claim's only assignment, held for no container, at the container's cgroup.
-    Bind(AssignmentId),
-    /// It is bound to the container's cgroup already (a resync).
-    Bound,
-    /// Read the container's cgroup back against the claim's CPUs: they are bound to another
-    /// container's cgroup (`Some`), or the claim has several assignments, which one cgroup
-    /// cannot all be the target of (`None`: the engine then records the container running on
-    /// them all).
-    ReadBack(Option<CgroupPath>),
-    /// Some of its CPUs are no longer held (said which).
-    Lost(String),
-}
-
-/// What the start of a container of `held` in `cgroup` does, given where each assignment of
-/// the claim points now (`None`: released).
-pub(super) fn at_start(
-    held: &Held,
-    cgroup: &CgroupPath,
-    target_of: impl Fn(&AssignmentId) -> Option<Target>,
-) -> AtStart {
-    let mut targets = Vec::new();
-    for id in &held.ids {
-        match target_of(id) {
-            Some(t) => targets.push(t),
-            None => return AtStart::Lost(format!("{id} of claim {} is no longer held", held.name)),
-        }
-    }
-    match (held.ids.as_slice(), targets.as_slice()) {
-        ([id], [Target::Kubelet(_)]) => AtStart::Bind(id.clone()),
-        ([_], [Target::Cgroup(p)]) if p == cgroup => AtStart::Bound,
-        ([_], [Target::Cgroup(p)]) => AtStart::ReadBack(Some(p.clone())),
-        _ => AtStart::ReadBack(None),
     }
 }
 
@@ -195,7 +104,7 @@ pub(super) async fn start(
         return Ok(());
     };
     let snap = call.handle.snapshot();
-    let bound = match at_start(held, &cgroup, |id| snap.assignment(id).map(|a| a.target.clone())) {
+    let bound = match snap.claim_start(held, &cgroup) {
         AtStart::Bind(id) => {
             let what = format!("claim {} ({id})", held.name);
             return super::bind::bind(call, pod, c, &id, cgroup, &what).await;
@@ -339,51 +248,14 @@ pub(super) async fn unbind(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
+    use crate::engine::view::at_start;
 
     fn held(id: &str, cpus: &str) -> (AssignmentId, CpuSet) {
         (
             AssignmentId::new(id).unwrap_or_else(|e| panic!("{e}")),
             CpuSet::parse(cpus).unwrap_or_else(|e| panic!("{e}")),
         )
-    }
-
-    #[test]
-    fn only_the_pods_a_claim_is_reserved_for_get_its_cpus() {
-        let rec = PreparedClaim {
-            uid: "u1".into(),
-            namespace: "team".into(),
-            name: "c".into(),
-            assignments: vec![held("dra-u1-0", "1").0, held("dra-u1-1", "9").0],
-            pods: vec!["pod-a".into(), "pod-b".into()],
-            devices: vec![],
-        };
-        let all: BTreeMap<_, _> = [held("dra-u1-0", "1"), held("dra-u1-1", "9")].into_iter().collect();
-        let all = |id: &AssignmentId| all.get(id).cloned();
-        let both = Claimed::Held(Held {
-            name: "team/c".into(),
-            ids: rec.assignments.clone(),
-            cpus: CpuSet::parse("1,9").unwrap_or_else(|e| panic!("{e}")),
-        });
-        // Two pods share the claim; each gets all of its CPUs.
-        assert_eq!(decide(Some(&rec), "u1", "pod-a", all), both);
-        assert_eq!(decide(Some(&rec), "u1", "pod-b", all), both);
-        // Another pod naming it in its environment gets nothing.
-        let other = decide(Some(&rec), "u1", "pod-x", all);
-        assert!(
-            matches!(&other, Claimed::Refused(w) if w.contains("not reserved for its pod pod-x")),
-            "{other:?}"
-        );
-        // A claim not prepared here.
-        assert!(matches!(decide(None, "u9", "pod-a", all), Claimed::Refused(_)));
-        // CPUs released behind the claim's back: the container is not created.
-        let some: BTreeMap<_, _> = [held("dra-u1-0", "1")].into_iter().collect();
-        let some = |id: &AssignmentId| some.get(id).cloned();
-        assert!(
-            matches!(decide(Some(&rec), "u1", "pod-a", some), Claimed::Lost(w) if w.contains("dra-u1-1"))
-        );
     }
 
     fn cgroup(p: &str) -> CgroupPath {

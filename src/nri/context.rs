@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use super::proto as api;
 use super::Options;
-use crate::core::cpuset::CpuSet;
 use crate::core::state::{AssignmentId, CgroupPath, Container as Owner};
 use crate::engine::{EngineError, Handle};
 use crate::node::clients;
@@ -58,13 +57,5 @@ pub(super) struct Seen {
     pub(super) claim: Option<Held>,
 }
 
-/// The claim a container runs on, as found at its creation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Held {
-    /// `namespace/name`, as said.
-    pub(super) name: String,
-    /// Its assignments.
-    pub(super) ids: Vec<AssignmentId>,
-    /// Their CPUs.
-    pub(super) cpus: CpuSet,
-}
+/// The claim a container runs on, as found at its creation (the snapshot's answer).
+pub(super) use crate::engine::ClaimHeld as Held;

@@ -76,8 +76,6 @@ pub struct Options {
     pub resource_prefix: String,
     /// `kubelet.millicpus_per_device`.
     pub millis_per_device: u64,
-    /// `paths.state_dir`: the DRA driver's prepared claims are recorded below it.
-    pub state_dir: PathBuf,
 }
 
 impl Options {
@@ -89,7 +87,6 @@ impl Options {
             pod_resources: crate::host::kubelet::pod_resources_socket(&s.paths.kubelet_dir),
             resource_prefix: s.kubelet.resource_prefix.clone(),
             millis_per_device: s.kubelet.millicpus_per_device,
-            state_dir: s.paths.state_dir.clone(),
         }
     }
 }

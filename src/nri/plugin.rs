@@ -325,7 +325,7 @@ async fn seen_for(
 ) -> Result<Seen, Status> {
     let snap = call.handle.snapshot();
     let who = name_of(pod, c);
-    if let Some(held) = super::claim::held_for(call.opts, &snap, pod, c, &who)? {
+    if let Some(held) = super::claim::held_for(&snap, pod, c, &who)? {
         return Ok(Seen {
             owner: owner_of(pod, c),
             cgroup: cgroup_of(c),

@@ -1,11 +1,14 @@
 //! What the DRA driver's tests (tests/dra.rs, tests/dra_claims.rs) share: the daemon started
 //! as a DRA driver against the fake API server, the kubelet's registration of it, a claim's
-//! results and a one-claim prepare, and where its record and CDI spec are.
+//! results and a one-claim prepare, whether the daemon's state records a claim, and where a
+//! record of an earlier release and the CDI spec are.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cpupoold::core::state::{Delta, State, StateData};
+use cpupoold::host::store::{Loaded, Store};
 use cpupoold::node::proto::dra as pb;
 use serde_json::{json, Value};
 use test_support::dra::{self as peer, DraKubelet};
@@ -65,9 +68,37 @@ pub async fn prepare_one(k: &DraKubelet, c: &pb::Claim) -> pb::NodePrepareResour
     r.claims.remove(&c.uid).unwrap_or_else(|| panic!("no answer for {}", c.uid))
 }
 
-/// Where claim `uid`'s record is.
+/// Where claim `uid`'s record was written by releases before a prepared claim was the
+/// engine's state (the engine takes such records in at start).
 pub fn record_path(d: &Daemon, uid: &str) -> PathBuf {
     d.sb.join(format!("state/dra/{uid}.json"))
+}
+
+/// The state the daemon's files hold (its snapshot and journal, read as a restart reads them).
+pub fn saved(d: &Daemon) -> StateData {
+    let store = Store::open(&d.sb.join("state")).unwrap_or_else(|e| panic!("{e}"));
+    match store.load(|s: &mut State, c: Delta| s.apply(c)).unwrap_or_else(|e| panic!("{e}")) {
+        Loaded::State(s) => StateData::from(s),
+        Loaded::Fresh => panic!("no state in {}", d.sb.display()),
+    }
+}
+
+/// Whether the daemon's durable state records claim `uid` as prepared.
+pub fn recorded(d: &Daemon, uid: &str) -> bool {
+    saved(d).claims.contains_key(uid)
+}
+
+/// Makes the daemon's state (it is stopped) forget claim `uid` and keep its bookings, as an
+/// earlier release's crash between booking a claim and writing its record left it: one
+/// record appended to the journal with the store's own append.
+pub fn forget_record(sb: &Path, uid: &str) {
+    let store = Store::open(&sb.join("state")).unwrap_or_else(|e| panic!("{e}"));
+    let next_id = match store.load(|s: &mut State, c: Delta| s.apply(c)).unwrap_or_else(|e| panic!("{e}")) {
+        Loaded::State(s) => s.data().next_id,
+        Loaded::Fresh => panic!("no state in {}", sb.display()),
+    };
+    let forget = Delta { forget: vec![uid.to_owned()], next_id, ..Delta::default() };
+    store.append(&forget).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Where claim `uid`'s CDI spec is.

@@ -231,3 +231,42 @@ fn only_claim_assignments_bound_to_a_gone_container_are_held_again() {
         Assignment { reclaim: true, container: None, ..a("dra-x", Target::Cgroup(gone.clone())) };
     assert!(!bound_to_gone(&made_by_hand, &is_gone));
 }
+
+fn held_(i: &str, set: &str) -> (AssignmentId, CpuSet) {
+    (id(i), cpus(set))
+}
+
+#[test]
+fn only_the_pods_a_claim_is_reserved_for_get_its_cpus() {
+    let rec = PreparedClaim {
+        uid: "u1".into(),
+        namespace: "team".into(),
+        name: "c".into(),
+        assignments: vec![held_("dra-u1-0", "1").0, held_("dra-u1-1", "9").0],
+        pods: vec!["pod-a".into(), "pod-b".into()],
+        devices: vec![],
+    };
+    let all: std::collections::BTreeMap<_, _> =
+        [held_("dra-u1-0", "1"), held_("dra-u1-1", "9")].into_iter().collect();
+    let all = |id: &AssignmentId| all.get(id).cloned();
+    let both = ClaimFor::Held(ClaimHeld {
+        name: "team/c".into(),
+        ids: rec.assignments.clone(),
+        cpus: CpuSet::parse("1,9").unwrap_or_else(|e| panic!("{e}")),
+    });
+    // Two pods share the claim; each gets all of its CPUs.
+    assert_eq!(decide(Some(&rec), "u1", "pod-a", all), both);
+    assert_eq!(decide(Some(&rec), "u1", "pod-b", all), both);
+    // Another pod naming it in its environment gets nothing.
+    let other = decide(Some(&rec), "u1", "pod-x", all);
+    assert!(
+        matches!(&other, ClaimFor::Refused(w) if w.contains("not reserved for its pod pod-x")),
+        "{other:?}"
+    );
+    // A claim not prepared here.
+    assert!(matches!(decide(None, "u9", "pod-a", all), ClaimFor::Refused(_)));
+    // CPUs released behind the claim's back: the container is not created.
+    let some: std::collections::BTreeMap<_, _> = [held_("dra-u1-0", "1")].into_iter().collect();
+    let some = |id: &AssignmentId| some.get(id).cloned();
+    assert!(matches!(decide(Some(&rec), "u1", "pod-a", some), ClaimFor::Lost(w) if w.contains("dra-u1-1")));
+}

@@ -2,7 +2,7 @@
 //! includes, payload length, CRC-32) and the JSON payload (see the [store's docs](super) for the
 //! format). Encoding and the checks that find a damaged file, nothing that touches the disk.
 //! Version 1 files (no sequence; written before the journal existed) are still read, as
-//! including sequence 0.
+//! including sequence 0, and version 2 files (no prepared claims) as they are.
 
 use std::path::PathBuf;
 
@@ -94,10 +94,10 @@ pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, u64), Defe
         (1, _) => {
             return Err(Defect::BadHeader(format!("expected `{MAGIC} 1 <length> <crc32>`, found {header:?}")))
         }
-        (FORMAT_VERSION, [_, _, seq, len, crc]) => (*seq, *len, *crc),
-        (FORMAT_VERSION, _) => {
+        (2 | FORMAT_VERSION, [_, _, seq, len, crc]) => (*seq, *len, *crc),
+        (2 | FORMAT_VERSION, _) => {
             return Err(Defect::BadHeader(format!(
-                "expected `{MAGIC} {FORMAT_VERSION} <sequence> <length> <crc32>`, found {header:?}"
+                "expected `{MAGIC} {found} <sequence> <length> <crc32>`, found {header:?}"
             )))
         }
         _ => return Err(Defect::Version { found }),

@@ -87,7 +87,11 @@ fn round_trip() {
     let (header, payload) = text.split_once('\n').unwrap();
     assert_eq!(
         header,
-        format!("cpupoold-state 2 0 {} {:08x}", payload.len(), crc32fast::hash(payload.as_bytes()))
+        format!(
+            "cpupoold-state {FORMAT_VERSION} 0 {} {:08x}",
+            payload.len(),
+            crc32fast::hash(payload.as_bytes())
+        )
     );
     assert!(!store.prev_path().exists(), "first save has nothing to keep");
     assert!(!store.dir().join(TMP_FILE).exists());
@@ -141,10 +145,24 @@ fn flipped_byte_fails_checksum() {
 #[test]
 fn wrong_version() {
     let (_dir, store) = two_saves();
-    fs::write(store.path(), frame_with_header("cpupoold-state 3 whatever\n", b"{}")).unwrap();
+    fs::write(store.path(), frame_with_header("cpupoold-state 4 whatever\n", b"{}")).unwrap();
     let err = load(&store).unwrap_err();
-    assert!(matches!(err, StoreError::UnsupportedVersion { found: 3, supported: 2, .. }), "{err:?}");
+    assert!(matches!(err, StoreError::UnsupportedVersion { found: 4, supported: 3, .. }), "{err:?}");
     assert_names_file_and_prev(&err, &store);
+}
+
+/// A snapshot of the format before prepared claims were state (version 2, the same header) is
+/// read as it is: an installed daemon upgrades in place.
+#[test]
+fn version_2_is_read() {
+    let (_dir, store) = new_store();
+    store.save(&state(1)).unwrap();
+    let text = String::from_utf8(fs::read(store.path()).unwrap()).unwrap();
+    let (header, payload) = text.split_once('\n').unwrap();
+    let old = header.replacen(&format!("cpupoold-state {FORMAT_VERSION} "), "cpupoold-state 2 ", 1);
+    assert_ne!(old, header);
+    fs::write(store.path(), format!("{old}\n{payload}")).unwrap();
+    assert_eq!(load(&store).unwrap(), Loaded::State(state(1)));
 }
 
 #[test]
@@ -412,7 +430,10 @@ fn compaction_writes_the_snapshot_and_keeps_the_previous_pair() {
     store.save(&full).unwrap();
     assert!(!store.compact_due());
     let header = String::from_utf8(fs::read(store.path()).unwrap()).unwrap();
-    assert!(header.starts_with("cpupoold-state 2 3 "), "the snapshot includes record 3: {header}");
+    assert!(
+        header.starts_with(&format!("cpupoold-state {FORMAT_VERSION} 3 ")),
+        "the snapshot includes record 3: {header}"
+    );
     assert_eq!(journal_bytes(&store), journal::HEADER);
     assert_eq!(record_offsets(&fs::read(store.dir().join(JOURNAL_PREV_FILE)).unwrap()).len(), 3);
     assert_eq!(load(&store).unwrap(), Loaded::State(full.clone()));
@@ -544,7 +565,9 @@ fn restore_after_a_damaged_snapshot_replays_the_previous_pair_and_the_journal() 
     // Nothing acknowledged is lost: state.json.prev + state.journal.prev + state.journal.
     assert_eq!(restore(&store).unwrap(), bumped(2..=4));
     assert_eq!(fs::read(store.dir().join(CORRUPT_FILE)).unwrap(), snapshot);
-    assert!(String::from_utf8(fs::read(store.path()).unwrap()).unwrap().starts_with("cpupoold-state 2 3 "));
+    assert!(String::from_utf8(fs::read(store.path()).unwrap())
+        .unwrap()
+        .starts_with(&format!("cpupoold-state {FORMAT_VERSION} 3 ")));
     assert_eq!(load(&store).unwrap(), Loaded::State(bumped(2..=4)));
     store.append(&b(5)).unwrap();
     assert_eq!(load(&Store::open(store.dir()).unwrap()).unwrap(), Loaded::State(bumped(2..=5)));
@@ -566,7 +589,9 @@ fn a_version_1_state_file_loads_and_upgrades_in_place() {
     store.append(&b(2)).unwrap();
     let again = Store::open(store.dir()).unwrap();
     assert_eq!(load(&again).unwrap(), Loaded::State(bumped([2])));
-    assert!(String::from_utf8(fs::read(store.path()).unwrap()).unwrap().starts_with("cpupoold-state 2 0 "));
+    assert!(String::from_utf8(fs::read(store.path()).unwrap())
+        .unwrap()
+        .starts_with(&format!("cpupoold-state {FORMAT_VERSION} 0 ")));
     assert_eq!(fs::read(store.prev_path()).unwrap(), v1, "the v1 file is the previous copy");
     assert_eq!(again.previous(bump).unwrap(), bumped([2]));
 }

@@ -6,10 +6,12 @@
 //! kubelet plugin watcher ──dial──► <kubelet_dir>/plugins_registry/<driver>-reg.sock
 //!    GetInfo → {DRAPlugin, <driver>, endpoint, [v1.DRAPlugin]}; NotifyRegistrationStatus
 //! kubelet ──NodePrepareResources──► <kubelet_dir>/plugins/<driver>/dra.sock ── serve.rs
-//!    per claim (prepare.rs): GET the ResourceClaim → its results of our driver on this node's
-//!    pool → core::dra::resolve → engine.assign_all (one transaction, durable) → CDI spec
-//!    (node::cdi) → record (node::claims) → devices with CDI ids
-//! kubelet ──NodeUnprepareResources──► release, remove the CDI spec and the record
+//!    per claim (prepare.rs): recorded in the engine's state? → the same devices; else GET the
+//!    ResourceClaim → its results of our driver on this node's pool → snapshot.dra_wanted →
+//!    engine.prepare_claim (booked and recorded in one durable commit; the engine writes the
+//!    CDI spec) → devices with CDI ids
+//! kubelet ──NodeUnprepareResources──► engine.unprepare_claim (released and forgotten in one
+//!    commit; the CDI spec removed)
 //! container runtime ──CreateContainer (env CPUPOOL_CLAIM)──► nri: the claim's CPUs
 //! ```
 //!
@@ -50,8 +52,6 @@ pub struct Options {
     pub kubelet_dir: PathBuf,
     /// `paths.cdi_dir`.
     pub cdi_dir: PathBuf,
-    /// `paths.state_dir`, where the prepared claims are recorded.
-    pub state_dir: PathBuf,
     /// `kubelet.millicpus_per_device`: a shared pool's step.
     pub millis_per_device: u64,
 }
@@ -64,7 +64,6 @@ impl Options {
             node: node.to_owned(),
             kubelet_dir: settings.paths.kubelet_dir.clone(),
             cdi_dir: settings.paths.cdi_dir.clone(),
-            state_dir: settings.paths.state_dir.clone(),
             millis_per_device: settings.kubelet.millicpus_per_device,
         }
     }

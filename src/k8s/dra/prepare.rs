@@ -1,21 +1,20 @@
-//! Preparing and unpreparing one claim. Prepare: the record answers a claim prepared before
-//! (the kubelet asks again after its restart, or ours); otherwise the claim is read from the
-//! API server, its results of this driver on this node's pool decoded ([`core::dra::resolve`]),
-//! and its CPUs booked as one engine transaction ([`Handle::assign_all`]: all or nothing,
-//! durable before it answers), assignment `dra-<uid>-<n>` per device; then the CDI spec and
-//! the record are written, and a failure there gives the CPUs back. Every refusal names the
-//! claim, and the field, device and pool at fault, echoing what the peer sent only in part
-//! ([`crate::core::echo`]): a kubelet takes at most 4 MiB in an answer for all its claims.
+//! Preparing and unpreparing one claim. Prepare: a claim the engine has recorded answers as
+//! recorded (the kubelet asks again after its restart, or ours); otherwise the claim is read
+//! from the API server, its results of this driver on this node's pool decoded (the snapshot's
+//! [`dra_wanted`](crate::engine::Snapshot::dra_wanted)), and the claim sent to the engine as
+//! one request ([`Handle::prepare_claim`]): its assignments `dra-<uid>-<n>`, one per device,
+//! booked and the claim recorded in one commit, durable before it answers, and its CDI spec
+//! written by the engine after it. Every refusal names the claim, and the field, device and
+//! pool at fault, echoing what the peer sent only in part ([`crate::core::echo`]): a kubelet
+//! takes at most 4 MiB in an answer for all its claims.
 //!
-//! One claim is worked on by one call at a time ([`Driver::claim`]): two pods sharing a claim
-//! make the kubelet prepare it twice at once, and an unprepare may land while a prepare runs.
-//! Serialized, the second prepare finds the first's record and answers the same, and an
-//! unprepare finds either nothing or the whole of it. What a crash leaves half done (CPUs
-//! booked with no record, a record whose CPUs are gone, a record without its CDI spec) is put
-//! right when the driver starts ([`Driver::recover`]), before it serves.
+//! The engine owns the claim: it takes one request at a time, so two prepares of one claim
+//! (two pods sharing it) book it once and answer the same, and an unprepare landing while a
+//! prepare runs finds either nothing or the whole of it. What is left inconsistent by hand (a
+//! claim's assignment released by root) or by an earlier release's crash (CPUs booked with no
+//! record) is put right when the driver starts ([`Driver::recover`]), before it serves.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::BTreeMap;
 
 use http_body_util::BodyExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -26,12 +25,11 @@ use super::Options;
 use crate::core::cpuset::CpuSet;
 use crate::core::dra::{self as model, Millis};
 use crate::core::echo;
-use crate::core::pool::PoolKind;
-use crate::core::state::{AssignSpec, Assignment, AssignmentId, Target};
-use crate::engine::Handle;
+use crate::core::state::{AssignSpec, AssignmentId, PreparedClaim, PreparedDevice, Target};
+use crate::engine::{Handle, PrepareClaim};
 use crate::error_chain;
-use crate::node::cdi::{self, CdiDir};
-use crate::node::claims::{self, Claims, PreparedClaim, PreparedDevice};
+use crate::node::cdi;
+use crate::node::claims;
 use crate::node::proto::dra;
 
 /// Prepares and unprepares claims; shared by every call of the endpoint.
@@ -39,10 +37,6 @@ pub(super) struct Driver {
     handle: Handle,
     client: Client,
     opts: Options,
-    records: Claims,
-    cdi: CdiDir,
-    /// The claims being worked on, each by one call at a time; an entry goes with its last user.
-    busy: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
 }
 
 /// The largest ResourceClaim read from the API server, in bytes of its JSON. No API server
@@ -90,26 +84,7 @@ struct Ours {
 
 impl Driver {
     pub(super) fn new(handle: Handle, client: Client, opts: Options) -> Driver {
-        let (records, cdi) = (Claims::new(&opts.state_dir), CdiDir::new(&opts.cdi_dir));
-        Driver { handle, client, opts, records, cdi, busy: Mutex::new(HashMap::new()) }
-    }
-
-    /// Waits until no other call works on claim `uid`; the claim is this caller's while the
-    /// guard lives.
-    async fn claim(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut busy = self.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            busy.retain(|_, w| w.strong_count() > 0);
-            match busy.get(uid).and_then(Weak::upgrade) {
-                Some(l) => l,
-                None => {
-                    let l = Arc::new(tokio::sync::Mutex::new(()));
-                    busy.insert(uid.to_owned(), Arc::downgrade(&l));
-                    l
-                }
-            }
-        };
-        lock.lock_owned().await
+        Driver { handle, client, opts }
     }
 
     /// Prepares `c`; the devices to answer, or why not (naming the claim).
@@ -121,12 +96,15 @@ impl Driver {
         if let Err(e) = cdi::check_device_name(&c.uid) {
             return Err(format!("{who}: uid: not a CDI device name: {e}"));
         }
-        let _mine = self.claim(&c.uid).await;
-        if let Some(rec) = self.records.load(&c.uid).map_err(|e| format!("{who}: {}", error_chain(&e)))? {
-            if !self.cdi.has(&c.uid) {
-                self.write_cdi(&rec).map_err(|e| format!("{who}: {e}"))?;
+        if let Some(rec) = self.handle.snapshot().claim(&c.uid).cloned() {
+            match self.handle.prepare_claim(PrepareClaim { claim: rec, specs: Vec::new() }).await {
+                Ok(out) => return Ok(out.into_inner().devices.iter().map(to_wire).collect()),
+                Err(e) if self.handle.snapshot().claim(&c.uid).is_some() => {
+                    return Err(format!("{who}: {}", error_chain(&e)))
+                }
+                // Unprepared meanwhile: prepared anew.
+                Err(_) => {}
             }
-            return Ok(rec.devices.iter().map(to_wire).collect());
         }
         let claim = read_claim(&self.client, &c.namespace, &c.name)
             .await
@@ -141,39 +119,39 @@ impl Driver {
         let ours = ours(&claim, &self.opts).map_err(|e| format!("{who}: {e}"))?;
         // The record is made, and checked to fit, before anything is booked.
         let rec = record(c, &claim, &ours, &self.opts).map_err(|e| format!("{who}: {e}"))?;
-        let made = self.book(&c.uid, &ours).await.map_err(|e| format!("{who}: {e}"))?;
-        if made.iter().map(|a| &a.id).ne(rec.assignments.iter()) {
-            self.give_back(&made.iter().map(|a| a.id.clone()).collect::<Vec<_>>()).await;
-            return Err(format!(
-                "{who}: the engine booked other assignments than the record names; given back"
-            ));
+        let specs = self.bookings(&c.uid, &ours).map_err(|e| format!("{who}: {e}"))?;
+        let devices = ours.iter().map(|o| o.device.as_str()).collect::<std::collections::BTreeSet<_>>();
+        let out =
+            self.handle.prepare_claim(PrepareClaim { claim: rec, specs }).await.map_err(|e| match e {
+                crate::engine::EngineError::Claim(why) => format!("{who}: {why}"),
+                e => format!(
+                    "{who}: device(s) {} of pool {}: {}; nothing was booked",
+                    devices.into_iter().collect::<Vec<_>>().join(", "),
+                    self.opts.node,
+                    error_chain(&e)
+                ),
+            })?;
+        if out.changed() {
+            let snap = self.handle.snapshot();
+            let held = out.clone().into_inner().assignments;
+            let held = snap.claim_assignments(&held).unwrap_or_default();
+            log::info!(
+                "DRA: prepared {who}: CPUs {} ({})",
+                held.iter().fold(CpuSet::new(), |acc, a| acc.union(&a.cpus)),
+                held.iter().map(|a| format!("{} of pool {}", a.id, a.pool)).collect::<Vec<_>>().join(", ")
+            );
         }
-        if let Err(e) = self.write_cdi(&rec).and_then(|()| {
-            self.records.save(&rec).map_err(|e| {
-                format!("recording it in `{}`: {}", self.opts.state_dir.display(), error_chain(&e))
-            })
-        }) {
-            self.give_back(&rec.assignments).await;
-            let _ = self.cdi.remove(&c.uid);
-            return Err(format!("{who}: {e}; its CPUs were given back"));
-        }
-        log::info!(
-            "DRA: prepared {who}: CPUs {} ({})",
-            union(&made),
-            made.iter().map(|a| format!("{} of pool {}", a.id, a.pool)).collect::<Vec<_>>().join(", ")
-        );
-        Ok(rec.devices.iter().map(to_wire).collect())
+        Ok(out.into_inner().devices.iter().map(to_wire).collect())
     }
 
-    /// Books the CPUs of `ours` in one engine transaction.
-    async fn book(&self, uid: &str, ours: &[Ours]) -> Result<Vec<Assignment>, String> {
+    /// The bookings of `ours`, one per device, named `dra-<uid>-<n>`.
+    fn bookings(&self, uid: &str, ours: &[Ours]) -> Result<Vec<AssignSpec>, String> {
         let snap = self.handle.snapshot();
         let results: Vec<(String, Option<Millis>)> =
             ours.iter().map(|o| (o.device.clone(), o.consumed)).collect();
         let wanted = snap
             .dra_wanted(&results, self.opts.millis_per_device)
             .map_err(|e| format!("status.allocation.devices.results: {e} (pool {})", self.opts.node))?;
-        let devices: Vec<String> = wanted.iter().map(|w| w.device.clone()).collect();
         let mut specs = Vec::new();
         for (n, w) in wanted.into_iter().enumerate() {
             let name = claims::assignment_name(uid, n);
@@ -184,113 +162,44 @@ impl Driver {
                 ..AssignSpec::new(w.pool.to_string(), Target::Kubelet(name), w.size, Some(id))
             });
         }
-        match self.handle.assign_all(specs).await {
-            Ok(made) => Ok(made.into_iter().map(|o| o.into_inner()).collect()),
-            Err(e) => Err(format!(
-                "device(s) {} of pool {}: {}; nothing was booked",
-                devices.join(", "),
-                self.opts.node,
-                error_chain(&e)
-            )),
-        }
+        Ok(specs)
     }
 
-    /// Writes the CDI spec of `rec`, its environment from the CPUs its assignments hold now.
-    fn write_cdi(&self, rec: &PreparedClaim) -> Result<(), String> {
-        let snap = self.handle.snapshot();
-        let Ok(held) = snap.claim_assignments(&rec.assignments) else {
-            return Err(
-                "its CPUs are no longer held (released behind the driver's back); unprepare it".into()
-            );
-        };
-        let held: Vec<Assignment> = held.into_iter().cloned().collect();
-        let spec = cdi::spec(&self.opts.driver, &rec.uid, &env(&rec.uid, &held))
-            .map_err(|e| format!("its CDI spec: {e}"))?;
-        self.cdi.write(&rec.uid, &spec).map_err(|e| {
-            format!("writing its CDI spec in `{}`: {}", self.cdi.path().display(), error_chain(&e))
-        })
-    }
-
-    async fn give_back(&self, ids: &[AssignmentId]) {
-        for id in ids {
-            if let Err(e) = self.handle.release(id.as_str()).await {
-                log::warn!("DRA: giving back {id}: {}", error_chain(&e));
-            }
-        }
-    }
-
-    /// Unprepares `c`: its CPUs released, its CDI spec and record removed. A claim not
-    /// prepared here is done already.
+    /// Unprepares `c`: its CPUs released and the claim forgotten in one commit, its CDI spec
+    /// removed. A claim not prepared here is done already.
     pub(super) async fn unprepare(&self, c: &dra::Claim) -> Result<(), String> {
         let who = who(c);
         if !claims::valid_uid(&c.uid) {
             return Ok(());
         }
-        let _mine = self.claim(&c.uid).await;
         self.forget(&c.uid).await.map_err(|e| format!("{who}: {e}"))?;
         log::info!("DRA: unprepared {who}");
         Ok(())
     }
 
-    /// Releases claim `uid`'s assignments (found by their names: the record may be gone, or
-    /// not written yet after a crash), then removes its CDI spec and its record, in that order,
-    /// so that no record is left without its CPUs.
     async fn forget(&self, uid: &str) -> Result<(), String> {
-        let ids = self.handle.snapshot().claim_assignment_ids(uid);
-        for id in &ids {
-            match self.handle.release(id.as_str()).await {
-                Ok(a) => log::info!("DRA: claim {uid}: released {id} (CPUs {} of pool {})", a.cpus, a.pool),
-                Err(e) if self.handle.snapshot().assignment(id).is_some() => {
-                    return Err(format!("releasing {id}: {}", error_chain(&e)));
-                }
-                Err(_) => {}
-            }
+        let gone = self.handle.unprepare_claim(uid).await.map_err(|e| error_chain(&e))?;
+        for a in gone {
+            log::info!("DRA: claim {uid}: released {} (CPUs {} of pool {})", a.id, a.cpus, a.pool);
         }
-        self.cdi.remove(uid).map_err(|e| format!("removing its CDI spec: {}", error_chain(&e)))?;
-        self.records.remove(uid).map_err(|e| error_chain(&e))
+        Ok(())
     }
 
-    /// Puts right what a crash left half done, before the driver serves: CPUs booked for a
-    /// claim with no record (the kubelet was not answered, and asks again) are given back; a
-    /// record whose CPUs are not all held any more goes, with its CDI spec (the kubelet asks
-    /// again, or unprepares); a record whose CDI spec is missing gets it written again. A record
-    /// that cannot be trusted or read is left where it is and said, its claim not prepared.
+    /// Puts right, before the driver serves, what was left inconsistent: a claim whose CPUs
+    /// are not all held any more (released by hand) is unprepared (the kubelet asks again, or
+    /// unprepares); CPUs booked for a claim with no record (an earlier release's crash before
+    /// it answered; the kubelet asks again) are given back.
     pub(super) async fn recover(&self) {
-        let uids = match self.records.uids() {
-            Ok(u) => u,
-            Err(e) => return log::warn!("DRA: listing the prepared claims: {}", error_chain(&e)),
-        };
-        for uid in &uids {
-            let _mine = self.claim(uid).await;
-            let rec = match self.records.load(uid) {
-                Ok(Some(rec)) => rec,
-                Ok(None) => continue,
-                Err(e) => {
-                    log::error!("DRA: claim {uid}: {}; it is not served", error_chain(&e));
-                    continue;
-                }
-            };
-            if let Err(gone) = self.handle.snapshot().claim_assignments(&rec.assignments) {
-                log::warn!("DRA: claim {uid} is recorded as prepared but {gone} is not held: unpreparing it");
-                if let Err(e) = self.forget(uid).await {
-                    log::error!("DRA: claim {uid}: {e}");
-                }
-            } else if !self.cdi.has(uid) {
-                match self.write_cdi(&rec) {
-                    Ok(()) => log::info!("DRA: claim {uid}: its CDI spec was missing and is written again"),
-                    Err(e) => log::error!("DRA: claim {uid}: {e}"),
-                }
+        let snap = self.handle.snapshot();
+        for (uid, gone) in snap.claims_not_held() {
+            log::warn!("DRA: claim {uid} is recorded as prepared but {gone} is not held: unpreparing it");
+            if let Err(e) = self.forget(&uid).await {
+                log::error!("DRA: claim {uid}: {e}");
             }
         }
-        let orphans: Vec<String> = self
-            .handle
-            .snapshot()
-            .booked_claims()
-            .into_iter()
-            .filter(|uid| uids.binary_search(uid).is_err())
-            .collect();
+        let orphans: Vec<String> =
+            snap.booked_claims().into_iter().filter(|uid| snap.claim(uid).is_none()).collect();
         for uid in orphans {
-            let _mine = self.claim(&uid).await;
             log::warn!("DRA: claim {uid} has CPUs booked but no record (a crash before it was answered): giving them back");
             if let Err(e) = self.forget(&uid).await {
                 log::error!("DRA: claim {uid}: {e}");
@@ -362,7 +271,7 @@ fn consumed_cpu(
     }
 }
 
-/// The record of a claim about to be booked: its assignments as [`Driver::book`] names them,
+/// The record of a claim about to be booked: its assignments as [`Driver::bookings`] names them,
 /// one device answered per device of ours, with the requests it serves and the claim's one CDI
 /// device; an error when it names more pods than the API allows or would not fit a record.
 fn record(
@@ -387,7 +296,7 @@ fn record(
         ));
     }
     let pods = reserved.iter().filter(|c| c.resource == "pods").map(|c| c.uid.clone()).collect();
-    // One assignment per distinct device, as `book` makes them.
+    // One assignment per distinct device, as `bookings` makes them.
     let devices = {
         let mut seen = std::collections::BTreeSet::new();
         ours.iter().filter(|o| seen.insert(o.device.as_str())).count()
@@ -411,7 +320,7 @@ fn record(
             })
             .collect(),
     };
-    rec.encode().map_err(|e| format!("{}; nothing was booked", error_chain(&e)))?;
+    rec.encode().map_err(|e| format!("{e}; nothing was booked"))?;
     Ok(rec)
 }
 
@@ -422,26 +331,6 @@ fn to_wire(d: &PreparedDevice) -> dra::Device {
         device_name: d.device_name.clone(),
         cdi_device_ids: d.cdi_device_ids.clone(),
     }
-}
-
-fn union(held: &[Assignment]) -> CpuSet {
-    held.iter().fold(CpuSet::new(), |acc, a| acc.union(&a.cpus))
-}
-
-/// The container environment of a claim holding `held`: as the device plugin gives its
-/// containers, with the claim named for the NRI plugin.
-fn env(uid: &str, held: &[Assignment]) -> Vec<(String, String)> {
-    use cpupool_wire::names as n;
-    let cpus = union(held).to_string();
-    let join = |f: &dyn Fn(&Assignment) -> String| held.iter().map(f).collect::<Vec<_>>().join(",");
-    let exclusive = held.iter().all(|a| a.kind == PoolKind::Exclusive);
-    vec![
-        (n::ENV_CPUS.to_owned(), cpus.clone()),
-        (n::ENV_POOL.to_owned(), join(&|a| a.pool.to_string())),
-        ((if exclusive { n::ENV_EXCLUSIVE_CPUS } else { n::ENV_SHARED_CPUS }).to_owned(), cpus),
-        (n::ENV_ASSIGNMENT.to_owned(), join(&|a| a.id.to_string())),
-        (n::ENV_CLAIM.to_owned(), uid.to_owned()),
-    ]
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ fn opts() -> Options {
         node: "node-a".into(),
         kubelet_dir: PathBuf::from("/nonexistent"),
         cdi_dir: PathBuf::from("/nonexistent"),
-        state_dir: PathBuf::from("/nonexistent"),
         millis_per_device: 100,
     }
 }
