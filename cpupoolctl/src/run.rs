@@ -60,8 +60,8 @@ pub fn run(m: &mut Client, args: &RunArgs, amount: Amount, sandbox: bool) -> Res
     std::process::exit(code)
 }
 
-/// The variables COMMAND gets. Against a sandbox
-/// (`sandbox`) it also gets `CPUPOOL_SIMULATED=1`, and the user is told it runs unconfined.
+/// The variables COMMAND gets. Against a sandbox (`sandbox`) it also gets
+/// `CPUPOOL_SIMULATED=1`, and the user is told it runs unconfined.
 fn environment(
     pool: &cpupool_wire::views::Pool,
     a: &cpupool_wire::views::Assignment,
