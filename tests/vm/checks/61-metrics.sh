@@ -59,7 +59,11 @@ else
     v=$(awk '$1 == "cpupoold_isolation_device_interrupts_per_second{pool=\"dp\",cpu=\"2\"}" { print $2 }' /tmp/m-scrape)
     [ -n "$v" ] && awk -v v="$v" 'BEGIN { exit !(v > 0) }'
   }
-  check "device IRQ/s on CPU 2 rise above zero" wait_for 20 risen
+  # The first health sample after the pin shows the rise (a rate over the interval before it),
+  # and every scrape until the next sample shows it too. 60 s is a guard, not a measurement: it
+  # failed once at 20 s (6.1, the host running the test suite beside the TCG guest) with the
+  # IRQ counted on CPU 2 and no sample showing it; not seen again without that load.
+  check "device IRQ/s on CPU 2 rise above zero" wait_for 60 risen
   b=$(cpu2_count)
   echo "/proc/interrupts: IRQ $IRQ on CPU 2: +$((b - a))" >>"$OUT"
   check "/proc/interrupts counts IRQ $IRQ on CPU 2 too" test "$((b - a))" -gt 0
