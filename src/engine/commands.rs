@@ -6,7 +6,7 @@
 use tokio::sync::oneshot;
 
 use super::keeper::Pass;
-use super::ledger::{assigned, released, Decided, Made};
+use super::ledger::{assigned, released, Decided, Ledger, Made};
 use super::observe::Found;
 use super::{error_chain, Change, DriftReport, Engine, EngineError, Event, KubeletUpdate, Request};
 use crate::core::state::{self, AssignSpec, Assignment, Outcome};
@@ -41,10 +41,7 @@ impl Engine {
                 let _ = reply.send(self.edit_pool(&edit));
             }
             Request::Run(spec, reply) => {
-                let mut made = self.ledger.run_process(spec.clone());
-                if self.released_ended(&made) {
-                    made = self.ledger.run_process(spec);
-                }
+                let made = self.booking(|ledger| ledger.run_process(spec.clone()));
                 let _ = reply.send(self.published(made));
             }
             Request::Reapply(reply) => {
@@ -76,10 +73,7 @@ impl Engine {
                 let _ = reply.send(self.ledger.set_unpooled(cgroups));
             }
             Request::AssignAll(specs, reply) => {
-                let mut made = self.ledger.assign_all(specs.clone());
-                if self.released_ended(&made) {
-                    made = self.ledger.assign_all(specs);
-                }
+                let made = self.booking(|ledger| ledger.assign_all(specs.clone()));
                 let _ = reply.send(self.published(made));
             }
             Request::Kubelet(update, reply) => {
@@ -100,13 +94,9 @@ impl Engine {
     fn one(&mut self, m: Mutation) {
         match m {
             Mutation::Assign(spec, reply) => {
-                let assign = |ledger: &mut super::ledger::Ledger, spec: AssignSpec| {
-                    ledger.stamp(spec).map_err(EngineError::from).and_then(|s| ledger.assign(&s))
-                };
-                let mut made = assign(&mut self.ledger, spec.clone());
-                if self.released_ended(&made) {
-                    made = assign(&mut self.ledger, spec);
-                }
+                let made = self.booking(|ledger| {
+                    ledger.stamp(spec.clone()).map_err(EngineError::from).and_then(|s| ledger.assign(&s))
+                });
                 let _ = reply.send(self.published(made));
             }
             Mutation::Release(id, reply) => {
@@ -207,11 +197,17 @@ impl Engine {
         (next, decided)
     }
 
-    /// When `made` is a refusal for want of capacity: releases (and publishes) the pool's
-    /// assignments whose process ended; whether there were any, so the booking is worth
-    /// deciding again.
-    fn released_ended<T>(&mut self, made: &Result<T, EngineError>) -> bool {
-        short_pool(made).is_some_and(|pool| self.release_ended(&pool))
+    /// Makes a booking with `book`; refused for want of capacity, once more after the pool's
+    /// assignments whose process ended are released (and published), if there were any.
+    fn booking<T>(
+        &mut self,
+        mut book: impl FnMut(&mut Ledger) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let made = book(&mut self.ledger);
+        match short_pool(&made) {
+            Some(pool) if self.release_ended(&pool) => book(&mut self.ledger),
+            _ => made,
+        }
     }
 
     /// Releases (and publishes) `pool`'s assignments whose process ended; whether there were any.

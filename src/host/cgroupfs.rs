@@ -249,15 +249,23 @@ impl CgroupFs {
     /// Whether a cgroup or any cgroup below it holds a process (`cgroup.events`). A cgroup
     /// without the file (the sandbox) holds none.
     pub fn populated(&self, path: &CgroupPath) -> bool {
-        fs::read_to_string(self.dir(path).join("cgroup.events"))
-            .is_ok_and(|t| t.lines().any(|l| l.trim() == "populated 1"))
+        self.events_populated(path) == Some(true)
     }
 
     /// Whether the kernel says a cgroup and every cgroup below it hold no process
     /// (`populated 0` in `cgroup.events`); `false` where it cannot be read.
     pub fn emptied(&self, path: &CgroupPath) -> bool {
-        fs::read_to_string(self.dir(path).join("cgroup.events"))
-            .is_ok_and(|t| t.lines().any(|l| l.trim() == "populated 0"))
+        self.events_populated(path) == Some(false)
+    }
+
+    /// The `populated` line of a cgroup's `cgroup.events`; `None` where it cannot be read.
+    fn events_populated(&self, path: &CgroupPath) -> Option<bool> {
+        let text = fs::read_to_string(self.dir(path).join("cgroup.events")).ok()?;
+        text.lines().find_map(|l| match l.trim() {
+            "populated 1" => Some(true),
+            "populated 0" => Some(false),
+            _ => None,
+        })
     }
 
     /// Writes `cpu.max` for a CPU time limit of `millis` millicpus (`None`: no limit).
