@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .generate_default_stubs(true)
         .compile_fds(fds)?;
-    // NRI speaks ttRPC, not gRPC: its messages only (src/nri/ttrpc.rs carries the calls).
+    // NRI speaks ttRPC, not gRPC: its messages only (src/kubernetes/nri/ttrpc.rs carries the calls).
     let nri = "proto/nri/v1alpha1/api.proto";
     println!("cargo:rerun-if-changed={nri}");
     let fds = protox::compile([nri], ["proto"])?;

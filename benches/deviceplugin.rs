@@ -19,8 +19,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Varlink};
-use cpupoold::node::clients::unix_channel;
-use cpupoold::node::proto::v1beta1 as dp;
+use cpupoold::kubernetes::deviceplugin::proto::v1beta1 as dp;
+use cpupoold::kubernetes::grpc::clients::unix_channel;
 use serde_json::json;
 
 struct Registration;

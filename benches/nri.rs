@@ -27,7 +27,7 @@ mod timing;
 use std::time::{Duration, Instant};
 
 use common::Daemon;
-use cpupoold::nri::proto as api;
+use cpupoold::kubernetes::nri::proto as api;
 use test_support::nri::{self as fake, Node};
 use timing::{percentiles, ratio_row};
 
@@ -54,8 +54,9 @@ fn main() {
         f();
         t.elapsed()
     };
-    let kubelet =
-        cpupoold::node::clients::PodResources::new(node.sb.join("kubelet/pod-resources/kubelet.sock"));
+    let kubelet = cpupoold::kubernetes::grpc::clients::PodResources::new(
+        node.sb.join("kubelet/pod-resources/kubelet.sock"),
+    );
     let (mut floor, mut unpooled, mut create, mut start, mut stop) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut asked, mut synced) = (vec![], vec![]);
     // A durable write's floor: a ~200-byte record appended and fdatasync'ed beside the state.

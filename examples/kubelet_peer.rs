@@ -58,8 +58,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cpupoold::node::clients::unix_channel;
-use cpupoold::node::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::kubernetes::deviceplugin::proto::v1beta1 as dp;
+use cpupoold::kubernetes::grpc::clients::unix_channel;
+use cpupoold::kubernetes::grpc::proto::{cri, podresources as pr};
 use serde_json::{json, Value};
 use test_support::dra;
 use test_support::kubelet::{self, PodSource};
@@ -308,8 +309,8 @@ mod runtime {
     use std::collections::HashMap;
     use std::time::{Duration, Instant};
 
-    use cpupoold::node::clients::unix_channel;
-    use cpupoold::node::proto::cri;
+    use cpupoold::kubernetes::grpc::clients::unix_channel;
+    use cpupoold::kubernetes::grpc::proto::cri;
     use serde_json::{json, Value};
     use zvariant::Value as V;
 

@@ -173,7 +173,7 @@ pub fn settings(opts: RunOptions) -> Result<(RunOptions, Settings), DaemonError>
     #[cfg(feature = "k8s")]
     {
         let mut opts = opts;
-        let path = crate::k8s::cluster_file(&settings.paths.runtime_dir);
+        let path = crate::kubernetes::cluster::cluster_file(&settings.paths.runtime_dir);
         opts.dirs.cluster = Some(path.clone());
         match load_settings(&opts) {
             Ok(with_cluster) => Ok((opts, with_cluster)),

@@ -3,12 +3,12 @@
 //!
 //! Data flows inward to one owner: adapters decode requests and send them to the [`engine`],
 //! which decides every change of the state with the pure [`core`], executes its effects
-//! through the [`host`] side, saves the state and publishes a snapshot. The adapters that
-//! place a container (the device plugin, NRI, the DRA driver) read that snapshot and work
-//! out the container's CPUs from it with `core`'s functions; they change the state only through
-//! the engine (the DRA driver writes a prepared claim's record and CDI spec itself, once the
-//! engine has booked its CPUs). The floors the modules stand on, and the test that holds them,
-//! are in docs/development.md.
+//! through the [`host`] side, saves the state and publishes a snapshot. The adapters ask that
+//! snapshot their questions (a container's CPUs for its devices, a claim's assignments) and
+//! change the state only through the engine, which also owns a prepared DRA claim and writes
+//! its CDI spec. The management interfaces are [`api`]; everything that faces Kubernetes (the
+//! device plugin, NRI, the DRA driver, the cluster objects) is [`kubernetes`]. The floors the
+//! modules stand on, and the test that holds them, are in docs/development.md.
 #![forbid(unsafe_code)]
 pub mod api;
 pub mod backoff;
@@ -16,15 +16,11 @@ pub mod config;
 pub mod core;
 pub mod counters;
 pub mod daemon;
-pub mod deviceplugin;
 pub mod engine;
 pub mod fds;
 pub mod host;
-#[cfg(feature = "k8s")]
-pub mod k8s;
+pub mod kubernetes;
 pub mod logging;
-pub mod node;
-pub mod nri;
 pub mod reclaim;
 pub mod sandbox;
 pub mod sim;

@@ -99,7 +99,7 @@ fn main() -> ExitCode {
     }
     #[cfg(feature = "k8s")]
     if args.print_crd {
-        return match cpupoold::k8s::crd::crd_yaml() {
+        return match cpupoold::kubernetes::cluster::crd::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS
@@ -121,7 +121,7 @@ fn main() -> ExitCode {
     };
     #[cfg(feature = "k8s")]
     if args.print_deviceclasses {
-        return match cpupoold::k8s::classes::classes_yaml(&settings) {
+        return match cpupoold::kubernetes::cluster::classes::classes_yaml(&settings) {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS

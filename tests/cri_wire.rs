@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use cpupoold::node::proto::cri;
+use cpupoold::kubernetes::grpc::proto::cri;
 use prost::Message;
 
 #[test]

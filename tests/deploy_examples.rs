@@ -44,8 +44,8 @@ fn the_dropin_requires_the_plugin_by_the_name_it_registers() {
         v["required_plugins"].as_array().expect("a list").iter().filter_map(|p| p.as_str()).collect();
     // NRI's validator knows a plugin as NAME and as INDEX-NAME (GetPluginMap).
     let names = [
-        cpupoold::nri::PLUGIN_NAME.to_string(),
-        format!("{}-{}", cpupoold::nri::PLUGIN_INDEX, cpupoold::nri::PLUGIN_NAME),
+        cpupoold::kubernetes::nri::PLUGIN_NAME.to_string(),
+        format!("{}-{}", cpupoold::kubernetes::nri::PLUGIN_INDEX, cpupoold::kubernetes::nri::PLUGIN_NAME),
     ];
     assert!(
         required.iter().any(|r| names.iter().any(|n| n == r)),

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Varlink};
-use cpupoold::node::clients::unix_channel;
-use cpupoold::node::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::kubernetes::deviceplugin::proto::v1beta1 as dp;
+use cpupoold::kubernetes::grpc::clients::unix_channel;
+use cpupoold::kubernetes::grpc::proto::{cri, podresources as pr};
 use serde_json::json;
 use test_support::kubelet::{self, MemoryPods};
 use tokio::sync::mpsc;

@@ -13,7 +13,7 @@ mod fake_apiserver;
 use std::path::Path;
 
 use cpupoold::core::cpuset::CpuSet;
-use cpupoold::node::proto::dra as pb;
+use cpupoold::kubernetes::dra::proto::dra as pb;
 use serde_json::{json, Value};
 
 use common::Daemon;
@@ -61,7 +61,7 @@ fn assert_cdi_rules(spec: &Value, uid: &str) {
     let lowest = if uid.starts_with(|c: char| c.is_ascii_digit()) { "0.5.0" } else { "0.3.0" };
     assert_eq!(spec["cdiVersion"], lowest, "{spec}");
     assert_eq!(spec["devices"][0]["name"], uid, "{spec}");
-    assert_eq!(cpupoold::node::cdi::validate(spec), Ok(()), "{spec}");
+    assert_eq!(cpupoold::kubernetes::cdi::validate(spec), Ok(()), "{spec}");
 }
 
 fn env_of(spec: &Value, key: &str) -> Option<String> {
@@ -288,7 +288,7 @@ async fn claims_as_a_cluster_makes_them_several_in_one_call() {
 }
 
 /// The cpuset of a CreateContainer answer's adjustment.
-fn adjusted(r: &cpupoold::nri::proto::CreateContainerResponse) -> CpuSet {
+fn adjusted(r: &cpupoold::kubernetes::nri::proto::CreateContainerResponse) -> CpuSet {
     let cpu = r
         .adjust
         .as_ref()
@@ -304,7 +304,7 @@ fn assignment(d: &Daemon, id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
-    use cpupoold::nri::proto as api;
+    use cpupoold::kubernetes::nri::proto as api;
     use test_support::nri as fake;
     let dir = tempfile::tempdir().unwrap();
     let fake_api = Fake::start();
@@ -421,7 +421,7 @@ async fn containers_of_a_claims_pod_share_its_cpus_and_other_pods_get_none() {
 /// an API server makes do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_of_several_devices_runs_its_container_on_all_of_them() {
-    use cpupoold::nri::proto as api;
+    use cpupoold::kubernetes::nri::proto as api;
     use test_support::nri as fake;
     let dir = tempfile::tempdir().unwrap();
     let fake_api = Fake::start();

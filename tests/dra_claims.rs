@@ -16,7 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use cpupoold::node::proto::dra as pb;
+use cpupoold::kubernetes::dra::proto::dra as pb;
 use serde_json::{json, Value};
 
 use common::{Daemon, Varlink};
@@ -161,7 +161,7 @@ async fn records_are_held_to_the_state_files_rule() {
     let claims = recorded_claims(&d, &[&good, &open, &forged]);
     d.kill();
     let d0 = dir.path().join("sb");
-    let records = cpupoold::node::claims::Claims::new(&d0.join("state"));
+    let records = cpupoold::engine::claim_records::Claims::new(&d0.join("state"));
     for (c, rec) in [&good, &open, &forged].into_iter().zip(claims) {
         forget_record(&d0, &c.uid);
         records.save(&rec).unwrap();

@@ -399,7 +399,7 @@ fn fake_apiserver_401_and_409_are_retried() {
 /// connection and a 410 Gone.
 #[test]
 fn fake_apiserver_pod_watch_reconnects_and_relists() {
-    use cpupoold::k8s::pods::PodIndex;
+    use cpupoold::kubernetes::cluster::pods::PodIndex;
     let dir = tempfile::tempdir().unwrap();
     let fake = Fake::start();
     let kubeconfig = dir.path().join("kubeconfig");
@@ -421,15 +421,15 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = {
         let index = index.clone();
-        let opts = cpupoold::k8s::Options {
+        let opts = cpupoold::kubernetes::apiserver::Options {
             kubeconfig: Some(kubeconfig),
             node: NODE.into(),
             namespace: NS.into(),
             report_interval: Duration::from_millis(100),
         };
         rt.spawn(async move {
-            let client = cpupoold::k8s::client(&opts).await.unwrap();
-            cpupoold::k8s::pods::run(client, opts.node, index, stopped).await;
+            let client = cpupoold::kubernetes::apiserver::client(&opts).await.unwrap();
+            cpupoold::kubernetes::cluster::pods::run(client, opts.node, index, stopped).await;
         })
     };
     let found = |index: &PodIndex, pod: &str, cid: &str| {
@@ -471,7 +471,8 @@ fn fake_apiserver_pod_watch_reconnects_and_relists() {
 /// the pod and container as its owner.
 #[test]
 fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
-    use cpupoold::node::proto::{podresources as pr, v1beta1 as dp};
+    use cpupoold::kubernetes::deviceplugin::proto::v1beta1 as dp;
+    use cpupoold::kubernetes::grpc::proto::podresources as pr;
     use test_support::kubelet::{self, MemoryPods};
 
     let dir = tempfile::tempdir().unwrap();
@@ -517,7 +518,7 @@ fn fake_apiserver_pod_identity_reaches_the_device_plugin() {
     let sock = plugins.join("cpupoold-dp.sock");
     wait_for(WAIT, "the dp plugin socket", || if sock.exists() { Ok(()) } else { Err(d.logs()) });
     let envs = rt.block_on(async {
-        let channel = cpupoold::node::clients::unix_channel(sock.clone()).await.unwrap();
+        let channel = cpupoold::kubernetes::grpc::clients::unix_channel(sock.clone()).await.unwrap();
         let mut c = dp::device_plugin_client::DevicePluginClient::new(channel);
         let req = dp::AllocateRequest {
             container_requests: vec![dp::ContainerAllocateRequest { devices_ids: vec!["core-1".into()] }],

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Daemon, Varlink};
-use cpupoold::nri::proto as api;
+use cpupoold::kubernetes::nri::proto as api;
 use serde_json::json;
 use test_support::nri::{self as fake, Node};
 

@@ -1,6 +1,6 @@
 //! Devices: what each pool looks like to the kubelet, and the decoding of device ids back into
 //! CPUs. Pure: it reads a state and a topology, does no I/O and decides nothing the engine has
-//! not; the kubelet wing (`crate::deviceplugin`) encodes what it returns as gRPC messages.
+//! not; the kubelet wing (`crate::kubernetes::deviceplugin`) encodes what it returns as gRPC messages.
 //!
 //! Device ids are derived from the topology alone, so they are the same after every restart:
 //!

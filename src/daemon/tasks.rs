@@ -12,10 +12,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::varlink;
 use crate::config::Settings;
-use crate::deviceplugin;
 #[cfg(feature = "k8s")]
 use crate::engine::ConfigSource;
 use crate::engine::Handle;
+use crate::kubernetes::deviceplugin;
 
 use super::RunOptions;
 
@@ -57,7 +57,7 @@ pub(super) fn spawn_adapters(
 ) -> Arc<OnceLock<String>> {
     let restart = Arc::new(OnceLock::new());
     #[cfg(feature = "k8s")]
-    let pod_index = settings.k8s.enabled.then(crate::k8s::pods::PodIndex::new);
+    let pod_index = settings.k8s.enabled.then(crate::kubernetes::cluster::pods::PodIndex::new);
     if settings.kubelet.enabled {
         let mut plugin_opts = deviceplugin::Options::from_settings(settings);
         plugin_opts.max_connections = device_plugin;
@@ -68,9 +68,12 @@ pub(super) fn spawn_adapters(
         let plugin = spawn_plugin(tasks, stop, handle.clone(), plugin_opts, restart.clone());
         watch_task(tasks, "the device plugin", plugin);
         if settings.kubelet.nri {
-            let (h, nri_opts, stopped) =
-                (handle.clone(), crate::nri::Options::from_settings(settings), stop_flag(tasks, stop));
-            let nri = tasks.spawn(crate::nri::run(h, nri_opts, stopped));
+            let (h, nri_opts, stopped) = (
+                handle.clone(),
+                crate::kubernetes::nri::Options::from_settings(settings),
+                stop_flag(tasks, stop),
+            );
+            let nri = tasks.spawn(crate::kubernetes::nri::run(h, nri_opts, stopped));
             watch_task(tasks, "the NRI plugin", nri);
         }
     }
@@ -193,15 +196,17 @@ fn spawn_cluster(
     source: ConfigSource,
     path: &std::path::Path,
     settings: &Settings,
-    pods: &crate::k8s::pods::PodIndex,
+    pods: &crate::kubernetes::cluster::pods::PodIndex,
 ) -> Option<JoinHandle<()>> {
-    match crate::k8s::Options::from_settings(&settings.k8s) {
+    match crate::kubernetes::apiserver::Options::from_settings(&settings.k8s) {
         Ok(k8s_opts) => {
             let (h, path, pods, stopped) =
                 (handle.clone(), path.to_owned(), pods.clone(), stop_flag(tasks, stop));
-            let slices = crate::k8s::slices::Target::new(&k8s_opts.node, &settings.kubelet);
+            let slices = crate::kubernetes::cluster::slices::Target::new(&k8s_opts.node, &settings.kubelet);
             Some(tasks.spawn(async move {
-                if let Err(e) = crate::k8s::run(h, source, path, k8s_opts, slices, pods, stopped).await {
+                if let Err(e) =
+                    crate::kubernetes::cluster::run(h, source, path, k8s_opts, slices, pods, stopped).await
+                {
                     log::error!("k8s: {}; the local configuration files alone apply", crate::error_chain(&e));
                 }
             }))
@@ -224,10 +229,10 @@ fn spawn_dra(
     restart: Arc<OnceLock<String>>,
 ) {
     // spawn_cluster logged why the options cannot be had.
-    let Ok(k8s_opts) = crate::k8s::Options::from_settings(&settings.k8s) else { return };
-    let opts = crate::k8s::dra::Options::from_settings(settings, &k8s_opts.node);
+    let Ok(k8s_opts) = crate::kubernetes::apiserver::Options::from_settings(&settings.k8s) else { return };
+    let opts = crate::kubernetes::dra::Options::from_settings(settings, &k8s_opts.node);
     let (stopped, stop) = (stop_flag(tasks, stop), stop.clone());
-    let driver = crate::k8s::dra::run(handle.clone(), k8s_opts, opts, stopped);
+    let driver = crate::kubernetes::dra::run(handle.clone(), k8s_opts, opts, stopped);
     let task = tasks.spawn(async move {
         if let Err(e) = driver.await {
             let _ = restart.set(e.to_string());

@@ -8,7 +8,7 @@
 //! ```text
 //! PrepareClaim ──► recorded? ──yes──► the record (its CDI spec written again if missing)
 //!                  └─no─► decide its bookings + record it on one copy ──► commit (one save)
-//!                         ──► read back ──► CDI spec written and read back (node::cdi)
+//!                         ──► read back ──► CDI spec written and read back (kubernetes::cdi)
 //!                         a failure anywhere: the commit undone, nothing booked or recorded
 //! UnprepareClaim ──► release dra-<uid>-<n> + forget it on one copy ──► commit ──► spec removed
 //! start ──► records of earlier releases (<state_dir>/dra/<uid>.json) taken into the state,
@@ -17,6 +17,8 @@
 //!
 //! The CDI spec follows from the state: its environment is the CPUs the claim's assignments
 //! hold, written after the commit through the CDI directory the settings name.
+
+pub mod records;
 
 use std::path::{Path, PathBuf};
 
@@ -28,8 +30,8 @@ use crate::core::cpuset::CpuSet;
 use crate::core::dra::names::claim_of;
 use crate::core::pool::PoolKind;
 use crate::core::state::{self, Assignment, Outcome, PreparedClaim, State};
-use crate::node::cdi::{self, CdiDir};
-use crate::node::claims::Claims;
+use crate::kubernetes::cdi::{self, CdiDir};
+use records::Claims;
 
 /// Where the prepared claims' CDI specs go, and the driver whose kind they declare.
 pub(super) struct ClaimSpecs {
@@ -196,7 +198,7 @@ pub(super) fn remove_records(state_dir: &Path, uids: &[String]) {
         }
     }
     // The directory goes once it is empty; one left holding a record not taken stays.
-    let _ = std::fs::remove_dir(PathBuf::from(state_dir).join(crate::node::claims::DIR));
+    let _ = std::fs::remove_dir(PathBuf::from(state_dir).join(records::DIR));
 }
 
 /// Refuses a prepare whose bookings are not the claim's own assignments, in order.

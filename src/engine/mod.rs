@@ -29,7 +29,8 @@
 //! - `claims`: the prepared DRA claims: the ledger's prepare (the claim's assignments booked
 //!   and the claim recorded in one commit) and unprepare (released and forgotten in one), the
 //!   CDI specs that follow from the state (written after the commit, again at start when
-//!   missing), and the claim records of earlier releases taken into the state at start;
+//!   missing), and the claim records of earlier releases (`claims/records.rs`, exported as
+//!   `claim_records` for the migration's tests) taken into the state at start;
 //! - `reload`: new settings and pool edits;
 //! - `observe`: reading the host against a state, off the engine thread (the drift check's first
 //!   half), for reconciling and for the ledger's read-back;
@@ -69,6 +70,7 @@ use tokio::sync::{broadcast, watch};
 
 pub use crate::config::edit::ConfigSource;
 pub use actor::{StartError, StartReport};
+pub use claims::records as claim_records;
 pub use handle::{
     ping_within, Change, DriftReport, Event, Handle, PrepareClaim, Reports, Request, Snapshot, PING_TIMEOUT,
 };

@@ -2,7 +2,7 @@
 //! reads: the kubelet's CPU manager checkpoint, the cgroup tree where a pod's and a
 //! container's cgroups are found, the PodResources socket's place, and the identity of the
 //! sockets in its plugin directories. The kubelet's gRPC APIs and our clients of them are the
-//! node's plumbing (`crate::node`), not a host surface.
+//! Kubernetes home's plumbing (`crate::kubernetes::grpc`), not a host surface.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use cpupoold::node::clients::unix_channel;
-use cpupoold::node::proto::{dra, pluginregistration as reg};
+use cpupoold::kubernetes::dra::proto::{dra, pluginregistration as reg};
+use cpupoold::kubernetes::grpc::clients::unix_channel;
 use tonic::transport::Channel;
 
 /// The plugin type the kubelet's DRA manager takes.

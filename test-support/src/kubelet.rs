@@ -7,7 +7,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use cpupoold::node::proto::{cri, podresources as pr, v1beta1 as dp};
+use cpupoold::kubernetes::deviceplugin::proto::v1beta1 as dp;
+use cpupoold::kubernetes::grpc::proto::{cri, podresources as pr};
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -13,9 +13,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cpupoold::node::clients::unix_channel;
-use cpupoold::node::proto::v1beta1 as dp;
-use cpupoold::nri::proto as api;
+use cpupoold::kubernetes::deviceplugin::proto::v1beta1 as dp;
+use cpupoold::kubernetes::grpc::clients::unix_channel;
+use cpupoold::kubernetes::nri::proto as api;
 use prost::Message;
 
 use crate::kubelet::{self, MemoryPods};
@@ -407,7 +407,7 @@ impl Node {
     /// PodResources lists container `who` (`NAMESPACE/POD/CONTAINER`) holding `devices` of
     /// `pool`, one entry per device as the kubelet lists them.
     pub fn holds(&self, who: &str, pool: &str, devices: &[&str]) {
-        use cpupoold::node::proto::podresources as pr;
+        use cpupoold::kubernetes::grpc::proto::podresources as pr;
         let mut parts = who.splitn(3, '/');
         let (ns, pod, name) =
             (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));

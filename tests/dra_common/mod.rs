@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cpupoold::core::state::{Delta, State, StateData};
 use cpupoold::host::store::{Loaded, Store};
-use cpupoold::node::proto::dra as pb;
+use cpupoold::kubernetes::dra::proto::dra as pb;
 use serde_json::{json, Value};
 use test_support::dra::{self as peer, DraKubelet};
 

@@ -5,7 +5,7 @@
 //! CPUs, be applicable to the state (or refused by it with a typed error), and a preferred
 //! allocation must be a subset of what was available.
 use cpupoold::core::devices;
-use cpupoold::node::proto::v1beta1;
+use cpupoold::kubernetes::deviceplugin::proto::v1beta1;
 use cpupoold::config;
 use cpupoold::core::pool::Pool;
 use cpupoold::core::state::State;

@@ -198,7 +198,7 @@ fn records_of_an_earlier_release_are_taken_into_the_state_once_and_then_removed(
     let mut bad = prepare(&forged, 1).claim;
     bad.assignments = vec![AssignmentId::new("app").unwrap_or_else(|e| panic!("{e}"))];
     records.save(&bad).unwrap_or_else(|e| panic!("{e}"));
-    let file = |u: &str| f.sb.state().join(crate::node::claims::DIR).join(format!("{u}.json"));
+    let file = |u: &str| f.sb.state().join(crate::engine::claims::records::DIR).join(format!("{u}.json"));
 
     let (engine, _) = f.start();
     let (h, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));

@@ -12,7 +12,7 @@ use super::proto as api;
 use super::Options;
 use crate::core::state::{AssignmentId, CgroupPath, Container as Owner};
 use crate::engine::{EngineError, Handle};
-use crate::node::clients;
+use crate::kubernetes::grpc::clients;
 
 /// The engine, with the time left to answer the runtime.
 pub(super) struct Call<'a> {

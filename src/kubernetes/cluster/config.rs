@@ -214,7 +214,7 @@ pub async fn run(
     loop {
         let msg = tokio::select! {
             m = rx.recv() => m,
-            _ = super::stopped(&mut stop) => None,
+            _ = crate::kubernetes::apiserver::stopped(&mut stop) => None,
         };
         let Some(msg) = msg else { break };
         match msg {

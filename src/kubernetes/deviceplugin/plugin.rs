@@ -15,8 +15,8 @@ use crate::core::pool::{Pool, PoolKind, PoolName};
 use crate::core::state::{self, AssignmentId, Outcome};
 use crate::engine::{EngineError, Handle, Snapshot};
 use crate::error_chain;
-use crate::node::clients;
-use crate::node::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
+use crate::kubernetes::deviceplugin::proto::v1beta1::{self, device_plugin_server::DevicePlugin};
+use crate::kubernetes::grpc::clients;
 
 /// What every pool's service needs.
 #[derive(Clone)]

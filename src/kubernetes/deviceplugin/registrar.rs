@@ -12,15 +12,14 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
 use super::plugin::{self, PoolPlugin, Shared};
+use super::proto::v1beta1;
 use super::{Options, PluginError, KUBELET_SOCKET, VERSION};
 use crate::backoff::Backoff;
 use crate::core::devices;
 use crate::core::pool::PoolName;
 use crate::engine::{Event, Server};
 use crate::host::kubelet::{file_id as inode, FileId};
-use crate::node::clients;
-use crate::node::incoming;
-use crate::node::proto::v1beta1;
+use crate::kubernetes::grpc::{clients, incoming};
 
 /// One running pool endpoint.
 struct Running {
@@ -365,7 +364,7 @@ async fn next_event(w: &mut Option<inotify::EventStream<Vec<u8>>>) -> DirEvent {
     }
 }
 
-/// Registers `pool` with the kubelet.
+/// Registers `pool` with the kubelet, waited for at most 5 s.
 async fn register(opts: &Options, pool: &PoolName) -> Result<(), String> {
     let request = v1beta1::RegisterRequest {
         version: VERSION.into(),
@@ -373,5 +372,10 @@ async fn register(opts: &Options, pool: &PoolName) -> Result<(), String> {
         resource_name: devices::resource_name(&opts.resource_prefix, pool.as_str()),
         options: Some(plugin::options()),
     };
-    clients::register(&opts.kubelet_socket(), request).await
+    let call = async {
+        let channel = clients::channel(&opts.kubelet_socket()).await?;
+        let mut client = v1beta1::registration_client::RegistrationClient::new(channel);
+        clients::answer(client.register(request)).await.map(drop)
+    };
+    tokio::time::timeout(clients::ANSWER_WITHIN, call).await.map_err(|_| "no answer within 5 s".to_owned())?
 }

@@ -21,16 +21,16 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::core::params::GetParams;
 use kube::{Client, Resource};
 
+use super::proto::dra;
 use super::Options;
 use crate::core::cpuset::CpuSet;
+use crate::core::dra::names;
 use crate::core::dra::{self as model, Millis};
 use crate::core::echo;
 use crate::core::state::{AssignSpec, AssignmentId, PreparedClaim, PreparedDevice, Target};
 use crate::engine::{Handle, PrepareClaim};
 use crate::error_chain;
-use crate::node::cdi;
-use crate::node::claims;
-use crate::node::proto::dra;
+use crate::kubernetes::cdi;
 
 /// Prepares and unprepares claims; shared by every call of the endpoint.
 pub(super) struct Driver {
@@ -51,7 +51,10 @@ pub const MAX_CLAIM_BYTES: usize = 3 << 20;
 async fn read_claim(client: &Client, namespace: &str, name: &str) -> Result<ResourceClaim, String> {
     let url = ResourceClaim::url_path(&(), Some(namespace));
     let req = kube::core::Request::new(url).get(name, &GetParams::default()).map_err(|e| e.to_string())?;
-    let res = client.send(req.map(kube::client::Body::from)).await.map_err(|e| crate::k8s::describe(&e))?;
+    let res = client
+        .send(req.map(kube::client::Body::from))
+        .await
+        .map_err(|e| crate::kubernetes::apiserver::describe(&e))?;
     let status = res.status();
     let body = http_body_util::Limited::new(res.into_body(), MAX_CLAIM_BYTES)
         .collect()
@@ -63,7 +66,7 @@ async fn read_claim(client: &Client, namespace: &str, name: &str) -> Result<Reso
         .to_bytes();
     if !status.is_success() {
         return Err(match serde_json::from_slice::<kube::core::ErrorResponse>(&body) {
-            Ok(r) => crate::k8s::describe_status(&r),
+            Ok(r) => crate::kubernetes::apiserver::describe_status(&r),
             Err(_) => format!("{status}"),
         });
     }
@@ -90,8 +93,8 @@ impl Driver {
     /// Prepares `c`; the devices to answer, or why not (naming the claim).
     pub(super) async fn prepare(&self, c: &dra::Claim) -> Result<Vec<dra::Device>, String> {
         let who = who(c);
-        if !claims::valid_uid(&c.uid) {
-            return Err(format!("{who}: uid: not 1-{} characters of A-Z a-z 0-9 -", claims::MAX_UID));
+        if !names::valid_uid(&c.uid) {
+            return Err(format!("{who}: uid: not 1-{} characters of A-Z a-z 0-9 -", names::MAX_UID));
         }
         if let Err(e) = cdi::check_device_name(&c.uid) {
             return Err(format!("{who}: uid: not a CDI device name: {e}"));
@@ -154,7 +157,7 @@ impl Driver {
             .map_err(|e| format!("status.allocation.devices.results: {e} (pool {})", self.opts.node))?;
         let mut specs = Vec::new();
         for (n, w) in wanted.into_iter().enumerate() {
-            let name = claims::assignment_name(uid, n);
+            let name = names::assignment_name(uid, n);
             let id = AssignmentId::new(&name).map_err(|e| e.to_string())?;
             specs.push(AssignSpec {
                 reclaim: false,
@@ -169,7 +172,7 @@ impl Driver {
     /// removed. A claim not prepared here is done already.
     pub(super) async fn unprepare(&self, c: &dra::Claim) -> Result<(), String> {
         let who = who(c);
-        if !claims::valid_uid(&c.uid) {
+        if !names::valid_uid(&c.uid) {
             return Ok(());
         }
         self.forget(&c.uid).await.map_err(|e| format!("{who}: {e}"))?;
@@ -302,7 +305,7 @@ fn record(
         ours.iter().filter(|o| seen.insert(o.device.as_str())).count()
     };
     let assignments = (0..devices)
-        .map(|n| AssignmentId::new(&claims::assignment_name(&c.uid, n)).map_err(|e| e.to_string()))
+        .map(|n| AssignmentId::new(&names::assignment_name(&c.uid, n)).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
     let rec = PreparedClaim {
         uid: c.uid.clone(),

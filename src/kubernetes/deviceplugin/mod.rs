@@ -16,9 +16,9 @@
 //! allocation has had no container, what it logged), and decides nothing: the engine's snapshot
 //! answers its questions with the pure device model ([`crate::engine::view`],
 //! [`crate::core::devices`]),
-//! the node's files are read by [`crate::host::kubelet`] and the kubelet's and the runtime's
-//! gRPC APIs spoken by [`crate::node`] (the NRI wing asks PodResources through the same
-//! clients), and what the device lists depend on (the state, the CPUs online, the devices
+//! the node's files are read by [`crate::host::kubelet`], the kubelet's PodResources and the
+//! runtime's CRI are spoken by [`crate::kubernetes::grpc`] (the NRI wing asks PodResources
+//! through the same clients), the device plugin API by `proto.rs` beside it, and what the device lists depend on (the state, the CPUs online, the devices
 //! the kubelet holds) is in the engine's snapshot. Allocate is one engine call
 //! ([`Handle::assign_all`]): all the containers of a request get their CPUs, or none do.
 //!
@@ -29,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod plugin;
+pub mod proto;
 mod reconcile;
 mod registrar;
 

@@ -261,7 +261,7 @@ pub async fn run(client: Client, target: Target, handle: Handle, mut stop: watch
             }
         };
         tokio::select! {
-            _ = super::stopped(&mut stop) => break,
+            _ = crate::kubernetes::apiserver::stopped(&mut stop) => break,
             r = snapshots.changed() => if r.is_err() { break },
             m = rx.recv() => match m {
                 Some(m) => writer.observe(m),
@@ -409,7 +409,7 @@ impl Writer {
                 Ok(())
             }
             Err((what, e)) => {
-                let msg = super::describe(&e);
+                let msg = crate::kubernetes::apiserver::describe(&e);
                 if !self.failing {
                     log::warn!("k8s: {what}: {msg}; retrying with backoff");
                 } else {

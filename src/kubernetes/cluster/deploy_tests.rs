@@ -65,7 +65,7 @@ fn the_shipped_crd_is_the_generated_one() {
     let shipped = std::fs::read_to_string(deploy("crd.yaml")).unwrap_or_default();
     assert!(
         shipped == generated,
-        "deploy/crd.yaml differs from the CRD generated from src/k8s/crd.rs; \
+        "deploy/crd.yaml differs from the CRD generated from src/kubernetes/cluster/crd.rs; \
          run `cargo run --features k8s -- --print-crd > deploy/crd.yaml`"
     );
     let crd: CustomResourceDefinition = serde_yaml::from_str(&shipped).unwrap_or_else(|e| panic!("{e}"));
@@ -184,7 +184,7 @@ fn the_shipped_deviceclasses_are_those_of_the_example_dra_pools() {
     assert!(
         shipped == generated,
         "deploy/deviceclasses.yaml differs from the DeviceClasses of cpupoold-config.group.dra's pools \
-         (src/k8s/classes.rs); write this to it:\n{generated}"
+         (src/kubernetes/cluster/classes.rs); write this to it:\n{generated}"
     );
     let docs = documents("deviceclasses.yaml");
     let classes: Vec<DeviceClass> = docs.iter().map(|(_, v)| typed("deviceclasses.yaml", v)).collect();

@@ -40,7 +40,7 @@ pub async fn follow<K, F>(
             let pause = relists.pause();
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = super::stopped(stop) => return,
+                _ = crate::kubernetes::apiserver::stopped(stop) => return,
             }
         }
         let stream = watcher(api.clone(), config.clone()).default_backoff();
@@ -48,7 +48,7 @@ pub async fn follow<K, F>(
         loop {
             let next = tokio::select! {
                 n = stream.next() => n,
-                _ = super::stopped(stop) => return,
+                _ = crate::kubernetes::apiserver::stopped(stop) => return,
             };
             match next {
                 None => continue 'restart,
@@ -95,8 +95,8 @@ fn describe_watch(e: &watcher::Error) -> String {
     match e {
         watcher::Error::InitialListFailed(c)
         | watcher::Error::WatchStartFailed(c)
-        | watcher::Error::WatchFailed(c) => super::describe(c),
-        watcher::Error::WatchError(r) => super::describe_status(r),
+        | watcher::Error::WatchFailed(c) => crate::kubernetes::apiserver::describe(c),
+        watcher::Error::WatchError(r) => crate::kubernetes::apiserver::describe_status(r),
         watcher::Error::NoResourceVersion => e.to_string(),
     }
 }

@@ -15,31 +15,37 @@
 //! container runtime ──CreateContainer (env CPUPOOL_CLAIM)──► nri: the claim's CPUs
 //! ```
 //!
-//! The sockets are looked at every second: when the kubelet's directory was wiped (a kubelet
+//! The kubelet's DRA plugin API and its plugin watcher's registration, generated from their
+//! published api.proto files, are `proto.rs`, built with or without the `k8s` feature (the
+//! kubelet-shaped peer of the tests speaks them); the driver itself needs the feature, and
+//! reaches the API server through `crate::kubernetes::apiserver`.
+//!
+//! The sockets are looked at every second (lifecycle.rs): when the kubelet's directory was wiped (a kubelet
 //! reinstalled or restarted onto a fresh root), both are made again and the plugin watcher
 //! finds the registration socket anew; when no pool is served by DRA any more, both go. They
 //! are mode 0600, and a peer of another uid than root's or the daemon's is closed at accept
-//! (the device plugin's [`crate::node::incoming`]).
+//! (the device plugin's [`crate::kubernetes::grpc::incoming`]).
 #![deny(missing_docs)]
 
+#[cfg(feature = "k8s")]
+mod lifecycle;
+#[cfg(feature = "k8s")]
 mod prepare;
+pub mod proto;
+#[cfg(feature = "k8s")]
 mod serve;
 
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+#[cfg(feature = "k8s")]
+pub use lifecycle::run;
 
-use tokio::sync::watch;
+use std::path::PathBuf;
 
 use crate::config::Settings;
-use crate::engine::{Handle, Server};
 
 /// The plugin watcher's type for DRA drivers.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 /// The service versions the endpoint serves, as the kubelet names them.
 pub const VERSIONS: [&str; 1] = ["v1.DRAPlugin"];
-/// How often the sockets are looked at.
-const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// How the driver runs; from the settings.
 #[derive(Debug, Clone)]
@@ -79,73 +85,8 @@ impl Options {
     }
 }
 
-/// The driver's directories are read-only to this process (see [`run`]): a start anew makes
+/// The driver's directories are read-only to this process (see `run`): a start anew makes
 /// them writable.
 #[derive(Debug, thiserror::Error)]
 #[error("DRA: {0}; the kubelet's directory was made after cpupoold started, so the unit's ReadWritePaths= do not cover it: starting anew")]
 pub struct NeedsRestart(pub String);
-
-/// Runs the driver until `stop` is set: waits for a client of the API server, then serves the
-/// sockets while some pool is served by DRA. Refuses (logged) to serve beside the kubelet's
-/// static CPU manager owning CPUs of those pools, as the device plugin does.
-///
-/// Under systemd, a kubelet directory made after the unit started is read-only to the daemon
-/// (`ReadWritePaths=` take what exists at start): the error asks for a start anew, which
-/// systemd makes (`RestartForceExitStatus=`), as the device plugin's does.
-pub async fn run(
-    handle: Handle,
-    k8s: crate::k8s::Options,
-    opts: Options,
-    mut stop: watch::Receiver<bool>,
-) -> Result<(), NeedsRestart> {
-    if let Err(e) = handle.snapshot().static_policy(&opts.kubelet_dir, Server::Dra) {
-        log::error!("DRA: the kubelet plugin is not started: {e}");
-        return Ok(());
-    }
-    let Some(client) = crate::k8s::client_when_ready(&k8s, &mut stop).await else { return Ok(()) };
-    let driver = Arc::new(prepare::Driver::new(handle.clone(), client, opts.clone()));
-    driver.recover().await;
-    let mut serving: Option<serve::Serving> = None;
-    let mut failing = false;
-    let mut tick = tokio::time::interval(LOOK_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = crate::k8s::stopped(&mut stop) => break,
-            _ = tick.tick() => {}
-        }
-        let wanted = handle.snapshot().offered(Server::Dra).next().is_some();
-        if !wanted {
-            if serving.take().is_some() {
-                log::info!("DRA: no pool is served by DRA any more; the kubelet plugin stops");
-            }
-            continue;
-        }
-        if serving.as_ref().is_some_and(serve::Serving::intact) {
-            continue;
-        }
-        let again = serving.take().is_some();
-        match serve::Serving::start(&opts, driver.clone()) {
-            Ok(s) => {
-                log::info!(
-                    "DRA: driver {} {}serving {} and registering through {}",
-                    opts.driver,
-                    if again { "(its sockets were removed) " } else { "" },
-                    opts.endpoint().display(),
-                    opts.registration().display()
-                );
-                serving = Some(s);
-                failing = false;
-            }
-            Err(e) if e.read_only && std::env::var_os("INVOCATION_ID").is_some() => {
-                return Err(NeedsRestart(e.message));
-            }
-            Err(e) if !failing => {
-                log::warn!("DRA: {e} (trying again every {} s)", LOOK_EVERY.as_secs());
-                failing = true;
-            }
-            Err(e) => log::debug!("DRA: {e}"),
-        }
-    }
-    Ok(())
-}

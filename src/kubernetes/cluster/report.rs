@@ -171,7 +171,7 @@ pub async fn run(
             }
         };
         tokio::select! {
-            _ = super::stopped(&mut stop) => return,
+            _ = crate::kubernetes::apiserver::stopped(&mut stop) => return,
             e = events.recv() => match e {
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => dirty = true,
                 Err(broadcast::error::RecvError::Closed) => return,
@@ -269,7 +269,7 @@ impl Writer {
                     self.exists = false;
                 }
                 Err(e) => {
-                    let msg = super::describe(&e);
+                    let msg = crate::kubernetes::apiserver::describe(&e);
                     if !self.failing {
                         log::warn!(
                             "k8s: writing the node report CpuPoolNode/{}: {msg}; retrying with backoff",

@@ -1,6 +1,7 @@
-//! The wing's gRPC clients, each over a unix socket and waited for at most 5 s: the kubelet's
-//! `Registration` and `PodResourcesLister`, and the container runtime's CRI `RuntimeService`
-//! (only `ListContainers`). Errors come back in words, for the logs: every caller retries.
+//! The gRPC clients more than one adapter uses, each over a unix socket and waited for at most
+//! 5 s: the kubelet's `PodResourcesLister` and the container runtime's CRI `RuntimeService`
+//! (only `ListContainers`), and the channel and the answer's wait the device plugin's
+//! `Registration` call uses too. Errors come back in words, for the logs: every caller retries.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -9,13 +10,13 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use super::proto::{cri, podresources, v1beta1};
+use super::proto::{cri, podresources};
 use crate::core::cpuset::CpuSet;
 use crate::core::devices;
 use crate::error_chain;
 
 /// How long the kubelet or the runtime may take to answer.
-const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+pub(crate) const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 /// A gRPC channel over a unix socket (tonic needs a URI; it is not used).
 pub async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel, tonic::transport::Error> {
@@ -28,13 +29,13 @@ pub async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel, to
 }
 
 /// A gRPC channel to the kubelet's or the runtime's `socket`, the error in words.
-async fn channel(socket: &Path) -> Result<tonic::transport::Channel, String> {
+pub(crate) async fn channel(socket: &Path) -> Result<tonic::transport::Channel, String> {
     unix_channel(socket.to_owned()).await.map_err(|e| error_chain(&e))
 }
 
 /// The answer to a call to the kubelet or the runtime, waited for at most 5 s; the error in
 /// words.
-async fn answer<T>(
+pub(crate) async fn answer<T>(
     call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T, String> {
     tokio::time::timeout(ANSWER_WITHIN, call)
@@ -42,15 +43,6 @@ async fn answer<T>(
         .map_err(|_| "no answer within 5 s".to_owned())?
         .map(tonic::Response::into_inner)
         .map_err(|s| format!("{}: {}", s.code(), s.message()))
-}
-
-/// Registers `request` with the kubelet listening on `socket`.
-pub async fn register(socket: &Path, request: v1beta1::RegisterRequest) -> Result<(), String> {
-    let call = async {
-        let mut client = v1beta1::registration_client::RegistrationClient::new(channel(socket).await?);
-        answer(client.register(request)).await.map(drop)
-    };
-    tokio::time::timeout(ANSWER_WITHIN, call).await.map_err(|_| "no answer within 5 s".to_owned())?
 }
 
 /// The kubelet's PodResources `List`.

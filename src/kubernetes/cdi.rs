@@ -3,7 +3,7 @@
 //! which the container runtime reads when a container names the claim's CDI device.
 //!
 //! ```text
-//! k8s::dra prepare ──write──► <cdi_dir>/cpupoold-<uid>.json ──runtime──► the container's env
+//! engine PrepareClaim ─write─► <cdi_dir>/cpupoold-<uid>.json ──runtime──► the container's env
 //!   (kind dra.cpupool.io/cpu, device <uid>,                   (CPUPOOL_CLAIM=<uid> → the NRI
 //!    containerEdits.env)                                       plugin gives it the CPUs)
 //! ```

@@ -19,7 +19,7 @@ use crate::core::state::{Assignment, AssignmentId, CgroupPath, Container, Target
 use crate::engine::{Handle, Overlap, Server};
 use crate::error_chain;
 use crate::host;
-use crate::node::clients::{self, Containers, Holder};
+use crate::kubernetes::grpc::clients::{self, Containers, Holder};
 
 /// The reconciler's memory between rounds.
 pub(super) struct Reconciler {
@@ -118,7 +118,9 @@ impl Reconciler {
 
     /// The kubelet's PodResources `List`, or `None` when there is no kubelet or it does not
     /// answer (said once per change).
-    async fn pod_resources(&mut self) -> Option<crate::node::proto::podresources::ListPodResourcesResponse> {
+    async fn pod_resources(
+        &mut self,
+    ) -> Option<crate::kubernetes::grpc::proto::podresources::ListPodResourcesResponse> {
         match clients::pod_resources(&self.opts.pod_resources_socket()).await {
             Ok(l) => {
                 if self.unreachable {

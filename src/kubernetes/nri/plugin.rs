@@ -37,7 +37,7 @@ use crate::core::cpuset::CpuSet;
 use crate::core::state::{AssignSpec, AssignmentId, CgroupPath, Target};
 use crate::engine::Handle;
 use crate::error_chain;
-use crate::node::clients::{self, Holder};
+use crate::kubernetes::grpc::clients::{self, Holder};
 
 mod confine;
 use confine::{confine, ours, release_orphans};

@@ -8,11 +8,11 @@ use tokio::sync::{watch, Semaphore};
 use tonic::{Request, Response, Status};
 
 use super::prepare::Driver;
+use super::proto::{dra, pluginregistration as reg};
 use super::{Options, PLUGIN_TYPE, VERSIONS};
 use crate::fds::Refusals;
 use crate::host::kubelet::{file_id, FileId};
-use crate::node::incoming;
-use crate::node::proto::{dra, pluginregistration as reg};
+use crate::kubernetes::grpc::incoming;
 
 /// Connections both sockets hold at once: the kubelet keeps one to the endpoint, and dials the
 /// registration socket now and then.
