@@ -13,7 +13,9 @@
 pub mod api;
 pub mod backoff;
 pub mod config;
-pub mod core;
+/// The pure domain, a crate of its own (cpupool-core/) so that the compiler keeps it on the
+/// ground floor; `crate::core::` names it throughout the daemon.
+pub use cpupool_core as core;
 pub mod counters;
 pub mod daemon;
 pub mod engine;

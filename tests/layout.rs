@@ -80,6 +80,9 @@ fn documented_floors() -> Vec<Vec<String>> {
                 .skip(1)
                 .step_by(2)
                 .filter_map(|w| {
+                    if let Some((_, room)) = CRATES.iter().find(|(dir, _)| *dir == w) {
+                        return Some((*room).to_owned());
+                    }
                     let room = w.strip_suffix('/').or(w.strip_suffix(".rs"))?;
                     let exists = root().join("src").join(w).exists();
                     let house = HOUSES.contains(&room);
@@ -190,7 +193,7 @@ fn production_sources() -> Vec<(String, String)> {
         }
     }
     let mut files = Vec::new();
-    for dir in ["src", "cpupoolctl/src", "cpupool-wire/src"] {
+    for dir in ["src", "cpupoolctl/src", "cpupool-wire/src", "cpupool-core/src"] {
         walk(&root().join(dir), &mut files);
     }
     files.sort();
@@ -330,6 +333,11 @@ const FLOORS: &[&[&str]] = &[
     &["sandbox"],
     &["daemon"],
 ];
+
+/// The floors' rooms that are crates of their own, by directory, and the name the daemon gives
+/// each (`pub use cpupool_core as core`): the compiler keeps a crate below the daemon, and
+/// [`the_core_crate_depends_on_nothing_that_does_io`] keeps what it may link short.
+const CRATES: &[(&str, &str)] = &[("cpupool-core/", "core")];
 
 /// The folders of `src/` that are homes of rooms rather than rooms: each of their modules is a
 /// room of its own (`kubernetes::nri`), standing on its own floor; the home's `mod.rs` only
@@ -652,17 +660,42 @@ fn folder_loops(files: &[(String, String)]) -> std::collections::BTreeMap<String
 }
 
 /// No folder's files import one another in a loop: a loop inside a folder is one module split
-/// across files, with nothing to say which file a change belongs in.
+/// across files, with nothing to say which file a change belongs in. The daemon's and the
+/// core's folders are read each as their own crate (`crate::` is the crate's root).
 #[test]
 fn no_folder_has_an_import_loop() {
-    let files: Vec<(String, String)> =
-        production_sources().into_iter().filter(|(rel, _)| rel.starts_with("src/")).collect();
-    let found = folder_loops(&files);
-    let problems: Vec<String> = found
-        .iter()
-        .map(|(folder, files)| format!("src/{folder}: an import loop between {files:?}"))
-        .collect();
+    let mut problems = Vec::new();
+    for dir in ["src/", "cpupool-core/src/"] {
+        let files: Vec<(String, String)> = production_sources()
+            .into_iter()
+            .filter_map(|(rel, code)| rel.strip_prefix(dir).map(|r| (format!("src/{r}"), code)))
+            .collect();
+        assert!(files.len() >= 20, "{dir}: {} files", files.len());
+        for (folder, files) in folder_loops(&files) {
+            problems.push(format!("{dir}{folder}: an import loop between {files:?}"));
+        }
+    }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The ground floor does no I/O, reads no clock and awaits nothing: its crate may depend only
+/// on the wire contract and on data libraries, so a system-call, runtime, D-Bus, gRPC or
+/// Kubernetes library there is a compile error first and this test's failure second.
+#[test]
+fn the_core_crate_depends_on_nothing_that_does_io() {
+    const ALLOWED: &[&str] = &["cpupool-wire", "imbl", "serde", "serde_json", "thiserror"];
+    let toml = read("cpupool-core/Cargo.toml");
+    let deps: Vec<&str> = toml
+        .lines()
+        .skip_while(|l| l.trim() != "[dependencies]")
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .filter_map(|l| l.split(['=', '.', ' ']).next())
+        .filter(|name| !name.is_empty() && !name.starts_with('#'))
+        .collect();
+    assert!(deps.contains(&"serde"), "{deps:?}");
+    let extra: Vec<&&str> = deps.iter().filter(|d| !ALLOWED.contains(d)).collect();
+    assert!(extra.is_empty(), "cpupool-core depends on {extra:?}: the ground floor links no I/O");
 }
 
 #[test]

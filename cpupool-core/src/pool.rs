@@ -49,7 +49,7 @@ pub const MAX_POOL_NAME: usize = 32;
 impl PoolName {
     /// Validates a name.
     pub fn new(name: &str) -> Result<Self, PoolError> {
-        let bad = |reason: &'static str| PoolError::InvalidName { name: crate::core::echo(name), reason };
+        let bad = |reason: &'static str| PoolError::InvalidName { name: crate::echo(name), reason };
         if name.is_empty() {
             return Err(bad("it is empty"));
         }
@@ -200,7 +200,7 @@ pub enum PoolError {
     /// A name is not usable.
     #[error("pool name `{name}` is invalid: {reason}")]
     InvalidName {
-        /// The name as given (cut short: [`crate::core::echo`]).
+        /// The name as given (cut short: [`crate::echo`]).
         name: String,
         /// What is wrong with it.
         reason: &'static str,
@@ -266,7 +266,7 @@ pub enum PoolError {
         /// Which CPUs.
         // Boxed: two CPU sets would make every configuration error as large.
         #[source]
-        source: Box<crate::core::housekeeping::NoHousekeeping>,
+        source: Box<crate::housekeeping::NoHousekeeping>,
     },
     /// A pool with no CPU.
     #[error("pool `{0}`: cpus is empty")]
@@ -541,7 +541,7 @@ fn finish(
         // Interrupts, kernel threads and host slices run on the reserved pool's CPUs: some must
         // be ones the kernel did not isolate at boot.
         if spec.kind == PoolKind::Reserved {
-            crate::core::housekeeping::housekeeping_cpus(&cpus, &topo.isolated())
+            crate::housekeeping::housekeeping_cpus(&cpus, &topo.isolated())
                 .map_err(|e| PoolError::NoHousekeeping { pool: name.clone(), source: Box::new(e) })?;
         }
         if spec.kind == PoolKind::Exclusive && spec.smt == Smt::FullCores {

@@ -150,8 +150,8 @@ impl Error {
 
 /// One value of every [`Error`] variant: the API tests check that each maps to its own
 /// documented error, so a new variant goes here once.
-#[cfg(test)]
-pub(crate) fn every_error() -> Vec<Error> {
+#[cfg(any(test, feature = "testing"))]
+pub fn every_error() -> Vec<Error> {
     vec![
         Error::NoSuchPool { pool: "p".into() },
         Error::NoSuchAssignment { id: "a".into() },

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::core::pool::PoolName;
+use crate::pool::PoolName;
 
 /// `l3`: a share of the L3 ways or an explicit capacity bitmask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

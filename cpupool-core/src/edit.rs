@@ -2,8 +2,8 @@
 //! decode their arguments into and send to the engine, and what the configuration's drop-in
 //! writer records. Plain data, no I/O.
 
-use crate::core::cpuset::CpuSet;
-use crate::core::pool::{PoolKind, PoolName, Smt};
+use crate::cpuset::CpuSet;
+use crate::pool::{PoolKind, PoolName, Smt};
 
 /// Where a pool's CPUs come from, as an edit gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::{Assignment, AssignmentId, PreparedClaim, State};
-use crate::core::pool::{Pool, PoolName};
+use crate::pool::{Pool, PoolName};
 
 /// What a run of mutations touched: the assignments added, removed or changed, the prepared
 /// claims recorded or forgotten, and whether the pools were replaced. The engine plans and

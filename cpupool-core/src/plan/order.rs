@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::{Effect, Key, Layout, Partition, Placement, Role};
-use crate::core::cpuset::CpuSet;
-use crate::core::pool::PoolKind;
-use crate::core::state::CgroupPath;
+use crate::cpuset::CpuSet;
+use crate::pool::PoolKind;
+use crate::state::CgroupPath;
 
 /// The ordered effects that turn `before` into `after`.
 pub fn plan(before: &Layout, after: &Layout) -> Vec<Effect> {

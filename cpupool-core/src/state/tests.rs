@@ -1,7 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::pool::{resolve, CpuSource, PoolSpec, Smt};
+use crate::pool::{resolve, CpuSource, PoolSpec, Smt};
 
 fn set(s: &str) -> CpuSet {
     CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))

@@ -46,7 +46,7 @@ impl AssignmentId {
                 arg: "id",
                 reason: format!(
                     "`{}` must be 1-{MAX_ID} characters of A-Z a-z 0-9 _ . : @ -",
-                    crate::core::echo(id).escape_debug()
+                    crate::echo(id).escape_debug()
                 ),
             })
         }
@@ -94,7 +94,7 @@ impl CgroupPath {
     pub fn new(path: &str) -> Result<Self, Error> {
         let bad = |reason: &str| Error::InvalidArgument {
             arg: "target",
-            reason: format!("cgroup path `{}` {reason}", crate::core::echo(path).escape_debug()),
+            reason: format!("cgroup path `{}` {reason}", crate::echo(path).escape_debug()),
         };
         let p = path.strip_suffix('/').unwrap_or(path);
         if p.is_empty() {
@@ -137,7 +137,7 @@ impl CgroupPath {
     /// Whether the cgroup lies outside `cpupool.slice` (a container's, which the runtime makes
     /// and removes).
     pub fn outside_pools(&self) -> bool {
-        !self.is_within(crate::core::plan::TOP_SLICE)
+        !self.is_within(crate::plan::TOP_SLICE)
     }
 
     /// The enclosing cgroups, outermost first, not including `self`.
@@ -235,7 +235,7 @@ impl Target {
         let Some((kind, rest)) = s.split_once(':') else {
             return Err(bad(format!(
                 "`{}` must be unit:NAME, cgroup:PATH or pid:N",
-                crate::core::echo(s).escape_debug()
+                crate::echo(s).escape_debug()
             )));
         };
         match kind {
@@ -254,7 +254,7 @@ impl Target {
                 } else {
                     Err(bad(format!(
                         "`{}` is not a valid systemd unit name",
-                        crate::core::echo(rest).escape_debug()
+                        crate::echo(rest).escape_debug()
                     )))
                 }
             }
@@ -263,7 +263,7 @@ impl Target {
                 Ok(pid) if pid > 0 && pid <= 4_194_304 => Ok(Target::Pid(pid)),
                 _ => Err(bad(format!(
                     "`{}` is not a process id (1-4194304)",
-                    crate::core::echo(rest).escape_debug()
+                    crate::echo(rest).escape_debug()
                 ))),
             },
             "kubelet" => {
@@ -275,13 +275,13 @@ impl Target {
                 } else {
                     Err(bad(format!(
                         "`{}` is not a device id (1-{MAX_DEVICE_ID} characters of A-Z a-z 0-9 _ . -)",
-                        crate::core::echo(rest).escape_debug()
+                        crate::echo(rest).escape_debug()
                     )))
                 }
             }
             other => Err(bad(format!(
                 "unknown target kind `{}` (use unit:, cgroup: or pid:)",
-                crate::core::echo(other).escape_debug()
+                crate::echo(other).escape_debug()
             ))),
         }
     }

@@ -53,9 +53,9 @@ impl Assignment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::cpuset::CpuSet;
-    use crate::core::pool::{PoolKind, PoolName};
-    use crate::core::state::AssignmentId;
+    use crate::cpuset::CpuSet;
+    use crate::pool::{PoolKind, PoolName};
+    use crate::state::AssignmentId;
 
     fn to(target: &str) -> Assignment {
         Assignment {

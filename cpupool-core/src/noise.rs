@@ -2,7 +2,7 @@
 //! (`/proc/softirqs`) and the tasks switched in (`/proc/schedstat`), next to the interrupts of
 //! `/proc/interrupts` that [`super::housekeeping::assess`] splits by label.
 //!
-//! Data flow: the host's health sampler ([`crate::host::health`]) reads both files on a
+//! Data flow: the host's health sampler (the daemon's `host::health`) reads both files on a
 //! housekeeping CPU; [`parse_softirqs`] and [`parse_schedstat`] turn them into [`Counters`],
 //! which ride in the sample; [`rates`] turns two of them, and the seconds between them that the
 //! caller measured, into [`NoiseRate`]s per CPU.

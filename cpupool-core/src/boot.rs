@@ -1,7 +1,7 @@
 //! The kernel's boot-time isolation, checked against the isolated pools, decided without I/O.
 //!
 //! Data flow: the host reads `/proc/cmdline` and sysfs's `devices/system/cpu/{nohz_full,isolated}`
-//! ([`crate::host::housekeeping::read_kernel`]) and hands the text here. [`parse_cmdline`] reads
+//! (the daemon's `host::housekeeping::read_kernel`) and hands the text here. [`parse_cmdline`] reads
 //! `isolcpus=` (with its flags), `nohz_full=` and `rcu_nocbs=`; [`Coverage::of`] says, for
 //! the CPUs of an isolated pool, which of the boot-only parameters leave some of them out, and
 //! [`unused`] which CPUs the kernel isolates at boot that no isolated pool uses; [`boot_line`]

@@ -2,6 +2,7 @@
 //!
 //! Nothing here does I/O, reads a clock or awaits. The engine feeds it requests and executes the
 //! effects it returns through the host side.
+#![forbid(unsafe_code)]
 pub mod alloc;
 pub mod boot;
 pub mod cache;

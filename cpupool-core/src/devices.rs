@@ -1,6 +1,6 @@
 //! Devices: what each pool looks like to the kubelet, and the decoding of device ids back into
 //! CPUs. Pure: it reads a state and a topology, does no I/O and decides nothing the engine has
-//! not; the kubelet wing (`crate::kubernetes::deviceplugin`) encodes what it returns as gRPC messages.
+//! not; the kubelet wing (the daemon's `kubernetes::deviceplugin`) encodes what it returns as gRPC messages.
 //!
 //! Device ids are derived from the topology alone, so they are the same after every restart:
 //!
@@ -16,11 +16,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::alloc;
-use crate::core::cpuset::CpuSet;
-use crate::core::pool::{Pool, PoolKind, Smt};
-use crate::core::state::{AssignSpec, Assignment, AssignmentId, Size, State, Target};
-use crate::core::topology::Topology;
+use crate::alloc;
+use crate::cpuset::CpuSet;
+use crate::pool::{Pool, PoolKind, Smt};
+use crate::state::{AssignSpec, Assignment, AssignmentId, Size, State, Target};
+use crate::topology::Topology;
 
 /// `Healthy`, as the kubelet spells it.
 pub const HEALTHY: &str = "Healthy";
@@ -372,7 +372,7 @@ pub fn preferred(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::core::pool::PoolName;
+    use crate::pool::PoolName;
 
     fn pool(name: &str, kind: PoolKind, cpus: &str, smt: Smt) -> Pool {
         Pool {

@@ -26,8 +26,8 @@ mod validate;
 pub use admit::{check_target, slice_cgroup};
 pub use claims::{PreparedClaim, PreparedDevice, TooLarge, MAX_CLAIM_BYTES};
 pub use delta::{Changes, Delta};
-#[cfg(test)]
-pub(crate) use error::every_error;
+#[cfg(any(test, feature = "testing"))]
+pub use error::every_error;
 pub use error::{counted, Error};
 pub use target::{AssignmentId, CgroupPath, Target, MAX_CGROUP_PATH, MAX_DEVICE_ID, MAX_ID, MAX_UNIT_NAME};
 pub use validate::{misfits, Misfit, Violation};
@@ -340,7 +340,7 @@ impl State {
         PoolName::new(name)
             .ok()
             .and_then(|n| self.data.pools.get(&n))
-            .ok_or_else(|| Error::NoSuchPool { pool: crate::core::echo(name) })
+            .ok_or_else(|| Error::NoSuchPool { pool: crate::echo(name) })
     }
 
     /// Assigns CPUs. Repeating a request with the same id and spec returns the existing
@@ -534,9 +534,9 @@ impl State {
         target: Target,
         container: Option<Container>,
     ) -> Result<Outcome<Assignment>, Error> {
-        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: crate::core::echo(id) })?;
+        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: crate::echo(id) })?;
         let Some(current) = self.data.assignments.get(&key) else {
-            return Err(Error::NoSuchAssignment { id: crate::core::echo(id) });
+            return Err(Error::NoSuchAssignment { id: crate::echo(id) });
         };
         if current.target == target && current.container == container {
             return Ok(Outcome::Identity(current.clone()));
@@ -551,7 +551,7 @@ impl State {
             });
         }
         let Some(a) = self.data.assignments.get_mut(&key) else {
-            return Err(Error::NoSuchAssignment { id: crate::core::echo(id) });
+            return Err(Error::NoSuchAssignment { id: crate::echo(id) });
         };
         let old = a.clone();
         a.target = target;
@@ -565,12 +565,12 @@ impl State {
 
     /// Releases an assignment, returning what it held.
     pub fn release(&mut self, id: &str) -> Result<Assignment, Error> {
-        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: crate::core::echo(id) })?;
+        let key = AssignmentId::new(id).map_err(|_| Error::NoSuchAssignment { id: crate::echo(id) })?;
         let a = self
             .data
             .assignments
             .remove(&key)
-            .ok_or_else(|| Error::NoSuchAssignment { id: crate::core::echo(id) })?;
+            .ok_or_else(|| Error::NoSuchAssignment { id: crate::echo(id) })?;
         self.remove_usage(&a);
         self.changes.assignments.insert(key);
         Ok(a)

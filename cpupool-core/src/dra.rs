@@ -26,10 +26,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::core::cpuset::CpuSet;
-use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
-use crate::core::state::{Size, State};
-use crate::core::topology::Topology;
+use crate::cpuset::CpuSet;
+use crate::pool::{Pool, PoolKind, PoolName, Smt};
+use crate::state::{Size, State};
+use crate::topology::Topology;
 
 /// The one capacity every device has, in CPUs.
 pub const CAPACITY: &str = "cpu";
@@ -50,7 +50,7 @@ impl Millis {
     /// no suffix or `m`, or an integer with `k`. Anything finer than a millicpu, negative or
     /// otherwise spelled (exponents, binary suffixes) is refused, saying so.
     pub fn parse(s: &str) -> Result<Millis, QuantityError> {
-        let bad = |reason: &'static str| QuantityError { quantity: crate::core::echo(s), reason };
+        let bad = |reason: &'static str| QuantityError { quantity: crate::echo(s), reason };
         let (number, scale) = match s.as_bytes().last() {
             Some(b'm') => (&s[..s.len() - 1], 1u64),
             Some(b'k') => (&s[..s.len() - 1], 1_000_000),
@@ -250,7 +250,7 @@ pub fn resolve(
     for (name, consumed) in results {
         let Some(d) = served.get(name) else {
             return Err(Unresolved {
-                device: crate::core::echo(name),
+                device: crate::echo(name),
                 reason:
                     "no pool on this node is served by DRA as this device (deleted, resized off its NUMA \
                          node, or given back to the device plugin)"

@@ -157,7 +157,7 @@ mod tests {
     /// assignment's CPUs and nodes; one whose assignment is gone: held again as Allocate made it.
     #[test]
     fn a_container_gets_its_allocation_or_the_cpus_of_no_exclusive_pool() {
-        use crate::core::pool::{Pool, PoolKind, PoolName, Smt};
+        use crate::pool::{Pool, PoolKind, PoolName, Smt};
         let t = Topology::synthetic(1, 4, 2, 1);
         let pool = |name: &str, kind, cpus: &str| Pool {
             name: PoolName::new(name).unwrap_or_else(|e| panic!("{e}")),
@@ -184,7 +184,7 @@ mod tests {
                 mems: CpuSet::parse("0").unwrap_or_default()
             }
         );
-        let alloc = crate::core::devices::allocation(&dp, &t, 100, &["core-2".to_owned()])
+        let alloc = crate::devices::allocation(&dp, &t, 100, &["core-2".to_owned()])
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(decide(&s, &t, &opts, Some(&alloc)), Decision::Rebook(alloc.spec.clone()));
         s.assign(&t, &alloc.spec).unwrap_or_else(|e| panic!("{e}"));

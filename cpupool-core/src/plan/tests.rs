@@ -1,8 +1,8 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::core::pool::{Pool, Smt};
-use crate::core::state::{AssignSpec, AssignmentId, Size};
+use crate::pool::{Pool, Smt};
+use crate::state::{AssignSpec, AssignmentId, Size};
 
 fn set(s: &str) -> CpuSet {
     CpuSet::parse(s).unwrap_or_else(|e| panic!("{e}"))

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::{resume_latency_text, Freq, PowerClass};
-use crate::core::cpuset::CpuSet;
-use crate::core::topology::Topology;
+use crate::cpuset::CpuSet;
+use crate::topology::Topology;
 
 /// What the host reports that a plan needs: file contents (paths relative to the sysfs root)
 /// and where each CPU's and die's files are. Errors are the text a refusal shows.
