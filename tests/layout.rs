@@ -678,9 +678,11 @@ fn no_folder_has_an_import_loop() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// The ground floor does no I/O, reads no clock and awaits nothing: its crate may depend only
-/// on the wire contract and on data libraries, so a system-call, runtime, D-Bus, gRPC or
-/// Kubernetes library there is a compile error first and this test's failure second.
+/// The ground floor does no I/O, reads no clock and awaits nothing. The compiler keeps the core
+/// crate from naming the daemon; this keeps it from the rest: it may depend only on the wire
+/// contract and on data libraries (no system-call, runtime, D-Bus, gRPC or Kubernetes
+/// library), and its production code names none of the standard library's I/O, clock,
+/// process, thread or environment modules.
 #[test]
 fn the_core_crate_depends_on_nothing_that_does_io() {
     const ALLOWED: &[&str] = &["cpupool-wire", "imbl", "serde", "serde_json", "thiserror"];
@@ -696,6 +698,38 @@ fn the_core_crate_depends_on_nothing_that_does_io() {
     assert!(deps.contains(&"serde"), "{deps:?}");
     let extra: Vec<&&str> = deps.iter().filter(|d| !ALLOWED.contains(d)).collect();
     assert!(extra.is_empty(), "cpupool-core depends on {extra:?}: the ground floor links no I/O");
+    let core: Vec<(String, String)> =
+        production_sources().into_iter().filter(|(rel, _)| rel.starts_with("cpupool-core/")).collect();
+    assert!(core.len() >= 20, "{} core files", core.len());
+    let mut found = Vec::new();
+    for (rel, code) in &core {
+        for (i, line) in code.lines().enumerate().filter(|(_, l)| !l.trim_start().starts_with("//")) {
+            found.extend(std_io_named(line).map(|m| format!("{rel}:{}: {m}", i + 1)));
+        }
+    }
+    assert!(found.is_empty(), "the core names I/O:\n{}", found.join("\n"));
+    assert_eq!(std_io_named("let t = std::time::Instant::now();").count(), 1);
+    assert_eq!(std_io_named("use std::{fs, io::Write};").count(), 2);
+    assert_eq!(std_io_named("use std::{collections::BTreeMap, fmt};").count(), 0);
+    assert_eq!(std_io_named("use std::time::Duration; // std::fs").count(), 0);
+}
+
+/// The standard library's I/O, clock, process, thread and environment paths `line` names, as
+/// `std::fs` or inside a `std::{...}` group.
+fn std_io_named(line: &str) -> impl Iterator<Item = String> {
+    const MODULES: &[&str] = &["fs", "io", "net", "os", "process", "thread", "env"];
+    let code = line.split("//").next().unwrap_or("");
+    let mut found: Vec<String> = MODULES
+        .iter()
+        .filter(|m| code.contains(&format!("std::{m}")))
+        .map(|m| format!("std::{m}"))
+        .chain(["Instant", "SystemTime"].iter().filter(|c| code.contains(*c)).map(|c| (*c).to_owned()))
+        .collect();
+    for group in code.split("std::{").skip(1) {
+        let names = group.split([',', '{', '}', ' ']).map(|n| n.split("::").next().unwrap_or(""));
+        found.extend(names.filter(|n| MODULES.contains(n)).map(|n| format!("std::{{{n}}}")));
+    }
+    found.into_iter()
 }
 
 #[test]

@@ -116,8 +116,9 @@ pub struct ContainerRef {
 
 /// Where the kubelet wing's reconciler can look a container up before asking the CRI: given
 /// the (namespace, pod, container) the kubelet's PodResources names, the pod UID and container
-/// id that find its cgroup. The cluster integration's pod watch is one (`kubernetes::cluster::pods::PodIndex`,
-/// with the `k8s` feature); without one, the CRI's `ListContainers` alone answers.
+/// id that find its cgroup. The cluster integration's pod watch is one (the daemon's
+/// `kubernetes::cluster::pods::PodIndex`, with the `k8s` feature); without one, the CRI's
+/// `ListContainers` alone answers.
 pub trait ContainerSource: Send + Sync + std::fmt::Debug {
     /// `container` in pod `namespace/pod`, if the source knows it.
     fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<ContainerRef>;

@@ -10,13 +10,16 @@
 //!
 //! A record decides which containers get which CPUs, so it is held to the state files' rule
 //! ([`Root::read_own`]: one every user may write is refused, another owner warned of), and it
-//! may name only its own claim's assignments (`dra-<uid>-<n>`, [`assignment_name`](crate::core::dra::names::assignment_name)): a record
-//! naming another's (`app`, or another claim's) is refused as corrupt, left where it is and
-//! said. [`Claims::save`] writes one as earlier releases did (the migration's tests use it).
+//! may name only its own claim's assignments (`dra-<uid>-<n>`,
+//! [`assignment_name`](crate::core::dra::names::assignment_name)): a record naming another's
+//! (`app`, or another claim's) is refused as corrupt, left where it is and said.
+//! [`Claims::save`] writes one as earlier releases did (the migration's tests use it).
 
 use std::path::Path;
 
 use crate::core::dra::names::{claim_of, valid_uid, MAX_UID};
+// A claim record is the state's prepared claim, as it was written in a file.
+use crate::core::state::PreparedClaim;
 use crate::host::fsutil::{FsError, Root};
 
 /// The records' directory below the state directory.
@@ -24,11 +27,8 @@ pub const DIR: &str = "dra";
 /// The largest record written or read (a claim has at most 32 results and 256 pods).
 pub const CAP: u64 = crate::core::state::MAX_CLAIM_BYTES;
 
-/// A claim record is the state's prepared claim, as it was written in a file.
-use crate::core::state::PreparedClaim;
-
 /// Why the record is not its claim's own: a uid that is not the file's, or an assignment not
-/// named by [`assignment_name`](crate::core::dra::names::assignment_name) for it.
+/// named by [`crate::core::dra::names::assignment_name`] for it.
 fn foreign(rec: &PreparedClaim, uid: &str) -> Option<String> {
     if rec.uid != uid {
         return Some(format!("it says uid `{}`", crate::core::echo(&rec.uid)));
