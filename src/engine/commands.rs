@@ -129,7 +129,11 @@ impl Engine {
                 Decided::Release(_) => None,
             })
             .collect();
-        let freed = short.iter().fold(false, |freed, pool| self.release_ended(pool) || freed);
+        // Every short pool's ended processes, not only the first that frees something.
+        let mut freed = false;
+        for pool in &short {
+            freed |= self.release_ended(pool);
+        }
         if freed {
             (next, decided) = self.decide_group(&group);
         }
