@@ -15,6 +15,8 @@
 //! DIR/proc/                  simulated process attributes: the affinity a pid target or
 //!                            `Run` would set, as PID/status (Cpus_allowed_list); processes
 //!                            themselves are only read, never changed
+//! DIR/proc/sys/kernel/hostname  the host name ("sandbox"), the node's name when neither
+//!                            k8s.node_name nor NODE_NAME gives one
 //! DIR/proc/irq/, interrupts  simulated interrupts (paths.procfs_root points here; see
 //!                            sim::irq for the model, managed IRQs included)
 //! DIR/proc/2/ ... 100+N/    simulated kernel threads (stat, status), as a 6.1 kernel leaves

@@ -198,7 +198,7 @@ fn spawn_cluster(
     settings: &Settings,
     pods: &crate::kubernetes::cluster::pods::PodIndex,
 ) -> Option<JoinHandle<()>> {
-    match crate::kubernetes::apiserver::Options::from_settings(&settings.k8s) {
+    match crate::kubernetes::apiserver::Options::from_settings(&settings.k8s, &settings.paths.procfs_root) {
         Ok(k8s_opts) => {
             let (h, path, pods, stopped) =
                 (handle.clone(), path.to_owned(), pods.clone(), stop_flag(tasks, stop));
@@ -229,7 +229,11 @@ fn spawn_dra(
     restart: Arc<OnceLock<String>>,
 ) {
     // spawn_cluster logged why the options cannot be had.
-    let Ok(k8s_opts) = crate::kubernetes::apiserver::Options::from_settings(&settings.k8s) else { return };
+    let Ok(k8s_opts) =
+        crate::kubernetes::apiserver::Options::from_settings(&settings.k8s, &settings.paths.procfs_root)
+    else {
+        return;
+    };
     let opts = crate::kubernetes::dra::Options::from_settings(settings, &k8s_opts.node);
     let (stopped, stop) = (stop_flag(tasks, stop), stop.clone());
     let driver = crate::kubernetes::dra::run(handle.clone(), k8s_opts, opts, stopped);

@@ -4,7 +4,7 @@
 //! kubeconfig that is not there yet is tried again while the local files apply), and the
 //! server's errors in words that say what to fix.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -29,12 +29,23 @@ pub struct Options {
 }
 
 impl Options {
-    /// The options for `k8s`, reading the environment and the host name for what it leaves out.
-    pub fn from_settings(k8s: &crate::config::K8s) -> Result<Options, K8sError> {
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    /// The options for `k8s`, reading the environment and the host name for what it leaves out:
+    /// the host name is `sys/kernel/hostname` under the procfs root, so a sandbox names its
+    /// own node.
+    pub fn from_settings(k8s: &crate::config::K8s, procfs_root: &Path) -> Result<Options, K8sError> {
+        Options::with_env(k8s, procfs_root, |k| std::env::var(k).ok())
+    }
+
+    /// [`Options::from_settings`] with the environment's variables from `var`.
+    fn with_env(
+        k8s: &crate::config::K8s,
+        procfs_root: &Path,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Options, K8sError> {
+        let env = |k: &str| var(k).filter(|v| !v.is_empty());
         let node = match k8s.node_name.clone().or_else(|| env("NODE_NAME")) {
             Some(n) => n,
-            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            None => std::fs::read_to_string(procfs_root.join("sys/kernel/hostname"))
                 .map(|h| h.trim().to_lowercase())
                 .map_err(K8sError::Hostname)?,
         };
@@ -179,7 +190,55 @@ pub fn describe_status(r: &kube::core::ErrorResponse) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::without_tls_roots_for_http;
+    use std::path::Path;
+
+    use super::{without_tls_roots_for_http, K8sError, Options, DEFAULT_NAMESPACE};
+    use crate::config::K8s;
+
+    fn procfs_with_hostname(name: Option<&str>) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary procfs: {e}"));
+        if let Some(name) = name {
+            let kernel = dir.path().join("sys/kernel");
+            std::fs::create_dir_all(&kernel).unwrap_or_else(|e| panic!("{}: {e}", kernel.display()));
+            std::fs::write(kernel.join("hostname"), format!("{name}\n"))
+                .unwrap_or_else(|e| panic!("the host name: {e}"));
+        }
+        dir
+    }
+
+    fn options(k8s: &K8s, procfs: &Path, vars: &[(&str, &str)]) -> Result<Options, K8sError> {
+        Options::with_env(k8s, procfs, |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn the_node_is_the_setting_then_node_name_then_the_host_name_under_the_procfs_root() {
+        let procfs = procfs_with_hostname(Some("Worker-7.Example.Com"));
+        let none = K8s::default();
+        let from_host = options(&none, procfs.path(), &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(from_host.node, "worker-7.example.com", "lower-cased, as the kubelet names it");
+        assert_eq!(from_host.namespace, DEFAULT_NAMESPACE);
+        // An empty variable is no variable, as in a manifest's `value: ""`.
+        let empty = options(&none, procfs.path(), &[("NODE_NAME", "")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(empty.node, "worker-7.example.com");
+        let env = [("NODE_NAME", "node-from-env"), ("POD_NAMESPACE", "kube-system")];
+        let from_env = options(&none, procfs.path(), &env).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((from_env.node.as_str(), from_env.namespace.as_str()), ("node-from-env", "kube-system"));
+        let set =
+            K8s { node_name: Some("node-set".into()), namespace: Some("ns-set".into()), ..K8s::default() };
+        let from_setting = options(&set, procfs.path(), &env).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((from_setting.node.as_str(), from_setting.namespace.as_str()), ("node-set", "ns-set"));
+    }
+
+    #[test]
+    fn a_host_name_that_cannot_be_read_or_is_no_node_name_is_an_error_naming_the_setting() {
+        let missing = procfs_with_hostname(None);
+        let e = options(&K8s::default(), missing.path(), &[]).err();
+        assert!(matches!(e, Some(K8sError::Hostname(_))), "{e:?}");
+        assert!(e.map(|e| e.to_string()).unwrap_or_default().contains("k8s.node_name"));
+        let bad = procfs_with_hostname(Some("under_score"));
+        let e = options(&K8s::default(), bad.path(), &[]).err();
+        assert!(matches!(&e, Some(K8sError::NodeName(n)) if n == "under_score"), "{e:?}");
+    }
 
     #[test]
     fn an_http_server_needs_no_ca_bundle_and_https_keeps_its_roots() {

@@ -146,6 +146,11 @@ pub fn write_procfs(root: &Path, topo: &Topology) -> io::Result<()> {
     if !cmdline.exists() {
         put(&cmdline, "BOOT_IMAGE=/boot/vmlinuz-sandbox root=/dev/vda1 ro quiet\n")?;
     }
+    // The node's name when neither k8s.node_name nor NODE_NAME gives one.
+    let hostname = root.join("sys/kernel/hostname");
+    if !hostname.exists() {
+        put(&hostname, "sandbox\n")?;
+    }
     let schedstat = root.join("schedstat");
     if !schedstat.exists() {
         put(&schedstat, &schedstat_text(&online, &BTreeMap::new()))?;
