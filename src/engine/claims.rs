@@ -6,17 +6,18 @@
 //! finds the claim recorded and answers the same, and an unprepare finds all of it or none.
 //!
 //! ```text
-//! PrepareClaim ──► recorded? ──yes──► the record (its CDI spec written again if missing)
+//! PrepareClaim ──► recorded? ──yes──► the record (its CDI spec written again if missing or another)
 //!                  └─no─► decide its bookings + record it on one copy ──► commit (one save)
 //!                         ──► read back ──► CDI spec written and read back (kubernetes::cdi)
 //!                         a failure anywhere: the commit undone, nothing booked or recorded
 //! UnprepareClaim ──► release dra-<uid>-<n> + forget it on one copy ──► commit ──► spec removed
 //! start ──► records of earlier releases (<state_dir>/dra/<uid>.json) taken into the state,
-//!           removed once it is saved; each claim's missing CDI spec written again
+//!           removed once it is saved; each claim's CDI spec written again if missing or another
 //! ```
 //!
 //! The CDI spec follows from the state: its environment is the CPUs the claim's assignments
-//! hold, written after the commit through the CDI directory the settings name.
+//! hold, written after the commit through the CDI directory the settings name, and again when
+//! a change of the pools moves them (a shared pool's CPUs, by reload or a pool edit).
 
 pub mod records;
 
@@ -48,18 +49,24 @@ impl ClaimSpecs {
         }
     }
 
-    /// Writes `claim`'s CDI spec, its environment from the CPUs its assignments hold in
-    /// `state`, and reads it back.
-    fn write(&self, state: &State, claim: &PreparedClaim) -> Result<(), String> {
-        let held: Option<Vec<&Assignment>> =
-            claim.assignments.iter().map(|id| state.assignments().get(id)).collect();
-        let Some(held) = held else {
+    /// `claim`'s CDI spec: its environment from the CPUs its assignments hold in `state`.
+    fn spec(&self, state: &State, claim: &PreparedClaim) -> Result<serde_json::Value, String> {
+        let Some(env) = held_env(state, claim) else {
             return Err(
                 "its CPUs are no longer held (released behind the driver's back); unprepare it".into()
             );
         };
-        let spec = cdi::spec(&self.driver, &claim.uid, &env(&claim.uid, &held))
-            .map_err(|e| format!("its CDI spec: {e}"))?;
+        cdi::spec(&self.driver, &claim.uid, &env).map_err(|e| format!("its CDI spec: {e}"))
+    }
+
+    /// Whether `claim`'s CDI spec is there and what `state` makes it.
+    fn current(&self, state: &State, claim: &PreparedClaim) -> bool {
+        self.spec(state, claim).is_ok_and(|spec| self.cdi.holds(&claim.uid, &spec))
+    }
+
+    /// Writes `claim`'s CDI spec ([`ClaimSpecs::spec`]) and reads it back.
+    fn write(&self, state: &State, claim: &PreparedClaim) -> Result<(), String> {
+        let spec = self.spec(state, claim)?;
         self.cdi.write(&claim.uid, &spec).map_err(|e| {
             format!("writing its CDI spec in `{}`: {}", self.cdi.path().display(), error_chain(&e))
         })
@@ -70,14 +77,34 @@ impl ClaimSpecs {
         self.cdi.remove(uid).map_err(|e| format!("removing its CDI spec: {}", error_chain(&e)))
     }
 
-    /// At start: writes again the CDI spec of each claim of `state` whose spec is missing and
-    /// whose CPUs are all held.
-    pub(super) fn restore(&self, state: &State) {
-        for (uid, claim) in state.claims() {
-            if self.cdi.has(uid) {
+    /// After the pools changed from `before` to `after`: writes again the CDI spec of each
+    /// claim whose environment changed with them (a shared pool's assignments follow its CPUs).
+    /// Containers that run keep the environment they started with, as the kubelet's device
+    /// plugin env does; the next container of the claim reads the new CPUs. A spec that cannot
+    /// be written stays as it was, and says so.
+    pub(super) fn follow(&self, before: &State, after: &State) {
+        for (uid, claim) in after.claims() {
+            if held_env(before, claim) == held_env(after, claim) {
                 continue;
             }
+            match self.write(after, claim) {
+                Ok(()) => log::info!("DRA: claim {uid}: its CDI spec follows its pool's new CPUs"),
+                Err(e) => log::error!("DRA: claim {uid}: {e}; its spec names the CPUs it held before"),
+            }
+        }
+    }
+
+    /// At start: writes again the CDI spec of each claim of `state` whose spec is missing or
+    /// not what the state makes it (the pools changed while the daemon was down), and whose
+    /// CPUs are all held.
+    pub(super) fn restore(&self, state: &State) {
+        for (uid, claim) in state.claims() {
+            if self.current(state, claim) {
+                continue;
+            }
+            let had = self.cdi.has(uid);
             match self.write(state, claim) {
+                Ok(()) if had => log::info!("DRA: claim {uid}: its CDI spec follows its pool's new CPUs"),
                 Ok(()) => log::info!("DRA: claim {uid}: its CDI spec was missing and is written again"),
                 Err(e) => log::warn!("DRA: claim {uid}: {e}"),
             }
@@ -94,9 +121,9 @@ impl Ledger {
     ) -> Result<Made<Outcome<PreparedClaim>>, EngineError> {
         let uid = p.claim.uid.clone();
         if let Some(had) = self.state.claim(&uid).cloned() {
-            if !specs.cdi.has(&uid) {
+            if !specs.current(&self.state, &had) {
                 specs.write(&self.state, &had).map_err(EngineError::Claim)?;
-                log::info!("DRA: claim {uid}: its CDI spec was missing and is written again");
+                log::info!("DRA: claim {uid}: its CDI spec was missing or another and is written again");
             }
             return Ok((Outcome::Identity(had), Vec::new()));
         }
@@ -217,6 +244,14 @@ fn own_bookings(p: &PrepareClaim) -> Result<(), state::Error> {
             crate::core::echo(uid)
         ),
     })
+}
+
+/// The container environment of `claim` in `state`; `None` when some of its CPUs are no
+/// longer held there.
+fn held_env(state: &State, claim: &PreparedClaim) -> Option<Vec<(String, String)>> {
+    let held: Option<Vec<&Assignment>> =
+        claim.assignments.iter().map(|id| state.assignments().get(id)).collect();
+    held.map(|held| env(&claim.uid, &held))
 }
 
 /// The container environment of a claim holding `held`: as the device plugin gives its

@@ -145,7 +145,8 @@ impl Engine {
             return Err(e);
         }
         next.take_changes();
-        self.ledger.state = Arc::new(next);
+        let before = std::mem::replace(&mut self.ledger.state, Arc::new(next));
+        self.claims.follow(&before, &self.ledger.state);
         self.keepers.configure(settings);
         let kept = self.keep_host(Pass::Pools);
         for p in self.ledger.state.pools().values() {

@@ -283,6 +283,15 @@ impl CdiDir {
         self.root.path().join(file_name(uid)).is_file()
     }
 
+    /// Whether claim `uid`'s spec is there and is `spec` (as JSON, whatever its layout).
+    pub fn holds(&self, uid: &str, spec: &Value) -> bool {
+        self.root
+            .read_regular(file_name(uid), CAP)
+            .ok()
+            .and_then(|data| serde_json::from_slice::<Value>(&data).ok())
+            .is_some_and(|there| there == *spec)
+    }
+
     /// Removes claim `uid`'s spec; none is no error.
     pub fn remove(&self, uid: &str) -> Result<(), FsError> {
         match self.root.remove_file(file_name(uid)) {

@@ -51,6 +51,25 @@ fn prepare(uid: &str, n: usize) -> PrepareClaim {
     PrepareClaim { claim, specs }
 }
 
+/// A prepare of claim `uid`: one device of half a CPU of the shared pool `web`.
+fn prepare_shared(uid: &str) -> PrepareClaim {
+    let mut p = prepare(uid, 1);
+    for spec in &mut p.specs {
+        spec.pool = "web".parse().unwrap_or_else(|e| panic!("{e}"));
+        spec.size = Size::Millicpus(500);
+    }
+    p.claim.devices[0].device_name = "web-numa0".into();
+    p
+}
+
+/// The `NAME=value`s of claim `uid`'s CDI spec as the runtime reads it.
+fn spec_env(f: &Fixture, uid: &str) -> Vec<String> {
+    let data = std::fs::read(spec_path(f, uid)).unwrap_or_else(|e| panic!("claim {uid}'s spec: {e}"));
+    let spec: serde_json::Value = serde_json::from_slice(&data).unwrap_or_else(|e| panic!("{e}"));
+    let env = spec["devices"][0]["containerEdits"]["env"].as_array().cloned().unwrap_or_default();
+    env.iter().filter_map(|e| e.as_str().map(str::to_owned)).collect()
+}
+
 fn spec_path(f: &Fixture, uid: &str) -> PathBuf {
     f.settings().paths.cdi_dir.join(cdi::file_name(uid))
 }
@@ -214,6 +233,50 @@ fn records_of_an_earlier_release_are_taken_into_the_state_once_and_then_removed(
     let (engine, _) = f.start();
     let (h, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(h.snapshot().claim(&good), Some(&claim));
+    drop(h);
+    let _ = thread.join();
+}
+
+#[test]
+fn a_shared_claims_cdi_spec_follows_its_pools_cpus_on_reload_and_at_start() {
+    let f = Fixture::new();
+    let (shared, exclusive) = (uid(0), uid(1));
+    let config =
+        |web: &str| super::super::tests::CONFIG.replace("cpus = \"3,7\"", &format!("cpus = \"{web}\""));
+    {
+        let (engine, _) = f.start();
+        let (h, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
+        rt().block_on(h.prepare_claim(prepare_shared(&shared))).unwrap_or_else(|e| panic!("{e}"));
+        rt().block_on(h.prepare_claim(prepare(&exclusive, 1))).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            spec_env(&f, &shared).contains(&"CPUPOOL_CPUS=3,7".to_owned()),
+            "{:?}",
+            spec_env(&f, &shared)
+        );
+        assert!(spec_env(&f, &shared).contains(&"SHARED_CPUS=3,7".to_owned()));
+        let exclusive_spec = std::fs::read(spec_path(&f, &exclusive)).unwrap_or_else(|e| panic!("{e}"));
+        // The shared pool shrinks: the claim's next container reads its new CPUs.
+        f.config(&config("3"));
+        rt().block_on(h.reload(Ok(f.settings()))).unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+        assert!(spec_env(&f, &shared).contains(&"CPUPOOL_CPUS=3".to_owned()), "{:?}", spec_env(&f, &shared));
+        assert!(spec_env(&f, &shared).contains(&"SHARED_CPUS=3".to_owned()));
+        let unmoved = std::fs::read(spec_path(&f, &exclusive)).ok();
+        assert_eq!(unmoved, Some(exclusive_spec), "an exclusive claim's CPUs did not move");
+        drop(h);
+        let _ = thread.join();
+    }
+    // Changed while the daemon was down: the start writes it again.
+    f.config(&config("3,7"));
+    let (engine, _) = f.start();
+    let (h, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
+    assert!(spec_env(&f, &shared).contains(&"CPUPOOL_CPUS=3,7".to_owned()), "{:?}", spec_env(&f, &shared));
+    // A spec someone else changed is written again when the kubelet prepares the claim again.
+    let forged =
+        cdi::spec(DRIVER, &shared, &[("CPUPOOL_CPUS".into(), "0".into())]).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(spec_path(&f, &shared), forged.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let again = rt().block_on(h.prepare_claim(prepare_shared(&shared))).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!again.changed(), "nothing booked again");
+    assert!(spec_env(&f, &shared).contains(&"CPUPOOL_CPUS=3,7".to_owned()), "{:?}", spec_env(&f, &shared));
     drop(h);
     let _ = thread.join();
 }
