@@ -2,8 +2,8 @@
 //! (`JOURNAL_STREAM`), otherwise human lines on stderr with the fields appended.
 //!
 //! Both loggers pass records through one [`Filter`]: our own records (target `cpupoold` or
-//! `cpupoold::...`) at the configured level (`log::max_level()`, which `main` sets from
-//! `daemon.log_level` or `--log-level`), and everything else at `warn`. Everything else is the
+//! `cpupoold::...`) at the configured level (`log::max_level()`: `--log-level`, else
+//! `daemon.log_level`, which a reload changes), and everything else at `warn`. Everything else is the
 //! libraries: with the `k8s` feature, `tracing` forwards zbus's and hyper's events and spans
 //! to `log` (targets `zbus::...`, `tracing::span`, `tracing::span::active`), and its span
 //! enter/exit records are at trace even when the span's own level passed the max level, so
@@ -14,6 +14,22 @@ use std::io::Write;
 
 use log::kv::{Key, Value, VisitSource};
 use log::{Level, LevelFilter, Log, Metadata, Record};
+
+/// Whether `--log-level` set the level: `daemon.log_level` then never changes it.
+static LEVEL_FROM_COMMAND_LINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Keeps the level `--log-level` gave over `daemon.log_level`, at start and on every reload.
+pub fn keep_command_line_level() {
+    LEVEL_FROM_COMMAND_LINE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sets the level `daemon.log_level` gives (at start and on every reload), unless `--log-level`
+/// set it ([`keep_command_line_level`]).
+pub fn configure(level: LevelFilter) {
+    if !LEVEL_FROM_COMMAND_LINE.load(std::sync::atomic::Ordering::Relaxed) {
+        log::set_max_level(level);
+    }
+}
 
 /// Installs the logger. Returns whether the journal is used.
 pub fn init(level: LevelFilter) -> bool {

@@ -111,6 +111,9 @@ fn main() -> ExitCode {
         };
     }
     cpupoold::logging::init(args.log_level.unwrap_or(log::LevelFilter::Info));
+    if args.log_level.is_some() {
+        cpupoold::logging::keep_command_line_level();
+    }
     let opts = match options(&args) {
         Ok(opts) => opts,
         Err(e) => return fail(&*e),
@@ -132,9 +135,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    if args.log_level.is_none() {
-        log::set_max_level(settings.log_level);
-    }
+    cpupoold::logging::configure(settings.log_level);
     // Before the runtime and the sockets, which take their descriptors from this limit.
     match cpupoold::fds::raise_nofile() {
         Ok(r) if r.soft > r.before => log::info!(

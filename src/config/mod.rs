@@ -104,6 +104,16 @@ impl ConfigDirs {
     }
 }
 
+/// Whether a change of `key` takes effect only when the daemon starts again: the roots and
+/// directories, the kubelet wing (device plugin, NRI, DRA), the API server client, the metrics
+/// listener, the API's admin group and the backend are set up once, at start. A reload
+/// applies every other key.
+pub fn takes_effect_at_restart(key: &str) -> bool {
+    const SECTIONS: [&str; 4] = ["paths.", "kubelet.", "k8s.", "metrics."];
+    const KEYS: [&str; 2] = ["daemon.admin_group", "daemon.backend"];
+    SECTIONS.iter().any(|s| key.starts_with(s)) || KEYS.contains(&key)
+}
+
 /// Whether `name` is a name Kubernetes accepts for a node (an RFC 1123 subdomain).
 pub fn is_node_name(name: &str) -> bool {
     cluster::is_dns_subdomain(name)

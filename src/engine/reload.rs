@@ -26,6 +26,9 @@ pub struct Reloaded {
     pub applied: bool,
     /// `(key, the file whose value loses, the file that wins)`.
     pub overridden: Vec<(String, PathBuf, PathBuf)>,
+    /// The keys of `changed` that take effect only at the next restart
+    /// ([`crate::config::takes_effect_at_restart`]).
+    pub at_restart: Vec<String>,
 }
 
 impl Reloaded {
@@ -34,7 +37,8 @@ impl Reloaded {
         self.applied || !self.changed.is_empty()
     }
 
-    /// `2 keys changed: pools.dp.cache.l3, pools.web.count` or `nothing changed`, then each
+    /// `2 keys changed: pools.dp.cache.l3, pools.web.count` or `nothing changed`, then the
+    /// keys that wait for a restart (`only a restart applies kubelet.resource_prefix`), then each
     /// override: `` `…/90-cpupoold-runtime.toml` overrides pools.web.count of `…/config.toml` ``.
     pub fn summary(&self) -> String {
         const SHOWN: usize = 10;
@@ -49,6 +53,9 @@ impl Reloaded {
                 format!("{n} key{} changed: {list}", if n == 1 { "" } else { "s" })
             }
         };
+        if !self.at_restart.is_empty() {
+            out.push_str(&format!("; only a restart applies {}", self.at_restart.join(", ")));
+        }
         for (key, loses, wins) in &self.overridden {
             out.push_str(&format!("; `{}` overrides {key} of `{}`", wins.display(), loses.display()));
         }
@@ -108,7 +115,17 @@ impl Engine {
             .filter(|(_, loses, _)| etc.as_ref().is_some_and(|etc| loses.starts_with(etc)))
             .map(|(k, loses, wins)| (k.to_owned(), loses.to_owned(), wins.to_owned()))
             .collect();
-        Ok(Reloaded { changed, applied, overridden })
+        // Reload applies the log level; the keys read only at start wait for a restart.
+        crate::logging::configure(settings.log_level);
+        let at_restart: Vec<String> =
+            changed.iter().filter(|k| crate::config::takes_effect_at_restart(k)).cloned().collect();
+        if !at_restart.is_empty() {
+            log::warn!(
+                "configuration: only a restart applies {} (systemctl restart cpupoold)",
+                at_restart.join(", ")
+            );
+        }
+        Ok(Reloaded { changed, applied, overridden, at_restart })
     }
 
     /// [`Engine::install`]'s pools and placements; `Ok(false)` when they did not change.

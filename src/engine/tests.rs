@@ -310,6 +310,33 @@ fn reload_applies_valid_changes_and_rejects_stranding_ones_whole() {
 }
 
 #[test]
+fn a_reload_names_the_keys_only_a_restart_applies_and_applies_the_log_level() {
+    let f = Fixture::new();
+    let (engine, _) = f.start();
+    let (handle, thread) = engine.spawn().unwrap_or_else(|e| panic!("{e}"));
+    rt().block_on(async {
+        let extra = "[daemon]\nlend_idle = true\nlog_level = \"debug\"\n\
+                     [kubelet]\nresource_prefix = \"example.com\"\n[metrics]\nenabled = false\n";
+        f.config(&format!("{CONFIG}\n{extra}"));
+        let r = handle.reload(Ok(f.settings())).await.unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+        assert_eq!(r.at_restart, ["kubelet.resource_prefix", "metrics.enabled"]);
+        assert!(
+            r.summary().ends_with("; only a restart applies kubelet.resource_prefix, metrics.enabled"),
+            "{}",
+            r.summary()
+        );
+        assert_eq!(log::max_level(), log::LevelFilter::Debug, "daemon.log_level applies at once");
+        f.config(CONFIG);
+        let r = handle.reload(Ok(f.settings())).await.unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+        assert_eq!(log::max_level(), log::LevelFilter::Info, "and back to its default");
+        assert!(r.at_restart.contains(&"kubelet.resource_prefix".to_owned()), "{:?}", r.at_restart);
+        assert!(r.changed.contains(&"daemon.lend_idle".to_owned()), "{:?}", r.changed);
+    });
+    drop(handle);
+    let _ = thread.join();
+}
+
+#[test]
 fn start_with_a_stranding_config_keeps_the_persisted_pools() {
     let f = Fixture::new();
     let (engine, _) = f.start();
