@@ -3,11 +3,11 @@
 //!
 //! Both loggers pass records through one [`Filter`]: our own records (target `cpupoold` or
 //! `cpupoold::...`) at the configured level (`log::max_level()`: `--log-level`, else
-//! `daemon.log_level`, which a reload changes), and everything else at `warn`. Everything else is the
-//! libraries: with the `k8s` feature, `tracing` forwards zbus's and hyper's events and spans
-//! to `log` (targets `zbus::...`, `tracing::span`, `tracing::span::active`), and its span
-//! enter/exit records are at trace even when the span's own level passed the max level, so
-//! a global level alone lets them through. Only `log_level = "trace"` (or `--log-level trace`)
+//! `daemon.log_level`, which a reload changes), and everything else at `warn`. Everything else
+//! is the libraries: with the `k8s` feature, `tracing` forwards zbus's and hyper's events and
+//! spans to `log` (targets `zbus::...`, `tracing::span`, `tracing::span::active`), and its
+//! span enter/exit records are at trace even when the span's own level passed the max level,
+//! so a global level alone lets them through. Only `log_level = "trace"` (or `--log-level trace`)
 //! lets the libraries log below `warn` too.
 
 use std::io::Write;

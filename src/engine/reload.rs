@@ -115,8 +115,10 @@ impl Engine {
             .filter(|(_, loses, _)| etc.as_ref().is_some_and(|etc| loses.starts_with(etc)))
             .map(|(k, loses, wins)| (k.to_owned(), loses.to_owned(), wins.to_owned()))
             .collect();
-        // Reload applies the log level; the keys read only at start wait for a restart.
-        crate::logging::configure(settings.log_level);
+        // A reload applies the log level; the keys read only at start wait for a restart.
+        if changed.iter().any(|k| k == "daemon.log_level") {
+            crate::logging::configure(settings.log_level);
+        }
         let at_restart: Vec<String> =
             changed.iter().filter(|k| crate::config::takes_effect_at_restart(k)).cloned().collect();
         if !at_restart.is_empty() {

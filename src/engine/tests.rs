@@ -325,6 +325,8 @@ fn a_reload_names_the_keys_only_a_restart_applies_and_applies_the_log_level() {
             "{}",
             r.summary()
         );
+        // The process's level: no other test of this binary changes daemon.log_level, and a
+        // reload that does not change it leaves the level alone.
         assert_eq!(log::max_level(), log::LevelFilter::Debug, "daemon.log_level applies at once");
         f.config(CONFIG);
         let r = handle.reload(Ok(f.settings())).await.unwrap_or_else(|e| panic!("{}", error_chain(&e)));
