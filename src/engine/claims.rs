@@ -104,7 +104,11 @@ impl ClaimSpecs {
             }
             let had = self.cdi.has(uid);
             match self.write(state, claim) {
-                Ok(()) if had => log::info!("DRA: claim {uid}: its CDI spec follows its pool's new CPUs"),
+                Ok(()) if had => {
+                    log::info!(
+                        "DRA: claim {uid}: its CDI spec was not what the state makes it and is written again"
+                    )
+                }
                 Ok(()) => log::info!("DRA: claim {uid}: its CDI spec was missing and is written again"),
                 Err(e) => log::warn!("DRA: claim {uid}: {e}"),
             }
