@@ -478,6 +478,24 @@ fn reload_applies_or_says_why_not(dbus: bool) {
     assert_eq!(ctl.ok(&["reload"]), json!({ "changed": true, "summary": "1 key changed: pools.web.count" }));
     assert_eq!(pool(&ctl.pools(), "web")["capacity_millicpus"], 4000);
     assert_eq!(ctl.ok(&["status"])["config_error"], Value::Null);
+
+    // A key the daemon reads only at start: nothing is applied, and the answer and the log
+    // say that a restart applies it.
+    let dropin = d.sb.join("etc/cpupoold/config.d/50-prefix.toml");
+    fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+    fs::write(&dropin, "[kubelet]\nresource_prefix = \"example.com\"\n").unwrap();
+    let (code, out, err) = ctl.human(&["reload"]);
+    let said = "1 key changed: kubelet.resource_prefix; only a restart applies kubelet.resource_prefix";
+    assert_eq!((code, out.as_str()), (0, format!("configuration reloaded: {said}\n").as_str()), "{err}");
+    assert!(
+        d.logs().contains(
+            "configuration: only a restart applies kubelet.resource_prefix (systemctl restart cpupoold)"
+        ),
+        "{}",
+        d.logs()
+    );
+    fs::remove_file(&dropin).unwrap();
+    assert_eq!(ctl.ok(&["reload"]), json!({ "changed": false, "summary": said }));
     d.stop();
 }
 

@@ -32,9 +32,10 @@ pub struct Reloaded {
 }
 
 impl Reloaded {
-    /// Whether the files said anything the daemon did not run already.
+    /// Whether the daemon now runs anything it did not before: the files said something new
+    /// that a reload applies (keys only a restart applies do not count).
     pub fn any(&self) -> bool {
-        self.applied || !self.changed.is_empty()
+        self.applied || self.changed.len() > self.at_restart.len()
     }
 
     /// `2 keys changed: pools.dp.cache.l3, pools.web.count` or `nothing changed`, then the
