@@ -26,16 +26,23 @@ pub struct Reloaded {
     pub applied: bool,
     /// `(key, the file whose value loses, the file that wins)`.
     pub overridden: Vec<(String, PathBuf, PathBuf)>,
-    /// The keys of `changed` that take effect only at the next restart
-    /// ([`crate::config::takes_effect_at_restart`]).
-    pub at_restart: Vec<String>,
 }
 
 impl Reloaded {
+    /// The keys of `changed` that take effect only at the next restart
+    /// ([`crate::config::takes_effect_at_restart`]).
+    pub fn at_restart(&self) -> Vec<&str> {
+        self.changed
+            .iter()
+            .map(String::as_str)
+            .filter(|k| crate::config::takes_effect_at_restart(k))
+            .collect()
+    }
+
     /// Whether the daemon now runs anything it did not before: the files said something new
     /// that a reload applies (keys only a restart applies do not count).
     pub fn any(&self) -> bool {
-        self.applied || self.changed.len() > self.at_restart.len()
+        self.applied || self.changed.iter().any(|k| !crate::config::takes_effect_at_restart(k))
     }
 
     /// `2 keys changed: pools.dp.cache.l3, pools.web.count` or `nothing changed`, then the
@@ -54,8 +61,9 @@ impl Reloaded {
                 format!("{n} key{} changed: {list}", if n == 1 { "" } else { "s" })
             }
         };
-        if !self.at_restart.is_empty() {
-            out.push_str(&format!("; only a restart applies {}", self.at_restart.join(", ")));
+        let at_restart = self.at_restart();
+        if !at_restart.is_empty() {
+            out.push_str(&format!("; only a restart applies {}", at_restart.join(", ")));
         }
         for (key, loses, wins) in &self.overridden {
             out.push_str(&format!("; `{}` overrides {key} of `{}`", wins.display(), loses.display()));
@@ -120,15 +128,15 @@ impl Engine {
         if changed.iter().any(|k| k == "daemon.log_level") {
             crate::logging::configure(settings.log_level);
         }
-        let at_restart: Vec<String> =
-            changed.iter().filter(|k| crate::config::takes_effect_at_restart(k)).cloned().collect();
+        let reloaded = Reloaded { changed, applied, overridden };
+        let at_restart = reloaded.at_restart();
         if !at_restart.is_empty() {
             log::warn!(
                 "configuration: only a restart applies {} (systemctl restart cpupoold)",
                 at_restart.join(", ")
             );
         }
-        Ok(Reloaded { changed, applied, overridden, at_restart })
+        Ok(reloaded)
     }
 
     /// [`Engine::install`]'s pools and placements; `Ok(false)` when they did not change.

@@ -319,7 +319,7 @@ fn a_reload_names_the_keys_only_a_restart_applies_and_applies_the_log_level() {
                      [kubelet]\nresource_prefix = \"example.com\"\n[metrics]\nenabled = false\n";
         f.config(&format!("{CONFIG}\n{extra}"));
         let r = handle.reload(Ok(f.settings())).await.unwrap_or_else(|e| panic!("{}", error_chain(&e)));
-        assert_eq!(r.at_restart, ["kubelet.resource_prefix", "metrics.enabled"]);
+        assert_eq!(r.at_restart(), ["kubelet.resource_prefix", "metrics.enabled"]);
         assert!(
             r.summary().ends_with("; only a restart applies kubelet.resource_prefix, metrics.enabled"),
             "{}",
@@ -331,7 +331,7 @@ fn a_reload_names_the_keys_only_a_restart_applies_and_applies_the_log_level() {
         f.config(CONFIG);
         let r = handle.reload(Ok(f.settings())).await.unwrap_or_else(|e| panic!("{}", error_chain(&e)));
         assert_eq!(log::max_level(), log::LevelFilter::Info, "and back to its default");
-        assert!(r.at_restart.contains(&"kubelet.resource_prefix".to_owned()), "{:?}", r.at_restart);
+        assert!(r.at_restart().contains(&"kubelet.resource_prefix"), "{:?}", r.at_restart());
         assert!(r.changed.contains(&"daemon.lend_idle".to_owned()), "{:?}", r.changed);
     });
     drop(handle);
